@@ -1,0 +1,437 @@
+//! 2-D convolution (NCHW, f32): 1x1 convolutions as one GEMM, depthwise convolutions directly,
+//! everything else as im2col + GEMM; transposed convolution as GEMM + col2im.
+//! Bias is pre-loaded into the output and the fused activation runs as an epilogue.
+
+use crate::activation::Activation;
+use crate::gemm::{Mat, sgemm};
+use rayon::prelude::*;
+
+/// Geometry of one 2-D convolution; the caller computes the output size (`oh`, `ow`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Conv2d {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    /// Output channels.
+    pub m: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub sh: usize,
+    pub sw: usize,
+    pub dh: usize,
+    pub dw: usize,
+    /// Top and left padding (bottom/right padding only shows up in `oh`/`ow`).
+    pub pt: usize,
+    pub pl: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub groups: usize,
+}
+
+impl Conv2d {
+    fn is_pointwise(&self) -> bool {
+        self.kh == 1
+            && self.kw == 1
+            && self.sh == 1
+            && self.sw == 1
+            && self.pt == 0
+            && self.pl == 0
+            && self.oh == self.h
+            && self.ow == self.w
+    }
+    fn is_depthwise(&self) -> bool {
+        self.groups == self.c && self.m == self.c && self.groups > 1
+    }
+    /// Scratch floats `conv2d` needs for im2col.
+    pub fn scratch_len(&self) -> usize {
+        if self.is_pointwise() || self.is_depthwise() {
+            0
+        } else {
+            (self.c / self.groups) * self.kh * self.kw * self.oh * self.ow
+        }
+    }
+}
+
+/// Valid output range `[lo, hi)` along one axis for input offset `off = k*d - pad`:
+/// the outputs `o` with `0 <= o*s + off < len`.
+#[inline]
+fn valid_range(off: isize, s: usize, len: usize, out: usize) -> (usize, usize) {
+    let s = s as isize;
+    let lo = if off >= 0 { 0 } else { ((-off) + s - 1) / s };
+    let hi = if (len as isize) - off <= 0 {
+        0
+    } else {
+        ((len as isize - 1 - off) / s + 1).max(0)
+    };
+    let lo = (lo as usize).min(out);
+    (lo, (hi as usize).clamp(lo, out))
+}
+
+fn fill_bias(out: &mut [f32], bias: Option<&[f32]>, plane: usize) {
+    if let Some(b) = bias {
+        for (ch, o) in out.chunks_mut(plane).enumerate() {
+            o.fill(b[ch % b.len()]);
+        }
+    }
+}
+
+/// `out[n, m, oh, ow] = act(conv(input, weight) + bias)`; `weight` is `[m, c/groups, kh, kw]`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d(
+    p: &Conv2d,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+    threads: usize,
+) {
+    let (cg, mg) = (p.c / p.groups, p.m / p.groups);
+    let k = cg * p.kh * p.kw;
+    let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
+    assert_eq!(input.len(), p.n * p.c * in_plane, "conv2d input size");
+    assert_eq!(weight.len(), p.m * k, "conv2d weight size");
+    assert_eq!(out.len(), p.n * p.m * out_plane, "conv2d output size");
+    fill_bias(out, bias, out_plane);
+    if p.is_depthwise() {
+        depthwise(p, input, weight, out, bias.is_some(), threads);
+    } else {
+        scratch.resize(p.scratch_len(), 0.0);
+        for ni in 0..p.n {
+            let img = &input[ni * p.c * in_plane..(ni + 1) * p.c * in_plane];
+            let dst = &mut out[ni * p.m * out_plane..(ni + 1) * p.m * out_plane];
+            for g in 0..p.groups {
+                let wg = &weight[g * mg * k..(g + 1) * mg * k];
+                let xg = &img[g * cg * in_plane..(g + 1) * cg * in_plane];
+                let b = if p.is_pointwise() {
+                    Mat::row_major(xg, in_plane)
+                } else {
+                    im2col(p, xg, scratch, threads);
+                    Mat::row_major(scratch, out_plane)
+                };
+                let dg = &mut dst[g * mg * out_plane..(g + 1) * mg * out_plane];
+                sgemm(
+                    threads,
+                    mg,
+                    out_plane,
+                    k,
+                    Mat::row_major(wg, k),
+                    b,
+                    dg,
+                    out_plane,
+                    bias.is_some(),
+                );
+            }
+        }
+    }
+    if let Some(a) = act {
+        a.apply_slice(threads, out);
+    }
+}
+
+/// Unfolds one group of one image into `[cg*kh*kw, oh*ow]`.
+fn im2col(p: &Conv2d, x: &[f32], col: &mut [f32], threads: usize) {
+    let out_plane = p.oh * p.ow;
+    let fill_row = |r: usize, row: &mut [f32]| {
+        let ci = r / (p.kh * p.kw);
+        let ki = (r / p.kw) % p.kh;
+        let kj = r % p.kw;
+        let plane = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
+        let offy = (ki * p.dh) as isize - p.pt as isize;
+        let offx = (kj * p.dw) as isize - p.pl as isize;
+        let (ylo, yhi) = valid_range(offy, p.sh, p.h, p.oh);
+        let (xlo, xhi) = valid_range(offx, p.sw, p.w, p.ow);
+        for oy in 0..p.oh {
+            let dst = &mut row[oy * p.ow..(oy + 1) * p.ow];
+            if oy < ylo || oy >= yhi {
+                dst.fill(0.0);
+                continue;
+            }
+            let iy = (oy as isize * p.sh as isize + offy) as usize;
+            let src = &plane[iy * p.w..(iy + 1) * p.w];
+            dst[..xlo].fill(0.0);
+            dst[xhi..].fill(0.0);
+            if p.sw == 1 {
+                let ix0 = (xlo as isize + offx) as usize;
+                dst[xlo..xhi].copy_from_slice(&src[ix0..ix0 + (xhi - xlo)]);
+            } else {
+                for (ox, d) in dst.iter_mut().enumerate().take(xhi).skip(xlo) {
+                    *d = src[(ox as isize * p.sw as isize + offx) as usize];
+                }
+            }
+        }
+    };
+    if threads > 1 && col.len() >= crate::PAR_MIN_WORK {
+        col.par_chunks_mut(out_plane)
+            .enumerate()
+            .for_each(|(r, row)| fill_row(r, row));
+    } else {
+        col.chunks_mut(out_plane)
+            .enumerate()
+            .for_each(|(r, row)| fill_row(r, row));
+    }
+}
+
+/// One filter per channel: a direct loop per output plane is far cheaper than tiny GEMMs.
+fn depthwise(
+    p: &Conv2d,
+    input: &[f32],
+    weight: &[f32],
+    out: &mut [f32],
+    has_bias: bool,
+    threads: usize,
+) {
+    let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
+    let kk = p.kh * p.kw;
+    let plane = |idx: usize, dst: &mut [f32]| {
+        let ch = idx % p.c;
+        let src = &input[idx * in_plane..(idx + 1) * in_plane];
+        let w = &weight[ch * kk..(ch + 1) * kk];
+        if !has_bias {
+            dst.fill(0.0);
+        }
+        for ki in 0..p.kh {
+            let offy = (ki * p.dh) as isize - p.pt as isize;
+            let (ylo, yhi) = valid_range(offy, p.sh, p.h, p.oh);
+            for kj in 0..p.kw {
+                let wv = w[ki * p.kw + kj];
+                let offx = (kj * p.dw) as isize - p.pl as isize;
+                let (xlo, xhi) = valid_range(offx, p.sw, p.w, p.ow);
+                for oy in ylo..yhi {
+                    let iy = (oy as isize * p.sh as isize + offy) as usize;
+                    let srow = &src[iy * p.w..(iy + 1) * p.w];
+                    let drow = &mut dst[oy * p.ow + xlo..oy * p.ow + xhi];
+                    if p.sw == 1 {
+                        let ix0 = (xlo as isize + offx) as usize;
+                        for (d, s) in drow.iter_mut().zip(&srow[ix0..ix0 + (xhi - xlo)]) {
+                            *d += wv * s;
+                        }
+                    } else {
+                        for (i, d) in drow.iter_mut().enumerate() {
+                            *d += wv * srow[((xlo + i) as isize * p.sw as isize + offx) as usize];
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if threads > 1 && out.len() >= crate::PAR_MIN_WORK {
+        out.par_chunks_mut(out_plane)
+            .enumerate()
+            .for_each(|(i, d)| plane(i, d));
+    } else {
+        out.chunks_mut(out_plane)
+            .enumerate()
+            .for_each(|(i, d)| plane(i, d));
+    }
+}
+
+/// Transposed convolution: `weight` is `[c, m/groups, kh, kw]`, `p.m` the output channels and
+/// `p.oh`/`p.ow` the full output size (including output padding). `p.pt`/`p.pl` are the pads
+/// cropped from the top/left of the full result.
+pub fn conv_transpose2d(
+    p: &Conv2d,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+    threads: usize,
+) {
+    let (cg, mg) = (p.c / p.groups, p.m / p.groups);
+    let kk = p.kh * p.kw;
+    let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
+    assert_eq!(
+        input.len(),
+        p.n * p.c * in_plane,
+        "conv_transpose2d input size"
+    );
+    assert_eq!(weight.len(), p.c * mg * kk, "conv_transpose2d weight size");
+    assert_eq!(
+        out.len(),
+        p.n * p.m * out_plane,
+        "conv_transpose2d output size"
+    );
+    out.fill(0.0);
+    fill_bias(out, bias, out_plane);
+    scratch.resize(mg * kk * in_plane, 0.0);
+    for ni in 0..p.n {
+        for g in 0..p.groups {
+            let xg = &input[(ni * p.c + g * cg) * in_plane..(ni * p.c + (g + 1) * cg) * in_plane];
+            let wg = &weight[g * cg * mg * kk..(g + 1) * cg * mg * kk];
+            sgemm(
+                threads,
+                mg * kk,
+                in_plane,
+                cg,
+                Mat::transposed(wg, mg * kk),
+                Mat::row_major(xg, in_plane),
+                scratch,
+                in_plane,
+                false,
+            );
+            let dst =
+                &mut out[(ni * p.m + g * mg) * out_plane..(ni * p.m + (g + 1) * mg) * out_plane];
+            let col: &[f32] = scratch;
+            dst.par_chunks_mut(out_plane)
+                .enumerate()
+                .for_each(|(co, oplane)| {
+                    for ki in 0..p.kh {
+                        for kj in 0..p.kw {
+                            let row = &col[((co * p.kh + ki) * p.kw + kj) * in_plane..][..in_plane];
+                            for iy in 0..p.h {
+                                let oy = (iy * p.sh + ki * p.dh) as isize - p.pt as isize;
+                                if oy < 0 || oy as usize >= p.oh {
+                                    continue;
+                                }
+                                for ix in 0..p.w {
+                                    let ox = (ix * p.sw + kj * p.dw) as isize - p.pl as isize;
+                                    if ox >= 0 && (ox as usize) < p.ow {
+                                        oplane[oy as usize * p.ow + ox as usize] +=
+                                            row[iy * p.w + ix];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                });
+        }
+    }
+}
+
+/// Direct reference convolution for tests.
+pub fn conv2d_reference(
+    p: &Conv2d,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let (cg, mg) = (p.c / p.groups, p.m / p.groups);
+    for ni in 0..p.n {
+        for co in 0..p.m {
+            let g = co / mg;
+            for oy in 0..p.oh {
+                for ox in 0..p.ow {
+                    let mut s = bias.map_or(0.0, |b| b[co]) as f64;
+                    for ci in 0..cg {
+                        for ki in 0..p.kh {
+                            for kj in 0..p.kw {
+                                let iy = (oy * p.sh + ki * p.dh) as isize - p.pt as isize;
+                                let ix = (ox * p.sw + kj * p.dw) as isize - p.pl as isize;
+                                if iy < 0 || ix < 0 || iy as usize >= p.h || ix as usize >= p.w {
+                                    continue;
+                                }
+                                let xv = input[((ni * p.c + g * cg + ci) * p.h + iy as usize)
+                                    * p.w
+                                    + ix as usize];
+                                let wv = weight[((co * cg + ci) * p.kh + ki) * p.kw + kj];
+                                s += xv as f64 * wv as f64;
+                            }
+                        }
+                    }
+                    out[((ni * p.m + co) * p.oh + oy) * p.ow + ox] = s as f32;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::lcg;
+
+    fn check(p: Conv2d) {
+        let x = lcg(1, p.n * p.c * p.h * p.w);
+        let w = lcg(2, p.m * (p.c / p.groups) * p.kh * p.kw);
+        let b = lcg(3, p.m);
+        let mut got = vec![0.0; p.n * p.m * p.oh * p.ow];
+        let mut want = got.clone();
+        conv2d(&p, &x, &w, Some(&b), None, &mut got, &mut Vec::new(), 2);
+        conv2d_reference(&p, &x, &w, Some(&b), &mut want);
+        for (g, r) in got.iter().zip(&want) {
+            assert!((g - r).abs() < 1e-4 * (1.0 + r.abs()), "{p:?}: {g} vs {r}");
+        }
+    }
+
+    fn geom(
+        n: usize,
+        c: usize,
+        h: usize,
+        m: usize,
+        k: usize,
+        s: usize,
+        d: usize,
+        pad: usize,
+        groups: usize,
+    ) -> Conv2d {
+        let oh = (h + 2 * pad - d * (k - 1) - 1) / s + 1;
+        Conv2d {
+            n,
+            c,
+            h,
+            w: h + 1,
+            m,
+            kh: k,
+            kw: k,
+            sh: s,
+            sw: s,
+            dh: d,
+            dw: d,
+            pt: pad,
+            pl: pad,
+            oh,
+            ow: (h + 1 + 2 * pad - d * (k - 1) - 1) / s + 1,
+            groups,
+        }
+    }
+
+    #[test]
+    fn general_pointwise_depthwise_and_grouped_match_reference() {
+        check(geom(2, 3, 9, 4, 3, 1, 1, 1, 1));
+        check(geom(1, 4, 10, 6, 3, 2, 1, 1, 2));
+        check(geom(2, 8, 7, 16, 1, 1, 1, 0, 1));
+        check(geom(1, 8, 7, 16, 1, 2, 1, 0, 1));
+        check(geom(2, 6, 11, 6, 3, 1, 1, 1, 6));
+        check(geom(1, 6, 11, 6, 3, 2, 2, 2, 6));
+        check(geom(1, 3, 12, 5, 5, 3, 2, 3, 1));
+        check(geom(1, 64, 28, 64, 3, 1, 1, 1, 1));
+    }
+
+    #[test]
+    fn transpose_is_adjoint_of_convolution() {
+        // <conv(x), y> == <x, conv_transpose(y)> for the same weights and geometry.
+        let p = geom(1, 4, 6, 6, 3, 2, 1, 1, 2);
+        let x = lcg(1, p.c * p.h * p.w);
+        let w = lcg(2, p.m * (p.c / p.groups) * 9);
+        let y = lcg(3, p.m * p.oh * p.ow);
+        let mut cx = vec![0.0; y.len()];
+        conv2d_reference(&p, &x, &w, None, &mut cx);
+        // The transpose maps m channels back to c: swap roles, weight layout [m, c/g, k, k] already.
+        let t = Conv2d {
+            c: p.m,
+            h: p.oh,
+            w: p.ow,
+            m: p.c,
+            oh: p.h,
+            ow: p.w,
+            ..p.clone()
+        };
+        let mut ty = vec![0.0; x.len()];
+        conv_transpose2d(&t, &y, &w, None, &mut ty, &mut Vec::new(), 2);
+        let a: f64 = cx
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| (*a as f64) * (*b as f64))
+            .sum();
+        let b: f64 = x
+            .iter()
+            .zip(&ty)
+            .map(|(a, b)| (*a as f64) * (*b as f64))
+            .sum();
+        assert!((a - b).abs() < 1e-3 * (1.0 + a.abs()), "{a} vs {b}");
+    }
+}

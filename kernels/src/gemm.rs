@@ -1,0 +1,175 @@
+//! Single-precision matrix multiply over strided row-major views, through the `gemm` crate.
+
+use gemm::Parallelism;
+
+/// A read-only strided matrix: element (r, c) is at `data[r * rs + c * cs]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Mat<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// A dense row-major matrix with `cols` columns.
+    pub fn row_major(data: &'a [f32], cols: usize) -> Self {
+        Mat {
+            data,
+            rs: cols,
+            cs: 1,
+        }
+    }
+    /// The transpose of a dense row-major matrix with `cols` columns, without copying.
+    pub fn transposed(data: &'a [f32], cols: usize) -> Self {
+        Mat {
+            data,
+            rs: 1,
+            cs: cols,
+        }
+    }
+    fn fits(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `c[m×n] (+)= a[m×k] · b[k×n]`; `c` is dense row-major with row stride `ldc`.
+/// With `accumulate` the product is added to what `c` holds (used to pre-load a bias).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    // These are invariants of the callers (shapes were validated by the executor); a violation
+    // would be an out-of-bounds write, so it must stop here rather than reach unsafe code.
+    assert!(a.fits(m, k) && b.fits(k, n), "sgemm operand too small");
+    assert!((m - 1) * ldc + n <= c.len(), "sgemm destination too small");
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                c[r * ldc..r * ldc + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    let work = m * n * k;
+    let par = if threads > 1 && work >= 1 << 16 {
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    };
+    // SAFETY: bounds checked above; the three buffers are distinct borrows.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// Straightforward reference used by the tests of this crate and of the executor.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_reference(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0f64;
+            for p in 0..k {
+                s += a.data[i * a.rs + p * a.cs] as f64 * b.data[p * b.rs + j * b.cs] as f64;
+            }
+            let d = &mut c[i * ldc + j];
+            *d = if accumulate { *d + s as f32 } else { s as f32 };
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn lcg(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_reference_with_transposes_and_accumulate() {
+        for &(m, n, k) in &[(1, 1, 1), (3, 5, 7), (64, 33, 129), (200, 70, 90)] {
+            let a = lcg(1, m * k);
+            let bt = lcg(2, n * k);
+            let mut c = lcg(3, m * n);
+            let mut r = c.clone();
+            sgemm(
+                2,
+                m,
+                n,
+                k,
+                Mat::row_major(&a, k),
+                Mat::transposed(&bt, k),
+                &mut c,
+                n,
+                true,
+            );
+            sgemm_reference(
+                m,
+                n,
+                k,
+                Mat::row_major(&a, k),
+                Mat::transposed(&bt, k),
+                &mut r,
+                n,
+                true,
+            );
+            for (x, y) in c.iter().zip(&r) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                    "{m}x{n}x{k}: {x} vs {y}"
+                );
+            }
+        }
+    }
+}
