@@ -1,1 +1,81 @@
-fn main() {}
+//! `cargo xtask`: the project's own commands. `test` is what CI runs: it sets up everything the
+//! tests need on a fresh machine (a Python venv with the references, the control plane binaries),
+//! then runs formatting, lints, the CRD drift check, `helm lint` and every test.
+
+mod cluster;
+mod python;
+mod test;
+
+use anyhow::{Context, bail};
+use std::path::PathBuf;
+use std::process::Command;
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  test                 set up and run everything CI runs: fmt, clippy, crdgen --check,
+                       helm lint, unit tests and the control-plane tests
+  cluster up           start a local control plane (etcd, kube-apiserver, controller-manager,
+                       scheduler, kwok with fake GPU nodes); prints `export` lines, so
+                       `eval \"$(cargo xtask cluster up)\"` readies a shell
+  cluster down         stop it and remove its state
+  bench executor       this executor vs onnxruntime on the CPU (ratio table)
+  setup                only build/cache the tools and the Python venv";
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        ["test", rest @ ..] => test::run(rest),
+        ["cluster", "up"] => cluster::up(),
+        ["cluster", "down"] => cluster::down(),
+        ["bench", "executor", rest @ ..] => bench_executor(rest),
+        ["setup"] => {
+            python::venv()?;
+            cotenant_e2e::toolchain::ensure()?;
+            Ok(())
+        }
+        [] | ["help" | "--help" | "-h"] => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => bail!("unknown command `{}`\n\n{USAGE}", args.join(" ")),
+    }
+}
+
+/// The repository root (xtask lives one level below it).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
+
+/// Runs a command in the repository root, failing with its name when it fails.
+pub fn run(mut cmd: Command) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}");
+    eprintln!("xtask: {shown}");
+    let status = cmd
+        .current_dir(repo_root())
+        .status()
+        .with_context(|| format!("cannot start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed with {status}");
+    }
+    Ok(())
+}
+
+fn bench_executor(args: &[&str]) -> anyhow::Result<()> {
+    let python = python::venv()?;
+    let mut build = Command::new("cargo");
+    build.args(["build", "--release", "-p", "cotenant-agent"]);
+    run(build)?;
+    let agent = repo_root().join("target/release/cotenant-agent");
+    let mut bench = Command::new(python);
+    bench
+        .arg(repo_root().join("executor/bench/compare.py"))
+        .arg("--agent")
+        .arg(agent)
+        .args(args);
+    run(bench)
+}

@@ -1,0 +1,326 @@
+//! A local control plane on loopback: etcd, kube-apiserver (RBAC on), kube-controller-manager,
+//! kube-scheduler and kwok with fake GPU nodes, started the way controller-runtime's envtest does.
+
+use crate::process::{Lifetime, Process};
+use crate::toolchain::Tools;
+use crate::{Error, pki};
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// How to start a control plane.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Directory for certificates, etcd data, kubeconfig and logs.
+    pub dir: PathBuf,
+    pub lifetime: Lifetime,
+    /// Fake GPU nodes to create, each with `gpus_per_node` GPUs.
+    pub gpu_nodes: u32,
+    pub gpus_per_node: u32,
+}
+
+/// A running control plane. Dropping it stops every process.
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub server: String,
+    pub tools: Tools,
+    processes: Vec<Process>,
+}
+
+/// Generous: kube-apiserver takes tens of seconds to become ready on 2 busy cores.
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
+impl ControlPlane {
+    /// Starts every component and waits until the API server is ready and the nodes are Ready.
+    pub fn start(tools: Tools, options: &Options) -> Result<ControlPlane, Error> {
+        let dir = options.dir.clone();
+        std::fs::create_dir_all(dir.join("logs"))?;
+        let logs = dir.join("logs");
+        let pki = pki::write(&dir.join("pki"))?;
+        let (etcd_client, etcd_peer, api_port) = (free_port()?, free_port()?, free_port()?);
+        let server = format!("https://127.0.0.1:{api_port}");
+        let kubeconfig = dir.join("admin.kubeconfig");
+        std::fs::write(&kubeconfig, pki::admin_kubeconfig(&pki, &server))?;
+        let mut cp = ControlPlane {
+            dir: dir.clone(),
+            kubeconfig: kubeconfig.clone(),
+            server,
+            tools: tools.clone(),
+            processes: Vec::new(),
+        };
+
+        let mut etcd = Command::new(&tools.etcd);
+        etcd.args([
+            "--name=default",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+            &format!("--data-dir={}", dir.join("etcd").display()),
+            &format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
+            &format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
+            &format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            &format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            &format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
+        ]);
+        cp.spawn("etcd", etcd, &logs, options.lifetime)?;
+
+        let mut apiserver = Command::new(&tools.kube_apiserver);
+        apiserver.args([
+            &format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
+            &format!("--secure-port={api_port}"),
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            &format!("--cert-dir={}", dir.join("apiserver").display()),
+            &format!("--tls-cert-file={}", pki.serving_cert.display()),
+            &format!("--tls-private-key-file={}", pki.serving_key.display()),
+            &format!("--client-ca-file={}", pki.ca_cert.display()),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            &format!("--service-account-key-file={}", pki.sa_pub.display()),
+            &format!(
+                "--service-account-signing-key-file={}",
+                pki.sa_key.display()
+            ),
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--v=1",
+        ]);
+        cp.spawn("kube-apiserver", apiserver, &logs, options.lifetime)?;
+        cp.wait_ready()?;
+
+        let kubeconfig_flag = format!("--kubeconfig={}", kubeconfig.display());
+        let mut kcm = Command::new(&tools.kube_controller_manager);
+        kcm.args([
+            &kubeconfig_flag,
+            "--leader-elect=false",
+            "--secure-port=0",
+            &format!(
+                "--service-account-private-key-file={}",
+                pki.sa_key.display()
+            ),
+            &format!("--root-ca-file={}", pki.ca_cert.display()),
+            "--controllers=*",
+            "--v=1",
+        ]);
+        cp.spawn("kube-controller-manager", kcm, &logs, options.lifetime)?;
+
+        let mut scheduler = Command::new(&tools.kube_scheduler);
+        scheduler.args([
+            &kubeconfig_flag,
+            "--leader-elect=false",
+            "--secure-port=0",
+            "--v=1",
+        ]);
+        cp.spawn("kube-scheduler", scheduler, &logs, options.lifetime)?;
+
+        let mut kwok = Command::new(&tools.kwok);
+        kwok.args([
+            &kubeconfig_flag,
+            &format!("--config={}", tools.kwok_stages.display()),
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--node-ip=127.0.0.1",
+            &format!("--server-address=127.0.0.1:{}", free_port()?),
+        ]);
+        cp.spawn("kwok", kwok, &logs, options.lifetime)?;
+
+        cp.add_node("cpu-0", 0)?;
+        for i in 0..options.gpu_nodes {
+            cp.add_node(&format!("gpu-{i}"), options.gpus_per_node)?;
+        }
+        cp.kubectl_ok(&[
+            "wait",
+            "--for=condition=Ready",
+            "node",
+            "--all",
+            "--timeout=120s",
+        ])?;
+        Ok(cp)
+    }
+
+    fn spawn(
+        &mut self,
+        name: &str,
+        cmd: Command,
+        logs: &Path,
+        lifetime: Lifetime,
+    ) -> Result<(), Error> {
+        self.processes
+            .push(Process::spawn(name, cmd, logs, lifetime)?);
+        Ok(())
+    }
+
+    /// Polls `/readyz` until the API server answers ok, failing early when a process has died.
+    fn wait_ready(&mut self) -> Result<(), Error> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            for p in &mut self.processes {
+                if !p.is_running() {
+                    return Err(Error::Died {
+                        what: p.name.clone(),
+                        log: p.log_tail(30),
+                    });
+                }
+            }
+            if let Ok(out) = self.kubectl().args(["get", "--raw=/readyz"]).output()
+                && out.status.success()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let log = self
+                    .processes
+                    .iter()
+                    .map(|p| format!("--- {}:\n{}", p.name, p.log_tail(15)))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return Err(Error::Timeout {
+                    what: "kube-apiserver /readyz".into(),
+                    log,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Creates a Node that kwok manages; `gpus > 0` makes it a GPU node (labelled and tainted the
+    /// way the NVIDIA device plugin and GPU node pools do). This is also how a test plays the
+    /// cluster autoscaler adding a GPU node.
+    pub fn add_node(&self, name: &str, gpus: u32) -> Result<(), Error> {
+        let (gpu_labels, gpu_taints, gpu_resources) = if gpus > 0 {
+            (
+                "    nvidia.com/gpu.present: \"true\"\n",
+                "  taints:\n  - key: nvidia.com/gpu\n    value: \"present\"\n    effect: NoSchedule\n",
+                format!("    nvidia.com/gpu: \"{gpus}\"\n"),
+            )
+        } else {
+            ("", "", String::new())
+        };
+        let manifest = format!(
+            "apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: \"0\"
+  labels:
+    type: kwok
+    kubernetes.io/hostname: {name}
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+{gpu_labels}spec:
+{gpu_taints}status:
+  allocatable:
+    cpu: \"32\"
+    memory: 256Gi
+    pods: \"110\"
+{gpu_resources}  capacity:
+    cpu: \"32\"
+    memory: 256Gi
+    pods: \"110\"
+{gpu_resources}"
+        );
+        self.kubectl_apply(&manifest)
+    }
+
+    /// A `kubectl` command bound to the admin kubeconfig.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(&self.tools.kubectl);
+        cmd.env("KUBECONFIG", &self.kubeconfig);
+        cmd
+    }
+
+    /// A `helm` command bound to the admin kubeconfig.
+    pub fn helm(&self) -> Command {
+        let mut cmd = Command::new(&self.tools.helm);
+        cmd.env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_CACHE_HOME", self.dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", self.dir.join("helm/config"))
+            .env("HELM_DATA_HOME", self.dir.join("helm/data"));
+        cmd
+    }
+
+    /// Runs kubectl with `args` and returns stdout, or an error with stderr.
+    pub fn kubectl_ok(&self, args: &[&str]) -> Result<String, Error> {
+        let mut cmd = self.kubectl();
+        cmd.args(args);
+        checked(cmd.output(), &format!("kubectl {}", args.join(" ")))
+    }
+
+    /// `kubectl apply -f -` of a manifest.
+    pub fn kubectl_apply(&self, manifest: &str) -> Result<(), Error> {
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], manifest)?;
+        checked(Ok(out), "kubectl apply").map(drop)
+    }
+
+    /// Runs kubectl with `args`, feeding `stdin`, and returns the raw output.
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Result<Output, Error> {
+        let mut child = self
+            .kubectl()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::Spawn {
+                what: "kubectl".into(),
+                source: e,
+            })?;
+        if let Some(mut input) = child.stdin.take() {
+            input.write_all(stdin.as_bytes())?;
+        }
+        Ok(child.wait_with_output()?)
+    }
+
+    /// Pids of the running components, for `cargo xtask cluster down`.
+    pub fn pids(&self) -> Vec<u32> {
+        self.processes.iter().map(|p| p.pid).collect()
+    }
+
+    /// Gives up ownership of the processes without stopping them (detached clusters).
+    pub fn detach(mut self) {
+        for p in std::mem::take(&mut self.processes) {
+            std::mem::forget(p);
+        }
+    }
+
+    /// Stops every process, API server clients first and etcd last.
+    pub fn stop(&mut self) {
+        while let Some(mut p) = self.processes.pop() {
+            p.stop();
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// stdout of a finished command, or an error carrying its stderr.
+pub fn checked(output: std::io::Result<Output>, what: &str) -> Result<String, Error> {
+    let output = output.map_err(|e| Error::Spawn {
+        what: what.to_string(),
+        source: e,
+    })?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(Error::Command {
+            what: what.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        })
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> Result<u16, Error> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}

@@ -1,0 +1,11 @@
+//! The one place the control plane's component versions are pinned. Changing a version here makes
+//! the harness build and cache that version next to the old one.
+
+/// `k8s.io/kubernetes`: kube-apiserver, kube-controller-manager, kube-scheduler and kubectl.
+pub const KUBERNETES: &str = "v1.36.3";
+/// `go.etcd.io/etcd/server/v3`.
+pub const ETCD: &str = "v3.6.16";
+/// `helm.sh/helm/v3`.
+pub const HELM: &str = "v3.21.4";
+/// `sigs.k8s.io/kwok`: fakes nodes and the kubelet's pod lifecycle.
+pub const KWOK: &str = "v0.8.0";

@@ -1,0 +1,55 @@
+//! `cargo xtask test`: everything CI runs, with its own set-up.
+
+use crate::{python, repo_root};
+use std::process::Command;
+use std::time::Instant;
+
+pub fn run(extra: &[&str]) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let python = python::venv()?;
+    let tools = cotenant_e2e::toolchain::ensure()?;
+    eprintln!("xtask: set-up done in {:.0?}", started.elapsed());
+
+    let mut fmt = Command::new("cargo");
+    fmt.args(["fmt", "--all", "--", "--check"]);
+    crate::run(fmt)?;
+
+    let mut clippy = Command::new("cargo");
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    crate::run(clippy)?;
+
+    let mut crdgen = Command::new("cargo");
+    crdgen.args([
+        "run",
+        "--quiet",
+        "-p",
+        "cotenant-crds",
+        "--bin",
+        "crdgen",
+        "--",
+        "--check",
+    ]);
+    crate::run(crdgen)?;
+
+    let mut lint = Command::new(&tools.helm);
+    lint.args(["lint", "--strict"])
+        .arg(repo_root().join("charts/cotenant"));
+    crate::run(lint)?;
+
+    // Tests that need the venv or the control plane are #[ignore]d for a bare `cargo test`; here
+    // everything they need exists, so they all run.
+    let mut test = Command::new("cargo");
+    test.args(["test", "--workspace", "--", "--include-ignored"])
+        .args(extra)
+        .env("COTENANT_PYTHON", &python);
+    crate::run(test)?;
+    eprintln!("xtask: all checks passed in {:.0?}", started.elapsed());
+    Ok(())
+}
