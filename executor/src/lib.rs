@@ -1,2 +1,23 @@
 //! The executor: ONNX import → graph IR → rewrite passes → memory plan → a flat plan that a backend
 //! runs; the multi-tenant runtime and the GACER planner sit on top. No Kubernetes, no HTTP.
+//!
+//! ```text
+//! bytes ─import─► Graph ─passes (fold, fuse, dce)─► Graph ─Plan::build─► Plan ─Backend::run─► outputs
+//! ```
+
+pub mod backend;
+pub mod error;
+pub mod graph;
+pub mod import;
+pub mod npy;
+pub mod ops;
+pub mod passes;
+pub mod plan;
+pub mod proto;
+pub mod tensor;
+pub mod zoo;
+
+pub use backend::{Backend, CpuBackend};
+pub use error::{ImportError, OpError, RunError};
+pub use plan::{Model, Plan};
+pub use tensor::{DType, Data, Tensor};

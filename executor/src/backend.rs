@@ -1,0 +1,78 @@
+//! The `Backend` trait a plan executes on, and the CPU backend. The plan never branches on the
+//! device: it hands each step's op and inputs to the backend; a CUDA backend will implement the
+//! same trait later.
+
+use crate::error::OpError;
+use crate::ops::{Cx, Op};
+use crate::tensor::Tensor;
+use std::sync::Mutex;
+
+/// Executes ops of a plan on one device.
+pub trait Backend: Send + Sync {
+    /// Short name for logs and reports ("cpu", "cuda:0").
+    fn name(&self) -> String;
+    /// Runs `f` inside the backend's execution context (the thread pool on the CPU); every
+    /// `execute` of one plan run happens inside one `scope`.
+    fn scope(&self, f: &mut (dyn FnMut() + Send));
+    /// Runs one op.
+    fn execute(&self, op: &Op, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, OpError>;
+}
+
+/// The CPU backend: a private rayon pool sized to the caller's thread budget, so several tenants
+/// can share the cores without oversubscribing them.
+pub struct CpuBackend {
+    threads: usize,
+    pool: Option<rayon::ThreadPool>,
+    /// im2col scratch reused across convolutions of a run.
+    scratch: Mutex<Vec<f32>>,
+}
+
+impl CpuBackend {
+    /// A backend using at most `threads` threads (at least 1).
+    pub fn new(threads: usize) -> CpuBackend {
+        let threads = threads.max(1);
+        // One thread needs no pool: the caller's thread does the work.
+        let pool = if threads > 1 {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("cotenant-cpu-{i}"))
+                .build()
+                .ok()
+        } else {
+            None
+        };
+        let threads = if pool.is_some() { threads } else { 1 };
+        CpuBackend {
+            threads,
+            pool,
+            scratch: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        format!("cpu({} threads)", self.threads)
+    }
+
+    fn scope(&self, f: &mut (dyn FnMut() + Send)) {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+
+    fn execute(&self, op: &Op, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, OpError> {
+        let cx = Cx::new(self.threads);
+        // A poisoned lock only means another run panicked mid-op; the scratch is still usable.
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::swap(&mut *cx.scratch.borrow_mut(), &mut *guard);
+        let res = op.eval(&cx, inputs);
+        std::mem::swap(&mut *cx.scratch.borrow_mut(), &mut *guard);
+        res
+    }
+}

@@ -1,0 +1,358 @@
+//! ONNX import: protobuf bytes → [`Graph`]. Decodes initializers (typed fields, raw data,
+//! external data files next to the model), checks the graph is consistent and parses every node
+//! into a typed [`Op`], naming node, op and opset in every error.
+
+use crate::error::ImportError;
+use crate::graph::{Dim, Graph, GraphInput, Node};
+use crate::ops::{Op, attrs::Attrs};
+use crate::proto::{DimValue, ModelProto, TensorProto};
+use crate::tensor::{DType, Data, Tensor, checked_numel};
+use prost::Message;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Reads and imports a model file; external data is looked up next to it.
+pub fn load(path: impl AsRef<Path>) -> Result<Graph, ImportError> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|source| ImportError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    import(&bytes, path.parent())
+}
+
+/// Imports a model from bytes; `base_dir` is where external data files live (none: refuse them).
+pub fn import(bytes: &[u8], base_dir: Option<&Path>) -> Result<Graph, ImportError> {
+    let model = ModelProto::decode(bytes)?;
+    import_model(&model, base_dir)
+}
+
+pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph, ImportError> {
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .map_or(1, |o| o.version);
+    if !(7..=22).contains(&opset) {
+        return Err(ImportError::Opset { opset });
+    }
+    let gp = model.graph.as_ref().ok_or(ImportError::NoGraph)?;
+    let mut g = Graph {
+        opset,
+        ..Default::default()
+    };
+    let mut ids: HashMap<String, usize> = HashMap::new();
+
+    for t in &gp.initializer {
+        let v = g.add_value(&t.name);
+        if ids.insert(t.name.clone(), v).is_some() {
+            return Err(ImportError::Graph(format!(
+                "initializer {:?} defined twice",
+                t.name
+            )));
+        }
+        g.constants.insert(v, Arc::new(decode_tensor(t, base_dir)?));
+    }
+    for vi in &gp.input {
+        // Older exporters list initializers among the inputs too; those stay constants.
+        if ids.contains_key(&vi.name) {
+            continue;
+        }
+        let tt = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
+        let code = tt.map_or(0, |t| t.elem_type);
+        let dtype = DType::from_onnx(code).ok_or_else(|| {
+            ImportError::Graph(format!(
+                "input {:?} has unsupported element type {code}",
+                vi.name
+            ))
+        })?;
+        let dims = tt.and_then(|t| t.shape.as_ref()).map(|s| {
+            s.dim
+                .iter()
+                .enumerate()
+                .map(|(i, d)| match &d.value {
+                    Some(DimValue::DimValue(v)) if *v >= 0 => Dim::Fixed(*v as usize),
+                    Some(DimValue::DimParam(p)) if !p.is_empty() => Dim::Symbol(p.clone()),
+                    _ => Dim::Symbol(format!("{}_dim{i}", vi.name)),
+                })
+                .collect()
+        });
+        let v = g.add_value(&vi.name);
+        ids.insert(vi.name.clone(), v);
+        g.inputs.push(GraphInput {
+            value: v,
+            name: vi.name.clone(),
+            dtype,
+            dims,
+        });
+    }
+    for (idx, np) in gp.node.iter().enumerate() {
+        let node_name = if np.name.is_empty() {
+            format!("{}_{idx}", np.op_type)
+        } else {
+            np.name.clone()
+        };
+        if !(np.domain.is_empty() || np.domain == "ai.onnx") {
+            return Err(ImportError::UnsupportedOp {
+                node: node_name,
+                op: np.op_type.clone(),
+                domain: format!("{}.", np.domain),
+                opset,
+            });
+        }
+        let bad = |reason: String| ImportError::BadNode {
+            node: node_name.clone(),
+            op: np.op_type.clone(),
+            opset,
+            reason,
+        };
+        let mut inputs = Vec::with_capacity(np.input.len());
+        for name in &np.input {
+            if name.is_empty() {
+                inputs.push(None);
+            } else {
+                let v = ids.get(name).ok_or_else(|| {
+                    bad(format!("input {name:?} is not defined before this node"))
+                })?;
+                inputs.push(Some(*v));
+            }
+        }
+        let attrs = Attrs {
+            list: &np.attribute,
+        };
+        if np.op_type == "Constant" {
+            let t = crate::ops::constant_attr(&attrs).map_err(bad)?;
+            let out = np
+                .output
+                .first()
+                .ok_or_else(|| bad("Constant has no output".into()))?;
+            let v = g.add_value(out);
+            if ids.insert(out.clone(), v).is_some() {
+                return Err(bad(format!("output {out:?} is defined twice")));
+            }
+            g.constants.insert(v, Arc::new(t));
+            continue;
+        }
+        let op = match Op::parse(&np.op_type, &attrs, opset, inputs.len(), np.output.len()) {
+            Ok(Some(op)) => op,
+            Ok(None) => {
+                return Err(ImportError::UnsupportedOp {
+                    node: node_name,
+                    op: np.op_type.clone(),
+                    domain: String::new(),
+                    opset,
+                });
+            }
+            Err(reason) => return Err(bad(reason)),
+        };
+        let mut outputs = Vec::with_capacity(np.output.len());
+        for out in &np.output {
+            // An omitted optional output still gets a value so output positions stay stable.
+            let v = g.add_value(out);
+            if !out.is_empty() && ids.insert(out.clone(), v).is_some() {
+                return Err(bad(format!("output {out:?} is defined twice")));
+            }
+            outputs.push(v);
+        }
+        g.nodes.push(Node {
+            name: node_name,
+            op,
+            inputs,
+            outputs,
+        });
+    }
+    for vi in &gp.output {
+        let v = ids.get(&vi.name).ok_or_else(|| {
+            ImportError::Graph(format!("graph output {:?} is never produced", vi.name))
+        })?;
+        g.outputs.push(*v);
+    }
+    if g.outputs.is_empty() {
+        return Err(ImportError::Graph("graph has no outputs".into()));
+    }
+    Ok(g)
+}
+
+fn bad_tensor(t: &TensorProto, reason: impl Into<String>) -> ImportError {
+    ImportError::BadTensor {
+        name: t.name.clone(),
+        reason: reason.into(),
+    }
+}
+
+/// Decodes a TensorProto from whichever field holds its data.
+pub fn decode_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor, ImportError> {
+    let dtype = DType::from_onnx(t.data_type)
+        .ok_or_else(|| bad_tensor(t, format!("unsupported element type {}", t.data_type)))?;
+    let shape = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| bad_tensor(t, format!("negative dimension {d}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = checked_numel(&shape).map_err(|e| bad_tensor(t, e.to_string()))?;
+    let external;
+    let raw: Option<&[u8]> = if t.data_location == 1 {
+        external = read_external(t, base_dir, n * dtype.size())?;
+        Some(&external)
+    } else if !t.raw_data.is_empty()
+        || (n == 0 && t.raw_data.is_empty() && typed_len(t, dtype) == 0)
+    {
+        Some(&t.raw_data)
+    } else {
+        None
+    };
+    let data = match raw {
+        Some(raw) => {
+            if raw.len() != n * dtype.size() {
+                return Err(bad_tensor(
+                    t,
+                    format!(
+                        "raw data has {} bytes, shape {shape:?} needs {}",
+                        raw.len(),
+                        n * dtype.size()
+                    ),
+                ));
+            }
+            from_le_bytes(dtype, raw)
+        }
+        None => {
+            if typed_len(t, dtype) != n {
+                return Err(bad_tensor(
+                    t,
+                    format!(
+                        "holds {} values, shape {shape:?} needs {n}",
+                        typed_len(t, dtype)
+                    ),
+                ));
+            }
+            match dtype {
+                DType::F32 => Data::F32(t.float_data.clone()),
+                DType::F64 => Data::F64(t.double_data.clone()),
+                DType::I64 => Data::I64(t.int64_data.clone()),
+                DType::I32 => Data::I32(t.int32_data.clone()),
+                DType::I8 => Data::I8(t.int32_data.iter().map(|&v| v as i8).collect()),
+                DType::U8 => Data::U8(t.int32_data.iter().map(|&v| v as u8).collect()),
+                DType::Bool => Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect()),
+            }
+        }
+    };
+    Ok(Tensor { shape, data })
+}
+
+fn typed_len(t: &TensorProto, dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => t.float_data.len(),
+        DType::F64 => t.double_data.len(),
+        DType::I64 => t.int64_data.len(),
+        _ => t.int32_data.len(),
+    }
+}
+
+pub(crate) fn from_le_bytes(dtype: DType, raw: &[u8]) -> Data {
+    fn conv<T, const N: usize>(raw: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+        raw.chunks_exact(N)
+            .map(|c| f(c.try_into().unwrap_or([0; N])))
+            .collect()
+    }
+    match dtype {
+        DType::F32 => Data::F32(conv(raw, f32::from_le_bytes)),
+        DType::F64 => Data::F64(conv(raw, f64::from_le_bytes)),
+        DType::I64 => Data::I64(conv(raw, i64::from_le_bytes)),
+        DType::I32 => Data::I32(conv(raw, i32::from_le_bytes)),
+        DType::I8 => Data::I8(raw.iter().map(|&b| b as i8).collect()),
+        DType::U8 => Data::U8(raw.to_vec()),
+        DType::Bool => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
+    }
+}
+
+pub(crate) fn to_le_bytes(data: &Data) -> Vec<u8> {
+    match data {
+        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I8(v) => v.iter().map(|&x| x as u8).collect(),
+        Data::U8(v) => v.clone(),
+        Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+    }
+}
+
+/// Reads `len` bytes of an external-data tensor from a file next to the model.
+fn read_external(
+    t: &TensorProto,
+    base_dir: Option<&Path>,
+    len: usize,
+) -> Result<Vec<u8>, ImportError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let get = |k: &str| {
+        t.external_data
+            .iter()
+            .find(|e| e.key == k)
+            .map(|e| e.value.as_str())
+    };
+    let location =
+        get("location").ok_or_else(|| bad_tensor(t, "external data without a location"))?;
+    let num = |k: &str| -> Result<Option<u64>, ImportError> {
+        get(k)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| bad_tensor(t, format!("external data {k} {v:?} is not a number")))
+            })
+            .transpose()
+    };
+    let offset = num("offset")?.unwrap_or(0);
+    if let Some(l) = num("length")?
+        && l != len as u64
+    {
+        return Err(bad_tensor(
+            t,
+            format!("external data length {l} does not match the shape ({len} bytes)"),
+        ));
+    }
+    let rel = Path::new(location);
+    // The model must not make us read files outside its own folder.
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(bad_tensor(
+            t,
+            format!("external data location {location:?} leaves the model's folder"),
+        ));
+    }
+    let base = base_dir
+        .ok_or_else(|| bad_tensor(t, "external data, but the model was not loaded from a file"))?;
+    let path = base.join(rel);
+    let io = |source| ImportError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::File::open(&path).map_err(io)?;
+    let size = f.metadata().map_err(io)?.len();
+    if offset.saturating_add(len as u64) > size {
+        return Err(bad_tensor(
+            t,
+            format!(
+                "external data {location:?} is {size} bytes, needs {} at offset {offset}",
+                len
+            ),
+        ));
+    }
+    f.seek(SeekFrom::Start(offset)).map_err(io)?;
+    let mut buf = vec![0u8; len];
+    f.read_exact(&mut buf).map_err(io)?;
+    Ok(buf)
+}
+
+/// Encodes a tensor as a TensorProto with raw data (used by the zoo writer and the tests).
+pub fn encode_tensor(name: &str, t: &Tensor) -> TensorProto {
+    TensorProto {
+        dims: t.shape.iter().map(|&d| d as i64).collect(),
+        data_type: t.dtype().onnx(),
+        name: name.to_string(),
+        raw_data: to_le_bytes(&t.data),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,146 @@
+//! A small reader and writer for NumPy `.npy` files (format 1.0–3.0, little-endian, C order):
+//! f32, f64, i64, i32, i8, u8 and bool.
+
+use crate::import::{from_le_bytes, to_le_bytes};
+use crate::tensor::{DType, Tensor, checked_numel};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum NpyError {
+    #[error("not a .npy file: {0}")]
+    Format(String),
+    #[error("unsupported .npy dtype {0:?} (supported: <f4 <f8 <i8 <i4 |i1 |u1 |b1)")]
+    DType(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn descr(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "<f4",
+        DType::F64 => "<f8",
+        DType::I64 => "<i8",
+        DType::I32 => "<i4",
+        DType::I8 => "|i1",
+        DType::U8 => "|u1",
+        DType::Bool => "|b1",
+    }
+}
+
+pub fn to_bytes(t: &Tensor) -> Vec<u8> {
+    let shape = match t.shape.len() {
+        0 => "()".to_string(),
+        1 => format!("({},)", t.shape[0]),
+        _ => format!(
+            "({})",
+            t.shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut header = format!(
+        "{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}",
+        descr(t.dtype())
+    );
+    // Pad so that the data starts on a 64-byte boundary, header ends with a newline.
+    let total = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(total.next_multiple_of(64) - total));
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.extend(to_le_bytes(&t.data));
+    out
+}
+
+pub fn from_bytes(b: &[u8]) -> Result<Tensor, NpyError> {
+    let bad = |m: &str| NpyError::Format(m.to_string());
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return Err(bad("missing magic"));
+    }
+    let (hlen, start) = match b[6] {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+        v => return Err(NpyError::Format(format!("version {v}"))),
+    };
+    let header = b
+        .get(start..start + hlen)
+        .ok_or_else(|| bad("truncated header"))?;
+    let header = std::str::from_utf8(header).map_err(|_| bad("header is not text"))?;
+    let field = |key: &str| -> Option<&str> {
+        let i = header.find(&format!("'{key}'"))? + key.len() + 2;
+        let rest = header[i..].trim_start().strip_prefix(':')?.trim_start();
+        Some(rest)
+    };
+    let d = field("descr")
+        .and_then(|r| r.strip_prefix('\''))
+        .and_then(|r| r.split('\'').next())
+        .ok_or_else(|| bad("no descr"))?;
+    let dtype = match d {
+        "<f4" => DType::F32,
+        "<f8" => DType::F64,
+        "<i8" => DType::I64,
+        "<i4" => DType::I32,
+        "|i1" | "<i1" => DType::I8,
+        "|u1" | "<u1" => DType::U8,
+        "|b1" | "<b1" => DType::Bool,
+        other => return Err(NpyError::DType(other.to_string())),
+    };
+    if field("fortran_order").is_some_and(|r| r.starts_with("True")) {
+        return Err(bad("Fortran order is not supported"));
+    }
+    let sh = field("shape")
+        .and_then(|r| r.strip_prefix('('))
+        .and_then(|r| r.split(')').next())
+        .ok_or_else(|| bad("no shape"))?;
+    let shape = sh
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().map_err(|_| bad("bad shape")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = checked_numel(&shape).map_err(|e| NpyError::Format(e.to_string()))?;
+    let data = &b[start + hlen..];
+    if data.len() != n * dtype.size() {
+        return Err(NpyError::Format(format!(
+            "data has {} bytes, shape {shape:?} needs {}",
+            data.len(),
+            n * dtype.size()
+        )));
+    }
+    Tensor::new(shape, from_le_bytes(dtype, data)).map_err(|e| NpyError::Format(e.to_string()))
+}
+
+pub fn read(path: &std::path::Path) -> Result<Tensor, NpyError> {
+    from_bytes(&std::fs::read(path)?)
+}
+
+pub fn write(path: &std::path::Path, t: &Tensor) -> Result<(), NpyError> {
+    Ok(std::fs::write(path, to_bytes(t))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Data;
+
+    #[test]
+    fn round_trips_every_dtype() {
+        for data in [
+            Data::F32(vec![1.5, -2.0]),
+            Data::F64(vec![1.0, 2.0]),
+            Data::I64(vec![-1, 7]),
+            Data::I32(vec![3, 4]),
+            Data::U8(vec![0, 255]),
+            Data::Bool(vec![true, false]),
+        ] {
+            let t = Tensor::new(vec![2, 1], data).unwrap();
+            assert_eq!(from_bytes(&to_bytes(&t)).unwrap(), t);
+        }
+        let s = Tensor::scalar_f32(3.0);
+        assert_eq!(from_bytes(&to_bytes(&s)).unwrap(), s);
+        assert!(from_bytes(b"garbage").is_err());
+    }
+}

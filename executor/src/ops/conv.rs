@@ -1,0 +1,327 @@
+//! Conv and ConvTranspose (1-D and 2-D, NCHW): attribute handling and output geometry; the
+//! arithmetic is in `cotenant_kernels::conv`.
+
+use super::{Activation, Cx, input, opt_input};
+use crate::error::{OpError, OpResult, shape_err};
+use crate::ops::attrs::Attrs;
+use crate::tensor::{Tensor, checked_numel};
+use cotenant_kernels::conv::{Conv2d, conv_transpose2d, conv2d};
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ConvAttrs {
+    pub kernel_shape: Option<Vec<usize>>,
+    pub strides: Option<Vec<usize>>,
+    pub dilations: Option<Vec<usize>>,
+    pub pads: Option<Vec<usize>>,
+    pub auto_pad: String,
+    pub group: usize,
+    pub output_padding: Option<Vec<usize>>,
+    pub output_shape: Option<Vec<usize>>,
+    /// Activation fused in by the fusion pass.
+    pub act: Option<Activation>,
+}
+
+impl ConvAttrs {
+    pub fn parse(a: &Attrs) -> Result<ConvAttrs, String> {
+        let group = a.int_or("group", 1)?;
+        if group < 1 {
+            return Err(format!("group {group} must be positive"));
+        }
+        let c = ConvAttrs {
+            kernel_shape: a.usizes("kernel_shape")?,
+            strides: a.usizes("strides")?,
+            dilations: a.usizes("dilations")?,
+            pads: a.usizes("pads")?,
+            auto_pad: a.string_or("auto_pad", "NOTSET")?,
+            group: group as usize,
+            output_padding: a.usizes("output_padding")?,
+            output_shape: a.usizes("output_shape")?,
+            act: None,
+        };
+        if c.strides
+            .iter()
+            .flatten()
+            .chain(c.dilations.iter().flatten())
+            .any(|&s| s == 0)
+        {
+            return Err("strides and dilations must be positive".into());
+        }
+        Ok(c)
+    }
+}
+
+/// Spatial parameters resolved against the actual input, as 2-D (1-D convs get height 1).
+struct Geometry {
+    k: [usize; 2],
+    s: [usize; 2],
+    d: [usize; 2],
+    begin: [usize; 2],
+    end: [usize; 2],
+}
+
+fn two(v: &[usize], spatial: usize, default: usize) -> [usize; 2] {
+    if spatial == 1 {
+        [default, v.first().copied().unwrap_or(default)]
+    } else {
+        [
+            v.first().copied().unwrap_or(default),
+            v.get(1).copied().unwrap_or(default),
+        ]
+    }
+}
+
+fn geometry(
+    c: &ConvAttrs,
+    spatial: usize,
+    kernel: &[usize],
+    input: [usize; 2],
+    transpose: bool,
+) -> OpResult<Geometry> {
+    let get = |v: &Option<Vec<usize>>, name: &str| -> OpResult<Vec<usize>> {
+        match v {
+            Some(v) if v.len() != spatial => shape_err(format!(
+                "{name} has {} entries for {spatial} spatial axes",
+                v.len()
+            )),
+            Some(v) => Ok(v.clone()),
+            None => Ok(vec![1; spatial]),
+        }
+    };
+    let ks = match &c.kernel_shape {
+        Some(k) if k.as_slice() != kernel => {
+            return shape_err(format!(
+                "kernel_shape {k:?} does not match weights {kernel:?}"
+            ));
+        }
+        _ => kernel.to_vec(),
+    };
+    let k = two(&ks, spatial, 1);
+    let s = two(&get(&c.strides, "strides")?, spatial, 1);
+    let d = two(&get(&c.dilations, "dilations")?, spatial, 1);
+    let (mut begin, mut end) = ([0; 2], [0; 2]);
+    match c.auto_pad.as_str() {
+        "NOTSET" | "" => {
+            if let Some(p) = &c.pads {
+                if p.len() != 2 * spatial {
+                    return shape_err(format!(
+                        "pads has {} entries for {spatial} spatial axes",
+                        p.len()
+                    ));
+                }
+                begin = two(&p[..spatial], spatial, 0);
+                end = two(&p[spatial..], spatial, 0);
+            }
+        }
+        "VALID" => {}
+        mode @ ("SAME_UPPER" | "SAME_LOWER") if !transpose => {
+            for i in 0..2 {
+                let out = input[i].div_ceil(s[i]);
+                let total = ((out.saturating_sub(1)) * s[i] + (k[i] - 1) * d[i] + 1)
+                    .saturating_sub(input[i]);
+                let small = total / 2;
+                (begin[i], end[i]) = if mode == "SAME_UPPER" {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                };
+            }
+        }
+        "SAME_UPPER" | "SAME_LOWER" => {}
+        other => return Err(OpError::Unsupported(format!("auto_pad {other:?}"))),
+    }
+    Ok(Geometry {
+        k,
+        s,
+        d,
+        begin,
+        end,
+    })
+}
+
+/// Splits `[N, C, spatial...]` into (n, c, [h, w]) with 1-D as height 1.
+fn nchw(shape: &[usize], what: &str) -> OpResult<(usize, usize, [usize; 2])> {
+    match shape {
+        [n, c, w] => Ok((*n, *c, [1, *w])),
+        [n, c, h, w] => Ok((*n, *c, [*h, *w])),
+        s if s.len() > 4 => Err(OpError::Unsupported(format!(
+            "{what} with {} spatial axes",
+            s.len() - 2
+        ))),
+        s => shape_err(format!(
+            "{what} input must be [N, C, spatial...], got {s:?}"
+        )),
+    }
+}
+
+pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
+    let (n, ch, hw) = nchw(&x.shape, "Conv")?;
+    let spatial = x.rank() - 2;
+    if w.rank() != x.rank() {
+        return shape_err(format!(
+            "Conv weight {:?} does not match input {:?}",
+            w.shape, x.shape
+        ));
+    }
+    let (m, cg) = (w.shape[0], w.shape[1]);
+    if cg * c.group != ch || m % c.group != 0 {
+        return shape_err(format!(
+            "Conv: input channels {ch}, weight {:?}, group {}",
+            w.shape, c.group
+        ));
+    }
+    let g = geometry(c, spatial, &w.shape[2..], hw, false)?;
+    let mut out_hw = [0; 2];
+    for i in 0..2 {
+        let eff = (g.k[i] - 1) * g.d[i] + 1;
+        let padded = hw[i] + g.begin[i] + g.end[i];
+        if padded < eff {
+            return shape_err(format!(
+                "Conv kernel {eff} larger than padded input {padded}"
+            ));
+        }
+        out_hw[i] = (padded - eff) / g.s[i] + 1;
+    }
+    let bias = match b {
+        Some(b) if b.len() != m => {
+            return shape_err(format!("Conv bias has {} values for {m} channels", b.len()));
+        }
+        Some(b) => Some(b.as_f32()?),
+        None => None,
+    };
+    let p = Conv2d {
+        n,
+        c: ch,
+        h: hw[0],
+        w: hw[1],
+        m,
+        kh: g.k[0],
+        kw: g.k[1],
+        sh: g.s[0],
+        sw: g.s[1],
+        dh: g.d[0],
+        dw: g.d[1],
+        pt: g.begin[0],
+        pl: g.begin[1],
+        oh: out_hw[0],
+        ow: out_hw[1],
+        groups: c.group,
+    };
+    let mut shape = vec![n, m];
+    shape.extend(if spatial == 1 {
+        &out_hw[1..]
+    } else {
+        &out_hw[..]
+    });
+    let mut out = vec![0.0f32; checked_numel(&shape)?];
+    let mut scratch = cx.scratch.borrow_mut();
+    conv2d(
+        &p,
+        x.as_f32()?,
+        w.as_f32()?,
+        bias,
+        c.act,
+        &mut out,
+        &mut scratch,
+        cx.threads,
+    );
+    Tensor::f32(shape, out)
+}
+
+pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
+    let (n, ch, hw) = nchw(&x.shape, "ConvTranspose")?;
+    let spatial = x.rank() - 2;
+    if w.rank() != x.rank() || w.shape[0] != ch {
+        return shape_err(format!(
+            "ConvTranspose weight {:?} does not match input {:?}",
+            w.shape, x.shape
+        ));
+    }
+    let m = w.shape[1] * c.group;
+    if ch % c.group != 0 {
+        return shape_err(format!("ConvTranspose: {ch} channels, group {}", c.group));
+    }
+    let mut g = geometry(c, spatial, &w.shape[2..], hw, true)?;
+    let op = match &c.output_padding {
+        Some(v) if v.len() != spatial => return shape_err("output_padding length"),
+        Some(v) => two(v, spatial, 0),
+        None => [0, 0],
+    };
+    let mut out_hw = [0; 2];
+    let target = match &c.output_shape {
+        Some(v) if v.len() >= spatial => Some(two(&v[v.len() - spatial..], spatial, 1)),
+        Some(_) => return shape_err("output_shape length"),
+        None if c.auto_pad.starts_with("SAME") => Some([hw[0] * g.s[0], hw[1] * g.s[1]]),
+        None => None,
+    };
+    for i in 0..2 {
+        let full = (hw[i].saturating_sub(1)) * g.s[i] + op[i] + (g.k[i] - 1) * g.d[i] + 1;
+        match target {
+            Some(t) => {
+                let total = full.saturating_sub(t[i]);
+                g.begin[i] = if c.auto_pad == "SAME_UPPER" {
+                    total / 2
+                } else {
+                    total - total / 2
+                };
+                out_hw[i] = t[i];
+            }
+            None => {
+                if full < g.begin[i] + g.end[i] {
+                    return shape_err("ConvTranspose pads exceed the output");
+                }
+                out_hw[i] = full - g.begin[i] - g.end[i];
+            }
+        }
+    }
+    let bias = match b {
+        Some(b) if b.len() != m => {
+            return shape_err(format!(
+                "ConvTranspose bias has {} values for {m} channels",
+                b.len()
+            ));
+        }
+        Some(b) => Some(b.as_f32()?),
+        None => None,
+    };
+    let p = Conv2d {
+        n,
+        c: ch,
+        h: hw[0],
+        w: hw[1],
+        m,
+        kh: g.k[0],
+        kw: g.k[1],
+        sh: g.s[0],
+        sw: g.s[1],
+        dh: g.d[0],
+        dw: g.d[1],
+        pt: g.begin[0],
+        pl: g.begin[1],
+        oh: out_hw[0],
+        ow: out_hw[1],
+        groups: c.group,
+    };
+    let mut shape = vec![n, m];
+    shape.extend(if spatial == 1 {
+        &out_hw[1..]
+    } else {
+        &out_hw[..]
+    });
+    let mut out = vec![0.0f32; checked_numel(&shape)?];
+    let mut scratch = cx.scratch.borrow_mut();
+    conv_transpose2d(
+        &p,
+        x.as_f32()?,
+        w.as_f32()?,
+        bias,
+        &mut out,
+        &mut scratch,
+        cx.threads,
+    );
+    if let Some(a) = c.act {
+        a.apply_slice(cx.threads, &mut out);
+    }
+    Tensor::f32(shape, out)
+}

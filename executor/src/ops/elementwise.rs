@@ -1,0 +1,597 @@
+//! Pointwise ops: unary math and activations, numpy-broadcast binary arithmetic, comparisons and
+//! logic, Clip, PRelu, Where, variadic Sum/Max/Min/Mean and Cast.
+
+use super::{Activation, Cx, input, opt_input};
+use crate::error::{OpError, OpResult, shape_err};
+use crate::tensor::{DType, Data, Tensor, checked_numel, strides};
+use cotenant_kernels::activation::{erf, map_inplace};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unary {
+    Relu,
+    LeakyRelu(f32),
+    Sigmoid,
+    HardSigmoid(f32, f32),
+    HardSwish,
+    Tanh,
+    Elu(f32),
+    Selu(f32, f32),
+    Softplus,
+    Erf,
+    /// `true`: the tanh approximation.
+    Gelu(bool),
+    Sqrt,
+    Exp,
+    Log,
+    Neg,
+    Abs,
+    Reciprocal,
+    Floor,
+    Ceil,
+    Not,
+    Identity,
+}
+
+impl Unary {
+    /// The kernel activation this op is, when it can be fused into a producer.
+    pub fn as_activation(self) -> Option<Activation> {
+        Some(match self {
+            Unary::Relu => Activation::Relu,
+            Unary::LeakyRelu(a) => Activation::LeakyRelu(a),
+            Unary::Sigmoid => Activation::Sigmoid,
+            Unary::HardSigmoid(a, b) => Activation::HardSigmoid(a, b),
+            Unary::HardSwish => Activation::HardSwish,
+            Unary::Tanh => Activation::Tanh,
+            _ => return None,
+        })
+    }
+
+    fn f32(self, x: f32) -> f32 {
+        match self {
+            Unary::Elu(a) => {
+                if x < 0.0 {
+                    a * (x.exp() - 1.0)
+                } else {
+                    x
+                }
+            }
+            Unary::Selu(a, g) => {
+                if x <= 0.0 {
+                    g * (a * x.exp() - a)
+                } else {
+                    g * x
+                }
+            }
+            Unary::Softplus => {
+                // Stable for large |x|.
+                if x > 20.0 { x } else { x.exp().ln_1p() }
+            }
+            Unary::Erf => erf(x),
+            Unary::Gelu(false) => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
+            Unary::Gelu(true) => {
+                0.5 * x
+                    * (1.0
+                        + ((2.0f32 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x))
+                            .tanh())
+            }
+            Unary::Sqrt => x.sqrt(),
+            Unary::Exp => x.exp(),
+            Unary::Log => x.ln(),
+            Unary::Neg => -x,
+            Unary::Abs => x.abs(),
+            Unary::Reciprocal => 1.0 / x,
+            Unary::Floor => x.floor(),
+            Unary::Ceil => x.ceil(),
+            Unary::Identity => x,
+            other => other.as_activation().map_or(x, |a| a.apply(x)),
+        }
+    }
+
+    fn f64(self, x: f64) -> f64 {
+        match self {
+            Unary::Sqrt => x.sqrt(),
+            Unary::Exp => x.exp(),
+            Unary::Log => x.ln(),
+            Unary::Neg => -x,
+            Unary::Abs => x.abs(),
+            Unary::Reciprocal => 1.0 / x,
+            Unary::Floor => x.floor(),
+            Unary::Ceil => x.ceil(),
+            Unary::Tanh => x.tanh(),
+            Unary::Relu => x.max(0.0),
+            Unary::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            Unary::Identity => x,
+            other => other.f32(x as f32) as f64,
+        }
+    }
+}
+
+pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
+    let shape = x.shape.clone();
+    let data = match (&x.data, u) {
+        (_, Unary::Identity) => x.data.clone(),
+        (Data::F32(v), _) => {
+            let mut out = v.clone();
+            match u.as_activation() {
+                Some(a) => a.apply_slice(cx.threads, &mut out),
+                None => map_inplace(cx.threads, &mut out, move |x| u.f32(x)),
+            }
+            Data::F32(out)
+        }
+        (Data::F64(v), _) => Data::F64(v.iter().map(|&x| u.f64(x)).collect()),
+        (Data::Bool(v), Unary::Not) => Data::Bool(v.iter().map(|&x| !x).collect()),
+        (Data::I64(v), Unary::Neg) => Data::I64(v.iter().map(|&x| x.wrapping_neg()).collect()),
+        (Data::I64(v), Unary::Abs) => Data::I64(v.iter().map(|&x| x.wrapping_abs()).collect()),
+        (Data::I64(v), Unary::Relu) => Data::I64(v.iter().map(|&x| x.max(0)).collect()),
+        (Data::I32(v), Unary::Neg) => Data::I32(v.iter().map(|&x| x.wrapping_neg()).collect()),
+        (Data::I32(v), Unary::Abs) => Data::I32(v.iter().map(|&x| x.wrapping_abs()).collect()),
+        (Data::I32(v), Unary::Relu) => Data::I32(v.iter().map(|&x| x.max(0)).collect()),
+        (Data::I8(v), Unary::Neg) => Data::I8(v.iter().map(|&x| x.wrapping_neg()).collect()),
+        (Data::I8(v), Unary::Abs) => Data::I8(v.iter().map(|&x| x.wrapping_abs()).collect()),
+        (Data::U8(v), Unary::Abs) => Data::U8(v.clone()),
+        (d, _) => return Err(OpError::DType(format!("{u:?} on {:?}", d.dtype()))),
+    };
+    Ok(Tensor { shape, data })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Max,
+    Min,
+    Equal,
+    Less,
+    Greater,
+    LessOrEqual,
+    GreaterOrEqual,
+    And,
+    Or,
+    Xor,
+}
+
+/// The numpy broadcast of two shapes.
+pub fn broadcast_shape(a: &[usize], b: &[usize]) -> OpResult<Vec<usize>> {
+    let r = a.len().max(b.len());
+    let mut out = vec![0; r];
+    for i in 0..r {
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
+        out[i] = if da == db || db == 1 {
+            da
+        } else if da == 1 {
+            db
+        } else {
+            return shape_err(format!("cannot broadcast {a:?} with {b:?}"));
+        };
+    }
+    checked_numel(&out)?;
+    Ok(out)
+}
+
+/// Strides of `shape` when broadcast to `out` (0 along broadcast axes).
+pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let st = strides(shape);
+    let off = out.len() - shape.len();
+    (0..out.len())
+        .map(|i| {
+            if i < off || shape[i - off] == 1 {
+                0
+            } else {
+                st[i - off]
+            }
+        })
+        .collect()
+}
+
+/// Applies `f` over two broadcast operands; the innermost axis runs as a tight loop.
+pub fn broadcast_map<T: Copy, U>(
+    a: &[T],
+    ash: &[usize],
+    b: &[T],
+    bsh: &[usize],
+    out: &[usize],
+    f: impl Fn(T, T) -> U,
+) -> Vec<U> {
+    let n: usize = out.iter().product();
+    if ash == bsh {
+        return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
+    }
+    if b.len() == 1 && a.len() == n {
+        let y = b[0];
+        return a.iter().map(|&x| f(x, y)).collect();
+    }
+    if a.len() == 1 && b.len() == n {
+        let x = a[0];
+        return b.iter().map(|&y| f(x, y)).collect();
+    }
+    let mut res = Vec::with_capacity(n);
+    if n == 0 {
+        return res;
+    }
+    let sa = broadcast_strides(ash, out);
+    let sb = broadcast_strides(bsh, out);
+    let r = out.len();
+    let inner = out[r - 1];
+    let (ia, ib) = (sa[r - 1], sb[r - 1]);
+    let mut idx = vec![0usize; r];
+    let (mut oa, mut ob) = (0usize, 0usize);
+    for _ in 0..n / inner {
+        match (ia, ib) {
+            (1, 1) => res.extend(
+                a[oa..oa + inner]
+                    .iter()
+                    .zip(&b[ob..ob + inner])
+                    .map(|(&x, &y)| f(x, y)),
+            ),
+            (1, 0) => {
+                let y = b[ob];
+                res.extend(a[oa..oa + inner].iter().map(|&x| f(x, y)))
+            }
+            (0, 1) => {
+                let x = a[oa];
+                res.extend(b[ob..ob + inner].iter().map(|&y| f(x, y)))
+            }
+            _ => res.extend((0..inner).map(|i| f(a[oa + i * ia], b[ob + i * ib]))),
+        }
+        // Advance the outer multi-index (all axes but the last).
+        for ax in (0..r - 1).rev() {
+            idx[ax] += 1;
+            oa += sa[ax];
+            ob += sb[ax];
+            if idx[ax] < out[ax] {
+                break;
+            }
+            oa -= sa[ax] * out[ax];
+            ob -= sb[ax] * out[ax];
+            idx[ax] = 0;
+        }
+    }
+    res
+}
+
+trait Num: Copy + PartialOrd {
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+    fn pow(self, o: Self) -> Self;
+}
+
+macro_rules! num_float {
+    ($t:ty) => {
+        impl Num for $t {
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            fn pow(self, o: Self) -> Self {
+                self.powf(o)
+            }
+        }
+    };
+}
+macro_rules! num_int {
+    ($t:ty) => {
+        impl Num for $t {
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            fn sub(self, o: Self) -> Self {
+                self.wrapping_sub(o)
+            }
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            // Division by zero is undefined in ONNX; give 0 rather than panic.
+            fn div(self, o: Self) -> Self {
+                if o == 0 { 0 } else { self.wrapping_div(o) }
+            }
+            fn pow(self, o: Self) -> Self {
+                (self as f64).powf(o as f64) as $t
+            }
+        }
+    };
+}
+num_float!(f32);
+num_float!(f64);
+num_int!(i64);
+num_int!(i32);
+num_int!(i8);
+num_int!(u8);
+
+fn arith<T: Num>(
+    op: Binary,
+    a: &[T],
+    ash: &[usize],
+    b: &[T],
+    bsh: &[usize],
+    out: &[usize],
+) -> OpResult<Result<Vec<T>, Vec<bool>>> {
+    Ok(match op {
+        Binary::Add => Ok(broadcast_map(a, ash, b, bsh, out, T::add)),
+        Binary::Sub => Ok(broadcast_map(a, ash, b, bsh, out, T::sub)),
+        Binary::Mul => Ok(broadcast_map(a, ash, b, bsh, out, T::mul)),
+        Binary::Div => Ok(broadcast_map(a, ash, b, bsh, out, T::div)),
+        Binary::Pow => Ok(broadcast_map(a, ash, b, bsh, out, T::pow)),
+        Binary::Max => Ok(broadcast_map(a, ash, b, bsh, out, |x, y| {
+            if x >= y || x != x { x } else { y }
+        })),
+        Binary::Min => Ok(broadcast_map(a, ash, b, bsh, out, |x, y| {
+            if x <= y || x != x { x } else { y }
+        })),
+        Binary::Equal => Err(broadcast_map(a, ash, b, bsh, out, |x, y| x == y)),
+        Binary::Less => Err(broadcast_map(a, ash, b, bsh, out, |x, y| x < y)),
+        Binary::Greater => Err(broadcast_map(a, ash, b, bsh, out, |x, y| x > y)),
+        Binary::LessOrEqual => Err(broadcast_map(a, ash, b, bsh, out, |x, y| x <= y)),
+        Binary::GreaterOrEqual => Err(broadcast_map(a, ash, b, bsh, out, |x, y| x >= y)),
+        Binary::And | Binary::Or | Binary::Xor => {
+            return Err(OpError::DType(format!("{op:?} needs bool inputs")));
+        }
+    })
+}
+
+pub fn binary(op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    let out = broadcast_shape(&a.shape, &b.shape)?;
+    // Pow may raise to an exponent of another type: compute in the base's type.
+    let b_cast;
+    let b = if op == Binary::Pow && a.dtype() != b.dtype() {
+        b_cast = cast(b, a.dtype());
+        &b_cast
+    } else {
+        b
+    };
+    macro_rules! go {
+        ($x:expr, $y:expr, $v:ident) => {
+            match arith(op, $x, &a.shape, $y, &b.shape, &out)? {
+                Ok(v) => Data::$v(v),
+                Err(v) => Data::Bool(v),
+            }
+        };
+    }
+    let data = match (&a.data, &b.data) {
+        (Data::F32(x), Data::F32(y)) => go!(x, y, F32),
+        (Data::F64(x), Data::F64(y)) => go!(x, y, F64),
+        (Data::I64(x), Data::I64(y)) => go!(x, y, I64),
+        (Data::I32(x), Data::I32(y)) => go!(x, y, I32),
+        (Data::I8(x), Data::I8(y)) => go!(x, y, I8),
+        (Data::U8(x), Data::U8(y)) => go!(x, y, U8),
+        (Data::Bool(x), Data::Bool(y)) => Data::Bool(match op {
+            Binary::And => broadcast_map(x, &a.shape, y, &b.shape, &out, |p, q| p && q),
+            Binary::Or => broadcast_map(x, &a.shape, y, &b.shape, &out, |p, q| p || q),
+            Binary::Xor => broadcast_map(x, &a.shape, y, &b.shape, &out, |p, q| p ^ q),
+            Binary::Equal => broadcast_map(x, &a.shape, y, &b.shape, &out, |p, q| p == q),
+            _ => return Err(OpError::DType(format!("{op:?} on bool"))),
+        }),
+        (x, y) => {
+            return Err(OpError::DType(format!(
+                "{op:?} of {:?} and {:?}",
+                x.dtype(),
+                y.dtype()
+            )));
+        }
+    };
+    Ok(Tensor { shape: out, data })
+}
+
+pub fn variadic(op: Binary, mean: bool, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let mut acc = input(inputs, 0)?.clone();
+    for t in inputs.iter().skip(1).flatten() {
+        acc = binary(op, &acc, t)?;
+    }
+    if mean {
+        let n = Tensor::scalar_f32(inputs.iter().flatten().count() as f32);
+        let n = cast(&n, acc.dtype());
+        acc = binary(Binary::Div, &acc, &n)?;
+    }
+    Ok(acc)
+}
+
+pub fn prelu(x: &Tensor, slope: &Tensor) -> OpResult<Tensor> {
+    let out = broadcast_shape(&x.shape, &slope.shape)?;
+    if out != x.shape {
+        return shape_err(format!(
+            "PRelu slope {:?} does not broadcast to {:?}",
+            slope.shape, x.shape
+        ));
+    }
+    let v = broadcast_map(
+        x.as_f32()?,
+        &x.shape,
+        slope.as_f32()?,
+        &slope.shape,
+        &out,
+        |x, s| if x < 0.0 { s * x } else { x },
+    );
+    Tensor::f32(out, v)
+}
+
+pub fn clip(
+    cx: &Cx,
+    inputs: &[Option<&Tensor>],
+    min: Option<f32>,
+    max: Option<f32>,
+) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let scalar = |i: usize| opt_input(inputs, i).and_then(|t| t.to_f64_vec().first().copied());
+    let lo = scalar(1).or(min.map(f64::from));
+    let hi = scalar(2).or(max.map(f64::from));
+    let mut out = x.clone();
+    match &mut out.data {
+        Data::F32(v) => {
+            let (lo, hi) = (
+                lo.map_or(f32::NEG_INFINITY, |v| v as f32),
+                hi.map_or(f32::INFINITY, |v| v as f32),
+            );
+            map_inplace(cx.threads, v, move |x| {
+                if x < lo {
+                    lo
+                } else if x > hi {
+                    hi
+                } else {
+                    x
+                }
+            });
+        }
+        Data::F64(v) => v.iter_mut().for_each(|x| {
+            *x = x
+                .max(lo.unwrap_or(f64::NEG_INFINITY))
+                .min(hi.unwrap_or(f64::INFINITY))
+        }),
+        Data::I64(v) => v.iter_mut().for_each(|x| {
+            *x = (*x)
+                .max(lo.map_or(i64::MIN, |l| l as i64))
+                .min(hi.map_or(i64::MAX, |h| h as i64))
+        }),
+        Data::I32(v) => v.iter_mut().for_each(|x| {
+            *x = (*x)
+                .max(lo.map_or(i32::MIN, |l| l as i32))
+                .min(hi.map_or(i32::MAX, |h| h as i32))
+        }),
+        Data::I8(v) => v.iter_mut().for_each(|x| {
+            *x = (*x)
+                .max(lo.map_or(i8::MIN, |l| l as i8))
+                .min(hi.map_or(i8::MAX, |h| h as i8))
+        }),
+        Data::U8(v) => v.iter_mut().for_each(|x| {
+            *x = (*x)
+                .max(lo.map_or(u8::MIN, |l| l as u8))
+                .min(hi.map_or(u8::MAX, |h| h as u8))
+        }),
+        Data::Bool(_) => return Err(OpError::DType("Clip on bool".into())),
+    }
+    Ok(out)
+}
+
+pub fn where_(c: &Tensor, x: &Tensor, y: &Tensor) -> OpResult<Tensor> {
+    let Data::Bool(cv) = &c.data else {
+        return Err(OpError::DType("Where condition must be bool".into()));
+    };
+    if x.dtype() != y.dtype() {
+        return Err(OpError::DType("Where branches differ in type".into()));
+    }
+    let out = broadcast_shape(&broadcast_shape(&c.shape, &x.shape)?, &y.shape)?;
+    // Broadcast all three to `out` through index maps, then pick.
+    let n = checked_numel(&out)?;
+    let idx = |shape: &[usize]| -> Vec<usize> {
+        let iota: Vec<usize> = (0..shape.iter().product()).collect();
+        let zeros = vec![0usize; n];
+        broadcast_map(&iota, shape, &zeros[..1], &[1], &out, |i, _| i)
+    };
+    let (ic, ix, iy) = (idx(&c.shape), idx(&x.shape), idx(&y.shape));
+    let pick = |k: usize| {
+        if cv[ic[k]] {
+            (ix[k], true)
+        } else {
+            (iy[k], false)
+        }
+    };
+    macro_rules! sel {
+        ($($v:ident),*) => {
+            match (&x.data, &y.data) {
+                $((Data::$v(a), Data::$v(b)) => Data::$v((0..n).map(|k| match pick(k) { (i, true) => a[i], (i, false) => b[i] }).collect()),)*
+                _ => return Err(OpError::DType("Where branches differ in type".into())),
+            }
+        };
+    }
+    let data = sel!(F32, F64, I64, I32, I8, U8, Bool);
+    Ok(Tensor { shape: out, data })
+}
+
+/// Converts between element types with ONNX Cast semantics (float → int truncates).
+pub fn cast(x: &Tensor, to: DType) -> Tensor {
+    macro_rules! from {
+        ($v:expr) => {
+            match to {
+                DType::F32 => Data::F32($v.iter().map(|&e| e as f32).collect()),
+                DType::F64 => Data::F64($v.iter().map(|&e| e as f64).collect()),
+                DType::I64 => Data::I64($v.iter().map(|&e| e as i64).collect()),
+                DType::I32 => Data::I32($v.iter().map(|&e| e as i32).collect()),
+                DType::I8 => Data::I8($v.iter().map(|&e| e as i8).collect()),
+                DType::U8 => Data::U8($v.iter().map(|&e| e as u8).collect()),
+                DType::Bool => Data::Bool($v.iter().map(|&e| e as f64 != 0.0).collect()),
+            }
+        };
+    }
+    let data = match &x.data {
+        d if d.dtype() == to => d.clone(),
+        Data::F32(v) => from!(v),
+        Data::F64(v) => from!(v),
+        Data::I64(v) => from!(v),
+        Data::I32(v) => from!(v),
+        Data::I8(v) => from!(v),
+        Data::U8(v) => from!(v),
+        Data::Bool(v) => {
+            let u: Vec<u8> = v.iter().map(|&b| b as u8).collect();
+            from!(u)
+        }
+    };
+    Tensor {
+        shape: x.shape.clone(),
+        data,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_matches_numpy_rules() {
+        let a = Tensor::f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]).unwrap();
+        let b = Tensor::f32(vec![3], vec![10., 20., 30.]).unwrap();
+        let c = Tensor::f32(vec![2, 1], vec![100., 200.]).unwrap();
+        assert_eq!(
+            binary(Binary::Add, &a, &b).unwrap().as_f32().unwrap(),
+            &[11., 22., 33., 14., 25., 36.]
+        );
+        assert_eq!(
+            binary(Binary::Sub, &a, &c).unwrap().as_f32().unwrap(),
+            &[-99., -98., -97., -196., -195., -194.]
+        );
+        let o = binary(Binary::Mul, &c, &b).unwrap();
+        assert_eq!(o.shape, vec![2, 3]);
+        assert_eq!(
+            o.as_f32().unwrap(),
+            &[1000., 2000., 3000., 2000., 4000., 6000.]
+        );
+        assert!(
+            binary(
+                Binary::Add,
+                &a,
+                &Tensor::f32(vec![2], vec![1., 2.]).unwrap()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn where_broadcasts_condition() {
+        let c = Tensor::new(vec![2], Data::Bool(vec![true, false])).unwrap();
+        let x = Tensor::f32(vec![2, 2], vec![1., 2., 3., 4.]).unwrap();
+        let y = Tensor::scalar_f32(0.0);
+        assert_eq!(
+            where_(&c, &x, &y).unwrap().as_f32().unwrap(),
+            &[1., 0., 3., 0.]
+        );
+    }
+}

@@ -1,0 +1,202 @@
+//! Gemm and MatMul (numpy semantics, batched and broadcast), through the kernels' GEMM.
+
+use super::elementwise::{broadcast_map, broadcast_shape};
+use super::{Activation, Cx, input, opt_input};
+use crate::error::{OpResult, shape_err};
+use crate::ops::attrs::Attrs;
+use crate::tensor::{Tensor, checked_numel};
+use cotenant_kernels::gemm::{Mat, sgemm};
+use rayon::prelude::*;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmAttrs {
+    pub alpha: f32,
+    pub beta: f32,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub act: Option<Activation>,
+}
+
+impl GemmAttrs {
+    pub fn parse(a: &Attrs) -> Result<GemmAttrs, String> {
+        Ok(GemmAttrs {
+            alpha: a.float_or("alpha", 1.0)?,
+            beta: a.float_or("beta", 1.0)?,
+            trans_a: a.int_or("transA", 0)? != 0,
+            trans_b: a.int_or("transB", 0)? != 0,
+            act: None,
+        })
+    }
+}
+
+pub fn gemm(cx: &Cx, g: &GemmAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let (a, b, c) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
+    if a.rank() != 2 || b.rank() != 2 {
+        return shape_err(format!(
+            "Gemm needs 2-D operands, got {:?} and {:?}",
+            a.shape, b.shape
+        ));
+    }
+    let (m, k) = if g.trans_a {
+        (a.shape[1], a.shape[0])
+    } else {
+        (a.shape[0], a.shape[1])
+    };
+    let (kb, n) = if g.trans_b {
+        (b.shape[1], b.shape[0])
+    } else {
+        (b.shape[0], b.shape[1])
+    };
+    if k != kb {
+        return shape_err(format!(
+            "Gemm inner dimensions differ: {:?} x {:?}",
+            a.shape, b.shape
+        ));
+    }
+    let (av, bv) = (a.as_f32()?, b.as_f32()?);
+    let am = if g.trans_a {
+        Mat::transposed(av, m)
+    } else {
+        Mat::row_major(av, k)
+    };
+    let bm = if g.trans_b {
+        Mat::transposed(bv, k)
+    } else {
+        Mat::row_major(bv, n)
+    };
+    let mut out = vec![0.0f32; checked_numel(&[m, n])?];
+    let bias = match c {
+        Some(c) if g.beta != 0.0 => {
+            if broadcast_shape(&c.shape, &[m, n])? != [m, n] {
+                return shape_err(format!(
+                    "Gemm C {:?} does not broadcast to [{m}, {n}]",
+                    c.shape
+                ));
+            }
+            Some(broadcast_map(
+                c.as_f32()?,
+                &c.shape,
+                &[0.0f32],
+                &[1],
+                &[m, n],
+                |x, _| x * g.beta,
+            ))
+        }
+        _ => None,
+    };
+    if g.alpha == 1.0 {
+        let accumulate = bias.is_some();
+        if let Some(bias) = bias {
+            out = bias;
+        }
+        sgemm(cx.threads, m, n, k, am, bm, &mut out, n, accumulate);
+    } else {
+        sgemm(cx.threads, m, n, k, am, bm, &mut out, n, false);
+        out.iter_mut().for_each(|v| *v *= g.alpha);
+        if let Some(bias) = bias {
+            out.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+        }
+    }
+    if let Some(act) = g.act {
+        act.apply_slice(cx.threads, &mut out);
+    }
+    Tensor::f32(vec![m, n], out)
+}
+
+pub fn matmul(cx: &Cx, a: &Tensor, b: &Tensor, act: Option<Activation>) -> OpResult<Tensor> {
+    if a.rank() == 0 || b.rank() == 0 {
+        return shape_err("MatMul operands must have rank >= 1");
+    }
+    // 1-D operands are promoted to matrices and the added axis removed afterwards.
+    let ash: Vec<usize> = if a.rank() == 1 {
+        vec![1, a.shape[0]]
+    } else {
+        a.shape.clone()
+    };
+    let bsh: Vec<usize> = if b.rank() == 1 {
+        vec![b.shape[0], 1]
+    } else {
+        b.shape.clone()
+    };
+    let (m, k) = (ash[ash.len() - 2], ash[ash.len() - 1]);
+    let (kb, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
+    if k != kb {
+        return shape_err(format!(
+            "MatMul inner dimensions differ: {:?} x {:?}",
+            a.shape, b.shape
+        ));
+    }
+    let (av, bv) = (a.as_f32()?, b.as_f32()?);
+    let (abatch, bbatch) = (&ash[..ash.len() - 2], &bsh[..bsh.len() - 2]);
+    let batch = broadcast_shape(abatch, bbatch)?;
+    let mut shape = batch.clone();
+    shape.extend([m, n]);
+    let mut out = vec![0.0f32; checked_numel(&shape)?];
+    let nb: usize = batch.iter().product();
+    if bbatch.iter().product::<usize>() == 1 && abatch == batch.as_slice() {
+        // Weights shared across the batch: one tall GEMM.
+        sgemm(
+            cx.threads,
+            nb * m,
+            n,
+            k,
+            Mat::row_major(av, k),
+            Mat::row_major(bv, n),
+            &mut out,
+            n,
+            false,
+        );
+    } else if nb > 0 && m * n > 0 {
+        let ia: Vec<usize> = (0..abatch.iter().product()).collect();
+        let ib: Vec<usize> = (0..bbatch.iter().product()).collect();
+        let ia = broadcast_map(&ia, abatch, &[0], &[1], &batch, |i, _| i);
+        let ib = broadcast_map(&ib, bbatch, &[0], &[1], &batch, |i, _| i);
+        let one = |bi: usize, dst: &mut [f32], threads: usize| {
+            let am = Mat::row_major(&av[ia[bi] * m * k..(ia[bi] + 1) * m * k], k);
+            let bm = Mat::row_major(&bv[ib[bi] * k * n..(ib[bi] + 1) * k * n], n);
+            sgemm(threads, m, n, k, am, bm, dst, n, false);
+        };
+        // Many small products (attention heads) parallelise best across the batch.
+        if cx.threads > 1 && nb >= cx.threads {
+            out.par_chunks_mut(m * n)
+                .enumerate()
+                .for_each(|(bi, dst)| one(bi, dst, 1));
+        } else {
+            out.chunks_mut(m * n)
+                .enumerate()
+                .for_each(|(bi, dst)| one(bi, dst, cx.threads));
+        }
+    }
+    if let Some(act) = act {
+        act.apply_slice(cx.threads, &mut out);
+    }
+    if a.rank() == 1 {
+        shape.remove(shape.len() - 2);
+    }
+    if b.rank() == 1 {
+        shape.pop();
+    }
+    Tensor::f32(shape, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batched_matmul_broadcasts_and_promotes_vectors() {
+        let cx = Cx::new(2);
+        let a = Tensor::f32(vec![2, 1, 2, 3], (0..12).map(|v| v as f32).collect()).unwrap();
+        let b = Tensor::f32(vec![3, 3, 1], vec![1., 0., 0., 0., 1., 0., 0., 0., 1.]).unwrap();
+        let o = matmul(&cx, &a, &b, None).unwrap();
+        assert_eq!(o.shape, vec![2, 3, 2, 1]);
+        assert_eq!(&o.as_f32().unwrap()[..6], &[0., 3., 1., 4., 2., 5.]);
+        let v = Tensor::f32(vec![3], vec![1., 1., 1.]).unwrap();
+        let m = Tensor::f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]).unwrap();
+        let o = matmul(&cx, &m, &v, None).unwrap();
+        assert_eq!(
+            (o.shape.clone(), o.as_f32().unwrap().to_vec()),
+            (vec![2], vec![6., 15.])
+        );
+    }
+}

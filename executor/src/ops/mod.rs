@@ -1,0 +1,365 @@
+//! Operators: each ONNX node becomes one typed [`Op`] with its attributes parsed at import, and
+//! evaluates on host tensors. One file per op family; this file owns the enum, parsing dispatch
+//! and evaluation dispatch.
+
+pub mod attrs;
+pub mod conv;
+pub mod elementwise;
+pub mod matmul;
+pub mod norm;
+pub mod pool;
+pub mod reduce;
+pub mod resize;
+pub mod shape;
+
+use crate::error::{OpError, OpResult};
+use crate::tensor::{DType, Tensor};
+use attrs::Attrs;
+pub use cotenant_kernels::activation::Activation;
+use std::cell::RefCell;
+
+/// What an op needs from the backend while it runs on the CPU.
+pub struct Cx {
+    /// Threads this instance may use.
+    pub threads: usize,
+    /// Reused im2col scratch.
+    pub scratch: RefCell<Vec<f32>>,
+}
+
+impl Cx {
+    pub fn new(threads: usize) -> Cx {
+        Cx {
+            threads: threads.max(1),
+            scratch: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Conv(conv::ConvAttrs),
+    ConvTranspose(conv::ConvAttrs),
+    BatchNorm {
+        eps: f32,
+    },
+    Unary(elementwise::Unary),
+    Clip {
+        min: Option<f32>,
+        max: Option<f32>,
+    },
+    Binary(elementwise::Binary),
+    /// Sum, Max, Min, Mean over any number of inputs.
+    Variadic(elementwise::Binary, bool),
+    PRelu,
+    Where,
+    Dropout,
+    Gemm(matmul::GemmAttrs),
+    MatMul {
+        act: Option<Activation>,
+    },
+    Pool(pool::PoolAttrs),
+    GlobalPool {
+        max: bool,
+    },
+    Lrn {
+        size: usize,
+        alpha: f32,
+        beta: f32,
+        bias: f32,
+    },
+    Softmax {
+        axis: i64,
+        log: bool,
+        legacy: bool,
+    },
+    LayerNorm {
+        axis: i64,
+        eps: f32,
+    },
+    Reduce(reduce::ReduceAttrs),
+    Shape(shape::ShapeOp),
+    Resize(resize::ResizeAttrs),
+    Cast {
+        to: DType,
+    },
+}
+
+impl Op {
+    /// Parses an ONNX node; `Ok(None)` when the operator is not supported.
+    pub fn parse(
+        op_type: &str,
+        a: &Attrs,
+        opset: i64,
+        n_inputs: usize,
+        n_outputs: usize,
+    ) -> Result<Option<Op>, String> {
+        use elementwise::{Binary as B, Unary as U};
+        let un = |u| Ok(Some(Op::Unary(u)));
+        match op_type {
+            "Conv" => Ok(Some(Op::Conv(conv::ConvAttrs::parse(a)?))),
+            "ConvTranspose" => Ok(Some(Op::ConvTranspose(conv::ConvAttrs::parse(a)?))),
+            "BatchNormalization" => {
+                if a.int_or("training_mode", 0)? != 0 {
+                    return Err(
+                        "training_mode BatchNormalization is not supported for inference".into(),
+                    );
+                }
+                Ok(Some(Op::BatchNorm {
+                    eps: a.float_or("epsilon", 1e-5)?,
+                }))
+            }
+            "Relu" => un(U::Relu),
+            "LeakyRelu" => un(U::LeakyRelu(a.float_or("alpha", 0.01)?)),
+            "Sigmoid" => un(U::Sigmoid),
+            "HardSigmoid" => un(U::HardSigmoid(
+                a.float_or("alpha", 0.2)?,
+                a.float_or("beta", 0.5)?,
+            )),
+            "HardSwish" => un(U::HardSwish),
+            "Tanh" => un(U::Tanh),
+            "Elu" => un(U::Elu(a.float_or("alpha", 1.0)?)),
+            "Selu" => un(U::Selu(
+                a.float_or("alpha", 1.673_263_2)?,
+                a.float_or("gamma", 1.050_701)?,
+            )),
+            "Softplus" => un(U::Softplus),
+            "Erf" => un(U::Erf),
+            "Gelu" => un(U::Gelu(a.string_or("approximate", "none")? == "tanh")),
+            "Sqrt" => un(U::Sqrt),
+            "Exp" => un(U::Exp),
+            "Log" => un(U::Log),
+            "Neg" => un(U::Neg),
+            "Abs" => un(U::Abs),
+            "Reciprocal" => un(U::Reciprocal),
+            "Floor" => un(U::Floor),
+            "Ceil" => un(U::Ceil),
+            "Not" => un(U::Not),
+            "Identity" => un(U::Identity),
+            "Dropout" => Ok(Some(Op::Dropout)),
+            "Clip" => Ok(Some(Op::Clip {
+                min: a.float("min")?,
+                max: a.float("max")?,
+            })),
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater"
+            | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
+                if opset < 7 && a.has("broadcast") {
+                    return Err("legacy broadcast attribute".into());
+                }
+                let b = match op_type {
+                    "Add" => B::Add,
+                    "Sub" => B::Sub,
+                    "Mul" => B::Mul,
+                    "Div" => B::Div,
+                    "Pow" => B::Pow,
+                    "Equal" => B::Equal,
+                    "Less" => B::Less,
+                    "Greater" => B::Greater,
+                    "LessOrEqual" => B::LessOrEqual,
+                    "GreaterOrEqual" => B::GreaterOrEqual,
+                    "And" => B::And,
+                    "Or" => B::Or,
+                    _ => B::Xor,
+                };
+                Ok(Some(Op::Binary(b)))
+            }
+            "Sum" => Ok(Some(Op::Variadic(B::Add, false))),
+            "Mean" => Ok(Some(Op::Variadic(B::Add, true))),
+            "Max" => Ok(Some(Op::Variadic(B::Max, false))),
+            "Min" => Ok(Some(Op::Variadic(B::Min, false))),
+            "PRelu" => Ok(Some(Op::PRelu)),
+            "Where" => Ok(Some(Op::Where)),
+            "Gemm" => Ok(Some(Op::Gemm(matmul::GemmAttrs::parse(a)?))),
+            "MatMul" => Ok(Some(Op::MatMul { act: None })),
+            "MaxPool" | "AveragePool" => Ok(Some(Op::Pool(pool::PoolAttrs::parse(
+                a,
+                op_type == "MaxPool",
+            )?))),
+            "GlobalAveragePool" => Ok(Some(Op::GlobalPool { max: false })),
+            "GlobalMaxPool" => Ok(Some(Op::GlobalPool { max: true })),
+            "LRN" => Ok(Some(Op::Lrn {
+                size: a
+                    .int("size")?
+                    .and_then(|s| usize::try_from(s).ok())
+                    .ok_or("LRN needs a positive size")?,
+                alpha: a.float_or("alpha", 1e-4)?,
+                beta: a.float_or("beta", 0.75)?,
+                bias: a.float_or("bias", 1.0)?,
+            })),
+            "Softmax" | "LogSoftmax" => Ok(Some(Op::Softmax {
+                axis: a.int_or("axis", if opset < 13 { 1 } else { -1 })?,
+                log: op_type == "LogSoftmax",
+                legacy: opset < 13,
+            })),
+            "LayerNormalization" => {
+                if a.int_or("stash_type", 1)? != 1 {
+                    return Err("only stash_type=1 (float) is supported".into());
+                }
+                Ok(Some(Op::LayerNorm {
+                    axis: a.int_or("axis", -1)?,
+                    eps: a.float_or("epsilon", 1e-5)?,
+                }))
+            }
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL2"
+            | "ReduceL1" | "ReduceSumSquare" => Ok(Some(Op::Reduce(reduce::ReduceAttrs::parse(
+                op_type, a, opset,
+            )?))),
+            "Resize" | "Upsample" => Ok(Some(Op::Resize(resize::ResizeAttrs::parse(op_type, a)?))),
+            "Cast" => {
+                let to = a.int("to")?.ok_or("Cast needs `to`")?;
+                let to = DType::from_onnx(to as i32)
+                    .ok_or_else(|| format!("Cast to element type {to} is not supported"))?;
+                Ok(Some(Op::Cast { to }))
+            }
+            other => {
+                Ok(shape::ShapeOp::parse(other, a, opset, n_inputs, n_outputs)?.map(Op::Shape))
+            }
+        }
+    }
+
+    /// The ONNX-ish name for messages and per-op timing.
+    pub fn name(&self) -> String {
+        match self {
+            Op::Conv(c) => format!("Conv{}", act_suffix(c.act)),
+            Op::ConvTranspose(_) => "ConvTranspose".into(),
+            Op::BatchNorm { .. } => "BatchNormalization".into(),
+            Op::Unary(u) => format!("{u:?}"),
+            Op::Clip { .. } => "Clip".into(),
+            Op::Binary(b) => format!("{b:?}"),
+            Op::Variadic(b, mean) => {
+                if *mean {
+                    "Mean".into()
+                } else {
+                    format!("{b:?}*")
+                }
+            }
+            Op::PRelu => "PRelu".into(),
+            Op::Where => "Where".into(),
+            Op::Dropout => "Dropout".into(),
+            Op::Gemm(g) => format!("Gemm{}", act_suffix(g.act)),
+            Op::MatMul { act } => format!("MatMul{}", act_suffix(*act)),
+            Op::Pool(p) => {
+                if p.max {
+                    "MaxPool".into()
+                } else {
+                    "AveragePool".into()
+                }
+            }
+            Op::GlobalPool { max } => {
+                if *max {
+                    "GlobalMaxPool".into()
+                } else {
+                    "GlobalAveragePool".into()
+                }
+            }
+            Op::Lrn { .. } => "LRN".into(),
+            Op::Softmax { log, .. } => {
+                if *log {
+                    "LogSoftmax".into()
+                } else {
+                    "Softmax".into()
+                }
+            }
+            Op::LayerNorm { .. } => "LayerNormalization".into(),
+            Op::Reduce(r) => format!("{:?}", r.kind),
+            Op::Shape(s) => s.name().into(),
+            Op::Resize(_) => "Resize".into(),
+            Op::Cast { .. } => "Cast".into(),
+        }
+    }
+
+    /// Runs the op on the CPU.
+    pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
+        let one = |t: OpResult<Tensor>| t.map(|t| vec![t]);
+        match self {
+            Op::Conv(c) => one(conv::conv(cx, c, inputs)),
+            Op::ConvTranspose(c) => one(conv::conv_transpose(cx, c, inputs)),
+            Op::BatchNorm { eps } => one(norm::batch_norm(inputs, *eps)),
+            Op::Unary(u) => one(elementwise::unary(cx, *u, input(inputs, 0)?)),
+            Op::Clip { min, max } => one(elementwise::clip(cx, inputs, *min, *max)),
+            Op::Binary(b) => one(elementwise::binary(
+                *b,
+                input(inputs, 0)?,
+                input(inputs, 1)?,
+            )),
+            Op::Variadic(b, mean) => one(elementwise::variadic(*b, *mean, inputs)),
+            Op::PRelu => one(elementwise::prelu(input(inputs, 0)?, input(inputs, 1)?)),
+            Op::Where => one(elementwise::where_(
+                input(inputs, 0)?,
+                input(inputs, 1)?,
+                input(inputs, 2)?,
+            )),
+            Op::Dropout => {
+                let x = input(inputs, 0)?.clone();
+                let mask = Tensor::new(
+                    x.shape.clone(),
+                    crate::tensor::Data::Bool(vec![true; x.len()]),
+                )?;
+                Ok(vec![x, mask])
+            }
+            Op::Gemm(g) => one(matmul::gemm(cx, g, inputs)),
+            Op::MatMul { act } => one(matmul::matmul(
+                cx,
+                input(inputs, 0)?,
+                input(inputs, 1)?,
+                *act,
+            )),
+            Op::Pool(p) => pool::pool(cx, p, input(inputs, 0)?),
+            Op::GlobalPool { max } => one(pool::global_pool(input(inputs, 0)?, *max)),
+            Op::Lrn {
+                size,
+                alpha,
+                beta,
+                bias,
+            } => one(norm::lrn(input(inputs, 0)?, *size, *alpha, *beta, *bias)),
+            Op::Softmax { axis, log, legacy } => {
+                one(norm::softmax(cx, input(inputs, 0)?, *axis, *log, *legacy))
+            }
+            Op::LayerNorm { axis, eps } => norm::layer_norm(cx, inputs, *axis, *eps),
+            Op::Reduce(r) => one(reduce::reduce(r, inputs)),
+            Op::Shape(s) => s.eval(inputs),
+            Op::Resize(r) => one(resize::resize(r, inputs)),
+            Op::Cast { to } => one(Ok(elementwise::cast(input(inputs, 0)?, *to))),
+        }
+    }
+}
+
+fn act_suffix(a: Option<Activation>) -> String {
+    a.map_or(String::new(), |a| format!("+{a:?}"))
+}
+
+/// Required input `i`.
+pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> OpResult<&'a Tensor> {
+    inputs
+        .get(i)
+        .copied()
+        .flatten()
+        .ok_or(OpError::MissingInput(i))
+}
+
+/// Optional input `i`.
+pub fn opt_input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
+    inputs.get(i).copied().flatten()
+}
+
+/// The value of a `Constant` node.
+pub fn constant_attr(a: &Attrs) -> Result<Tensor, String> {
+    if let Some(t) = a.tensor("value")? {
+        return Ok(t);
+    }
+    if let Some(f) = a.float("value_float")? {
+        return Ok(Tensor::scalar_f32(f));
+    }
+    if let Some(v) = a.floats("value_floats")? {
+        return Tensor::f32(vec![v.len()], v).map_err(|e| e.to_string());
+    }
+    if let Some(i) = a.int("value_int")? {
+        return Tensor::i64(vec![], vec![i]).map_err(|e| e.to_string());
+    }
+    if let Some(v) = a.ints("value_ints")? {
+        return Tensor::i64(vec![v.len()], v).map_err(|e| e.to_string());
+    }
+    Err(
+        "Constant without a supported value attribute (sparse and string values are not supported)"
+            .into(),
+    )
+}

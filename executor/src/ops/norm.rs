@@ -1,0 +1,157 @@
+//! Normalisations: BatchNormalization (inference), LRN, Softmax/LogSoftmax, LayerNormalization.
+
+use super::elementwise::broadcast_map;
+use super::{Cx, input, opt_input};
+use crate::error::{OpResult, shape_err};
+use crate::tensor::{Tensor, norm_axis};
+use cotenant_kernels::norm::{layer_norm_rows, softmax_rows};
+
+pub fn batch_norm(inputs: &[Option<&Tensor>], eps: f32) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let params: Vec<&[f32]> = (1..5)
+        .map(|i| input(inputs, i)?.as_f32())
+        .collect::<OpResult<_>>()?;
+    if x.rank() < 2 {
+        return shape_err(format!("BatchNormalization input {:?}", x.shape));
+    }
+    let c = x.shape[1];
+    if params.iter().any(|p| p.len() != c) {
+        return shape_err(format!(
+            "BatchNormalization parameters must have {c} values"
+        ));
+    }
+    let (scale, shift) = fold_params(params[0], params[1], params[2], params[3], eps);
+    let plane: usize = x.shape[2..].iter().product();
+    let mut out = x.as_f32()?.to_vec();
+    if plane > 0 {
+        for (i, chunk) in out.chunks_mut(plane).enumerate() {
+            let (a, b) = (scale[i % c], shift[i % c]);
+            chunk.iter_mut().for_each(|v| *v = *v * a + b);
+        }
+    }
+    Tensor::f32(x.shape.clone(), out)
+}
+
+/// Per-channel `(a, b)` with `bn(x) = a*x + b`; also what the BatchNorm→Conv fold uses.
+pub fn fold_params(
+    gamma: &[f32],
+    beta: &[f32],
+    mean: &[f32],
+    var: &[f32],
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let a: Vec<f32> = gamma
+        .iter()
+        .zip(var)
+        .map(|(g, v)| g / (v + eps).sqrt())
+        .collect();
+    let b = a
+        .iter()
+        .zip(beta)
+        .zip(mean)
+        .map(|((a, b), m)| b - a * m)
+        .collect();
+    (a, b)
+}
+
+pub fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> OpResult<Tensor> {
+    if x.rank() < 3 {
+        return shape_err(format!("LRN input {:?}", x.shape));
+    }
+    let (n, c) = (x.shape[0], x.shape[1]);
+    let plane: usize = x.shape[2..].iter().product();
+    let v = x.as_f32()?;
+    let size = size.max(1);
+    let (lo, hi) = ((size - 1) / 2, (size - 1).div_ceil(2));
+    let mut out = vec![0.0; v.len()];
+    for ni in 0..n {
+        for ci in 0..c {
+            let (a, b) = (ci.saturating_sub(lo), (ci + hi).min(c - 1));
+            for p in 0..plane {
+                let mut s = 0.0f32;
+                for cj in a..=b {
+                    let t = v[(ni * c + cj) * plane + p];
+                    s += t * t;
+                }
+                let i = (ni * c + ci) * plane + p;
+                out[i] = v[i] / (bias + alpha / size as f32 * s).powf(beta);
+            }
+        }
+    }
+    Tensor::f32(x.shape.clone(), out)
+}
+
+pub fn softmax(cx: &Cx, x: &Tensor, axis: i64, log: bool, legacy: bool) -> OpResult<Tensor> {
+    let axis = norm_axis(axis, x.rank())?;
+    let mut out = x.as_f32()?.to_vec();
+    let inner: usize = x.shape[axis + 1..].iter().product();
+    if legacy || inner == 1 {
+        // Before opset 13 the input is coerced to 2-D at `axis`; otherwise the axis is last.
+        let len: usize = x.shape[axis..].iter().product();
+        softmax_rows(cx.threads, &mut out, len, log);
+    } else {
+        let n = x.shape[axis];
+        let mut row = vec![0.0f32; n];
+        for block in out.chunks_mut(n * inner) {
+            for i in 0..inner {
+                for (j, r) in row.iter_mut().enumerate() {
+                    *r = block[j * inner + i];
+                }
+                softmax_rows(1, &mut row, n, log);
+                for (j, r) in row.iter().enumerate() {
+                    block[j * inner + i] = *r;
+                }
+            }
+        }
+    }
+    Tensor::f32(x.shape.clone(), out)
+}
+
+pub fn layer_norm(
+    cx: &Cx,
+    inputs: &[Option<&Tensor>],
+    axis: i64,
+    eps: f32,
+) -> OpResult<Vec<Tensor>> {
+    let x = input(inputs, 0)?;
+    let axis = norm_axis(axis, x.rank())?;
+    let norm_shape = &x.shape[axis..];
+    let len: usize = norm_shape.iter().product();
+    let expand = |t: &Tensor| -> OpResult<Vec<f32>> {
+        let v = t.as_f32()?;
+        if v.len() == len {
+            Ok(v.to_vec())
+        } else {
+            Ok(broadcast_map(
+                v,
+                &t.shape,
+                &[0.0f32],
+                &[1],
+                norm_shape,
+                |a, _| a,
+            ))
+        }
+    };
+    let gamma = expand(input(inputs, 1)?)?;
+    let beta = opt_input(inputs, 2).map(expand).transpose()?;
+    let src = x.as_f32()?;
+    let mut out = src.to_vec();
+    layer_norm_rows(cx.threads, &mut out, len, &gamma, beta.as_deref(), eps);
+    // Mean and inverse std-dev outputs, shaped like the input with the normalised axes as 1.
+    let mut stat_shape = x.shape[..axis].to_vec();
+    stat_shape.extend(std::iter::repeat_n(1, x.rank() - axis));
+    let (mut means, mut inv) = (Vec::new(), Vec::new());
+    if len > 0 {
+        for r in src.chunks(len) {
+            let m = r.iter().sum::<f32>() / len as f32;
+            let var = r.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / len as f32;
+            means.push(m);
+            inv.push(1.0 / (var + eps).sqrt());
+        }
+    }
+    Ok(vec![
+        Tensor::f32(x.shape.clone(), out)?,
+        Tensor::f32(stat_shape.clone(), means)?,
+        Tensor::f32(stat_shape, inv)?,
+    ])
+}

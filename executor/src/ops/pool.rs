@@ -1,0 +1,176 @@
+//! MaxPool, AveragePool (1-D/2-D) and the global pools.
+
+use super::Cx;
+use crate::error::{OpError, OpResult, shape_err};
+use crate::ops::attrs::Attrs;
+use crate::tensor::{Tensor, checked_numel};
+use cotenant_kernels::pool::{Pool2d, avg_pool2d, max_pool2d};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolAttrs {
+    pub max: bool,
+    pub kernel_shape: Vec<usize>,
+    pub strides: Option<Vec<usize>>,
+    pub dilations: Option<Vec<usize>>,
+    pub pads: Option<Vec<usize>>,
+    pub auto_pad: String,
+    pub ceil_mode: bool,
+    pub count_include_pad: bool,
+}
+
+impl PoolAttrs {
+    pub fn parse(a: &Attrs, max: bool) -> Result<PoolAttrs, String> {
+        if a.int_or("storage_order", 0)? != 0 {
+            return Err("storage_order=1 is not supported".into());
+        }
+        let p = PoolAttrs {
+            max,
+            kernel_shape: a
+                .usizes("kernel_shape")?
+                .ok_or("kernel_shape is required")?,
+            strides: a.usizes("strides")?,
+            dilations: a.usizes("dilations")?,
+            pads: a.usizes("pads")?,
+            auto_pad: a.string_or("auto_pad", "NOTSET")?,
+            ceil_mode: a.int_or("ceil_mode", 0)? != 0,
+            count_include_pad: a.int_or("count_include_pad", 0)? != 0,
+        };
+        if p.kernel_shape.contains(&0)
+            || p.strides
+                .iter()
+                .flatten()
+                .chain(p.dilations.iter().flatten())
+                .any(|&s| s == 0)
+        {
+            return Err("kernel, strides and dilations must be positive".into());
+        }
+        Ok(p)
+    }
+}
+
+pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
+    let spatial = x.rank().saturating_sub(2);
+    if !(1..=2).contains(&spatial) {
+        return Err(OpError::Unsupported(format!(
+            "pooling over {spatial} spatial axes"
+        )));
+    }
+    if p.kernel_shape.len() != spatial {
+        return shape_err(format!(
+            "kernel_shape {:?} for input {:?}",
+            p.kernel_shape, x.shape
+        ));
+    }
+    let lift = |v: &[usize], d: usize| -> [usize; 2] {
+        if spatial == 1 {
+            [d, v[0]]
+        } else {
+            [v[0], v[1]]
+        }
+    };
+    let listed = |v: &Option<Vec<usize>>, n: usize, d: usize| -> OpResult<Vec<usize>> {
+        match v {
+            Some(v) if v.len() != n => shape_err(format!(
+                "pooling attribute has {} entries, expected {n}",
+                v.len()
+            )),
+            Some(v) => Ok(v.clone()),
+            None => Ok(vec![d; n]),
+        }
+    };
+    let k = lift(&p.kernel_shape, 1);
+    let s = lift(&listed(&p.strides, spatial, 1)?, 1);
+    let d = lift(&listed(&p.dilations, spatial, 1)?, 1);
+    let pads = listed(&p.pads, 2 * spatial, 0)?;
+    let (mut b, mut e) = (lift(&pads[..spatial], 0), lift(&pads[spatial..], 0));
+    let hw = lift(&x.shape[2..], 1);
+    let mut out = [0; 2];
+    for i in 0..2 {
+        let eff = (k[i] - 1) * d[i] + 1;
+        match p.auto_pad.as_str() {
+            "SAME_UPPER" | "SAME_LOWER" => {
+                out[i] = hw[i].div_ceil(s[i]);
+                let total = ((out[i] - 1) * s[i] + eff).saturating_sub(hw[i]);
+                let small = total / 2;
+                (b[i], e[i]) = if p.auto_pad == "SAME_UPPER" {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                };
+                continue;
+            }
+            "VALID" => (b[i], e[i]) = (0, 0),
+            "NOTSET" | "" => {}
+            other => return Err(OpError::Unsupported(format!("auto_pad {other:?}"))),
+        }
+        let padded = hw[i] + b[i] + e[i];
+        if padded < eff {
+            return shape_err(format!(
+                "pooling window {eff} larger than padded input {padded}"
+            ));
+        }
+        out[i] = if p.ceil_mode {
+            (padded - eff).div_ceil(s[i]) + 1
+        } else {
+            (padded - eff) / s[i] + 1
+        };
+        // The last window must start inside the input or its leading padding.
+        if p.ceil_mode && (out[i] - 1) * s[i] >= hw[i] + b[i] {
+            out[i] -= 1;
+        }
+    }
+    let planes = x.shape[0] * x.shape[1];
+    let g = Pool2d {
+        planes,
+        h: hw[0],
+        w: hw[1],
+        kh: k[0],
+        kw: k[1],
+        sh: s[0],
+        sw: s[1],
+        dh: d[0],
+        dw: d[1],
+        pt: b[0],
+        pl: b[1],
+        pb: e[0],
+        pr: e[1],
+        oh: out[0],
+        ow: out[1],
+    };
+    let mut shape = x.shape[..2].to_vec();
+    shape.extend(if spatial == 1 { &out[1..] } else { &out[..] });
+    let mut y = vec![0.0; checked_numel(&shape)?];
+    if p.max {
+        max_pool2d(&g, x.as_f32()?, &mut y, cx.threads);
+    } else {
+        avg_pool2d(&g, x.as_f32()?, &mut y, p.count_include_pad, cx.threads);
+    }
+    Ok(vec![Tensor::f32(shape, y)?])
+}
+
+pub fn global_pool(x: &Tensor, max: bool) -> OpResult<Tensor> {
+    if x.rank() < 2 {
+        return shape_err(format!(
+            "global pooling needs [N, C, ...], got {:?}",
+            x.shape
+        ));
+    }
+    let plane: usize = x.shape[2..].iter().product();
+    let v = x.as_f32()?;
+    let out: Vec<f32> = if plane == 0 {
+        vec![0.0; x.shape[0] * x.shape[1]]
+    } else {
+        v.chunks(plane)
+            .map(|c| {
+                if max {
+                    c.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+                } else {
+                    c.iter().sum::<f32>() / plane as f32
+                }
+            })
+            .collect()
+    };
+    let mut shape = x.shape[..2].to_vec();
+    shape.extend(std::iter::repeat_n(1, x.rank() - 2));
+    Tensor::f32(shape, out)
+}

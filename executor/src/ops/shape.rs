@@ -1,0 +1,699 @@
+//! Data-movement and shape ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, Tile,
+//! Concat, Split, Slice, Gather, Pad, Shape, Size, ConstantOfShape, Range. They work on any
+//! element type.
+
+use super::elementwise::{broadcast_map, broadcast_shape};
+use super::{input, opt_input};
+use crate::error::{OpError, OpResult, shape_err};
+use crate::map_data;
+use crate::ops::attrs::Attrs;
+use crate::tensor::{Data, Tensor, checked_numel, norm_axis, strides};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ShapeOp {
+    Reshape {
+        allowzero: bool,
+    },
+    Flatten {
+        axis: i64,
+    },
+    Transpose {
+        perm: Option<Vec<usize>>,
+    },
+    Squeeze {
+        axes: Option<Vec<i64>>,
+    },
+    Unsqueeze {
+        axes: Option<Vec<i64>>,
+    },
+    Expand,
+    Tile,
+    Concat {
+        axis: i64,
+    },
+    Split {
+        axis: i64,
+        split: Option<Vec<i64>>,
+        outputs: usize,
+    },
+    Slice {
+        attrs: Option<(Vec<i64>, Vec<i64>, Option<Vec<i64>>)>,
+    },
+    Gather {
+        axis: i64,
+    },
+    Pad {
+        mode: String,
+        pads: Option<Vec<i64>>,
+        value: f32,
+    },
+    Shape {
+        start: i64,
+        end: Option<i64>,
+    },
+    Size,
+    ConstantOfShape {
+        value: Tensor,
+    },
+    Range,
+}
+
+impl ShapeOp {
+    pub fn parse(
+        op: &str,
+        a: &Attrs,
+        opset: i64,
+        _n_inputs: usize,
+        n_outputs: usize,
+    ) -> Result<Option<ShapeOp>, String> {
+        Ok(Some(match op {
+            "Reshape" => ShapeOp::Reshape {
+                allowzero: a.int_or("allowzero", 0)? != 0,
+            },
+            "Flatten" => ShapeOp::Flatten {
+                axis: a.int_or("axis", 1)?,
+            },
+            "Transpose" => ShapeOp::Transpose {
+                perm: a.usizes("perm")?,
+            },
+            "Squeeze" => ShapeOp::Squeeze {
+                axes: a.ints("axes")?,
+            },
+            "Unsqueeze" => ShapeOp::Unsqueeze {
+                axes: a.ints("axes")?,
+            },
+            "Expand" => ShapeOp::Expand,
+            "Tile" => ShapeOp::Tile,
+            "Concat" => ShapeOp::Concat {
+                axis: a.int("axis")?.ok_or("Concat needs an axis")?,
+            },
+            "Split" => ShapeOp::Split {
+                axis: a.int_or("axis", 0)?,
+                split: a.ints("split")?,
+                outputs: a
+                    .int("num_outputs")?
+                    .map_or(n_outputs, |n| n.max(0) as usize),
+            },
+            "Slice" => ShapeOp::Slice {
+                attrs: if opset < 10 {
+                    Some((
+                        a.ints("starts")?.ok_or("Slice needs starts")?,
+                        a.ints("ends")?.ok_or("Slice needs ends")?,
+                        a.ints("axes")?,
+                    ))
+                } else {
+                    None
+                },
+            },
+            "Gather" => ShapeOp::Gather {
+                axis: a.int_or("axis", 0)?,
+            },
+            "Pad" => {
+                let mode = a.string_or("mode", "constant")?;
+                if !["constant", "reflect", "edge", "wrap"].contains(&mode.as_str()) {
+                    return Err(format!("Pad mode {mode:?}"));
+                }
+                ShapeOp::Pad {
+                    mode,
+                    pads: a.ints("pads")?.or(a.ints("paddings")?),
+                    value: a.float_or("value", 0.0)?,
+                }
+            }
+            "Shape" => ShapeOp::Shape {
+                start: a.int_or("start", 0)?,
+                end: a.int("end")?,
+            },
+            "Size" => ShapeOp::Size,
+            "ConstantOfShape" => ShapeOp::ConstantOfShape {
+                value: a
+                    .tensor("value")?
+                    .unwrap_or_else(|| Tensor::scalar_f32(0.0)),
+            },
+            "Range" => ShapeOp::Range,
+            _ => return Ok(None),
+        }))
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            ShapeOp::Reshape { .. } => "Reshape",
+            ShapeOp::Flatten { .. } => "Flatten",
+            ShapeOp::Transpose { .. } => "Transpose",
+            ShapeOp::Squeeze { .. } => "Squeeze",
+            ShapeOp::Unsqueeze { .. } => "Unsqueeze",
+            ShapeOp::Expand => "Expand",
+            ShapeOp::Tile => "Tile",
+            ShapeOp::Concat { .. } => "Concat",
+            ShapeOp::Split { .. } => "Split",
+            ShapeOp::Slice { .. } => "Slice",
+            ShapeOp::Gather { .. } => "Gather",
+            ShapeOp::Pad { .. } => "Pad",
+            ShapeOp::Shape { .. } => "Shape",
+            ShapeOp::Size => "Size",
+            ShapeOp::ConstantOfShape { .. } => "ConstantOfShape",
+            ShapeOp::Range => "Range",
+        }
+    }
+
+    /// True when the output is the input with a new shape (the plan may move instead of copy).
+    pub fn is_reshape(&self) -> bool {
+        matches!(
+            self,
+            ShapeOp::Reshape { .. }
+                | ShapeOp::Flatten { .. }
+                | ShapeOp::Squeeze { .. }
+                | ShapeOp::Unsqueeze { .. }
+        )
+    }
+
+    /// The output shape of a reshape-like op.
+    pub fn reshape_target(&self, inputs: &[Option<&Tensor>]) -> OpResult<Vec<usize>> {
+        let x = input(inputs, 0)?;
+        let rank = x.rank();
+        match self {
+            ShapeOp::Reshape { allowzero } => {
+                let spec = input(inputs, 1)?.to_i64_vec()?;
+                let mut out = Vec::with_capacity(spec.len());
+                let mut infer = None;
+                for (i, &d) in spec.iter().enumerate() {
+                    out.push(match d {
+                        0 if !allowzero => *x.shape.get(i).ok_or_else(|| {
+                            OpError::Shape(format!("Reshape copies dim {i} of {:?}", x.shape))
+                        })?,
+                        -1 if infer.is_none() => {
+                            infer = Some(i);
+                            1
+                        }
+                        d if d >= 0 => d as usize,
+                        d => return shape_err(format!("Reshape to {spec:?}: bad entry {d}")),
+                    });
+                }
+                if let Some(i) = infer {
+                    let known: usize = out.iter().product();
+                    if known == 0 || x.len() % known != 0 {
+                        return shape_err(format!("cannot reshape {:?} to {spec:?}", x.shape));
+                    }
+                    out[i] = x.len() / known;
+                }
+                if out.iter().product::<usize>() != x.len() {
+                    return shape_err(format!("cannot reshape {:?} to {spec:?}", x.shape));
+                }
+                Ok(out)
+            }
+            ShapeOp::Flatten { axis } => {
+                let a = if *axis < 0 {
+                    *axis + rank as i64
+                } else {
+                    *axis
+                };
+                if a < 0 || a > rank as i64 {
+                    return shape_err(format!("Flatten axis {axis} for rank {rank}"));
+                }
+                let a = a as usize;
+                Ok(vec![
+                    x.shape[..a].iter().product(),
+                    x.shape[a..].iter().product(),
+                ])
+            }
+            ShapeOp::Squeeze { axes } => {
+                let axes = axes_of(axes, opt_input(inputs, 1))?;
+                let drop: Vec<usize> = match axes {
+                    None => (0..rank).filter(|&i| x.shape[i] == 1).collect(),
+                    Some(a) => a
+                        .iter()
+                        .map(|&v| norm_axis(v, rank))
+                        .collect::<OpResult<_>>()?,
+                };
+                for &d in &drop {
+                    if x.shape[d] != 1 {
+                        return shape_err(format!("Squeeze axis {d} of {:?} is not 1", x.shape));
+                    }
+                }
+                Ok(x.shape
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !drop.contains(i))
+                    .map(|(_, &d)| d)
+                    .collect())
+            }
+            ShapeOp::Unsqueeze { axes } => {
+                let axes = axes_of(axes, opt_input(inputs, 1))?.ok_or(OpError::MissingInput(1))?;
+                let r = rank + axes.len();
+                let mut ins: Vec<usize> = axes
+                    .iter()
+                    .map(|&v| norm_axis(v, r))
+                    .collect::<OpResult<_>>()?;
+                ins.sort_unstable();
+                ins.dedup();
+                if ins.len() != axes.len() {
+                    return shape_err("Unsqueeze axes repeat");
+                }
+                let mut src = x.shape.iter();
+                Ok((0..r)
+                    .map(|i| {
+                        if ins.contains(&i) {
+                            1
+                        } else {
+                            src.next().copied().unwrap_or(1)
+                        }
+                    })
+                    .collect())
+            }
+            _ => shape_err("not a reshape"),
+        }
+    }
+
+    pub fn eval(&self, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
+        let one = |t: OpResult<Tensor>| t.map(|t| vec![t]);
+        match self {
+            s if s.is_reshape() => {
+                let shape = s.reshape_target(inputs)?;
+                one(input(inputs, 0)?.clone().reshaped(shape))
+            }
+            ShapeOp::Transpose { perm } => one(transpose(input(inputs, 0)?, perm.as_deref())),
+            ShapeOp::Expand => {
+                let x = input(inputs, 0)?;
+                let target = to_dims(&input(inputs, 1)?.to_i64_vec()?)?;
+                let out = broadcast_shape(&x.shape, &target)?;
+                one(Ok(Tensor {
+                    data: x.data.gather(&broadcast_index(&x.shape, &out)),
+                    shape: out,
+                }))
+            }
+            ShapeOp::Tile => one(tile(input(inputs, 0)?, &input(inputs, 1)?.to_i64_vec()?)),
+            ShapeOp::Concat { axis } => one(concat(inputs, *axis)),
+            ShapeOp::Split {
+                axis,
+                split,
+                outputs,
+            } => split_op(inputs, *axis, split.as_deref(), *outputs),
+            ShapeOp::Slice { attrs } => one(slice(inputs, attrs.as_ref())),
+            ShapeOp::Gather { axis } => one(gather(input(inputs, 0)?, input(inputs, 1)?, *axis)),
+            ShapeOp::Pad { mode, pads, value } => one(pad(inputs, mode, pads.as_deref(), *value)),
+            ShapeOp::Shape { start, end } => {
+                let x = input(inputs, 0)?;
+                let r = x.rank() as i64;
+                let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+                let (s, e) = (clampi(*start), clampi(end.unwrap_or(r)));
+                let dims: Vec<i64> = x.shape[s..e.max(s)].iter().map(|&d| d as i64).collect();
+                one(Tensor::i64(vec![dims.len()], dims))
+            }
+            ShapeOp::Size => one(Tensor::i64(vec![], vec![input(inputs, 0)?.len() as i64])),
+            ShapeOp::ConstantOfShape { value } => {
+                let shape = to_dims(&input(inputs, 0)?.to_i64_vec()?)?;
+                let n = checked_numel(&shape)?;
+                let data =
+                    map_data!(&value.data, v => vec![v.first().copied().unwrap_or_default(); n]);
+                one(Tensor::new(shape, data))
+            }
+            ShapeOp::Range => one(range(
+                input(inputs, 0)?,
+                input(inputs, 1)?,
+                input(inputs, 2)?,
+            )),
+            _ => Err(OpError::Unsupported(self.name().into())),
+        }
+    }
+}
+
+fn axes_of(attr: &Option<Vec<i64>>, inp: Option<&Tensor>) -> OpResult<Option<Vec<i64>>> {
+    match (attr, inp) {
+        (Some(a), _) => Ok(Some(a.clone())),
+        (None, Some(t)) => Ok(Some(t.to_i64_vec()?)),
+        (None, None) => Ok(None),
+    }
+}
+
+fn to_dims(v: &[i64]) -> OpResult<Vec<usize>> {
+    let d = v
+        .iter()
+        .map(|&x| usize::try_from(x).map_err(|_| OpError::Shape(format!("negative dimension {x}"))))
+        .collect::<OpResult<Vec<_>>>()?;
+    checked_numel(&d)?;
+    Ok(d)
+}
+
+/// For every element of `out`, the flat index of the `shape` element broadcast onto it.
+fn broadcast_index(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let iota: Vec<usize> = (0..shape.iter().product()).collect();
+    broadcast_map(&iota, shape, &[0usize], &[1], out, |i, _| i)
+}
+
+pub fn transpose(x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
+    let r = x.rank();
+    let perm: Vec<usize> = perm.map_or_else(|| (0..r).rev().collect(), <[usize]>::to_vec);
+    let mut seen = vec![false; r];
+    if perm.len() != r
+        || perm
+            .iter()
+            .any(|&p| p >= r || std::mem::replace(&mut seen[p], true))
+    {
+        return shape_err(format!("Transpose perm {perm:?} for rank {r}"));
+    }
+    let out: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let st = strides(&x.shape);
+    let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let n = x.len();
+    let mut idx = Vec::with_capacity(n);
+    if n > 0 {
+        let inner = out[r - 1];
+        let is = pst[r - 1];
+        let mut pos = vec![0usize; r];
+        let mut base = 0usize;
+        for _ in 0..n / inner {
+            idx.extend((0..inner).map(|i| base + i * is));
+            for ax in (0..r - 1).rev() {
+                pos[ax] += 1;
+                base += pst[ax];
+                if pos[ax] < out[ax] {
+                    break;
+                }
+                base -= pst[ax] * out[ax];
+                pos[ax] = 0;
+            }
+        }
+    }
+    Ok(Tensor {
+        shape: out,
+        data: x.data.gather(&idx),
+    })
+}
+
+fn tile(x: &Tensor, reps: &[i64]) -> OpResult<Tensor> {
+    if reps.len() != x.rank() {
+        return shape_err(format!("Tile repeats {reps:?} for rank {}", x.rank()));
+    }
+    let reps = to_dims(reps)?;
+    let out: Vec<usize> = x.shape.iter().zip(&reps).map(|(d, r)| d * r).collect();
+    let n = checked_numel(&out)?;
+    let st = strides(&x.shape);
+    let ost = strides(&out);
+    let idx: Vec<usize> = (0..n)
+        .map(|i| {
+            (0..out.len())
+                .map(|a| ((i / ost[a]) % out[a] % x.shape[a].max(1)) * st[a])
+                .sum()
+        })
+        .collect();
+    Ok(Tensor {
+        shape: out,
+        data: x.data.gather(&idx),
+    })
+}
+
+fn concat(inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> {
+    let ts: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
+    let first = *ts.first().ok_or(OpError::MissingInput(0))?;
+    let r = first.rank();
+    let axis = norm_axis(axis, r)?;
+    let mut out = first.shape.clone();
+    out[axis] = 0;
+    for t in &ts {
+        if t.rank() != r
+            || t.dtype() != first.dtype()
+            || (0..r).any(|i| i != axis && t.shape[i] != first.shape[i])
+        {
+            return shape_err(format!(
+                "Concat of {:?} and {:?} on axis {axis}",
+                first.shape, t.shape
+            ));
+        }
+        out[axis] += t.shape[axis];
+    }
+    let outer: usize = out[..axis].iter().product();
+    let mut data = Data::with_capacity(first.dtype(), checked_numel(&out)?);
+    for o in 0..outer {
+        for t in &ts {
+            let blk: usize = t.shape[axis..].iter().product();
+            data.extend_from(&t.data, o * blk..(o + 1) * blk);
+        }
+    }
+    Tensor::new(out, data)
+}
+
+fn split_op(
+    inputs: &[Option<&Tensor>],
+    axis: i64,
+    split: Option<&[i64]>,
+    outputs: usize,
+) -> OpResult<Vec<Tensor>> {
+    let x = input(inputs, 0)?;
+    let axis = norm_axis(axis, x.rank())?;
+    let d = x.shape[axis];
+    let parts: Vec<usize> = match split
+        .map(<[i64]>::to_vec)
+        .or(opt_input(inputs, 1).map(|t| t.to_i64_vec()).transpose()?)
+    {
+        Some(s) => to_dims(&s)?,
+        None => {
+            let n = outputs.max(1);
+            let chunk = d.div_ceil(n);
+            (0..n)
+                .map(|i| chunk.min(d.saturating_sub(i * chunk)))
+                .collect()
+        }
+    };
+    if parts.iter().sum::<usize>() != d {
+        return shape_err(format!("Split {parts:?} of dimension {d}"));
+    }
+    let mut res = Vec::with_capacity(parts.len());
+    let mut off = 0i64;
+    for p in parts {
+        let starts = Tensor::i64(vec![1], vec![off])?;
+        let ends = Tensor::i64(vec![1], vec![off + p as i64])?;
+        let axes = Tensor::i64(vec![1], vec![axis as i64])?;
+        res.push(slice(
+            &[Some(x), Some(&starts), Some(&ends), Some(&axes)],
+            None,
+        )?);
+        off += p as i64;
+    }
+    Ok(res)
+}
+
+fn slice(
+    inputs: &[Option<&Tensor>],
+    attrs: Option<&(Vec<i64>, Vec<i64>, Option<Vec<i64>>)>,
+) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let r = x.rank();
+    let (starts, ends, axes, steps) = match attrs {
+        Some((s, e, a)) => (s.clone(), e.clone(), a.clone(), None),
+        None => (
+            input(inputs, 1)?.to_i64_vec()?,
+            input(inputs, 2)?.to_i64_vec()?,
+            opt_input(inputs, 3).map(|t| t.to_i64_vec()).transpose()?,
+            opt_input(inputs, 4).map(|t| t.to_i64_vec()).transpose()?,
+        ),
+    };
+    let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return shape_err("Slice starts/ends/axes/steps lengths differ");
+    }
+    let mut start = vec![0i64; r];
+    let mut step = vec![1i64; r];
+    let mut out = x.shape.clone();
+    for i in 0..starts.len() {
+        let a = norm_axis(axes[i], r)?;
+        let d = x.shape[a] as i64;
+        let st = steps[i];
+        if st == 0 {
+            return shape_err("Slice step 0");
+        }
+        let fix = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+        let (mut s, mut e) = (fix(starts[i]), fix(ends[i]));
+        if st > 0 {
+            s = s.clamp(0, d);
+            e = e.clamp(0, d);
+        } else {
+            s = s.clamp(0, (d - 1).max(0));
+            e = e.clamp(-1, (d - 1).max(-1));
+            if d == 0 {
+                s = 0;
+                e = 0;
+            }
+        }
+        let len = if st > 0 {
+            (e - s).max(0).div_euclid(1) + st - 1
+        } else {
+            (s - e).max(0) - st - 1
+        };
+        out[a] = (len / st.abs()).max(0) as usize;
+        start[a] = s;
+        step[a] = st;
+    }
+    let n = checked_numel(&out)?;
+    let xs = strides(&x.shape);
+    let os = strides(&out);
+    let idx: Vec<usize> = (0..n)
+        .map(|i| {
+            (0..r)
+                .map(|a| {
+                    ((start[a] + ((i / os[a]) % out[a].max(1)) as i64 * step[a]) as usize) * xs[a]
+                })
+                .sum()
+        })
+        .collect();
+    Ok(Tensor {
+        shape: out,
+        data: x.data.gather(&idx),
+    })
+}
+
+fn gather(x: &Tensor, ind: &Tensor, axis: i64) -> OpResult<Tensor> {
+    let axis = norm_axis(axis, x.rank())?;
+    let d = x.shape[axis] as i64;
+    let ids = ind.to_i64_vec()?;
+    let mut fixed = Vec::with_capacity(ids.len());
+    for &i in &ids {
+        let j = if i < 0 { i + d } else { i };
+        if j < 0 || j >= d {
+            return shape_err(format!("Gather index {i} out of range for dimension {d}"));
+        }
+        fixed.push(j as usize);
+    }
+    let outer: usize = x.shape[..axis].iter().product();
+    let inner: usize = x.shape[axis + 1..].iter().product();
+    let mut out = x.shape[..axis].to_vec();
+    out.extend(&ind.shape);
+    out.extend(&x.shape[axis + 1..]);
+    let n = checked_numel(&out)?;
+    let mut idx = Vec::with_capacity(n);
+    for o in 0..outer {
+        for &j in &fixed {
+            let base = (o * x.shape[axis] + j) * inner;
+            idx.extend(base..base + inner);
+        }
+    }
+    Ok(Tensor {
+        shape: out,
+        data: x.data.gather(&idx),
+    })
+}
+
+fn pad(
+    inputs: &[Option<&Tensor>],
+    mode: &str,
+    pads_attr: Option<&[i64]>,
+    value_attr: f32,
+) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let r = x.rank();
+    let pads_in = match pads_attr {
+        Some(p) => p.to_vec(),
+        None => input(inputs, 1)?.to_i64_vec()?,
+    };
+    let value = opt_input(inputs, 2)
+        .filter(|t| !t.is_empty())
+        .map_or(value_attr as f64, |t| t.to_f64_vec()[0]);
+    let axes: Vec<usize> = match opt_input(inputs, 3) {
+        Some(t) => t
+            .to_i64_vec()?
+            .iter()
+            .map(|&a| norm_axis(a, r))
+            .collect::<OpResult<_>>()?,
+        None => (0..r).collect(),
+    };
+    if pads_in.len() != 2 * axes.len() {
+        return shape_err(format!(
+            "Pad has {} pads for {} axes",
+            pads_in.len(),
+            axes.len()
+        ));
+    }
+    let (mut b, mut e) = (vec![0i64; r], vec![0i64; r]);
+    for (i, &a) in axes.iter().enumerate() {
+        b[a] = pads_in[i];
+        e[a] = pads_in[i + axes.len()];
+    }
+    let mut out = vec![0usize; r];
+    // Per axis: the source index for every output position (None: fill with the constant).
+    let mut maps: Vec<Vec<Option<usize>>> = Vec::with_capacity(r);
+    for a in 0..r {
+        let d = x.shape[a] as i64;
+        let o = d + b[a] + e[a];
+        if o < 0 {
+            return shape_err("Pad crops more than the input");
+        }
+        out[a] = o as usize;
+        checked_numel(&out[..=a])?;
+        let map = (0..o)
+            .map(|i| {
+                let s = i - b[a];
+                if (0..d).contains(&s) {
+                    return Some(s as usize);
+                }
+                if d == 0 {
+                    return None;
+                }
+                match mode {
+                    "edge" => Some(s.clamp(0, d - 1) as usize),
+                    "wrap" => Some(s.rem_euclid(d) as usize),
+                    "reflect" if d > 1 => {
+                        let p = 2 * (d - 1);
+                        let m = s.rem_euclid(p);
+                        Some(if m < d { m } else { p - m } as usize)
+                    }
+                    "reflect" => Some(0),
+                    _ => None,
+                }
+            })
+            .collect();
+        maps.push(map);
+    }
+    let n = checked_numel(&out)?;
+    let xs = strides(&x.shape);
+    let os = strides(&out);
+    let src: Vec<Option<usize>> = (0..n)
+        .map(|i| {
+            let mut off = 0;
+            for a in 0..r {
+                off += maps[a][(i / os[a]) % out[a]]? * xs[a];
+            }
+            Some(off)
+        })
+        .collect();
+    // The fill value goes after the input so that padding is just one more gather index.
+    let fill = super::elementwise::cast(
+        &Tensor {
+            shape: vec![1],
+            data: Data::F64(vec![value]),
+        },
+        x.dtype(),
+    );
+    let mut all = x.data.clone();
+    all.extend_from(&fill.data, 0..1);
+    let idx: Vec<usize> = src.iter().map(|s| s.unwrap_or(x.len())).collect();
+    let data = all.gather(&idx);
+    Tensor::new(out, data)
+}
+
+fn range(start: &Tensor, limit: &Tensor, delta: &Tensor) -> OpResult<Tensor> {
+    let g = |t: &Tensor| {
+        t.to_f64_vec()
+            .first()
+            .copied()
+            .ok_or(OpError::Shape("Range needs scalars".into()))
+    };
+    let (s, l, d) = (g(start)?, g(limit)?, g(delta)?);
+    if d == 0.0 {
+        return shape_err("Range delta 0");
+    }
+    let n = ((l - s) / d).ceil().max(0.0);
+    if n > crate::tensor::MAX_ELEMENTS as f64 {
+        return Err(OpError::TooLarge(usize::MAX));
+    }
+    let n = n as usize;
+    let data = match start.data {
+        Data::F32(_) => {
+            let (s, d) = (s as f32, d as f32);
+            Data::F32((0..n).map(|i| s + i as f32 * d).collect())
+        }
+        Data::F64(_) => Data::F64((0..n).map(|i| s + i as f64 * d).collect()),
+        Data::I64(_) => Data::I64((0..n).map(|i| s as i64 + i as i64 * d as i64).collect()),
+        Data::I32(_) => Data::I32((0..n).map(|i| s as i32 + i as i32 * d as i32).collect()),
+        _ => return Err(OpError::DType("Range type".into())),
+    };
+    Tensor::new(vec![n], data)
+}

@@ -1,0 +1,29 @@
+//! Graph rewrite passes, run in order by [`optimize`]: constant folding, BatchNorm folded into the
+//! producing Conv, activations fused into the producing Conv/Gemm/MatMul, dead-node removal.
+
+mod bn_fold;
+mod dce;
+mod fold;
+mod fuse;
+
+pub use bn_fold::fold_batch_norm;
+pub use dce::remove_dead;
+pub use fold::fold_constants;
+pub use fuse::fuse_activations;
+
+use crate::graph::Graph;
+
+pub fn optimize(g: &mut Graph) {
+    fold_constants(g);
+    fold_batch_norm(g);
+    fuse_activations(g);
+    remove_dead(g);
+}
+
+/// The only node reading `v`, when exactly one node does and `v` is not a graph output.
+pub(crate) fn sole_reader(g: &Graph, uses: &[usize], v: usize) -> Option<usize> {
+    if uses[v] != 1 || g.outputs.contains(&v) {
+        return None;
+    }
+    g.nodes.iter().position(|n| n.inputs.contains(&Some(v)))
+}

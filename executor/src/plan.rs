@@ -1,0 +1,390 @@
+//! The flat execution plan: steps in order, each reading constants or earlier values, with every
+//! activation freed right after its last use (liveness-based memory plan). Reports the numbers
+//! placement needs: weight bytes and peak activation bytes at a batch size.
+
+use crate::backend::{Backend, CpuBackend};
+use crate::error::{ImportError, RunError};
+use crate::graph::{Dim, Graph, GraphInput};
+use crate::ops::Op;
+use crate::tensor::{DType, Tensor};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Where a step input comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Src {
+    Const(usize),
+    Value(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub node: String,
+    pub op: Op,
+    pub inputs: Vec<Option<Src>>,
+    pub outputs: Vec<usize>,
+    /// Values whose last reader is this step: freed once it has run.
+    pub frees: Vec<usize>,
+}
+
+pub struct Plan {
+    pub steps: Vec<Step>,
+    pub constants: Vec<Arc<Tensor>>,
+    pub inputs: Vec<GraphInput>,
+    pub outputs: Vec<(String, Src)>,
+    n_values: usize,
+    profile: Option<Mutex<HashMap<String, (usize, Duration)>>>,
+    peak_cache: Mutex<HashMap<usize, usize>>,
+}
+
+impl Plan {
+    /// Flattens an (optimised) graph into a plan.
+    pub fn build(g: &Graph) -> Result<Plan, ImportError> {
+        let mut constants = Vec::new();
+        let mut const_idx = HashMap::new();
+        let mut src_of = |v: usize| -> Src {
+            if let Some(t) = g.constants.get(&v) {
+                let i = *const_idx.entry(v).or_insert_with(|| {
+                    constants.push(t.clone());
+                    constants.len() - 1
+                });
+                Src::Const(i)
+            } else {
+                Src::Value(v)
+            }
+        };
+        let mut steps: Vec<Step> = g
+            .nodes
+            .iter()
+            .map(|n| Step {
+                node: n.name.clone(),
+                op: n.op.clone(),
+                inputs: n.inputs.iter().map(|i| i.map(&mut src_of)).collect(),
+                outputs: n.outputs.clone(),
+                frees: vec![],
+            })
+            .collect();
+        let outputs: Vec<(String, Src)> = g
+            .outputs
+            .iter()
+            .map(|&v| (g.value_names[v].clone(), src_of(v)))
+            .collect();
+        // Liveness: a value dies after its last reader, unless it is a graph output.
+        let mut last = vec![None; g.value_names.len()];
+        for (i, s) in steps.iter().enumerate() {
+            for src in s.inputs.iter().flatten() {
+                if let Src::Value(v) = src {
+                    last[*v] = Some(i);
+                }
+            }
+            // Outputs nobody reads die right away.
+            for &o in &s.outputs {
+                if last[o].is_none() {
+                    last[o] = Some(i);
+                }
+            }
+        }
+        for (_, s) in &outputs {
+            if let Src::Value(v) = s {
+                last[*v] = None;
+            }
+        }
+        for (v, l) in last.iter().enumerate() {
+            if let Some(i) = l {
+                steps[*i].frees.push(v);
+            }
+        }
+        let profile = std::env::var_os("COTENANT_PROFILE").map(|_| Mutex::new(HashMap::new()));
+        Ok(Plan {
+            steps,
+            constants,
+            inputs: g.inputs.clone(),
+            outputs,
+            n_values: g.value_names.len(),
+            profile,
+            peak_cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Bytes of all weights and other constants the plan holds.
+    pub fn weight_bytes(&self) -> usize {
+        self.constants.iter().map(|t| t.bytes()).sum()
+    }
+
+    /// Names of the model's inputs and outputs.
+    pub fn input_names(&self) -> Vec<String> {
+        self.inputs.iter().map(|i| i.name.clone()).collect()
+    }
+    pub fn output_names(&self) -> Vec<String> {
+        self.outputs.iter().map(|o| o.0.clone()).collect()
+    }
+
+    /// Zero-filled inputs at `batch` (symbolic dims other than the first become 1).
+    pub fn example_inputs(&self, batch: usize) -> Vec<(String, Tensor)> {
+        self.inputs
+            .iter()
+            .map(|i| {
+                let shape: Vec<usize> = i
+                    .dims
+                    .iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(k, d)| match d {
+                        Dim::Fixed(v) => *v,
+                        Dim::Symbol(_) if k == 0 => batch,
+                        Dim::Symbol(_) => 1,
+                    })
+                    .collect();
+                let t = Tensor::zeros(i.dtype, shape).unwrap_or_else(|_| Tensor::scalar_f32(0.0));
+                (i.name.clone(), t)
+            })
+            .collect()
+    }
+
+    /// Peak bytes of live activations during one run at `batch`, under the plan's liveness
+    /// (every value freed after its last reader). Measured once per batch size by a run on zeros,
+    /// since shapes can depend on values; cached afterwards.
+    pub fn peak_activation_bytes(&self, batch: usize) -> Result<usize, RunError> {
+        if let Some(v) = self
+            .peak_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&batch)
+        {
+            return Ok(*v);
+        }
+        let backend = CpuBackend::new(1);
+        let mut sizes = vec![0usize; self.n_values];
+        self.run_inner(&backend, self.example_inputs(batch), Some(&mut sizes))?;
+        let mut live = 0usize;
+        let mut peak = 0usize;
+        // Inputs are live from the start.
+        for i in &self.inputs {
+            live += sizes[i.value];
+        }
+        for s in &self.steps {
+            live += s.outputs.iter().map(|&o| sizes[o]).sum::<usize>();
+            peak = peak.max(live);
+            live -= s.frees.iter().map(|&v| sizes[v]).sum::<usize>();
+        }
+        peak = peak.max(live);
+        self.peak_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(batch, peak);
+        Ok(peak)
+    }
+
+    /// Runs the plan on named inputs; returns the outputs in the model's order.
+    pub fn run(
+        &self,
+        backend: &dyn Backend,
+        inputs: Vec<(String, Tensor)>,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.run_inner(backend, inputs, None)
+    }
+
+    fn check_inputs(&self, inputs: Vec<(String, Tensor)>) -> Result<Vec<Option<Tensor>>, RunError> {
+        let mut values: Vec<Option<Tensor>> = vec![None; self.n_values];
+        let mut symbols: HashMap<String, usize> = HashMap::new();
+        for (name, t) in inputs {
+            let decl = self.inputs.iter().find(|i| i.name == name).ok_or_else(|| {
+                RunError::UnknownInput {
+                    name: name.clone(),
+                    expected: self.input_names(),
+                }
+            })?;
+            let bad = |expected: String, got: String| RunError::BadInput {
+                name: name.clone(),
+                expected,
+                got,
+            };
+            if t.dtype() != decl.dtype {
+                return Err(bad(format!("{:?}", decl.dtype), format!("{:?}", t.dtype())));
+            }
+            if let Some(dims) = &decl.dims {
+                if dims.len() != t.rank() {
+                    return Err(bad(
+                        format!("rank {} {dims:?}", dims.len()),
+                        format!("shape {:?}", t.shape),
+                    ));
+                }
+                for (d, &got) in dims.iter().zip(&t.shape) {
+                    match d {
+                        Dim::Fixed(v) if *v != got => {
+                            return Err(bad(format!("{dims:?}"), format!("shape {:?}", t.shape)));
+                        }
+                        Dim::Symbol(s) => {
+                            if *symbols.entry(s.clone()).or_insert(got) != got {
+                                return Err(bad(
+                                    format!("{s} = {}", symbols[s]),
+                                    format!("shape {:?}", t.shape),
+                                ));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            values[decl.value] = Some(t);
+        }
+        for i in &self.inputs {
+            if values[i.value].is_none() {
+                return Err(RunError::MissingInput(i.name.clone()));
+            }
+        }
+        Ok(values)
+    }
+
+    fn run_inner(
+        &self,
+        backend: &dyn Backend,
+        inputs: Vec<(String, Tensor)>,
+        mut sizes: Option<&mut Vec<usize>>,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let mut values = self.check_inputs(inputs)?;
+        if let Some(sz) = sizes.as_deref_mut() {
+            for (v, t) in values.iter().enumerate() {
+                if let Some(t) = t {
+                    sz[v] = t.bytes();
+                }
+            }
+        }
+        let mut result: Result<(), RunError> = Ok(());
+        backend.scope(&mut || result = self.run_steps(backend, &mut values, sizes.as_deref_mut()));
+        result?;
+        self.outputs
+            .iter()
+            .map(|(name, src)| {
+                let t = match src {
+                    Src::Const(c) => Some((*self.constants[*c]).clone()),
+                    Src::Value(v) => values[*v].clone(),
+                };
+                t.map(|t| (name.clone(), t))
+                    .ok_or_else(|| RunError::MissingOutput(name.clone()))
+            })
+            .collect()
+    }
+
+    fn run_steps(
+        &self,
+        backend: &dyn Backend,
+        values: &mut [Option<Tensor>],
+        mut sizes: Option<&mut Vec<usize>>,
+    ) -> Result<(), RunError> {
+        for s in &self.steps {
+            let started = self.profile.as_ref().map(|_| Instant::now());
+            let node_err = |source| RunError::Node {
+                node: s.node.clone(),
+                op: s.op.name(),
+                source,
+            };
+            // A reshape of a value that dies here just relabels its buffer instead of copying it.
+            let moved = match (&s.op, s.inputs.first()) {
+                (Op::Shape(sh), Some(Some(Src::Value(v))))
+                    if sh.is_reshape() && s.frees.contains(v) && values[*v].is_some() =>
+                {
+                    let refs: Vec<Option<&Tensor>> = s
+                        .inputs
+                        .iter()
+                        .map(|i| i.and_then(|src| self.get(values, &src)))
+                        .collect();
+                    let shape = sh.reshape_target(&refs).map_err(node_err)?;
+                    let t = values[*v]
+                        .take()
+                        .ok_or(RunError::MissingOutput(s.node.clone()))?;
+                    Some(vec![t.reshaped(shape).map_err(node_err)?])
+                }
+                _ => None,
+            };
+            let outs = match moved {
+                Some(o) => o,
+                None => {
+                    let mut refs: Vec<Option<&Tensor>> = Vec::with_capacity(s.inputs.len());
+                    for (k, i) in s.inputs.iter().enumerate() {
+                        match i {
+                            None => refs.push(None),
+                            Some(src) => {
+                                refs.push(Some(self.get(values, src).ok_or_else(|| {
+                                    node_err(crate::error::OpError::MissingInput(k))
+                                })?))
+                            }
+                        }
+                    }
+                    backend.execute(&s.op, &refs).map_err(node_err)?
+                }
+            };
+            for (k, t) in outs.into_iter().enumerate() {
+                if let Some(&o) = s.outputs.get(k) {
+                    if let Some(sz) = sizes.as_deref_mut() {
+                        sz[o] = t.bytes();
+                    }
+                    values[o] = Some(t);
+                }
+            }
+            for &f in &s.frees {
+                values[f] = None;
+            }
+            if let (Some(p), Some(t0)) = (&self.profile, started) {
+                let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
+                let e = p.entry(s.op.name()).or_insert((0, Duration::ZERO));
+                e.0 += 1;
+                e.1 += t0.elapsed();
+            }
+        }
+        Ok(())
+    }
+
+    fn get<'a>(&'a self, values: &'a [Option<Tensor>], src: &Src) -> Option<&'a Tensor> {
+        match src {
+            Src::Const(c) => self.constants.get(*c).map(|t| &**t),
+            Src::Value(v) => values.get(*v).and_then(|t| t.as_ref()),
+        }
+    }
+
+    /// Accumulated time per op kind (only with `COTENANT_PROFILE` set), slowest first.
+    pub fn op_profile(&self) -> Vec<(String, usize, Duration)> {
+        let Some(p) = &self.profile else {
+            return vec![];
+        };
+        let mut v: Vec<_> = p
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, (n, d))| (k.clone(), *n, *d))
+            .collect();
+        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v
+    }
+}
+
+/// A loaded, optimised model ready to run.
+pub struct Model {
+    pub plan: Plan,
+}
+
+impl Model {
+    /// Imports, optimises and plans an ONNX file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ImportError> {
+        Model::from_graph(crate::import::load(path)?)
+    }
+    pub fn from_bytes(bytes: &[u8]) -> Result<Model, ImportError> {
+        Model::from_graph(crate::import::import(bytes, None)?)
+    }
+    pub fn from_graph(mut g: Graph) -> Result<Model, ImportError> {
+        crate::passes::optimize(&mut g);
+        Ok(Model {
+            plan: Plan::build(&g)?,
+        })
+    }
+    /// Input dtype by name (tools use it to convert user data).
+    pub fn input_dtype(&self, name: &str) -> Option<DType> {
+        self.plan
+            .inputs
+            .iter()
+            .find(|i| i.name == name)
+            .map(|i| i.dtype)
+    }
+}

@@ -1,0 +1,313 @@
+//! Host tensors: a shape and a typed, dense, row-major buffer.
+
+use crate::error::{OpError, OpResult};
+
+/// Largest element count any single tensor may have (16 GiB of f32): a guard against files and
+/// shape inputs that declare absurd sizes.
+pub const MAX_ELEMENTS: usize = 1 << 32;
+
+/// Element types the executor computes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F64,
+    I64,
+    I32,
+    I8,
+    U8,
+    Bool,
+}
+
+impl DType {
+    pub fn from_onnx(code: i32) -> Option<DType> {
+        use crate::proto::data_type as t;
+        Some(match code {
+            t::FLOAT => DType::F32,
+            t::DOUBLE => DType::F64,
+            t::INT64 => DType::I64,
+            t::INT32 => DType::I32,
+            t::INT8 => DType::I8,
+            t::UINT8 => DType::U8,
+            t::BOOL => DType::Bool,
+            _ => return None,
+        })
+    }
+    pub fn onnx(self) -> i32 {
+        use crate::proto::data_type as t;
+        match self {
+            DType::F32 => t::FLOAT,
+            DType::F64 => t::DOUBLE,
+            DType::I64 => t::INT64,
+            DType::I32 => t::INT32,
+            DType::I8 => t::INT8,
+            DType::U8 => t::UINT8,
+            DType::Bool => t::BOOL,
+        }
+    }
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+}
+
+/// A typed buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    Bool(Vec<bool>),
+}
+
+/// Runs `$body` with `$v` bound to the inner Vec of any variant.
+#[macro_export]
+macro_rules! with_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::tensor::Data::F32($v) => $body,
+            $crate::tensor::Data::F64($v) => $body,
+            $crate::tensor::Data::I64($v) => $body,
+            $crate::tensor::Data::I32($v) => $body,
+            $crate::tensor::Data::I8($v) => $body,
+            $crate::tensor::Data::U8($v) => $body,
+            $crate::tensor::Data::Bool($v) => $body,
+        }
+    };
+}
+
+/// Like `with_data!`, but rebuilds the same variant from what `$body` returns.
+#[macro_export]
+macro_rules! map_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::tensor::Data::F32($v) => $crate::tensor::Data::F32($body),
+            $crate::tensor::Data::F64($v) => $crate::tensor::Data::F64($body),
+            $crate::tensor::Data::I64($v) => $crate::tensor::Data::I64($body),
+            $crate::tensor::Data::I32($v) => $crate::tensor::Data::I32($body),
+            $crate::tensor::Data::I8($v) => $crate::tensor::Data::I8($body),
+            $crate::tensor::Data::U8($v) => $crate::tensor::Data::U8($body),
+            $crate::tensor::Data::Bool($v) => $crate::tensor::Data::Bool($body),
+        }
+    };
+}
+
+impl Data {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Data::F32(_) => DType::F32,
+            Data::F64(_) => DType::F64,
+            Data::I64(_) => DType::I64,
+            Data::I32(_) => DType::I32,
+            Data::I8(_) => DType::I8,
+            Data::U8(_) => DType::U8,
+            Data::Bool(_) => DType::Bool,
+        }
+    }
+    pub fn len(&self) -> usize {
+        with_data!(self, v => v.len())
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn zeros(dtype: DType, n: usize) -> Data {
+        match dtype {
+            DType::F32 => Data::F32(vec![0.0; n]),
+            DType::F64 => Data::F64(vec![0.0; n]),
+            DType::I64 => Data::I64(vec![0; n]),
+            DType::I32 => Data::I32(vec![0; n]),
+            DType::I8 => Data::I8(vec![0; n]),
+            DType::U8 => Data::U8(vec![0; n]),
+            DType::Bool => Data::Bool(vec![false; n]),
+        }
+    }
+    /// An empty buffer of `dtype` with room for `cap` elements.
+    pub fn with_capacity(dtype: DType, cap: usize) -> Data {
+        match dtype {
+            DType::F32 => Data::F32(Vec::with_capacity(cap)),
+            DType::F64 => Data::F64(Vec::with_capacity(cap)),
+            DType::I64 => Data::I64(Vec::with_capacity(cap)),
+            DType::I32 => Data::I32(Vec::with_capacity(cap)),
+            DType::I8 => Data::I8(Vec::with_capacity(cap)),
+            DType::U8 => Data::U8(Vec::with_capacity(cap)),
+            DType::Bool => Data::Bool(Vec::with_capacity(cap)),
+        }
+    }
+    /// Appends `other[range]`; false when the element types differ.
+    pub fn extend_from(&mut self, other: &Data, range: std::ops::Range<usize>) -> bool {
+        match (self, other) {
+            (Data::F32(a), Data::F32(b)) => a.extend_from_slice(&b[range]),
+            (Data::F64(a), Data::F64(b)) => a.extend_from_slice(&b[range]),
+            (Data::I64(a), Data::I64(b)) => a.extend_from_slice(&b[range]),
+            (Data::I32(a), Data::I32(b)) => a.extend_from_slice(&b[range]),
+            (Data::I8(a), Data::I8(b)) => a.extend_from_slice(&b[range]),
+            (Data::U8(a), Data::U8(b)) => a.extend_from_slice(&b[range]),
+            (Data::Bool(a), Data::Bool(b)) => a.extend_from_slice(&b[range]),
+            _ => return false,
+        }
+        true
+    }
+    /// Picks elements by index (used by gather-like ops: Transpose, Slice, Expand, ...).
+    pub fn gather(&self, idx: &[usize]) -> Data {
+        map_data!(self, v => idx.iter().map(|&i| v[i]).collect())
+    }
+}
+
+/// A dense row-major tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Data,
+}
+
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Element count of `shape`, refusing overflow and anything above [`MAX_ELEMENTS`].
+pub fn checked_numel(shape: &[usize]) -> OpResult<usize> {
+    let mut n: usize = 1;
+    for &d in shape {
+        n = n.checked_mul(d).ok_or(OpError::TooLarge(usize::MAX))?;
+    }
+    if n > MAX_ELEMENTS {
+        return Err(OpError::TooLarge(n));
+    }
+    Ok(n)
+}
+
+impl Tensor {
+    pub fn new(shape: Vec<usize>, data: Data) -> OpResult<Tensor> {
+        if checked_numel(&shape)? != data.len() {
+            return Err(OpError::Shape(format!(
+                "shape {shape:?} does not hold {} elements",
+                data.len()
+            )));
+        }
+        Ok(Tensor { shape, data })
+    }
+    pub fn f32(shape: Vec<usize>, v: Vec<f32>) -> OpResult<Tensor> {
+        Tensor::new(shape, Data::F32(v))
+    }
+    pub fn i64(shape: Vec<usize>, v: Vec<i64>) -> OpResult<Tensor> {
+        Tensor::new(shape, Data::I64(v))
+    }
+    pub fn scalar_f32(v: f32) -> Tensor {
+        Tensor {
+            shape: vec![],
+            data: Data::F32(vec![v]),
+        }
+    }
+    pub fn zeros(dtype: DType, shape: Vec<usize>) -> OpResult<Tensor> {
+        let n = checked_numel(&shape)?;
+        Ok(Tensor {
+            shape,
+            data: Data::zeros(dtype, n),
+        })
+    }
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+    pub fn bytes(&self) -> usize {
+        self.len() * self.dtype().size()
+    }
+    pub fn as_f32(&self) -> OpResult<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Ok(v),
+            d => Err(OpError::DType(format!(
+                "expected float32, got {:?}",
+                d.dtype()
+            ))),
+        }
+    }
+    pub fn as_f32_mut(&mut self) -> OpResult<&mut Vec<f32>> {
+        match &mut self.data {
+            Data::F32(v) => Ok(v),
+            d => Err(OpError::DType(format!(
+                "expected float32, got {:?}",
+                d.dtype()
+            ))),
+        }
+    }
+    pub fn into_f32(self) -> OpResult<Vec<f32>> {
+        match self.data {
+            Data::F32(v) => Ok(v),
+            d => Err(OpError::DType(format!(
+                "expected float32, got {:?}",
+                d.dtype()
+            ))),
+        }
+    }
+    /// Integer contents (int64/int32/int8/uint8), as used by shape-like inputs.
+    pub fn to_i64_vec(&self) -> OpResult<Vec<i64>> {
+        Ok(match &self.data {
+            Data::I64(v) => v.clone(),
+            Data::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::I8(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            d => {
+                return Err(OpError::DType(format!(
+                    "expected an integer tensor, got {:?}",
+                    d.dtype()
+                )));
+            }
+        })
+    }
+    /// Contents as f64, for scalar parameters (Clip bounds, Range, Pad value, ...).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.data {
+            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::F64(v) => v.clone(),
+            Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+        }
+    }
+    pub fn reshaped(mut self, shape: Vec<usize>) -> OpResult<Tensor> {
+        if numel(&shape) != self.len() {
+            return Err(OpError::Shape(format!(
+                "cannot reshape {:?} to {shape:?}",
+                self.shape
+            )));
+        }
+        self.shape = shape;
+        Ok(self)
+    }
+}
+
+/// Row-major strides of `shape`.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Normalises a possibly negative axis against `rank`.
+pub fn norm_axis(axis: i64, rank: usize) -> OpResult<usize> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 0 || a >= r.max(1) && !(r == 0 && a == 0) {
+        return Err(OpError::Shape(format!(
+            "axis {axis} out of range for rank {rank}"
+        )));
+    }
+    Ok(a as usize)
+}
