@@ -26,17 +26,12 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "self.assignments.all(a, self.assignments.exists_one(b, b.tenant.namespace == a.tenant.namespace && b.tenant.name == a.tenant.name))",
-    "message": "each tenant may be assigned to an agent at most once",
-    "fieldPath": ".assignments",
-    "reason": "FieldValueDuplicate"
-}]))]
 pub struct GpuAgentSpec {
     /// GpuPool the agent belongs to.
     #[schemars(length(min = 1, max = 253))]
     pub pool: String,
-    /// Tenant replicas this agent must serve.
+    /// Tenant replicas this agent must serve; the operator, the only writer, keeps at most one per
+    /// tenant.
     #[serde(default)]
     #[schemars(length(max = 64))]
     pub assignments: Vec<Assignment>,

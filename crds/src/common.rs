@@ -31,16 +31,33 @@ pub enum ModelFormat {
 
 /// A latency service-level objective: `percentile` of requests finish within `latencyMillis`,
 /// measured end to end at the agent (queueing included).
+///
+/// Fractional bounds are CEL rules: the API server truncates a schema's `minimum`/`maximum` to an
+/// integer when the value given is an integer, so `minimum: 0.001` would let `0` through.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "self.latencyMillis > 0.0",
+        "message": "latencyMillis must be greater than 0",
+        "fieldPath": ".latencyMillis",
+        "reason": "FieldValueInvalid"
+    },
+    {
+        "rule": "self.percentile <= 99.99",
+        "message": "percentile must be at most 99.99",
+        "fieldPath": ".percentile",
+        "reason": "FieldValueInvalid"
+    }
+]))]
 pub struct Slo {
     /// Latency target in milliseconds, from arrival at the agent to the response (greater than 0,
     /// at most 600000).
-    #[schemars(range(min = 0.001, max = 600000.0))]
+    #[schemars(range(max = 600000))]
     pub latency_millis: f64,
     /// The percentile of requests that must meet the latency target, in [50, 99.99].
     #[serde(default = "default_percentile")]
-    #[schemars(range(min = 50.0, max = 99.99))]
+    #[schemars(range(min = 50, max = 100))]
     pub percentile: f64,
 }
 

@@ -12,7 +12,7 @@ pub mod versions;
 
 pub use cluster::{ControlPlane, Options};
 pub use process::Lifetime;
-pub use shared::{TestNamespace, shared};
+pub use shared::{TestNamespace, install_crds, shared};
 pub use toolchain::{Tools, cache_dir};
 
 /// What can go wrong while building or running the control plane.

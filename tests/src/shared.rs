@@ -105,3 +105,28 @@ impl Drop for TestNamespace {
             .kubectl_ok(&["delete", "namespace", &self.name, "--wait=false"]);
     }
 }
+
+/// Applies the chart's CRDs once per test run and waits until they are Established.
+pub fn install_crds() {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    let result = DONE.get_or_init(|| {
+        let cp = shared();
+        let crds = TestNamespace::repo_root().join("charts/cotenant/crds");
+        let crds = crds.to_string_lossy();
+        cp.kubectl_ok(&["apply", "--server-side", "-f", &crds])
+            .and_then(|_| {
+                cp.kubectl_ok(&[
+                    "wait",
+                    "--for=condition=Established",
+                    "--timeout=60s",
+                    "-f",
+                    &crds,
+                ])
+            })
+            .map(drop)
+            .map_err(|e| e.to_string())
+    });
+    if let Err(e) = result {
+        panic!("cannot install the CRDs: {e}");
+    }
+}

@@ -1,0 +1,212 @@
+//! The API as the API server enforces it: examples accepted, invalid objects rejected with a
+//! message naming the field, docs in `kubectl explain`, and the printer columns.
+
+use cotenant_e2e::{TestNamespace, install_crds};
+
+const VALID: &str = "apiVersion: cotenant.dev/v1alpha1
+kind: ModelTenant
+metadata:
+  name: t
+spec:
+  model:
+    uri: file://models/m.onnx
+  slo:
+    latencyMillis: 50
+";
+
+/// One invalid manifest: what it breaks, the manifest, and the text the rejection must contain.
+struct Case {
+    rule: &'static str,
+    manifest: String,
+    expect: &'static [&'static str],
+}
+
+fn tenant(edit: (&str, &str)) -> String {
+    assert!(VALID.contains(edit.0), "bad test edit {:?}", edit.0);
+    VALID.replace(edit.0, edit.1)
+}
+
+fn pool(spec: &str) -> String {
+    format!(
+        "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: bad-pool\nspec:\n{spec}"
+    )
+}
+
+fn cases() -> Vec<Case> {
+    let slo = "  slo:\n    latencyMillis: 50\n";
+    let scaling = |s: &str| tenant((slo, &format!("{slo}  scaling:\n{s}")));
+    vec![
+        Case { rule: "latency > 0", manifest: tenant(("latencyMillis: 50", "latencyMillis: 0")), expect: &["spec.slo.latencyMillis", "latencyMillis must be greater than 0"] },
+        Case { rule: "latency not negative", manifest: tenant(("latencyMillis: 50", "latencyMillis: -5")), expect: &["spec.slo.latencyMillis"] },
+        Case { rule: "latency bounded", manifest: tenant(("latencyMillis: 50", "latencyMillis: 1000000000")), expect: &["spec.slo.latencyMillis", "less than or equal to 600000"] },
+        Case { rule: "latency is a number", manifest: tenant(("latencyMillis: 50", "latencyMillis: fast")), expect: &["spec.slo.latencyMillis"] },
+        Case { rule: "percentile >= 50", manifest: tenant(("latencyMillis: 50", "latencyMillis: 50\n    percentile: 30")), expect: &["spec.slo.percentile", "greater than or equal to 50"] },
+        Case { rule: "percentile <= 99.99", manifest: tenant(("latencyMillis: 50", "latencyMillis: 50\n    percentile: 99.995")), expect: &["spec.slo.percentile", "percentile must be at most 99.99"] },
+        Case { rule: "slo required", manifest: tenant((slo, "")), expect: &["spec.slo", "Required"] },
+        Case { rule: "uri required", manifest: tenant(("    uri: file://models/m.onnx\n", "    format: onnx\n")), expect: &["spec.model.uri", "Required"] },
+        Case { rule: "uri scheme ftp", manifest: tenant(("file://models/m.onnx", "ftp://host/m.onnx")), expect: &["spec.model.uri", "should match"] },
+        Case { rule: "uri scheme s3", manifest: tenant(("file://models/m.onnx", "s3://bucket/m.onnx")), expect: &["spec.model.uri"] },
+        Case { rule: "sha256 length", manifest: tenant(("    uri: file://models/m.onnx\n", "    uri: file://models/m.onnx\n    sha256: abc123\n")), expect: &["spec.model.sha256"] },
+        Case { rule: "sha256 hex", manifest: tenant(("    uri: file://models/m.onnx\n", &format!("    uri: file://models/m.onnx\n    sha256: {}\n", "z".repeat(64)))), expect: &["spec.model.sha256"] },
+        Case { rule: "format enum", manifest: tenant(("    uri: file://models/m.onnx\n", "    uri: file://models/m.onnx\n    format: tensorflow\n")), expect: &["spec.model.format", "Unsupported value"] },
+        Case { rule: "approach enum", manifest: scaling("    approach: Fastest\n"), expect: &["spec.scaling.approach", "Unsupported value"] },
+        Case { rule: "maxBatchSize >= 1", manifest: scaling("    maxBatchSize: 0\n"), expect: &["spec.scaling.maxBatchSize"] },
+        Case { rule: "maxBatchSize <= 1024", manifest: scaling("    maxBatchSize: 5000\n"), expect: &["spec.scaling.maxBatchSize"] },
+        Case { rule: "maxInstances >= 1", manifest: scaling("    maxInstances: 0\n"), expect: &["spec.scaling.maxInstances"] },
+        Case { rule: "minReplicas <= maxReplicas", manifest: scaling("    minReplicas: 5\n    maxReplicas: 2\n"), expect: &["spec.scaling.minReplicas", "minReplicas must be less than or equal to maxReplicas"] },
+        Case { rule: "pool name", manifest: tenant((slo, &format!("{slo}  pool: Bad_Pool\n"))), expect: &["spec.pool"] },
+        Case { rule: "unknown field (strict)", manifest: tenant((slo, &format!("{slo}  sloo: 5\n"))), expect: &["unknown field", "spec.sloo"] },
+        Case { rule: "malformed YAML", manifest: "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: t\nspec: [unclosed\n".to_string(), expect: &["yaml"] },
+        Case { rule: "wrong apiVersion", manifest: VALID.replace("cotenant.dev/v1alpha1", "cotenant.dev/v1"), expect: &["ModelTenant", "cotenant.dev/v1"] },
+        Case { rule: "minAgents <= maxAgents", manifest: pool("  agentNamespace: x\n  minAgents: 5\n  maxAgents: 2\n  template:\n    image: a\n"), expect: &["spec.minAgents", "minAgents must be less than or equal to maxAgents"] },
+        Case { rule: "gpusPerAgent >= 1", manifest: pool("  agentNamespace: x\n  template:\n    image: a\n    gpusPerAgent: 0\n"), expect: &["spec.template.gpusPerAgent"] },
+        Case { rule: "agent image required", manifest: pool("  agentNamespace: x\n  template:\n    gpusPerAgent: 1\n"), expect: &["spec.template.image", "Required"] },
+        Case { rule: "agent knobs >= 1", manifest: "apiVersion: cotenant.dev/v1alpha1\nkind: GpuAgent\nmetadata:\n  name: a\nspec:\n  pool: default\n  assignments:\n  - tenant: {namespace: ns, name: t, uid: u}\n    model: {uri: file://m.onnx}\n    slo: {latencyMillis: 10}\n    knobs: {batchSize: 0, instances: 1}\n".to_string(), expect: &["spec.assignments[0].knobs.batchSize"] },
+    ]
+}
+
+#[test]
+#[ignore = "needs the control plane: cargo xtask test"]
+fn invalid_manifests_are_rejected_naming_the_field() {
+    install_crds();
+    let ns = TestNamespace::new("invalid");
+    let cp = ns.control_plane();
+    let cases = cases();
+    assert!(cases.len() >= 15);
+    let mut table = String::from("| rule | API server message |\n|---|---|\n");
+    let mut failures = Vec::new();
+    for case in &cases {
+        let out = cp
+            .kubectl_stdin(
+                &["apply", "--validate=strict", "-n", &ns.name, "-f", "-"],
+                &case.manifest,
+            )
+            .expect("kubectl runs");
+        let stderr = String::from_utf8_lossy(&out.stderr).replace('\n', " ");
+        table.push_str(&format!("| {} | {} |\n", case.rule, stderr.trim()));
+        if out.status.success() {
+            failures.push(format!("{}: accepted", case.rule));
+        } else if let Some(missing) = case.expect.iter().find(|e| !stderr.contains(*e)) {
+            failures.push(format!(
+                "{}: message lacks {missing:?}: {stderr}",
+                case.rule
+            ));
+        }
+    }
+    eprintln!("{table}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Nothing invalid was stored.
+    let stored = cp
+        .kubectl_ok(&["get", "modeltenants", "-n", &ns.name, "-o", "name"])
+        .expect("list tenants");
+    assert_eq!(stored.trim(), "");
+}
+
+#[test]
+#[ignore = "needs the control plane: cargo xtask test"]
+fn examples_are_accepted_defaulted_and_shown() {
+    install_crds();
+    let ns = TestNamespace::new("examples");
+    let cp = ns.control_plane();
+    let examples = TestNamespace::repo_root().join("examples");
+    let out = cp
+        .kubectl_ok(&[
+            "apply",
+            "--validate=strict",
+            "-R",
+            "-n",
+            &ns.name,
+            "-f",
+            &examples.to_string_lossy(),
+        ])
+        .expect("examples are accepted");
+    assert!(
+        out.contains("modeltenant.cotenant.dev/resnet50 created"),
+        "{out}"
+    );
+    assert!(out.contains("gpupool.cotenant.dev/h200"), "{out}");
+
+    // The API server filled in the defaults.
+    let percentile = cp
+        .kubectl_ok(&["get", "mt", "mobilenet-v2", "-n", &ns.name, "-o", "jsonpath={.spec.slo.percentile} {.spec.pool} {.spec.scaling.maxBatchSize} {.spec.scaling.approach}"])
+        .expect("get");
+    assert_eq!(percentile, "99 default 32 Auto");
+
+    // The short name, the category and the printer columns.
+    let table = cp
+        .kubectl_ok(&["get", "mt", "-n", &ns.name])
+        .expect("get mt");
+    for column in [
+        "NAME",
+        "SLO(MS)",
+        "P99(MS)",
+        "THROUGHPUT",
+        "APPROACH",
+        "BATCH",
+        "INSTANCES",
+        "REPLICAS",
+        "READY",
+        "AGE",
+    ] {
+        assert!(table.contains(column), "column {column} missing:\n{table}");
+    }
+    let wide = cp
+        .kubectl_ok(&["get", "cotenant", "-n", &ns.name, "-o", "wide"])
+        .expect("get cotenant");
+    for text in [
+        "PERCENTILE",
+        "ATTAINMENT",
+        "POOL",
+        "ENDPOINT",
+        "bert-encoder",
+        "95",
+    ] {
+        assert!(wide.contains(text), "{text} missing:\n{wide}");
+    }
+    let pools = cp
+        .kubectl_ok(&["get", "gpupools", "h200"])
+        .expect("get pools");
+    for column in ["AGENTS", "READY", "PENDING", "MIN", "MAX"] {
+        assert!(pools.contains(column), "column {column} missing:\n{pools}");
+    }
+
+    // Field selection on the pool.
+    let selected = cp
+        .kubectl_ok(&[
+            "get",
+            "mt",
+            "-n",
+            &ns.name,
+            "--field-selector",
+            "spec.pool=default",
+            "-o",
+            "name",
+        ])
+        .expect("field selector");
+    assert_eq!(selected.lines().count(), 3, "{selected}");
+    cp.kubectl_ok(&["delete", "gpupool", "h200"])
+        .expect("delete pool");
+}
+
+#[test]
+#[ignore = "needs the control plane: cargo xtask test"]
+fn kubectl_explain_shows_the_docs() {
+    install_crds();
+    let cp = cotenant_e2e::shared();
+    let slo = cp
+        .kubectl_ok(&["explain", "modeltenant.spec.slo"])
+        .expect("explain");
+    assert!(slo.contains("latencyMillis"), "{slo}");
+    assert!(slo.contains("percentile"), "{slo}");
+    assert!(slo.contains("Latency target in milliseconds"), "{slo}");
+    let root = cp.kubectl_ok(&["explain", "mt"]).expect("explain");
+    assert!(root.contains("A model served with a latency SLO"), "{root}");
+    let pool = cp
+        .kubectl_ok(&["explain", "gpupool.spec.template.gpusPerAgent"])
+        .expect("explain");
+    assert!(pool.contains("nvidia.com/gpu"), "{pool}");
+    let agent = cp
+        .kubectl_ok(&["explain", "gpuagent.status.tenants.state"])
+        .expect("explain");
+    assert!(agent.contains("lifecycle"), "{agent}");
+}
