@@ -14,7 +14,7 @@ pub enum ImportError {
     Decode(#[from] prost::DecodeError),
     #[error("model has no graph")]
     NoGraph,
-    #[error("model imports opset {opset} of the default domain; supported are 7..=22")]
+    #[error("model imports opset {opset} of the default domain; supported are 1..=27")]
     Opset { opset: i64 },
     #[error("node {node:?}: operator {domain}{op} (opset {opset}) is not supported")]
     UnsupportedOp {

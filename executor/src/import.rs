@@ -34,7 +34,7 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
         .iter()
         .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
         .map_or(1, |o| o.version);
-    if !(7..=22).contains(&opset) {
+    if !(1..=27).contains(&opset) {
         return Err(ImportError::Opset { opset });
     }
     let gp = model.graph.as_ref().ok_or(ImportError::NoGraph)?;

@@ -153,6 +153,9 @@ fn im2col(p: &Conv2d, x: &[f32], col: &mut [f32], threads: usize) {
             let src = &plane[iy * p.w..(iy + 1) * p.w];
             dst[..xlo].fill(0.0);
             dst[xhi..].fill(0.0);
+            if xhi <= xlo {
+                continue;
+            }
             if p.sw == 1 {
                 let ix0 = (xlo as isize + offx) as usize;
                 dst[xlo..xhi].copy_from_slice(&src[ix0..ix0 + (xhi - xlo)]);
@@ -199,6 +202,9 @@ fn depthwise(
                 let wv = w[ki * p.kw + kj];
                 let offx = (kj * p.dw) as isize - p.pl as isize;
                 let (xlo, xhi) = valid_range(offx, p.sw, p.w, p.ow);
+                if xhi <= xlo {
+                    continue;
+                }
                 for oy in ylo..yhi {
                     let iy = (oy as isize * p.sh as isize + offy) as usize;
                     let srow = &src[iy * p.w..(iy + 1) * p.w];

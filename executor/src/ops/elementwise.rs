@@ -205,7 +205,7 @@ pub fn broadcast_map<T: Copy, U>(
     f: impl Fn(T, T) -> U,
 ) -> Vec<U> {
     let n: usize = out.iter().product();
-    if ash == bsh {
+    if ash == bsh && a.len() == n {
         return a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
     }
     if b.len() == 1 && a.len() == n {
@@ -393,6 +393,23 @@ pub fn binary(op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     Ok(Tensor { shape: out, data })
 }
 
+pub fn legacy_broadcast(op: Binary, axis: Option<i64>, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    let Some(axis) = axis else {
+        return binary(op, a, b);
+    };
+    let axis = crate::tensor::norm_axis(axis, a.rank())?;
+    if axis + b.rank() > a.rank() {
+        return shape_err(format!(
+            "legacy broadcast of {:?} into {:?} at axis {axis}",
+            b.shape, a.shape
+        ));
+    }
+    let mut shape = vec![1; axis];
+    shape.extend(&b.shape);
+    shape.resize(a.rank(), 1);
+    binary(op, a, &b.clone().reshaped(shape)?)
+}
+
 pub fn variadic(op: Binary, mean: bool, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let mut acc = input(inputs, 0)?.clone();
     for t in inputs.iter().skip(1).flatten() {
@@ -407,6 +424,17 @@ pub fn variadic(op: Binary, mean: bool, inputs: &[Option<&Tensor>]) -> OpResult<
 }
 
 pub fn prelu(x: &Tensor, slope: &Tensor) -> OpResult<Tensor> {
+    // Old exporters give one slope per channel as a vector: align it with axis 1.
+    let per_channel;
+    let slope = if x.rank() > 2 && slope.rank() == 1 && slope.len() == x.shape[1] && slope.len() > 1
+    {
+        let mut s = vec![1; x.rank() - 1];
+        s[0] = slope.len();
+        per_channel = slope.clone().reshaped(s)?;
+        &per_channel
+    } else {
+        slope
+    };
     let out = broadcast_shape(&x.shape, &slope.shape)?;
     if out != x.shape {
         return shape_err(format!(
@@ -442,14 +470,10 @@ pub fn clip(
                 lo.map_or(f32::NEG_INFINITY, |v| v as f32),
                 hi.map_or(f32::INFINITY, |v| v as f32),
             );
+            // min(max(x, lo), hi): when lo > hi everything becomes hi, as ONNX specifies.
             map_inplace(cx.threads, v, move |x| {
-                if x < lo {
-                    lo
-                } else if x > hi {
-                    hi
-                } else {
-                    x
-                }
+                let y = if x < lo { lo } else { x };
+                if y > hi { hi } else { y }
             });
         }
         Data::F64(v) => v.iter_mut().for_each(|x| {

@@ -35,6 +35,93 @@ impl Cx {
     }
 }
 
+/// Every ONNX operator (default domain) the importer accepts.
+pub const SUPPORTED_OPS: &[&str] = &[
+    "Abs",
+    "Add",
+    "And",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "Ceil",
+    "Clip",
+    "Concat",
+    "Constant",
+    "ConstantOfShape",
+    "Conv",
+    "ConvTranspose",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Equal",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Floor",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Greater",
+    "GreaterOrEqual",
+    "HardSigmoid",
+    "HardSwish",
+    "Identity",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Less",
+    "LessOrEqual",
+    "Log",
+    "LogSoftmax",
+    "LRN",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Mean",
+    "Min",
+    "Mul",
+    "Neg",
+    "Not",
+    "Or",
+    "Pad",
+    "Pow",
+    "PRelu",
+    "Range",
+    "Reciprocal",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "Relu",
+    "Reshape",
+    "Resize",
+    "Selu",
+    "Shape",
+    "Sigmoid",
+    "Size",
+    "Slice",
+    "Softmax",
+    "Softplus",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tanh",
+    "Tile",
+    "Transpose",
+    "Unsqueeze",
+    "Upsample",
+    "Where",
+    "Xor",
+];
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     Conv(conv::ConvAttrs),
@@ -48,6 +135,8 @@ pub enum Op {
         max: Option<f32>,
     },
     Binary(elementwise::Binary),
+    /// A binary op of opset < 7 with `broadcast=1`: B aligned with A at `axis` (trailing if none).
+    LegacyBroadcast(elementwise::Binary, Option<i64>),
     /// Sum, Max, Min, Mean over any number of inputs.
     Variadic(elementwise::Binary, bool),
     PRelu,
@@ -142,9 +231,12 @@ impl Op {
             })),
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater"
             | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
-                if opset < 7 && a.has("broadcast") {
-                    return Err("legacy broadcast attribute".into());
-                }
+                // Before opset 7, `broadcast=1` aligned B with A starting at `axis`.
+                let legacy_axis = if opset < 7 && a.int_or("broadcast", 0)? != 0 {
+                    Some(a.int("axis")?)
+                } else {
+                    None
+                };
                 let b = match op_type {
                     "Add" => B::Add,
                     "Sub" => B::Sub,
@@ -160,7 +252,10 @@ impl Op {
                     "Or" => B::Or,
                     _ => B::Xor,
                 };
-                Ok(Some(Op::Binary(b)))
+                Ok(Some(match legacy_axis {
+                    Some(axis) => Op::LegacyBroadcast(b, axis),
+                    None => Op::Binary(b),
+                }))
             }
             "Sum" => Ok(Some(Op::Variadic(B::Add, false))),
             "Mean" => Ok(Some(Op::Variadic(B::Add, true))),
@@ -224,7 +319,7 @@ impl Op {
             Op::BatchNorm { .. } => "BatchNormalization".into(),
             Op::Unary(u) => format!("{u:?}"),
             Op::Clip { .. } => "Clip".into(),
-            Op::Binary(b) => format!("{b:?}"),
+            Op::Binary(b) | Op::LegacyBroadcast(b, _) => format!("{b:?}"),
             Op::Variadic(b, mean) => {
                 if *mean {
                     "Mean".into()
@@ -278,6 +373,12 @@ impl Op {
             Op::Clip { min, max } => one(elementwise::clip(cx, inputs, *min, *max)),
             Op::Binary(b) => one(elementwise::binary(
                 *b,
+                input(inputs, 0)?,
+                input(inputs, 1)?,
+            )),
+            Op::LegacyBroadcast(b, axis) => one(elementwise::legacy_broadcast(
+                *b,
+                *axis,
                 input(inputs, 0)?,
                 input(inputs, 1)?,
             )),

@@ -135,11 +135,12 @@ fn tap(
     };
     let x = match coord {
         "asymmetric" => o / s,
+        // The reference uses the unrounded resized length (input length times scale).
         "align_corners" => {
-            if out_len <= 1 {
+            if l * s <= 1.0 {
                 0.0
             } else {
-                o * (l - 1.0) / (n - 1.0)
+                o * (l - 1.0) / (l * s - 1.0)
             }
         }
         "pytorch_half_pixel" => {
