@@ -4,6 +4,8 @@ use anyhow::bail;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod tools;
+
 /// The cotenant agent: runs many inference models on one GPU and holds each to its latency SLO.
 #[derive(Parser, Debug)]
 #[command(name = "cotenant-agent", version, about, long_about = None)]
@@ -25,6 +27,12 @@ enum Command {
     },
     /// Run inside Kubernetes as an agent pod: watch this pod's GpuAgent and serve its assignments.
     Kubernetes,
+    /// Write a model-zoo architecture as an ONNX file with seeded weights, or list the zoo.
+    Zoo(tools::zoo::ZooArgs),
+    /// Run a model once on .npy inputs and write each output as DIR/<name>.npy.
+    Run(tools::run::RunArgs),
+    /// Measure a model's throughput and latency percentiles on this machine's CPU.
+    Bench(tools::bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -35,5 +43,8 @@ fn main() -> anyhow::Result<()> {
             tenants.display()
         ),
         Command::Kubernetes => bail!("Kubernetes mode is not built yet (issue: node agent)"),
+        Command::Zoo(args) => tools::zoo::main(args),
+        Command::Run(args) => tools::run::main(args),
+        Command::Bench(args) => tools::bench::main(args),
     }
 }

@@ -1,0 +1,174 @@
+//! `cotenant-agent bench`: runs `instances` copies of a model concurrently at `batch`, each with
+//! its share of the thread budget, for a fixed duration; prints throughput and latency
+//! percentiles (and, with `COTENANT_PROFILE` set, where the time went per op kind).
+
+use anyhow::{Context, bail};
+use clap::Args;
+use cotenant_executor::CpuBackend;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Concurrent instances of the model (weights shared).
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
+    /// How long to measure, e.g. 10s, 500ms, 2m.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Total thread budget, split evenly across instances (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Untimed runs per instance before measuring.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "" | "s" => v,
+        "ms" => v / 1e3,
+        "m" | "min" => v * 60.0,
+        _ => return Err(format!("bad duration unit in {s:?} (use ms, s, m)")),
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("duration {s:?} must be positive"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub fn main(a: BenchArgs) -> anyhow::Result<()> {
+    if a.batch == 0 || a.instances == 0 {
+        bail!("--batch and --instances must be at least 1");
+    }
+    let model = super::load_model(&a.model)?;
+    let threads = a.threads.unwrap_or_else(super::default_threads);
+    let per_instance = (threads / a.instances).max(1);
+    let inputs = super::synthetic_inputs(&model, a.batch, 1);
+    // Fail fast on a model that cannot run at all, with its error.
+    let probe = CpuBackend::new(per_instance);
+    model
+        .plan
+        .run(&probe, inputs.clone())
+        .context("running the model once")?;
+    drop(probe);
+    let model = &model;
+    let started = Instant::now();
+    let deadline = started + a.duration;
+    let results: Vec<anyhow::Result<Vec<f64>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..a.instances)
+            .map(|_| {
+                let inputs = inputs.clone();
+                s.spawn(move || -> anyhow::Result<Vec<f64>> {
+                    let backend = CpuBackend::new(per_instance);
+                    for _ in 0..a.warmup {
+                        model.plan.run(&backend, inputs.clone())?;
+                    }
+                    let mut lat = Vec::new();
+                    while Instant::now() < deadline || lat.is_empty() {
+                        let t0 = Instant::now();
+                        model.plan.run(&backend, inputs.clone())?;
+                        lat.push(t0.elapsed().as_secs_f64() * 1e3);
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("bench instance panicked")))
+            })
+            .collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut lat: Vec<f64> = Vec::new();
+    for r in results {
+        lat.extend(r?);
+    }
+    lat.sort_by(f64::total_cmp);
+    let runs = lat.len();
+    let throughput = (runs * a.batch) as f64 / elapsed;
+    let (p50, p95, p99) = (
+        percentile(&lat, 50.0),
+        percentile(&lat, 95.0),
+        percentile(&lat, 99.0),
+    );
+    let mean = lat.iter().sum::<f64>() / runs.max(1) as f64;
+    let weight_bytes = model.plan.weight_bytes();
+    let peak = model.plan.peak_activation_bytes(a.batch).unwrap_or(0);
+    if a.json {
+        println!(
+            "{{\"model\": {:?}, \"batch\": {}, \"instances\": {}, \"threads\": {}, \"runs\": {runs}, \"elapsed_s\": {elapsed:.3}, \"throughput_per_s\": {throughput:.3}, \"mean_ms\": {mean:.3}, \"p50_ms\": {p50:.3}, \"p95_ms\": {p95:.3}, \"p99_ms\": {p99:.3}, \"weight_bytes\": {weight_bytes}, \"peak_activation_bytes\": {peak}}}",
+            a.model.display().to_string(),
+            a.batch,
+            a.instances,
+            threads
+        );
+    } else {
+        println!(
+            "model {} batch {} instances {} threads {} ({} per instance)",
+            a.model.display(),
+            a.batch,
+            a.instances,
+            threads,
+            per_instance
+        );
+        println!("runs {runs} in {elapsed:.2}s: throughput {throughput:.1} samples/s");
+        println!("latency ms: mean {mean:.2} p50 {p50:.2} p95 {p95:.2} p99 {p99:.2}");
+        println!(
+            "weights {:.1} MiB, peak activations at batch {} {:.1} MiB",
+            weight_bytes as f64 / 1048576.0,
+            a.batch,
+            peak as f64 / 1048576.0
+        );
+    }
+    let prof = model.plan.op_profile();
+    if !prof.is_empty() {
+        let total: f64 = prof.iter().map(|p| p.2.as_secs_f64()).sum();
+        eprintln!("per-op time (COTENANT_PROFILE), all runs and instances:");
+        for (op, n, d) in prof {
+            eprintln!(
+                "  {op:<24} {n:>8} calls {:>10.1} ms {:>5.1}%",
+                d.as_secs_f64() * 1e3,
+                100.0 * d.as_secs_f64() / total
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("0s").is_err() && parse_duration("x").is_err());
+    }
+}
