@@ -4,6 +4,7 @@
 
 mod agent;
 mod common;
+pub mod conditions;
 mod pool;
 mod tenant;
 

@@ -278,6 +278,29 @@ metadata:
         Ok(child.wait_with_output()?)
     }
 
+    /// A kubeconfig that authenticates as ServiceAccount `namespace/name` with a fresh token, so a
+    /// process runs with exactly the permissions RBAC gives that account.
+    pub fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<PathBuf, Error> {
+        let token =
+            self.kubectl_ok(&["create", "token", name, "-n", namespace, "--duration=2h"])?;
+        let path = self.dir.join(format!("{namespace}-{name}.kubeconfig"));
+        let ca = self.dir.join("pki/ca.crt");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: {name}\n    namespace: {namespace}\ncurrent-context: local\n",
+                server = self.server,
+                ca = ca.display(),
+                token = token.trim(),
+            ),
+        )?;
+        Ok(path)
+    }
+
     /// Pids of the running components, for `cargo xtask cluster down`.
     pub fn pids(&self) -> Vec<u32> {
         self.processes.iter().map(|p| p.pid).collect()

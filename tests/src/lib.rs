@@ -9,11 +9,31 @@ pub mod process;
 pub mod shared;
 pub mod toolchain;
 pub mod versions;
+pub mod wait;
 
 pub use cluster::{ControlPlane, Options};
 pub use process::Lifetime;
 pub use shared::{TestNamespace, install_crds, shared};
 pub use toolchain::{Tools, cache_dir};
+pub use wait::{http_get, poll};
+
+/// A binary of this workspace, built before the tests run (`cargo xtask test` builds them):
+/// `$COTENANT_BIN_DIR/<name>`, else `<target dir>/debug/<name>`.
+pub fn workspace_binary(name: &str) -> std::path::PathBuf {
+    let dir = std::env::var_os("COTENANT_BIN_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR").map(|t| std::path::PathBuf::from(t).join("debug"))
+        })
+        .unwrap_or_else(|| TestNamespace::repo_root().join("target/debug"));
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (cargo build -p {name}, or run cargo xtask test)",
+        path.display()
+    );
+    path
+}
 
 /// What can go wrong while building or running the control plane.
 #[derive(Debug, thiserror::Error)]

@@ -51,6 +51,20 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// Cargo's target directory: `$CARGO_TARGET_DIR` (CI keeps it outside the clone), else `target/`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|dir| {
+            if dir.is_relative() {
+                repo_root().join(dir)
+            } else {
+                dir
+            }
+        })
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
 /// Runs a command in the repository root, failing with its name when it fails.
 pub fn run(mut cmd: Command) -> anyhow::Result<()> {
     let shown = format!("{cmd:?}");
@@ -70,7 +84,7 @@ fn bench_executor(args: &[&str]) -> anyhow::Result<()> {
     let mut build = Command::new("cargo");
     build.args(["build", "--release", "-p", "cotenant-agent"]);
     run(build)?;
-    let agent = repo_root().join("target/release/cotenant-agent");
+    let agent = target_dir().join("release/cotenant-agent");
     let mut bench = Command::new(python);
     bench
         .arg(repo_root().join("executor/bench/compare.py"))

@@ -43,12 +43,18 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
         .arg(repo_root().join("charts/cotenant"));
     crate::run(lint)?;
 
+    // The control-plane tests run these binaries as host processes.
+    let mut bins = Command::new("cargo");
+    bins.args(["build", "-p", "cotenant-operator", "-p", "cotenant-agent"]);
+    crate::run(bins)?;
+
     // Tests that need the venv or the control plane are #[ignore]d for a bare `cargo test`; here
     // everything they need exists, so they all run.
     let mut test = Command::new("cargo");
     test.args(["test", "--workspace", "--", "--include-ignored"])
         .args(extra)
-        .env("COTENANT_PYTHON", &python);
+        .env("COTENANT_PYTHON", &python)
+        .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
     crate::run(test)?;
     eprintln!("xtask: all checks passed in {:.0?}", started.elapsed());
     Ok(())

@@ -3,3 +3,4 @@
 
 mod api;
 mod chart;
+mod operator;

@@ -1,0 +1,49 @@
+//! Polling for a condition with a deadline (tests never wait on a fixed sleep), and a minimal
+//! HTTP GET for health and metrics endpoints on loopback.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+/// Calls `probe` every `interval` until it returns `Some`, or fails with the last observation
+/// once `timeout` has passed.
+pub fn poll<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match probe() {
+            Ok(value) => return Ok(value),
+            Err(last) if Instant::now() > deadline => {
+                return Err(format!(
+                    "timed out after {timeout:?} waiting for {what}; last: {last}"
+                ));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+}
+
+/// `GET http://<addr><path>`: the status code and body.
+pub fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| e.to_string())?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not an HTTP response: {response:.80}"))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
