@@ -1,0 +1,119 @@
+//! Every zoo model at batch 1 and 8, run by the executor and by onnxruntime on the same inputs:
+//! the largest difference relative to the output's scale must stay within 1e-4 (fp32).
+
+mod common;
+
+use cotenant_executor::zoo::{self, ZooOptions};
+use cotenant_executor::{CpuBackend, Data, Model, Tensor, npy};
+use std::path::Path;
+use std::process::Command;
+
+fn inputs(model: &Model, batch: usize) -> Vec<(String, Tensor)> {
+    let mut rng = zoo::Rng::new(42 + batch as u64);
+    model
+        .plan
+        .example_inputs(batch)
+        .into_iter()
+        .map(|(name, t)| {
+            let data = match t.dtype() {
+                cotenant_executor::DType::I64 => Data::I64(
+                    (0..t.len())
+                        .map(|_| (rng.next_u64() % 30522) as i64)
+                        .collect(),
+                ),
+                _ => Data::F32((0..t.len()).map(|_| rng.normal()).collect()),
+            };
+            (
+                name,
+                Tensor {
+                    shape: t.shape,
+                    data,
+                },
+            )
+        })
+        .collect()
+}
+
+/// max |ours - ref| / max |ref|, and the largest per-element relative error above a 1e-3·scale floor.
+fn errors(ours: &[f32], reference: &[f32]) -> (f64, f64) {
+    let scale = reference
+        .iter()
+        .fold(0.0f64, |m, v| m.max(v.abs() as f64))
+        .max(1e-12);
+    let mut worst = 0.0f64;
+    let mut worst_elem = 0.0f64;
+    for (a, b) in ours.iter().zip(reference) {
+        let d = (*a as f64 - *b as f64).abs();
+        worst = worst.max(d);
+        worst_elem = worst_elem.max(d / (b.abs() as f64 + 1e-3 * scale));
+    }
+    (worst / scale, worst_elem)
+}
+
+#[test]
+#[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
+fn zoo_models_match_onnxruntime() {
+    let python = common::python();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/ort_run.py");
+    let dir = std::env::temp_dir().join(format!("cotenant-zoo-vs-ort-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let only = std::env::var("ZOO_FILTER").unwrap_or_default();
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for name in zoo::NAMES.iter().filter(|n| n.contains(&only)) {
+        let path = dir.join(format!("{name}.onnx"));
+        zoo::write(
+            name,
+            &ZooOptions {
+                seed: 7,
+                ..Default::default()
+            },
+            &path,
+        )
+        .unwrap();
+        let model = Model::load(&path).unwrap();
+        let backend = CpuBackend::new(2);
+        for batch in [1usize, 8] {
+            let ins = inputs(&model, batch);
+            let mut cmd = Command::new(&python);
+            cmd.arg(&script)
+                .arg("--model")
+                .arg(&path)
+                .arg("--output-dir")
+                .arg(dir.join(format!("{name}_{batch}_ort")));
+            for (n, t) in &ins {
+                let p = dir.join(format!("{name}_{batch}_{n}.npy"));
+                npy::write(&p, t).unwrap();
+                cmd.arg("--input").arg(format!("{n}={}", p.display()));
+            }
+            let out = cmd.output().unwrap();
+            assert!(
+                out.status.success(),
+                "onnxruntime failed on {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let ours = model.plan.run(&backend, ins).unwrap();
+            for (oname, t) in ours {
+                let reference =
+                    npy::read(&dir.join(format!("{name}_{batch}_ort/{oname}.npy"))).unwrap();
+                assert_eq!(
+                    t.shape, reference.shape,
+                    "{name} batch {batch} output {oname}"
+                );
+                let (rel, elem) = errors(t.as_f32().unwrap(), reference.as_f32().unwrap());
+                report.push(format!("{name:<13} batch {batch}: max |diff| / max |ref| = {rel:.2e}, worst element rel = {elem:.2e}"));
+                if !(rel <= 1e-4) {
+                    failures.push(report.last().unwrap().clone());
+                }
+            }
+        }
+        std::fs::remove_file(&path).ok();
+    }
+    eprintln!("{}", report.join("\n"));
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        failures.is_empty(),
+        "zoo models differ from onnxruntime:\n{}",
+        failures.join("\n")
+    );
+}
