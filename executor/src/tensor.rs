@@ -2,9 +2,9 @@
 
 use crate::error::{OpError, OpResult};
 
-/// Largest element count any single tensor may have (16 GiB of f32): a guard against files and
-/// shape inputs that declare absurd sizes.
-pub const MAX_ELEMENTS: usize = 1 << 32;
+/// Largest element count any single tensor may have (4 GiB of f32): a guard against files and
+/// shape inputs that declare absurd sizes, far above any real activation or weight.
+pub const MAX_ELEMENTS: usize = 1 << 30;
 
 /// Element types the executor computes with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,0 +1,397 @@
+//! The serving runtime of one tenant replica: a bounded queue with admission control, a dynamic
+//! batcher, and `instances` workers that each run batches of up to `batch` rows with their own
+//! thread budget. Knobs change while serving without dropping queued requests. No HTTP here: the
+//! agent submits requests and gets a callback.
+
+mod batch;
+pub mod stats;
+
+pub use batch::{Rows, batchable, check, split, stack};
+pub use stats::{ShedReason, Stats, WindowSummary};
+
+use crate::backend::CpuBackend;
+use crate::error::RunError;
+use crate::plan::Model;
+use crate::tensor::Tensor;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How a replica serves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantConfig {
+    /// For thread names and errors.
+    pub name: String,
+    /// Largest batch (rows) one instance runs.
+    pub max_batch: usize,
+    /// Concurrent instances.
+    pub instances: usize,
+    /// CPU threads each instance may use.
+    pub threads_per_instance: usize,
+    /// Requests that may wait; beyond it requests are shed.
+    pub queue_capacity: usize,
+    /// How long the batcher may hold a request waiting for a fuller batch.
+    pub max_queue_delay: Duration,
+    /// The latency objective: requests predicted to miss it are shed.
+    pub slo: Duration,
+    /// Rows one request may carry.
+    pub max_request_rows: usize,
+}
+
+/// Why a request was not queued.
+#[derive(Debug, thiserror::Error)]
+pub enum Rejected {
+    #[error("invalid request: {0}")]
+    Invalid(RunError),
+    #[error("request of {rows} rows exceeds the limit of {limit}")]
+    TooManyRows { rows: usize, limit: usize },
+    #[error("queue full ({0} requests waiting)")]
+    QueueFull(usize),
+    #[error("predicted latency {predicted:?} exceeds the SLO {slo:?}")]
+    WouldMissSlo { predicted: Duration, slo: Duration },
+    #[error("the tenant is shutting down")]
+    Closed,
+}
+
+/// What a finished request gets.
+#[derive(Debug)]
+pub struct Completed {
+    pub outputs: Vec<(String, Tensor)>,
+    pub queue_time: Duration,
+    pub compute_time: Duration,
+    /// Rows of the batch it ran in.
+    pub batch_rows: usize,
+}
+
+/// Called once per accepted request, from a worker thread.
+pub type Reply = Box<dyn FnOnce(Result<Completed, RunError>) + Send>;
+
+struct Pending {
+    rows: Rows,
+    arrived: Instant,
+    reply: Reply,
+}
+
+struct Queue {
+    items: VecDeque<Pending>,
+    queued_rows: usize,
+    closed: bool,
+}
+
+struct Knobs {
+    max_batch: usize,
+    instances: usize,
+    max_queue_delay: Duration,
+}
+
+struct Shared {
+    config: TenantConfig,
+    model: Arc<Model>,
+    batchable: bool,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    knobs: Mutex<Knobs>,
+    /// Exponentially weighted mean of batch compute time, for admission.
+    batch_time: Mutex<Option<Duration>>,
+    stats: Stats,
+}
+
+struct Worker {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
+}
+
+/// One tenant replica being served.
+pub struct Tenant {
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<Worker>>,
+    retired: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Tenant {
+    /// Starts serving `model` with `config`.
+    pub fn start(model: Arc<Model>, config: TenantConfig) -> Tenant {
+        let batchable = batchable(&model.plan.inputs);
+        let knobs = Knobs {
+            max_batch: if batchable { config.max_batch.max(1) } else { 1 },
+            instances: config.instances.max(1),
+            max_queue_delay: config.max_queue_delay,
+        };
+        let shared = Arc::new(Shared {
+            stats: Stats::new(config.slo),
+            config,
+            model,
+            batchable,
+            queue: Mutex::new(Queue {
+                items: VecDeque::new(),
+                queued_rows: 0,
+                closed: false,
+            }),
+            wake: Condvar::new(),
+            knobs: Mutex::new(knobs),
+            batch_time: Mutex::new(None),
+        });
+        let tenant = Tenant {
+            shared,
+            workers: Mutex::new(Vec::new()),
+            retired: Mutex::new(Vec::new()),
+        };
+        tenant.resize_workers();
+        tenant
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.shared.model
+    }
+
+    /// Current (max batch, instances).
+    pub fn knobs(&self) -> (usize, usize) {
+        let k = lock(&self.shared.knobs);
+        (k.max_batch, k.instances)
+    }
+
+    /// Requests waiting.
+    pub fn queue_depth(&self) -> usize {
+        lock(&self.shared.queue).items.len()
+    }
+
+    /// Changes the knobs while serving; queued requests stay queued.
+    pub fn set_knobs(&self, max_batch: usize, instances: usize, max_queue_delay: Duration) {
+        {
+            let mut k = lock(&self.shared.knobs);
+            k.max_batch = if self.shared.batchable { max_batch.max(1) } else { 1 };
+            k.instances = instances.max(1);
+            k.max_queue_delay = max_queue_delay;
+        }
+        self.resize_workers();
+        self.shared.wake.notify_all();
+    }
+
+    pub fn set_slo(&self, slo: Duration) {
+        self.shared.stats.set_slo(slo);
+    }
+
+    fn resize_workers(&self) {
+        let want = lock(&self.shared.knobs).instances;
+        let mut workers = lock(&self.workers);
+        while workers.len() > want {
+            if let Some(w) = workers.pop() {
+                w.stop.store(true, Ordering::Relaxed);
+                lock(&self.retired).push(w.handle);
+            }
+        }
+        while workers.len() < want {
+            let stop = Arc::new(AtomicBool::new(false));
+            let shared = self.shared.clone();
+            let flag = stop.clone();
+            let threads = self.shared.config.threads_per_instance;
+            let name = format!("{}-{}", self.shared.config.name, workers.len());
+            let spawned = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || worker_loop(&shared, &flag, CpuBackend::new(threads)));
+            match spawned {
+                Ok(handle) => workers.push(Worker { stop, handle }),
+                // Out of threads: serve with what exists rather than fail the tenant.
+                Err(_) => break,
+            }
+        }
+        drop(workers);
+        self.shared.wake.notify_all();
+    }
+
+    /// Checks and queues a request; `reply` is called once it has run. Admission control sheds
+    /// it when the queue is full or when its predicted latency already exceeds the SLO.
+    pub fn submit(&self, inputs: Vec<(String, Tensor)>, reply: Reply) -> Result<(), Rejected> {
+        let shared = &self.shared;
+        shared.stats.arrival();
+        let rows = check(&shared.model.plan.inputs, inputs, shared.batchable).map_err(|e| {
+            shared.stats.error();
+            Rejected::Invalid(e)
+        })?;
+        if rows.rows > shared.config.max_request_rows {
+            shared.stats.error();
+            return Err(Rejected::TooManyRows {
+                rows: rows.rows,
+                limit: shared.config.max_request_rows,
+            });
+        }
+        let (max_batch, instances) = self.knobs();
+        let slo = shared.stats.slo();
+        let batch_time = *lock(&shared.batch_time);
+        let mut queue = lock(&shared.queue);
+        if queue.closed {
+            shared.stats.shed(ShedReason::NotReady);
+            return Err(Rejected::Closed);
+        }
+        if queue.items.len() >= shared.config.queue_capacity {
+            shared.stats.shed(ShedReason::QueueFull);
+            return Err(Rejected::QueueFull(queue.items.len()));
+        }
+        if let Some(per_batch) = batch_time {
+            // Rounds of `instances` parallel batches needed before this request is done.
+            let per_round = (max_batch * instances).max(1);
+            let rounds = (queue.queued_rows + rows.rows).div_ceil(per_round) as u32;
+            let predicted = per_batch * rounds.max(1);
+            if predicted > slo {
+                shared.stats.shed(ShedReason::WouldMissSlo);
+                return Err(Rejected::WouldMissSlo { predicted, slo });
+            }
+        }
+        queue.queued_rows += rows.rows;
+        queue.items.push_back(Pending {
+            rows,
+            arrived: Instant::now(),
+            reply,
+        });
+        drop(queue);
+        shared.wake.notify_one();
+        Ok(())
+    }
+
+    /// Stops accepting, finishes every queued request, and joins the workers.
+    pub fn shutdown(&self) {
+        lock(&self.shared.queue).closed = true;
+        self.shared.wake.notify_all();
+        let workers: Vec<Worker> = lock(&self.workers).drain(..).collect();
+        for w in workers {
+            let _ = w.handle.join();
+        }
+        let retired: Vec<JoinHandle<()>> = lock(&self.retired).drain(..).collect();
+        for h in retired {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Takes the next batch: the oldest request plus later ones with the same shapes, up to
+/// `max_batch` rows, waiting up to the queue delay for a fuller batch. `None` when this worker
+/// should exit.
+fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<Vec<Pending>> {
+    let mut queue = lock(&shared.queue);
+    loop {
+        if stop.load(Ordering::Relaxed) || (queue.closed && queue.items.is_empty()) {
+            return None;
+        }
+        if !queue.items.is_empty() {
+            break;
+        }
+        queue = shared.wake.wait(queue).unwrap_or_else(|e| e.into_inner());
+    }
+    let (max_batch, delay) = {
+        let k = lock(&shared.knobs);
+        (k.max_batch, k.max_queue_delay)
+    };
+    if let Some(head) = queue.items.front() {
+        let deadline = head.arrived + delay;
+        while queue.queued_rows < max_batch && !queue.closed && !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            queue = shared
+                .wake
+                .wait_timeout(queue, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            if queue.items.is_empty() {
+                // Another worker took them.
+                return Some(Vec::new());
+            }
+        }
+    }
+    let mut taken = Vec::new();
+    let Some(head) = queue.items.pop_front() else {
+        return Some(taken);
+    };
+    let mut rows = head.rows.rows;
+    let mut i = 0;
+    while i < queue.items.len() && rows < max_batch {
+        let fits = rows + queue.items[i].rows.rows <= max_batch
+            && queue.items[i].rows.key() == head.rows.key();
+        if fits {
+            if let Some(p) = queue.items.remove(i) {
+                rows += p.rows.rows;
+                taken.push(p);
+            }
+        } else {
+            i += 1;
+        }
+    }
+    taken.insert(0, head);
+    queue.queued_rows -= rows;
+    // Others may still be waiting for work.
+    if !queue.items.is_empty() {
+        shared.wake.notify_one();
+    }
+    Some(taken)
+}
+
+fn worker_loop(shared: &Shared, stop: &AtomicBool, backend: CpuBackend) {
+    while let Some(batch) = next_batch(shared, stop) {
+        if batch.is_empty() {
+            continue;
+        }
+        run_batch(shared, &backend, batch);
+    }
+}
+
+fn run_batch(shared: &Shared, backend: &CpuBackend, batch: Vec<Pending>) {
+    let plan = &shared.model.plan;
+    let names: Vec<String> = plan.inputs.iter().map(|i| i.name.clone()).collect();
+    let rows: Vec<usize> = batch.iter().map(|p| p.rows.rows).collect();
+    let total: usize = rows.iter().sum();
+    let started = Instant::now();
+    let refs: Vec<&Rows> = batch.iter().map(|p| &p.rows).collect();
+    let result = stack(&refs).and_then(|stacked| plan.run(backend, names.iter().cloned().zip(stacked).collect()));
+    let compute = started.elapsed();
+    match result {
+        Ok(outputs) => {
+            shared.stats.batch(total);
+            {
+                let mut ewma = lock(&shared.batch_time);
+                *ewma = Some(match *ewma {
+                    Some(prev) => prev.mul_f64(0.8) + compute.mul_f64(0.2),
+                    None => compute,
+                });
+            }
+            for (pending, outputs) in batch.into_iter().zip(split(outputs, &rows)) {
+                let queue_time = started.saturating_duration_since(pending.arrived);
+                shared.stats.completion(queue_time, compute);
+                (pending.reply)(Ok(Completed {
+                    outputs,
+                    queue_time,
+                    compute_time: compute,
+                    batch_rows: total,
+                }));
+            }
+        }
+        // One bad request must not fail its batch-mates: run each alone to find it.
+        Err(_) if batch.len() > 1 => {
+            for pending in batch {
+                run_batch(shared, backend, vec![pending]);
+            }
+        }
+        Err(e) => {
+            shared.stats.error();
+            if let Some(pending) = batch.into_iter().next() {
+                (pending.reply)(Err(e));
+            }
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! Per-tenant measurements over a sliding window: arrivals, completions, sheds, latency
+//! histograms (queueing, compute, end to end), batch sizes and SLO attainment. Fixed memory:
+//! one-second buckets in a ring, each with log-spaced latency histograms.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Seconds of history the window keeps.
+pub const WINDOW_SECS: usize = 30;
+/// Latency bins: bin i covers [MIN·R^i, MIN·R^(i+1)) with R = 1.1, from 10 µs to ~10 min.
+const MIN_SECS: f64 = 1e-5;
+const RATIO: f64 = 1.1;
+const BINS: usize = 190;
+/// Batch-size bins: exact up to 64, then one bin.
+const BATCH_BINS: usize = 65;
+
+/// A histogram of durations with log-spaced bins.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    sum_secs: f64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; BINS],
+            sum_secs: 0.0,
+        }
+    }
+}
+
+impl Histogram {
+    fn bin(secs: f64) -> usize {
+        if secs <= MIN_SECS {
+            return 0;
+        }
+        let i = ((secs / MIN_SECS).ln() / RATIO.ln()) as usize;
+        i.min(BINS - 1)
+    }
+
+    /// Upper bound of bin `i` in seconds.
+    pub fn bin_upper(i: usize) -> f64 {
+        MIN_SECS * RATIO.powi(i as i32 + 1)
+    }
+
+    pub fn record(&mut self, d: Duration) {
+        let secs = d.as_secs_f64();
+        self.counts[Self::bin(secs)] += 1;
+        self.sum_secs += secs;
+    }
+
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.sum_secs += other.sum_secs;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    pub fn sum_secs(&self) -> f64 {
+        self.sum_secs
+    }
+
+    /// How many recorded values are at most `limit` (bin resolution: 10%).
+    pub fn count_at_most(&self, limit: Duration) -> u64 {
+        let last = Self::bin(limit.as_secs_f64());
+        self.counts[..=last].iter().sum()
+    }
+
+    /// The `p`-th percentile (0–100) as the upper bound of its bin; `None` when empty.
+    pub fn percentile(&self, p: f64) -> Option<Duration> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((p / 100.0) * total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(Duration::from_secs_f64(Self::bin_upper(i)));
+            }
+        }
+        None
+    }
+
+    /// Cumulative counts at each bin's upper bound, for Prometheus-style histograms.
+    pub fn cumulative(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
+        let mut seen = 0;
+        self.counts.iter().enumerate().map(move |(i, c)| {
+            seen += c;
+            (Self::bin_upper(i), seen)
+        })
+    }
+}
+
+/// Why a request was refused before it ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ShedReason {
+    QueueFull,
+    WouldMissSlo,
+    NotReady,
+}
+
+impl ShedReason {
+    pub const ALL: [ShedReason; 3] = [ShedReason::QueueFull, ShedReason::WouldMissSlo, ShedReason::NotReady];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedReason::QueueFull => "queue_full",
+            ShedReason::WouldMissSlo => "would_miss_slo",
+            ShedReason::NotReady => "not_ready",
+        }
+    }
+}
+
+/// Counters and histograms for one second (or, in `totals`, since start).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Counts {
+    pub arrivals: u64,
+    pub completions: u64,
+    pub errors: u64,
+    pub within_slo: u64,
+    pub shed: [u64; 3],
+    pub queue: Histogram,
+    pub compute: Histogram,
+    pub end_to_end: Histogram,
+    pub batch_sizes: Vec<u64>,
+}
+
+impl Counts {
+    fn merge(&mut self, other: &Counts) {
+        self.arrivals += other.arrivals;
+        self.completions += other.completions;
+        self.errors += other.errors;
+        self.within_slo += other.within_slo;
+        for (a, b) in self.shed.iter_mut().zip(other.shed) {
+            *a += b;
+        }
+        self.queue.merge(&other.queue);
+        self.compute.merge(&other.compute);
+        self.end_to_end.merge(&other.end_to_end);
+        if self.batch_sizes.len() < BATCH_BINS {
+            self.batch_sizes.resize(BATCH_BINS, 0);
+        }
+        for (a, b) in self.batch_sizes.iter_mut().zip(&other.batch_sizes) {
+            *a += b;
+        }
+    }
+
+    fn record_batch(&mut self, rows: usize) {
+        if self.batch_sizes.len() < BATCH_BINS {
+            self.batch_sizes.resize(BATCH_BINS, 0);
+        }
+        self.batch_sizes[rows.clamp(1, BATCH_BINS) - 1] += 1;
+    }
+}
+
+struct Bucket {
+    second: u64,
+    counts: Counts,
+}
+
+struct Inner {
+    ring: Vec<Bucket>,
+    totals: Counts,
+}
+
+/// The measurements of one tenant replica.
+pub struct Stats {
+    started: Instant,
+    slo: Mutex<Duration>,
+    inner: Mutex<Inner>,
+}
+
+/// A summary of the window, what reports and the scaler consume.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowSummary {
+    pub window_secs: f64,
+    pub arrival_rate_per_sec: f64,
+    pub throughput_per_sec: f64,
+    pub completions: u64,
+    pub errors: u64,
+    pub shed: u64,
+    pub slo_attainment: Option<f64>,
+    pub queue_p50_ms: Option<f64>,
+    pub queue_p99_ms: Option<f64>,
+    pub compute_p50_ms: Option<f64>,
+    pub compute_p99_ms: Option<f64>,
+    pub latency_p50_ms: Option<f64>,
+    pub latency_p95_ms: Option<f64>,
+    pub latency_p99_ms: Option<f64>,
+    /// Batches by rows (index 0 = 1 row; the last bin is "64 or more").
+    pub batch_sizes: Vec<u64>,
+}
+
+fn ms(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64() * 1e3)
+}
+
+impl Stats {
+    pub fn new(slo: Duration) -> Stats {
+        Stats {
+            started: Instant::now(),
+            slo: Mutex::new(slo),
+            inner: Mutex::new(Inner {
+                ring: (0..WINDOW_SECS)
+                    .map(|_| Bucket {
+                        second: u64::MAX,
+                        counts: Counts::default(),
+                    })
+                    .collect(),
+                totals: Counts::default(),
+            }),
+        }
+    }
+
+    pub fn slo(&self) -> Duration {
+        *self.slo.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_slo(&self, slo: Duration) {
+        *self.slo.lock().unwrap_or_else(|e| e.into_inner()) = slo;
+    }
+
+    fn with_now(&self, f: impl Fn(&mut Counts)) {
+        let second = self.started.elapsed().as_secs();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = (second % WINDOW_SECS as u64) as usize;
+        let bucket = &mut inner.ring[slot];
+        if bucket.second != second {
+            bucket.second = second;
+            bucket.counts = Counts::default();
+        }
+        f(&mut bucket.counts);
+        f(&mut inner.totals);
+    }
+
+    pub fn arrival(&self) {
+        self.with_now(|c| c.arrivals += 1);
+    }
+
+    pub fn shed(&self, reason: ShedReason) {
+        let i = ShedReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        self.with_now(|c| c.shed[i] += 1);
+    }
+
+    pub fn error(&self) {
+        self.with_now(|c| c.errors += 1);
+    }
+
+    /// One batch of `rows` rows that ran in `compute`.
+    pub fn batch(&self, rows: usize) {
+        self.with_now(|c| c.record_batch(rows));
+    }
+
+    /// One request finished: its time in the queue and in compute.
+    pub fn completion(&self, queue: Duration, compute: Duration) {
+        let total = queue + compute;
+        let within = total <= self.slo();
+        self.with_now(|c| {
+            c.completions += 1;
+            c.within_slo += u64::from(within);
+            c.queue.record(queue);
+            c.compute.record(compute);
+            c.end_to_end.record(total);
+        });
+    }
+
+    /// Everything since start (Prometheus counters and histograms).
+    pub fn totals(&self) -> Counts {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .totals
+            .clone()
+    }
+
+    /// The last `WINDOW_SECS` seconds (fewer just after start), the current second included.
+    pub fn window(&self) -> WindowSummary {
+        let elapsed = self.started.elapsed();
+        let now = elapsed.as_secs();
+        let mut merged = Counts::default();
+        {
+            let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            for b in &inner.ring {
+                if b.second != u64::MAX && now.saturating_sub(b.second) < WINDOW_SECS as u64 {
+                    merged.merge(&b.counts);
+                }
+            }
+        }
+        let secs = elapsed.as_secs_f64().clamp(1e-3, WINDOW_SECS as f64);
+        WindowSummary {
+            window_secs: secs,
+            arrival_rate_per_sec: merged.arrivals as f64 / secs,
+            throughput_per_sec: merged.completions as f64 / secs,
+            completions: merged.completions,
+            errors: merged.errors,
+            shed: merged.shed.iter().sum(),
+            slo_attainment: (merged.completions > 0)
+                .then(|| merged.within_slo as f64 / merged.completions as f64),
+            queue_p50_ms: ms(merged.queue.percentile(50.0)),
+            queue_p99_ms: ms(merged.queue.percentile(99.0)),
+            compute_p50_ms: ms(merged.compute.percentile(50.0)),
+            compute_p99_ms: ms(merged.compute.percentile(99.0)),
+            latency_p50_ms: ms(merged.end_to_end.percentile(50.0)),
+            latency_p95_ms: ms(merged.end_to_end.percentile(95.0)),
+            latency_p99_ms: ms(merged.end_to_end.percentile(99.0)),
+            batch_sizes: merged.batch_sizes,
+        }
+    }
+
+    /// The end-to-end latency at percentile `p` over the window.
+    pub fn latency_percentile(&self, p: f64) -> Option<Duration> {
+        let now = self.started.elapsed().as_secs();
+        let mut merged = Histogram::default();
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        for b in &inner.ring {
+            if b.second != u64::MAX && now.saturating_sub(b.second) < WINDOW_SECS as u64 {
+                merged.merge(&b.counts.end_to_end);
+            }
+        }
+        merged.percentile(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_within_one_bin() {
+        let mut h = Histogram::default();
+        for ms in 1..=100 {
+            h.record(Duration::from_millis(ms));
+        }
+        let p99 = h.percentile(99.0).expect("non-empty").as_secs_f64() * 1e3;
+        assert!((99.0..=99.0 * 1.1 + 0.01).contains(&p99), "{p99}");
+        let p50 = h.percentile(50.0).expect("non-empty").as_secs_f64() * 1e3;
+        assert!((50.0..=55.1).contains(&p50), "{p50}");
+        assert_eq!(h.count(), 100);
+        assert_eq!(h.count_at_most(Duration::from_secs(10)), 100);
+        assert!(Histogram::default().percentile(99.0).is_none());
+    }
+
+    #[test]
+    fn extreme_durations_land_in_the_end_bins() {
+        let mut h = Histogram::default();
+        h.record(Duration::ZERO);
+        h.record(Duration::from_secs(100_000));
+        assert_eq!(h.counts[0], 1);
+        assert_eq!(h.counts[BINS - 1], 1);
+    }
+
+    #[test]
+    fn window_summarises_rates_and_attainment() {
+        let stats = Stats::new(Duration::from_millis(10));
+        for _ in 0..10 {
+            stats.arrival();
+        }
+        for i in 0..10 {
+            stats.completion(Duration::from_millis(1), Duration::from_millis(if i < 8 { 5 } else { 50 }));
+        }
+        stats.batch(4);
+        stats.shed(ShedReason::QueueFull);
+        let w = stats.window();
+        assert_eq!(w.completions, 10);
+        assert_eq!(w.shed, 1);
+        assert_eq!(w.slo_attainment, Some(0.8));
+        assert_eq!(w.batch_sizes[3], 1);
+        assert!(w.latency_p99_ms.expect("p99") >= 50.0);
+        assert_eq!(stats.totals().completions, 10);
+    }
+}
