@@ -1,3 +1,29 @@
 //! Pure decisions with no I/O and no Kubernetes: the DNNScaler profiler rule and scaler, replica
 //! counts, placement, pool sizing, and a discrete-event simulator that evaluates them at scale.
 //! The operator, the agent's standalone mode and the simulator all call the same functions.
+//!
+//! Nothing here reads a clock: time arrives as `now_s` (seconds on any monotonic origin).
+//! The only I/O is [`profile::ProfileTable::load`], which reads a profile file for callers that
+//! want it; everything else takes plain values.
+
+pub mod dnnscaler;
+pub mod knobs;
+pub mod placement;
+pub mod pool;
+pub mod profile;
+pub mod replicas;
+pub mod sim;
+pub mod slo;
+
+pub use dnnscaler::{
+    Approach, ApproachChoice, Decision, LatencyModel, ScalerConfig, ScalerState, choose_approach,
+    step,
+};
+pub use knobs::{ApproachPolicy, Bounds, Knobs};
+pub use placement::{
+    AgentCapacity, CurrentReplica, Placement, PlacementPlan, ReplicaDemand, place,
+};
+pub use pool::{PoolAgent, PoolConfig, PoolDecision, size_pool};
+pub use profile::{Profile, ProfileError, ProfilePoint, ProfileTable};
+pub use replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
+pub use slo::{Slo, TenantObservation};

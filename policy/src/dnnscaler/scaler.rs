@@ -1,0 +1,371 @@
+//! The DNNScaler feedback step: holds the observed tail latency (the SLO percentile, queueing
+//! counted) in the band [band_low·SLO, band_high·SLO] by moving one knob.
+//!
+//! Batching (and Joint, whose instance count is fixed) searches the batch size: doubling while
+//! under the band until the first violation, then bisecting between the largest batch seen
+//! within the SLO and the smallest that violated. MultiTenancy adds or removes one instance.
+//! Hysteresis: a knob moves only after `patience` consecutive windows out of band, and the
+//! smallest knob that violated is remembered so growth stops below it; that memory is dropped
+//! only when the situation changes (another SLO, or the arrival rate moved by more than
+//! `context_change`), so a stationary tenant settles instead of oscillating.
+//!
+//! Open-loop arrivals add a case the paper's closed loop did not have: when requests arrive faster
+//! than they are served, latency is queueing, and a smaller knob would only serve fewer; then the
+//! knob grows if the model says the larger one still fits, and otherwise the tenant needs more
+//! replicas.
+
+use super::latency_model::LatencyModel;
+use super::profiler::Approach;
+use crate::knobs::{Bounds, Knobs};
+use crate::slo::{Slo, TenantObservation};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScalerConfig {
+    pub band_low: f64,
+    pub band_high: f64,
+    /// Consecutive windows under the band before the knob grows.
+    pub patience_grow: u32,
+    /// Consecutive windows over the band before the knob shrinks.
+    pub patience_shrink: u32,
+    /// Relative arrival-rate change that makes the learned limits stale.
+    pub context_change: f64,
+}
+
+impl Default for ScalerConfig {
+    fn default() -> ScalerConfig {
+        ScalerConfig {
+            band_low: 0.85,
+            band_high: 1.0,
+            patience_grow: 2,
+            patience_shrink: 1,
+            context_change: 0.25,
+        }
+    }
+}
+
+/// What the operator should do after one step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    Hold,
+    /// Run the tenant's replicas with these knobs.
+    SetKnobs(Knobs),
+    /// The SLO is violated and no knob within the bounds can fix it: add a replica.
+    NeedReplicas,
+}
+
+/// The scaler's memory of one tenant.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScalerState {
+    pub approach: Approach,
+    pub knobs: Knobs,
+    pub config: ScalerConfig,
+    /// Largest value of the moving knob seen within the SLO (0: none yet).
+    good: u32,
+    /// Smallest value of the moving knob whose own service time violated the SLO.
+    bad: Option<u32>,
+    over: u32,
+    under: u32,
+    learned_slo_ms: f64,
+    learned_arrival: f64,
+}
+
+impl ScalerState {
+    pub fn new(approach: Approach, knobs: Knobs, config: ScalerConfig) -> ScalerState {
+        ScalerState {
+            approach,
+            knobs,
+            config,
+            good: 0,
+            bad: None,
+            over: 0,
+            under: 0,
+            learned_slo_ms: f64::NAN,
+            learned_arrival: f64::NAN,
+        }
+    }
+
+    /// The smallest knob value remembered as violating the SLO, if any.
+    pub fn last_violation(&self) -> Option<u32> {
+        self.bad
+    }
+
+    fn moving(&self) -> u32 {
+        match self.approach {
+            Approach::MultiTenancy => self.knobs.instances,
+            Approach::Batching | Approach::Joint => self.knobs.batch,
+        }
+    }
+
+    fn with(&self, v: u32) -> Knobs {
+        match self.approach {
+            Approach::MultiTenancy => Knobs::new(self.knobs.batch, v),
+            Approach::Batching | Approach::Joint => Knobs {
+                batch: v,
+                ..self.knobs
+            },
+        }
+    }
+
+    fn max(&self, bounds: &Bounds) -> u32 {
+        match self.approach {
+            Approach::MultiTenancy => bounds.max_instances,
+            Approach::Batching | Approach::Joint => bounds.max_batch,
+        }
+    }
+
+    fn forget(&mut self) {
+        self.good = 0;
+        self.bad = None;
+    }
+
+    /// The next larger value of the moving knob to try, if growth is allowed: below the
+    /// remembered violation, within the bounds, and with a predicted batch p99 within `limit_ms`.
+    fn grow_target(&self, bounds: &Bounds, model: &LatencyModel, limit_ms: f64) -> Option<u32> {
+        let cur = self.moving();
+        let cap = self
+            .bad
+            .map_or(self.max(bounds), |b| b.saturating_sub(1))
+            .min(self.max(bounds));
+        if cur >= cap {
+            return None;
+        }
+        let want = match (self.approach, self.bad) {
+            (Approach::MultiTenancy, _) => cur + 1,
+            (_, Some(bad)) => cur + (bad - cur) / 2,
+            (_, None) => cur.saturating_mul(2),
+        }
+        .clamp(cur + 1, cap);
+        // Predict before trying: take the largest step up to `want` the model says fits.
+        (cur + 1..=want)
+            .rev()
+            .find(|&v| model.p99_ms(self.with(v)) <= limit_ms)
+    }
+}
+
+/// One feedback step on one window of observations.
+pub fn step(
+    state: &mut ScalerState,
+    obs: &TenantObservation,
+    slo: &Slo,
+    bounds: &Bounds,
+    model: &LatencyModel,
+) -> Decision {
+    let bounds = bounds.sane();
+    let mut knobs = bounds.clamp(state.knobs);
+    if state.approach == Approach::Batching {
+        knobs.instances = 1;
+    }
+    if state.approach == Approach::MultiTenancy {
+        knobs.batch = 1;
+    }
+    if knobs != state.knobs {
+        // Bounds (or approach) changed under us: comply first, learn again.
+        state.knobs = knobs;
+        state.forget();
+        return Decision::SetKnobs(knobs);
+    }
+    let cfg = state.config;
+    let arrival_moved = state.learned_arrival.is_finite()
+        && (obs.arrival_rate - state.learned_arrival).abs()
+            > cfg.context_change * state.learned_arrival.max(1e-9);
+    if state.learned_slo_ms != slo.latency_ms || arrival_moved {
+        state.forget();
+        state.learned_slo_ms = slo.latency_ms;
+        state.learned_arrival = obs.arrival_rate;
+    }
+    if !obs.has_signal() {
+        return Decision::Hold;
+    }
+    let (low, high) = (
+        cfg.band_low * slo.latency_ms,
+        cfg.band_high * slo.latency_ms,
+    );
+    let lat = obs.latency_at_percentile_ms;
+    let cur = state.moving();
+    if lat > high {
+        state.under = 0;
+        state.over += 1;
+        if state.over < cfg.patience_shrink.max(1) {
+            return Decision::Hold;
+        }
+        state.over = 0;
+        let service_bound = model.p99_ms(state.knobs) > high;
+        if obs.overloaded() && !service_bound {
+            // Queueing: more throughput per replica if a larger knob leaves room for the queue.
+            let more = state.grow_target(&bounds, model, low).filter(|&v| {
+                model.throughput(state.with(v)) > model.throughput(state.knobs) * 1.05
+            });
+            return match more {
+                Some(v) => {
+                    state.knobs = state.with(v);
+                    Decision::SetKnobs(state.knobs)
+                }
+                None => Decision::NeedReplicas,
+            };
+        }
+        state.bad = Some(state.bad.map_or(cur, |b| b.min(cur)));
+        if state.good >= cur {
+            state.good = 0;
+        }
+        if cur <= 1 {
+            return Decision::NeedReplicas;
+        }
+        let next = match state.approach {
+            Approach::MultiTenancy => cur - 1,
+            Approach::Batching | Approach::Joint if state.good > 0 => {
+                state.good + (cur - state.good) / 2
+            }
+            Approach::Batching | Approach::Joint => cur / 2,
+        }
+        .clamp(1, cur - 1);
+        state.knobs = state.with(next);
+        return Decision::SetKnobs(state.knobs);
+    }
+    state.good = state.good.max(cur);
+    state.over = 0;
+    if lat >= low {
+        state.under = 0;
+        return Decision::Hold;
+    }
+    state.under += 1;
+    if state.under < cfg.patience_grow.max(1) {
+        return Decision::Hold;
+    }
+    state.under = 0;
+    match state.grow_target(&bounds, model, high) {
+        Some(v) => {
+            state.knobs = state.with(v);
+            Decision::SetKnobs(state.knobs)
+        }
+        None => Decision::Hold,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{Profile, ProfilePoint};
+
+    fn model() -> LatencyModel {
+        let pt = |batch, instances, throughput, p99_ms| ProfilePoint {
+            batch,
+            instances,
+            throughput,
+            p99_ms,
+            peak_activation_bytes: 0,
+            gpu_util: None,
+        };
+        LatencyModel::from_profile(&Profile {
+            model: "m".into(),
+            weight_bytes: 0,
+            points: vec![
+                pt(1, 1, 200.0, 5.0),
+                pt(64, 1, 3200.0, 22.0),
+                pt(1, 8, 800.0, 12.0),
+            ],
+        })
+    }
+
+    fn obs(lat: f64) -> TenantObservation {
+        TenantObservation {
+            arrival_rate: 100.0,
+            throughput: 100.0,
+            latency_at_percentile_ms: lat,
+            queue_depth: 0,
+            completed: 1000,
+        }
+    }
+
+    fn state(approach: Approach, knobs: Knobs) -> ScalerState {
+        ScalerState::new(approach, knobs, ScalerConfig::default())
+    }
+
+    #[test]
+    fn batching_doubles_under_the_band_after_patience() {
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let mut s = state(Approach::Batching, Knobs::ONE);
+        assert_eq!(step(&mut s, &obs(10.0), &slo, &b, &m), Decision::Hold);
+        assert_eq!(
+            step(&mut s, &obs(10.0), &slo, &b, &m),
+            Decision::SetKnobs(Knobs::new(2, 1))
+        );
+    }
+
+    #[test]
+    fn violation_bisects_back_and_growth_stops_below_it() {
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let mut s = state(Approach::Batching, Knobs::new(16, 1));
+        step(&mut s, &obs(90.0), &slo, &b, &m); // in band: 16 is good
+        s.knobs = Knobs::new(32, 1);
+        assert_eq!(
+            step(&mut s, &obs(120.0), &slo, &b, &m),
+            Decision::SetKnobs(Knobs::new(24, 1))
+        );
+        assert_eq!(s.last_violation(), Some(32));
+        for _ in 0..20 {
+            step(&mut s, &obs(10.0), &slo, &b, &m);
+        }
+        assert_eq!(s.knobs, Knobs::new(31, 1));
+    }
+
+    #[test]
+    fn multi_tenancy_moves_one_instance() {
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let mut s = state(Approach::MultiTenancy, Knobs::new(1, 3));
+        assert_eq!(
+            step(&mut s, &obs(150.0), &slo, &b, &m),
+            Decision::SetKnobs(Knobs::new(1, 2))
+        );
+        step(&mut s, &obs(10.0), &slo, &b, &m);
+        assert_eq!(
+            step(&mut s, &obs(10.0), &slo, &b, &m),
+            Decision::Hold,
+            "3 violated"
+        );
+    }
+
+    #[test]
+    fn violation_at_minimum_asks_for_replicas() {
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let mut s = state(Approach::Batching, Knobs::ONE);
+        assert_eq!(
+            step(&mut s, &obs(150.0), &slo, &b, &m),
+            Decision::NeedReplicas
+        );
+        assert_eq!(s.knobs, Knobs::ONE);
+    }
+
+    #[test]
+    fn overload_grows_the_batch_instead_of_shrinking_it() {
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let mut s = state(Approach::Batching, Knobs::new(4, 1));
+        let o = TenantObservation {
+            arrival_rate: 2000.0,
+            throughput: 900.0,
+            queue_depth: 500,
+            ..obs(400.0)
+        };
+        assert_eq!(
+            step(&mut s, &o, &slo, &b, &m),
+            Decision::SetKnobs(Knobs::new(8, 1))
+        );
+        s.knobs = Knobs::new(64, 1);
+        assert_eq!(step(&mut s, &o, &slo, &b, &m), Decision::NeedReplicas);
+    }
+
+    #[test]
+    fn slo_change_forgets_the_learned_limit_and_bounds_are_obeyed() {
+        let (m, b) = (model(), Bounds::default());
+        let mut s = state(Approach::Batching, Knobs::new(32, 1));
+        step(&mut s, &obs(120.0), &Slo::p99(100.0), &b, &m);
+        assert!(s.last_violation().is_some());
+        step(&mut s, &obs(10.0), &Slo::p99(200.0), &b, &m);
+        assert_eq!(s.last_violation(), None);
+        let narrow = Bounds { max_batch: 4, ..b };
+        assert_eq!(
+            step(&mut s, &obs(10.0), &Slo::p99(200.0), &narrow, &m),
+            Decision::SetKnobs(Knobs::new(4, 1))
+        );
+    }
+}

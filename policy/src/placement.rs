@@ -1,0 +1,309 @@
+//! Placement: which agent runs each replica of each tenant.
+//!
+//! Replicas are bin-packed by device memory (weights plus peak activations at the tenant's
+//! knobs, a hard limit) and predicted load (the device share from the profile, a limit for new
+//! replicas only, so a load forecast that rises does not reshuffle running replicas). Replicas of
+//! one tenant go to different agents. Placement is stable: a running replica stays where it is
+//! while it still fits, and only the missing replicas are placed (best fit, largest first).
+//! A replica that must move is replaced before it goes: while the tenant has no other ready
+//! replica it is held running (`hold_until_replaced`) and stops only in a later round, once its
+//! replacement reports ready.
+//!
+//! Invariant: when no agent is over its memory on input, none is after the plan, counting
+//! everything that keeps running (kept replicas at the larger of old and new footprint, held ones
+//! at their current footprint, new ones at the new footprint).
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentCapacity {
+    pub agent: String,
+    pub memory_bytes: u64,
+    /// Device share available, 1.0 for one GPU.
+    pub compute: f64,
+    /// False while the agent drains: it keeps what it runs but takes nothing new.
+    pub schedulable: bool,
+}
+
+/// What one tenant wants: `replicas` replicas, each needing `memory_bytes` and `load`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaDemand {
+    pub tenant: String,
+    pub replicas: u32,
+    pub memory_bytes: u64,
+    pub load: f64,
+}
+
+/// A replica running (or starting) now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CurrentReplica {
+    pub tenant: String,
+    pub agent: String,
+    pub ready: bool,
+    /// Footprint at the knobs it runs with now.
+    pub memory_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Placement {
+    pub tenant: String,
+    pub agent: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Unplaced {
+    pub tenant: String,
+    pub replicas: u32,
+    pub memory_bytes: u64,
+    pub load: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlacementPlan {
+    /// Running replicas that stay (with the tenant's new knobs).
+    pub keep: Vec<Placement>,
+    /// Replicas to start.
+    pub start: Vec<Placement>,
+    /// Replicas that must go but stay running until a replacement is ready.
+    pub hold_until_replaced: Vec<Placement>,
+    /// Replicas to stop now.
+    pub stop: Vec<Placement>,
+    /// Replicas that fit on no agent: the pool needs more agents.
+    pub unplaced: Vec<Unplaced>,
+}
+
+struct AgentUse {
+    memory: u64,
+    load: f64,
+    tenants: Vec<usize>,
+}
+
+/// Plans placement for every tenant in `demands` given what runs now. Replicas of tenants with no
+/// demand are stopped, as are replicas on agents that no longer exist (they are gone anyway).
+pub fn place(
+    agents: &[AgentCapacity],
+    demands: &[ReplicaDemand],
+    current: &[CurrentReplica],
+) -> PlacementPlan {
+    let agent_ix: HashMap<&str, usize> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.agent.as_str(), i))
+        .collect();
+    let tenant_ix: HashMap<&str, usize> = demands
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.tenant.as_str(), i))
+        .collect();
+    let mut used: Vec<AgentUse> = agents
+        .iter()
+        .map(|_| AgentUse {
+            memory: 0,
+            load: 0.0,
+            tenants: Vec::new(),
+        })
+        .collect();
+    let mut plan = PlacementPlan::default();
+    let here = |r: &CurrentReplica| Placement {
+        tenant: r.tenant.clone(),
+        agent: r.agent.clone(),
+    };
+    // Everything running occupies its agent now; per tenant, ready replicas first so the ones
+    // kept are the ones serving.
+    let mut by_tenant: Vec<Vec<&CurrentReplica>> = vec![Vec::new(); demands.len()];
+    for r in current {
+        let Some(&a) = agent_ix.get(r.agent.as_str()) else {
+            plan.stop.push(here(r));
+            continue;
+        };
+        used[a].memory = used[a].memory.saturating_add(r.memory_bytes);
+        match tenant_ix.get(r.tenant.as_str()) {
+            Some(&t) => by_tenant[t].push(r),
+            None => {
+                used[a].memory = used[a].memory.saturating_sub(r.memory_bytes);
+                plan.stop.push(here(r));
+            }
+        }
+    }
+    let mut kept = vec![0u32; demands.len()];
+    for (t, replicas) in by_tenant.iter_mut().enumerate() {
+        let d = &demands[t];
+        replicas.sort_by(|x, y| y.ready.cmp(&x.ready).then_with(|| x.agent.cmp(&y.agent)));
+        let mut kept_ready = false;
+        let mut displaced: Vec<&CurrentReplica> = Vec::new();
+        for r in replicas.iter() {
+            let Some(&a) = agent_ix.get(r.agent.as_str()) else {
+                continue;
+            };
+            let u = &mut used[a];
+            let grow = d.memory_bytes.saturating_sub(r.memory_bytes);
+            let fits = agents[a].schedulable
+                && !u.tenants.contains(&t)
+                && u.memory.saturating_add(grow) <= agents[a].memory_bytes;
+            if fits && kept[t] < d.replicas {
+                u.memory += grow;
+                u.load += d.load;
+                u.tenants.push(t);
+                kept[t] += 1;
+                kept_ready |= r.ready;
+                plan.keep.push(here(r));
+            } else if fits {
+                // More replicas than wanted: scale down.
+                u.memory = u.memory.saturating_sub(r.memory_bytes);
+                plan.stop.push(here(r));
+            } else {
+                displaced.push(r);
+            }
+        }
+        for r in displaced {
+            let Some(&a) = agent_ix.get(r.agent.as_str()) else {
+                continue;
+            };
+            if r.ready && !kept_ready && d.replicas > 0 {
+                // The tenant's only ready replica: keep serving until the replacement is ready.
+                kept_ready = true;
+                used[a].tenants.push(t);
+                plan.hold_until_replaced.push(here(r));
+            } else {
+                used[a].memory = used[a].memory.saturating_sub(r.memory_bytes);
+                plan.stop.push(here(r));
+            }
+        }
+    }
+    // The missing replicas, largest first, each on the agent it fills best.
+    let mut order: Vec<usize> = (0..demands.len())
+        .filter(|&t| demands[t].replicas > kept[t])
+        .collect();
+    order.sort_by(|&x, &y| {
+        let (dx, dy) = (&demands[x], &demands[y]);
+        dy.memory_bytes
+            .cmp(&dx.memory_bytes)
+            .then_with(|| dx.tenant.cmp(&dy.tenant))
+    });
+    for t in order {
+        let d = &demands[t];
+        let mut missing = d.replicas - kept[t];
+        while missing > 0 {
+            let best = agents
+                .iter()
+                .enumerate()
+                .filter(|(a, cap)| {
+                    let u = &used[*a];
+                    cap.schedulable
+                        && !u.tenants.contains(&t)
+                        && u.memory.saturating_add(d.memory_bytes) <= cap.memory_bytes
+                        && u.load + d.load <= cap.compute + 1e-9
+                })
+                .min_by_key(|(a, cap)| (cap.memory_bytes - used[*a].memory - d.memory_bytes, *a))
+                .map(|(a, _)| a);
+            let Some(a) = best else { break };
+            let u = &mut used[a];
+            u.memory += d.memory_bytes;
+            u.load += d.load;
+            u.tenants.push(t);
+            plan.start.push(Placement {
+                tenant: d.tenant.clone(),
+                agent: agents[a].agent.clone(),
+            });
+            missing -= 1;
+        }
+        if missing > 0 {
+            plan.unplaced.push(Unplaced {
+                tenant: d.tenant.clone(),
+                replicas: missing,
+                memory_bytes: d.memory_bytes,
+                load: d.load,
+            });
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn agent(name: &str, memory_bytes: u64) -> AgentCapacity {
+        AgentCapacity {
+            agent: name.into(),
+            memory_bytes,
+            compute: 1.0,
+            schedulable: true,
+        }
+    }
+
+    fn demand(tenant: &str, replicas: u32, memory_bytes: u64) -> ReplicaDemand {
+        ReplicaDemand {
+            tenant: tenant.into(),
+            replicas,
+            memory_bytes,
+            load: 0.1,
+        }
+    }
+
+    fn running(tenant: &str, agent: &str, memory_bytes: u64) -> CurrentReplica {
+        CurrentReplica {
+            tenant: tenant.into(),
+            agent: agent.into(),
+            ready: true,
+            memory_bytes,
+        }
+    }
+
+    fn at(tenant: &str, agent: &str) -> Placement {
+        Placement {
+            tenant: tenant.into(),
+            agent: agent.into(),
+        }
+    }
+
+    #[test]
+    fn spreads_replicas_of_a_tenant_and_reports_what_does_not_fit() {
+        let plan = place(&[agent("a", 10), agent("b", 10)], &[demand("t", 3, 4)], &[]);
+        assert_eq!(plan.start.len(), 2);
+        assert_ne!(plan.start[0].agent, plan.start[1].agent);
+        assert_eq!(plan.unplaced[0].replicas, 1);
+    }
+
+    #[test]
+    fn best_fit_packs_and_keeps_running_replicas_in_place() {
+        let agents = [agent("a", 10), agent("b", 10)];
+        let current = [running("x", "b", 6)];
+        let plan = place(&agents, &[demand("x", 1, 6), demand("y", 1, 4)], &current);
+        assert_eq!(plan.keep, vec![at("x", "b")]);
+        // y fills b exactly rather than opening a.
+        assert_eq!(plan.start, vec![at("y", "b")]);
+    }
+
+    #[test]
+    fn a_move_places_the_new_replica_before_removing_the_old() {
+        let mut agents = [agent("a", 10), agent("b", 10)];
+        agents[0].schedulable = false; // a drains
+        let plan = place(&agents, &[demand("x", 1, 6)], &[running("x", "a", 6)]);
+        assert_eq!(plan.hold_until_replaced, vec![at("x", "a")]);
+        assert_eq!(plan.start, vec![at("x", "b")]);
+        assert!(plan.stop.is_empty());
+        // Next round the replacement is ready: the old one stops.
+        let current = [running("x", "a", 6), running("x", "b", 6)];
+        let plan = place(&agents, &[demand("x", 1, 6)], &current);
+        assert_eq!(plan.keep, vec![at("x", "b")]);
+        assert_eq!(plan.stop, vec![at("x", "a")]);
+    }
+
+    #[test]
+    fn bigger_knobs_that_no_longer_fit_move_and_scale_down_stops_extras() {
+        let agents = [agent("a", 10), agent("b", 10)];
+        let current = [running("x", "a", 4), running("y", "a", 5)];
+        let plan = place(&agents, &[demand("x", 1, 8), demand("y", 1, 5)], &current);
+        assert_eq!(plan.keep, vec![at("y", "a")]);
+        assert_eq!(plan.hold_until_replaced, vec![at("x", "a")]);
+        assert_eq!(plan.start, vec![at("x", "b")]);
+        let plan = place(
+            &agents,
+            &[demand("x", 1, 4)],
+            &[running("x", "a", 4), running("x", "b", 4)],
+        );
+        assert_eq!((plan.keep.len(), plan.stop.len()), (1, 1));
+    }
+}

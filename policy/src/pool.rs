@@ -1,0 +1,215 @@
+//! Pool sizing: how many agents (GPU pods) a pool runs. Replicas that fit nowhere ask for more
+//! agents (up to `max_agents`); agents idle for longer than the scale-down delay are drained and,
+//! once empty, removed, in two phases so nothing new lands on an agent about to go. The pool
+//! never goes below `min_agents`. Draining agents are taken back before new ones are asked for.
+
+use crate::placement::Unplaced;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolConfig {
+    pub min_agents: u32,
+    pub max_agents: u32,
+    pub scale_down_delay_s: f64,
+    /// What one new agent offers, to count how many the unplaced replicas need.
+    pub agent_memory_bytes: u64,
+    pub agent_compute: f64,
+}
+
+/// One agent of the pool as the operator sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolAgent {
+    pub agent: String,
+    /// False while its pod is still pending (e.g. waiting for a node).
+    pub ready: bool,
+    pub draining: bool,
+    /// Replicas it runs or holds.
+    pub replicas: u32,
+    /// Since when it has run no replica; `None` while it runs some.
+    pub idle_since: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolDecision {
+    /// New agents to create.
+    pub add: u32,
+    /// Agents to stop draining because demand came back.
+    pub undrain: Vec<String>,
+    /// Agents to mark draining (phase one).
+    pub drain: Vec<String>,
+    /// Drained, empty agents to delete (phase two).
+    pub remove: Vec<String>,
+    /// Tenants whose replica is larger than a whole new agent: more agents will not help.
+    pub too_big: Vec<String>,
+}
+
+/// Empty agents the unplaced replicas need, packed first-fit decreasing with one replica of a
+/// tenant per agent; replicas too big for any agent are returned apart.
+pub fn agents_needed(unplaced: &[Unplaced], cfg: &PoolConfig) -> (u32, Vec<String>) {
+    let mut items: Vec<&Unplaced> = Vec::new();
+    let mut too_big = Vec::new();
+    for u in unplaced {
+        if u.memory_bytes > cfg.agent_memory_bytes || u.load > cfg.agent_compute + 1e-9 {
+            too_big.push(u.tenant.clone());
+        } else {
+            items.push(u);
+        }
+    }
+    items.sort_by(|a, b| {
+        b.memory_bytes
+            .cmp(&a.memory_bytes)
+            .then_with(|| a.tenant.cmp(&b.tenant))
+    });
+    // (memory used, load used, tenants) per new agent.
+    let mut bins: Vec<(u64, f64, Vec<usize>)> = Vec::new();
+    for (t, u) in items.iter().enumerate() {
+        let mut left = u.replicas;
+        for bin in bins.iter_mut() {
+            if left == 0 {
+                break;
+            }
+            if bin.0 + u.memory_bytes <= cfg.agent_memory_bytes
+                && bin.1 + u.load <= cfg.agent_compute + 1e-9
+                && !bin.2.contains(&t)
+            {
+                bin.0 += u.memory_bytes;
+                bin.1 += u.load;
+                bin.2.push(t);
+                left -= 1;
+            }
+        }
+        for _ in 0..left {
+            bins.push((u.memory_bytes, u.load, vec![t]));
+        }
+    }
+    (bins.len().min(u32::MAX as usize) as u32, too_big)
+}
+
+pub fn size_pool(
+    agents: &[PoolAgent],
+    unplaced: &[Unplaced],
+    cfg: &PoolConfig,
+    now_s: f64,
+) -> PoolDecision {
+    let min = cfg.min_agents;
+    let max = cfg.max_agents.max(min);
+    let (mut need, too_big) = agents_needed(unplaced, cfg);
+    let mut d = PoolDecision {
+        too_big,
+        ..PoolDecision::default()
+    };
+    let total = agents.len() as u32;
+    if need > 0 {
+        for a in agents.iter().filter(|a| a.draining) {
+            if need == 0 {
+                break;
+            }
+            d.undrain.push(a.agent.clone());
+            need -= 1;
+        }
+        let pending = agents.iter().filter(|a| !a.ready).count() as u32;
+        d.add = need.saturating_sub(pending).min(max.saturating_sub(total));
+    }
+    d.add = d.add.max(min.saturating_sub(total));
+    if need > 0 || !unplaced.is_empty() && d.too_big.len() < unplaced.len() {
+        return d;
+    }
+    // Phase two first: drained agents that emptied go, as long as the pool keeps its minimum.
+    let mut remaining = total;
+    for a in agents.iter().filter(|a| a.draining && a.replicas == 0) {
+        if remaining <= min {
+            break;
+        }
+        d.remove.push(a.agent.clone());
+        remaining -= 1;
+    }
+    // Phase one: idle long enough, oldest idle first.
+    let mut idle: Vec<(&PoolAgent, f64)> = agents
+        .iter()
+        .filter(|a| a.ready && !a.draining && a.replicas == 0)
+        .filter_map(|a| a.idle_since.map(|s| (a, s)))
+        .filter(|(_, s)| now_s - s >= cfg.scale_down_delay_s)
+        .collect();
+    idle.sort_by(|x, y| x.1.total_cmp(&y.1).then_with(|| x.0.agent.cmp(&y.0.agent)));
+    let mut staying = agents.iter().filter(|a| !a.draining).count() as u32;
+    for (a, _) in idle {
+        if staying <= min {
+            break;
+        }
+        d.drain.push(a.agent.clone());
+        staying -= 1;
+    }
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> PoolConfig {
+        PoolConfig {
+            min_agents: 1,
+            max_agents: 4,
+            scale_down_delay_s: 300.0,
+            agent_memory_bytes: 10,
+            agent_compute: 1.0,
+        }
+    }
+
+    fn agent(name: &str, replicas: u32, idle_since: Option<f64>) -> PoolAgent {
+        PoolAgent {
+            agent: name.into(),
+            ready: true,
+            draining: false,
+            replicas,
+            idle_since,
+        }
+    }
+
+    fn unplaced(tenant: &str, replicas: u32, memory_bytes: u64) -> Unplaced {
+        Unplaced {
+            tenant: tenant.into(),
+            replicas,
+            memory_bytes,
+            load: 0.1,
+        }
+    }
+
+    #[test]
+    fn unplaced_replicas_ask_for_agents_up_to_the_maximum() {
+        // Two replicas of one tenant need two agents even though they would fit in one.
+        let (n, _) = agents_needed(&[unplaced("t", 2, 3), unplaced("u", 1, 4)], &cfg());
+        assert_eq!(n, 2);
+        let d = size_pool(&[agent("a", 1, None)], &[unplaced("t", 9, 3)], &cfg(), 0.0);
+        assert_eq!(d.add, 3);
+        let d = size_pool(&[], &[unplaced("big", 1, 11)], &cfg(), 0.0);
+        assert_eq!(
+            (d.add, d.too_big.clone()),
+            (1, vec!["big".to_string()]),
+            "min_agents still holds"
+        );
+    }
+
+    #[test]
+    fn pending_and_draining_agents_count_before_new_ones() {
+        let mut pending = agent("p", 0, None);
+        pending.ready = false;
+        let mut draining = agent("d", 0, Some(0.0));
+        draining.draining = true;
+        let d = size_pool(&[pending, draining], &[unplaced("t", 3, 3)], &cfg(), 0.0);
+        assert_eq!((d.add, d.undrain.clone()), (1, vec!["d".to_string()]));
+    }
+
+    #[test]
+    fn idle_agents_drain_after_the_delay_then_go_never_below_min() {
+        let agents = [agent("a", 0, Some(0.0)), agent("b", 0, Some(100.0))];
+        assert!(size_pool(&agents, &[], &cfg(), 200.0).drain.is_empty());
+        let d = size_pool(&agents, &[], &cfg(), 1000.0);
+        assert_eq!(d.drain, vec!["a".to_string()], "b stays: min_agents is 1");
+        let mut drained = agents.clone();
+        drained[0].draining = true;
+        let d = size_pool(&drained, &[], &cfg(), 1000.0);
+        assert_eq!(d.remove, vec!["a".to_string()]);
+        assert!(d.drain.is_empty());
+    }
+}

@@ -1,0 +1,48 @@
+//! The latency objective of a tenant and what the agents observe about it in one window.
+
+use serde::{Deserialize, Serialize};
+
+/// A latency objective: `percentile` of request latency (queueing included) at most `latency_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slo {
+    pub latency_ms: f64,
+    /// In (0, 100], e.g. 99.0.
+    pub percentile: f64,
+}
+
+impl Slo {
+    pub fn p99(latency_ms: f64) -> Slo {
+        Slo {
+            latency_ms,
+            percentile: 99.0,
+        }
+    }
+}
+
+/// One report window of one tenant, summed over its replicas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantObservation {
+    /// Requests arriving per second.
+    pub arrival_rate: f64,
+    /// Requests completed per second.
+    pub throughput: f64,
+    /// Observed latency at the SLO's percentile, from arrival to response (queueing counted).
+    pub latency_at_percentile_ms: f64,
+    /// Requests waiting at the end of the window, over all replicas.
+    pub queue_depth: u32,
+    /// Requests completed in the window; a window with none carries no latency signal.
+    pub completed: u64,
+}
+
+impl TenantObservation {
+    /// Whether the window says anything about latency.
+    pub fn has_signal(&self) -> bool {
+        self.completed > 0 && self.latency_at_percentile_ms.is_finite()
+    }
+
+    /// Whether requests arrive faster than they are served, so the queue, not the service time,
+    /// dominates latency. 5% slack because both rates are noisy estimates over one window.
+    pub fn overloaded(&self) -> bool {
+        self.arrival_rate > self.throughput * 1.05 && self.queue_depth > 0
+    }
+}
