@@ -1,0 +1,668 @@
+//! The event loop: requests arrive per tenant, wait in a replica's queue, are served in batches of
+//! up to the current batch size by up to `instances` concurrent instances, and complete. Every
+//! `tick_s` the same decision loop as the operator's runs: knob controller per tenant, replica
+//! count, placement, pool sizing; new agents and replicas become ready after a delay.
+//!
+//! Service time of a batch: the profile's mean batch time at (batch taken, instances busy),
+//! drawn from a shifted exponential whose p99 matches the profile's p99. Tenants sharing an agent
+//! do not slow each other down here (placement keeps their predicted load within the device).
+
+use super::report::{SimReport, TenantReport};
+use super::rng::Rng;
+use super::strategy::{Controller, Strategy};
+use super::workload::{Arrivals, Workload};
+use crate::dnnscaler::LatencyModel;
+use crate::knobs::{Bounds, Knobs};
+use crate::placement::{AgentCapacity, CurrentReplica, ReplicaDemand, place};
+use crate::pool::{PoolAgent, PoolConfig, size_pool};
+use crate::profile::{ProfileError, ProfileTable};
+use crate::replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
+use crate::slo::{Slo, TenantObservation};
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SimConfig {
+    pub tick_s: f64,
+    pub replica_start_s: f64,
+    pub agent_start_s: f64,
+    pub agent_memory_bytes: u64,
+    pub pool: PoolConfig,
+    pub replicas: ReplicaConfig,
+    pub seed: u64,
+    /// A request waiting longer than this many SLOs is dropped (and counts as a miss).
+    pub drop_after_slos: f64,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        let agent_memory_bytes = 16 << 30;
+        SimConfig {
+            tick_s: 2.0,
+            replica_start_s: 5.0,
+            agent_start_s: 30.0,
+            agent_memory_bytes,
+            pool: PoolConfig {
+                min_agents: 1,
+                max_agents: 1000,
+                scale_down_delay_s: 60.0,
+                agent_memory_bytes,
+                agent_compute: 1.0,
+            },
+            replicas: ReplicaConfig::default(),
+            seed: 1,
+            drop_after_slos: 10.0,
+        }
+    }
+}
+
+enum Ev {
+    Arrival {
+        tenant: usize,
+        generation: u64,
+    },
+    PhaseFlip {
+        tenant: usize,
+    },
+    Done {
+        tenant: usize,
+        replica: u64,
+        arrived: Vec<f64>,
+    },
+    ReplicaReady {
+        tenant: usize,
+        replica: u64,
+    },
+    AgentReady {
+        agent: usize,
+    },
+    SloChange {
+        tenant: usize,
+        slo: Slo,
+    },
+    Tick,
+}
+
+struct Item {
+    t: f64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Item {
+    fn eq(&self, o: &Item) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Item {}
+impl PartialOrd for Item {
+    fn partial_cmp(&self, o: &Item) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Item {
+    // Reversed: BinaryHeap pops the largest, the simulation wants the earliest.
+    fn cmp(&self, o: &Item) -> Ordering {
+        o.t.total_cmp(&self.t).then_with(|| o.seq.cmp(&self.seq))
+    }
+}
+
+struct Replica {
+    id: u64,
+    agent: usize,
+    ready: bool,
+    queue: VecDeque<f64>,
+    busy: u32,
+    memory_bytes: u64,
+}
+
+struct Tenant {
+    name: String,
+    model_name: String,
+    model: LatencyModel,
+    slo: Slo,
+    bounds: Bounds,
+    arrivals: Arrivals,
+    on: bool,
+    generation: u64,
+    controller: Controller,
+    replica_state: ReplicaState,
+    wants_more: bool,
+    replicas: Vec<Replica>,
+    /// Requests with no ready replica to go to.
+    waiting: VecDeque<f64>,
+    w_arrivals: u64,
+    w_latencies: Vec<f64>,
+    arrived: u64,
+    completed: u64,
+    met: u64,
+    dropped: u64,
+    latencies: Vec<f32>,
+}
+
+impl Tenant {
+    fn rate(&self) -> f64 {
+        match self.arrivals {
+            Arrivals::Poisson { rate } => rate,
+            Arrivals::OnOff {
+                rate_on, rate_off, ..
+            } => {
+                if self.on {
+                    rate_on
+                } else {
+                    rate_off
+                }
+            }
+        }
+    }
+
+    fn queued(&self) -> usize {
+        self.waiting.len() + self.replicas.iter().map(|r| r.queue.len()).sum::<usize>()
+    }
+}
+
+struct Agent {
+    name: String,
+    ready: bool,
+    draining: bool,
+    alive: bool,
+    idle_since: Option<f64>,
+}
+
+struct Sim<'a> {
+    cfg: &'a SimConfig,
+    warmup_s: f64,
+    now: f64,
+    seq: u64,
+    next_replica: u64,
+    heap: BinaryHeap<Item>,
+    rng: Rng,
+    tenants: Vec<Tenant>,
+    agents: Vec<Agent>,
+    agent_seconds: f64,
+    peak_agents: u32,
+    agents_over_time: Vec<(f64, u32)>,
+}
+
+/// Runs `workload` with `strategy` choosing knobs; profiles come from `table` (`origin` names it
+/// in errors).
+pub fn simulate(
+    workload: &Workload,
+    table: &ProfileTable,
+    origin: &str,
+    strategy: Strategy,
+    cfg: &SimConfig,
+) -> Result<SimReport, ProfileError> {
+    let mut tenants = Vec::with_capacity(workload.tenants.len());
+    for spec in &workload.tenants {
+        let profile = table.get(&spec.model, origin)?;
+        let model = LatencyModel::from_profile(profile);
+        tenants.push(Tenant {
+            name: spec.tenant.clone(),
+            model_name: spec.model.clone(),
+            controller: Controller::new(strategy, profile, &spec.slo, &spec.bounds),
+            model,
+            slo: spec.slo,
+            bounds: spec.bounds,
+            arrivals: spec.arrivals,
+            on: true,
+            generation: 0,
+            replica_state: ReplicaState::new(spec.bounds.sane().min_replicas),
+            wants_more: false,
+            replicas: Vec::new(),
+            waiting: VecDeque::new(),
+            w_arrivals: 0,
+            w_latencies: Vec::new(),
+            arrived: 0,
+            completed: 0,
+            met: 0,
+            dropped: 0,
+            latencies: Vec::new(),
+        });
+    }
+    let mut sim = Sim {
+        cfg,
+        warmup_s: workload.warmup_s,
+        now: 0.0,
+        seq: 0,
+        next_replica: 0,
+        heap: BinaryHeap::new(),
+        rng: Rng::new(cfg.seed),
+        tenants,
+        agents: Vec::new(),
+        agent_seconds: 0.0,
+        peak_agents: 0,
+        agents_over_time: Vec::new(),
+    };
+    for (i, spec) in workload.tenants.iter().enumerate() {
+        sim.schedule_arrival(i);
+        if let Arrivals::OnOff { mean_on_s, .. } = spec.arrivals {
+            let d = sim.rng.exp(mean_on_s);
+            sim.push(d, Ev::PhaseFlip { tenant: i });
+        }
+        for &(t, slo) in &spec.slo_changes {
+            sim.push(t, Ev::SloChange { tenant: i, slo });
+        }
+    }
+    // Warm start: the pool and the replicas the first decisions ask for are there at time zero.
+    for _ in 0..3 {
+        sim.tick(true);
+    }
+    sim.push(cfg.tick_s, Ev::Tick);
+    while let Some(item) = sim.heap.pop() {
+        if item.t > workload.duration_s {
+            break;
+        }
+        sim.now = item.t;
+        sim.handle(item.ev);
+    }
+    Ok(sim.report(strategy, workload.duration_s))
+}
+
+impl Sim<'_> {
+    fn push(&mut self, at: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Item {
+            t: at,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    fn schedule_arrival(&mut self, tenant: usize) {
+        let rate = self.tenants[tenant].rate();
+        if rate > 0.0 {
+            let at = self.now + self.rng.exp(1.0 / rate);
+            let generation = self.tenants[tenant].generation;
+            self.push(at, Ev::Arrival { tenant, generation });
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Arrival { tenant, generation } => {
+                if generation != self.tenants[tenant].generation {
+                    return;
+                }
+                let t = &mut self.tenants[tenant];
+                t.w_arrivals += 1;
+                if self.now >= self.warmup_s {
+                    t.arrived += 1;
+                }
+                let now = self.now;
+                self.route(tenant, now);
+                self.schedule_arrival(tenant);
+            }
+            Ev::PhaseFlip { tenant } => {
+                let t = &mut self.tenants[tenant];
+                t.on = !t.on;
+                t.generation += 1;
+                if let Arrivals::OnOff {
+                    mean_on_s,
+                    mean_off_s,
+                    ..
+                } = t.arrivals
+                {
+                    let mean = if t.on { mean_on_s } else { mean_off_s };
+                    let at = self.now + self.rng.exp(mean);
+                    self.push(at, Ev::PhaseFlip { tenant });
+                }
+                self.schedule_arrival(tenant);
+            }
+            Ev::Done {
+                tenant,
+                replica,
+                arrived,
+            } => {
+                let now = self.now;
+                let t = &mut self.tenants[tenant];
+                for a in arrived {
+                    let lat = (now - a) * 1e3;
+                    t.w_latencies.push(lat);
+                    if a >= self.warmup_s {
+                        t.completed += 1;
+                        t.met += u64::from(lat <= t.slo.latency_ms);
+                        t.latencies.push(lat as f32);
+                    }
+                }
+                if let Some(r) = t.replicas.iter().position(|r| r.id == replica) {
+                    t.replicas[r].busy = t.replicas[r].busy.saturating_sub(1);
+                    self.dispatch(tenant, r);
+                }
+            }
+            Ev::ReplicaReady { tenant, replica } => {
+                let t = &mut self.tenants[tenant];
+                if let Some(r) = t.replicas.iter_mut().find(|r| r.id == replica) {
+                    r.ready = true;
+                    let waiting: Vec<f64> = t.waiting.drain(..).collect();
+                    for a in waiting {
+                        self.route(tenant, a);
+                    }
+                }
+            }
+            Ev::AgentReady { agent } => self.agents[agent].ready = true,
+            Ev::SloChange { tenant, slo } => self.tenants[tenant].slo = slo,
+            Ev::Tick => {
+                self.tick(false);
+                let at = self.now + self.cfg.tick_s;
+                self.push(at, Ev::Tick);
+            }
+        }
+    }
+
+    /// Sends a request (arrived at `arrived`) to the ready replica with the least work queued.
+    fn route(&mut self, tenant: usize, arrived: f64) {
+        let t = &mut self.tenants[tenant];
+        let best = t
+            .replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.ready)
+            .min_by_key(|(_, r)| r.queue.len() + r.busy as usize)
+            .map(|(i, _)| i);
+        match best {
+            Some(r) => {
+                t.replicas[r].queue.push_back(arrived);
+                self.dispatch(tenant, r);
+            }
+            None => t.waiting.push_back(arrived),
+        }
+    }
+
+    /// Starts batches on idle instances of replica `r` while requests wait.
+    fn dispatch(&mut self, tenant: usize, r: usize) {
+        let now = self.now;
+        let warmup = self.warmup_s;
+        let t = &mut self.tenants[tenant];
+        let knobs = t.controller.knobs();
+        let max_wait = t.slo.latency_ms * self.cfg.drop_after_slos / 1e3;
+        let rep = &mut t.replicas[r];
+        while let Some(&a) = rep.queue.front()
+            && now - a > max_wait
+        {
+            rep.queue.pop_front();
+            if a >= warmup {
+                t.dropped += 1;
+            }
+        }
+        while rep.ready && rep.busy < knobs.instances && !rep.queue.is_empty() {
+            let n = (knobs.batch as usize).min(rep.queue.len());
+            let arrived: Vec<f64> = rep.queue.drain(..n).collect();
+            rep.busy += 1;
+            let k = Knobs::new(n as u32, rep.busy);
+            let mean = t.model.service_ms(k);
+            let p99 = t.model.p99_ms(k);
+            // Shifted exponential with this mean and p99 (p99 of Exp is mean·ln 100).
+            let c = ((p99 / mean - 1.0) / (100f64.ln() - 1.0)).clamp(0.0, 1.0);
+            let service_ms = mean * (1.0 - c) + self.rng.exp(mean * c);
+            let id = rep.id;
+            self.seq += 1;
+            self.heap.push(Item {
+                t: now + service_ms / 1e3,
+                seq: self.seq,
+                ev: Ev::Done {
+                    tenant,
+                    replica: id,
+                    arrived,
+                },
+            });
+        }
+    }
+
+    /// The operator's decision loop, once.
+    fn tick(&mut self, instant: bool) {
+        let now = self.now;
+        let tick_s = self.cfg.tick_s;
+        // 1. Knobs and replica counts.
+        for t in &mut self.tenants {
+            let mut lat = std::mem::take(&mut t.w_latencies);
+            let completed = lat.len() as u64;
+            let p = t.slo.percentile.clamp(0.0, 100.0) / 100.0;
+            let latency_at_percentile_ms = if lat.is_empty() {
+                f64::NAN
+            } else {
+                let i = ((lat.len() - 1) as f64 * p).round() as usize;
+                *lat.select_nth_unstable_by(i, f64::total_cmp).1
+            };
+            let obs = TenantObservation {
+                arrival_rate: t.w_arrivals as f64 / tick_s,
+                throughput: completed as f64 / tick_s,
+                latency_at_percentile_ms,
+                queue_depth: t.queued().min(u32::MAX as usize) as u32,
+                completed,
+            };
+            t.w_arrivals = 0;
+            if !instant {
+                t.wants_more = t.controller.observe(&obs, &t.slo, &t.bounds, &t.model);
+            }
+            let rate = if instant {
+                t.arrivals.mean_rate()
+            } else {
+                obs.arrival_rate
+            };
+            let input = ReplicaInput {
+                arrival_rate: rate,
+                per_replica_throughput: t.model.throughput(t.controller.knobs()),
+                scaler_wants_more: t.wants_more,
+            };
+            t.replica_state
+                .decide(&input, &t.bounds, &self.cfg.replicas, now);
+            t.w_latencies = lat;
+            t.w_latencies.clear();
+        }
+        // 2. Placement.
+        let live: Vec<usize> = (0..self.agents.len())
+            .filter(|&a| self.agents[a].alive && self.agents[a].ready)
+            .collect();
+        let capacity: Vec<AgentCapacity> = live
+            .iter()
+            .map(|&a| AgentCapacity {
+                agent: self.agents[a].name.clone(),
+                memory_bytes: self.cfg.agent_memory_bytes,
+                compute: self.cfg.pool.agent_compute,
+                schedulable: !self.agents[a].draining,
+            })
+            .collect();
+        let mut demands = Vec::with_capacity(self.tenants.len());
+        let mut current = Vec::new();
+        for t in &self.tenants {
+            let k = t.controller.knobs();
+            let replicas = t.replica_state.replicas;
+            let per_replica =
+                t.arrivals.mean_rate().max(t.w_arrivals as f64) / replicas.max(1) as f64;
+            demands.push(ReplicaDemand {
+                tenant: t.name.clone(),
+                replicas,
+                memory_bytes: t.model.memory_bytes(k),
+                load: (t.model.gpu_util(k) * per_replica / t.model.throughput(k)).min(1.0),
+            });
+            for r in &t.replicas {
+                current.push(CurrentReplica {
+                    tenant: t.name.clone(),
+                    agent: self.agents[r.agent].name.clone(),
+                    ready: r.ready,
+                    memory_bytes: r.memory_bytes,
+                });
+            }
+        }
+        let plan = place(&capacity, &demands, &current);
+        let agent_ix: HashMap<String, usize> = self
+            .agents
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.alive)
+            .map(|(i, a)| (a.name.clone(), i))
+            .collect();
+        let tenant_ix: HashMap<String, usize> = self
+            .tenants
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        let mut requeue: Vec<(usize, f64)> = Vec::new();
+        for p in &plan.stop {
+            let (Some(&t), Some(&a)) = (
+                tenant_ix.get(p.tenant.as_str()),
+                agent_ix.get(p.agent.as_str()),
+            ) else {
+                continue;
+            };
+            let tenant = &mut self.tenants[t];
+            if let Some(i) = tenant.replicas.iter().position(|r| r.agent == a) {
+                let r = tenant.replicas.swap_remove(i);
+                requeue.extend(r.queue.into_iter().map(|x| (t, x)));
+            }
+        }
+        for p in &plan.keep {
+            let (Some(&t), Some(&a)) = (
+                tenant_ix.get(p.tenant.as_str()),
+                agent_ix.get(p.agent.as_str()),
+            ) else {
+                continue;
+            };
+            let tenant = &mut self.tenants[t];
+            let mem = tenant.model.memory_bytes(tenant.controller.knobs());
+            if let Some(r) = tenant.replicas.iter_mut().find(|r| r.agent == a) {
+                r.memory_bytes = r.memory_bytes.max(mem);
+            }
+        }
+        let mut started = Vec::new();
+        for p in &plan.start {
+            let (Some(&t), Some(&a)) = (
+                tenant_ix.get(p.tenant.as_str()),
+                agent_ix.get(p.agent.as_str()),
+            ) else {
+                continue;
+            };
+            self.next_replica += 1;
+            let tenant = &mut self.tenants[t];
+            tenant.replicas.push(Replica {
+                id: self.next_replica,
+                agent: a,
+                ready: false,
+                queue: VecDeque::new(),
+                busy: 0,
+                memory_bytes: tenant.model.memory_bytes(tenant.controller.knobs()),
+            });
+            started.push((t, self.next_replica));
+        }
+        let delay = if instant {
+            0.0
+        } else {
+            self.cfg.replica_start_s
+        };
+        for (tenant, replica) in started {
+            if instant {
+                self.handle(Ev::ReplicaReady { tenant, replica });
+            } else {
+                self.push(now + delay, Ev::ReplicaReady { tenant, replica });
+            }
+        }
+        for (t, a) in requeue {
+            self.route(t, a);
+        }
+        // 3. Pool.
+        let mut hosted = vec![0u32; self.agents.len()];
+        for t in &self.tenants {
+            for r in &t.replicas {
+                hosted[r.agent] += 1;
+            }
+        }
+        let mut pool = Vec::new();
+        for (i, a) in self.agents.iter_mut().enumerate().filter(|(_, a)| a.alive) {
+            a.idle_since = match (hosted[i], a.idle_since) {
+                (0, None) => Some(now),
+                (0, s) => s,
+                _ => None,
+            };
+            pool.push(PoolAgent {
+                agent: a.name.clone(),
+                ready: a.ready,
+                draining: a.draining,
+                replicas: hosted[i],
+                idle_since: a.idle_since,
+            });
+        }
+        let d = size_pool(&pool, &plan.unplaced, &self.cfg.pool, now);
+        let by_name: HashMap<String, usize> = self
+            .agents
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.alive)
+            .map(|(i, a)| (a.name.clone(), i))
+            .collect();
+        for n in &d.undrain {
+            if let Some(&i) = by_name.get(n) {
+                self.agents[i].draining = false;
+            }
+        }
+        for n in &d.drain {
+            if let Some(&i) = by_name.get(n) {
+                self.agents[i].draining = true;
+            }
+        }
+        for n in &d.remove {
+            if let Some(&i) = by_name.get(n) {
+                self.agents[i].alive = false;
+            }
+        }
+        for _ in 0..d.add {
+            let i = self.agents.len();
+            self.agents.push(Agent {
+                name: format!("agent-{i}"),
+                ready: instant,
+                draining: false,
+                alive: true,
+                idle_since: None,
+            });
+            if !instant {
+                self.push(now + self.cfg.agent_start_s, Ev::AgentReady { agent: i });
+            }
+        }
+        // Pending agents are not billed: their pod waits for a node that does not exist yet.
+        let billed = self.agents.iter().filter(|a| a.alive && a.ready).count() as u32;
+        if !instant {
+            self.agent_seconds += billed as f64 * tick_s;
+            self.peak_agents = self.peak_agents.max(billed);
+            self.agents_over_time.push((now, billed));
+        }
+    }
+
+    fn report(self, strategy: Strategy, duration_s: f64) -> SimReport {
+        let measured_s = (duration_s - self.warmup_s).max(1e-9);
+        let tenants = self
+            .tenants
+            .into_iter()
+            .map(|mut t| {
+                t.latencies.sort_by(f32::total_cmp);
+                let p99 = if t.latencies.is_empty() {
+                    f64::NAN
+                } else {
+                    t.latencies[((t.latencies.len() - 1) as f64 * 0.99).round() as usize] as f64
+                };
+                let knobs = t.controller.knobs();
+                TenantReport {
+                    tenant: t.name,
+                    model: t.model_name,
+                    approach: t.controller.approach(),
+                    final_knobs: knobs,
+                    final_replicas: t.replica_state.replicas,
+                    arrived: t.arrived,
+                    completed: t.completed,
+                    met: t.met,
+                    dropped: t.dropped,
+                    throughput: t.completed as f64 / measured_s,
+                    p99_ms: p99,
+                }
+            })
+            .collect();
+        SimReport {
+            strategy: strategy.name(),
+            tenants,
+            agent_seconds: self.agent_seconds,
+            mean_agents: self.agent_seconds / duration_s,
+            peak_agents: self.peak_agents,
+            agents_over_time: self.agents_over_time,
+        }
+    }
+}
