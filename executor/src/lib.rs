@@ -14,6 +14,7 @@ pub mod ops;
 pub mod passes;
 pub mod plan;
 pub mod proto;
+pub mod runtime;
 pub mod tensor;
 pub mod zoo;
 

@@ -36,7 +36,11 @@ pub fn batchable(inputs: &[GraphInput]) -> bool {
 
 /// Orders and checks named inputs against the model: every input present once, nothing unknown,
 /// dtypes equal, ranks and fixed dimensions equal, and one batch size across inputs.
-pub fn check(declared: &[GraphInput], given: Vec<(String, Tensor)>, batchable: bool) -> Result<Rows, RunError> {
+pub fn check(
+    declared: &[GraphInput],
+    given: Vec<(String, Tensor)>,
+    batchable: bool,
+) -> Result<Rows, RunError> {
     let mut given: Vec<Option<(String, Tensor)>> = given.into_iter().map(Some).collect();
     let mut tensors = Vec::with_capacity(declared.len());
     let mut rows = None;
@@ -48,7 +52,10 @@ pub fn check(declared: &[GraphInput], given: Vec<(String, Tensor)>, batchable: b
         let Some((name, tensor)) = slot else {
             return Err(RunError::MissingInput(decl.name.clone()));
         };
-        if given.iter().any(|g| g.as_ref().is_some_and(|(n, _)| *n == name)) {
+        if given
+            .iter()
+            .any(|g| g.as_ref().is_some_and(|(n, _)| *n == name))
+        {
             return Err(RunError::BadInput {
                 name,
                 expected: "one tensor".into(),
@@ -61,7 +68,10 @@ pub fn check(declared: &[GraphInput], given: Vec<(String, Tensor)>, batchable: b
             got,
         };
         if tensor.dtype() != decl.dtype {
-            return Err(bad(format!("{:?}", decl.dtype), format!("{:?}", tensor.dtype())));
+            return Err(bad(
+                format!("{:?}", decl.dtype),
+                format!("{:?}", tensor.dtype()),
+            ));
         }
         if let Some(dims) = &decl.dims {
             if dims.len() != tensor.shape.len() {
@@ -74,18 +84,27 @@ pub fn check(declared: &[GraphInput], given: Vec<(String, Tensor)>, batchable: b
                 if let Dim::Fixed(f) = d
                     && *f != n
                 {
-                    return Err(bad(show(dims), format!("{n} at axis {axis} of {:?}", tensor.shape)));
+                    return Err(bad(
+                        show(dims),
+                        format!("{n} at axis {axis} of {:?}", tensor.shape),
+                    ));
                 }
             }
         }
         if batchable {
             let r = tensor.shape.first().copied().unwrap_or(1);
             if r == 0 {
-                return Err(bad("a batch of at least 1".into(), format!("shape {:?}", tensor.shape)));
+                return Err(bad(
+                    "a batch of at least 1".into(),
+                    format!("shape {:?}", tensor.shape),
+                ));
             }
             match rows {
                 Some(prev) if prev != r => {
-                    return Err(bad(format!("batch size {prev} like the other inputs"), format!("{r}")));
+                    return Err(bad(
+                        format!("batch size {prev} like the other inputs"),
+                        format!("{r}"),
+                    ));
                 }
                 _ => rows = Some(r),
             }
@@ -131,7 +150,10 @@ pub fn stack(requests: &[&Rows]) -> Result<Vec<Tensor>, RunError> {
             if let Some(d) = shape.first_mut() {
                 *d = total;
             }
-            let mut data = Data::with_capacity(head.dtype(), requests.iter().map(|r| r.tensors[i].len()).sum());
+            let mut data = Data::with_capacity(
+                head.dtype(),
+                requests.iter().map(|r| r.tensors[i].len()).sum(),
+            );
             for r in requests {
                 let t = &r.tensors[i];
                 data.extend_from(&t.data, 0..t.len());
@@ -189,7 +211,10 @@ mod tests {
     }
 
     fn x(rows: usize, fill: f32) -> (String, Tensor) {
-        ("x".into(), Tensor::f32(vec![rows, 2], vec![fill; rows * 2]).expect("tensor"))
+        (
+            "x".into(),
+            Tensor::f32(vec![rows, 2], vec![fill; rows * 2]).expect("tensor"),
+        )
     }
 
     #[test]
@@ -209,14 +234,25 @@ mod tests {
     #[test]
     fn bad_requests_name_the_input() {
         let inputs = [decl("x", vec![Dim::Symbol("batch".into()), Dim::Fixed(2)])];
-        let wrong_dim = ("x".to_string(), Tensor::f32(vec![1, 3], vec![0.0; 3]).expect("t"));
+        let wrong_dim = (
+            "x".to_string(),
+            Tensor::f32(vec![1, 3], vec![0.0; 3]).expect("t"),
+        );
         let e = check(&inputs, vec![wrong_dim], true).expect_err("bad dim");
         assert!(e.to_string().contains("\"x\""), "{e}");
         let e = check(&inputs, vec![], true).expect_err("missing");
         assert!(matches!(e, RunError::MissingInput(_)));
-        let e = check(&inputs, vec![x(1, 0.0), ("y".into(), Tensor::scalar_f32(1.0))], true).expect_err("unknown");
+        let e = check(
+            &inputs,
+            vec![x(1, 0.0), ("y".into(), Tensor::scalar_f32(1.0))],
+            true,
+        )
+        .expect_err("unknown");
         assert!(matches!(e, RunError::UnknownInput { .. }));
-        let ints = ("x".to_string(), Tensor::i64(vec![1, 2], vec![1, 2]).expect("t"));
+        let ints = (
+            "x".to_string(),
+            Tensor::i64(vec![1, 2], vec![1, 2]).expect("t"),
+        );
         assert!(check(&inputs, vec![ints], true).is_err());
         let empty = ("x".to_string(), Tensor::f32(vec![0, 2], vec![]).expect("t"));
         assert!(check(&inputs, vec![empty], true).is_err());

@@ -119,7 +119,11 @@ impl Tenant {
     pub fn start(model: Arc<Model>, config: TenantConfig) -> Tenant {
         let batchable = batchable(&model.plan.inputs);
         let knobs = Knobs {
-            max_batch: if batchable { config.max_batch.max(1) } else { 1 },
+            max_batch: if batchable {
+                config.max_batch.max(1)
+            } else {
+                1
+            },
             instances: config.instances.max(1),
             max_queue_delay: config.max_queue_delay,
         };
@@ -169,7 +173,11 @@ impl Tenant {
     pub fn set_knobs(&self, max_batch: usize, instances: usize, max_queue_delay: Duration) {
         {
             let mut k = lock(&self.shared.knobs);
-            k.max_batch = if self.shared.batchable { max_batch.max(1) } else { 1 };
+            k.max_batch = if self.shared.batchable {
+                max_batch.max(1)
+            } else {
+                1
+            };
             k.instances = instances.max(1);
             k.max_queue_delay = max_queue_delay;
         }
@@ -358,7 +366,8 @@ fn run_batch(shared: &Shared, backend: &CpuBackend, batch: Vec<Pending>) {
     let total: usize = rows.iter().sum();
     let started = Instant::now();
     let refs: Vec<&Rows> = batch.iter().map(|p| &p.rows).collect();
-    let result = stack(&refs).and_then(|stacked| plan.run(backend, names.iter().cloned().zip(stacked).collect()));
+    let result = stack(&refs)
+        .and_then(|stacked| plan.run(backend, names.iter().cloned().zip(stacked).collect()));
     let compute = started.elapsed();
     match result {
         Ok(outputs) => {
@@ -395,3 +404,6 @@ fn run_batch(shared: &Shared, backend: &CpuBackend, batch: Vec<Pending>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

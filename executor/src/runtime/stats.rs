@@ -107,7 +107,11 @@ pub enum ShedReason {
 }
 
 impl ShedReason {
-    pub const ALL: [ShedReason; 3] = [ShedReason::QueueFull, ShedReason::WouldMissSlo, ShedReason::NotReady];
+    pub const ALL: [ShedReason; 3] = [
+        ShedReason::QueueFull,
+        ShedReason::WouldMissSlo,
+        ShedReason::NotReady,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -245,7 +249,10 @@ impl Stats {
     }
 
     pub fn shed(&self, reason: ShedReason) {
-        let i = ShedReason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        let i = ShedReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
         self.with_now(|c| c.shed[i] += 1);
     }
 
@@ -363,7 +370,10 @@ mod tests {
             stats.arrival();
         }
         for i in 0..10 {
-            stats.completion(Duration::from_millis(1), Duration::from_millis(if i < 8 { 5 } else { 50 }));
+            stats.completion(
+                Duration::from_millis(1),
+                Duration::from_millis(if i < 8 { 5 } else { 50 }),
+            );
         }
         stats.batch(4);
         stats.shed(ShedReason::QueueFull);

@@ -2,7 +2,7 @@
 //! symbolic `batch` dimension, and reports parameters and FLOPs per sample.
 
 mod bert;
-mod builder;
+pub(crate) mod builder;
 mod cnn;
 
 pub use bert::BertOptions;
