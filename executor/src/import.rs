@@ -19,7 +19,9 @@ pub fn load(path: impl AsRef<Path>) -> Result<Graph, ImportError> {
         path: path.display().to_string(),
         source,
     })?;
-    import(&bytes, path.parent())
+    // Decoding from `Bytes` lets every raw_data field point into this one buffer.
+    let model = ModelProto::decode(prost::bytes::Bytes::from(bytes))?;
+    import_model(&model, path.parent())
 }
 
 /// Imports a model from bytes; `base_dir` is where external data files live (none: refuse them).
@@ -352,7 +354,7 @@ pub fn encode_tensor(name: &str, t: &Tensor) -> TensorProto {
         dims: t.shape.iter().map(|&d| d as i64).collect(),
         data_type: t.dtype().onnx(),
         name: name.to_string(),
-        raw_data: to_le_bytes(&t.data),
+        raw_data: to_le_bytes(&t.data).into(),
         ..Default::default()
     }
 }

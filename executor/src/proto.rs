@@ -151,8 +151,10 @@ pub struct TensorProto {
     pub name: String,
     #[prost(string, tag = "12")]
     pub doc_string: String,
-    #[prost(bytes = "vec", tag = "9")]
-    pub raw_data: Vec<u8>,
+    /// `Bytes` so that decoding from a `Bytes` buffer shares the file's memory (weights are
+    /// converted once, not copied twice).
+    #[prost(bytes = "bytes", tag = "9")]
+    pub raw_data: prost::bytes::Bytes,
     #[prost(message, repeated, tag = "13")]
     pub external_data: Vec<StringStringEntryProto>,
     /// 0 = DEFAULT, 1 = EXTERNAL.

@@ -13,6 +13,8 @@ pub enum Activation {
     HardSigmoid(f32, f32),
     HardSwish,
     Tanh,
+    /// Exact GELU, `x·Φ(x)`.
+    Gelu,
 }
 
 impl Activation {
@@ -29,6 +31,7 @@ impl Activation {
             }
             Activation::Clip(lo, hi) => x.max(lo).min(hi),
             Activation::Sigmoid => sigmoid(x),
+            Activation::Gelu => gelu(x),
             Activation::HardSigmoid(a, b) => (a * x + b).clamp(0.0, 1.0),
             Activation::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
             Activation::Tanh => x.tanh(),
@@ -49,14 +52,24 @@ impl Activation {
         }
         match self {
             Activation::Relu => run(threads, data, |x| x.max(0.0)),
-            other => run(threads, data, move |x| other.apply(x)),
+            Activation::LeakyRelu(a) => {
+                run(threads, data, move |x| if x < 0.0 { a * x } else { x })
+            }
+            Activation::Clip(lo, hi) => run(threads, data, move |x| x.max(lo).min(hi)),
+            Activation::Sigmoid => run(threads, data, sigmoid),
+            Activation::HardSigmoid(a, b) => {
+                run(threads, data, move |x| (a * x + b).clamp(0.0, 1.0))
+            }
+            Activation::HardSwish => run(threads, data, |x| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
+            Activation::Tanh => run(threads, data, f32::tanh),
+            Activation::Gelu => run(threads, data, gelu),
         }
     }
 }
 
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp(-x))
 }
 
 /// Applies `f` to every element in place, split across `threads`.
@@ -70,93 +83,45 @@ pub fn map_inplace(threads: usize, data: &mut [f32], f: impl Fn(f32) -> f32 + Sy
     }
 }
 
-/// Error function (Abramowitz–Stegun 7.1.26 is too coarse for 1e-4 checks; this is the
-/// rational approximation used by common libm implementations, accurate to ~1e-7 in f32).
-pub fn erf(x: f32) -> f32 {
-    libm_erf(x as f64) as f32
+/// `e^x` in f32 without calls (so loops over it vectorise): Cody–Waite range reduction and the
+/// Cephes polynomial, about 2 ulp. Inputs are clamped to the finite range.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a call.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = (((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 5.000_000_1e-1)
+        * r
+        * r
+        + r
+        + 1.0;
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
-fn libm_erf(x: f64) -> f64 {
-    // W. J. Cody's rational Chebyshev approximations, via the complementary error function.
-    let ax = x.abs();
-    let r = if ax < 0.5 {
-        let t = x * x;
-        let p = [
-            3.209_377_589_138_469_4e3,
-            3.774_852_376_853_02e2,
-            1.138_641_541_510_501_6e2,
-            3.161_123_743_870_565_6,
-            1.857_777_061_846_031_5e-1,
-        ];
-        let q = [
-            2.844_236_833_439_170_6e3,
-            1.282_616_526_077_372_3e3,
-            2.440_246_379_344_441_7e2,
-            2.360_129_095_234_412_2e1,
-            1.0,
-        ];
-        let num = (((p[4] * t + p[3]) * t + p[2]) * t + p[1]) * t + p[0];
-        let den = (((q[4] * t + q[3]) * t + q[2]) * t + q[1]) * t + q[0];
-        return x * num / den;
-    } else if ax < 4.0 {
-        let p = [
-            1.230_339_354_797_997_2e3,
-            2.051_078_377_826_071_6e3,
-            1.712_047_612_634_070_7e3,
-            8.819_522_212_417_69e2,
-            2.986_351_381_974_001e2,
-            6.611_919_063_714_163e1,
-            8.883_149_794_388_377,
-            5.641_884_969_886_701e-1,
-            2.153_115_354_744_038_3e-8,
-        ];
-        let q = [
-            1.230_339_354_803_749_5e3,
-            3.439_367_674_143_721_6e3,
-            4.362_619_090_143_247e3,
-            3.290_799_235_733_459_7e3,
-            1.621_389_574_566_690_3e3,
-            5.371_811_018_620_098_5e2,
-            1.176_939_508_913_124_9e2,
-            1.574_492_611_070_983_4e1,
-            1.0,
-        ];
-        let mut num = p[8];
-        let mut den = q[8];
-        for i in (0..8).rev() {
-            num = num * ax + p[i];
-            den = den * ax + q[i];
-        }
-        (-ax * ax).exp() * num / den
-    } else {
-        let p = [
-            -6.587_491_615_298_378e-4,
-            -1.608_378_514_874_227_5e-2,
-            -1.257_817_261_112_292_6e-1,
-            -3.603_448_999_498_044_5e-1,
-            -3.053_266_349_612_323_6e-1,
-            -1.631_538_713_730_709_8e-2,
-        ];
-        let q = [
-            2.335_204_976_268_691_8e-3,
-            6.051_834_131_244_132e-2,
-            5.279_051_029_514_284e-1,
-            1.872_952_849_923_460_4,
-            2.568_520_192_289_822,
-            1.0,
-        ];
-        let z = 1.0 / (ax * ax);
-        let mut num = p[5];
-        let mut den = q[5];
-        for i in (0..5).rev() {
-            num = num * z + p[i];
-            den = den * z + q[i];
-        }
-        let r = z * num / den;
-        (-ax * ax).exp() / ax * (1.0 / std::f64::consts::PI.sqrt() + r)
-    };
-    // r is erfc(|x|) here.
-    if x >= 0.0 { 1.0 - r } else { r - 1.0 }
+/// Error function: Abramowitz–Stegun 7.1.26 (absolute error below 1.5e-7), vectorisable.
+#[inline(always)]
+pub fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = ((((1.061_405_4 * t - 1.453_152_1) * t + 1.421_413_8) * t - 0.284_496_74) * t
+        + 0.254_829_6)
+        * t;
+    let y = 1.0 - poly * exp(-a * a);
+    if x < 0.0 { -y } else { y }
+}
+
+/// GELU with the exact (erf) form.
+#[inline(always)]
+pub fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 #[cfg(test)]
@@ -174,6 +139,19 @@ mod tests {
             (5.0, 1.0),
         ] {
             assert!((erf(x) - e).abs() < 1e-6, "erf({x}) = {} want {e}", erf(x));
+        }
+    }
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut x = -80.0f32;
+        while x < 80.0 {
+            let (g, w) = (exp(x), (x as f64).exp());
+            assert!(
+                ((g as f64 - w) / w).abs() < 1e-6,
+                "exp({x}) = {g}, want {w}"
+            );
+            x += 0.173;
         }
     }
 

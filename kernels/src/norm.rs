@@ -21,10 +21,10 @@ pub fn softmax_rows(threads: usize, data: &mut [f32], len: usize, log: bool) {
         for v in r.iter_mut() {
             *v -= m;
             if !log {
-                *v = v.exp();
+                *v = crate::activation::exp(*v);
                 s += *v;
             } else {
-                s += v.exp();
+                s += crate::activation::exp(*v);
             }
         }
         if log {

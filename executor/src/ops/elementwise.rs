@@ -42,6 +42,7 @@ impl Unary {
             Unary::HardSigmoid(a, b) => Activation::HardSigmoid(a, b),
             Unary::HardSwish => Activation::HardSwish,
             Unary::Tanh => Activation::Tanh,
+            Unary::Gelu(false) => Activation::Gelu,
             _ => return None,
         })
     }

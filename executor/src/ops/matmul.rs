@@ -103,7 +103,13 @@ pub fn gemm(cx: &Cx, g: &GemmAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
     Tensor::f32(vec![m, n], out)
 }
 
-pub fn matmul(cx: &Cx, a: &Tensor, b: &Tensor, act: Option<Activation>) -> OpResult<Tensor> {
+pub fn matmul(
+    cx: &Cx,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    act: Option<Activation>,
+) -> OpResult<Tensor> {
     if a.rank() == 0 || b.rank() == 0 {
         return shape_err("MatMul operands must have rank >= 1");
     }
@@ -132,6 +138,23 @@ pub fn matmul(cx: &Cx, a: &Tensor, b: &Tensor, act: Option<Activation>) -> OpRes
     let mut shape = batch.clone();
     shape.extend([m, n]);
     let mut out = vec![0.0f32; checked_numel(&shape)?];
+    // A fused bias is pre-loaded into every row and the products accumulate onto it.
+    let accumulate = match bias {
+        Some(b) => {
+            let bv = b.as_f32()?;
+            if bv.len() != n {
+                return shape_err(format!(
+                    "MatMul bias has {} values for {n} columns",
+                    bv.len()
+                ));
+            }
+            if n > 0 {
+                out.chunks_mut(n).for_each(|row| row.copy_from_slice(bv));
+            }
+            true
+        }
+        None => false,
+    };
     let nb: usize = batch.iter().product();
     if bbatch.iter().product::<usize>() == 1 && abatch == batch.as_slice() {
         // Weights shared across the batch: one tall GEMM.
@@ -144,7 +167,7 @@ pub fn matmul(cx: &Cx, a: &Tensor, b: &Tensor, act: Option<Activation>) -> OpRes
             Mat::row_major(bv, n),
             &mut out,
             n,
-            false,
+            accumulate,
         );
     } else if nb > 0 && m * n > 0 {
         let ia: Vec<usize> = (0..abatch.iter().product()).collect();
@@ -154,7 +177,7 @@ pub fn matmul(cx: &Cx, a: &Tensor, b: &Tensor, act: Option<Activation>) -> OpRes
         let one = |bi: usize, dst: &mut [f32], threads: usize| {
             let am = Mat::row_major(&av[ia[bi] * m * k..(ia[bi] + 1) * m * k], k);
             let bm = Mat::row_major(&bv[ib[bi] * k * n..(ib[bi] + 1) * k * n], n);
-            sgemm(threads, m, n, k, am, bm, dst, n, false);
+            sgemm(threads, m, n, k, am, bm, dst, n, accumulate);
         };
         // Many small products (attention heads) parallelise best across the batch.
         if cx.threads > 1 && nb >= cx.threads {
@@ -188,12 +211,12 @@ mod tests {
         let cx = Cx::new(2);
         let a = Tensor::f32(vec![2, 1, 2, 3], (0..12).map(|v| v as f32).collect()).unwrap();
         let b = Tensor::f32(vec![3, 3, 1], vec![1., 0., 0., 0., 1., 0., 0., 0., 1.]).unwrap();
-        let o = matmul(&cx, &a, &b, None).unwrap();
+        let o = matmul(&cx, &a, &b, None, None).unwrap();
         assert_eq!(o.shape, vec![2, 3, 2, 1]);
         assert_eq!(&o.as_f32().unwrap()[..6], &[0., 3., 1., 4., 2., 5.]);
         let v = Tensor::f32(vec![3], vec![1., 1., 1.]).unwrap();
         let m = Tensor::f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]).unwrap();
-        let o = matmul(&cx, &m, &v, None).unwrap();
+        let o = matmul(&cx, &m, &v, None, None).unwrap();
         assert_eq!(
             (o.shape.clone(), o.as_f32().unwrap().to_vec()),
             (vec![2], vec![6., 15.])

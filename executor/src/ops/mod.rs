@@ -402,6 +402,7 @@ impl Op {
                 cx,
                 input(inputs, 0)?,
                 input(inputs, 1)?,
+                opt_input(inputs, 2),
                 *act,
             )),
             Op::Pool(p) => pool::pool(cx, p, input(inputs, 0)?),

@@ -1,21 +1,28 @@
 //! Graph rewrite passes, run in order by [`optimize`]: constant folding, BatchNorm folded into the
-//! producing Conv, activations fused into the producing Conv/Gemm/MatMul, dead-node removal.
+//! producing Conv, Erf-form GELU recognised, constant bias fused into MatMul, activations fused into the producing Conv/Gemm/MatMul, dead-node removal.
 
+mod bias;
 mod bn_fold;
 mod dce;
 mod fold;
 mod fuse;
+mod gelu;
 
+pub use bias::fuse_matmul_bias;
 pub use bn_fold::fold_batch_norm;
 pub use dce::remove_dead;
 pub use fold::fold_constants;
 pub use fuse::fuse_activations;
+pub use gelu::fuse_gelu;
 
 use crate::graph::Graph;
 
 pub fn optimize(g: &mut Graph) {
     fold_constants(g);
     fold_batch_norm(g);
+    fuse_gelu(g);
+    remove_dead(g);
+    fuse_matmul_bias(g);
     fuse_activations(g);
     remove_dead(g);
 }

@@ -123,7 +123,7 @@ impl Builder {
             dims: shape.iter().map(|&d| d as i64).collect(),
             data_type: DType::F32.onnx(),
             name: name.clone(),
-            raw_data: raw,
+            raw_data: raw.into(),
             ..Default::default()
         });
         name

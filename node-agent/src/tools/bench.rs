@@ -74,17 +74,21 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
         .context("running the model once")?;
     drop(probe);
     let model = &model;
-    let started = Instant::now();
-    let deadline = started + a.duration;
+    // Everyone warms up first; the clock starts when the last instance is ready.
+    let ready = std::sync::Barrier::new(a.instances + 1);
+    let ready = &ready;
+    let duration = a.duration;
+    let mut started = Instant::now();
     let results: Vec<anyhow::Result<Vec<f64>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..a.instances)
             .map(|_| {
                 let inputs = inputs.clone();
                 s.spawn(move || -> anyhow::Result<Vec<f64>> {
                     let backend = CpuBackend::new(per_instance);
-                    for _ in 0..a.warmup {
-                        model.plan.run(&backend, inputs.clone())?;
-                    }
+                    let warm: anyhow::Result<()> = (0..a.warmup).try_for_each(|_| model.plan.run(&backend, inputs.clone()).map(|_| ()).map_err(Into::into));
+                    ready.wait();
+                    warm?;
+                    let deadline = Instant::now() + duration;
                     let mut lat = Vec::new();
                     while Instant::now() < deadline || lat.is_empty() {
                         let t0 = Instant::now();
@@ -95,6 +99,8 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
                 })
             })
             .collect();
+        ready.wait();
+        started = Instant::now();
         handles
             .into_iter()
             .map(|h| {

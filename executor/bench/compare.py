@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Benchmarks the cotenant executor against onnxruntime on the same zoo models and machine.
+
+For resnet50, mobilenet_v2 and the BERT encoder (seq 128) at batch 1 and 8 it measures latency
+percentiles, throughput and peak RSS of `cotenant-agent bench --json` and of an onnxruntime
+session with the same thread count, then prints a markdown table of ratios (ours / onnxruntime).
+Peak RSS of both sides is measured the same way: ru_maxrss of a child process, read by a small
+wrapper process that runs only that child.
+
+Usage: compare.py --agent target/release/cotenant-agent [--threads 2] [--duration 10]
+                  [--models resnet50,mobilenet_v2,bert] [--batches 1,8] [--workdir DIR]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+# Runs argv as a child and prints its stdout, then a last line with the child's peak RSS in KiB.
+RSS_WRAPPER = r"""
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=sys.stderr)
+sys.stdout.write(r.stdout.decode())
+print("\nMAXRSS_KIB", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(r.returncode)
+"""
+
+ORT_BENCH = r"""
+import json, sys, time
+import numpy as np
+import onnxruntime as ort
+model, batch, threads, duration = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+so = ort.SessionOptions()
+so.intra_op_num_threads = threads
+so.inter_op_num_threads = 1
+sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+rng = np.random.default_rng(1)
+feeds = {}
+for i in sess.get_inputs():
+    shape = [batch if not isinstance(d, int) else d for d in i.shape]
+    if "int64" in i.type:
+        feeds[i.name] = rng.integers(0, 100, shape).astype(np.int64)
+    else:
+        feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+for _ in range(2):
+    sess.run(None, feeds)
+lat = []
+start = time.perf_counter()
+while time.perf_counter() - start < duration or not lat:
+    t0 = time.perf_counter()
+    sess.run(None, feeds)
+    lat.append((time.perf_counter() - t0) * 1e3)
+elapsed = time.perf_counter() - start
+lat.sort()
+pct = lambda p: lat[min(len(lat) - 1, round(p / 100 * (len(lat) - 1)))]
+print(json.dumps({"throughput_per_s": len(lat) * batch / elapsed, "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99), "runs": len(lat)}))
+"""
+
+
+def measured(argv):
+    """Runs argv under the RSS wrapper; returns (parsed JSON of its stdout, peak RSS in MiB)."""
+    out = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *argv], stdout=subprocess.PIPE, check=True).stdout.decode()
+    rss_kib = int(out.strip().splitlines()[-1].split()[1])
+    obj = next(json.loads(l) for l in out.splitlines() if l.strip().startswith("{"))
+    return obj, rss_kib / 1024.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--agent", required=True, help="path to a release cotenant-agent binary")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
+    p.add_argument("--models", default="resnet50,mobilenet_v2,bert")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--workdir", default=None, help="where to write the zoo models (default: a temp dir)")
+    a = p.parse_args()
+    work = a.workdir or tempfile.mkdtemp(prefix="cotenant-bench-")
+    os.makedirs(work, exist_ok=True)
+    rows = []
+    for model in a.models.split(","):
+        path = os.path.join(work, f"{model}.onnx")
+        if not os.path.exists(path):
+            subprocess.run([a.agent, "zoo", model, "--out", path, "--seed", "1"], check=True)
+        for batch in [int(b) for b in a.batches.split(",")]:
+            ours, ours_rss = measured([a.agent, "bench", "--model", path, "--batch", str(batch), "--instances", "1", "--threads", str(a.threads), "--duration", f"{a.duration}s", "--json"])
+            ort, ort_rss = measured([sys.executable, "-c", ORT_BENCH, path, str(batch), str(a.threads), str(a.duration)])
+            rows.append((model, batch, ours, ort, ours_rss, ort_rss))
+            print(f"# {model} b{batch}: ours p50 {ours['p50_ms']:.1f} ms, ort p50 {ort['p50_ms']:.1f} ms", file=sys.stderr)
+    print(f"\nthreads: {a.threads}, duration per measurement: {a.duration}s\n")
+    print("| model | batch | p50 ms ours / ort | p99 ms ours / ort | latency ratio p50 (p99) | throughput/s ours / ort | throughput ratio | peak RSS MiB ours / ort | RSS ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model, batch, o, r, orss, rrss in rows:
+        print(
+            f"| {model} | {batch} | {o['p50_ms']:.1f} / {r['p50_ms']:.1f} | {o['p99_ms']:.1f} / {r['p99_ms']:.1f} | "
+            f"{o['p50_ms'] / r['p50_ms']:.2f} ({o['p99_ms'] / r['p99_ms']:.2f}) | {o['throughput_per_s']:.1f} / {r['throughput_per_s']:.1f} | "
+            f"{o['throughput_per_s'] / r['throughput_per_s']:.2f} | {orss:.0f} / {rrss:.0f} | {orss / rrss:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
