@@ -30,6 +30,10 @@ pub struct ScalerConfig {
     pub patience_shrink: u32,
     /// Relative arrival-rate change that makes the learned limits stale.
     pub context_change: f64,
+    /// Share of the SLO one batch's predicted p99 may use; the rest is left for queueing.
+    pub service_share: f64,
+    /// Violations the model cannot explain (asking for replicas) before the knob shrinks anyway.
+    pub asks_before_shrink: u32,
 }
 
 impl Default for ScalerConfig {
@@ -40,6 +44,8 @@ impl Default for ScalerConfig {
             patience_grow: 2,
             patience_shrink: 1,
             context_change: 0.25,
+            service_share: 0.6,
+            asks_before_shrink: 3,
         }
     }
 }
@@ -66,6 +72,8 @@ pub struct ScalerState {
     bad: Option<u32>,
     over: u32,
     under: u32,
+    /// Consecutive violations answered by asking for replicas.
+    asks: u32,
     learned_slo_ms: f64,
     learned_arrival: f64,
 }
@@ -80,6 +88,7 @@ impl ScalerState {
             bad: None,
             over: 0,
             under: 0,
+            asks: 0,
             learned_slo_ms: f64::NAN,
             learned_arrival: f64::NAN,
         }
@@ -190,20 +199,24 @@ pub fn step(
             return Decision::Hold;
         }
         state.over = 0;
-        let service_bound = model.p99_ms(state.knobs) > high;
-        if obs.overloaded() && !service_bound {
-            // Queueing: more throughput per replica if a larger knob leaves room for the queue.
-            let more = state.grow_target(&bounds, model, low).filter(|&v| {
-                model.throughput(state.with(v)) > model.throughput(state.knobs) * 1.05
-            });
-            return match more {
-                Some(v) => {
-                    state.knobs = state.with(v);
-                    Decision::SetKnobs(state.knobs)
-                }
-                None => Decision::NeedReplicas,
-            };
+        let budget = cfg.service_share * high;
+        if model.p99_ms(state.knobs) <= budget && state.asks < cfg.asks_before_shrink {
+            // The knob fits by the model, so the excess is queueing: a larger knob serves more
+            // per replica when the queue grows; otherwise more replicas lower the load.
+            if obs.overloaded()
+                && let Some(v) = state.grow_target(&bounds, model, budget).filter(|&v| {
+                    model.throughput(state.with(v)) > model.throughput(state.knobs) * 1.05
+                })
+            {
+                state.knobs = state.with(v);
+                return Decision::SetKnobs(state.knobs);
+            }
+            state.asks += 1;
+            return Decision::NeedReplicas;
         }
+        // The knob's own batch time is too long, or replicas did not help: shrink.
+        let model_was_wrong = state.asks >= cfg.asks_before_shrink;
+        state.asks = 0;
         state.bad = Some(state.bad.map_or(cur, |b| b.min(cur)));
         if state.good >= cur {
             state.good = 0;
@@ -211,17 +224,23 @@ pub fn step(
         if cur <= 1 {
             return Decision::NeedReplicas;
         }
-        let next = match state.approach {
+        let bisect = match state.approach {
             Approach::MultiTenancy => cur - 1,
             Approach::Batching | Approach::Joint if state.good > 0 => {
                 state.good + (cur - state.good) / 2
             }
             Approach::Batching | Approach::Joint => cur / 2,
-        }
-        .clamp(1, cur - 1);
+        };
+        // Where the model knows a larger knob that fits, stop there instead of halving.
+        let fits = (bisect + 1..cur)
+            .rev()
+            .find(|&v| model.p99_ms(state.with(v)) <= budget)
+            .filter(|_| !model_was_wrong);
+        let next = fits.unwrap_or(bisect).clamp(1, cur - 1);
         state.knobs = state.with(next);
         return Decision::SetKnobs(state.knobs);
     }
+    state.asks = 0;
     state.good = state.good.max(cur);
     state.over = 0;
     if lat >= low {
@@ -233,7 +252,7 @@ pub fn step(
         return Decision::Hold;
     }
     state.under = 0;
-    match state.grow_target(&bounds, model, high) {
+    match state.grow_target(&bounds, model, cfg.service_share * high) {
         Some(v) => {
             state.knobs = state.with(v);
             Decision::SetKnobs(state.knobs)
@@ -247,6 +266,7 @@ mod tests {
     use super::*;
     use crate::profile::{Profile, ProfilePoint};
 
+    /// Batch p99 is about 2 ms per sample; 8 instances take 60 times as long as one.
     fn model() -> LatencyModel {
         let pt = |batch, instances, throughput, p99_ms| ProfilePoint {
             batch,
@@ -260,9 +280,9 @@ mod tests {
             model: "m".into(),
             weight_bytes: 0,
             points: vec![
-                pt(1, 1, 200.0, 5.0),
-                pt(64, 1, 3200.0, 22.0),
-                pt(1, 8, 800.0, 12.0),
+                pt(1, 1, 500.0, 2.0),
+                pt(64, 1, 3200.0, 128.0),
+                pt(1, 8, 800.0, 120.0),
             ],
         })
     }
@@ -293,28 +313,52 @@ mod tests {
     }
 
     #[test]
-    fn violation_bisects_back_and_growth_stops_below_it() {
+    fn service_bound_violation_shrinks_to_what_the_model_says_fits() {
         let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
         let mut s = state(Approach::Batching, Knobs::new(16, 1));
         step(&mut s, &obs(90.0), &slo, &b, &m); // in band: 16 is good
-        s.knobs = Knobs::new(32, 1);
+        s.knobs = Knobs::new(40, 1); // batch p99 ~80 ms, over the 60 ms share
         assert_eq!(
             step(&mut s, &obs(120.0), &slo, &b, &m),
-            Decision::SetKnobs(Knobs::new(24, 1))
+            Decision::SetKnobs(Knobs::new(30, 1))
         );
-        assert_eq!(s.last_violation(), Some(32));
+        assert_eq!(s.last_violation(), Some(40));
         for _ in 0..20 {
             step(&mut s, &obs(10.0), &slo, &b, &m);
         }
-        assert_eq!(s.knobs, Knobs::new(31, 1));
+        assert_eq!(s.knobs, Knobs::new(30, 1));
+    }
+
+    #[test]
+    fn violations_the_model_cannot_explain_ask_for_replicas_then_bisect() {
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let mut s = state(Approach::Batching, Knobs::new(8, 1));
+        for _ in 0..3 {
+            assert_eq!(
+                step(&mut s, &obs(150.0), &slo, &b, &m),
+                Decision::NeedReplicas
+            );
+        }
+        assert_eq!(
+            step(&mut s, &obs(150.0), &slo, &b, &m),
+            Decision::SetKnobs(Knobs::new(4, 1))
+        );
+        for _ in 0..20 {
+            step(&mut s, &obs(10.0), &slo, &b, &m);
+        }
+        assert_eq!(
+            s.knobs,
+            Knobs::new(7, 1),
+            "grows back to just below the violation"
+        );
     }
 
     #[test]
     fn multi_tenancy_moves_one_instance() {
-        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let (m, slo, b) = (model(), Slo::p99(40.0), Bounds::default());
         let mut s = state(Approach::MultiTenancy, Knobs::new(1, 3));
         assert_eq!(
-            step(&mut s, &obs(150.0), &slo, &b, &m),
+            step(&mut s, &obs(60.0), &slo, &b, &m),
             Decision::SetKnobs(Knobs::new(1, 2))
         );
         step(&mut s, &obs(10.0), &slo, &b, &m);
@@ -329,10 +373,12 @@ mod tests {
     fn violation_at_minimum_asks_for_replicas() {
         let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
         let mut s = state(Approach::Batching, Knobs::ONE);
-        assert_eq!(
-            step(&mut s, &obs(150.0), &slo, &b, &m),
-            Decision::NeedReplicas
-        );
+        for _ in 0..10 {
+            assert_eq!(
+                step(&mut s, &obs(150.0), &slo, &b, &m),
+                Decision::NeedReplicas
+            );
+        }
         assert_eq!(s.knobs, Knobs::ONE);
     }
 
@@ -350,7 +396,7 @@ mod tests {
             step(&mut s, &o, &slo, &b, &m),
             Decision::SetKnobs(Knobs::new(8, 1))
         );
-        s.knobs = Knobs::new(64, 1);
+        s.knobs = Knobs::new(30, 1);
         assert_eq!(step(&mut s, &o, &slo, &b, &m), Decision::NeedReplicas);
     }
 

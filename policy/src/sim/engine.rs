@@ -449,6 +449,19 @@ impl Sim<'_> {
                 .decide(&input, &t.bounds, &self.cfg.replicas, now);
             t.w_latencies = lat;
             t.w_latencies.clear();
+            if std::env::var("SIM_TRACE").is_ok() {
+                eprintln!(
+                    "TRACE t={now} obs={:.0}/{:.0} lat={:.1} q={} knobs={:?} wants={} reps={} ready={}",
+                    obs.arrival_rate,
+                    obs.throughput,
+                    obs.latency_at_percentile_ms,
+                    obs.queue_depth,
+                    t.controller.knobs(),
+                    t.wants_more,
+                    t.replica_state.replicas,
+                    t.replicas.iter().filter(|r| r.ready).count()
+                );
+            }
         }
         // 2. Placement.
         let live: Vec<usize> = (0..self.agents.len())
@@ -664,5 +677,45 @@ impl Sim<'_> {
             peak_agents: self.peak_agents,
             agents_over_time: self.agents_over_time,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::workload::TenantSpec;
+
+    fn table() -> ProfileTable {
+        let text = include_str!("../../profiles/gpu-synthetic.json");
+        ProfileTable::parse(text, "gpu-synthetic.json").unwrap()
+    }
+
+    #[test]
+    fn debug_one_tenant() {
+        let t = table();
+        let w = Workload {
+            tenants: vec![TenantSpec {
+                tenant: "v".into(),
+                model: "vgg16".into(),
+                slo: Slo::p99(41.0),
+                bounds: Bounds {
+                    max_batch: 32,
+                    max_replicas: 64,
+                    ..Bounds::default()
+                },
+                arrivals: Arrivals::OnOff {
+                    rate_on: 300.0,
+                    rate_off: 30.0,
+                    mean_on_s: 20.0,
+                    mean_off_s: 20.0,
+                },
+                slo_changes: vec![(100.0, Slo::p99(25.0))],
+            }],
+            duration_s: 200.0,
+            warmup_s: 60.0,
+        };
+        let r = simulate(&w, &t, "t", Strategy::DnnScaler, &SimConfig::default()).unwrap();
+        eprintln!("{:?}", r.tenants[0]);
+        eprintln!("{:?}", r.agents_over_time);
     }
 }
