@@ -307,3 +307,115 @@ mod tests {
         assert_eq!((plan.keep.len(), plan.stop.len()), (1, 1));
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{HashMap, HashSet};
+
+    fn agents(n: usize, mem: &[u64]) -> Vec<AgentCapacity> {
+        (0..n)
+            .map(|i| AgentCapacity {
+                agent: format!("a{i}"),
+                memory_bytes: mem[i % mem.len()],
+                compute: 1.0,
+                schedulable: true,
+            })
+            .collect()
+    }
+
+    fn demands(spec: &[(u32, u64, f64)]) -> Vec<ReplicaDemand> {
+        spec.iter()
+            .enumerate()
+            .map(|(i, &(replicas, memory_bytes, load))| ReplicaDemand {
+                tenant: format!("t{i}"),
+                replicas,
+                memory_bytes,
+                load,
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// From any state an earlier plan produced, with new demands (other knobs, other
+        /// counts) and agents draining or gone: no agent goes over its memory, no tenant loses
+        /// its last ready replica, replicas of a tenant stay apart, and every wanted replica is
+        /// kept, started or reported unplaced.
+        #[test]
+        fn plans_keep_the_invariants(
+            mem in prop::collection::vec(5u64..40, 1..4),
+            n_agents in 1usize..8,
+            before in prop::collection::vec((0u32..4, 1u64..12, 0.0f64..0.5), 1..10),
+            after in prop::collection::vec((0u32..4, 1u64..12, 0.0f64..0.5), 1..10),
+            ready_bits in any::<u64>(),
+            drain_bits in any::<u8>(),
+            gone_bits in any::<u8>(),
+        ) {
+            let all = agents(n_agents, &mem);
+            let first = demands(&before);
+            let plan0 = place(&all, &first, &[]);
+            let mem0: HashMap<&str, u64> = first.iter().map(|d| (d.tenant.as_str(), d.memory_bytes)).collect();
+            let current: Vec<CurrentReplica> = plan0
+                .start
+                .iter()
+                .enumerate()
+                .map(|(i, p)| CurrentReplica {
+                    tenant: p.tenant.clone(),
+                    agent: p.agent.clone(),
+                    ready: ready_bits >> (i % 64) & 1 == 1,
+                    memory_bytes: mem0[p.tenant.as_str()],
+                })
+                .collect();
+            let mut now_agents: Vec<AgentCapacity> = all
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| gone_bits >> i & 1 == 0)
+                .map(|(i, a)| AgentCapacity { schedulable: drain_bits >> i & 1 == 0, ..a.clone() })
+                .collect();
+            now_agents.sort_by(|a, b| a.agent.cmp(&b.agent));
+            let second = demands(&after);
+            let plan = place(&now_agents, &second, &current);
+
+            let want: HashMap<&str, &ReplicaDemand> = second.iter().map(|d| (d.tenant.as_str(), d)).collect();
+            let cur_mem: HashMap<(&str, &str), u64> = current.iter().map(|r| ((r.tenant.as_str(), r.agent.as_str()), r.memory_bytes)).collect();
+            // Memory.
+            for a in &now_agents {
+                let mut used = 0u64;
+                for p in plan.keep.iter().filter(|p| p.agent == a.agent) {
+                    used += cur_mem[&(p.tenant.as_str(), p.agent.as_str())].max(want[p.tenant.as_str()].memory_bytes);
+                }
+                for p in plan.hold_until_replaced.iter().filter(|p| p.agent == a.agent) {
+                    used += cur_mem[&(p.tenant.as_str(), p.agent.as_str())];
+                }
+                for p in plan.start.iter().filter(|p| p.agent == a.agent) {
+                    used += want[p.tenant.as_str()].memory_bytes;
+                }
+                prop_assert!(used <= a.memory_bytes, "agent {} uses {used} of {}", a.agent, a.memory_bytes);
+            }
+            // A ready replica survives for every tenant that had one on a live agent.
+            let live: HashSet<&str> = now_agents.iter().map(|a| a.agent.as_str()).collect();
+            let stopped: HashSet<(&str, &str)> = plan.stop.iter().map(|p| (p.tenant.as_str(), p.agent.as_str())).collect();
+            for d in second.iter().filter(|d| d.replicas > 0) {
+                let had = current.iter().any(|r| r.tenant == d.tenant && r.ready && live.contains(r.agent.as_str()));
+                let has = current.iter().any(|r| {
+                    r.tenant == d.tenant && r.ready && live.contains(r.agent.as_str())
+                        && !stopped.contains(&(r.tenant.as_str(), r.agent.as_str()))
+                });
+                prop_assert!(!had || has, "tenant {} lost its last ready replica", d.tenant);
+            }
+            // Apart, and accounted for.
+            let mut seen = HashSet::new();
+            for p in plan.keep.iter().chain(&plan.start) {
+                prop_assert!(seen.insert((p.tenant.clone(), p.agent.clone())), "two replicas of {} on {}", p.tenant, p.agent);
+            }
+            for d in &second {
+                let placed = plan.keep.iter().chain(&plan.start).filter(|p| p.tenant == d.tenant).count() as u32;
+                let unplaced: u32 = plan.unplaced.iter().filter(|u| u.tenant == d.tenant).map(|u| u.replicas).sum();
+                prop_assert_eq!(placed + unplaced, d.replicas);
+            }
+        }
+    }
+}

@@ -213,3 +213,55 @@ mod tests {
         assert!(d.drain.is_empty());
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The pool never shrinks below `min_agents` nor grows past `max_agents` through a
+        /// decision, only drains idle agents, and only removes drained empty ones.
+        #[test]
+        fn pool_stays_within_min_and_max(
+            min in 0u32..4,
+            span in 0u32..6,
+            agents in prop::collection::vec((any::<bool>(), any::<bool>(), 0u32..3, prop::option::of(0.0f64..1000.0)), 0..10),
+            unplaced in prop::collection::vec((1u32..4, 1u64..15), 0..4),
+            now in 0.0f64..2000.0,
+        ) {
+            let cfg = PoolConfig { min_agents: min, max_agents: min + span, scale_down_delay_s: 300.0, agent_memory_bytes: 10, agent_compute: 1.0 };
+            let agents: Vec<PoolAgent> = agents
+                .into_iter()
+                .enumerate()
+                .map(|(i, (ready, draining, replicas, idle))| PoolAgent {
+                    agent: format!("a{i}"),
+                    ready,
+                    draining,
+                    replicas,
+                    idle_since: if replicas == 0 { idle } else { None },
+                })
+                .collect();
+            let unplaced: Vec<Unplaced> = unplaced
+                .into_iter()
+                .enumerate()
+                .map(|(i, (replicas, memory_bytes))| Unplaced { tenant: format!("t{i}"), replicas, memory_bytes, load: 0.1 })
+                .collect();
+            let d = size_pool(&agents, &unplaced, &cfg, now);
+            let total = agents.len() as u32;
+            let after = total + d.add - d.remove.len() as u32;
+            prop_assert!(after >= min.min(total + d.add), "{after} below min {min}");
+            prop_assert!(d.add == 0 || total + d.add <= cfg.max_agents.max(min), "{total} + {} past max", d.add);
+            let staying = agents.iter().filter(|a| !a.draining).count() as u32 + d.undrain.len() as u32 + d.add - d.drain.len() as u32;
+            prop_assert!(d.drain.is_empty() || staying >= min, "drained below min");
+            for n in &d.drain {
+                let a = agents.iter().find(|a| &a.agent == n).unwrap();
+                prop_assert!(a.replicas == 0 && !a.draining && a.idle_since.is_some_and(|s| now - s >= 300.0));
+            }
+            for n in &d.remove {
+                let a = agents.iter().find(|a| &a.agent == n).unwrap();
+                prop_assert!(a.draining && a.replicas == 0);
+            }
+        }
+    }
+}

@@ -152,3 +152,45 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the rates, throughputs, requests and bounds, the count is within the bounds,
+        /// and it never drops before the scale-down delay has passed since it last rose.
+        #[test]
+        fn count_within_bounds_and_no_early_scale_down(
+            start in 0u32..50,
+            steps in prop::collection::vec(
+                (-10.0f64..1e6, -1.0f64..1e4, any::<bool>(), 0u32..5, 0u32..40, 0.0f64..30.0),
+                1..80,
+            ),
+        ) {
+            let cfg = ReplicaConfig::default();
+            let mut s = ReplicaState::new(start);
+            let mut now = 0.0;
+            let mut last = None::<(u32, f64)>;
+            for (rate, tput, more, min, span, dt) in steps {
+                now += dt;
+                let b = Bounds { min_replicas: min, max_replicas: min + span, ..Bounds::default() };
+                let input = ReplicaInput { arrival_rate: rate, per_replica_throughput: tput, scaler_wants_more: more };
+                let n = s.decide(&input, &b, &cfg, now);
+                prop_assert!(n >= b.sane().min_replicas && n <= b.sane().max_replicas, "{n} outside {b:?}");
+                if let Some((prev, since)) = last
+                    && n < prev
+                    && n >= b.sane().min_replicas
+                    && prev <= b.sane().max_replicas
+                {
+                    prop_assert!(now - since >= cfg.scale_down_after_s || n == b.sane().max_replicas,
+                        "dropped {prev} -> {n} after {}s", now - since);
+                }
+                if last.is_none_or(|(prev, _)| n != prev) {
+                    last = Some((n, now));
+                }
+            }
+        }
+    }
+}

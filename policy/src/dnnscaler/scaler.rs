@@ -415,3 +415,144 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use crate::knobs::ApproachPolicy;
+    use crate::profile::{Profile, ProfilePoint};
+    use proptest::prelude::*;
+
+    fn approach() -> impl Strategy<Value = Approach> {
+        prop_oneof![
+            Just(Approach::Batching),
+            Just(Approach::MultiTenancy),
+            Just(Approach::Joint)
+        ]
+    }
+
+    fn bounds() -> impl Strategy<Value = Bounds> {
+        (0u32..70, 0u32..12).prop_map(|(max_batch, max_instances)| Bounds {
+            approach: ApproachPolicy::Auto,
+            max_batch,
+            max_instances,
+            min_replicas: 1,
+            max_replicas: 4,
+        })
+    }
+
+    /// A random but plausible profile: (1,1), (k,1) and (1,k) points.
+    fn model() -> impl Strategy<Value = LatencyModel> {
+        (
+            1.0f64..50.0,
+            1.0f64..6.0,
+            1.0f64..4.0,
+            2u32..64,
+            2u32..8,
+            1.0f64..3.0,
+        )
+            .prop_map(|(p1, batch_gain, inst_gain, k, m, slow)| {
+                let pt = |batch, instances, throughput: f64, p99_ms: f64| ProfilePoint {
+                    batch,
+                    instances,
+                    throughput,
+                    p99_ms,
+                    peak_activation_bytes: 0,
+                    gpu_util: None,
+                };
+                let t1 = 1000.0 / p1;
+                LatencyModel::from_profile(&Profile {
+                    model: "m".into(),
+                    weight_bytes: 0,
+                    points: vec![
+                        pt(1, 1, t1, p1),
+                        pt(k, 1, t1 * batch_gain, p1 * k as f64 / batch_gain * slow),
+                        pt(1, m, t1 * inst_gain, p1 * m as f64 / inst_gain * slow),
+                    ],
+                })
+            })
+    }
+
+    fn observation() -> impl Strategy<Value = TenantObservation> {
+        (
+            0.0f64..5000.0,
+            0.0f64..5000.0,
+            0.0f64..2000.0,
+            0u32..1000,
+            0u64..3,
+        )
+            .prop_map(|(arrival_rate, throughput, lat, queue_depth, completed)| {
+                TenantObservation {
+                    arrival_rate,
+                    throughput,
+                    latency_at_percentile_ms: lat,
+                    queue_depth,
+                    completed,
+                }
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Whatever is observed, and even when the bounds change between steps, the knobs the
+        /// scaler holds or sets are within the bounds of that step.
+        #[test]
+        fn knobs_stay_within_bounds(
+            approach in approach(),
+            start in (0u32..100, 0u32..20),
+            model in model(),
+            steps in prop::collection::vec((observation(), bounds(), 1.0f64..500.0), 1..60),
+        ) {
+            let mut s = ScalerState::new(approach, Knobs::new(start.0, start.1), ScalerConfig::default());
+            for (obs, b, slo) in steps {
+                let d = step(&mut s, &obs, &Slo::p99(slo), &b, &model);
+                prop_assert!(b.contains(s.knobs), "{:?} outside {:?}", s.knobs, b);
+                if let Decision::SetKnobs(k) = d {
+                    prop_assert!(b.contains(k));
+                    prop_assert_eq!(k, s.knobs);
+                }
+            }
+        }
+
+        /// On a stationary tenant — latency and overload a fixed function of the knob, latency
+        /// growing with it — the knobs stop moving: no endless oscillation between two settings.
+        #[test]
+        fn settles_on_a_stationary_latency_curve(
+            approach in approach(),
+            start in 1u32..32,
+            model in model(),
+            base in 0.5f64..100.0,
+            slope in 0.05f64..40.0,
+            capacity_per_step in 1.0f64..500.0,
+            arrival in 1.0f64..3000.0,
+            slo in 5.0f64..500.0,
+        ) {
+            let b = Bounds { max_batch: 64, max_instances: 8, ..Bounds::default() };
+            let knobs = match approach {
+                Approach::MultiTenancy => Knobs::new(1, start.min(8)),
+                Approach::Joint => Knobs::new(start, 2),
+                Approach::Batching => Knobs::new(start, 1),
+            };
+            let mut s = ScalerState::new(approach, knobs, ScalerConfig::default());
+            let slo = Slo::p99(slo);
+            let mut history = Vec::new();
+            for _ in 0..300 {
+                let v = s.moving() as f64;
+                let capacity = capacity_per_step * v;
+                let overloaded = capacity < arrival;
+                let obs = TenantObservation {
+                    arrival_rate: arrival,
+                    throughput: arrival.min(capacity),
+                    latency_at_percentile_ms: base + slope * v + if overloaded { 1000.0 } else { 0.0 },
+                    queue_depth: if overloaded { 100 } else { 0 },
+                    completed: 100,
+                };
+                step(&mut s, &obs, &slo, &b, &model);
+                history.push(s.knobs);
+            }
+            let tail = &history[200..];
+            prop_assert!(tail.iter().all(|k| *k == tail[0]), "still moving: {:?}", &history[180..]);
+        }
+    }
+}

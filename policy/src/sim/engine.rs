@@ -449,19 +449,6 @@ impl Sim<'_> {
                 .decide(&input, &t.bounds, &self.cfg.replicas, now);
             t.w_latencies = lat;
             t.w_latencies.clear();
-            if std::env::var("SIM_TRACE").is_ok() {
-                eprintln!(
-                    "TRACE t={now} obs={:.0}/{:.0} lat={:.1} q={} knobs={:?} wants={} reps={} ready={}",
-                    obs.arrival_rate,
-                    obs.throughput,
-                    obs.latency_at_percentile_ms,
-                    obs.queue_depth,
-                    t.controller.knobs(),
-                    t.wants_more,
-                    t.replica_state.replicas,
-                    t.replicas.iter().filter(|r| r.ready).count()
-                );
-            }
         }
         // 2. Placement.
         let live: Vec<usize> = (0..self.agents.len())
@@ -690,32 +677,85 @@ mod tests {
         ProfileTable::parse(text, "gpu-synthetic.json").unwrap()
     }
 
-    #[test]
-    fn debug_one_tenant() {
-        let t = table();
-        let w = Workload {
+    fn one_tenant(model: &str, slo_ms: f64, arrivals: Arrivals) -> Workload {
+        Workload {
             tenants: vec![TenantSpec {
-                tenant: "v".into(),
-                model: "vgg16".into(),
-                slo: Slo::p99(41.0),
+                tenant: "t".into(),
+                model: model.into(),
+                slo: Slo::p99(slo_ms),
                 bounds: Bounds {
                     max_batch: 32,
                     max_replicas: 64,
                     ..Bounds::default()
                 },
-                arrivals: Arrivals::OnOff {
-                    rate_on: 300.0,
-                    rate_off: 30.0,
-                    mean_on_s: 20.0,
-                    mean_off_s: 20.0,
-                },
-                slo_changes: vec![(100.0, Slo::p99(25.0))],
+                arrivals,
+                slo_changes: vec![(150.0, Slo::p99(slo_ms * 0.6))],
             }],
-            duration_s: 200.0,
+            duration_s: 300.0,
             warmup_s: 60.0,
+        }
+    }
+
+    #[test]
+    fn same_seed_same_result() {
+        let w = one_tenant("resnet50", 28.0, Arrivals::Poisson { rate: 400.0 });
+        let cfg = SimConfig::default();
+        let a = simulate(&w, &table(), "t", Strategy::DnnScaler, &cfg).unwrap();
+        let b = simulate(&w, &table(), "t", Strategy::DnnScaler, &cfg).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn dnnscaler_batches_a_big_net_and_meets_its_slo() {
+        let w = one_tenant("resnet50", 28.0, Arrivals::Poisson { rate: 400.0 });
+        let r = simulate(
+            &w,
+            &table(),
+            "t",
+            Strategy::DnnScaler,
+            &SimConfig::default(),
+        )
+        .unwrap();
+        let t = &r.tenants[0];
+        assert_eq!(t.approach, "Batching");
+        assert!(t.final_knobs.batch > 1, "{t:?}");
+        assert!(t.slo_attainment() > 0.97, "{t:?}");
+        assert!((t.throughput - 400.0).abs() < 20.0, "{t:?}");
+        assert!(r.mean_agents >= 1.0);
+    }
+
+    #[test]
+    fn unknown_model_is_a_typed_error() {
+        let w = one_tenant("nope", 28.0, Arrivals::Poisson { rate: 1.0 });
+        let err = simulate(
+            &w,
+            &table(),
+            "gpu-synthetic.json",
+            Strategy::DnnScaler,
+            &SimConfig::default(),
+        );
+        assert!(matches!(err, Err(ProfileError::UnknownModel { .. })));
+    }
+
+    #[test]
+    fn bursty_arrivals_scale_replicas_and_agents() {
+        let bursty = Arrivals::OnOff {
+            rate_on: 1500.0,
+            rate_off: 50.0,
+            mean_on_s: 30.0,
+            mean_off_s: 30.0,
         };
-        let r = simulate(&w, &t, "t", Strategy::DnnScaler, &SimConfig::default()).unwrap();
-        eprintln!("{:?}", r.tenants[0]);
-        eprintln!("{:?}", r.agents_over_time);
+        let w = one_tenant("vgg16", 41.0, bursty);
+        let r = simulate(
+            &w,
+            &table(),
+            "t",
+            Strategy::Static(Knobs::ONE),
+            &SimConfig::default(),
+        )
+        .unwrap();
+        let most = r.agents_over_time.iter().map(|x| x.1).max().unwrap_or(0);
+        let least = r.agents_over_time.iter().map(|x| x.1).min().unwrap_or(0);
+        assert!(most > least, "{:?}", r.agents_over_time);
     }
 }
