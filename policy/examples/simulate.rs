@@ -270,10 +270,19 @@ fn compare(
     let w = workload(&table, tenants, rate_scale, duration_s);
     let cfg = SimConfig::default();
     let strategies = [
-        Strategy::DnnScaler,
+        Strategy::DnnScaler(ScalerConfig::default()),
         Strategy::Static(Knobs::ONE),
         Strategy::Static(Knobs::new(8, 1)),
         Strategy::Aimd { decrease: 0.9 },
+        // Sensitivity: how much of the SLO one batch may take, the rest left for queueing.
+        Strategy::DnnScaler(ScalerConfig {
+            service_share: 0.6,
+            ..ScalerConfig::default()
+        }),
+        Strategy::DnnScaler(ScalerConfig {
+            service_share: 1.0,
+            ..ScalerConfig::default()
+        }),
     ];
     println!(
         "### Policies compared on `{}`\n",

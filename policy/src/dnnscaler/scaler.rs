@@ -44,7 +44,7 @@ impl Default for ScalerConfig {
             patience_grow: 2,
             patience_shrink: 1,
             context_change: 0.25,
-            service_share: 0.6,
+            service_share: 0.8,
             asks_before_shrink: 3,
         }
     }
@@ -298,7 +298,11 @@ mod tests {
     }
 
     fn state(approach: Approach, knobs: Knobs) -> ScalerState {
-        ScalerState::new(approach, knobs, ScalerConfig::default())
+        let config = ScalerConfig {
+            service_share: 0.6,
+            ..ScalerConfig::default()
+        };
+        ScalerState::new(approach, knobs, config)
     }
 
     #[test]

@@ -670,6 +670,7 @@ impl Sim<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dnnscaler::ScalerConfig;
     use crate::sim::workload::TenantSpec;
 
     fn table() -> ProfileTable {
@@ -700,8 +701,22 @@ mod tests {
     fn same_seed_same_result() {
         let w = one_tenant("resnet50", 28.0, Arrivals::Poisson { rate: 400.0 });
         let cfg = SimConfig::default();
-        let a = simulate(&w, &table(), "t", Strategy::DnnScaler, &cfg).unwrap();
-        let b = simulate(&w, &table(), "t", Strategy::DnnScaler, &cfg).unwrap();
+        let a = simulate(
+            &w,
+            &table(),
+            "t",
+            Strategy::DnnScaler(ScalerConfig::default()),
+            &cfg,
+        )
+        .unwrap();
+        let b = simulate(
+            &w,
+            &table(),
+            "t",
+            Strategy::DnnScaler(ScalerConfig::default()),
+            &cfg,
+        )
+        .unwrap();
         assert_eq!(a, b);
     }
 
@@ -712,7 +727,7 @@ mod tests {
             &w,
             &table(),
             "t",
-            Strategy::DnnScaler,
+            Strategy::DnnScaler(ScalerConfig::default()),
             &SimConfig::default(),
         )
         .unwrap();
@@ -731,7 +746,7 @@ mod tests {
             &w,
             &table(),
             "gpu-synthetic.json",
-            Strategy::DnnScaler,
+            Strategy::DnnScaler(ScalerConfig::default()),
             &SimConfig::default(),
         );
         assert!(matches!(err, Err(ProfileError::UnknownModel { .. })));

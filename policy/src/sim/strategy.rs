@@ -9,7 +9,7 @@ use crate::slo::{Slo, TenantObservation};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Strategy {
-    DnnScaler,
+    DnnScaler(ScalerConfig),
     Static(Knobs),
     /// Additive increase of the batch by one per window under the SLO, ×`decrease` on a violation.
     Aimd {
@@ -20,7 +20,11 @@ pub enum Strategy {
 impl Strategy {
     pub fn name(&self) -> String {
         match self {
-            Strategy::DnnScaler => "DNNScaler".into(),
+            Strategy::DnnScaler(c) if *c == ScalerConfig::default() => "DNNScaler".into(),
+            Strategy::DnnScaler(c) => format!(
+                "DNNScaler (batch p99 ≤ {:.0}% of SLO)",
+                100.0 * c.service_share
+            ),
             Strategy::Static(k) => format!("static b={} m={}", k.batch, k.instances),
             Strategy::Aimd { decrease } => format!("Clipper AIMD (×{decrease})"),
         }
@@ -38,13 +42,9 @@ pub enum Controller {
 impl Controller {
     pub fn new(strategy: Strategy, profile: &Profile, slo: &Slo, bounds: &Bounds) -> Controller {
         match strategy {
-            Strategy::DnnScaler => {
+            Strategy::DnnScaler(config) => {
                 let c = choose_approach(profile, slo, bounds);
-                Controller::Scaler(ScalerState::new(
-                    c.approach,
-                    c.knobs,
-                    ScalerConfig::default(),
-                ))
+                Controller::Scaler(ScalerState::new(c.approach, c.knobs, config))
             }
             Strategy::Static(k) => Controller::Static(bounds.clamp(k)),
             Strategy::Aimd { decrease } => Controller::Aimd {
