@@ -4,7 +4,7 @@
 //! 2. DNNScaler vs static knobs vs Clipper-style AIMD batching in the cluster simulator, on the
 //!    same workload (Poisson and on/off arrivals, SLO tightened mid-run), for each profile table.
 //!
-//! `cargo run --release -p cotenant-policy --example simulate [-- --quick]`
+//! `cargo run --release -p cotenant-policy --example simulate [-- --quick] [--seed N]`
 
 use cotenant_policy::dnnscaler::{LatencyModel, ScalerConfig, ScalerState, choose_approach, step};
 use cotenant_policy::placement::{AgentCapacity, CurrentReplica, ReplicaDemand, place};
@@ -206,8 +206,14 @@ fn decision_loop(table: &ProfileTable, tenants: usize, agents: usize) {
     );
 }
 
-fn workload(table: &ProfileTable, tenants: usize, rate_scale: f64, duration_s: f64) -> Workload {
-    let mut rng = Rng::new(7);
+fn workload(
+    table: &ProfileTable,
+    tenants: usize,
+    rate_scale: f64,
+    duration_s: f64,
+    seed: u64,
+) -> Workload {
+    let mut rng = Rng::new(seed.wrapping_add(6));
     let bounds = Bounds {
         max_batch: 32,
         max_instances: 8,
@@ -264,11 +270,15 @@ fn compare(
     tenants: usize,
     rate_scale: f64,
     duration_s: f64,
+    seed: u64,
 ) -> Result<(), cotenant_policy::ProfileError> {
     let table = ProfileTable::load(path)?;
     let origin = path.display().to_string();
-    let w = workload(&table, tenants, rate_scale, duration_s);
-    let cfg = SimConfig::default();
+    let w = workload(&table, tenants, rate_scale, duration_s, seed);
+    let cfg = SimConfig {
+        seed,
+        ..SimConfig::default()
+    };
     let strategies = [
         Strategy::DnnScaler(ScalerConfig::default()),
         Strategy::Static(Knobs::ONE),
@@ -355,17 +365,25 @@ fn compare(
 }
 
 fn main() -> Result<(), cotenant_policy::ProfileError> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    // `--seed N` draws another workload (rates, arrivals, service noise).
+    let seed = args
+        .iter()
+        .position(|a| a == "--seed")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
     let gpu = dir.join("gpu-synthetic.json");
     let table = ProfileTable::load(&gpu)?;
     if quick {
         decision_loop(&table, 1000, 100);
-        compare(&gpu, 8, 1.0, 200.0)?;
+        compare(&gpu, 8, 1.0, 200.0, seed)?;
     } else {
         decision_loop(&table, 10_000, 1000);
-        compare(&gpu, 40, 1.0, 600.0)?;
-        compare(&dir.join("cpu-measured.json"), 12, 1.0, 600.0)?;
+        compare(&gpu, 40, 1.0, 600.0, seed)?;
+        compare(&dir.join("cpu-measured.json"), 12, 1.0, 600.0, seed)?;
     }
     println!("Peak RSS at the end: {:.1} MiB", peak_rss_mib());
     Ok(())
