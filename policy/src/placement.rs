@@ -65,7 +65,8 @@ pub struct PlacementPlan {
     pub keep: Vec<Placement>,
     /// Replicas to start.
     pub start: Vec<Placement>,
-    /// Replicas that must go but stay running until a replacement is ready.
+    /// Replicas that must go but stay running, with the knobs they run now (their footprint is
+    /// counted as it is), until a replacement is ready.
     pub hold_until_replaced: Vec<Placement>,
     /// Replicas to stop now.
     pub stop: Vec<Placement>,
@@ -415,6 +416,74 @@ mod props {
                 let placed = plan.keep.iter().chain(&plan.start).filter(|p| p.tenant == d.tenant).count() as u32;
                 let unplaced: u32 = plan.unplaced.iter().filter(|u| u.tenant == d.tenant).map(|u| u.replicas).sum();
                 prop_assert_eq!(placed + unplaced, d.replicas);
+            }
+        }
+
+        /// Over many rounds — knobs (footprints) and counts changing, agents starting to drain,
+        /// each plan applied at once and started replicas ready only by the next round — every
+        /// tenant that ever had a ready replica has one at every moment, and no agent is ever
+        /// over its memory.
+        #[test]
+        fn moves_never_leave_a_tenant_without_a_ready_replica(
+            mem in prop::collection::vec(8u64..40, 1..4),
+            n_agents in 2usize..8,
+            rounds in prop::collection::vec(
+                (prop::collection::vec((1u32..4, 1u64..10), 4), any::<u8>()),
+                1..8,
+            ),
+        ) {
+            let mut agents = agents(n_agents, &mem);
+            let mut current: Vec<CurrentReplica> = Vec::new();
+            let mut served: HashSet<String> = HashSet::new();
+            for (spec, drain_bits) in rounds {
+                // Replicas started last round are ready now; agents may start draining.
+                for r in &mut current {
+                    r.ready = true;
+                }
+                for (i, a) in agents.iter_mut().enumerate() {
+                    a.schedulable &= drain_bits >> i & 1 == 0;
+                }
+                let spec: Vec<(u32, u64, f64)> = spec.into_iter().map(|(n, m)| (n, m, 0.1)).collect();
+                let want = demands(&spec);
+                let plan = place(&agents, &want, &current);
+                let stopped: HashSet<(String, String)> =
+                    plan.stop.iter().map(|p| (p.tenant.clone(), p.agent.clone())).collect();
+                current.retain(|r| !stopped.contains(&(r.tenant.clone(), r.agent.clone())));
+                let footprint: HashMap<&str, u64> =
+                    want.iter().map(|d| (d.tenant.as_str(), d.memory_bytes)).collect();
+                for r in &mut current {
+                    let kept = plan.keep.iter().any(|p| p.tenant == r.tenant && p.agent == r.agent);
+                    if kept {
+                        r.memory_bytes = r.memory_bytes.max(footprint[r.tenant.as_str()]);
+                    }
+                }
+                for p in &plan.start {
+                    current.push(CurrentReplica {
+                        tenant: p.tenant.clone(),
+                        agent: p.agent.clone(),
+                        ready: false,
+                        memory_bytes: footprint[p.tenant.as_str()],
+                    });
+                }
+                for t in &served {
+                    prop_assert!(
+                        current.iter().any(|r| &r.tenant == t && r.ready),
+                        "tenant {t} has no ready replica: {current:?}"
+                    );
+                }
+                for a in &agents {
+                    let used: u64 = current.iter().filter(|r| r.agent == a.agent).map(|r| r.memory_bytes).sum();
+                    prop_assert!(used <= a.memory_bytes, "agent {} at {used} of {}", a.agent, a.memory_bytes);
+                }
+                // Between rounds the agents apply the new knobs, except to replicas held until
+                // replaced: those keep serving with what they run.
+                for r in &mut current {
+                    let held = plan.hold_until_replaced.iter().any(|p| p.tenant == r.tenant && p.agent == r.agent);
+                    if !held {
+                        r.memory_bytes = footprint[r.tenant.as_str()];
+                    }
+                }
+                served.extend(current.iter().filter(|r| r.ready).map(|r| r.tenant.clone()));
             }
         }
     }

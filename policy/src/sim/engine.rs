@@ -529,7 +529,8 @@ impl Sim<'_> {
             let tenant = &mut self.tenants[t];
             let mem = tenant.model.memory_bytes(tenant.controller.knobs());
             if let Some(r) = tenant.replicas.iter_mut().find(|r| r.agent == a) {
-                r.memory_bytes = r.memory_bytes.max(mem);
+                // The agent applies the new knobs before the next round.
+                r.memory_bytes = mem;
             }
         }
         let mut started = Vec::new();
