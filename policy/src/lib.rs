@@ -5,6 +5,17 @@
 //! Nothing here reads a clock: time arrives as `now_s` (seconds on any monotonic origin).
 //! The only I/O is [`profile::ProfileTable::load`], which reads a profile file for callers that
 //! want it; everything else takes plain values.
+//!
+//! One decision round, as the operator (and [`sim`]) runs it every report interval:
+//! 1. once per tenant, after profiling: [`choose_approach`] picks the approach and starting
+//!    knobs, [`LatencyModel::from_profile`] builds the model, [`ScalerState::new`] the memory;
+//! 2. per tenant and window: [`step`] moves the knobs (or asks for a replica), then
+//!    [`ReplicaState::decide`] sets the replica count from the arrival rate and
+//!    [`LatencyModel::throughput`] at the knobs;
+//! 3. for the pool: [`place`] with every tenant's [`ReplicaDemand`] (footprint from
+//!    [`LatencyModel::memory_bytes`], load from [`LatencyModel::gpu_util`]) and the running
+//!    replicas; apply `stop` and `start`, leave `hold_until_replaced` running as it is;
+//! 4. [`size_pool`] with the plan's `unplaced` replicas: add, undrain, drain, remove agents.
 
 pub mod dnnscaler;
 pub mod knobs;

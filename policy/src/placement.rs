@@ -143,7 +143,7 @@ pub fn place(
                 && !u.tenants.contains(&t)
                 && u.memory.saturating_add(grow) <= agents[a].memory_bytes;
             if fits && kept[t] < d.replicas {
-                u.memory += grow;
+                u.memory = u.memory.saturating_add(grow);
                 u.load += d.load;
                 u.tenants.push(t);
                 kept[t] += 1;
@@ -196,11 +196,18 @@ pub fn place(
                         && u.memory.saturating_add(d.memory_bytes) <= cap.memory_bytes
                         && u.load + d.load <= cap.compute + 1e-9
                 })
-                .min_by_key(|(a, cap)| (cap.memory_bytes - used[*a].memory - d.memory_bytes, *a))
+                .min_by_key(|(a, cap)| {
+                    (
+                        cap.memory_bytes
+                            .saturating_sub(used[*a].memory)
+                            .saturating_sub(d.memory_bytes),
+                        *a,
+                    )
+                })
                 .map(|(a, _)| a);
             let Some(a) = best else { break };
             let u = &mut used[a];
-            u.memory += d.memory_bytes;
+            u.memory = u.memory.saturating_add(d.memory_bytes);
             u.load += d.load;
             u.tenants.push(t);
             plan.start.push(Placement {

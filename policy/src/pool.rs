@@ -68,11 +68,11 @@ pub fn agents_needed(unplaced: &[Unplaced], cfg: &PoolConfig) -> (u32, Vec<Strin
             if left == 0 {
                 break;
             }
-            if bin.0 + u.memory_bytes <= cfg.agent_memory_bytes
+            if bin.0.saturating_add(u.memory_bytes) <= cfg.agent_memory_bytes
                 && bin.1 + u.load <= cfg.agent_compute + 1e-9
                 && !bin.2.contains(&t)
             {
-                bin.0 += u.memory_bytes;
+                bin.0 = bin.0.saturating_add(u.memory_bytes);
                 bin.1 += u.load;
                 bin.2.push(t);
                 left -= 1;
