@@ -210,4 +210,22 @@ mod tests {
             Err(ProfileError::Io { .. })
         ));
     }
+
+    #[test]
+    fn shipped_tables_are_valid() {
+        for (name, text) in [
+            (
+                "cpu-measured.json",
+                include_str!("../profiles/cpu-measured.json"),
+            ),
+            (
+                "gpu-synthetic.json",
+                include_str!("../profiles/gpu-synthetic.json"),
+            ),
+        ] {
+            let t = ProfileTable::parse(text, name).unwrap();
+            assert!(t.models.len() >= 3, "{name}");
+            assert!(!t.source.is_empty(), "{name} says where it came from");
+        }
+    }
 }

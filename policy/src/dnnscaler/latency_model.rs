@@ -254,3 +254,62 @@ mod tests {
         assert_eq!(m.largest_batch_within(1, 1.0, 64), None);
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn point() -> impl Strategy<Value = ProfilePoint> {
+        (
+            1u32..64,
+            1u32..8,
+            0.01f64..1e5,
+            0.01f64..1e4,
+            0u64..1 << 32,
+            prop::option::of(0.0f64..=1.0),
+        )
+            .prop_map(|(batch, instances, throughput, p99_ms, act, gpu_util)| {
+                ProfilePoint {
+                    batch,
+                    instances,
+                    throughput,
+                    p99_ms,
+                    peak_activation_bytes: act,
+                    gpu_util,
+                }
+            })
+    }
+
+    proptest! {
+        /// Any profile that passes validation gives finite, positive predictions everywhere, so
+        /// the scaler and the placement never see NaN or zero from the model.
+        #[test]
+        fn predictions_are_finite_and_positive(
+            base in point(),
+            others in prop::collection::vec(point(), 0..8),
+            weight in 0u64..1 << 34,
+        ) {
+            let mut points = vec![ProfilePoint { batch: 1, instances: 1, ..base }];
+            for p in others {
+                if !points.iter().any(|q| q.knobs() == p.knobs()) {
+                    points.push(p);
+                }
+            }
+            let profile = Profile { model: "m".into(), weight_bytes: weight, points };
+            let table = crate::profile::ProfileTable { source: "t".into(), device: String::new(), models: vec![profile] };
+            prop_assume!(table.validate("t").is_ok());
+            let m = LatencyModel::from_profile(&table.models[0]);
+            for b in [1, 2, 3, 7, 16, 64, 200] {
+                for i in [1, 2, 5, 8, 16] {
+                    let k = Knobs::new(b, i);
+                    for v in [m.p99_ms(k), m.service_ms(k), m.throughput(k), m.gpu_util(k)] {
+                        prop_assert!(v.is_finite() && v > 0.0, "{k:?} -> {v}");
+                    }
+                    prop_assert!(m.p99_ms(k) >= m.service_ms(k) * 0.999_999);
+                    prop_assert!(m.memory_bytes(k) >= weight);
+                }
+            }
+        }
+    }
+}

@@ -175,4 +175,17 @@ mod tests {
             (Approach::Batching, Knobs::new(8, 1))
         );
     }
+
+    #[test]
+    fn the_synthetic_gpu_table_has_the_papers_shapes() {
+        let text = include_str!("../../profiles/gpu-synthetic.json");
+        let t = crate::profile::ProfileTable::parse(text, "gpu-synthetic.json").unwrap();
+        let pick = |m: &str, slo: f64| {
+            choose_approach(t.get(m, "t").unwrap(), &Slo::p99(slo), &Bounds::default()).approach
+        };
+        assert_eq!(pick("resnet50", 60.0), Approach::Batching);
+        assert_eq!(pick("vgg16", 100.0), Approach::Batching);
+        assert_eq!(pick("squeezenet", 8.0), Approach::MultiTenancy);
+        assert_eq!(pick("mobilenet_v2", 30.0), Approach::Joint);
+    }
 }
