@@ -9,10 +9,13 @@
 //! only when the situation changes (another SLO, or the arrival rate moved by more than
 //! `context_change`), so a stationary tenant settles instead of oscillating.
 //!
-//! Open-loop arrivals add a case the paper's closed loop did not have: when requests arrive faster
-//! than they are served, latency is queueing, and a smaller knob would only serve fewer; then the
-//! knob grows if the model says the larger one still fits, and otherwise the tenant needs more
-//! replicas.
+//! Open-loop arrivals add a case the paper's closed loop did not have: latency is queueing plus
+//! batch time, and a smaller knob serves fewer requests. So the latency model is consulted before
+//! any move: growth stops where one batch's predicted p99 would take more than `service_share` of
+//! the SLO (the rest is left for queueing). On a violation whose cause the model says is not the
+//! batch time, the knob grows if requests pile up and a larger one fits, and otherwise the tenant
+//! asks for a replica; only if that repeats `asks_before_shrink` times (the model must be wrong)
+//! or the batch time itself is too long does the knob shrink.
 
 use super::latency_model::LatencyModel;
 use super::profiler::Approach;
