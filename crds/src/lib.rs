@@ -7,6 +7,7 @@ mod common;
 pub mod conditions;
 mod pool;
 mod tenant;
+mod validate;
 
 pub use agent::{
     Assignment, Device, DeviceKind, GpuAgent, GpuAgentSpec, GpuAgentStatus, LoadedTenant,
@@ -18,6 +19,7 @@ pub use tenant::{
     Approach, ChosenApproach, ModelTenant, ModelTenantSpec, ModelTenantStatus, Observed, Profile,
     ProfilePoint, ReplicaPlacement, Scaling, TenantPhase,
 };
+pub use validate::FieldError;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,

@@ -47,3 +47,45 @@ fn examples_deserialise_with_defaults() {
     assert_eq!(pool.spec.template.gpus_per_agent, 1);
     assert_eq!(pool.spec.gpu_memory_mib, Some(143360));
 }
+
+#[test]
+fn standalone_validation_names_the_field() {
+    let base = "model:\n  uri: file://m.onnx\nslo:\n  latencyMillis: 50\n";
+    let spec = |yaml: &str| -> cotenant_crds::ModelTenantSpec {
+        serde_yaml::from_str(yaml).expect("parses")
+    };
+    assert!(spec(base).validate().is_ok());
+    let cases = [
+        (base.replace("50", "0"), "spec.slo.latencyMillis"),
+        (
+            base.replace("50", "50\n  percentile: 99.995"),
+            "spec.slo.percentile",
+        ),
+        (
+            base.replace("50", "50\n  percentile: 30"),
+            "spec.slo.percentile",
+        ),
+        (base.replace("file://", "ftp://"), "spec.model.uri"),
+        (
+            base.replace("m.onnx", "m.onnx\n  sha256: abc"),
+            "spec.model.sha256",
+        ),
+        (
+            format!("{base}scaling:\n  maxBatchSize: 0\n"),
+            "spec.scaling.maxBatchSize",
+        ),
+        (
+            format!("{base}scaling:\n  maxInstances: 65\n"),
+            "spec.scaling.maxInstances",
+        ),
+        (
+            format!("{base}scaling:\n  minReplicas: 3\n  maxReplicas: 2\n"),
+            "spec.scaling.minReplicas",
+        ),
+        (format!("{base}pool: Bad_Pool\n"), "spec.pool"),
+    ];
+    for (yaml, field) in cases {
+        let err = spec(&yaml).validate().expect_err(field);
+        assert_eq!(err.field, field, "{yaml}");
+    }
+}

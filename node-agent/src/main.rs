@@ -1,9 +1,13 @@
 //! `cotenant-agent`: the process that owns one GPU (or the CPU) and serves its tenants.
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod load;
+mod registry;
+mod serve;
+mod standalone;
 mod tools;
 
 /// The cotenant agent: runs many inference models on one GPU and holds each to its latency SLO.
@@ -24,6 +28,15 @@ enum Command {
         /// Address to serve the Open Inference Protocol (HTTP) on.
         #[arg(long, default_value = "127.0.0.1:8000")]
         listen: String,
+        /// CPU threads shared by all tenants (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// File holding the bearer token `/report` requires; without it `/report` answers 401.
+        #[arg(long)]
+        report_token_file: Option<PathBuf>,
+        /// Log as JSON lines instead of text.
+        #[arg(long)]
+        log_json: bool,
     },
     /// Run inside Kubernetes as an agent pod: watch this pod's GpuAgent and serve its assignments.
     Kubernetes,
@@ -38,13 +51,69 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Standalone { tenants, listen } => bail!(
-            "standalone serving is not built yet (issue: node agent); would serve {} on {listen}",
-            tenants.display()
-        ),
+        Command::Standalone {
+            tenants,
+            listen,
+            threads,
+            report_token_file,
+            log_json,
+        } => {
+            init_logs(log_json);
+            let report_token = match report_token_file {
+                Some(path) => Some(
+                    std::fs::read_to_string(&path)
+                        .with_context(|| {
+                            format!("cannot read --report-token-file {}", path.display())
+                        })?
+                        .trim()
+                        .to_string(),
+                ),
+                None => None,
+            };
+            let options = standalone::Options {
+                tenants,
+                listen,
+                threads: threads.unwrap_or_else(tools::default_threads),
+                report_token,
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?
+                .block_on(standalone::run(options))
+        }
         Command::Kubernetes => bail!("Kubernetes mode is not built yet (issue: node agent)"),
         Command::Zoo(args) => tools::zoo::main(args),
         Command::Run(args) => tools::run::main(args),
         Command::Bench(args) => tools::bench::main(args),
     }
+}
+
+fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("COTENANT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    if json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+}
+
+/// Resolves on SIGTERM (the kubelet stopping the pod) or Ctrl-C.
+pub async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = terminate => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+    tracing::info!("shutting down: finishing accepted requests");
 }

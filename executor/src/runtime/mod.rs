@@ -49,7 +49,7 @@ pub enum Rejected {
     TooManyRows { rows: usize, limit: usize },
     #[error("queue full ({0} requests waiting)")]
     QueueFull(usize),
-    #[error("predicted latency {predicted:?} exceeds the SLO {slo:?}")]
+    #[error("predicted queueing delay {predicted:?} exceeds the SLO {slo:?}")]
     WouldMissSlo { predicted: Duration, slo: Duration },
     #[error("the tenant is shutting down")]
     Closed,
@@ -246,10 +246,7 @@ impl Tenant {
             return Err(Rejected::QueueFull(queue.items.len()));
         }
         if let Some(per_batch) = batch_time {
-            // Rounds of `instances` parallel batches needed before this request is done.
-            let per_round = (max_batch * instances).max(1);
-            let rounds = (queue.queued_rows + rows.rows).div_ceil(per_round) as u32;
-            let predicted = per_batch * rounds.max(1);
+            let predicted = predicted_wait(per_batch, queue.queued_rows, max_batch, instances);
             if predicted > slo {
                 shared.stats.shed(ShedReason::WouldMissSlo);
                 return Err(Rejected::WouldMissSlo { predicted, slo });
@@ -285,6 +282,20 @@ impl Drop for Tenant {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// How long a new request waits before its batch starts: the rounds of `instances` parallel
+/// batches of `max_batch` rows needed to clear what is queued. Only the wait counts: with an
+/// empty queue a request is always admitted, so a tenant slower than its SLO still serves and
+/// keeps being measured.
+pub fn predicted_wait(
+    per_batch: Duration,
+    queued_rows: usize,
+    max_batch: usize,
+    instances: usize,
+) -> Duration {
+    let per_round = (max_batch * instances).max(1);
+    per_batch * u32::try_from(queued_rows / per_round).unwrap_or(u32::MAX)
 }
 
 /// Takes the next batch: the oldest request plus later ones with the same shapes, up to

@@ -1,0 +1,106 @@
+//! The API server's validation rules for a ModelTenant, for the places with no API server in
+//! front (the agent's standalone mode). Keep in step with the schema attributes and CEL rules in
+//! `tenant.rs` and `common.rs`; `tests/generated.rs` checks both on the same cases.
+
+use crate::tenant::ModelTenantSpec;
+
+/// An invalid field: its path, as the API server would name it, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+fn fail(field: &str, message: impl Into<String>) -> Result<(), FieldError> {
+    Err(FieldError {
+        field: field.to_string(),
+        message: message.into(),
+    })
+}
+
+fn within(field: &str, value: f64, min: f64, max: f64) -> Result<(), FieldError> {
+    if value.is_finite() && value >= min && value <= max {
+        Ok(())
+    } else {
+        fail(field, format!("{value} must be within [{min}, {max}]"))
+    }
+}
+
+impl ModelTenantSpec {
+    /// The first rule this spec breaks, if any.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let uri = &self.model.uri;
+        let scheme_ok = ["file://", "http://", "https://"]
+            .iter()
+            .any(|s| uri.starts_with(s) && uri.len() > s.len());
+        if !scheme_ok || uri.len() > 2048 || uri.chars().any(char::is_whitespace) {
+            fail(
+                "spec.model.uri",
+                format!("{uri:?} must be a file://, http:// or https:// URI"),
+            )?;
+        }
+        if let Some(sha) = &self.model.sha256
+            && (sha.len() != 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()))
+        {
+            fail("spec.model.sha256", "must be 64 hex characters")?;
+        }
+        let slo = &self.slo;
+        if !(slo.latency_millis.is_finite()
+            && slo.latency_millis > 0.0
+            && slo.latency_millis <= 600_000.0)
+        {
+            fail(
+                "spec.slo.latencyMillis",
+                "must be greater than 0 and at most 600000",
+            )?;
+        }
+        within("spec.slo.percentile", slo.percentile, 50.0, 99.99)?;
+        let s = &self.scaling;
+        within(
+            "spec.scaling.maxBatchSize",
+            f64::from(s.max_batch_size),
+            1.0,
+            1024.0,
+        )?;
+        within(
+            "spec.scaling.maxInstances",
+            f64::from(s.max_instances),
+            1.0,
+            64.0,
+        )?;
+        within(
+            "spec.scaling.minReplicas",
+            f64::from(s.min_replicas),
+            1.0,
+            1000.0,
+        )?;
+        within(
+            "spec.scaling.maxReplicas",
+            f64::from(s.max_replicas),
+            1.0,
+            1000.0,
+        )?;
+        if s.min_replicas > s.max_replicas {
+            fail(
+                "spec.scaling.minReplicas",
+                "minReplicas must be less than or equal to maxReplicas",
+            )?;
+        }
+        let pool_ok = !self.pool.is_empty()
+            && self.pool.len() <= 253
+            && self
+                .pool
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            && !self.pool.starts_with(['-', '.'])
+            && !self.pool.ends_with(['-', '.']);
+        if !pool_ok {
+            fail(
+                "spec.pool",
+                format!("{:?} must be a lowercase DNS name", self.pool),
+            )?;
+        }
+        Ok(())
+    }
+}

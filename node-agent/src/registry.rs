@@ -1,0 +1,98 @@
+//! The tenants this agent holds, by served model name, each Loading, Ready or Failed. A failed
+//! tenant keeps its reason and never disturbs the others.
+
+use cotenant_executor::runtime::Tenant;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+/// One tensor of a model's signature as metadata reports it (`-1` for a variable dimension).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TensorMeta {
+    pub name: String,
+    pub datatype: String,
+    pub shape: Vec<i64>,
+}
+
+/// What a tenant is doing.
+#[derive(Clone)]
+pub enum State {
+    Loading,
+    Ready {
+        tenant: Arc<Tenant>,
+        inputs: Vec<TensorMeta>,
+        outputs: Vec<TensorMeta>,
+    },
+    Failed(String),
+}
+
+impl State {
+    pub fn word(&self) -> &'static str {
+        match self {
+            State::Loading => "Loading",
+            State::Ready { .. } => "Ready",
+            State::Failed(_) => "Failed",
+        }
+    }
+}
+
+/// A tenant replica on this agent.
+#[derive(Clone)]
+pub struct Entry {
+    /// Name clients use in `/v2/models/<name>`.
+    pub name: String,
+    /// Where the model came from (for errors and reports).
+    pub source: String,
+    pub slo_millis: f64,
+    pub percentile: f64,
+    pub state: State,
+}
+
+/// All tenants of the agent.
+#[derive(Default)]
+pub struct Registry {
+    entries: RwLock<BTreeMap<String, Arc<Entry>>>,
+}
+
+impl Registry {
+    pub fn get(&self, name: &str) -> Option<Arc<Entry>> {
+        self.entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Entry>> {
+        self.entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Adds or replaces an entry.
+    pub fn put(&self, entry: Entry) {
+        self.entries
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(entry.name.clone(), Arc::new(entry));
+    }
+
+    /// Changes the state of `name`, keeping the rest of its entry.
+    pub fn set_state(&self, name: &str, state: State) {
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = entries.get(name) {
+            let mut next = Entry::clone(entry);
+            next.state = state;
+            entries.insert(name.to_string(), Arc::new(next));
+        }
+    }
+
+    /// Ready for traffic once nothing is still loading.
+    pub fn settled(&self) -> bool {
+        self.all()
+            .iter()
+            .all(|e| !matches!(e.state, State::Loading))
+    }
+}

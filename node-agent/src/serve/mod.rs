@@ -1,0 +1,55 @@
+//! The HTTP surface of the agent: the Open Inference Protocol (KServe v2 REST), Prometheus
+//! metrics and the operator's report. Handlers only translate; queueing, batching and admission
+//! live in the executor's runtime.
+
+mod codec;
+mod error;
+pub mod metrics;
+mod oip;
+pub mod report;
+
+pub use codec::wire_name;
+
+use crate::registry::Registry;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use std::sync::Arc;
+
+/// Largest request body (JSON header plus binary tensors) the agent reads: 64 MiB.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// Shared by every handler.
+pub struct AppState {
+    pub registry: Arc<Registry>,
+    /// Bearer token the report endpoint requires; `None` refuses every report request.
+    pub report_token: Option<String>,
+}
+
+/// The Open Inference Protocol routes plus `/metrics` and `/report`.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v2", get(oip::server_metadata))
+        .route("/v2/health/live", get(oip::live))
+        .route("/v2/health/ready", get(oip::ready))
+        .route("/v2/models/{model}", get(oip::model_metadata))
+        .route(
+            "/v2/models/{model}/versions/{version}",
+            get(oip::model_metadata_versioned),
+        )
+        .route("/v2/models/{model}/ready", get(oip::model_ready))
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(oip::model_ready_versioned),
+        )
+        .route("/v2/models/{model}/infer", post(oip::infer))
+        .route(
+            "/v2/models/{model}/versions/{version}/infer",
+            post(oip::infer_versioned),
+        )
+        .route("/metrics", get(metrics::render))
+        .route("/report", get(report::render))
+        .fallback(oip::not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}

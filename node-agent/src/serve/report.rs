@@ -1,0 +1,88 @@
+//! `/report`: everything the operator's scaler needs about each tenant, as JSON, for the operator
+//! alone. A request must carry `Authorization: Bearer <token>` with the token this agent was given
+//! (standalone: `--report-token-file`); anything else gets 401.
+
+use super::AppState;
+use super::error::ApiError;
+use crate::registry::State as TenantState;
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+pub async fn render(
+    State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let authorised = match (&app.report_token, presented) {
+        (Some(expected), Some(given)) => {
+            constant_time_eq(expected.as_bytes(), given.trim().as_bytes())
+        }
+        _ => false,
+    };
+    if !authorised {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "the report is for the operator only",
+        ));
+    }
+    let tenants: Vec<Value> = app
+        .registry
+        .all()
+        .iter()
+        .map(|e| {
+            let mut t = json!({
+                "name": e.name,
+                "source": e.source,
+                "state": e.state.word(),
+                "sloMillis": e.slo_millis,
+                "percentile": e.percentile,
+            });
+            match &e.state {
+                TenantState::Ready { tenant, .. } => {
+                    let (batch, instances) = tenant.knobs();
+                    let w = tenant.stats().window();
+                    t["knobs"] = json!({ "batchSize": batch, "instances": instances });
+                    t["queueDepth"] = json!(tenant.queue_depth());
+                    t["latencyAtPercentileMillis"] = json!(
+                        tenant
+                            .stats()
+                            .latency_percentile(e.percentile)
+                            .map(|d| d.as_secs_f64() * 1e3)
+                    );
+                    t["window"] = json!({
+                        "seconds": w.window_secs,
+                        "arrivalRatePerSecond": w.arrival_rate_per_sec,
+                        "throughputPerSecond": w.throughput_per_sec,
+                        "completions": w.completions,
+                        "errors": w.errors,
+                        "shed": w.shed,
+                        "sloAttainment": w.slo_attainment,
+                        "queueP99Millis": w.queue_p99_ms,
+                        "computeP50Millis": w.compute_p50_ms,
+                        "computeP99Millis": w.compute_p99_ms,
+                        "latencyP50Millis": w.latency_p50_ms,
+                        "latencyP95Millis": w.latency_p95_ms,
+                        "latencyP99Millis": w.latency_p99_ms,
+                        "batchSizes": w.batch_sizes,
+                    });
+                    t["weightBytes"] = json!(tenant.model().plan.weight_bytes());
+                }
+                TenantState::Failed(reason) => t["error"] = json!(reason),
+                TenantState::Loading => {}
+            }
+            t
+        })
+        .collect();
+    Ok(Json(json!({ "tenants": tenants })))
+}
+
+/// Compares without leaking where the first difference is.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
