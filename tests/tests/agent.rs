@@ -1,0 +1,145 @@
+//! The standalone agent against real clients: tritonclient and onnxruntime (via
+//! `tests/python/oip_client.py`), bad requests, failed tenants, metrics and the report.
+
+use cotenant_e2e::cluster::free_port;
+use cotenant_e2e::process::{Lifetime, Process};
+use cotenant_e2e::{TestNamespace, http_get, poll, workspace_binary};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+fn python() -> PathBuf {
+    std::env::var_os("COTENANT_PYTHON")
+        .map(PathBuf::from)
+        .expect("COTENANT_PYTHON must name the reference venv's python: run cargo xtask test")
+}
+
+fn tenant_yaml(name: &str, uri: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: {name}\nspec:\n  model:\n    uri: {uri}\n{extra}  slo:\n    latencyMillis: 5000\n"
+    )
+}
+
+fn zoo(agent: &Path, models: &Path, name: &str, file: &str, extra: &[&str]) {
+    let status = Command::new(agent)
+        .args(["zoo", name, "--out"])
+        .arg(models.join(file))
+        .args(extra)
+        .status()
+        .expect("cotenant-agent zoo runs");
+    assert!(status.success(), "zoo {name} failed");
+}
+
+#[test]
+#[ignore = "needs COTENANT_PYTHON and the agent binary: cargo xtask test"]
+fn standalone_agent_serves_real_clients() {
+    let python = python();
+    let agent = workspace_binary("cotenant-agent");
+    let dir = std::env::temp_dir().join(format!("cotenant-agent-test-{}", std::process::id()));
+    let models = dir.join("models");
+    std::fs::create_dir_all(&models).expect("temp dir");
+    zoo(&agent, &models, "squeezenet", "squeezenet.onnx", &[]);
+    zoo(
+        &agent,
+        &models,
+        "bert",
+        "bert.onnx",
+        &[
+            "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "16", "--vocab", "100",
+        ],
+    );
+    std::fs::write(models.join("garbage.onnx"), b"this is not an onnx file").expect("write");
+
+    let files = [
+        (
+            "squeezenet.yaml",
+            tenant_yaml("squeezenet", "file://models/squeezenet.onnx", ""),
+        ),
+        (
+            "bert.yaml",
+            tenant_yaml("bert", "file://models/bert.onnx", ""),
+        ),
+        (
+            "garbage.yaml",
+            tenant_yaml("garbage", "file://models/garbage.onnx", ""),
+        ),
+        (
+            "missing.yaml",
+            tenant_yaml("missing", "file://models/missing.onnx", ""),
+        ),
+        (
+            "wrong-sha.yaml",
+            tenant_yaml(
+                "wrong-sha",
+                "file://models/squeezenet.onnx",
+                &format!("    sha256: {}\n", "0".repeat(64)),
+            ),
+        ),
+        (
+            "invalid.yaml",
+            tenant_yaml("invalid", "ftp://nowhere/m.onnx", ""),
+        ),
+        ("not-yaml.yaml", "kind: [".to_string()),
+    ];
+    for (file, text) in &files {
+        std::fs::write(dir.join(file), text).expect("write tenant");
+    }
+    std::fs::write(dir.join("token"), "s3cret\n").expect("token");
+
+    let addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    let mut cmd = Command::new(&agent);
+    cmd.args(["standalone", "--tenants"])
+        .arg(&dir)
+        .args(["--listen", &addr, "--threads", "2", "--report-token-file"])
+        .arg(dir.join("token"));
+    let mut server =
+        Process::spawn("agent", cmd, &dir, Lifetime::WithParent).expect("agent starts");
+    let ready = poll("agent readiness", Duration::from_secs(120), || {
+        if !server.is_running() {
+            return Ok(false);
+        }
+        match http_get(&addr, "/v2/health/ready") {
+            Ok((200, _)) => Ok(true),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert!(
+        matches!(ready, Ok(true)),
+        "{ready:?}\n{}",
+        server.log_tail(30)
+    );
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    assert!(
+        log.contains("invalid.yaml") && log.contains("spec.model.uri"),
+        "{log}"
+    );
+    assert!(log.contains("not-yaml.yaml"), "{log}");
+
+    let out = Command::new(python)
+        .arg(TestNamespace::repo_root().join("tests/python/oip_client.py"))
+        .args(["--url", &addr, "--models"])
+        .arg(&models)
+        .args([
+            "--good",
+            "squeezenet,bert",
+            "--failed",
+            "garbage,missing,wrong-sha",
+            "--report-token",
+            "s3cret",
+        ])
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "oip_client.py failed:\n{stdout}\n{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log_tail(30)
+    );
+    // Failed tenants say why.
+    let (_, meta) = http_get(&addr, "/v2/models/wrong-sha").expect("metadata");
+    assert!(meta.contains("Failed"), "{meta}");
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
