@@ -16,7 +16,15 @@ pub trait Backend: Send + Sync {
     fn scope(&self, f: &mut (dyn FnMut() + Send));
     /// Runs one op.
     fn execute(&self, op: &Op, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, OpError>;
+    /// Takes back an activation the plan no longer needs, so its memory can serve a later
+    /// output (the memory plan's buffer reuse). Dropping it is always correct.
+    fn recycle(&self, t: Tensor) {
+        drop(t);
+    }
 }
+
+/// Most buffers the CPU backend keeps for reuse; beyond that they are freed.
+const POOL_MAX_BUFFERS: usize = 32;
 
 /// The CPU backend: a private rayon pool sized to the caller's thread budget, so several tenants
 /// can share the cores without oversubscribing them.
@@ -25,6 +33,8 @@ pub struct CpuBackend {
     pool: Option<rayon::ThreadPool>,
     /// im2col scratch reused across convolutions of a run.
     scratch: Mutex<Vec<f32>>,
+    /// Freed activation buffers, reused for new outputs.
+    buffers: Mutex<Vec<Vec<f32>>>,
 }
 
 impl CpuBackend {
@@ -46,6 +56,7 @@ impl CpuBackend {
             threads,
             pool,
             scratch: Mutex::new(Vec::new()),
+            buffers: Mutex::new(Vec::new()),
         }
     }
 
@@ -70,9 +81,21 @@ impl Backend for CpuBackend {
         let cx = Cx::new(self.threads);
         // A poisoned lock only means another run panicked mid-op; the scratch is still usable.
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::swap(&mut *cx.scratch.borrow_mut(), &mut *guard);
+        std::mem::swap(&mut *cx.pool.borrow_mut(), &mut *buffers);
         let res = op.eval(&cx, inputs);
         std::mem::swap(&mut *cx.scratch.borrow_mut(), &mut *guard);
+        std::mem::swap(&mut *cx.pool.borrow_mut(), &mut *buffers);
         res
+    }
+
+    fn recycle(&self, t: Tensor) {
+        if let crate::tensor::Data::F32(v) = t.data {
+            let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+            if buffers.len() < POOL_MAX_BUFFERS {
+                buffers.push(v);
+            }
+        }
     }
 }

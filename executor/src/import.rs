@@ -358,3 +358,133 @@ pub fn encode_tensor(name: &str, t: &Tensor) -> TensorProto {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{
+        GraphProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TypeProto,
+        TypeProtoTensor, ValueInfoProto,
+    };
+
+    fn model_with(weight: TensorProto) -> ModelProto {
+        let vi = |name: &str| ValueInfoProto {
+            name: name.into(),
+            r#type: Some(TypeProto {
+                tensor_type: Some(TypeProtoTensor {
+                    elem_type: 1,
+                    shape: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: 13,
+            }],
+            graph: Some(GraphProto {
+                node: vec![NodeProto {
+                    input: vec!["x".into(), "w".into()],
+                    output: vec!["y".into()],
+                    op_type: "Add".into(),
+                    ..Default::default()
+                }],
+                initializer: vec![weight],
+                input: vec![vi("x")],
+                output: vec![vi("y")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn external(location: &str, offset: usize) -> TensorProto {
+        let kv = |k: &str, v: String| StringStringEntryProto {
+            key: k.into(),
+            value: v,
+        };
+        TensorProto {
+            dims: vec![3],
+            data_type: 1,
+            name: "w".into(),
+            data_location: 1,
+            external_data: vec![
+                kv("location", location.into()),
+                kv("offset", offset.to_string()),
+                kv("length", "12".into()),
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reads_external_data_next_to_the_model() {
+        let dir = std::env::temp_dir().join(format!("cotenant-extdata-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut blob = vec![0u8; 4];
+        for v in [1.0f32, 2.0, 3.0] {
+            blob.extend(v.to_le_bytes());
+        }
+        std::fs::write(dir.join("weights.bin"), &blob).unwrap();
+        std::fs::write(
+            dir.join("m.onnx"),
+            model_with(external("weights.bin", 4)).encode_to_vec(),
+        )
+        .unwrap();
+        let g = load(dir.join("m.onnx")).unwrap();
+        let w = g.constants.values().next().unwrap();
+        assert_eq!(w.as_f32().unwrap(), &[1.0, 2.0, 3.0]);
+        // Outside the model's folder, past the end of the file, or without a folder: errors.
+        for (loc, off) in [
+            ("../weights.bin", 4),
+            ("/etc/passwd", 0),
+            ("weights.bin", 8),
+        ] {
+            std::fs::write(
+                dir.join("bad.onnx"),
+                model_with(external(loc, off)).encode_to_vec(),
+            )
+            .unwrap();
+            assert!(
+                matches!(
+                    load(dir.join("bad.onnx")),
+                    Err(ImportError::BadTensor { .. })
+                ),
+                "{loc} at {off}"
+            );
+        }
+        assert!(
+            import(
+                &model_with(external("weights.bin", 4)).encode_to_vec(),
+                None
+            )
+            .is_err()
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn typed_and_raw_initializers_decode_alike() {
+        let typed = TensorProto {
+            dims: vec![2],
+            data_type: 1,
+            float_data: vec![1.5, -2.0],
+            ..Default::default()
+        };
+        let raw = encode_tensor("r", &Tensor::f32(vec![2], vec![1.5, -2.0]).unwrap());
+        assert_eq!(
+            decode_tensor(&typed, None).unwrap(),
+            decode_tensor(&raw, None).unwrap()
+        );
+        let short = TensorProto {
+            dims: vec![3],
+            data_type: 1,
+            float_data: vec![1.0],
+            ..Default::default()
+        };
+        assert!(decode_tensor(&short, None).is_err());
+    }
+}

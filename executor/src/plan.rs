@@ -325,7 +325,9 @@ impl Plan {
                 }
             }
             for &f in &s.frees {
-                values[f] = None;
+                if let Some(t) = values[f].take() {
+                    backend.recycle(t);
+                }
             }
             if let (Some(p), Some(t0)) = (&self.profile, started) {
                 let mut p = p.lock().unwrap_or_else(|e| e.into_inner());

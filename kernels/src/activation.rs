@@ -92,6 +92,7 @@ pub fn exp(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // Adding and subtracting 1.5·2^23 rounds to the nearest integer without a call.
     const ROUND: f32 = 12_582_912.0;
+    let orig = x;
     let x = x.clamp(-87.0, 88.0);
     let n = (x * LOG2E + ROUND) - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
@@ -103,7 +104,9 @@ pub fn exp(x: f32) -> f32 {
         * r
         + r
         + 1.0;
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    let v = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // Underflow is 0 (a select, so the loop still vectorises).
+    if orig < -87.0 { 0.0 } else { v }
 }
 
 /// Error function: Abramowitz–Stegun 7.1.26 (absolute error below 1.5e-7), vectorisable.

@@ -88,8 +88,7 @@ pub fn conv2d(
     scratch: &mut Vec<f32>,
     threads: usize,
 ) {
-    let (cg, mg) = (p.c / p.groups, p.m / p.groups);
-    let k = cg * p.kh * p.kw;
+    let k = (p.c / p.groups) * p.kh * p.kw;
     let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
     assert_eq!(input.len(), p.n * p.c * in_plane, "conv2d input size");
     assert_eq!(weight.len(), p.m * k, "conv2d weight size");
@@ -97,37 +96,94 @@ pub fn conv2d(
     fill_bias(out, bias, out_plane);
     if p.is_depthwise() {
         depthwise(p, input, weight, out, bias.is_some(), threads);
+        if let Some(a) = act {
+            a.apply_slice(threads, out);
+        }
+        return;
+    }
+    let (per_in, per_out) = (p.c * in_plane, p.m * out_plane);
+    if threads > 1 && p.n >= threads {
+        // A batch at least as large as the thread budget: one image per thread, each with its
+        // own single-threaded GEMMs, beats splitting small GEMMs across threads.
+        out.par_chunks_mut(per_out)
+            .enumerate()
+            .for_each(|(ni, dst)| {
+                IMAGE_SCRATCH.with(|s| {
+                    let mut s = s.borrow_mut();
+                    conv_image(
+                        p,
+                        &input[ni * per_in..(ni + 1) * per_in],
+                        weight,
+                        bias.is_some(),
+                        act,
+                        dst,
+                        &mut s,
+                        1,
+                    )
+                })
+            });
     } else {
-        scratch.resize(p.scratch_len(), 0.0);
         for ni in 0..p.n {
-            let img = &input[ni * p.c * in_plane..(ni + 1) * p.c * in_plane];
-            let dst = &mut out[ni * p.m * out_plane..(ni + 1) * p.m * out_plane];
-            for g in 0..p.groups {
-                let wg = &weight[g * mg * k..(g + 1) * mg * k];
-                let xg = &img[g * cg * in_plane..(g + 1) * cg * in_plane];
-                let b = if p.is_pointwise() {
-                    Mat::row_major(xg, in_plane)
-                } else {
-                    im2col(p, xg, scratch, threads);
-                    Mat::row_major(scratch, out_plane)
-                };
-                let dg = &mut dst[g * mg * out_plane..(g + 1) * mg * out_plane];
-                sgemm(
-                    threads,
-                    mg,
-                    out_plane,
-                    k,
-                    Mat::row_major(wg, k),
-                    b,
-                    dg,
-                    out_plane,
-                    bias.is_some(),
-                );
-            }
+            conv_image(
+                p,
+                &input[ni * per_in..(ni + 1) * per_in],
+                weight,
+                bias.is_some(),
+                act,
+                &mut out[ni * per_out..(ni + 1) * per_out],
+                scratch,
+                threads,
+            );
         }
     }
+}
+
+thread_local! {
+    /// im2col scratch of a rayon worker converting one image of a batch.
+    static IMAGE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One image: per group, im2col (unless 1x1) and a GEMM onto the pre-loaded bias, then the
+/// activation while the output is still in cache.
+#[allow(clippy::too_many_arguments)]
+fn conv_image(
+    p: &Conv2d,
+    img: &[f32],
+    weight: &[f32],
+    has_bias: bool,
+    act: Option<Activation>,
+    dst: &mut [f32],
+    scratch: &mut Vec<f32>,
+    threads: usize,
+) {
+    let (cg, mg) = (p.c / p.groups, p.m / p.groups);
+    let k = cg * p.kh * p.kw;
+    let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
+    scratch.resize(p.scratch_len(), 0.0);
+    for g in 0..p.groups {
+        let wg = &weight[g * mg * k..(g + 1) * mg * k];
+        let xg = &img[g * cg * in_plane..(g + 1) * cg * in_plane];
+        let b = if p.is_pointwise() {
+            Mat::row_major(xg, in_plane)
+        } else {
+            im2col(p, xg, scratch, threads);
+            Mat::row_major(scratch, out_plane)
+        };
+        let dg = &mut dst[g * mg * out_plane..(g + 1) * mg * out_plane];
+        sgemm(
+            threads,
+            mg,
+            out_plane,
+            k,
+            Mat::row_major(wg, k),
+            b,
+            dg,
+            out_plane,
+            has_bias,
+        );
+    }
     if let Some(a) = act {
-        a.apply_slice(threads, out);
+        a.apply_slice(threads, dst);
     }
 }
 
@@ -177,7 +233,9 @@ fn im2col(p: &Conv2d, x: &[f32], col: &mut [f32], threads: usize) {
     }
 }
 
-/// One filter per channel: a direct loop per output plane is far cheaper than tiny GEMMs.
+/// One filter per channel: a direct loop per output plane is far cheaper than tiny GEMMs. The
+/// input plane is first copied into a zero-padded buffer so the inner loops have no bounds logic
+/// and (at stride 1) vectorise.
 fn depthwise(
     p: &Conv2d,
     input: &[f32],
@@ -188,6 +246,9 @@ fn depthwise(
 ) {
     let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
     let kk = p.kh * p.kw;
+    // Padded extent: everything any output tap can read.
+    let ph = ((p.oh.max(1) - 1) * p.sh + (p.kh - 1) * p.dh + 1).max(p.pt + p.h);
+    let pw = ((p.ow.max(1) - 1) * p.sw + (p.kw - 1) * p.dw + 1).max(p.pl + p.w);
     let plane = |idx: usize, dst: &mut [f32]| {
         let ch = idx % p.c;
         let src = &input[idx * in_plane..(idx + 1) * in_plane];
@@ -195,33 +256,34 @@ fn depthwise(
         if !has_bias {
             dst.fill(0.0);
         }
-        for ki in 0..p.kh {
-            let offy = (ki * p.dh) as isize - p.pt as isize;
-            let (ylo, yhi) = valid_range(offy, p.sh, p.h, p.oh);
-            for kj in 0..p.kw {
-                let wv = w[ki * p.kw + kj];
-                let offx = (kj * p.dw) as isize - p.pl as isize;
-                let (xlo, xhi) = valid_range(offx, p.sw, p.w, p.ow);
-                if xhi <= xlo {
-                    continue;
-                }
-                for oy in ylo..yhi {
-                    let iy = (oy as isize * p.sh as isize + offy) as usize;
-                    let srow = &src[iy * p.w..(iy + 1) * p.w];
-                    let drow = &mut dst[oy * p.ow + xlo..oy * p.ow + xhi];
-                    if p.sw == 1 {
-                        let ix0 = (xlo as isize + offx) as usize;
-                        for (d, s) in drow.iter_mut().zip(&srow[ix0..ix0 + (xhi - xlo)]) {
-                            *d += wv * s;
-                        }
-                    } else {
-                        for (i, d) in drow.iter_mut().enumerate() {
-                            *d += wv * srow[((xlo + i) as isize * p.sw as isize + offx) as usize];
+        PADDED.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.clear();
+            buf.resize(ph * pw, 0.0);
+            for y in 0..p.h {
+                let row = (p.pt + y) * pw + p.pl;
+                buf[row..row + p.w].copy_from_slice(&src[y * p.w..(y + 1) * p.w]);
+            }
+            for oy in 0..p.oh {
+                let drow = &mut dst[oy * p.ow..(oy + 1) * p.ow];
+                for ki in 0..p.kh {
+                    let prow = &buf[(oy * p.sh + ki * p.dh) * pw..][..pw];
+                    for kj in 0..p.kw {
+                        let wv = w[ki * p.kw + kj];
+                        let taps = &prow[kj * p.dw..];
+                        if p.sw == 1 {
+                            for (d, s) in drow.iter_mut().zip(&taps[..p.ow]) {
+                                *d += wv * s;
+                            }
+                        } else {
+                            for (d, s) in drow.iter_mut().zip(taps.iter().step_by(p.sw)) {
+                                *d += wv * s;
+                            }
                         }
                     }
                 }
             }
-        }
+        });
     };
     if threads > 1 && out.len() >= crate::PAR_MIN_WORK {
         out.par_chunks_mut(out_plane)
@@ -232,6 +294,11 @@ fn depthwise(
             .enumerate()
             .for_each(|(i, d)| plane(i, d));
     }
+}
+
+thread_local! {
+    /// Zero-padded copy of the input plane a depthwise task works on.
+    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Transposed convolution: `weight` is `[c, m/groups, kh, kw]`, `p.m` the output channels and

@@ -213,7 +213,7 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
     } else {
         &out_hw[..]
     });
-    let mut out = vec![0.0f32; checked_numel(&shape)?];
+    let mut out = cx.take_f32(checked_numel(&shape)?);
     let mut scratch = cx.scratch.borrow_mut();
     conv2d(
         &p,
@@ -309,7 +309,7 @@ pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpR
     } else {
         &out_hw[..]
     });
-    let mut out = vec![0.0f32; checked_numel(&shape)?];
+    let mut out = cx.take_f32(checked_numel(&shape)?);
     let mut scratch = cx.scratch.borrow_mut();
     conv_transpose2d(
         &p,

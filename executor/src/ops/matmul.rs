@@ -137,7 +137,7 @@ pub fn matmul(
     let batch = broadcast_shape(abatch, bbatch)?;
     let mut shape = batch.clone();
     shape.extend([m, n]);
-    let mut out = vec![0.0f32; checked_numel(&shape)?];
+    let mut out = cx.take_f32(checked_numel(&shape)?);
     // A fused bias is pre-loaded into every row and the products accumulate onto it.
     let accumulate = match bias {
         Some(b) => {

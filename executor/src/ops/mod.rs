@@ -24,6 +24,8 @@ pub struct Cx {
     pub threads: usize,
     /// Reused im2col scratch.
     pub scratch: RefCell<Vec<f32>>,
+    /// Buffers of activations that died earlier in the plan, reused for new outputs.
+    pub pool: RefCell<Vec<Vec<f32>>>,
 }
 
 impl Cx {
@@ -31,6 +33,29 @@ impl Cx {
         Cx {
             threads: threads.max(1),
             scratch: RefCell::new(Vec::new()),
+            pool: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// An f32 buffer of length `n` with unspecified (but initialised) contents: a recycled
+    /// activation buffer when one is big enough, so steady-state runs neither fault in fresh
+    /// pages nor zero memory. Callers must overwrite every element.
+    pub fn take_f32(&self, n: usize) -> Vec<f32> {
+        let mut pool = self.pool.borrow_mut();
+        let best = pool
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= n)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        match best {
+            // Only take a buffer that is not wastefully large for this request.
+            Some(i) if pool[i].capacity() <= 4 * n.max(1024) => {
+                let mut v = pool.swap_remove(i);
+                v.resize(n, 0.0);
+                v
+            }
+            _ => vec![0.0; n],
         }
     }
 }
@@ -314,7 +339,14 @@ impl Op {
     /// The ONNX-ish name for messages and per-op timing.
     pub fn name(&self) -> String {
         match self {
-            Op::Conv(c) => format!("Conv{}", act_suffix(c.act)),
+            Op::Conv(c) => {
+                let kind = match c.kernel_shape.as_deref() {
+                    _ if c.group > 1 => "(grouped)",
+                    Some([1, 1]) | Some([1]) => "(1x1)",
+                    _ => "",
+                };
+                format!("Conv{kind}{}", act_suffix(c.act))
+            }
             Op::ConvTranspose(_) => "ConvTranspose".into(),
             Op::BatchNorm { .. } => "BatchNormalization".into(),
             Op::Unary(u) => format!("{u:?}"),

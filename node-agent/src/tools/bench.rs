@@ -85,7 +85,13 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
                 let inputs = inputs.clone();
                 s.spawn(move || -> anyhow::Result<Vec<f64>> {
                     let backend = CpuBackend::new(per_instance);
-                    let warm: anyhow::Result<()> = (0..a.warmup).try_for_each(|_| model.plan.run(&backend, inputs.clone()).map(|_| ()).map_err(Into::into));
+                    let warm: anyhow::Result<()> = (0..a.warmup).try_for_each(|_| {
+                        model
+                            .plan
+                            .run(&backend, inputs.clone())
+                            .map(|_| ())
+                            .map_err(Into::into)
+                    });
                     ready.wait();
                     warm?;
                     let deadline = Instant::now() + duration;
