@@ -34,6 +34,29 @@ pub fn resolve_file(uri: &str, base: &Path) -> Result<PathBuf, String> {
     })
 }
 
+/// The annotation that lets standalone mode write a missing model file from the model zoo.
+pub const ZOO_ANNOTATION: &str = "cotenant.dev/zoo-model";
+
+/// Writes zoo model `name` (seed 0) to `path` unless the file exists: how the examples get their
+/// models on a fresh machine.
+pub fn ensure_zoo_model(name: &str, path: &Path) -> Result<(), String> {
+    if path.exists() {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    tracing::info!(model = name, path = %path.display(), "writing the zoo model (first run)");
+    let options = cotenant_executor::zoo::ZooOptions {
+        seed: 0,
+        bert: Default::default(),
+    };
+    cotenant_executor::zoo::write(name, &options, path)
+        .map(drop)
+        .map_err(|e| format!("cannot write zoo model {name:?} to {}: {e}", path.display()))
+}
+
 /// Reads the model bytes and checks them against `sha256` when given.
 pub fn read_model(path: &Path, sha256: Option<&str>) -> Result<Vec<u8>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;

@@ -4,6 +4,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod dnnscaler;
 mod load;
 mod registry;
 mod serve;

@@ -45,6 +45,15 @@ pub struct Entry {
     pub slo_millis: f64,
     pub percentile: f64,
     pub state: State,
+    /// DNNScaler's choice and the profile behind it, once profiled.
+    pub scaling: Option<Scaling>,
+}
+
+/// What DNNScaler decided for a tenant and why.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Scaling {
+    pub approach: String,
+    pub profile: cotenant_policy::Profile,
 }
 
 /// All tenants of the agent.
@@ -85,6 +94,16 @@ impl Registry {
         if let Some(entry) = entries.get(name) {
             let mut next = Entry::clone(entry);
             next.state = state;
+            entries.insert(name.to_string(), Arc::new(next));
+        }
+    }
+
+    /// Records DNNScaler's choice for `name`.
+    pub fn set_scaling(&self, name: &str, scaling: Scaling) {
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = entries.get(name) {
+            let mut next = Entry::clone(entry);
+            next.scaling = Some(scaling);
             entries.insert(name.to_string(), Arc::new(next));
         }
     }

@@ -2,14 +2,19 @@
 //! Kubernetes. A bad file is reported with its path and the offending field and skipped; a model
 //! that fails to load marks only its tenant Failed.
 
-use crate::load;
-use crate::registry::{Entry, Registry, State};
+use crate::registry::{Entry, Registry, Scaling, State};
 use crate::serve::{self, AppState};
+use crate::{dnnscaler, load};
 use anyhow::Context;
 use cotenant_crds::ModelTenant;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// How long each DNNScaler profile point is measured.
+const PROFILE_POINT: Duration = Duration::from_secs(1);
+/// How often the scaler looks at each tenant's window.
+const SCALE_EVERY: Duration = Duration::from_secs(2);
 
 /// A tenant read from a file.
 pub struct TenantFile {
@@ -121,43 +126,18 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             slo_millis: spec.slo.latency_millis,
             percentile: spec.slo.percentile,
             state: State::Loading,
+            scaling: None,
         });
     }
     let threads_per_tenant = (options.threads / names.len().max(1)).max(1);
+    let scaler: Arc<Mutex<Vec<dnnscaler::Controlled>>> = Arc::default();
+    tokio::spawn(scale_loop(scaler.clone()));
     for file in tenants {
-        let name = file.tenant.metadata.name.clone().unwrap_or_default();
-        let base = file
-            .path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
         let registry = registry.clone();
-        // Loading is CPU-bound; it must not stall the server.
+        let scaler = scaler.clone();
+        // Loading and profiling are CPU-bound; they must not stall the server.
         tokio::task::spawn_blocking(move || {
-            let spec = &file.tenant.spec;
-            let slo = Duration::from_secs_f64(spec.slo.latency_millis / 1e3);
-            let loaded = load::resolve_file(&spec.model.uri, &base)
-                .and_then(|path| load::read_model(&path, spec.model.sha256.as_deref()))
-                .and_then(|bytes| {
-                    load::start(&bytes, load::config(&name, slo, 1, 1, threads_per_tenant))
-                });
-            match loaded {
-                Ok(l) => {
-                    tracing::info!(tenant = %name, "ready");
-                    registry.set_state(
-                        &name,
-                        State::Ready {
-                            tenant: l.tenant,
-                            inputs: l.inputs,
-                            outputs: l.outputs,
-                        },
-                    );
-                }
-                Err(reason) => {
-                    tracing::error!(tenant = %name, %reason, "failed to load");
-                    registry.set_state(&name, State::Failed(reason));
-                }
-            }
+            bring_up(&file, &registry, &scaler, threads_per_tenant)
         });
     }
 
@@ -180,4 +160,102 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Loads one tenant, marks it Ready (or Failed with the reason), then profiles it and hands it
+/// to the scaler with DNNScaler's chosen knobs.
+fn bring_up(
+    file: &TenantFile,
+    registry: &Registry,
+    scaler: &Mutex<Vec<dnnscaler::Controlled>>,
+    threads: usize,
+) {
+    let name = file.tenant.metadata.name.clone().unwrap_or_default();
+    let spec = &file.tenant.spec;
+    let base = file
+        .path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let slo = Duration::from_secs_f64(spec.slo.latency_millis / 1e3);
+    let zoo = file
+        .tenant
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(load::ZOO_ANNOTATION));
+    let loaded = load::resolve_file(&spec.model.uri, &base)
+        .and_then(|path| match zoo {
+            Some(zoo) => load::ensure_zoo_model(zoo, &path).map(|()| path),
+            None => Ok(path),
+        })
+        .and_then(|path| load::read_model(&path, spec.model.sha256.as_deref()))
+        .and_then(|bytes| load::start(&bytes, load::config(&name, slo, 1, 1, threads)));
+    let loaded = match loaded {
+        Ok(loaded) => loaded,
+        Err(reason) => {
+            tracing::error!(tenant = %name, %reason, "failed to load");
+            registry.set_state(&name, State::Failed(reason));
+            return;
+        }
+    };
+    tracing::info!(tenant = %name, "ready");
+    let tenant = loaded.tenant.clone();
+    registry.set_state(
+        &name,
+        State::Ready {
+            tenant: loaded.tenant,
+            inputs: loaded.inputs,
+            outputs: loaded.outputs,
+        },
+    );
+    let (bounds, slo) = dnnscaler::bounds_and_slo(spec);
+    let profile = match dnnscaler::profile(&name, &tenant, &bounds, threads, PROFILE_POINT) {
+        Ok(profile) => profile,
+        Err(e) => {
+            tracing::warn!(tenant = %name, error = %e, "profiling failed; serving at batch 1, 1 instance");
+            return;
+        }
+    };
+    let (controlled, choice) = dnnscaler::Controlled::start(&name, tenant, &profile, slo, bounds);
+    tracing::info!(
+        tenant = %name,
+        approach = ?choice.approach,
+        batch = choice.knobs.batch,
+        instances = choice.knobs.instances,
+        gain_batching = choice.gain_batching,
+        gain_multi_tenancy = choice.gain_multi_tenancy,
+        "DNNScaler chose"
+    );
+    registry.set_scaling(
+        &name,
+        Scaling {
+            approach: format!("{:?}", choice.approach),
+            profile,
+        },
+    );
+    scaler
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(controlled);
+}
+
+/// Moves every profiled tenant's knobs under feedback, forever.
+async fn scale_loop(scaler: Arc<Mutex<Vec<dnnscaler::Controlled>>>) {
+    let mut tick = tokio::time::interval(SCALE_EVERY);
+    loop {
+        tick.tick().await;
+        let mut controlled = scaler.lock().unwrap_or_else(|e| e.into_inner());
+        for c in controlled.iter_mut() {
+            match c.step() {
+                cotenant_policy::Decision::SetKnobs(k) => {
+                    tracing::info!(tenant = %c.name, batch = k.batch, instances = k.instances, "DNNScaler moved the knobs");
+                }
+                cotenant_policy::Decision::NeedReplicas => {
+                    tracing::debug!(tenant = %c.name, "SLO missed at the knobs' limits; standalone mode has no other replica");
+                }
+                cotenant_policy::Decision::Hold => {}
+            }
+        }
+    }
 }

@@ -15,7 +15,7 @@ pub use cluster::{ControlPlane, Options};
 pub use process::Lifetime;
 pub use shared::{TestNamespace, install_crds, shared};
 pub use toolchain::{Tools, cache_dir};
-pub use wait::{http_get, poll};
+pub use wait::{http_get, http_get_with, poll};
 
 /// A binary of this workspace, built before the tests run (`cargo xtask test` builds them):
 /// `$COTENANT_BIN_DIR/<name>`, else `<target dir>/debug/<name>`.

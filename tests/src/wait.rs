@@ -27,11 +27,25 @@ pub fn poll<T>(
 
 /// `GET http://<addr><path>`: the status code and body.
 pub fn http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    http_get_with(addr, path, &[])
+}
+
+/// `GET` with extra request headers.
+pub fn http_get_with(
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(u16, String), String> {
     let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}\r\n")
+        .map_err(|e| e.to_string())?;
     let mut response = String::new();
     stream
         .read_to_string(&mut response)

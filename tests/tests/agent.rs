@@ -3,7 +3,7 @@
 
 use cotenant_e2e::cluster::free_port;
 use cotenant_e2e::process::{Lifetime, Process};
-use cotenant_e2e::{TestNamespace, http_get, poll, workspace_binary};
+use cotenant_e2e::{TestNamespace, http_get, http_get_with, poll, workspace_binary};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -137,6 +137,36 @@ fn standalone_agent_serves_real_clients() {
         String::from_utf8_lossy(&out.stderr),
         server.log_tail(30)
     );
+    // DNNScaler profiled each good tenant and chose an approach, reported to the operator.
+    let report = poll(
+        "DNNScaler's choice in the report",
+        Duration::from_secs(120),
+        || {
+            let (_, body) = http_get_with(&addr, "/report", &[("Authorization", "Bearer s3cret")])?;
+            let report: serde_json::Value =
+                serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            let chosen = report["tenants"]
+                .as_array()
+                .is_some_and(|ts| ts.iter().filter(|t| t["approach"].is_string()).count() == 2);
+            if chosen { Ok(report) } else { Err(body) }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", server.log_tail(20)));
+    for tenant in report["tenants"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["state"] == "Ready")
+    {
+        let points = tenant["profile"]["points"].as_array().map_or(0, Vec::len);
+        assert_eq!(points, 3, "three profile points: {tenant}");
+        assert!(
+            tenant["knobs"]["batchSize"]
+                .as_u64()
+                .is_some_and(|b| b >= 1),
+            "{tenant}"
+        );
+    }
     // Failed tenants say why.
     let (_, meta) = http_get(&addr, "/v2/models/wrong-sha").expect("metadata");
     assert!(meta.contains("Failed"), "{meta}");

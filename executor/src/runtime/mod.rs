@@ -4,9 +4,11 @@
 //! agent submits requests and gets a callback.
 
 mod batch;
+mod measure;
 pub mod stats;
 
 pub use batch::{Rows, batchable, check, split, stack};
+pub use measure::{Measurement, measure};
 pub use stats::{ShedReason, Stats, WindowSummary};
 
 use crate::backend::CpuBackend;

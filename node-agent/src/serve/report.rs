@@ -43,6 +43,10 @@ pub async fn render(
                 "sloMillis": e.slo_millis,
                 "percentile": e.percentile,
             });
+            if let Some(scaling) = &e.scaling {
+                t["approach"] = json!(scaling.approach);
+                t["profile"] = json!(scaling.profile);
+            }
             match &e.state {
                 TenantState::Ready { tenant, .. } => {
                     let (batch, instances) = tenant.knobs();

@@ -1,0 +1,94 @@
+//! Closed-loop measurement of a model at given knobs: `instances` threads, each with its share of
+//! the thread budget, run batches of `batch` rows back to back. What the DNNScaler profiler and
+//! the `bench` tool report.
+
+use crate::backend::CpuBackend;
+use crate::error::RunError;
+use crate::plan::Model;
+use crate::tensor::Tensor;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// What one measurement saw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    /// Rows per second over all instances.
+    pub throughput: f64,
+    /// Every batch's latency in milliseconds, sorted.
+    pub latencies_ms: Vec<f64>,
+    pub elapsed: Duration,
+}
+
+impl Measurement {
+    /// The `p`-th percentile batch latency (nearest rank), `NaN` when nothing ran.
+    pub fn percentile_ms(&self, p: f64) -> f64 {
+        let n = self.latencies_ms.len();
+        if n == 0 {
+            return f64::NAN;
+        }
+        let i = ((p / 100.0) * (n - 1) as f64).round() as usize;
+        self.latencies_ms[i.min(n - 1)]
+    }
+}
+
+/// Runs `inputs` (a batch of `batch` rows) on `instances` concurrent copies for `duration`,
+/// after `warmup` untimed runs each.
+pub fn measure(
+    model: &Model,
+    inputs: &[(String, Tensor)],
+    batch: usize,
+    instances: usize,
+    threads: usize,
+    duration: Duration,
+    warmup: usize,
+) -> Result<Measurement, RunError> {
+    let instances = instances.max(1);
+    let per_instance = (threads / instances).max(1);
+    let ready = Barrier::new(instances + 1);
+    let mut started = Instant::now();
+    let results: Vec<Result<Vec<f64>, RunError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..instances)
+            .map(|_| {
+                let ready = &ready;
+                s.spawn(move || -> Result<Vec<f64>, RunError> {
+                    let backend = CpuBackend::new(per_instance);
+                    let warm = (0..warmup)
+                        .try_for_each(|_| model.plan.run(&backend, inputs.to_vec()).map(drop));
+                    ready.wait();
+                    warm?;
+                    let deadline = Instant::now() + duration;
+                    let mut latencies = Vec::new();
+                    while Instant::now() < deadline || latencies.is_empty() {
+                        let t0 = Instant::now();
+                        model.plan.run(&backend, inputs.to_vec())?;
+                        latencies.push(t0.elapsed().as_secs_f64() * 1e3);
+                    }
+                    Ok(latencies)
+                })
+            })
+            .collect();
+        ready.wait();
+        started = Instant::now();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(RunError::MissingOutput(
+                        "a measuring thread panicked".into(),
+                    ))
+                })
+            })
+            .collect()
+    });
+    let elapsed = started.elapsed();
+    let mut latencies_ms = Vec::new();
+    for r in results {
+        latencies_ms.extend(r?);
+    }
+    latencies_ms.sort_by(f64::total_cmp);
+    Ok(Measurement {
+        throughput: (latencies_ms.len() * batch) as f64 / elapsed.as_secs_f64().max(1e-9),
+        latencies_ms,
+        elapsed,
+    })
+}

@@ -1,0 +1,145 @@
+//! DNNScaler on the agent (standalone mode, where no operator decides): profile each tenant at
+//! (batch 1, 1 instance), (batch k, 1 instance) and (batch 1, k instances), let the policy choose
+//! the approach, then move the knobs under feedback from the tenant's own measurements. The
+//! decisions are `cotenant-policy`'s, the same code the operator runs.
+
+use cotenant_crds::{Approach as SpecApproach, ModelTenantSpec};
+use cotenant_executor::RunError;
+use cotenant_executor::runtime::{Tenant, measure};
+use cotenant_policy as policy;
+use policy::{
+    ApproachPolicy, Bounds, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig,
+    ScalerState, Slo,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The policy's view of a tenant's spec.
+pub fn bounds_and_slo(spec: &ModelTenantSpec) -> (Bounds, Slo) {
+    let s = &spec.scaling;
+    let bounds = Bounds {
+        approach: match s.approach {
+            SpecApproach::Auto => ApproachPolicy::Auto,
+            SpecApproach::Batching => ApproachPolicy::Batching,
+            SpecApproach::MultiTenancy => ApproachPolicy::MultiTenancy,
+        },
+        max_batch: s.max_batch_size,
+        max_instances: s.max_instances,
+        min_replicas: s.min_replicas,
+        max_replicas: s.max_replicas,
+    };
+    let slo = Slo {
+        latency_ms: spec.slo.latency_millis,
+        percentile: spec.slo.percentile,
+    };
+    (bounds, slo)
+}
+
+/// Measures the three profile points (k = 4, within the bounds), each for `per_point`.
+pub fn profile(
+    name: &str,
+    tenant: &Tenant,
+    bounds: &Bounds,
+    threads: usize,
+    per_point: Duration,
+) -> Result<Profile, RunError> {
+    let model = tenant.model();
+    let k = 4;
+    let mut settings = vec![
+        Knobs::new(1, 1),
+        Knobs::new(bounds.max_batch.min(k), 1),
+        Knobs::new(1, bounds.max_instances.min(k)),
+    ];
+    settings.dedup();
+    let mut points = Vec::new();
+    for knobs in settings {
+        let batch = knobs.batch as usize;
+        let inputs = model.plan.example_inputs(batch);
+        let m = measure(
+            model,
+            &inputs,
+            batch,
+            knobs.instances as usize,
+            threads,
+            per_point,
+            1,
+        )?;
+        points.push(ProfilePoint {
+            batch: knobs.batch,
+            instances: knobs.instances,
+            throughput: m.throughput,
+            p99_ms: m.percentile_ms(99.0),
+            peak_activation_bytes: model.plan.peak_activation_bytes(batch).unwrap_or(0) as u64,
+            gpu_util: None,
+        });
+    }
+    Ok(Profile {
+        model: name.to_string(),
+        weight_bytes: model.plan.weight_bytes() as u64,
+        points,
+    })
+}
+
+/// One tenant under the scaler's control.
+pub struct Controlled {
+    pub name: String,
+    pub tenant: Arc<Tenant>,
+    pub slo: Slo,
+    pub bounds: Bounds,
+    pub model: LatencyModel,
+    pub state: ScalerState,
+}
+
+impl Controlled {
+    /// Chooses the approach from `profile`, applies its knobs, and takes control.
+    pub fn start(
+        name: &str,
+        tenant: Arc<Tenant>,
+        profile: &Profile,
+        slo: Slo,
+        bounds: Bounds,
+    ) -> (Controlled, policy::ApproachChoice) {
+        let choice = policy::choose_approach(profile, &slo, &bounds);
+        apply(&tenant, choice.knobs, &slo);
+        let controlled = Controlled {
+            name: name.to_string(),
+            tenant,
+            slo,
+            bounds,
+            model: LatencyModel::from_profile(profile),
+            state: ScalerState::new(choice.approach, choice.knobs, ScalerConfig::default()),
+        };
+        (controlled, choice)
+    }
+
+    /// One feedback step from the tenant's window; returns the decision it applied.
+    pub fn step(&mut self) -> Decision {
+        let stats = self.tenant.stats();
+        let w = stats.window();
+        let observation = policy::TenantObservation {
+            arrival_rate: w.arrival_rate_per_sec,
+            throughput: w.throughput_per_sec,
+            latency_at_percentile_ms: stats
+                .latency_percentile(self.slo.percentile)
+                .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
+            queue_depth: u32::try_from(self.tenant.queue_depth()).unwrap_or(u32::MAX),
+            completed: w.completions,
+        };
+        let decision = policy::step(
+            &mut self.state,
+            &observation,
+            &self.slo,
+            &self.bounds,
+            &self.model,
+        );
+        if let Decision::SetKnobs(knobs) = decision {
+            apply(&self.tenant, knobs, &self.slo);
+        }
+        decision
+    }
+}
+
+fn apply(tenant: &Tenant, knobs: Knobs, slo: &Slo) {
+    let delay = Duration::from_secs_f64(slo.latency_ms / 1e3 / 10.0);
+    tenant.set_knobs(knobs.batch as usize, knobs.instances as usize, delay);
+}
