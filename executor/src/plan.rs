@@ -216,13 +216,11 @@ impl Plan {
                         Dim::Fixed(v) if *v != got => {
                             return Err(bad(format!("{dims:?}"), format!("shape {:?}", t.shape)));
                         }
-                        Dim::Symbol(s) => {
-                            if *symbols.entry(s.clone()).or_insert(got) != got {
-                                return Err(bad(
-                                    format!("{s} = {}", symbols[s]),
-                                    format!("shape {:?}", t.shape),
-                                ));
-                            }
+                        Dim::Symbol(s) if *symbols.entry(s.clone()).or_insert(got) != got => {
+                            return Err(bad(
+                                format!("{s} = {}", symbols[s]),
+                                format!("shape {:?}", t.shape),
+                            ));
                         }
                         _ => {}
                     }
@@ -357,7 +355,7 @@ impl Plan {
             .iter()
             .map(|(k, (n, d))| (k.clone(), *n, *d))
             .collect();
-        v.sort_by(|a, b| b.2.cmp(&a.2));
+        v.sort_by_key(|e| std::cmp::Reverse(e.2));
         v
     }
 }

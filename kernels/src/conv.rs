@@ -430,6 +430,7 @@ mod tests {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn geom(
         n: usize,
         c: usize,

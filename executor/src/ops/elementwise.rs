@@ -320,6 +320,11 @@ num_int!(i32);
 num_int!(i8);
 num_int!(u8);
 
+/// NaN test for any `PartialOrd` element (only floats can be unordered with themselves).
+fn is_nan<T: PartialOrd>(x: T) -> bool {
+    x.partial_cmp(&x).is_none()
+}
+
 fn arith<T: Num>(
     op: Binary,
     a: &[T],
@@ -335,10 +340,10 @@ fn arith<T: Num>(
         Binary::Div => Ok(broadcast_map(a, ash, b, bsh, out, T::div)),
         Binary::Pow => Ok(broadcast_map(a, ash, b, bsh, out, T::pow)),
         Binary::Max => Ok(broadcast_map(a, ash, b, bsh, out, |x, y| {
-            if x >= y || x != x { x } else { y }
+            if x >= y || is_nan(x) { x } else { y }
         })),
         Binary::Min => Ok(broadcast_map(a, ash, b, bsh, out, |x, y| {
-            if x <= y || x != x { x } else { y }
+            if x <= y || is_nan(x) { x } else { y }
         })),
         Binary::Equal => Err(broadcast_map(a, ash, b, bsh, out, |x, y| x == y)),
         Binary::Less => Err(broadcast_map(a, ash, b, bsh, out, |x, y| x < y)),

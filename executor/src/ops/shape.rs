@@ -9,6 +9,9 @@ use crate::map_data;
 use crate::ops::attrs::Attrs;
 use crate::tensor::{Data, Tensor, checked_numel, norm_axis, strides};
 
+/// Slice before opset 10: starts, ends and optional axes as attributes.
+pub type SliceAttrs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>);
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum ShapeOp {
     Reshape {
@@ -37,7 +40,7 @@ pub enum ShapeOp {
         outputs: usize,
     },
     Slice {
-        attrs: Option<(Vec<i64>, Vec<i64>, Option<Vec<i64>>)>,
+        attrs: Option<SliceAttrs>,
     },
     Gather {
         axis: i64,
@@ -471,10 +474,7 @@ fn split_op(
     Ok(res)
 }
 
-fn slice(
-    inputs: &[Option<&Tensor>],
-    attrs: Option<&(Vec<i64>, Vec<i64>, Option<Vec<i64>>)>,
-) -> OpResult<Tensor> {
+fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;
     let r = x.rank();
     let (starts, ends, axes, steps) = match attrs {

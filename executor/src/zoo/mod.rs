@@ -66,7 +66,8 @@ fn build_inner(name: &str, o: &ZooOptions, dry: bool) -> Result<(ModelProto, Bui
     let (out, inputs, outputs, opset) = match name {
         "bert" => {
             let bo = &o.bert;
-            if bo.heads == 0 || bo.hidden % bo.heads != 0 || bo.layers == 0 || bo.seq == 0 {
+            if bo.heads == 0 || !bo.hidden.is_multiple_of(bo.heads) || bo.layers == 0 || bo.seq == 0
+            {
                 return Err(ZooError::Options(format!(
                     "hidden {} must be a positive multiple of heads {}; layers and seq positive",
                     bo.hidden, bo.heads
