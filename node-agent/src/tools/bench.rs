@@ -5,8 +5,9 @@
 use anyhow::{Context, bail};
 use clap::Args;
 use cotenant_executor::CpuBackend;
+use cotenant_executor::runtime::measure;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -50,14 +51,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     if a.batch == 0 || a.instances == 0 {
         bail!("--batch and --instances must be at least 1");
@@ -73,60 +66,24 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
         .run(&probe, inputs.clone())
         .context("running the model once")?;
     drop(probe);
-    let model = &model;
-    // Everyone warms up first; the clock starts when the last instance is ready.
-    let ready = std::sync::Barrier::new(a.instances + 1);
-    let ready = &ready;
-    let duration = a.duration;
-    let mut started = Instant::now();
-    let results: Vec<anyhow::Result<Vec<f64>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..a.instances)
-            .map(|_| {
-                let inputs = inputs.clone();
-                s.spawn(move || -> anyhow::Result<Vec<f64>> {
-                    let backend = CpuBackend::new(per_instance);
-                    let warm: anyhow::Result<()> = (0..a.warmup).try_for_each(|_| {
-                        model
-                            .plan
-                            .run(&backend, inputs.clone())
-                            .map(|_| ())
-                            .map_err(Into::into)
-                    });
-                    ready.wait();
-                    warm?;
-                    let deadline = Instant::now() + duration;
-                    let mut lat = Vec::new();
-                    while Instant::now() < deadline || lat.is_empty() {
-                        let t0 = Instant::now();
-                        model.plan.run(&backend, inputs.clone())?;
-                        lat.push(t0.elapsed().as_secs_f64() * 1e3);
-                    }
-                    Ok(lat)
-                })
-            })
-            .collect();
-        ready.wait();
-        started = Instant::now();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("bench instance panicked")))
-            })
-            .collect()
-    });
-    let elapsed = started.elapsed().as_secs_f64();
-    let mut lat: Vec<f64> = Vec::new();
-    for r in results {
-        lat.extend(r?);
-    }
-    lat.sort_by(f64::total_cmp);
+    let m = measure(
+        &model,
+        &inputs,
+        a.batch,
+        a.instances,
+        threads,
+        a.duration,
+        a.warmup,
+    )
+    .context("measuring the model")?;
+    let lat = &m.latencies_ms;
+    let elapsed = m.elapsed.as_secs_f64();
     let runs = lat.len();
-    let throughput = (runs * a.batch) as f64 / elapsed;
+    let throughput = m.throughput;
     let (p50, p95, p99) = (
-        percentile(&lat, 50.0),
-        percentile(&lat, 95.0),
-        percentile(&lat, 99.0),
+        m.percentile_ms(50.0),
+        m.percentile_ms(95.0),
+        m.percentile_ms(99.0),
     );
     let mean = lat.iter().sum::<f64>() / runs.max(1) as f64;
     let weight_bytes = model.plan.weight_bytes();
