@@ -51,7 +51,7 @@ pub enum Rejected {
     TooManyRows { rows: usize, limit: usize },
     #[error("queue full ({0} requests waiting)")]
     QueueFull(usize),
-    #[error("predicted queueing delay {predicted:?} exceeds the SLO {slo:?}")]
+    #[error("predicted latency {predicted:?} (queueing and compute) exceeds the SLO {slo:?}")]
     WouldMissSlo { predicted: Duration, slo: Duration },
     #[error("the tenant is shutting down")]
     Closed,
@@ -248,7 +248,7 @@ impl Tenant {
             return Err(Rejected::QueueFull(queue.items.len()));
         }
         if let Some(per_batch) = batch_time {
-            let predicted = predicted_wait(per_batch, queue.queued_rows, max_batch, instances);
+            let predicted = predicted_latency(per_batch, queue.queued_rows, max_batch, instances);
             if predicted > slo {
                 shared.stats.shed(ShedReason::WouldMissSlo);
                 return Err(Rejected::WouldMissSlo { predicted, slo });
@@ -286,18 +286,20 @@ impl Drop for Tenant {
     }
 }
 
-/// How long a new request waits before its batch starts: the rounds of `instances` parallel
-/// batches of `max_batch` rows needed to clear what is queued. Only the wait counts: with an
-/// empty queue a request is always admitted, so a tenant slower than its SLO still serves and
-/// keeps being measured.
-pub fn predicted_wait(
+/// The latency a new request can expect: the rounds of `instances` parallel batches of
+/// `max_batch` rows needed to clear what is queued, plus its own batch. With an empty queue it is
+/// always admitted (zero), so a tenant slower than its SLO still serves and keeps being measured.
+pub fn predicted_latency(
     per_batch: Duration,
     queued_rows: usize,
     max_batch: usize,
     instances: usize,
 ) -> Duration {
+    if queued_rows == 0 {
+        return Duration::ZERO;
+    }
     let per_round = (max_batch * instances).max(1);
-    per_batch * u32::try_from(queued_rows / per_round).unwrap_or(u32::MAX)
+    per_batch * u32::try_from(queued_rows / per_round + 1).unwrap_or(u32::MAX)
 }
 
 /// Takes the next batch: the oldest request plus later ones with the same shapes, up to

@@ -111,13 +111,13 @@ fn a_tenant_slower_than_its_slo_still_serves_an_empty_queue() {
 }
 
 #[test]
-fn predicted_wait_counts_whole_rounds_ahead() {
+fn predicted_latency_counts_the_rounds_ahead_and_its_own() {
     let batch = Duration::from_millis(10);
-    assert_eq!(predicted_wait(batch, 0, 8, 2), Duration::ZERO);
-    assert_eq!(predicted_wait(batch, 15, 8, 2), Duration::ZERO);
-    assert_eq!(predicted_wait(batch, 16, 8, 2), batch);
-    assert_eq!(predicted_wait(batch, 100, 1, 1), batch * 100);
-    assert_eq!(predicted_wait(batch, 5, 0, 0), batch * 5);
+    assert_eq!(predicted_latency(batch, 0, 8, 2), Duration::ZERO);
+    assert_eq!(predicted_latency(batch, 15, 8, 2), batch);
+    assert_eq!(predicted_latency(batch, 16, 8, 2), batch * 2);
+    assert_eq!(predicted_latency(batch, 100, 1, 1), batch * 101);
+    assert_eq!(predicted_latency(batch, 5, 0, 0), batch * 6);
 }
 
 #[test]
