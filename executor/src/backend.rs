@@ -24,7 +24,7 @@ pub trait Backend: Send + Sync {
 }
 
 /// Most buffers the CPU backend keeps for reuse; beyond that they are freed.
-const POOL_MAX_BUFFERS: usize = 32;
+const POOL_MAX_BUFFERS: usize = 8;
 
 /// The CPU backend: a private rayon pool sized to the caller's thread budget, so several tenants
 /// can share the cores without oversubscribing them.
