@@ -30,6 +30,23 @@ fn zoo(agent: &Path, models: &Path, name: &str, file: &str, extra: &[&str]) {
     assert!(status.success(), "zoo {name} failed");
 }
 
+/// Runs `tests/python/<script>` against the agent, failing with its output and the agent's log.
+fn run_script(python: &Path, server: &Process, script: &str, args: &[&str]) {
+    let out = Command::new(python)
+        .arg(TestNamespace::repo_root().join("tests/python").join(script))
+        .args(args)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{stdout}\n{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log_tail(30)
+    );
+}
+
 #[test]
 #[ignore = "needs COTENANT_PYTHON and the agent binary: cargo xtask test"]
 fn standalone_agent_serves_real_clients() {
@@ -120,27 +137,23 @@ fn standalone_agent_serves_real_clients() {
     );
     assert!(log.contains("not-yaml.yaml"), "{log}");
 
-    let out = Command::new(&python)
-        .arg(TestNamespace::repo_root().join("tests/python/oip_client.py"))
-        .args(["--url", &addr, "--models"])
-        .arg(&models)
-        .args([
+    let models_arg = models.to_string_lossy();
+    run_script(
+        &python,
+        &server,
+        "oip_client.py",
+        &[
+            "--url",
+            &addr,
+            "--models",
+            &models_arg,
             "--good",
             "squeezenet,bert",
             "--failed",
             "garbage,missing,wrong-sha",
             "--report-token",
             "s3cret",
-        ])
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "oip_client.py failed:\n{stdout}\n{}\nagent log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        server.log_tail(30)
+        ],
     );
     // DNNScaler profiled each good tenant and chose an approach, reported to the operator.
     let report = poll(
@@ -174,9 +187,12 @@ fn standalone_agent_serves_real_clients() {
     }
     // Twice the profiled capacity for a minute: only 200, 429 and 503, the SLO held for what is
     // accepted, and memory flat.
-    let out = Command::new(&python)
-        .arg(TestNamespace::repo_root().join("tests/python/load.py"))
-        .args([
+    let pid = server.pid.to_string();
+    run_script(
+        &python,
+        &server,
+        "load.py",
+        &[
             "--url",
             &addr,
             "--model",
@@ -184,17 +200,8 @@ fn standalone_agent_serves_real_clients() {
             "--report-token",
             "s3cret",
             "--pid",
-            &server.pid.to_string(),
-        ])
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "load.py failed:\n{stdout}\n{}\nagent log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        server.log_tail(30)
+            &pid,
+        ],
     );
     // Failed tenants say why.
     let (_, meta) = http_get(&addr, "/v2/models/wrong-sha").expect("metadata");
