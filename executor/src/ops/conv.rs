@@ -59,6 +59,60 @@ struct Geometry {
     end: [usize; 2],
 }
 
+impl Geometry {
+    /// The kernel's parameters for an `n`×`c`×`hw` input giving `m`×`out_hw` outputs.
+    fn conv2d(
+        &self,
+        n: usize,
+        c: usize,
+        hw: [usize; 2],
+        m: usize,
+        out_hw: [usize; 2],
+        groups: usize,
+    ) -> Conv2d {
+        Conv2d {
+            n,
+            c,
+            h: hw[0],
+            w: hw[1],
+            m,
+            kh: self.k[0],
+            kw: self.k[1],
+            sh: self.s[0],
+            sw: self.s[1],
+            dh: self.d[0],
+            dw: self.d[1],
+            pt: self.begin[0],
+            pl: self.begin[1],
+            oh: out_hw[0],
+            ow: out_hw[1],
+            groups,
+        }
+    }
+}
+
+/// `[n, m, spatial dims...]`: 1-D convolutions drop the height of 1 they were computed with.
+fn output_shape(n: usize, m: usize, out_hw: [usize; 2], spatial: usize) -> Vec<usize> {
+    let mut shape = vec![n, m];
+    shape.extend(if spatial == 1 {
+        &out_hw[1..]
+    } else {
+        &out_hw[..]
+    });
+    shape
+}
+
+/// The optional bias input, checked to have one value per output channel.
+fn bias<'a>(b: Option<&'a Tensor>, m: usize, op: &str) -> OpResult<Option<&'a [f32]>> {
+    match b {
+        Some(b) if b.len() != m => {
+            shape_err(format!("{op} bias has {} values for {m} channels", b.len()))
+        }
+        Some(b) => Ok(Some(b.as_f32()?)),
+        None => Ok(None),
+    }
+}
+
 fn two(v: &[usize], spatial: usize, default: usize) -> [usize; 2] {
     if spatial == 1 {
         [default, v.first().copied().unwrap_or(default)]
@@ -182,37 +236,9 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
         }
         out_hw[i] = (padded - eff) / g.s[i] + 1;
     }
-    let bias = match b {
-        Some(b) if b.len() != m => {
-            return shape_err(format!("Conv bias has {} values for {m} channels", b.len()));
-        }
-        Some(b) => Some(b.as_f32()?),
-        None => None,
-    };
-    let p = Conv2d {
-        n,
-        c: ch,
-        h: hw[0],
-        w: hw[1],
-        m,
-        kh: g.k[0],
-        kw: g.k[1],
-        sh: g.s[0],
-        sw: g.s[1],
-        dh: g.d[0],
-        dw: g.d[1],
-        pt: g.begin[0],
-        pl: g.begin[1],
-        oh: out_hw[0],
-        ow: out_hw[1],
-        groups: c.group,
-    };
-    let mut shape = vec![n, m];
-    shape.extend(if spatial == 1 {
-        &out_hw[1..]
-    } else {
-        &out_hw[..]
-    });
+    let bias = bias(b, m, "Conv")?;
+    let p = g.conv2d(n, ch, hw, m, out_hw, c.group);
+    let shape = output_shape(n, m, out_hw, spatial);
     let mut out = cx.take_f32(checked_numel(&shape)?);
     let mut scratch = cx.scratch.borrow_mut();
     conv2d(
@@ -275,40 +301,9 @@ pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpR
             }
         }
     }
-    let bias = match b {
-        Some(b) if b.len() != m => {
-            return shape_err(format!(
-                "ConvTranspose bias has {} values for {m} channels",
-                b.len()
-            ));
-        }
-        Some(b) => Some(b.as_f32()?),
-        None => None,
-    };
-    let p = Conv2d {
-        n,
-        c: ch,
-        h: hw[0],
-        w: hw[1],
-        m,
-        kh: g.k[0],
-        kw: g.k[1],
-        sh: g.s[0],
-        sw: g.s[1],
-        dh: g.d[0],
-        dw: g.d[1],
-        pt: g.begin[0],
-        pl: g.begin[1],
-        oh: out_hw[0],
-        ow: out_hw[1],
-        groups: c.group,
-    };
-    let mut shape = vec![n, m];
-    shape.extend(if spatial == 1 {
-        &out_hw[1..]
-    } else {
-        &out_hw[..]
-    });
+    let bias = bias(b, m, "ConvTranspose")?;
+    let p = g.conv2d(n, ch, hw, m, out_hw, c.group);
+    let shape = output_shape(n, m, out_hw, spatial);
     let mut out = cx.take_f32(checked_numel(&shape)?);
     let mut scratch = cx.scratch.borrow_mut();
     conv_transpose2d(
