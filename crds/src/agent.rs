@@ -62,6 +62,10 @@ pub struct GpuAgentStatus {
     /// `host:port` of the agent's Open Inference Protocol endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// `host:port` of the agent's admin endpoint: `/metrics`, and `/report`, which only the
+    /// operator may read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_address: Option<String>,
     /// Node the agent runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
