@@ -200,6 +200,9 @@ pub struct Profile {
     /// When the profile was taken (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_at: Option<String>,
+    /// Bytes of the model's weights, which every instance shares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_bytes: Option<u64>,
 }
 
 /// Throughput and latency at one knob setting.
@@ -212,6 +215,9 @@ pub struct ProfilePoint {
     pub throughput_per_second: f64,
     /// Latency at the SLO percentile in milliseconds.
     pub latency_millis: f64,
+    /// Peak activation memory of one instance at this batch size, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_activation_bytes: Option<u64>,
 }
 
 /// One replica of a tenant and where it runs.
