@@ -43,14 +43,38 @@ pub fn profile(
     threads: usize,
     per_point: Duration,
 ) -> Result<Profile, RunError> {
-    let model = tenant.model();
     let k = 4;
-    let mut settings = vec![
+    profile_points(
+        name,
+        tenant,
+        bounds.max_batch.min(k),
+        bounds.max_instances.min(k),
+        threads,
+        per_point,
+    )
+}
+
+/// Measures (batch 1, 1 instance), (batch `k_batch`, 1 instance) and (batch 1, `k_instances`
+/// instances), each for `per_point`; repeated settings are measured once.
+pub fn profile_points(
+    name: &str,
+    tenant: &Tenant,
+    k_batch: u32,
+    k_instances: u32,
+    threads: usize,
+    per_point: Duration,
+) -> Result<Profile, RunError> {
+    let model = tenant.model();
+    let mut settings: Vec<Knobs> = Vec::new();
+    for knobs in [
         Knobs::new(1, 1),
-        Knobs::new(bounds.max_batch.min(k), 1),
-        Knobs::new(1, bounds.max_instances.min(k)),
-    ];
-    settings.dedup();
+        Knobs::new(k_batch.max(1), 1),
+        Knobs::new(1, k_instances.max(1)),
+    ] {
+        if !settings.contains(&knobs) {
+            settings.push(knobs);
+        }
+    }
     let mut points = Vec::new();
     for knobs in settings {
         let batch = knobs.batch as usize;

@@ -1,10 +1,11 @@
 //! `cotenant-agent`: the process that owns one GPU (or the CPU) and serves its tenants.
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 mod dnnscaler;
+mod kubernetes;
 mod load;
 mod registry;
 mod serve;
@@ -40,7 +41,41 @@ enum Command {
         log_json: bool,
     },
     /// Run inside Kubernetes as an agent pod: watch this pod's GpuAgent and serve its assignments.
-    Kubernetes,
+    ///
+    /// Identity from the downward API: POD_NAME (also the GpuAgent's name), POD_NAMESPACE,
+    /// NODE_NAME and POD_IP.
+    Kubernetes {
+        /// Address to serve the Open Inference Protocol (HTTP) on.
+        #[arg(long, default_value = "0.0.0.0:8000")]
+        listen: String,
+        /// Address to serve `/metrics` and `/report` on.
+        #[arg(long, default_value = "0.0.0.0:8002")]
+        admin_listen: String,
+        /// `host:port` written as the status address (default: `$POD_IP:<listen port>`).
+        #[arg(long)]
+        advertise_address: Option<String>,
+        /// `host:port` written as the status admin address (default: `$POD_IP:<admin port>`).
+        #[arg(long)]
+        admin_advertise_address: Option<String>,
+        /// CPU threads shared by all tenants (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Audience a `/report` token must be issued for.
+        #[arg(
+            long,
+            env = "COTENANT_REPORT_AUDIENCE",
+            default_value = "cotenant-agent-report"
+        )]
+        report_audience: String,
+        /// The only user allowed to read `/report`, e.g.
+        /// `system:serviceaccount:cotenant-system:cotenant-operator`; unset: a ServiceAccount
+        /// named `cotenant-operator` in any namespace.
+        #[arg(long, env = "COTENANT_REPORT_READER")]
+        report_reader: Option<String>,
+        /// Log as JSON lines instead of text.
+        #[arg(long)]
+        log_json: bool,
+    },
     /// Write a model-zoo architecture as an ONNX file with seeded weights, or list the zoo.
     Zoo(tools::zoo::ZooArgs),
     /// Run a model once on .npy inputs and write each output as DIR/<name>.npy.
@@ -84,7 +119,33 @@ fn main() -> anyhow::Result<()> {
                 .context("cannot start the async runtime")?
                 .block_on(standalone::run(options))
         }
-        Command::Kubernetes => bail!("Kubernetes mode is not built yet (issue: node agent)"),
+        Command::Kubernetes {
+            listen,
+            admin_listen,
+            advertise_address,
+            admin_advertise_address,
+            threads,
+            report_audience,
+            report_reader,
+            log_json,
+        } => {
+            init_logs(log_json);
+            let options = kubernetes::Options {
+                listen,
+                admin_listen,
+                advertise_address,
+                admin_advertise_address,
+                threads: threads.unwrap_or_else(tools::default_threads),
+                report_audience,
+                report_reader,
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?
+                .block_on(kubernetes::run(options))
+        }
         Command::Zoo(args) => tools::zoo::main(args),
         Command::Run(args) => tools::run::main(args),
         Command::Bench(args) => tools::bench::main(args),
@@ -94,7 +155,11 @@ fn main() -> anyhow::Result<()> {
 fn init_logs(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("COTENANT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colours only on a terminal: a pod's or a test's log file gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
     if json {
         logs.json().init();
     } else {

@@ -1,5 +1,6 @@
 //! The tenants this agent holds, by served model name, each Loading, Ready or Failed. A failed
-//! tenant keeps its reason and never disturbs the others.
+//! tenant keeps its reason and never disturbs the others. In Kubernetes mode a tenant is served
+//! as `<namespace>.<name>`, and its bare name resolves while it is the only one of that name.
 
 use cotenant_executor::runtime::Tenant;
 use std::collections::BTreeMap;
@@ -45,8 +46,31 @@ pub struct Entry {
     pub slo_millis: f64,
     pub percentile: f64,
     pub state: State,
-    /// DNNScaler's choice and the profile behind it, once profiled.
+    /// DNNScaler's choice and the profile behind it, once profiled (standalone mode).
     pub scaling: Option<Scaling>,
+    /// The ModelTenant this replica serves (Kubernetes mode).
+    pub tenant_ref: Option<cotenant_crds::TenantRef>,
+    /// Profile points the operator asked for, once measured (Kubernetes mode).
+    pub profile: Option<cotenant_policy::Profile>,
+    /// Whether the profile points are being measured now (the tenant serves meanwhile).
+    pub profiling: bool,
+}
+
+impl Entry {
+    /// A Loading entry with nothing measured yet.
+    pub fn loading(name: &str, source: &str, slo_millis: f64, percentile: f64) -> Entry {
+        Entry {
+            name: name.to_string(),
+            source: source.to_string(),
+            slo_millis,
+            percentile,
+            state: State::Loading,
+            scaling: None,
+            tenant_ref: None,
+            profile: None,
+            profiling: false,
+        }
+    }
 }
 
 /// What DNNScaler decided for a tenant and why.
@@ -63,14 +87,6 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn get(&self, name: &str) -> Option<Arc<Entry>> {
-        self.entries
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .cloned()
-    }
-
     pub fn all(&self) -> Vec<Arc<Entry>> {
         self.entries
             .read()
@@ -86,6 +102,45 @@ impl Registry {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(entry.name.clone(), Arc::new(entry));
+    }
+
+    /// Finds the tenant a client names: its served name, or a bare tenant name when exactly one
+    /// held tenant has it. The error lists the qualified names when the bare name is ambiguous.
+    pub fn resolve(&self, name: &str) -> Result<Arc<Entry>, String> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = entries.get(name) {
+            return Ok(entry.clone());
+        }
+        let matching: Vec<&Arc<Entry>> = entries
+            .values()
+            .filter(|e| e.tenant_ref.as_ref().is_some_and(|t| t.name == name))
+            .collect();
+        match matching.as_slice() {
+            [one] => Ok((*one).clone()),
+            [] => Err(format!("unknown model {name:?}")),
+            many => Err(format!(
+                "model name {name:?} is ambiguous: use one of {:?}",
+                many.iter().map(|e| e.name.as_str()).collect::<Vec<_>>()
+            )),
+        }
+    }
+
+    /// Removes `name`, returning its entry.
+    pub fn remove(&self, name: &str) -> Option<Arc<Entry>> {
+        self.entries
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)
+    }
+
+    /// Changes `name`'s entry with `f`, keeping the rest.
+    pub fn update(&self, name: &str, f: impl FnOnce(&mut Entry)) {
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = entries.get(name) {
+            let mut next = Entry::clone(entry);
+            f(&mut next);
+            entries.insert(name.to_string(), Arc::new(next));
+        }
     }
 
     /// Changes the state of `name`, keeping the rest of its entry.

@@ -3,11 +3,12 @@
 //! that fails to load marks only its tenant Failed.
 
 use crate::registry::{Entry, Registry, Scaling, State};
-use crate::serve::{self, AppState};
+use crate::serve::{self, AppState, ReportAuth};
 use crate::{dnnscaler, load};
 use anyhow::Context;
 use cotenant_crds::ModelTenant;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -120,14 +121,12 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             continue;
         }
         let spec = &file.tenant.spec;
-        registry.put(Entry {
-            name: name.clone(),
-            source: spec.model.uri.clone(),
-            slo_millis: spec.slo.latency_millis,
-            percentile: spec.slo.percentile,
-            state: State::Loading,
-            scaling: None,
-        });
+        registry.put(Entry::loading(
+            &name,
+            &spec.model.uri,
+            spec.slo.latency_millis,
+            spec.slo.percentile,
+        ));
     }
     let threads_per_tenant = (options.threads / names.len().max(1)).max(1);
     let scaler: Arc<Mutex<Vec<dnnscaler::Controlled>>> = Arc::default();
@@ -135,15 +134,17 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     for file in tenants {
         let registry = registry.clone();
         let scaler = scaler.clone();
+        let runtime = tokio::runtime::Handle::current();
         // Loading and profiling are CPU-bound; they must not stall the server.
         tokio::task::spawn_blocking(move || {
-            bring_up(&file, &registry, &scaler, threads_per_tenant)
+            bring_up(&file, &registry, &scaler, threads_per_tenant, &runtime)
         });
     }
 
     let app = Arc::new(AppState {
         registry: registry.clone(),
-        report_token: options.report_token,
+        report_auth: ReportAuth::Token(options.report_token),
+        initialised: AtomicBool::new(true),
     });
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
@@ -169,6 +170,7 @@ fn bring_up(
     registry: &Registry,
     scaler: &Mutex<Vec<dnnscaler::Controlled>>,
     threads: usize,
+    runtime: &tokio::runtime::Handle,
 ) {
     let name = file.tenant.metadata.name.clone().unwrap_or_default();
     let spec = &file.tenant.spec;
@@ -184,13 +186,19 @@ fn bring_up(
         .annotations
         .as_ref()
         .and_then(|a| a.get(load::ZOO_ANNOTATION));
-    let loaded = load::resolve_file(&spec.model.uri, &base)
-        .and_then(|path| match zoo {
-            Some(zoo) => load::ensure_zoo_model(zoo, &path).map(|()| path),
-            None => Ok(path),
-        })
-        .and_then(|path| load::read_model(&path, spec.model.sha256.as_deref()))
-        .and_then(|bytes| load::start(&bytes, load::config(&name, slo, 1, 1, threads)));
+    let sha256 = spec.model.sha256.as_deref();
+    let bytes = if load::is_http(&spec.model.uri) {
+        load::model_bytes(&spec.model.uri, sha256, None, runtime)
+    } else {
+        load::resolve_file(&spec.model.uri, Some(&base))
+            .and_then(|path| match zoo {
+                Some(zoo) => load::ensure_zoo_model(zoo, &path).map(|()| path),
+                None => Ok(path),
+            })
+            .and_then(|path| load::read_model(&path, sha256))
+    };
+    let loaded =
+        bytes.and_then(|bytes| load::start(&bytes, load::config(&name, slo, 1, 1, threads)));
     let loaded = match loaded {
         Ok(loaded) => loaded,
         Err(reason) => {

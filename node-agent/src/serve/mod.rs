@@ -15,6 +15,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 /// Largest request body (JSON header plus binary tensors) the agent reads: 64 MiB.
 pub const MAX_BODY_BYTES: usize = 64 << 20;
@@ -22,12 +23,49 @@ pub const MAX_BODY_BYTES: usize = 64 << 20;
 /// Shared by every handler.
 pub struct AppState {
     pub registry: Arc<Registry>,
-    /// Bearer token the report endpoint requires; `None` refuses every report request.
-    pub report_token: Option<String>,
+    /// Who may read `/report`.
+    pub report_auth: ReportAuth,
+    /// Whether the agent knows its tenants (Kubernetes mode: its GpuAgent has been read);
+    /// `/v2/health/ready` waits for it.
+    pub initialised: AtomicBool,
 }
 
-/// The Open Inference Protocol routes plus `/metrics` and `/report`.
+/// How `/report` checks the bearer token it is given.
+pub enum ReportAuth {
+    /// Standalone: the token this agent was given; `None` refuses every report request.
+    Token(Option<String>),
+    /// Kubernetes: the API server's TokenReview says whose token it is.
+    TokenReview(Arc<crate::kubernetes::auth::Reviewer>),
+}
+
+/// The Open Inference Protocol routes plus `/metrics` and `/report` (standalone mode).
 pub fn router(state: Arc<AppState>) -> Router {
+    oip_routes()
+        .route("/report", get(report::render))
+        .fallback(oip::not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// The Open Inference Protocol routes plus `/metrics`, without `/report` (Kubernetes mode's
+/// inference listener).
+pub fn inference_router(state: Arc<AppState>) -> Router {
+    oip_routes()
+        .fallback(oip::not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// `/metrics` and `/report` (Kubernetes mode's admin listener).
+pub fn admin_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::render))
+        .route("/report", get(report::render))
+        .fallback(oip::not_found)
+        .with_state(state)
+}
+
+fn oip_routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v2", get(oip::server_metadata))
         .route("/v2/health/live", get(oip::live))
@@ -48,8 +86,4 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(oip::infer_versioned),
         )
         .route("/metrics", get(metrics::render))
-        .route("/report", get(report::render))
-        .fallback(oip::not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
 }

@@ -22,7 +22,7 @@ pub async fn live() -> StatusCode {
 }
 
 pub async fn ready(State(app): AppRef) -> StatusCode {
-    if app.registry.settled() {
+    if app.initialised.load(std::sync::atomic::Ordering::Acquire) && app.registry.settled() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -43,8 +43,8 @@ pub async fn not_found() -> ApiError {
 
 fn entry(app: &AppState, model: &str) -> Result<Arc<Entry>, ApiError> {
     app.registry
-        .get(model)
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("unknown model {model:?}")))
+        .resolve(model)
+        .map_err(|message| ApiError::new(StatusCode::NOT_FOUND, message))
 }
 
 /// This agent serves one version of each model, "1"; any other version is unknown.

@@ -1,9 +1,10 @@
 //! `/report`: everything the operator's scaler needs about each tenant, as JSON, for the operator
-//! alone. A request must carry `Authorization: Bearer <token>` with the token this agent was given
-//! (standalone: `--report-token-file`); anything else gets 401.
+//! alone. A request must carry `Authorization: Bearer <token>`: in standalone mode the token this
+//! agent was given (`--report-token-file`), in Kubernetes mode a ServiceAccount token of the
+//! operator that the API server's TokenReview vouches for. Anything else gets 401.
 
-use super::AppState;
 use super::error::ApiError;
+use super::{AppState, ReportAuth};
 use crate::registry::State as TenantState;
 use axum::Json;
 use axum::extract::State;
@@ -19,17 +20,29 @@ pub async fn render(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let authorised = match (&app.report_token, presented) {
-        (Some(expected), Some(given)) => {
-            constant_time_eq(expected.as_bytes(), given.trim().as_bytes())
-        }
-        _ => false,
-    };
-    if !authorised {
+    let Some(presented) = presented.map(str::trim).filter(|t| !t.is_empty()) else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
-            "the report is for the operator only",
+            "the report is for the operator only: no bearer token",
         ));
+    };
+    match &app.report_auth {
+        ReportAuth::Token(Some(expected))
+            if constant_time_eq(expected.as_bytes(), presented.as_bytes()) => {}
+        ReportAuth::Token(_) => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "the report is for the operator only",
+            ));
+        }
+        ReportAuth::TokenReview(reviewer) => {
+            if let Err(why) = reviewer.check(presented).await {
+                return Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    format!("the report is for the operator only: {why}"),
+                ));
+            }
+        }
     }
     let tenants: Vec<Value> = app
         .registry
@@ -46,6 +59,17 @@ pub async fn render(
             if let Some(scaling) = &e.scaling {
                 t["approach"] = json!(scaling.approach);
                 t["profile"] = json!(scaling.profile);
+            }
+            if let Some(tenant) = &e.tenant_ref {
+                t["tenant"] = json!({
+                    "namespace": tenant.namespace,
+                    "name": tenant.name,
+                    "uid": tenant.uid,
+                });
+                t["profiling"] = json!(e.profiling);
+            }
+            if let Some(profile) = &e.profile {
+                t["profile"] = json!(profile);
             }
             match &e.state {
                 TenantState::Ready { tenant, .. } => {

@@ -2,6 +2,10 @@
 //! import and plan the model, run it once (which also yields the output signature), and start
 //! the serving runtime. Every failure is a message naming the tenant's model and what went wrong.
 
+mod download;
+
+pub use download::install_crypto_provider;
+
 use crate::registry::TensorMeta;
 use crate::serve::wire_name;
 use cotenant_executor::graph::Dim;
@@ -19,19 +23,48 @@ pub struct Loaded {
     pub outputs: Vec<TensorMeta>,
 }
 
-/// Where a `file://` URI points: absolute paths as they are, relative ones from `base`.
-pub fn resolve_file(uri: &str, base: &Path) -> Result<PathBuf, String> {
+/// Where a `file://` URI points: absolute paths as they are, relative ones from `base` (none in
+/// Kubernetes mode, where a relative path names nothing).
+pub fn resolve_file(uri: &str, base: Option<&Path>) -> Result<PathBuf, String> {
     let Some(path) = uri.strip_prefix("file://") else {
-        return Err(format!(
-            "{uri}: only file:// models can be loaded by this agent version (http and https are not built yet)"
-        ));
+        return Err(format!("{uri}: not a file:// URI"));
     };
     let path = Path::new(path);
-    Ok(if path.is_absolute() {
-        path.to_path_buf()
+    if path.is_absolute() {
+        return Ok(path.to_path_buf());
+    }
+    match base {
+        Some(base) => Ok(base.join(path)),
+        None => Err(format!(
+            "{uri}: a relative file:// path means nothing to an agent pod; use an absolute path or http(s)://"
+        )),
+    }
+}
+
+/// Whether `uri` is fetched over HTTP.
+pub fn is_http(uri: &str) -> bool {
+    uri.starts_with("http://") || uri.starts_with("https://")
+}
+
+/// The model bytes behind `uri` (`file://` or `http(s)://`), checked against `sha256` when
+/// given. Blocking: call it off the async workers; `runtime` runs the download.
+pub fn model_bytes(
+    uri: &str,
+    sha256: Option<&str>,
+    base: Option<&Path>,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Vec<u8>, String> {
+    if is_http(uri) {
+        let bytes = runtime.block_on(download::get(uri))?;
+        check_sha256(&bytes, sha256, uri)?;
+        Ok(bytes)
+    } else if uri.starts_with("file://") {
+        read_model(&resolve_file(uri, base)?, sha256)
     } else {
-        base.join(path)
-    })
+        Err(format!(
+            "{uri}: unsupported model URI (file://, http:// and https:// are)"
+        ))
+    }
 }
 
 /// The annotation that lets standalone mode write a missing model file from the model zoo.
@@ -60,19 +93,26 @@ pub fn ensure_zoo_model(name: &str, path: &Path) -> Result<(), String> {
 /// Reads the model bytes and checks them against `sha256` when given.
 pub fn read_model(path: &Path, sha256: Option<&str>) -> Result<Vec<u8>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if let Some(expected) = sha256 {
-        let actual: String = Sha256::digest(&bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        if !actual.eq_ignore_ascii_case(expected) {
-            return Err(format!(
-                "{}: sha256 is {actual}, the tenant expects {expected}",
-                path.display()
-            ));
-        }
-    }
+    check_sha256(&bytes, sha256, &path.display().to_string())?;
     Ok(bytes)
+}
+
+/// Checks `bytes` against the expected SHA-256 (hex, any case), if there is one.
+pub fn check_sha256(bytes: &[u8], sha256: Option<&str>, what: &str) -> Result<(), String> {
+    let Some(expected) = sha256 else {
+        return Ok(());
+    };
+    let actual: String = Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if actual.eq_ignore_ascii_case(expected) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what}: sha256 is {actual}, the tenant expects {expected}"
+        ))
+    }
 }
 
 /// Imports `bytes`, runs it once at batch 1 and starts serving it with `config`.

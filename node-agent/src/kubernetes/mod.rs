@@ -1,0 +1,165 @@
+//! Kubernetes mode: the agent pod watches its own GpuAgent, serves the assigned tenants as
+//! `<namespace>.<name>` over the Open Inference Protocol, answers the operator's `/report` after a
+//! TokenReview, and writes its status. Losing the API server stops none of the serving.
+
+pub mod auth;
+mod identity;
+mod reconcile;
+mod status;
+mod watch;
+
+use crate::registry::Registry;
+use crate::serve::{self, AppState, ReportAuth};
+use anyhow::Context;
+use cotenant_crds::GpuAgent;
+use kube::api::Api;
+use reconcile::{Done, Reconciler};
+use status::Snapshot;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::{mpsc, watch as channel};
+
+/// Options of `cotenant-agent kubernetes`.
+pub struct Options {
+    pub listen: String,
+    pub admin_listen: String,
+    pub advertise_address: Option<String>,
+    pub admin_advertise_address: Option<String>,
+    pub threads: usize,
+    pub report_audience: String,
+    pub report_reader: Option<String>,
+}
+
+/// Serves until SIGTERM or Ctrl-C, then finishes the accepted requests.
+pub async fn run(options: Options) -> anyhow::Result<()> {
+    crate::load::install_crypto_provider();
+    let listener = tokio::net::TcpListener::bind(&options.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", options.listen))?;
+    let admin_listener = tokio::net::TcpListener::bind(&options.admin_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", options.admin_listen))?;
+    let identity = identity::from_env(
+        |key| std::env::var(key).ok(),
+        listener.local_addr()?,
+        admin_listener.local_addr()?,
+        options.advertise_address,
+        options.admin_advertise_address,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (in-cluster config or KUBECONFIG)")?;
+    let reader = match options.report_reader.filter(|r| !r.is_empty()) {
+        Some(user) => auth::Reader::User(user),
+        None => auth::Reader::ServiceAccountNamed(auth::OPERATOR_ACCOUNT.to_string()),
+    };
+    tracing::info!(
+        gpuagent = %format!("{}/{}", identity.namespace, identity.name),
+        address = %identity.address,
+        admin_address = %identity.admin_address,
+        audience = %options.report_audience,
+        reader = ?reader,
+        "starting in Kubernetes mode"
+    );
+    let registry = Arc::new(Registry::default());
+    let app = Arc::new(AppState {
+        registry: registry.clone(),
+        report_auth: ReportAuth::TokenReview(Arc::new(auth::Reviewer::new(
+            client.clone(),
+            options.report_audience,
+            reader,
+        ))),
+        initialised: AtomicBool::new(false),
+    });
+    let agents: Api<GpuAgent> = Api::namespaced(client, &identity.namespace);
+
+    let (stop_tx, stop_rx) = channel::channel(false);
+    let (desired_tx, desired_rx) = channel::channel(None);
+    let (snapshot_tx, snapshot_rx) = channel::channel(Snapshot::default());
+    let (done_tx, done_rx) = mpsc::unbounded_channel();
+    tokio::spawn(watch::watch_own(
+        agents.clone(),
+        identity.name.clone(),
+        desired_tx,
+    ));
+    let reconciler = Reconciler::new(registry, options.threads, done_tx);
+    let reconciling = tokio::spawn(reconcile_loop(
+        reconciler,
+        desired_rx,
+        done_rx,
+        snapshot_tx,
+        app.clone(),
+        stop_rx.clone(),
+    ));
+    let writing = tokio::spawn(status::write_loop(
+        agents,
+        identity.clone(),
+        status::cpu_device(options.threads),
+        snapshot_rx,
+        stop_rx.clone(),
+    ));
+
+    tokio::spawn(async move {
+        crate::shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut stop: channel::Receiver<bool>| async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let inference = axum::serve(listener, serve::inference_router(app.clone()))
+        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let admin = axum::serve(admin_listener, serve::admin_router(app))
+        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let (inference, admin) = tokio::join!(inference, admin);
+    inference.context("the inference server failed")?;
+    admin.context("the admin server failed")?;
+
+    // Every accepted request has its answer; finish what the tenants still hold and exit.
+    let tenants = reconciling.await.unwrap_or_default();
+    writing.abort();
+    tokio::task::spawn_blocking(move || {
+        for tenant in tenants {
+            tenant.shutdown();
+        }
+    })
+    .await
+    .context("draining the tenants failed")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Applies assignment changes and finished jobs, publishing a snapshot after each, until `stop`;
+/// returns the replicas still serving.
+async fn reconcile_loop(
+    mut reconciler: Reconciler,
+    mut desired: channel::Receiver<Option<reconcile::Desired>>,
+    mut done: mpsc::UnboundedReceiver<Done>,
+    snapshots: channel::Sender<Snapshot>,
+    app: Arc<AppState>,
+    mut stop: channel::Receiver<bool>,
+) -> Vec<Arc<cotenant_executor::runtime::Tenant>> {
+    loop {
+        tokio::select! {
+            Ok(()) = desired.changed() => {
+                let next = desired.borrow_and_update().clone();
+                if let Some(next) = next {
+                    reconciler.apply(next);
+                }
+            }
+            Some(finished) = done.recv() => reconciler.on_done(finished),
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        if reconciler.initialised {
+            app.initialised.store(true, Ordering::Release);
+        }
+        snapshots.send_replace(Snapshot {
+            initialised: reconciler.initialised,
+            generation: reconciler.generation,
+            tenants: reconciler.tenants(),
+            settled: reconciler.settled(),
+            weight_bytes: reconciler.weight_bytes(),
+        });
+    }
+    reconciler.take_all()
+}

@@ -1,0 +1,469 @@
+//! Turning the GpuAgent's assignments into served tenants. One task owns this state; loading,
+//! profiling and draining run on blocking threads and report back through `Done`, so a slow or
+//! broken model never holds up the others.
+//!
+//! - new assignment: load (download, check, plan, start) → Ready, or Failed with the reason;
+//! - removed assignment: out of the registry at once (new requests get 404), then drained
+//!   (queued and running requests finish) while the status says Unloading;
+//! - knobs or SLO changed: applied to the running replica, nothing dropped;
+//! - model or tenant UID changed: the new model loads while the old one keeps serving, then
+//!   replaces it; when the new one fails the tenant is Failed and the old one is drained;
+//! - `profile` set: the DNNScaler points are measured once per (UID, model, profile knobs), while
+//!   the tenant keeps serving (so the points include the interference of live traffic).
+
+use crate::dnnscaler;
+use crate::load;
+use crate::registry::{Entry, Registry, State};
+use cotenant_crds::{Assignment, Knobs, LoadedTenant, ReplicaState, TenantRef};
+use cotenant_executor::runtime::Tenant;
+use cotenant_policy::Profile;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// How long each profile point is measured.
+const PROFILE_POINT: Duration = Duration::from_secs(1);
+
+/// What the GpuAgent asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    /// False once the GpuAgent is gone (deleted).
+    pub exists: bool,
+    pub generation: Option<i64>,
+    pub assignments: Vec<Assignment>,
+}
+
+/// A blocking job that finished.
+pub enum Done {
+    Loaded {
+        name: String,
+        attempt: u64,
+        result: Result<load::Loaded, String>,
+    },
+    Profiled {
+        name: String,
+        attempt: u64,
+        key: ProfileKey,
+        result: Result<Profile, String>,
+    },
+    Unloaded {
+        name: String,
+        attempt: u64,
+    },
+}
+
+/// What a profile was measured for: a new tenant, model or set of profile knobs re-measures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileKey {
+    uid: String,
+    uri: String,
+    sha256: Option<String>,
+    knobs: Knobs,
+}
+
+enum Phase {
+    Loading,
+    Ready,
+    Failed(String),
+}
+
+/// One assignment as this agent holds it.
+struct Held {
+    assignment: Assignment,
+    /// The load whose result counts; older ones are discarded when they finish.
+    attempt: u64,
+    phase: Phase,
+    /// The replica serving now (during a reload, the old model's).
+    serving: Option<Arc<Tenant>>,
+    profiling: Option<ProfileKey>,
+    profiled: Option<ProfileKey>,
+    profile_error: Option<String>,
+}
+
+/// The served model name of a tenant: `<namespace>.<name>`.
+pub fn served_name(tenant: &TenantRef) -> String {
+    format!("{}.{}", tenant.namespace, tenant.name)
+}
+
+fn slo_of(a: &Assignment) -> Duration {
+    Duration::from_secs_f64(a.slo.latency_millis.max(0.0) / 1e3)
+}
+
+fn apply_knobs(tenant: &Tenant, a: &Assignment) {
+    let slo = slo_of(a);
+    tenant.set_slo(slo);
+    tenant.set_knobs(
+        a.knobs.batch_size as usize,
+        a.knobs.instances as usize,
+        slo / 10,
+    );
+}
+
+fn model_changed(old: &Assignment, new: &Assignment) -> bool {
+    old.model != new.model || old.tenant.uid != new.tenant.uid
+}
+
+/// The agent's assignments and what became of them.
+pub struct Reconciler {
+    registry: Arc<Registry>,
+    threads: usize,
+    runtime: tokio::runtime::Handle,
+    done: UnboundedSender<Done>,
+    held: BTreeMap<String, Held>,
+    /// Replicas draining after their assignment went away, by (served name, attempt).
+    unloading: BTreeMap<(String, u64), TenantRef>,
+    next_attempt: u64,
+    /// Whether the GpuAgent has been read at least once.
+    pub initialised: bool,
+    pub generation: Option<i64>,
+}
+
+impl Reconciler {
+    pub fn new(registry: Arc<Registry>, threads: usize, done: UnboundedSender<Done>) -> Self {
+        Reconciler {
+            registry,
+            threads: threads.max(1),
+            runtime: tokio::runtime::Handle::current(),
+            done,
+            held: BTreeMap::new(),
+            unloading: BTreeMap::new(),
+            next_attempt: 0,
+            initialised: false,
+            generation: None,
+        }
+    }
+
+    /// Moves toward `desired`.
+    pub fn apply(&mut self, desired: Desired) {
+        if !desired.exists {
+            if self.initialised {
+                tracing::warn!("the GpuAgent is gone: unloading every tenant");
+                let names: Vec<String> = self.held.keys().cloned().collect();
+                for name in names {
+                    self.unload(&name);
+                }
+            }
+            return;
+        }
+        self.initialised = true;
+        self.generation = desired.generation;
+        let mut wanted: BTreeMap<String, Assignment> = BTreeMap::new();
+        for a in desired.assignments {
+            let name = served_name(&a.tenant);
+            if wanted.contains_key(&name) {
+                tracing::error!(tenant = %name, "the GpuAgent assigns this tenant twice; serving the first");
+                continue;
+            }
+            wanted.insert(name, a);
+        }
+        let gone: Vec<String> = self
+            .held
+            .keys()
+            .filter(|n| !wanted.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.unload(&name);
+        }
+        let count = wanted.len();
+        for (name, a) in wanted {
+            match self.held.get_mut(&name) {
+                None => self.load(&name, a, count),
+                Some(h) if model_changed(&h.assignment, &a) => {
+                    tracing::info!(tenant = %name, uri = %a.model.uri, "model changed: loading it beside the serving one");
+                    self.load(&name, a, count);
+                }
+                Some(h) => {
+                    if h.assignment.knobs != a.knobs || h.assignment.slo != a.slo {
+                        if let Some(t) = &h.serving {
+                            apply_knobs(t, &a);
+                            tracing::info!(tenant = %name, batch = a.knobs.batch_size, instances = a.knobs.instances, slo_ms = a.slo.latency_millis, "knobs applied");
+                        }
+                        let slo = a.slo.clone();
+                        self.registry.update(&name, |e| {
+                            e.slo_millis = slo.latency_millis;
+                            e.percentile = slo.percentile;
+                        });
+                    }
+                    h.assignment = a;
+                }
+            }
+            self.maybe_profile(&name);
+        }
+    }
+
+    /// Starts loading `a` as `name`; a replica already serving keeps serving meanwhile.
+    fn load(&mut self, name: &str, a: Assignment, tenants: usize) {
+        self.next_attempt += 1;
+        let attempt = self.next_attempt;
+        let serving = match self.held.remove(name) {
+            Some(h) => h.serving,
+            None => None,
+        };
+        if serving.is_none() {
+            let mut entry =
+                Entry::loading(name, &a.model.uri, a.slo.latency_millis, a.slo.percentile);
+            entry.tenant_ref = Some(a.tenant.clone());
+            self.registry.put(entry);
+        }
+        let per_tenant = (self.threads / tenants.max(1)).max(1);
+        let config = load::config(
+            name,
+            slo_of(&a),
+            a.knobs.batch_size as usize,
+            a.knobs.instances as usize,
+            (per_tenant / a.knobs.instances.max(1) as usize).max(1),
+        );
+        let (uri, sha) = (a.model.uri.clone(), a.model.sha256.clone());
+        self.held.insert(
+            name.to_string(),
+            Held {
+                assignment: a,
+                attempt,
+                phase: Phase::Loading,
+                serving,
+                profiling: None,
+                profiled: None,
+                profile_error: None,
+            },
+        );
+        let (done, runtime, name) = (self.done.clone(), self.runtime.clone(), name.to_string());
+        tracing::info!(tenant = %name, %uri, "loading");
+        tokio::task::spawn_blocking(move || {
+            let result = load::model_bytes(&uri, sha.as_deref(), None, &runtime)
+                .and_then(|bytes| load::start(&bytes, config));
+            let _ = done.send(Done::Loaded {
+                name,
+                attempt,
+                result,
+            });
+        });
+    }
+
+    /// Takes `name` out of service and drains it.
+    fn unload(&mut self, name: &str) {
+        let Some(h) = self.held.remove(name) else {
+            return;
+        };
+        self.registry.remove(name);
+        tracing::info!(tenant = %name, "unassigned: draining");
+        if let Some(tenant) = h.serving {
+            self.unloading
+                .insert((name.to_string(), h.attempt), h.assignment.tenant.clone());
+            let (done, name, attempt) = (self.done.clone(), name.to_string(), h.attempt);
+            tokio::task::spawn_blocking(move || {
+                tenant.shutdown();
+                let _ = done.send(Done::Unloaded { name, attempt });
+            });
+        }
+    }
+
+    /// Profiles `name` when its assignment asks for points not measured yet.
+    fn maybe_profile(&mut self, name: &str) {
+        let Some(h) = self.held.get_mut(name) else {
+            return;
+        };
+        let (Phase::Ready, Some(tenant), Some(knobs), None) =
+            (&h.phase, &h.serving, h.assignment.profile, &h.profiling)
+        else {
+            return;
+        };
+        let key = ProfileKey {
+            uid: h.assignment.tenant.uid.clone(),
+            uri: h.assignment.model.uri.clone(),
+            sha256: h.assignment.model.sha256.clone(),
+            knobs,
+        };
+        if h.profiled.as_ref() == Some(&key) {
+            return;
+        }
+        h.profiling = Some(key.clone());
+        self.registry.update(name, |e| e.profiling = true);
+        let (tenant, done, attempt) = (tenant.clone(), self.done.clone(), h.attempt);
+        let (name, threads) = (name.to_string(), self.threads);
+        tracing::info!(tenant = %name, batch = knobs.batch_size, instances = knobs.instances, "profiling");
+        tokio::task::spawn_blocking(move || {
+            let result = dnnscaler::profile_points(
+                &name,
+                &tenant,
+                knobs.batch_size,
+                knobs.instances,
+                threads,
+                PROFILE_POINT,
+            )
+            .map_err(|e| e.to_string());
+            let _ = done.send(Done::Profiled {
+                name,
+                attempt,
+                key,
+                result,
+            });
+        });
+    }
+
+    /// Takes in a finished job.
+    pub fn on_done(&mut self, done: Done) {
+        match done {
+            Done::Loaded {
+                name,
+                attempt,
+                result,
+            } => self.on_loaded(&name, attempt, result),
+            Done::Profiled {
+                name,
+                attempt,
+                key,
+                result,
+            } => {
+                let Some(h) = self.held.get_mut(&name).filter(|h| h.attempt == attempt) else {
+                    return;
+                };
+                h.profiling = None;
+                h.profiled = Some(key);
+                match result {
+                    Ok(profile) => {
+                        tracing::info!(tenant = %name, points = profile.points.len(), "profiled");
+                        h.profile_error = None;
+                        self.registry.update(&name, |e| {
+                            e.profiling = false;
+                            e.profile = Some(profile);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(tenant = %name, error = %e, "profiling failed");
+                        h.profile_error = Some(format!("profiling failed: {e}"));
+                        self.registry.update(&name, |e| e.profiling = false);
+                    }
+                }
+                self.maybe_profile(&name);
+            }
+            Done::Unloaded { name, attempt } => {
+                tracing::info!(tenant = %name, "drained and unloaded");
+                self.unloading.remove(&(name, attempt));
+            }
+        }
+    }
+
+    fn on_loaded(&mut self, name: &str, attempt: u64, result: Result<load::Loaded, String>) {
+        let Some(h) = self.held.get_mut(name).filter(|h| h.attempt == attempt) else {
+            // Superseded or unassigned while loading.
+            if let Ok(loaded) = result {
+                drain(loaded.tenant);
+            }
+            return;
+        };
+        let a = &h.assignment;
+        let replaced = match result {
+            Ok(loaded) => {
+                apply_knobs(&loaded.tenant, a);
+                tracing::info!(tenant = %name, "ready");
+                self.registry.put(Entry {
+                    state: State::Ready {
+                        tenant: loaded.tenant.clone(),
+                        inputs: loaded.inputs,
+                        outputs: loaded.outputs,
+                    },
+                    tenant_ref: Some(a.tenant.clone()),
+                    ..Entry::loading(name, &a.model.uri, a.slo.latency_millis, a.slo.percentile)
+                });
+                h.phase = Phase::Ready;
+                h.serving.replace(loaded.tenant)
+            }
+            Err(reason) => {
+                tracing::error!(tenant = %name, %reason, "failed to load");
+                self.registry.put(Entry {
+                    state: State::Failed(reason.clone()),
+                    tenant_ref: Some(a.tenant.clone()),
+                    ..Entry::loading(name, &a.model.uri, a.slo.latency_millis, a.slo.percentile)
+                });
+                h.phase = Phase::Failed(reason);
+                h.serving.take()
+            }
+        };
+        if let Some(old) = replaced {
+            drain(old);
+        }
+        self.maybe_profile(name);
+    }
+
+    /// Every assignment Ready or Failed (none loading or profiling).
+    pub fn settled(&self) -> bool {
+        self.held
+            .values()
+            .all(|h| !matches!(h.phase, Phase::Loading) && h.profiling.is_none())
+    }
+
+    /// Each assignment (and each replica still draining) as the status reports it.
+    pub fn tenants(&self) -> Vec<LoadedTenant> {
+        let mut out: Vec<LoadedTenant> = self
+            .held
+            .values()
+            .map(|h| {
+                let state = match (&h.phase, &h.profiling) {
+                    (Phase::Loading, _) => ReplicaState::Loading,
+                    (Phase::Failed(_), _) => ReplicaState::Failed,
+                    (Phase::Ready, Some(_)) => ReplicaState::Profiling,
+                    (Phase::Ready, None) => ReplicaState::Ready,
+                };
+                let error = match &h.phase {
+                    Phase::Failed(reason) => Some(reason.clone()),
+                    _ => h.profile_error.clone(),
+                };
+                let mut t = LoadedTenant {
+                    tenant: h.assignment.tenant.clone(),
+                    state,
+                    knobs: None,
+                    weight_bytes: None,
+                    activation_bytes: None,
+                    error,
+                };
+                if let Some(serving) = &h.serving {
+                    let (batch, instances) = serving.knobs();
+                    let plan = &serving.model().plan;
+                    t.knobs = Some(Knobs {
+                        batch_size: u32::try_from(batch).unwrap_or(u32::MAX),
+                        instances: u32::try_from(instances).unwrap_or(u32::MAX),
+                    });
+                    t.weight_bytes = Some(plan.weight_bytes() as u64);
+                    t.activation_bytes = plan.peak_activation_bytes(batch).ok().map(|b| b as u64);
+                }
+                t
+            })
+            .collect();
+        out.extend(self.unloading.values().map(|tenant| LoadedTenant {
+            tenant: tenant.clone(),
+            state: ReplicaState::Unloading,
+            knobs: None,
+            weight_bytes: None,
+            activation_bytes: None,
+            error: None,
+        }));
+        out
+    }
+
+    /// Bytes of weights of every serving replica.
+    pub fn weight_bytes(&self) -> u64 {
+        self.held
+            .values()
+            .filter_map(|h| h.serving.as_ref())
+            .map(|t| t.model().plan.weight_bytes() as u64)
+            .sum()
+    }
+
+    /// Stops holding anything and returns the serving replicas, for the caller to drain.
+    pub fn take_all(&mut self) -> Vec<Arc<Tenant>> {
+        std::mem::take(&mut self.held)
+            .into_iter()
+            .filter_map(|(name, h)| {
+                self.registry.remove(&name);
+                h.serving
+            })
+            .collect()
+    }
+}
+
+/// Finishes a replica's requests off the async workers.
+fn drain(tenant: Arc<Tenant>) {
+    tokio::task::spawn_blocking(move || tenant.shutdown());
+}

@@ -1,0 +1,212 @@
+//! Writing the GpuAgent's status: where the agent serves, its device, every tenant's state, a
+//! heartbeat and the Ready condition. A write goes out when something changed (at most one a
+//! second) and at least every heartbeat period; failures are logged and retried with backoff
+//! while serving carries on.
+
+use super::identity::Identity;
+use cotenant_crds::conditions::set_condition;
+use cotenant_crds::{Condition, Device, DeviceKind, GpuAgent, GpuAgentStatus, LoadedTenant};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// The field manager of the agent's status writes.
+pub const FIELD_MANAGER: &str = "cotenant-agent";
+/// Fewest seconds between two writes.
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest time without a write (the heartbeat), with margin under the promised 10 s.
+const HEARTBEAT: Duration = Duration::from_secs(8);
+/// Longest wait before retrying a failed write.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What the reconciler knows, published after every change.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    /// Whether the GpuAgent has been read.
+    pub initialised: bool,
+    pub generation: Option<i64>,
+    pub tenants: Vec<LoadedTenant>,
+    /// Every assignment Ready or Failed.
+    pub settled: bool,
+    pub weight_bytes: u64,
+}
+
+/// The host's CPU as the agent's device.
+pub fn cpu_device(threads: usize) -> Device {
+    Device {
+        kind: DeviceKind::Cpu,
+        name: format!("CPU ({threads} threads)"),
+        memory_total_bytes: mem_total().unwrap_or(0),
+        memory_used_bytes: 0,
+    }
+}
+
+/// MemTotal of /proc/meminfo in bytes.
+fn mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_total(&text)
+}
+
+fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The status for `snapshot`, without the heartbeat; `conditions` carries the Ready condition
+/// across writes so its transition time moves only when it flips.
+pub fn status(
+    identity: &Identity,
+    device: &Device,
+    snapshot: &Snapshot,
+    conditions: &mut Vec<Condition>,
+) -> GpuAgentStatus {
+    let (ready, reason, message) = if !snapshot.initialised {
+        (
+            false,
+            "NoGpuAgent",
+            "the agent has not read its GpuAgent yet".to_string(),
+        )
+    } else if !snapshot.settled {
+        let busy = snapshot
+            .tenants
+            .iter()
+            .filter(|t| {
+                matches!(
+                    t.state,
+                    cotenant_crds::ReplicaState::Loading | cotenant_crds::ReplicaState::Profiling
+                )
+            })
+            .count();
+        (
+            false,
+            "Loading",
+            format!("{busy} tenant(s) loading or profiling"),
+        )
+    } else {
+        let failed = snapshot
+            .tenants
+            .iter()
+            .filter(|t| t.state == cotenant_crds::ReplicaState::Failed)
+            .count();
+        (
+            true,
+            "Settled",
+            format!(
+                "serving; {failed} of {} tenant(s) failed",
+                snapshot.tenants.len()
+            ),
+        )
+    };
+    set_condition(
+        conditions,
+        "Ready",
+        ready,
+        reason,
+        &message,
+        snapshot.generation,
+    );
+    GpuAgentStatus {
+        address: Some(identity.address.clone()),
+        admin_address: Some(identity.admin_address.clone()),
+        node: identity.node.clone(),
+        device: Some(Device {
+            memory_used_bytes: snapshot.weight_bytes,
+            ..device.clone()
+        }),
+        tenants: snapshot.tenants.clone(),
+        heartbeat_time: None,
+        conditions: conditions.clone(),
+        observed_generation: snapshot.generation,
+    }
+}
+
+/// The merge patch that sets `status`, with `tenants` always present so an empty list clears
+/// the previous one.
+fn patch_body(status: &GpuAgentStatus) -> serde_json::Value {
+    let mut body = serde_json::to_value(status).unwrap_or_else(|_| serde_json::json!({}));
+    if let Some(map) = body.as_object_mut() {
+        map.entry("tenants")
+            .or_insert_with(|| serde_json::json!([]));
+    }
+    serde_json::json!({ "status": body })
+}
+
+/// Writes the status of GpuAgent `identity.name` until `stop` turns true.
+pub async fn write_loop(
+    api: Api<GpuAgent>,
+    identity: Identity,
+    device: Device,
+    mut snapshots: watch::Receiver<Snapshot>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..Default::default()
+    };
+    let mut conditions: Vec<Condition> = Vec::new();
+    let mut last: Option<(GpuAgentStatus, Instant)> = None;
+    let mut backoff = Duration::ZERO;
+    loop {
+        let snapshot = snapshots.borrow_and_update().clone();
+        let mut next = status(&identity, &device, &snapshot, &mut conditions);
+        let wait = match &last {
+            Some((written, at)) if *written == next => HEARTBEAT.saturating_sub(at.elapsed()),
+            Some((_, at)) => MIN_INTERVAL.saturating_sub(at.elapsed()),
+            None => Duration::ZERO,
+        };
+        if wait.is_zero() {
+            let written = next.clone();
+            next.heartbeat_time = Some(Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+            match api
+                .patch_status(&identity.name, &params, &Patch::Merge(patch_body(&next)))
+                .await
+            {
+                Ok(_) => {
+                    if backoff > Duration::ZERO {
+                        tracing::info!("status written again");
+                    }
+                    backoff = Duration::ZERO;
+                    last = Some((written, Instant::now()));
+                }
+                Err(e) => {
+                    backoff = (backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
+                    tracing::warn!(error = %e, retry_in = ?backoff, "cannot write the GpuAgent status; serving continues");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+            }
+            continue;
+        }
+        tokio::select! {
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_total_in_bytes() {
+        let meminfo = "MemTotal:       16337248 kB\nMemFree:         1234 kB\n";
+        assert_eq!(parse_mem_total(meminfo), Some(16337248 * 1024));
+        assert_eq!(parse_mem_total("nothing"), None);
+    }
+
+    #[test]
+    fn an_empty_tenant_list_is_written_as_one() {
+        let body = patch_body(&GpuAgentStatus::default());
+        assert_eq!(body["status"]["tenants"], serde_json::json!([]));
+    }
+}
