@@ -1,0 +1,353 @@
+//! The agent in Kubernetes mode as a host process with the chart's agent ServiceAccount identity
+//! (not admin): it serves its GpuAgent's assignments (file:// and http:// models), marks a broken
+//! one Failed, writes its status, follows knob changes and removals, profiles on request, and lets
+//! only the operator's ServiceAccount read `/report`.
+
+use cotenant_e2e::cluster::{checked, free_port};
+use cotenant_e2e::http::http_post_json;
+use cotenant_e2e::process::{Lifetime, Process};
+use cotenant_e2e::{ControlPlane, TestNamespace, http_get, http_get_with, poll, workspace_binary};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const RELEASE: &str = "agentk";
+
+/// Uninstalls the release when the test ends, passed or not, so its cluster-scoped RBAC does not
+/// block the next run.
+struct Release<'a> {
+    cp: &'a ControlPlane,
+    namespace: String,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let mut uninstall = self.cp.helm();
+        uninstall.args(["uninstall", RELEASE, "-n", &self.namespace]);
+        let _ = uninstall.output();
+    }
+}
+
+/// Serves `file` to every GET on a loopback port, from a background thread; returns the URL.
+fn serve_file(file: &Path) -> String {
+    let bytes = std::fs::read(file).expect("model file");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "http://{}/models/bert.onnx",
+        listener.local_addr().expect("addr")
+    );
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                bytes.len()
+            );
+            let _ = stream.write_all(&bytes);
+        }
+    });
+    url
+}
+
+fn sha256_hex(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum runs");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("a digest")
+        .to_string()
+}
+
+fn assignment(n: &str, name: &str, uri: &str, extra: &str) -> String {
+    format!(
+        "  - tenant: {{namespace: {n}, name: {name}, uid: uid-{name}}}\n    model: {{uri: \"{uri}\"{extra}}}\n    slo: {{latencyMillis: 5000, percentile: 99}}\n    knobs: {{batchSize: 1, instances: 1}}\n"
+    )
+}
+
+fn agent_status(cp: &ControlPlane, n: &str) -> Result<Value, String> {
+    let json = cp
+        .kubectl_ok(&["get", "gpuagent", "agent-0", "-n", n, "-o", "json"])
+        .map_err(|e| e.to_string())?;
+    let agent: Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+    Ok(agent["status"].clone())
+}
+
+fn tenant<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
+    status["tenants"]
+        .as_array()?
+        .iter()
+        .find(|t| t["tenant"]["name"] == name)
+}
+
+fn report(admin: &str, token: Option<&str>) -> (u16, String) {
+    let bearer = token.map(|t| format!("Bearer {}", t.trim()));
+    let headers: Vec<(&str, &str)> = bearer
+        .as_deref()
+        .map(|b| vec![("Authorization", b)])
+        .unwrap_or_default();
+    http_get_with(admin, "/report", &headers).expect("report answers")
+}
+
+#[test]
+#[ignore = "needs the control plane: cargo xtask test"]
+fn agent_serves_its_gpuagent_as_its_service_account() {
+    let ns = TestNamespace::new("agentk");
+    let cp = ns.control_plane();
+    let n = ns.name.as_str();
+    let chart = TestNamespace::repo_root().join("charts/cotenant");
+    let mut install = cp.helm();
+    install.args([
+        "install",
+        RELEASE,
+        &chart.to_string_lossy(),
+        "-n",
+        n,
+        "--set",
+        "defaultPool.enabled=false",
+    ]);
+    checked(install.output(), "helm install").expect("chart installs");
+    let _release = Release {
+        cp,
+        namespace: n.to_string(),
+    };
+
+    let agent_bin = workspace_binary("cotenant-agent");
+    let dir = cp.dir.join(format!("agentk-{n}"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let model = dir.join("bert.onnx");
+    let zoo = Command::new(&agent_bin)
+        .args(["zoo", "bert", "--out"])
+        .arg(&model)
+        .args([
+            "--layers", "1", "--hidden", "32", "--heads", "2", "--seq", "8", "--vocab", "50",
+        ])
+        .status()
+        .expect("zoo runs");
+    assert!(zoo.success(), "zoo bert failed");
+    let url = serve_file(&model);
+    let sha = sha256_hex(&model);
+
+    let file_uri = format!("file://{}", model.display());
+    let missing_uri = format!("file://{}", dir.join("missing.onnx").display());
+    let manifest = format!(
+        "apiVersion: cotenant.dev/v1alpha1\nkind: GpuAgent\nmetadata:\n  name: agent-0\n  namespace: {n}\nspec:\n  pool: p\n  assignments:\n{}{}{}",
+        assignment(n, "bert", &file_uri, "") + "    profile: {batchSize: 2, instances: 2}\n",
+        assignment(n, "broken", &missing_uri, ""),
+        assignment(n, "web", &url, &format!(", sha256: \"{sha}\"")),
+    );
+    cp.kubectl_apply(&manifest).expect("GpuAgent created");
+
+    let kubeconfig = cp
+        .service_account_kubeconfig(n, "cotenant-agent")
+        .expect("token for the agent's ServiceAccount");
+    let addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    let admin = format!("127.0.0.1:{}", free_port().expect("port"));
+    let mut cmd = Command::new(&agent_bin);
+    cmd.args([
+        "kubernetes",
+        "--listen",
+        &addr,
+        "--admin-listen",
+        &admin,
+        "--threads",
+        "2",
+    ])
+    .env("KUBECONFIG", &kubeconfig)
+    .env("POD_NAME", "agent-0")
+    .env("POD_NAMESPACE", n)
+    .env("NODE_NAME", "node-a")
+    .env("POD_IP", "127.0.0.1")
+    .env("COTENANT_LOG", "info,cotenant_agent=debug")
+    .env_remove("COTENANT_REPORT_AUDIENCE")
+    .env_remove("COTENANT_REPORT_READER");
+    let mut agent = Process::spawn(
+        &format!("agent-{n}"),
+        cmd,
+        &cp.dir.join("logs"),
+        Lifetime::WithParent,
+    )
+    .expect("agent starts");
+
+    // Status: addresses, device, the good tenants Ready (bert also profiled), broken Failed.
+    let status = poll("the agent's status", Duration::from_secs(180), || {
+        if !agent.is_running() {
+            panic!("the agent exited:\n{}", agent.log_tail(30));
+        }
+        let s = agent_status(cp, n)?;
+        let state = |name: &str| tenant(&s, name).map(|t| t["state"].clone());
+        let ready = s["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+            .map(|c| c["status"].clone());
+        if state("bert") == Some("Ready".into())
+            && state("web") == Some("Ready".into())
+            && state("broken") == Some("Failed".into())
+            && ready == Some("True".into())
+        {
+            Ok(s)
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(30)));
+    let port = |a: &str| a.rsplit(':').next().unwrap_or_default().to_string();
+    assert_eq!(status["address"], format!("127.0.0.1:{}", port(&addr)));
+    assert_eq!(
+        status["adminAddress"],
+        format!("127.0.0.1:{}", port(&admin))
+    );
+    assert_eq!(status["node"], "node-a");
+    assert_eq!(status["device"]["kind"], "cpu");
+    assert!(status["device"]["memoryTotalBytes"].as_u64().unwrap_or(0) > 0);
+    assert!(status["device"]["memoryUsedBytes"].as_u64().unwrap_or(0) > 0);
+    assert!(status["heartbeatTime"].is_string(), "{status}");
+    assert!(status["observedGeneration"].as_i64().is_some(), "{status}");
+    let broken = tenant(&status, "broken").expect("broken tenant");
+    let error = broken["error"].as_str().unwrap_or_default();
+    assert!(error.contains("missing.onnx"), "{broken}");
+    let bert = tenant(&status, "bert").expect("bert tenant");
+    assert_eq!(
+        bert["knobs"],
+        serde_json::json!({"batchSize": 1, "instances": 1})
+    );
+    assert!(bert["weightBytes"].as_u64().unwrap_or(0) > 0, "{bert}");
+    assert!(bert["activationBytes"].as_u64().unwrap_or(0) > 0, "{bert}");
+    assert_eq!(http_get(&addr, "/v2/health/ready").expect("ready").0, 200);
+
+    // Inference under the qualified name and the bare name; the broken tenant answers 503.
+    let request = r#"{"inputs":[{"name":"input_ids","shape":[1,8],"datatype":"INT64","data":[1,2,3,4,5,6,7,8]}]}"#;
+    for model in [format!("{n}.bert"), "bert".to_string(), format!("{n}.web")] {
+        let (code, answer) =
+            http_post_json(&addr, &format!("/v2/models/{model}/infer"), request).expect("infer");
+        assert_eq!(code, 200, "{model}: {answer}");
+        let answer: Value = serde_json::from_str(&answer).expect("JSON answer");
+        assert_eq!(answer["outputs"][0]["shape"], serde_json::json!([1, 8, 32]));
+    }
+    let (code, answer) =
+        http_post_json(&addr, &format!("/v2/models/{n}.broken/infer"), request).expect("infer");
+    assert_eq!(code, 503, "{answer}");
+
+    // /report: only the operator's ServiceAccount with the report audience.
+    assert_eq!(report(&admin, None).0, 401);
+    let default_token = cp
+        .kubectl_ok(&["create", "token", "default", "-n", n])
+        .expect("default token");
+    let (code, body) = report(&admin, Some(&default_token));
+    assert_eq!(code, 401, "{body}");
+    let operator_no_audience = cp
+        .kubectl_ok(&["create", "token", "cotenant-operator", "-n", n])
+        .expect("operator token");
+    let (code, body) = report(&admin, Some(&operator_no_audience));
+    assert_eq!(code, 401, "{body}");
+    let operator = cp
+        .kubectl_ok(&[
+            "create",
+            "token",
+            "cotenant-operator",
+            "--audience",
+            "cotenant-agent-report",
+            "-n",
+            n,
+        ])
+        .expect("operator token");
+    let (code, body) = report(&admin, Some(&operator));
+    assert_eq!(code, 200, "{body}\n{}", agent.log_tail(20));
+    let report_json: Value = serde_json::from_str(&body).expect("report JSON");
+    let bert_report = report_json["tenants"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == format!("{n}.bert")))
+        .expect("bert in the report")
+        .clone();
+    assert_eq!(
+        bert_report["tenant"],
+        serde_json::json!({"namespace": n, "name": "bert", "uid": "uid-bert"})
+    );
+    let points = bert_report["profile"]["points"]
+        .as_array()
+        .map(Vec::len)
+        .unwrap_or(0);
+    assert_eq!(points, 3, "{bert_report}");
+    assert_eq!(http_get(&addr, "/report").expect("no report here").0, 404);
+
+    // Knobs change live.
+    cp.kubectl_ok(&[
+        "patch",
+        "gpuagent",
+        "agent-0",
+        "-n",
+        n,
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/assignments/0/knobs","value":{"batchSize":4,"instances":2}}]"#,
+    ])
+    .expect("patch knobs");
+    poll(
+        "the new knobs in the status",
+        Duration::from_secs(60),
+        || {
+            let s = agent_status(cp, n)?;
+            let knobs = tenant(&s, "bert").map(|t| t["knobs"].clone());
+            if knobs == Some(serde_json::json!({"batchSize": 4, "instances": 2})) {
+                Ok(())
+            } else {
+                Err(format!("{knobs:?}"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+    let (code, body) = report(&admin, Some(&operator));
+    assert_eq!(code, 200, "{body}");
+    let report_json: Value = serde_json::from_str(&body).expect("report JSON");
+    let knobs = report_json["tenants"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == format!("{n}.bert")))
+        .map(|t| t["knobs"].clone());
+    assert_eq!(
+        knobs,
+        Some(serde_json::json!({"batchSize": 4, "instances": 2}))
+    );
+
+    // Removing an assignment unloads it.
+    cp.kubectl_ok(&[
+        "patch",
+        "gpuagent",
+        "agent-0",
+        "-n",
+        n,
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/assignments/2"}]"#,
+    ])
+    .expect("patch out web");
+    poll("web gone from the status", Duration::from_secs(60), || {
+        let s = agent_status(cp, n)?;
+        if tenant(&s, "web").is_none() {
+            Ok(())
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+    let (code, body) =
+        http_post_json(&addr, &format!("/v2/models/{n}.web/infer"), request).expect("infer");
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(
+        http_post_json(&addr, &format!("/v2/models/{n}.bert/infer"), request)
+            .expect("infer")
+            .0,
+        200
+    );
+
+    // SIGTERM: the agent drains and exits.
+    agent.stop();
+    let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+    assert!(log.contains("stopped"), "{}", agent.log_tail(20));
+}
