@@ -170,3 +170,60 @@ impl Registry {
             .all(|e| !matches!(e.state, State::Loading))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cotenant_crds::TenantRef;
+
+    fn held(namespace: &str, name: &str) -> Entry {
+        let mut e = Entry::loading(
+            &format!("{namespace}.{name}"),
+            "file:///m.onnx",
+            100.0,
+            99.0,
+        );
+        e.tenant_ref = Some(TenantRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: format!("uid-{namespace}-{name}"),
+        });
+        e
+    }
+
+    #[test]
+    fn bare_names_resolve_only_when_unambiguous() {
+        let registry = Registry::default();
+        registry.put(held("team-a", "resnet"));
+        registry.put(held("team-a", "bert"));
+        registry.put(held("team-b", "bert"));
+        assert_eq!(
+            registry.resolve("team-a.resnet").map(|e| e.name.clone()),
+            Ok("team-a.resnet".into())
+        );
+        assert_eq!(
+            registry.resolve("resnet").map(|e| e.name.clone()),
+            Ok("team-a.resnet".into())
+        );
+        let ambiguous = registry.resolve("bert").map(|e| e.name.clone());
+        let message = ambiguous.expect_err("two tenants are called bert");
+        assert!(
+            message.contains("team-a.bert") && message.contains("team-b.bert"),
+            "{message}"
+        );
+        assert!(registry.resolve("vgg").is_err());
+        registry.remove("team-b.bert");
+        assert_eq!(
+            registry.resolve("bert").map(|e| e.name.clone()),
+            Ok("team-a.bert".into())
+        );
+    }
+
+    #[test]
+    fn standalone_names_are_not_split() {
+        let registry = Registry::default();
+        registry.put(Entry::loading("resnet", "file://m.onnx", 100.0, 99.0));
+        assert!(registry.resolve("resnet").is_ok());
+        assert!(registry.resolve("x.resnet").is_err());
+    }
+}

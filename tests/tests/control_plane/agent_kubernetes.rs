@@ -80,11 +80,37 @@ fn agent_status(cp: &ControlPlane, n: &str) -> Result<Value, String> {
     Ok(agent["status"].clone())
 }
 
-fn tenant<'a>(status: &'a Value, name: &str) -> Option<&'a Value> {
+fn tenant<'a>(status: &'a Value, namespace: &str, name: &str) -> Option<&'a Value> {
     status["tenants"]
         .as_array()?
         .iter()
-        .find(|t| t["tenant"]["name"] == name)
+        .find(|t| t["tenant"]["namespace"] == namespace && t["tenant"]["name"] == name)
+}
+
+/// The report's entry for served name `model`.
+fn reported(admin: &str, token: &str, model: &str) -> Value {
+    let (code, body) = report(admin, Some(token));
+    assert_eq!(code, 200, "{body}");
+    let report: Value = serde_json::from_str(&body).expect("report JSON");
+    report["tenants"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == model))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn patch(cp: &ControlPlane, n: &str, json_patch: &str) {
+    cp.kubectl_ok(&[
+        "patch",
+        "gpuagent",
+        "agent-0",
+        "-n",
+        n,
+        "--type=json",
+        "-p",
+        json_patch,
+    ])
+    .unwrap_or_else(|e| panic!("patch {json_patch}: {e}"));
 }
 
 fn report(admin: &str, token: Option<&str>) -> (u16, String) {
@@ -182,7 +208,7 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
             panic!("the agent exited:\n{}", agent.log_tail(30));
         }
         let s = agent_status(cp, n)?;
-        let state = |name: &str| tenant(&s, name).map(|t| t["state"].clone());
+        let state = |name: &str| tenant(&s, n, name).map(|t| t["state"].clone());
         let ready = s["conditions"]
             .as_array()
             .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
@@ -210,10 +236,10 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     assert!(status["device"]["memoryUsedBytes"].as_u64().unwrap_or(0) > 0);
     assert!(status["heartbeatTime"].is_string(), "{status}");
     assert!(status["observedGeneration"].as_i64().is_some(), "{status}");
-    let broken = tenant(&status, "broken").expect("broken tenant");
+    let broken = tenant(&status, n, "broken").expect("broken tenant");
     let error = broken["error"].as_str().unwrap_or_default();
     assert!(error.contains("missing.onnx"), "{broken}");
-    let bert = tenant(&status, "bert").expect("bert tenant");
+    let bert = tenant(&status, n, "bert").expect("bert tenant");
     assert_eq!(
         bert["knobs"],
         serde_json::json!({"batchSize": 1, "instances": 1})
@@ -294,7 +320,7 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         Duration::from_secs(60),
         || {
             let s = agent_status(cp, n)?;
-            let knobs = tenant(&s, "bert").map(|t| t["knobs"].clone());
+            let knobs = tenant(&s, n, "bert").map(|t| t["knobs"].clone());
             if knobs == Some(serde_json::json!({"batchSize": 4, "instances": 2})) {
                 Ok(())
             } else {
@@ -329,7 +355,7 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     .expect("patch out web");
     poll("web gone from the status", Duration::from_secs(60), || {
         let s = agent_status(cp, n)?;
-        if tenant(&s, "web").is_none() {
+        if tenant(&s, n, "web").is_none() {
             Ok(())
         } else {
             Err(s.to_string())
@@ -345,6 +371,77 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
             .0,
         200
     );
+
+    // An SLO change reaches the running replica.
+    patch(
+        cp,
+        n,
+        r#"[{"op":"replace","path":"/spec/assignments/0/slo","value":{"latencyMillis":2000,"percentile":95}}]"#,
+    );
+    poll("the new SLO in the report", Duration::from_secs(60), || {
+        let t = reported(&admin, &operator, &format!("{n}.bert"));
+        if t["sloMillis"] == 2000.0 && t["percentile"] == 95.0 {
+            Ok(())
+        } else {
+            Err(t.to_string())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+
+    // A second tenant called bert in another namespace: the bare name becomes ambiguous.
+    let other = format!("{n}-other");
+    patch(
+        cp,
+        n,
+        &format!(
+            r#"[{{"op":"add","path":"/spec/assignments/-","value":{{"tenant":{{"namespace":"{other}","name":"bert","uid":"uid-bert-2"}},"model":{{"uri":"{file_uri}"}},"slo":{{"latencyMillis":5000,"percentile":99}},"knobs":{{"batchSize":1,"instances":1}}}}}}]"#
+        ),
+    );
+    poll("the second bert Ready", Duration::from_secs(120), || {
+        let s = agent_status(cp, n)?;
+        match tenant(&s, &other, "bert") {
+            Some(t) if t["state"] == "Ready" => Ok(()),
+            _ => Err(s.to_string()),
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+    let (code, answer) = http_post_json(&addr, "/v2/models/bert/infer", request).expect("infer");
+    assert_eq!(code, 404, "{answer}");
+    assert!(
+        answer.contains(&format!("{n}.bert")) && answer.contains(&format!("{other}.bert")),
+        "{answer}"
+    );
+    for model in [format!("{n}.bert"), format!("{other}.bert")] {
+        let (code, answer) =
+            http_post_json(&addr, &format!("/v2/models/{model}/infer"), request).expect("infer");
+        assert_eq!(code, 200, "{model}: {answer}");
+    }
+
+    // The model changes: the new one loads beside the old, which serves until the swap.
+    patch(
+        cp,
+        n,
+        &format!(
+            r#"[{{"op":"replace","path":"/spec/assignments/0/model","value":{{"uri":"{url}","sha256":"{sha}"}}}}]"#
+        ),
+    );
+    poll("the new model serving", Duration::from_secs(120), || {
+        let (code, answer) = http_post_json(&addr, &format!("/v2/models/{n}.bert/infer"), request)?;
+        assert_eq!(code, 200, "served through the swap: {answer}");
+        let t = reported(&admin, &operator, &format!("{n}.bert"));
+        if t["source"] == url.as_str() && t["state"] == "Ready" {
+            Ok(t)
+        } else {
+            Err(t.to_string())
+        }
+    })
+    .map(|t| {
+        assert_eq!(
+            t["knobs"],
+            serde_json::json!({"batchSize": 4, "instances": 2})
+        )
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
 
     // SIGTERM: the agent drains and exits.
     agent.stop();
