@@ -139,12 +139,15 @@ fn main() -> anyhow::Result<()> {
                 report_audience,
                 report_reader,
             };
-            tokio::runtime::Builder::new_multi_thread()
+            let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
-                .context("cannot start the async runtime")?
-                .block_on(kubernetes::run(options))
+                .context("cannot start the async runtime")?;
+            let result = runtime.block_on(kubernetes::run(options));
+            // A download or profile still running belongs to nobody now: do not wait for it.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            result
         }
         Command::Zoo(args) => tools::zoo::main(args),
         Command::Run(args) => tools::run::main(args),

@@ -247,6 +247,17 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     assert!(bert["weightBytes"].as_u64().unwrap_or(0) > 0, "{bert}");
     assert!(bert["activationBytes"].as_u64().unwrap_or(0) > 0, "{bert}");
     assert_eq!(http_get(&addr, "/v2/health/ready").expect("ready").0, 200);
+    // Nothing changes now, yet the heartbeat moves (at least every 10 s).
+    let first = status["heartbeatTime"].clone();
+    poll("a heartbeat", Duration::from_secs(15), || {
+        let s = agent_status(cp, n)?;
+        if s["heartbeatTime"] != first {
+            Ok(())
+        } else {
+            Err(format!("still {first}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
 
     // Inference under the qualified name and the bare name; the broken tenant answers 503.
     let request = r#"{"inputs":[{"name":"input_ids","shape":[1,8],"datatype":"INT64","data":[1,2,3,4,5,6,7,8]}]}"#;
