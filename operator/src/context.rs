@@ -1,4 +1,4 @@
-//! What every reconcile shares: the API client, the metrics, and readiness.
+//! What the control loop and the health server share: the metrics, readiness and leadership.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -7,15 +7,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Shared state of the operator.
 pub struct Context {
-    pub client: kube::Client,
     pub registry: Registry,
     /// Reconciliations by `controller` and `result` (`ok` or `error`).
     pub reconciliations: Family<Vec<(String, String)>, Counter>,
     ready: AtomicBool,
+    /// 1 while this replica leads.
+    leader: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Context {
-    pub fn new(client: kube::Client) -> Context {
+    pub fn new() -> Context {
         let mut registry = Registry::with_prefix("cotenant_operator");
         let reconciliations = Family::<Vec<(String, String)>, Counter>::default();
         registry.register(
@@ -23,8 +24,14 @@ impl Context {
             "Reconciliations by controller and result",
             reconciliations.clone(),
         );
+        let leader = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            leader.clone(),
+        );
         Context {
-            client,
+            leader,
             registry,
             reconciliations,
             ready: AtomicBool::new(false),
@@ -43,6 +50,10 @@ impl Context {
     /// Ready once the watches have listed everything once.
     pub fn set_ready(&self) {
         self.ready.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
     }
 
     pub fn is_ready(&self) -> bool {

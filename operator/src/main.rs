@@ -1,14 +1,24 @@
-//! `cotenant-operator`: watches ModelTenants and GpuPools, and (as it grows) places tenants on GPU
-//! agents, rescales them with DNNScaler and sizes the pools.
+//! `cotenant-operator`: places tenants on GPU agents, rescales them with DNNScaler, sizes the
+//! GPU pools and routes each tenant's Service to the agents that serve it.
 
+mod apply;
 mod context;
+mod control;
+mod decide;
 mod http;
-mod tenant_controller;
+mod leader;
+mod manifests;
+mod policy_view;
+mod report;
+mod world;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
+use kube::runtime::events::{Recorder, Reporter};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The cotenant operator: serves many DNN models on shared GPUs and holds each to its latency SLO.
 #[derive(Parser, Debug)]
@@ -23,6 +33,30 @@ struct Args {
     /// Log filter, e.g. `info` or `cotenant_operator=debug,kube=info`.
     #[arg(long, default_value = "info", env = "COTENANT_LOG_LEVEL")]
     log_level: String,
+    /// Namespace the operator runs in: its leader Lease lives there.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "cotenant-system")]
+    namespace: String,
+    /// This replica's identity in leader election (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// The operator's ServiceAccount, the only reader agents allow on `/report`.
+    #[arg(
+        long,
+        env = "COTENANT_SERVICE_ACCOUNT",
+        default_value = "cotenant-operator"
+    )]
+    service_account: String,
+    /// File with the token the operator presents to agents' `/report` (a projected
+    /// ServiceAccount token with the agents' audience; re-read every round).
+    #[arg(long, env = "COTENANT_REPORT_TOKEN_FILE")]
+    report_token_file: Option<PathBuf>,
+    /// Audience of that token; agent pods are told to require it.
+    #[arg(
+        long,
+        env = "COTENANT_REPORT_TOKEN_AUDIENCE",
+        default_value = "cotenant.dev/agent-report"
+    )]
+    report_audience: String,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -41,18 +75,86 @@ async fn main() -> anyhow::Result<()> {
         LogFormat::Json => logs.json().init(),
         LogFormat::Text => logs.init(),
     }
+    // One TLS provider for the whole binary: ring, as kube uses.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 
     let client = kube::Client::try_default()
         .await
         .context("no Kubernetes configuration: run in a pod or set KUBECONFIG")?;
-    let context = Arc::new(context::Context::new(client));
+    let context = Arc::new(context::Context::new());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     tracing::info!(listen = %args.listen, "serving /metrics, /healthz and /readyz");
     let server = tokio::spawn(http::serve(listener, context.clone()));
 
-    tenant_controller::run(context, shutdown_signal()).await;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "operator".into()),
+            std::process::id()
+        )
+    });
+    let world = world::World::watch(&client);
+    let writer = apply::Writer {
+        client: client.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "cotenant-operator".into(),
+                instance: Some(identity.clone()),
+            },
+        ),
+        report_audience: args.report_audience.clone(),
+        report_reader: format!(
+            "system:serviceaccount:{}:{}",
+            args.namespace, args.service_account
+        ),
+    };
+    let scraper = report::Scraper::new(args.report_token_file.clone(), Duration::from_secs(2))?;
+    let leadership = leader::Leadership::new(client, &args.namespace, identity);
+    let mut controller = control::Controller::new(context.clone(), world, writer, scraper);
+
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = controller.world.synced() => {}
+        _ = &mut shutdown => { server.abort(); return Ok(()); }
+    }
+    context.set_ready();
+    tracing::info!(identity = %leadership.identity, "watches synced; seeking leadership");
+    let mut leading = false;
+    loop {
+        match leadership.acquire_or_renew().await {
+            Ok(true) if !leading => {
+                tracing::info!("became the leader");
+                leading = true;
+            }
+            Ok(false) if leading => {
+                tracing::warn!("lost the leader lease; standing by");
+                leading = false;
+                controller.reset();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "leader election failed; retrying"),
+        }
+        context.set_leader(leading);
+        if leading {
+            controller.round().await;
+        }
+        let changed = controller.world.changed.clone();
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = changed.notified() => {
+                // Let a burst of changes settle into one round.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ = tokio::time::sleep(control::ROUND) => {}
+        }
+    }
+    if leading {
+        leadership.release().await;
+    }
     server.abort();
     tracing::info!("stopped");
     Ok(())

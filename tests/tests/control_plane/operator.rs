@@ -1,5 +1,6 @@
 //! The operator binary as a host process with the chart's ServiceAccount identity (not admin):
-//! its RBAC suffices, it serves health and metrics, and it reports pool references on tenants.
+//! its RBAC suffices, it serves health and metrics, reports pool references on tenants, and grows
+//! a pool with an agent pod when a tenant has nowhere to run.
 
 use cotenant_e2e::cluster::{checked, free_port};
 use cotenant_e2e::process::{Lifetime, Process};
@@ -116,13 +117,63 @@ fn operator_runs_as_its_service_account_and_reports_pool_references() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_reason("AwaitingPlacement");
+    // No agent exists yet: the tenant waits while the pool creates one (a pod asking for a GPU,
+    // and its GpuAgent), and the tenant gets its Service.
+    wait_reason("AwaitingAgents");
+    poll(
+        "an agent pod and its GpuAgent",
+        Duration::from_secs(60),
+        || {
+            let pods = cp
+                .kubectl_ok(&[
+                    "get",
+                    "pods",
+                    "-n",
+                    n,
+                    "-l",
+                    &format!("cotenant.dev/pool={pool}"),
+                    "-o",
+                    "name",
+                ])
+                .map_err(|e| e.to_string())?;
+            let agents = cp
+                .kubectl_ok(&["get", "gpuagents", "-n", n, "-o", "name"])
+                .map_err(|e| e.to_string())?;
+            if !pods.trim().is_empty() && !agents.trim().is_empty() {
+                Ok(())
+            } else {
+                Err(format!("pods: {pods:?}, agents: {agents:?}"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(30)));
+    let gpus = cp
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-n",
+            n,
+            "-l",
+            &format!("cotenant.dev/pool={pool}"),
+            "-o",
+            "jsonpath={.items[0].spec.containers[0].resources.limits.nvidia\\.com/gpu}",
+        ])
+        .expect("get pods");
+    assert_eq!(
+        gpus,
+        "1",
+        "an agent pod asks for its GPU: {}",
+        cp.kubectl_ok(&["get", "pods", "-n", n, "-o", "yaml"])
+            .unwrap_or_default()
+    );
+    cp.kubectl_ok(&["get", "service", "t", "-n", n])
+        .unwrap_or_else(|e| panic!("the tenant's Service: {e}\n{}", operator.log_tail(30)));
 
     let (code, metrics) = http_get(&addr, "/metrics").expect("metrics");
     assert_eq!(code, 200);
     assert!(
         metrics.contains(
-            "cotenant_operator_reconciliations_total{controller=\"modeltenant\",result=\"ok\"}"
+            "cotenant_operator_reconciliations_total{controller=\"round\",result=\"ok\"}"
         ),
         "{metrics}"
     );

@@ -1,0 +1,468 @@
+//! The operator's decisions for one pool in one round, as a pure function of what exists (the
+//! pool, its tenants, its agents and their reports) and of what earlier rounds remember. The
+//! result says what every agent should run, what each tenant's status and routes are, and how
+//! the pool should grow or shrink; `crate::apply` writes it.
+
+mod status;
+pub mod tenant;
+
+use crate::policy_view::spec_knobs;
+use crate::report::{AgentReport, TenantReport};
+use cotenant_crds::{Assignment, GpuAgentStatus, GpuPool, GpuPoolStatus, ModelTenant, TenantRef};
+use cotenant_crds::{ModelTenantStatus, conditions::set_condition};
+use cotenant_policy::{
+    AgentCapacity, CurrentReplica, Knobs, PoolAgent, PoolConfig, ReplicaDemand, place, size_pool,
+};
+use kube::ResourceExt;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+pub use tenant::{Note, TenantMemory};
+
+/// Memory of one agent when neither the pool nor the agent says (80 GiB, a common GPU size).
+const DEFAULT_AGENT_MEMORY: u64 = 80 << 30;
+/// An agent whose pod runs but whose report has failed this long is removed and replaced.
+pub const DEAD_AFTER_S: f64 = 45.0;
+
+/// Where an agent's pod is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodState {
+    /// Created, not yet running (e.g. waiting for a GPU node).
+    Pending,
+    Running,
+    /// Gone, failed or terminating: the agent will not come back.
+    Gone,
+}
+
+/// One agent of the pool as the operator sees it this round.
+#[derive(Clone, Debug)]
+pub struct AgentView {
+    pub name: String,
+    pub assignments: Vec<Assignment>,
+    pub status: Option<GpuAgentStatus>,
+    pub pod: PodState,
+    /// Its latest report, when the latest scrape succeeded.
+    pub report: Option<AgentReport>,
+    /// Seconds since its report last failed continuously (0 when the last one succeeded).
+    pub unreachable_for_s: f64,
+    pub draining: bool,
+}
+
+impl AgentView {
+    /// Serving and reporting: replicas may be placed here.
+    fn healthy(&self) -> bool {
+        self.pod == PodState::Running && self.report.is_some()
+    }
+}
+
+/// What the operator remembers between rounds; rebuilt from the API after a restart.
+#[derive(Default)]
+pub struct Memory {
+    pub tenants: HashMap<String, TenantMemory>,
+    idle_since: HashMap<String, f64>,
+}
+
+/// A tenant's routing target: an agent serving a ready replica.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Route {
+    pub host: String,
+    pub port: u16,
+    pub node: Option<String>,
+    pub agent: String,
+}
+
+/// What one tenant should look like after this round.
+#[derive(Clone, Debug)]
+pub struct TenantOutcome {
+    pub tenant: Arc<ModelTenant>,
+    pub status: ModelTenantStatus,
+    pub routes: Vec<Route>,
+    pub notes: Vec<Note>,
+}
+
+/// Everything one round decided for one pool.
+#[derive(Clone, Debug, Default)]
+pub struct PoolOutcome {
+    /// The assignments every agent of the pool should have.
+    pub assignments: BTreeMap<String, Vec<Assignment>>,
+    pub tenants: Vec<TenantOutcome>,
+    pub add_agents: u32,
+    pub drain: Vec<String>,
+    pub undrain: Vec<String>,
+    /// Agents to delete: drained and empty, dead, or whose pod is gone.
+    pub remove: Vec<String>,
+    pub status: GpuPoolStatus,
+    pub notes: Vec<Note>,
+}
+
+/// The served model name of a tenant on an agent.
+pub fn served_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}.{name}")
+}
+
+fn tenant_ref(t: &ModelTenant) -> TenantRef {
+    TenantRef {
+        namespace: t.namespace().unwrap_or_default(),
+        name: t.name_any(),
+        uid: t.uid().unwrap_or_default(),
+    }
+}
+
+/// Decides one round for `pool`. `tenants` are those naming the pool, deleting ones included
+/// (they get no replicas); `agents` are the pool's agents.
+pub fn decide_pool(
+    pool: &GpuPool,
+    tenants: &[Arc<ModelTenant>],
+    agents: &[AgentView],
+    memory: &mut Memory,
+    now_s: f64,
+    now_rfc3339: &str,
+) -> PoolOutcome {
+    let agent_memory = pool
+        .spec
+        .gpu_memory_mib
+        .map(|m| m.saturating_mul(1 << 20))
+        .unwrap_or(DEFAULT_AGENT_MEMORY);
+    let memory_of = |a: &AgentView| {
+        pool.spec.gpu_memory_mib.map_or_else(
+            || {
+                a.status
+                    .as_ref()
+                    .and_then(|s| s.device.as_ref())
+                    .map_or(DEFAULT_AGENT_MEMORY, |d| d.memory_total_bytes)
+            },
+            |m| m.saturating_mul(1 << 20),
+        )
+    };
+    let largest_agent = agents
+        .iter()
+        .filter(|a| a.healthy())
+        .map(memory_of)
+        .max()
+        .unwrap_or(agent_memory)
+        .max(agent_memory);
+
+    let live: Vec<&Arc<ModelTenant>> = tenants
+        .iter()
+        .filter(|t| t.metadata.deletion_timestamp.is_none() && t.uid().is_some())
+        .collect();
+    let uids: BTreeSet<String> = tenants.iter().filter_map(|t| t.uid()).collect();
+    memory.tenants.retain(|uid, _| uids.contains(uid));
+
+    // Each tenant's decision from the reports of its replicas.
+    let mut decisions = Vec::new();
+    let mut demands = Vec::new();
+    let mut current = Vec::new();
+    for t in &live {
+        let uid = t.uid().unwrap_or_default();
+        let placed: Vec<(&AgentView, &Assignment)> = agents
+            .iter()
+            .flat_map(|a| {
+                a.assignments
+                    .iter()
+                    .filter(|x| x.tenant.uid == uid)
+                    .map(move |x| (a, x))
+            })
+            .collect();
+        let reports: Vec<&TenantReport> = placed
+            .iter()
+            .filter_map(|(a, _)| a.report.as_ref().and_then(|r| r.tenant(&uid)))
+            .collect();
+        let mem = memory
+            .tenants
+            .entry(uid.clone())
+            .or_insert_with(|| TenantMemory::new(t));
+        let d = tenant::decide(t, &reports, mem, now_s, now_rfc3339);
+        let too_big = d.memory_bytes > largest_agent;
+        for (a, x) in &placed {
+            let ready = a.healthy()
+                && a.report
+                    .as_ref()
+                    .and_then(|r| r.tenant(&uid))
+                    .is_some_and(|r| r.state == "Ready");
+            let knobs = crate::policy_view::knobs(&x.knobs);
+            current.push(CurrentReplica {
+                tenant: uid.clone(),
+                agent: a.name.clone(),
+                ready,
+                memory_bytes: mem
+                    .model
+                    .as_ref()
+                    .map_or(d.memory_bytes, |m| m.memory_bytes(knobs)),
+            });
+        }
+        if !too_big {
+            demands.push(ReplicaDemand {
+                tenant: uid.clone(),
+                replicas: d.replicas,
+                memory_bytes: d.memory_bytes,
+                load: d.load,
+            });
+        }
+        decisions.push((Arc::clone(t), d, too_big));
+    }
+
+    let capacities: Vec<AgentCapacity> = agents
+        .iter()
+        .filter(|a| a.healthy())
+        .map(|a| AgentCapacity {
+            agent: a.name.clone(),
+            memory_bytes: memory_of(a),
+            compute: 1.0,
+            schedulable: !a.draining,
+        })
+        .collect();
+    let plan = place(&capacities, &demands, &current);
+
+    // The assignments each agent runs from now on.
+    let by_uid: HashMap<String, (&Arc<ModelTenant>, Knobs, Option<Knobs>)> = decisions
+        .iter()
+        .map(|(t, d, _)| (t.uid().unwrap_or_default(), (t, d.knobs, d.wants_profile)))
+        .collect();
+    let mut assignments: BTreeMap<String, Vec<Assignment>> = agents
+        .iter()
+        .map(|a| (a.name.clone(), Vec::new()))
+        .collect();
+    let mut profiling_asked: BTreeSet<String> = BTreeSet::new();
+    let mut running: Vec<_> = plan.keep.iter().chain(&plan.start).collect();
+    running.sort();
+    for p in running {
+        let Some((t, knobs, wants_profile)) = by_uid.get(&p.tenant) else {
+            continue;
+        };
+        // One replica measures the profile; the others just serve.
+        let profile = wants_profile.filter(|_| profiling_asked.insert(p.tenant.clone()));
+        assignments
+            .entry(p.agent.clone())
+            .or_default()
+            .push(Assignment {
+                tenant: tenant_ref(t),
+                model: t.spec.model.clone(),
+                slo: t.spec.slo.clone(),
+                knobs: spec_knobs(*knobs),
+                profile: profile.map(spec_knobs),
+            });
+    }
+    for p in &plan.hold_until_replaced {
+        let held = agents
+            .iter()
+            .find(|a| a.name == p.agent)
+            .and_then(|a| a.assignments.iter().find(|x| x.tenant.uid == p.tenant));
+        if let Some(x) = held {
+            assignments
+                .entry(p.agent.clone())
+                .or_default()
+                .push(x.clone());
+        }
+    }
+    for list in assignments.values_mut() {
+        list.sort_by(|x, y| x.tenant.cmp(&y.tenant));
+    }
+
+    // The pool's size.
+    let mut remove: Vec<String> = agents
+        .iter()
+        .filter(|a| {
+            a.pod == PodState::Gone
+                || (a.pod == PodState::Running && a.unreachable_for_s >= DEAD_AFTER_S)
+        })
+        .map(|a| a.name.clone())
+        .collect();
+    let pool_agents: Vec<PoolAgent> = agents
+        .iter()
+        .filter(|a| !remove.contains(&a.name))
+        .map(|a| {
+            let replicas = assignments.get(&a.name).map_or(0, Vec::len) as u32;
+            let idle_since = if replicas == 0 && a.healthy() {
+                Some(*memory.idle_since.entry(a.name.clone()).or_insert(now_s))
+            } else {
+                memory.idle_since.remove(&a.name);
+                None
+            };
+            PoolAgent {
+                agent: a.name.clone(),
+                ready: a.healthy(),
+                draining: a.draining,
+                replicas,
+                idle_since,
+            }
+        })
+        .collect();
+    let cfg = PoolConfig {
+        min_agents: pool.spec.min_agents,
+        max_agents: pool.spec.max_agents,
+        scale_down_delay_s: pool.spec.scale_down_delay_seconds as f64,
+        agent_memory_bytes: agent_memory,
+        agent_compute: 1.0,
+    };
+    let sizing = size_pool(&pool_agents, &plan.unplaced, &cfg, now_s);
+    remove.extend(sizing.remove.iter().cloned());
+    let mut notes = Vec::new();
+    if sizing.add > 0 {
+        notes.push(Note {
+            reason: "ScaledUp",
+            message: format!(
+                "adding {} agent(s): {} replica(s) fit on no agent",
+                sizing.add,
+                plan.unplaced.iter().map(|u| u.replicas).sum::<u32>()
+            ),
+        });
+    }
+    for a in &sizing.drain {
+        notes.push(Note {
+            reason: "Draining",
+            message: format!(
+                "agent {a} idle for {}s: draining before removal",
+                pool.spec.scale_down_delay_seconds
+            ),
+        });
+    }
+    if !sizing.remove.is_empty() {
+        notes.push(Note {
+            reason: "ScaledDown",
+            message: format!("removing drained agent(s) {}", sizing.remove.join(", ")),
+        });
+    }
+
+    // Tenant statuses and routes.
+    let unplaced: HashMap<&str, u32> = plan
+        .unplaced
+        .iter()
+        .map(|u| (u.tenant.as_str(), u.replicas))
+        .collect();
+    let at_max =
+        agents.len() as u32 - remove.len().min(agents.len()) as u32 + sizing.add >= cfg.max_agents;
+    let mut outcomes = Vec::new();
+    for (t, d, too_big) in decisions {
+        let uid = t.uid().unwrap_or_default();
+        let mut routes = Vec::new();
+        let mut placements = Vec::new();
+        for (agent, list) in &assignments {
+            if !list.iter().any(|x| x.tenant.uid == uid) {
+                continue;
+            }
+            let Some(view) = agents.iter().find(|a| &a.name == agent) else {
+                continue;
+            };
+            let ready = view.healthy()
+                && view
+                    .report
+                    .as_ref()
+                    .and_then(|r| r.tenant(&uid))
+                    .is_some_and(|r| r.state == "Ready");
+            let node = view.status.as_ref().and_then(|s| s.node.clone());
+            placements.push(cotenant_crds::ReplicaPlacement {
+                agent: agent.clone(),
+                node: node.clone(),
+                ready,
+            });
+            let address = view.status.as_ref().and_then(|s| s.address.as_deref());
+            if let (true, Some((host, port))) = (ready, address.and_then(split_address)) {
+                routes.push(Route {
+                    host,
+                    port,
+                    node,
+                    agent: agent.clone(),
+                });
+            }
+        }
+        let status = status::tenant_status(
+            &t,
+            &d,
+            status::Placement {
+                placements,
+                too_big: too_big.then_some(largest_agent),
+                unplaced: unplaced.get(uid.as_str()).copied().unwrap_or(0),
+                pool_at_max: at_max,
+            },
+        );
+        let mut notes = d.notes.clone();
+        let was_failed_for = |reason: &str| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+                .is_some_and(|c| c.reason == reason)
+        };
+        if let Some(ready) = status.conditions.iter().find(|c| c.type_ == "Ready")
+            && ready.status == "False"
+            && matches!(ready.reason.as_str(), "ModelTooLarge" | "LoadFailed")
+            && !was_failed_for(&ready.reason)
+        {
+            notes.push(Note {
+                reason: if ready.reason == "LoadFailed" {
+                    "LoadFailed"
+                } else {
+                    "ModelTooLarge"
+                },
+                message: ready.message.clone(),
+            });
+        }
+        routes.sort();
+        outcomes.push(TenantOutcome {
+            tenant: t,
+            status,
+            routes,
+            notes,
+        });
+    }
+    let ready_agents = agents.iter().filter(|a| a.healthy()).count() as u32;
+    let pending_agents =
+        agents.iter().filter(|a| a.pod == PodState::Pending).count() as u32 + sizing.add;
+    let mut pool_status = pool.status.clone().unwrap_or_default();
+    pool_status.agents = agents.len() as u32 - remove.len().min(agents.len()) as u32 + sizing.add;
+    pool_status.ready_agents = ready_agents;
+    pool_status.pending_agents = pending_agents;
+    pool_status.observed_generation = pool.metadata.generation;
+    let (ok, reason, message) = if !plan.unplaced.is_empty() && at_max {
+        (
+            false,
+            "AtMaxAgents",
+            format!(
+                "{} replica(s) fit on no agent and the pool is at maxAgents {}",
+                plan.unplaced.iter().map(|u| u.replicas).sum::<u32>(),
+                cfg.max_agents
+            ),
+        )
+    } else if pending_agents > 0 {
+        (
+            false,
+            "AgentsPending",
+            format!("{pending_agents} agent(s) waiting for a node with a free GPU"),
+        )
+    } else {
+        (
+            true,
+            "AgentsReady",
+            format!("{ready_agents} agent(s) ready"),
+        )
+    };
+    set_condition(
+        &mut pool_status.conditions,
+        "Ready",
+        ok,
+        reason,
+        &message,
+        pool.metadata.generation,
+    );
+    remove.sort();
+    remove.dedup();
+    PoolOutcome {
+        assignments,
+        tenants: outcomes,
+        add_agents: sizing.add,
+        drain: sizing.drain,
+        undrain: sizing.undrain,
+        remove,
+        status: pool_status,
+        notes,
+    }
+}
+
+/// `host:port` (IPv6 hosts in brackets) into its parts.
+pub fn split_address(address: &str) -> Option<(String, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_string(), port.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests;

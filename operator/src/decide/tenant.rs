@@ -1,0 +1,303 @@
+//! One tenant's scaling decision for this round: its profile, approach and knobs (DNNScaler),
+//! its replica count and the footprint of one replica. Pure; the memory of past rounds lives in
+//! `TenantMemory`, rebuilt from the tenant's status after an operator restart.
+
+use crate::policy_view::{self, bounds_and_slo};
+use crate::report::TenantReport;
+use cotenant_crds::{ModelTenant, Profile as SpecProfile};
+use cotenant_policy::{
+    Approach, Decision, Knobs, LatencyModel, ReplicaConfig, ReplicaInput, ReplicaState,
+    ScalerConfig, ScalerState, TenantObservation, choose_approach, step,
+};
+use kube::ResourceExt;
+
+/// Seconds between two feedback steps of one tenant: a step needs a fresh window.
+const STEP_INTERVAL_S: f64 = 4.0;
+/// Largest batch and instance count the profiler measures.
+const PROFILE_K: u32 = 4;
+
+/// What the operator remembers of a tenant between rounds.
+pub struct TenantMemory {
+    pub scaler: Option<ScalerState>,
+    pub model: Option<LatencyModel>,
+    pub replicas: ReplicaState,
+    /// Weight bytes an agent reported, known before any profile.
+    pub weight_bytes: Option<u64>,
+    last_step_s: f64,
+}
+
+impl TenantMemory {
+    pub fn new(tenant: &ModelTenant) -> TenantMemory {
+        let replicas = tenant
+            .status
+            .as_ref()
+            .and_then(|s| s.replicas)
+            .unwrap_or(tenant.spec.scaling.min_replicas);
+        TenantMemory {
+            scaler: None,
+            model: None,
+            replicas: ReplicaState::new(replicas.max(1)),
+            weight_bytes: None,
+            last_step_s: f64::NEG_INFINITY,
+        }
+    }
+}
+
+/// A user-visible decision, published as an Event on the tenant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Note {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Load and latency summed over the tenant's ready replicas.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Aggregate {
+    pub replicas: u32,
+    pub arrival_rate: f64,
+    pub throughput: f64,
+    /// Worst replica's latency at the SLO percentile (NaN without traffic).
+    pub latency_ms: f64,
+    pub queue_depth: u64,
+    pub completions: u64,
+    /// Completion-weighted SLO attainment.
+    pub attainment: Option<f64>,
+}
+
+pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
+    let mut a = Aggregate {
+        latency_ms: f64::NAN,
+        ..Aggregate::default()
+    };
+    let mut attained = 0.0;
+    for r in reports.iter().filter(|r| r.state == "Ready") {
+        a.replicas += 1;
+        a.queue_depth += r.queue_depth.unwrap_or(0);
+        if let Some(l) = r.latency_at_percentile_millis.filter(|l| l.is_finite()) {
+            a.latency_ms = if a.latency_ms.is_nan() {
+                l
+            } else {
+                a.latency_ms.max(l)
+            };
+        }
+        if let Some(w) = &r.window {
+            a.arrival_rate += w.arrival_rate_per_second;
+            a.throughput += w.throughput_per_second;
+            a.completions += w.completions;
+            if let Some(s) = w.slo_attainment {
+                attained += s * w.completions as f64;
+            }
+        }
+    }
+    if a.completions > 0 {
+        a.attainment = Some(attained / a.completions as f64);
+    }
+    a
+}
+
+/// The outcome of one round for one tenant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantDecision {
+    /// The approach DNNScaler applies, once chosen.
+    pub approach: Option<Approach>,
+    pub knobs: Knobs,
+    pub replicas: u32,
+    /// Device memory one replica needs at `knobs`; 0 while unknown.
+    pub memory_bytes: u64,
+    /// Device share one replica keeps busy at the observed load.
+    pub load: f64,
+    /// The profile to record in the status (new or as it was).
+    pub profile: Option<SpecProfile>,
+    /// Ask an agent to profile (up to these knobs) because no profile exists yet.
+    pub wants_profile: Option<Knobs>,
+    /// Why the model cannot run, as its agent reported.
+    pub failure: Option<String>,
+    pub aggregate: Aggregate,
+    pub notes: Vec<Note>,
+}
+
+/// Decides `tenant`'s knobs and replicas from its replicas' reports.
+pub fn decide(
+    tenant: &ModelTenant,
+    reports: &[&TenantReport],
+    memory: &mut TenantMemory,
+    now_s: f64,
+    now_rfc3339: &str,
+) -> TenantDecision {
+    let (bounds, slo) = bounds_and_slo(&tenant.spec);
+    let status = tenant.status.clone().unwrap_or_default();
+    let model_name = tenant.name_any();
+    let mut notes = Vec::new();
+    let aggregate = aggregate(reports);
+    let failure = reports.iter().find(|r| r.state == "Failed").map(|r| {
+        r.error
+            .clone()
+            .unwrap_or_else(|| "the agent gave no reason".into())
+    });
+    if let Some(w) = reports.iter().find_map(|r| r.weight_bytes) {
+        memory.weight_bytes = Some(w);
+    }
+
+    // The profile: recorded in the status, or just measured by an agent.
+    let mut profile = status.profile.clone();
+    let mut measured = profile
+        .as_ref()
+        .and_then(|p| policy_view::profile_from_status(&model_name, p));
+    if measured.is_none()
+        && let Some(p) = reports.iter().find_map(|r| r.profile.as_ref())
+    {
+        let recorded = policy_view::profile_to_status(p, now_rfc3339.to_string());
+        measured = policy_view::profile_from_status(&model_name, &recorded);
+        if measured.is_some() {
+            notes.push(Note {
+                reason: "Profiled",
+                message: p
+                    .points
+                    .iter()
+                    .map(|q| {
+                        format!(
+                            "batch {} x {} instances: {:.1}/s, {:.1} ms",
+                            q.batch, q.instances, q.throughput, q.p99_ms
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+            profile = Some(recorded);
+        }
+    }
+    if let Some(p) = &measured
+        && memory.model.is_none()
+    {
+        memory.model = Some(LatencyModel::from_profile(p));
+    }
+
+    // Approach and knobs.
+    if let (Some(p), None) = (&measured, &memory.scaler) {
+        let restored = status.approach.zip(status.knobs.as_ref()).map(|(a, k)| {
+            (
+                policy_view::approach(a),
+                bounds.clamp(policy_view::knobs(k)),
+            )
+        });
+        let (approach, knobs) = match restored {
+            Some(r) => r,
+            None => {
+                let choice = choose_approach(p, &slo, &bounds);
+                notes.push(Note {
+                    reason: "ApproachChosen",
+                    message: format!(
+                        "{:?} at batch {} x {} instances (throughput gain: batching {:.2}, instances {:.2})",
+                        choice.approach,
+                        choice.knobs.batch,
+                        choice.knobs.instances,
+                        choice.gain_batching,
+                        choice.gain_multi_tenancy
+                    ),
+                });
+                (choice.approach, choice.knobs)
+            }
+        };
+        memory.scaler = Some(ScalerState::new(approach, knobs, ScalerConfig::default()));
+    }
+    let mut wants_more = false;
+    if let (Some(scaler), Some(model)) = (memory.scaler.as_mut(), memory.model.as_ref())
+        && failure.is_none()
+        && aggregate.replicas > 0
+        && now_s - memory.last_step_s >= STEP_INTERVAL_S
+    {
+        let n = aggregate.replicas as f64;
+        let observation = TenantObservation {
+            arrival_rate: aggregate.arrival_rate / n,
+            throughput: aggregate.throughput / n,
+            latency_at_percentile_ms: aggregate.latency_ms,
+            queue_depth: u32::try_from(aggregate.queue_depth).unwrap_or(u32::MAX),
+            completed: aggregate.completions,
+        };
+        if observation.has_signal() {
+            memory.last_step_s = now_s;
+            let before = scaler.knobs;
+            match step(scaler, &observation, &slo, &bounds, model) {
+                Decision::SetKnobs(k) if k != before => notes.push(Note {
+                    reason: "KnobsChanged",
+                    message: format!(
+                        "batch {} x {} instances -> batch {} x {} instances (observed {:.1} ms at p{} against {} ms)",
+                        before.batch,
+                        before.instances,
+                        k.batch,
+                        k.instances,
+                        aggregate.latency_ms,
+                        slo.percentile,
+                        slo.latency_ms
+                    ),
+                }),
+                Decision::NeedReplicas => wants_more = true,
+                _ => {}
+            }
+        }
+    }
+    let knobs = memory
+        .scaler
+        .as_ref()
+        .map_or(Knobs::ONE, |s| bounds.clamp(s.knobs));
+
+    // Replicas: one while there is no profile (it is being measured) or the model is broken.
+    let before = memory.replicas.replicas;
+    let replicas = match (&memory.model, &failure) {
+        (Some(model), None) => memory
+            .replicas
+            .decide(
+                &ReplicaInput {
+                    arrival_rate: aggregate.arrival_rate,
+                    per_replica_throughput: model.throughput(knobs),
+                    scaler_wants_more: wants_more,
+                },
+                &bounds,
+                &ReplicaConfig::default(),
+                now_s,
+            )
+            .max(1),
+        _ => 1,
+    };
+    if memory.model.is_some() && failure.is_none() && replicas != before {
+        notes.push(Note {
+            reason: "ReplicasChanged",
+            message: format!(
+                "{before} -> {replicas} replicas (arrival {:.1}/s{})",
+                aggregate.arrival_rate,
+                if wants_more {
+                    ", no knob meets the SLO"
+                } else {
+                    ""
+                }
+            ),
+        });
+    }
+
+    let (memory_bytes, load) = match &memory.model {
+        Some(model) => {
+            let capacity = model.throughput(knobs) * replicas as f64;
+            let load = if capacity > 0.0 {
+                (aggregate.arrival_rate / capacity).clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+            (model.memory_bytes(knobs), load)
+        }
+        None => (memory.weight_bytes.unwrap_or(0), 0.0),
+    };
+    let wants_profile = (measured.is_none() && failure.is_none())
+        .then(|| bounds.clamp(Knobs::new(PROFILE_K, PROFILE_K)));
+    TenantDecision {
+        approach: memory.scaler.as_ref().map(|s| s.approach),
+        knobs,
+        replicas,
+        memory_bytes,
+        load,
+        profile,
+        wants_profile,
+        failure,
+        aggregate,
+        notes,
+    }
+}

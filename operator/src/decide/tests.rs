@@ -1,0 +1,322 @@
+use super::*;
+use crate::report::{ReportedKnobs, ReportedTenant, Window};
+use cotenant_crds::{GpuPoolSpec, ModelTenantSpec};
+use cotenant_policy::{Profile, ProfilePoint};
+
+fn pool(memory_mib: u64, max_agents: u32) -> GpuPool {
+    let spec: GpuPoolSpec = serde_json::from_value(serde_json::json!({
+        "agentNamespace": "agents", "maxAgents": max_agents, "gpuMemoryMiB": memory_mib,
+        "scaleDownDelaySeconds": 60, "template": {"image": "agent:1"}
+    }))
+    .expect("pool");
+    let mut p = GpuPool::new("gpus", spec);
+    p.metadata.generation = Some(1);
+    p
+}
+
+fn tenant(name: &str, slo_ms: f64) -> Arc<ModelTenant> {
+    let spec: ModelTenantSpec = serde_json::from_value(serde_json::json!({
+        "model": {"uri": "file:///models/m.onnx"},
+        "slo": {"latencyMillis": slo_ms},
+        "pool": "gpus"
+    }))
+    .expect("spec");
+    let mut t = ModelTenant::new(name, spec);
+    t.metadata.namespace = Some("team".into());
+    t.metadata.uid = Some(format!("uid-{name}"));
+    t.metadata.generation = Some(1);
+    Arc::new(t)
+}
+
+fn agent(name: &str, port: u16) -> AgentView {
+    AgentView {
+        name: name.into(),
+        assignments: Vec::new(),
+        status: Some(GpuAgentStatus {
+            address: Some(format!("10.0.0.1:{port}")),
+            node: Some("node-1".into()),
+            ..Default::default()
+        }),
+        pod: PodState::Running,
+        report: Some(AgentReport::default()),
+        unreachable_for_s: 0.0,
+        draining: false,
+    }
+}
+
+fn profile() -> Profile {
+    let point = |batch, instances, throughput, p99_ms| ProfilePoint {
+        batch,
+        instances,
+        throughput,
+        p99_ms,
+        peak_activation_bytes: 1 << 20,
+        gpu_util: None,
+    };
+    Profile {
+        model: "m".into(),
+        weight_bytes: 10 << 20,
+        points: vec![
+            point(1, 1, 100.0, 10.0),
+            point(4, 1, 300.0, 14.0),
+            point(1, 4, 150.0, 27.0),
+        ],
+    }
+}
+
+fn replica_report(t: &ModelTenant, state: &str) -> TenantReport {
+    TenantReport {
+        tenant: Some(ReportedTenant {
+            namespace: "team".into(),
+            name: t.name_any(),
+            uid: t.uid().expect("uid"),
+        }),
+        state: state.into(),
+        error: None,
+        knobs: Some(ReportedKnobs {
+            batch_size: 1,
+            instances: 1,
+        }),
+        queue_depth: Some(0),
+        latency_at_percentile_millis: None,
+        window: Some(Window::default()),
+        weight_bytes: Some(10 << 20),
+        profile: None,
+    }
+}
+
+/// Runs one round and puts its assignments on the agents, as the agents would see them.
+fn round(
+    pool: &GpuPool,
+    tenants: &[Arc<ModelTenant>],
+    agents: &mut [AgentView],
+    memory: &mut Memory,
+    now_s: f64,
+) -> PoolOutcome {
+    let outcome = decide_pool(pool, tenants, agents, memory, now_s, "2026-12-02T00:00:00Z");
+    for a in agents.iter_mut() {
+        a.assignments = outcome
+            .assignments
+            .get(&a.name)
+            .cloned()
+            .unwrap_or_default();
+    }
+    outcome
+}
+
+fn ready(outcome: &PoolOutcome, t: usize) -> (&str, &str) {
+    let c = outcome.tenants[t]
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    (c.status.as_str(), c.reason.as_str())
+}
+
+#[test]
+fn a_new_tenant_is_placed_once_and_asks_for_a_profile() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let mut agents = vec![agent("agent-0", 8000)];
+    let mut memory = Memory::default();
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let assigned = &outcome.assignments["agent-0"];
+    assert_eq!(assigned.len(), 1);
+    assert_eq!(assigned[0].tenant.uid, "uid-a");
+    assert!(assigned[0].profile.is_some(), "the first replica profiles");
+    assert_eq!(ready(&outcome, 0), ("False", "Loading"));
+    assert_eq!(outcome.add_agents, 0);
+    assert!(
+        outcome.tenants[0].routes.is_empty(),
+        "nothing ready to route to"
+    );
+}
+
+#[test]
+fn a_measured_profile_chooses_knobs_and_routes_to_the_ready_replica() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let mut agents = vec![agent("agent-0", 8000)];
+    let mut memory = Memory::default();
+    round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let mut r = replica_report(&t, "Ready");
+    r.profile = Some(profile());
+    agents[0].report = Some(AgentReport { tenants: vec![r] });
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        2.0,
+    );
+    let status = &outcome.tenants[0].status;
+    assert!(status.approach.is_some());
+    assert!(status.profile.as_ref().is_some_and(|p| p.points.len() == 3));
+    assert_eq!(ready(&outcome, 0), ("True", "Serving"));
+    assert_eq!(
+        outcome.tenants[0].routes,
+        vec![Route {
+            host: "10.0.0.1".into(),
+            port: 8000,
+            node: Some("node-1".into()),
+            agent: "agent-0".into()
+        }]
+    );
+    let assigned = &outcome.assignments["agent-0"][0];
+    assert_eq!(assigned.profile, None, "profiled once");
+    assert_eq!(Some(&assigned.knobs), status.knobs.as_ref());
+    let reasons: Vec<&str> = outcome.tenants[0].notes.iter().map(|n| n.reason).collect();
+    assert!(reasons.contains(&"Profiled") && reasons.contains(&"ApproachChosen"));
+}
+
+#[test]
+fn a_broken_model_fails_its_tenant_only() {
+    let pool = pool(1024, 4);
+    let (good, bad) = (tenant("good", 50.0), tenant("bad", 50.0));
+    let mut agents = vec![agent("agent-0", 8000)];
+    let mut memory = Memory::default();
+    let tenants = [good.clone(), bad.clone()];
+    round(&pool, &tenants, &mut agents, &mut memory, 0.0);
+    let mut broken = replica_report(&bad, "Failed");
+    broken.error = Some("model file /models/m.onnx: not ONNX".into());
+    agents[0].report = Some(AgentReport {
+        tenants: vec![replica_report(&good, "Ready"), broken],
+    });
+    let outcome = round(&pool, &tenants, &mut agents, &mut memory, 2.0);
+    let by_name = |n: &str| {
+        outcome
+            .tenants
+            .iter()
+            .position(|o| o.tenant.name_any() == n)
+            .expect("tenant")
+    };
+    assert_eq!(ready(&outcome, by_name("bad")).1, "LoadFailed");
+    assert!(
+        outcome.tenants[by_name("bad")]
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.message.contains("not ONNX"))
+    );
+    assert_eq!(ready(&outcome, by_name("good")).0, "True");
+    assert_eq!(
+        outcome.assignments["agent-0"].len(),
+        2,
+        "both stay assigned"
+    );
+}
+
+#[test]
+fn a_model_larger_than_any_agent_is_unassigned_and_says_so() {
+    let (pool, t) = (pool(8, 4), tenant("big", 50.0));
+    let mut agents = vec![agent("agent-0", 8000)];
+    let mut memory = Memory::default();
+    round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    agents[0].report = Some(AgentReport {
+        tenants: vec![replica_report(&t, "Ready")],
+    });
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        2.0,
+    );
+    assert_eq!(ready(&outcome, 0), ("False", "ModelTooLarge"));
+    assert!(outcome.assignments["agent-0"].is_empty());
+    assert_eq!(outcome.add_agents, 0, "more agents would not help");
+    assert_eq!(outcome.tenants[0].notes[0].reason, "ModelTooLarge");
+}
+
+#[test]
+fn no_agent_means_the_pool_grows_and_the_tenant_waits() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let mut memory = Memory::default();
+    let outcome = round(&pool, &[t], &mut [], &mut memory, 0.0);
+    assert_eq!(outcome.add_agents, 1);
+    assert_eq!(ready(&outcome, 0), ("False", "AwaitingAgents"));
+    assert_eq!(outcome.status.pending_agents, 1);
+}
+
+#[test]
+fn a_dead_agent_is_removed_and_its_replica_placed_elsewhere() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let mut agents = vec![agent("agent-0", 8000), agent("agent-1", 8001)];
+    let mut memory = Memory::default();
+    round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let (host, spare) = if agents[0].assignments.is_empty() {
+        (1, 0)
+    } else {
+        (0, 1)
+    };
+    agents[host].report = None;
+    agents[host].unreachable_for_s = DEAD_AFTER_S + 1.0;
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        60.0,
+    );
+    assert!(outcome.remove.contains(&agents[host].name));
+    assert_eq!(outcome.assignments[&agents[spare].name].len(), 1);
+    assert!(outcome.assignments[&agents[host].name].is_empty());
+}
+
+#[test]
+fn a_deleting_tenant_loses_its_replicas() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let mut agents = vec![agent("agent-0", 8000)];
+    let mut memory = Memory::default();
+    round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let mut deleting = ModelTenant::clone(&t);
+    deleting.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    let outcome = round(&pool, &[Arc::new(deleting)], &mut agents, &mut memory, 2.0);
+    assert!(outcome.assignments["agent-0"].is_empty());
+    assert!(outcome.tenants.is_empty());
+}
+
+#[test]
+fn an_idle_agent_is_drained_after_the_delay_then_removed() {
+    let pool = pool(1024, 4);
+    let mut agents = vec![agent("agent-0", 8000)];
+    let mut memory = Memory::default();
+    let first = round(&pool, &[], &mut agents, &mut memory, 0.0);
+    assert!(first.drain.is_empty());
+    let later = round(&pool, &[], &mut agents, &mut memory, 61.0);
+    assert_eq!(later.drain, vec!["agent-0".to_string()]);
+    agents[0].draining = true;
+    let last = round(&pool, &[], &mut agents, &mut memory, 62.0);
+    assert_eq!(last.remove, vec!["agent-0".to_string()]);
+}

@@ -1,0 +1,233 @@
+//! The objects the operator creates: agent pods and their GpuAgents (from a pool's template),
+//! and each tenant's Service and EndpointSlices.
+
+use crate::decide::Route;
+use cotenant_crds::{GpuAgent, GpuAgentSpec, GpuPool, ModelTenant};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod,
+    PodSpec, Probe, ResourceRequirements, SecurityContext, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+use std::collections::BTreeMap;
+
+pub const POOL_LABEL: &str = "cotenant.dev/pool";
+pub const TENANT_LABEL: &str = "cotenant.dev/tenant";
+pub const MANAGED_BY: &str = "cotenant-operator";
+/// Annotation on a GpuAgent that the operator is draining it.
+pub const DRAINING: &str = "cotenant.dev/draining";
+/// The port agents serve the Open Inference Protocol on.
+pub const HTTP_PORT: i32 = 8000;
+pub const ADMIN_PORT: i32 = 8002;
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// An agent pod of `pool` named `name`, owned by the pool so deleting the pool removes it.
+/// `report_reader` is the operator's ServiceAccount user name, the only reader of `/report`,
+/// with tokens for `report_audience`.
+pub fn agent_pod(pool: &GpuPool, name: &str, report_reader: &str, report_audience: &str) -> Pod {
+    let t = &pool.spec.template;
+    let pool_name = pool.name_any();
+    let mut resources: ResourceRequirements = t.resources.clone().unwrap_or_default();
+    let gpus = Quantity(t.gpus_per_agent.to_string());
+    resources
+        .limits
+        .get_or_insert_with(BTreeMap::new)
+        .insert("nvidia.com/gpu".into(), gpus.clone());
+    resources
+        .requests
+        .get_or_insert_with(BTreeMap::new)
+        .insert("nvidia.com/gpu".into(), gpus);
+    let probe = |path: &str, period: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("http".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        ..Default::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(pool.spec.agent_namespace.clone()),
+            labels: Some(labels(&[
+                ("app.kubernetes.io/name", "cotenant-agent"),
+                ("app.kubernetes.io/managed-by", MANAGED_BY),
+                (POOL_LABEL, &pool_name),
+            ])),
+            owner_references: pool.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            service_account_name: Some(t.service_account_name.clone()),
+            node_selector: (!t.node_selector.is_empty()).then(|| t.node_selector.clone()),
+            tolerations: (!t.tolerations.is_empty()).then(|| t.tolerations.clone()),
+            runtime_class_name: t.runtime_class_name.clone(),
+            priority_class_name: t.priority_class_name.clone(),
+            termination_grace_period_seconds: Some(30),
+            containers: vec![Container {
+                name: "agent".into(),
+                image: Some(t.image.clone()),
+                image_pull_policy: t.image_pull_policy.map(|p| format!("{p:?}")),
+                args: Some(vec!["kubernetes".into(), "--log-json".into()]),
+                env: Some(vec![
+                    field_env("POD_NAME", "metadata.name"),
+                    field_env("POD_NAMESPACE", "metadata.namespace"),
+                    field_env("NODE_NAME", "spec.nodeName"),
+                    field_env("POD_IP", "status.podIP"),
+                    EnvVar {
+                        name: "COTENANT_REPORT_READER".into(),
+                        value: Some(report_reader.into()),
+                        ..Default::default()
+                    },
+                    EnvVar {
+                        name: "COTENANT_REPORT_AUDIENCE".into(),
+                        value: Some(report_audience.into()),
+                        ..Default::default()
+                    },
+                ]),
+                ports: Some(vec![
+                    ContainerPort {
+                        name: Some("http".into()),
+                        container_port: HTTP_PORT,
+                        ..Default::default()
+                    },
+                    ContainerPort {
+                        name: Some("admin".into()),
+                        container_port: ADMIN_PORT,
+                        ..Default::default()
+                    },
+                ]),
+                resources: Some(resources),
+                readiness_probe: Some(probe("/v2/health/ready", 5)),
+                liveness_probe: Some(probe("/v2/health/live", 10)),
+                security_context: Some(SecurityContext {
+                    run_as_non_root: Some(true),
+                    allow_privilege_escalation: Some(false),
+                    read_only_root_filesystem: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The GpuAgent of an agent pod, owned by the pod so it goes when the pod goes.
+pub fn gpu_agent(pool: &GpuPool, pod: &Pod) -> GpuAgent {
+    let mut agent = GpuAgent::new(
+        &pod.name_any(),
+        GpuAgentSpec {
+            pool: pool.name_any(),
+            assignments: Vec::new(),
+        },
+    );
+    agent.metadata.namespace = pod.namespace();
+    agent.metadata.labels = Some(labels(&[
+        ("app.kubernetes.io/managed-by", MANAGED_BY),
+        (POOL_LABEL, &pool.name_any()),
+    ]));
+    agent.metadata.owner_references = pod.controller_owner_ref(&()).map(|o| vec![o]);
+    agent
+}
+
+/// The Service clients use for `tenant`: no selector; the operator keeps its EndpointSlices.
+pub fn service(tenant: &ModelTenant) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some(tenant.name_any()),
+            namespace: tenant.namespace(),
+            labels: Some(labels(&[
+                ("app.kubernetes.io/managed-by", MANAGED_BY),
+                (TENANT_LABEL, &tenant.name_any()),
+            ])),
+            owner_references: tenant.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: HTTP_PORT,
+                target_port: Some(IntOrString::Int(HTTP_PORT)),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The EndpointSlices of `tenant`: one per port its agents serve on (all agents use the same
+/// port in a cluster; host-process agents in tests differ), named `<tenant>-<port>`.
+pub fn endpoint_slices(tenant: &ModelTenant, routes: &[Route]) -> Vec<EndpointSlice> {
+    let mut by_port: BTreeMap<u16, Vec<&Route>> = BTreeMap::new();
+    for r in routes {
+        by_port.entry(r.port).or_default().push(r);
+    }
+    by_port
+        .into_iter()
+        .map(|(port, routes)| {
+            let v6 = routes.iter().any(|r| r.host.contains(':'));
+            EndpointSlice {
+                metadata: ObjectMeta {
+                    name: Some(format!("{}-{port}", tenant.name_any())),
+                    namespace: tenant.namespace(),
+                    labels: Some(labels(&[
+                        ("kubernetes.io/service-name", &tenant.name_any()),
+                        ("endpointslice.kubernetes.io/managed-by", "cotenant.dev"),
+                        (TENANT_LABEL, &tenant.name_any()),
+                    ])),
+                    owner_references: tenant.controller_owner_ref(&()).map(|o| vec![o]),
+                    ..Default::default()
+                },
+                address_type: if v6 { "IPv6" } else { "IPv4" }.into(),
+                endpoints: routes
+                    .iter()
+                    .filter(|r| r.host.contains(':') == v6)
+                    .map(|r| Endpoint {
+                        addresses: vec![r.host.clone()],
+                        conditions: Some(EndpointConditions {
+                            ready: Some(true),
+                            serving: Some(true),
+                            terminating: Some(false),
+                        }),
+                        node_name: r.node.clone(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ports: Some(vec![EndpointPort {
+                    name: Some("http".into()),
+                    port: Some(port as i32),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+            }
+        })
+        .collect()
+}
