@@ -33,13 +33,19 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn new(context: Arc<Context>, world: World, writer: Writer, scraper: Scraper) -> Self {
+    pub fn new(
+        context: Arc<Context>,
+        world: World,
+        writer: Writer,
+        scraper: Scraper,
+        tuning: decide::Tuning,
+    ) -> Self {
         Controller {
             context,
             world,
             writer,
             scraper,
-            memory: Memory::default(),
+            memory: Memory::new(tuning),
             unreachable_since: HashMap::new(),
             started: Instant::now(),
         }
@@ -47,7 +53,7 @@ impl Controller {
 
     /// Forgets everything learned while leading (a new term starts from the API).
     pub fn reset(&mut self) {
-        self.memory = Memory::default();
+        self.memory = Memory::new(self.memory.tuning);
         self.unreachable_since.clear();
     }
 

@@ -57,6 +57,16 @@ struct Args {
         default_value = "cotenant.dev/agent-report"
     )]
     report_audience: String,
+    /// Seconds an agent may fail its report while its pod runs before it is replaced.
+    #[arg(long, env = "COTENANT_AGENT_DEAD_AFTER", default_value_t = 45.0)]
+    agent_dead_after_seconds: f64,
+    /// Seconds a tenant keeps a replica it no longer needs before letting it go.
+    #[arg(
+        long,
+        env = "COTENANT_REPLICA_SCALE_DOWN_DELAY",
+        default_value_t = 60.0
+    )]
+    replica_scale_down_seconds: f64,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -113,7 +123,16 @@ async fn main() -> anyhow::Result<()> {
     };
     let scraper = report::Scraper::new(args.report_token_file.clone(), Duration::from_secs(2))?;
     let leadership = leader::Leadership::new(client, &args.namespace, identity);
-    let mut controller = control::Controller::new(context.clone(), world, writer, scraper);
+    let mut controller = control::Controller::new(
+        context.clone(),
+        world,
+        writer,
+        scraper,
+        decide::Tuning {
+            dead_after_s: args.agent_dead_after_seconds,
+            replica_scale_down_s: args.replica_scale_down_seconds,
+        },
+    );
 
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);

@@ -20,8 +20,24 @@ pub use tenant::{Note, TenantMemory};
 
 /// Memory of one agent when neither the pool nor the agent says (80 GiB, a common GPU size).
 const DEFAULT_AGENT_MEMORY: u64 = 80 << 30;
-/// An agent whose pod runs but whose report has failed this long is removed and replaced.
-pub const DEAD_AFTER_S: f64 = 45.0;
+
+/// Timings an operator deployment may tune.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tuning {
+    /// An agent whose pod runs but whose report has failed this long is removed and replaced.
+    pub dead_after_s: f64,
+    /// A tenant keeps a replica it no longer needs this long before letting it go.
+    pub replica_scale_down_s: f64,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        Tuning {
+            dead_after_s: 45.0,
+            replica_scale_down_s: 60.0,
+        }
+    }
+}
 
 /// Where an agent's pod is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,8 +73,18 @@ impl AgentView {
 /// What the operator remembers between rounds; rebuilt from the API after a restart.
 #[derive(Default)]
 pub struct Memory {
+    pub tuning: Tuning,
     pub tenants: HashMap<String, TenantMemory>,
     idle_since: HashMap<String, f64>,
+}
+
+impl Memory {
+    pub fn new(tuning: Tuning) -> Memory {
+        Memory {
+            tuning,
+            ..Memory::default()
+        }
+    }
 }
 
 /// A tenant's routing target: an agent serving a ready replica.
@@ -141,6 +167,7 @@ pub fn decide_pool(
         .unwrap_or(agent_memory)
         .max(agent_memory);
 
+    let tuning = memory.tuning;
     let live: Vec<&Arc<ModelTenant>> = tenants
         .iter()
         .filter(|t| t.metadata.deletion_timestamp.is_none() && t.uid().is_some())
@@ -171,7 +198,7 @@ pub fn decide_pool(
             .tenants
             .entry(uid.clone())
             .or_insert_with(|| TenantMemory::new(t));
-        let d = tenant::decide(t, &reports, mem, now_s, now_rfc3339);
+        let d = tenant::decide(t, &reports, mem, &tuning, now_s, now_rfc3339);
         let too_big = d.memory_bytes > largest_agent;
         for (a, x) in &placed {
             let ready = a.healthy()
@@ -263,7 +290,7 @@ pub fn decide_pool(
         .iter()
         .filter(|a| {
             a.pod == PodState::Gone
-                || (a.pod == PodState::Running && a.unreachable_for_s >= DEAD_AFTER_S)
+                || (a.pod == PodState::Running && a.unreachable_for_s >= memory.tuning.dead_after_s)
         })
         .map(|a| a.name.clone())
         .collect();

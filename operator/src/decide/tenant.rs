@@ -121,6 +121,7 @@ pub fn decide(
     tenant: &ModelTenant,
     reports: &[&TenantReport],
     memory: &mut TenantMemory,
+    tuning: &super::Tuning,
     now_s: f64,
     now_rfc3339: &str,
 ) -> TenantDecision {
@@ -253,7 +254,10 @@ pub fn decide(
                     scaler_wants_more: wants_more,
                 },
                 &bounds,
-                &ReplicaConfig::default(),
+                &ReplicaConfig {
+                    scale_down_after_s: tuning.replica_scale_down_s,
+                    ..ReplicaConfig::default()
+                },
                 now_s,
             )
             .max(1),

@@ -273,7 +273,7 @@ fn a_dead_agent_is_removed_and_its_replica_placed_elsewhere() {
         (0, 1)
     };
     agents[host].report = None;
-    agents[host].unreachable_for_s = DEAD_AFTER_S + 1.0;
+    agents[host].unreachable_for_s = Tuning::default().dead_after_s + 1.0;
     let outcome = round(
         &pool,
         std::slice::from_ref(&t),
