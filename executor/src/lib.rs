@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod error;
+pub mod gacer;
 pub mod graph;
 pub mod import;
 pub mod npy;

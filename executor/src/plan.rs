@@ -12,6 +12,10 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Computes one step's outputs from its op and inputs (see `Plan::run_step`).
+pub type StepExec<'a> =
+    dyn Fn(&Op, &[Option<&Tensor>]) -> Result<Vec<Tensor>, crate::error::OpError> + 'a;
+
 /// Where a step input comes from.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Src {
@@ -253,6 +257,14 @@ impl Plan {
         let mut result: Result<(), RunError> = Ok(());
         backend.scope(&mut || result = self.run_steps(backend, &mut values, sizes.as_deref_mut()));
         result?;
+        self.collect_outputs(&values)
+    }
+
+    /// The model's outputs, in order, from a value table after every step ran.
+    pub fn collect_outputs(
+        &self,
+        values: &[Option<Tensor>],
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
         self.outputs
             .iter()
             .map(|(name, src)| {
@@ -273,6 +285,48 @@ impl Plan {
         mut sizes: Option<&mut Vec<usize>>,
     ) -> Result<(), RunError> {
         for s in &self.steps {
+            let exec = |op: &Op, refs: &[Option<&Tensor>]| backend.execute(op, refs);
+            self.run_one(backend, &exec, values, s, sizes.as_deref_mut())?;
+        }
+        Ok(())
+    }
+
+    /// Binds named inputs to a fresh value table, for callers that run the steps one by one
+    /// (the GACER schedules); checked exactly as `run` checks them.
+    pub fn bind_inputs(
+        &self,
+        inputs: Vec<(String, Tensor)>,
+    ) -> Result<Vec<Option<Tensor>>, RunError> {
+        self.check_inputs(inputs)
+    }
+
+    /// Runs step `index` on a value table made by `bind_inputs`: reads its inputs, computes its
+    /// outputs with `exec` (normally `backend.execute`; GACER passes one that runs the op in
+    /// pieces), stores them and frees the values it was the last reader of. Call inside
+    /// `backend.scope`.
+    pub fn run_step(
+        &self,
+        backend: &dyn Backend,
+        exec: &StepExec<'_>,
+        values: &mut [Option<Tensor>],
+        index: usize,
+    ) -> Result<(), RunError> {
+        let s = self
+            .steps
+            .get(index)
+            .ok_or_else(|| RunError::MissingOutput(format!("step {index} of the plan")))?;
+        self.run_one(backend, exec, values, s, None)
+    }
+
+    fn run_one(
+        &self,
+        backend: &dyn Backend,
+        exec: &StepExec<'_>,
+        values: &mut [Option<Tensor>],
+        s: &Step,
+        mut sizes: Option<&mut Vec<usize>>,
+    ) -> Result<(), RunError> {
+        {
             let started = self.profile.as_ref().map(|_| Instant::now());
             let node_err = |source| RunError::Node {
                 node: s.node.clone(),
@@ -311,7 +365,7 @@ impl Plan {
                             }
                         }
                     }
-                    backend.execute(&s.op, &refs).map_err(node_err)?
+                    exec(&s.op, &refs).map_err(node_err)?
                 }
             };
             for (k, t) in outs.into_iter().enumerate() {
