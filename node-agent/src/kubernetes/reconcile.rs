@@ -8,6 +8,8 @@
 //! - knobs or SLO changed: applied to the running replica, nothing dropped;
 //! - model or tenant UID changed: the new model loads while the old one keeps serving, then
 //!   replaces it; when the new one fails the tenant is Failed and the old one is drained;
+//! - a load that fails is tried again after 10 s, doubling up to 5 min, while the tenant stays
+//!   Failed with the latest reason;
 //! - `profile` set: the DNNScaler points are measured once per (UID, model, profile knobs), while
 //!   the tenant keeps serving (so the points include the interference of live traffic).
 
@@ -51,6 +53,11 @@ pub enum Done {
         name: String,
         attempt: u64,
     },
+    /// Time to load a Failed tenant again.
+    Retry {
+        name: String,
+        attempt: u64,
+    },
 }
 
 /// What a profile was measured for: a new tenant, model or set of profile knobs re-measures.
@@ -79,6 +86,8 @@ struct Held {
     profiling: Option<ProfileKey>,
     profiled: Option<ProfileKey>,
     profile_error: Option<String>,
+    /// Failed loads in a row of this assignment, for the retry backoff.
+    failures: u32,
 }
 
 /// The served model name of a tenant: `<namespace>.<name>`.
@@ -195,8 +204,6 @@ impl Reconciler {
 
     /// Starts loading `a` as `name`; a replica already serving keeps serving meanwhile.
     fn load(&mut self, name: &str, a: Assignment, tenants: usize) {
-        self.next_attempt += 1;
-        let attempt = self.next_attempt;
         let serving = match self.held.remove(name) {
             Some(h) => h.serving,
             None => None,
@@ -207,15 +214,7 @@ impl Reconciler {
             entry.tenant_ref = Some(a.tenant.clone());
             self.registry.put(entry);
         }
-        let per_tenant = (self.threads / tenants.max(1)).max(1);
-        let config = load::config(
-            name,
-            slo_of(&a),
-            a.knobs.batch_size as usize,
-            a.knobs.instances as usize,
-            (per_tenant / a.knobs.instances.max(1) as usize).max(1),
-        );
-        let (uri, sha) = (a.model.uri.clone(), a.model.sha256.clone());
+        let attempt = self.spawn_load(name, &a, tenants);
         self.held.insert(
             name.to_string(),
             Held {
@@ -226,8 +225,24 @@ impl Reconciler {
                 profiling: None,
                 profiled: None,
                 profile_error: None,
+                failures: 0,
             },
         );
+    }
+
+    /// Starts the blocking load of `a`; returns its attempt number.
+    fn spawn_load(&mut self, name: &str, a: &Assignment, tenants: usize) -> u64 {
+        self.next_attempt += 1;
+        let attempt = self.next_attempt;
+        let per_tenant = (self.threads / tenants.max(1)).max(1);
+        let config = load::config(
+            name,
+            slo_of(a),
+            a.knobs.batch_size as usize,
+            a.knobs.instances as usize,
+            (per_tenant / a.knobs.instances.max(1) as usize).max(1),
+        );
+        let (uri, sha) = (a.model.uri.clone(), a.model.sha256.clone());
         let (done, runtime, name) = (self.done.clone(), self.runtime.clone(), name.to_string());
         tracing::info!(tenant = %name, %uri, "loading");
         tokio::task::spawn_blocking(move || {
@@ -239,6 +254,23 @@ impl Reconciler {
                 result,
             });
         });
+        attempt
+    }
+
+    /// Loads a Failed tenant again (its state stays Failed until the load succeeds).
+    fn retry(&mut self, name: &str, attempt: u64) {
+        let tenants = self.held.len();
+        let Some(h) = self.held.get(name).filter(|h| h.attempt == attempt) else {
+            return;
+        };
+        if !matches!(h.phase, Phase::Failed(_)) {
+            return;
+        }
+        let a = h.assignment.clone();
+        let next = self.spawn_load(name, &a, tenants);
+        if let Some(h) = self.held.get_mut(name) {
+            h.attempt = next;
+        }
     }
 
     /// Takes `name` out of service and drains it.
@@ -338,6 +370,7 @@ impl Reconciler {
                 }
                 self.maybe_profile(&name);
             }
+            Done::Retry { name, attempt } => self.retry(&name, attempt),
             Done::Unloaded { name, attempt } => {
                 tracing::info!(tenant = %name, "drained and unloaded");
                 self.unloading.remove(&(name, attempt));
@@ -378,6 +411,14 @@ impl Reconciler {
                     ..Entry::loading(name, &a.model.uri, a.slo.latency_millis, a.slo.percentile)
                 });
                 h.phase = Phase::Failed(reason);
+                h.failures += 1;
+                let delay = retry_delay(h.failures);
+                tracing::info!(tenant = %name, retry_in = ?delay, "will load it again");
+                let (done, name) = (self.done.clone(), name.to_string());
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = done.send(Done::Retry { name, attempt });
+                });
                 h.serving.take()
             }
         };
@@ -463,7 +504,27 @@ impl Reconciler {
     }
 }
 
+/// How long after its `failures`-th failed load in a row a tenant is loaded again: 10 s,
+/// doubling up to 5 minutes. A download that failed for a moment recovers by itself; a model
+/// that is really broken costs one attempt every few minutes.
+fn retry_delay(failures: u32) -> Duration {
+    let base = Duration::from_secs(10);
+    base.saturating_mul(1 << failures.saturating_sub(1).min(5))
+        .min(Duration::from_secs(300))
+}
+
 /// Finishes a replica's requests off the async workers.
 fn drain(tenant: Arc<Tenant>) {
     tokio::task::spawn_blocking(move || tenant.shutdown());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_to_five_minutes() {
+        let delays: Vec<u64> = (1..=8).map(|n| retry_delay(n).as_secs()).collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 300, 300, 300]);
+    }
 }

@@ -17,8 +17,9 @@ pub const FIELD_MANAGER: &str = "cotenant-agent";
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest time without a write (the heartbeat), with margin under the promised 10 s.
 const HEARTBEAT: Duration = Duration::from_secs(8);
-/// Longest wait before retrying a failed write.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Longest wait before retrying a failed write (the heartbeat period, so a GpuAgent created
+/// after the agent started gets its status soon).
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// What the reconciler knows, published after every change.
 #[derive(Clone, Debug, Default, PartialEq)]

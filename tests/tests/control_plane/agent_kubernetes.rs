@@ -271,6 +271,8 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     let (code, answer) =
         http_post_json(&addr, &format!("/v2/models/{n}.broken/infer"), request).expect("infer");
     assert_eq!(code, 503, "{answer}");
+    // The missing file appears: the agent's retries (10 s, 20 s, 40 s, ...) load it later.
+    std::fs::copy(&model, dir.join("missing.onnx")).expect("copy the model");
 
     // /report: only the operator's ServiceAccount with the report audience.
     assert_eq!(report(&admin, None).0, 401);
@@ -452,6 +454,19 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
             serde_json::json!({"batchSize": 4, "instances": 2})
         )
     })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+
+    poll(
+        "the once-missing model loaded by a retry",
+        Duration::from_secs(180),
+        || {
+            let s = agent_status(cp, n)?;
+            match tenant(&s, n, "broken") {
+                Some(t) if t["state"] == "Ready" && t.get("error").is_none() => Ok(()),
+                _ => Err(s.to_string()),
+            }
+        },
+    )
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
 
     // SIGTERM: the agent drains and exits.
