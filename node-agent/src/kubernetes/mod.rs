@@ -117,7 +117,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
 
     // Every accepted request has its answer; finish what the tenants still hold and exit.
     let tenants = reconciling.await.unwrap_or_default();
-    writing.abort();
+    // The writer's last word (Ready False) is bounded by its own timeout.
+    let _ = writing.await;
     tokio::task::spawn_blocking(move || {
         for tenant in tenants {
             tenant.shutdown();

@@ -134,7 +134,8 @@ fn patch_body(status: &GpuAgentStatus) -> serde_json::Value {
     serde_json::json!({ "status": body })
 }
 
-/// Writes the status of GpuAgent `identity.name` until `stop` turns true.
+/// Writes the status of GpuAgent `identity.name` until `stop` turns true, then once more with
+/// Ready False (ShuttingDown) so the operator stops counting on this agent.
 pub async fn write_loop(
     api: Api<GpuAgent>,
     identity: Identity,
@@ -142,41 +143,40 @@ pub async fn write_loop(
     mut snapshots: watch::Receiver<Snapshot>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..Default::default()
+    let writer = Writer {
+        api,
+        params: PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..Default::default()
+        },
+        name: identity.name.clone(),
     };
     let mut conditions: Vec<Condition> = Vec::new();
     let mut last: Option<(GpuAgentStatus, Instant)> = None;
     let mut backoff = Duration::ZERO;
     loop {
         let snapshot = snapshots.borrow_and_update().clone();
-        let mut next = status(&identity, &device, &snapshot, &mut conditions);
+        let next = status(&identity, &device, &snapshot, &mut conditions);
         let wait = match &last {
             Some((written, at)) if *written == next => HEARTBEAT.saturating_sub(at.elapsed()),
             Some((_, at)) => MIN_INTERVAL.saturating_sub(at.elapsed()),
             None => Duration::ZERO,
         };
         if wait.is_zero() {
-            let written = next.clone();
-            next.heartbeat_time = Some(Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
-            match api
-                .patch_status(&identity.name, &params, &Patch::Merge(patch_body(&next)))
-                .await
-            {
-                Ok(_) => {
+            match writer.write(&next, WRITE_TIMEOUT).await {
+                Ok(()) => {
                     if backoff > Duration::ZERO {
                         tracing::info!("status written again");
                     }
                     backoff = Duration::ZERO;
-                    last = Some((written, Instant::now()));
+                    last = Some((next, Instant::now()));
                 }
                 Err(e) => {
                     backoff = (backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
                     tracing::warn!(error = %e, retry_in = ?backoff, "cannot write the GpuAgent status; serving continues");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
-                        _ = stop.wait_for(|s| *s) => return,
+                        _ = stop.wait_for(|s| *s) => break,
                     }
                 }
             }
@@ -185,11 +185,55 @@ pub async fn write_loop(
         tokio::select! {
             changed = snapshots.changed() => {
                 if changed.is_err() {
-                    return;
+                    // The reconciler is gone: the agent is stopping.
+                    break;
                 }
             }
             _ = tokio::time::sleep(wait) => {}
-            _ = stop.wait_for(|s| *s) => return,
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    let snapshot = snapshots.borrow().clone();
+    let mut last = status(&identity, &device, &snapshot, &mut conditions);
+    set_condition(
+        &mut last.conditions,
+        "Ready",
+        false,
+        "ShuttingDown",
+        "the agent is stopping: finishing accepted requests",
+        snapshot.generation,
+    );
+    if let Err(e) = writer.write(&last, FINAL_WRITE_TIMEOUT).await {
+        tracing::warn!(error = %e, "cannot write the final status");
+    }
+}
+
+/// Longest a status write may take before it counts as failed.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest the last write on shutdown may hold up the exit.
+const FINAL_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+struct Writer {
+    api: Api<GpuAgent>,
+    params: PatchParams,
+    name: String,
+}
+
+impl Writer {
+    /// Merge-patches the status subresource with `status` and a fresh heartbeat.
+    async fn write(&self, status: &GpuAgentStatus, timeout: Duration) -> Result<(), String> {
+        let mut status = status.clone();
+        status.heartbeat_time = Some(Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+        let body = Patch::Merge(patch_body(&status));
+        match tokio::time::timeout(
+            timeout,
+            self.api.patch_status(&self.name, &self.params, &body),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {timeout:?}")),
         }
     }
 }

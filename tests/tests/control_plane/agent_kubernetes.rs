@@ -473,4 +473,12 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     agent.stop();
     let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
     assert!(log.contains("stopped"), "{}", agent.log_tail(20));
+    let s = agent_status(cp, n).expect("status");
+    let ready = s["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ready["status"], "False", "{s}");
+    assert_eq!(ready["reason"], "ShuttingDown", "{s}");
 }
