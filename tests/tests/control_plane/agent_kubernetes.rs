@@ -300,6 +300,11 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     let (code, body) = report(&admin, Some(&operator));
     assert_eq!(code, 200, "{body}\n{}", agent.log_tail(20));
     let report_json: Value = serde_json::from_str(&body).expect("report JSON");
+    eprintln!(
+        "GpuAgent status:\n{}\n/report:\n{}",
+        serde_json::to_string_pretty(&status).unwrap_or_default(),
+        serde_json::to_string_pretty(&report_json).unwrap_or_default()
+    );
     let bert_report = report_json["tenants"]
         .as_array()
         .and_then(|t| t.iter().find(|t| t["name"] == format!("{n}.bert")))
