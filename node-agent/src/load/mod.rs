@@ -191,3 +191,41 @@ pub fn config(
         max_request_rows: 1024,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_file_uris_need_a_base() {
+        let base = Path::new("/tenants");
+        assert_eq!(
+            resolve_file("file://models/m.onnx", Some(base)),
+            Ok(PathBuf::from("/tenants/models/m.onnx"))
+        );
+        assert_eq!(
+            resolve_file("file:///srv/m.onnx", None),
+            Ok(PathBuf::from("/srv/m.onnx"))
+        );
+        let e = resolve_file("file://models/m.onnx", None).expect_err("no base");
+        assert!(e.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn sha256_mismatch_names_both_digests() {
+        let empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        assert_eq!(check_sha256(b"", Some(empty), "x"), Ok(()));
+        assert_eq!(check_sha256(b"", Some(&empty.to_uppercase()), "x"), Ok(()));
+        let e = check_sha256(b"a", Some(empty), "m.onnx").expect_err("differs");
+        assert!(e.contains(empty) && e.starts_with("m.onnx"), "{e}");
+    }
+
+    #[test]
+    fn other_schemes_are_refused() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let e = model_bytes("s3://bucket/m.onnx", None, None, runtime.handle()).expect_err("s3");
+        assert!(e.contains("unsupported"), "{e}");
+    }
+}
