@@ -1,6 +1,9 @@
 //! Spatial regulation — operator resizing: one operator run as `k` pieces along its first (batch,
 //! or GEMM M) dimension, each piece a smaller launch that leaves room for other tenants' work.
-//! The pieces' outputs are stacked back, so the step computes what the whole operator computes.
+//! The pieces' outputs are stacked back, so the step computes what the whole operator computes:
+//! bit for bit, except that a matrix product (Gemm, MatMul) on fewer rows may take another
+//! kernel path that sums in another order (the CPU gemm's single-row path), so there it agrees
+//! within fp32 rounding.
 
 use crate::backend::Backend;
 use crate::error::OpError;
@@ -112,6 +115,11 @@ fn broadcast_cut(t: &Tensor, out_rank: usize, rows: usize) -> Option<Cut> {
     }
 }
 
+/// Whether resizing `op` may change the order its sums are taken in (see the module doc).
+pub fn reorders_sums(op: &Op) -> bool {
+    matches!(op, Op::Gemm(_) | Op::MatMul { .. })
+}
+
 /// Rows along which `op` can be resized for these inputs (`None`: it cannot).
 pub fn split_rows(op: &Op, inputs: &[Option<&Tensor>]) -> Option<usize> {
     cuts(op, inputs).map(|(rows, _)| rows)
@@ -178,7 +186,7 @@ pub fn execute_in_pieces(
     inputs: &[Option<&Tensor>],
     k: usize,
 ) -> Result<Vec<Tensor>, OpError> {
-    let Some((rows, cut)) = cuts(op, inputs).filter(|_| k > 1) else {
+    let Some((rows, cut)) = (k > 1).then(|| cuts(op, inputs)).flatten() else {
         return backend.execute(op, inputs);
     };
     let mut outputs: Vec<Vec<Tensor>> = Vec::new();

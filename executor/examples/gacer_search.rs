@@ -1,0 +1,288 @@
+//! GACER on the CPU backend: how long the search takes per plan for 2, 4 and 8 tenants of zoo
+//! models, and the three schedules compared on the same tenant mixes (throughput and p99 per
+//! tenant). Prints markdown tables.
+//!
+//! ```sh
+//! cargo run --release -p cotenant-executor --example gacer_search -- [--duration SECS] [--threads N]
+//! ```
+
+use cotenant_executor::gacer::{
+    CoRunOptions, CoRunReport, DeviceShape, MixTenant, ModelProfile, Schedule, SearchOptions, Stop,
+    TenantWork, co_run, profile_model, search,
+};
+use cotenant_executor::zoo::{self, ZooOptions};
+use cotenant_executor::{CpuBackend, Model, Tensor};
+use prost::Message;
+use std::collections::HashMap;
+use std::error::Error;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+struct Args {
+    duration: Duration,
+    threads: usize,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        duration: Duration::from_secs(6),
+        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--duration" => a.duration = Duration::from_secs_f64(value.parse()?),
+            "--threads" => a.threads = value.parse()?,
+            other => return Err(format!("unknown flag {other}").into()),
+        }
+    }
+    Ok(a)
+}
+
+/// Zoo models, loaded once each.
+struct Zoo(HashMap<&'static str, Arc<Model>>);
+
+impl Zoo {
+    fn get(&mut self, name: &'static str) -> Result<Arc<Model>> {
+        if let Some(m) = self.0.get(name) {
+            return Ok(m.clone());
+        }
+        let o = ZooOptions {
+            seed: 1,
+            ..Default::default()
+        };
+        let bytes = zoo::build(name, &o)?.encode_to_vec();
+        let m = Arc::new(Model::from_bytes(&bytes)?);
+        self.0.insert(name, m.clone());
+        Ok(m)
+    }
+}
+
+/// A batch of seeded inputs in [-1, 1).
+fn inputs(model: &Model, batch: usize, seed: u64) -> Result<Vec<(String, Tensor)>> {
+    let mut rng = zoo::Rng::new(seed);
+    model
+        .plan
+        .example_inputs(batch)
+        .into_iter()
+        .map(|(n, t)| {
+            let v = (0..t.len()).map(|_| rng.uniform() * 2.0 - 1.0).collect();
+            Ok((n, Tensor::f32(t.shape.clone(), v)?))
+        })
+        .collect()
+}
+
+fn profile(
+    zoo: &mut Zoo,
+    cache: &mut HashMap<(&'static str, usize), Arc<ModelProfile>>,
+    name: &'static str,
+    batch: usize,
+    threads: usize,
+) -> Result<Arc<ModelProfile>> {
+    if let Some(p) = cache.get(&(name, batch)) {
+        return Ok(p.clone());
+    }
+    let m = zoo.get(name)?;
+    let backend = CpuBackend::new(threads);
+    let p = Arc::new(profile_model(
+        name,
+        &m.plan,
+        &backend,
+        &inputs(&m, batch, 7)?,
+        2,
+        &[2, 4],
+    )?);
+    cache.insert((name, batch), p.clone());
+    Ok(p)
+}
+
+fn search_cost(zoo: &mut Zoo, threads: usize) -> Result<()> {
+    let cycle: [&'static str; 4] = ["resnet18", "mobilenet_v2", "squeezenet", "resnet50"];
+    let batch = 2;
+    let mut profiles = HashMap::new();
+    println!("## Search cost\n");
+    println!(
+        "Profiles measured on this CPU at batch {batch} ({threads} threads); the search scores \
+         plans for the H200 device shape. Median of 5 searches.\n"
+    );
+    println!(
+        "| tenants | models | steps | ms per plan | pointers | split steps | predicted round ms (unregulated → plan) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for n in [2usize, 4, 8] {
+        let names: Vec<&'static str> = (0..n).map(|i| cycle[i % cycle.len()]).collect();
+        let mix: Vec<MixTenant> = names
+            .iter()
+            .map(|&name| {
+                Ok(MixTenant {
+                    profile: profile(zoo, &mut profiles, name, batch, threads)?,
+                    latency_bound: None,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let device = DeviceShape::h200();
+        let mut times = Vec::new();
+        let mut plan = None;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            plan = Some(search(&mix, &device, &SearchOptions::default()));
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        let plan = plan.ok_or("no search ran")?;
+        let unregulated = unregulated_makespan(&mix, &device);
+        let steps: usize = mix.iter().map(|t| t.profile.steps.len()).sum();
+        let splits = plan.splits.iter().flatten().filter(|&&k| k > 1).count();
+        println!(
+            "| {n} | {} | {steps} | {:.2} | {} | {splits} | {:.2} → {:.2} |",
+            names.join(" + "),
+            times[times.len() / 2],
+            plan.pointers.len(),
+            unregulated * 1e3,
+            plan.predicted_makespan * 1e3
+        );
+    }
+    println!();
+    Ok(())
+}
+
+fn unregulated_makespan(mix: &[MixTenant], device: &DeviceShape) -> f64 {
+    let profiles: Vec<ModelProfile> = mix.iter().map(|t| (*t.profile).clone()).collect();
+    let model = cotenant_executor::gacer::CostModel {
+        profiles: &profiles,
+        device,
+        latency_bounds: vec![None; mix.len()],
+    };
+    let counts: Vec<usize> = profiles.iter().map(|p| p.steps.len()).collect();
+    model
+        .predict(&cotenant_executor::gacer::GacerPlan::unregulated(&counts))
+        .map_or(f64::NAN, |p| p.makespan)
+}
+
+fn compare(
+    zoo: &mut Zoo,
+    a: &Args,
+    title: &str,
+    names: &[&'static str],
+    batch: usize,
+) -> Result<()> {
+    let mut tenants = Vec::new();
+    for (i, &name) in names.iter().enumerate() {
+        let model = zoo.get(name)?;
+        tenants.push(TenantWork {
+            name: format!("{name}#{i}"),
+            inputs: inputs(&model, batch, i as u64)?,
+            model,
+        });
+    }
+    // Profiles at the threads each tenant's stream gets under multi-stream and gacer.
+    let per_stream = (a.threads / names.len()).max(1);
+    let mut cache = HashMap::new();
+    let mix: Vec<MixTenant> = names
+        .iter()
+        .map(|&name| {
+            Ok(MixTenant {
+                profile: profile(zoo, &mut cache, name, batch, per_stream)?,
+                latency_bound: None,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let device = DeviceShape::cpu(cores, per_stream);
+    let t0 = Instant::now();
+    let plan = search(&mix, &device, &SearchOptions::default());
+    let search_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // The plan the same profiles give for a GPU, executed here: what its pieces and pointers
+    // cost on the CPU.
+    let gpu_plan = search(&mix, &DeviceShape::h200(), &SearchOptions::default());
+    let opts = CoRunOptions {
+        threads: a.threads,
+        warmup_rounds: 1,
+        stop: Stop::After(a.duration),
+        trace: false,
+    };
+    println!("### {title} (batch {batch}, {} threads)\n", a.threads);
+    println!(
+        "GACER plan for `{}`: {} pointers, {} resized steps, searched in {search_ms:.1} ms; \
+         predicted round {:.1} ms.\n",
+        device.name,
+        plan.pointers.len(),
+        plan.splits.iter().flatten().filter(|&&k| k > 1).count(),
+        plan.predicted_makespan * 1e3
+    );
+    println!(
+        "`gacer-h200` runs the plan searched for the H200 shape from the same profiles: {} \
+         pointers, {} resized steps.\n",
+        gpu_plan.pointers.len(),
+        gpu_plan.splits.iter().flatten().filter(|&&k| k > 1).count(),
+    );
+    let schedules = [
+        Schedule::Sequential,
+        Schedule::MultiStream,
+        Schedule::gacer(plan),
+        Schedule::gacer(gpu_plan),
+    ];
+    let names = ["sequential", "multi-stream", "gacer", "gacer-h200"];
+    let mut reports: Vec<CoRunReport> = Vec::new();
+    for s in &schedules {
+        reports.push(co_run(&tenants, s, &opts)?);
+    }
+    print!("| tenant |");
+    for n in names {
+        print!(" {n} rows/s | {n} p99 ms |");
+    }
+    println!();
+    println!("|---|{}", "---|---|".repeat(reports.len()));
+    for (i, tenant) in tenants.iter().enumerate() {
+        print!("| {} |", tenant.name);
+        for r in &reports {
+            let t = &r.tenants[i];
+            print!(" {:.2} | {:.1} |", t.throughput, t.percentile_ms(99.0));
+        }
+        println!();
+    }
+    print!("| **all** |");
+    for r in &reports {
+        print!(" **{:.2}** | |", r.throughput());
+    }
+    println!();
+    let base = reports[1].throughput();
+    println!(
+        "\nThroughput vs multi-stream: sequential {:.2}x, gacer {:.2}x, gacer-h200 {:.2}x.\n",
+        reports[0].throughput() / base,
+        reports[2].throughput() / base,
+        reports[3].throughput() / base
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let a = args()?;
+    let mut zoo = Zoo(HashMap::new());
+    search_cost(&mut zoo, a.threads)?;
+    println!("## Schedules on the CPU backend\n");
+    println!(
+        "Closed loop: every tenant runs its batch again as soon as the last one finished; \
+         {:.0} s measured per schedule after one warm-up round.\n",
+        a.duration.as_secs_f64()
+    );
+    compare(
+        &mut zoo,
+        &a,
+        "resnet18 + mobilenet_v2 + squeezenet",
+        &["resnet18", "mobilenet_v2", "squeezenet"],
+        1,
+    )?;
+    compare(&mut zoo, &a, "4 × mobilenet_v2", &["mobilenet_v2"; 4], 1)?;
+    compare(
+        &mut zoo,
+        &a,
+        "resnet18 + mobilenet_v2 + squeezenet",
+        &["resnet18", "mobilenet_v2", "squeezenet"],
+        4,
+    )?;
+    Ok(())
+}
