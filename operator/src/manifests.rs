@@ -6,6 +6,7 @@ use cotenant_crds::{GpuAgent, GpuAgentSpec, GpuPool, ModelTenant};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod,
     PodSpec, Probe, ResourceRequirements, SecurityContext, Service, ServicePort, ServiceSpec,
+    Toleration,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -84,7 +85,7 @@ pub fn agent_pod(pool: &GpuPool, name: &str, report_reader: &str, report_audienc
         spec: Some(PodSpec {
             service_account_name: Some(t.service_account_name.clone()),
             node_selector: (!t.node_selector.is_empty()).then(|| t.node_selector.clone()),
-            tolerations: (!t.tolerations.is_empty()).then(|| t.tolerations.clone()),
+            tolerations: Some(gpu_tolerations(&t.tolerations)),
             runtime_class_name: t.runtime_class_name.clone(),
             priority_class_name: t.priority_class_name.clone(),
             termination_grace_period_seconds: Some(30),
@@ -136,6 +137,25 @@ pub fn agent_pod(pool: &GpuPool, name: &str, report_reader: &str, report_audienc
         }),
         status: None,
     }
+}
+
+/// The template's tolerations plus the `nvidia.com/gpu` taint GPU node pools carry: an agent
+/// asks for a GPU, so it must be allowed where GPUs are (what the ExtendedResourceToleration
+/// admission plugin would add).
+fn gpu_tolerations(template: &[Toleration]) -> Vec<Toleration> {
+    let mut all = template.to_vec();
+    if !all
+        .iter()
+        .any(|t| t.key.as_deref() == Some("nvidia.com/gpu"))
+    {
+        all.push(Toleration {
+            key: Some("nvidia.com/gpu".into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        });
+    }
+    all
 }
 
 /// The GpuAgent of an agent pod, owned by the pod so it goes when the pod goes.

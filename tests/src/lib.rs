@@ -3,6 +3,7 @@
 //! tests one control plane per test run with a fresh namespace per test. `cargo xtask cluster up`
 //! uses the same code to start a detached cluster for a shell.
 
+pub mod agents;
 pub mod cluster;
 pub mod http;
 pub mod pki;

@@ -15,6 +15,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   test                 set up and run everything CI runs: fmt, clippy, crdgen --check,
                        helm lint, unit tests and the control-plane tests
+  e2e                  only the end-to-end scenario (operator, agents, chart on the local
+                       control plane), printing how long each step took
   cluster up           start a local control plane (etcd, kube-apiserver, controller-manager,
                        scheduler, kwok with fake GPU nodes); prints `export` lines, so
                        `eval \"$(cargo xtask cluster up)\"` readies a shell
@@ -27,6 +29,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     match args.as_slice() {
         ["test", rest @ ..] => test::run(rest),
+        ["e2e", rest @ ..] => test::e2e(rest),
         ["cluster", "up"] => cluster::up(),
         ["cluster", "down"] => cluster::down(),
         ["bench", "executor", rest @ ..] => bench_executor(rest),

@@ -59,3 +59,28 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
     eprintln!("xtask: all checks passed in {:.0?}", started.elapsed());
     Ok(())
 }
+
+/// `cargo xtask e2e`: only the end-to-end scenario on the real control plane, with its step
+/// timings printed.
+pub fn e2e(extra: &[&str]) -> anyhow::Result<()> {
+    let python = python::venv()?;
+    cotenant_e2e::toolchain::ensure()?;
+    let mut bins = Command::new("cargo");
+    bins.args(["build", "-p", "cotenant-operator", "-p", "cotenant-agent"]);
+    crate::run(bins)?;
+    let mut test = Command::new("cargo");
+    test.args([
+        "test",
+        "-p",
+        "cotenant-e2e",
+        "--test",
+        "e2e",
+        "--",
+        "--include-ignored",
+        "--nocapture",
+    ])
+    .args(extra)
+    .env("COTENANT_PYTHON", &python)
+    .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
+    crate::run(test)
+}

@@ -64,9 +64,20 @@ pub struct AgentView {
 }
 
 impl AgentView {
-    /// Serving and reporting: replicas may be placed here.
-    fn healthy(&self) -> bool {
-        self.pod == PodState::Running && self.report.is_some()
+    /// Running, and reporting or only briefly silent (one slow scrape must not move every
+    /// replica): replicas may stay and be placed here.
+    fn healthy(&self, tuning: &Tuning) -> bool {
+        self.pod == PodState::Running && self.unreachable_for_s < tuning.dead_after_s / 3.0
+    }
+
+    /// Whether the replica of tenant `uid` here serves now (routes need a fresh report).
+    fn serves(&self, uid: &str, tuning: &Tuning) -> bool {
+        self.healthy(tuning)
+            && self
+                .report
+                .as_ref()
+                .and_then(|r| r.tenant(uid))
+                .is_some_and(|r| r.state == "Ready")
     }
 }
 
@@ -143,6 +154,7 @@ pub fn decide_pool(
     now_s: f64,
     now_rfc3339: &str,
 ) -> PoolOutcome {
+    let tuning = memory.tuning;
     let agent_memory = pool
         .spec
         .gpu_memory_mib
@@ -161,13 +173,12 @@ pub fn decide_pool(
     };
     let largest_agent = agents
         .iter()
-        .filter(|a| a.healthy())
+        .filter(|a| a.healthy(&tuning))
         .map(memory_of)
         .max()
         .unwrap_or(agent_memory)
         .max(agent_memory);
 
-    let tuning = memory.tuning;
     let live: Vec<&Arc<ModelTenant>> = tenants
         .iter()
         .filter(|t| t.metadata.deletion_timestamp.is_none() && t.uid().is_some())
@@ -201,11 +212,7 @@ pub fn decide_pool(
         let d = tenant::decide(t, &reports, mem, &tuning, now_s, now_rfc3339);
         let too_big = d.memory_bytes > largest_agent;
         for (a, x) in &placed {
-            let ready = a.healthy()
-                && a.report
-                    .as_ref()
-                    .and_then(|r| r.tenant(&uid))
-                    .is_some_and(|r| r.state == "Ready");
+            let ready = a.serves(&uid, &tuning);
             let knobs = crate::policy_view::knobs(&x.knobs);
             current.push(CurrentReplica {
                 tenant: uid.clone(),
@@ -230,7 +237,7 @@ pub fn decide_pool(
 
     let capacities: Vec<AgentCapacity> = agents
         .iter()
-        .filter(|a| a.healthy())
+        .filter(|a| a.healthy(&tuning))
         .map(|a| AgentCapacity {
             agent: a.name.clone(),
             memory_bytes: memory_of(a),
@@ -299,7 +306,7 @@ pub fn decide_pool(
         .filter(|a| !remove.contains(&a.name))
         .map(|a| {
             let replicas = assignments.get(&a.name).map_or(0, Vec::len) as u32;
-            let idle_since = if replicas == 0 && a.healthy() {
+            let idle_since = if replicas == 0 && a.healthy(&tuning) {
                 Some(*memory.idle_since.entry(a.name.clone()).or_insert(now_s))
             } else {
                 memory.idle_since.remove(&a.name);
@@ -307,7 +314,7 @@ pub fn decide_pool(
             };
             PoolAgent {
                 agent: a.name.clone(),
-                ready: a.healthy(),
+                ready: a.healthy(&tuning),
                 draining: a.draining,
                 replicas,
                 idle_since,
@@ -370,12 +377,7 @@ pub fn decide_pool(
             let Some(view) = agents.iter().find(|a| &a.name == agent) else {
                 continue;
             };
-            let ready = view.healthy()
-                && view
-                    .report
-                    .as_ref()
-                    .and_then(|r| r.tenant(&uid))
-                    .is_some_and(|r| r.state == "Ready");
+            let ready = view.serves(&uid, &tuning);
             let node = view.status.as_ref().and_then(|s| s.node.clone());
             placements.push(cotenant_crds::ReplicaPlacement {
                 agent: agent.clone(),
@@ -431,7 +433,7 @@ pub fn decide_pool(
             notes,
         });
     }
-    let ready_agents = agents.iter().filter(|a| a.healthy()).count() as u32;
+    let ready_agents = agents.iter().filter(|a| a.healthy(&tuning)).count() as u32;
     let pending_agents =
         agents.iter().filter(|a| a.pod == PodState::Pending).count() as u32 + sizing.add;
     let mut pool_status = pool.status.clone().unwrap_or_default();

@@ -55,7 +55,16 @@ pub fn tenant_status(
     let slo_ms = tenant.spec.slo.latency_millis;
     let slo_met = !(a.latency_ms.is_finite() && a.latency_ms > slo_ms);
     let (loaded, load_reason, load_message) = match (&d.failure, placement.too_big) {
-        (Some(e), _) => (false, "LoadFailed", e.clone()),
+        (Some(e), _) => {
+            // Name the model, unless the agent already did.
+            let uri = &tenant.spec.model.uri;
+            let message = if e.contains(uri.trim_start_matches("file://")) {
+                e.clone()
+            } else {
+                format!("{uri}: {e}")
+            };
+            (false, "LoadFailed", message)
+        }
         (None, Some(largest)) => (
             false,
             "ModelTooLarge",

@@ -320,3 +320,51 @@ fn an_idle_agent_is_drained_after_the_delay_then_removed() {
     let last = round(&pool, &[], &mut agents, &mut memory, 62.0);
     assert_eq!(last.remove, vec!["agent-0".to_string()]);
 }
+
+#[test]
+fn a_briefly_silent_agent_keeps_its_replicas_but_loses_its_routes() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let mut agents = vec![agent("agent-0", 8000), agent("agent-1", 8001)];
+    let mut memory = Memory::default();
+    round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let host = agents
+        .iter()
+        .position(|a| !a.assignments.is_empty())
+        .expect("placed");
+    agents[host].report = Some(AgentReport {
+        tenants: vec![replica_report(&t, "Ready")],
+    });
+    let serving = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        2.0,
+    );
+    assert_eq!(serving.tenants[0].routes.len(), 1);
+    agents[host].report = None;
+    agents[host].unreachable_for_s = 2.0;
+    let silent = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        4.0,
+    );
+    assert_eq!(
+        silent.assignments[&agents[host].name].len(),
+        1,
+        "not moved yet"
+    );
+    assert!(
+        silent.tenants[0].routes.is_empty(),
+        "no traffic to an agent not heard from"
+    );
+    assert!(silent.remove.is_empty());
+}

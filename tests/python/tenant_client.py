@@ -1,0 +1,44 @@
+"""Sends inference to a tenant the way a client in the cluster would: tritonclient (the real
+Triton/KServe client) against the address its EndpointSlice lists, compared with onnxruntime
+on the same model file.
+
+Usage: tenant_client.py --url HOST:PORT --model SERVED_NAME --file MODEL.onnx
+"""
+
+import argparse
+
+import numpy as np
+import onnxruntime as ort
+import tritonclient.http as httpclient
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--file", required=True)
+    args = ap.parse_args()
+    client = httpclient.InferenceServerClient(url=args.url, network_timeout=120.0)
+    assert client.is_model_ready(args.model), f"{args.model} not ready at {args.url}"
+    meta = client.get_model_metadata(args.model)
+    rng = np.random.default_rng(7)
+    feeds, inputs = {}, []
+    for i in meta["inputs"]:
+        shape = [2 if d == -1 else d for d in i["shape"]]
+        feeds[i["name"]] = rng.standard_normal(shape).astype(np.float32)
+        t = httpclient.InferInput(i["name"], shape, i["datatype"])
+        t.set_data_from_numpy(feeds[i["name"]], binary_data=True)
+        inputs.append(t)
+    result = client.infer(args.model, inputs)
+    session = ort.InferenceSession(args.file, providers=["CPUExecutionProvider"])
+    for o, ref in zip(meta["outputs"], session.run(None, feeds)):
+        ours = result.as_numpy(o["name"])
+        assert ours.shape == ref.shape, (o["name"], ours.shape, ref.shape)
+        scale = max(float(np.max(np.abs(ref))), 1e-6)
+        err = float(np.max(np.abs(ours.astype(np.float64) - ref))) / scale
+        assert err <= 1e-4, (o["name"], err)
+        print(f"{args.model} via {args.url}: {o['name']} {list(ours.shape)} max rel err {err:.1e}")
+
+
+if __name__ == "__main__":
+    main()

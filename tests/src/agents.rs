@@ -1,0 +1,236 @@
+//! A kubelet stand-in for agent pods: for every agent pod kwok marks Running, it starts
+//! `cotenant-agent kubernetes` as a host process with the pod's downward-API identity and the
+//! agent ServiceAccount's credentials, advertising this host's address; when the pod goes, the
+//! process goes. A test can kill an agent (a crash the kubelet does not restart).
+
+use crate::cluster::{ControlPlane, free_port};
+use crate::process::{Lifetime, Process};
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Default)]
+struct Hosted {
+    /// Running agents by `namespace/pod`.
+    agents: HashMap<String, Process>,
+    /// Agents a test killed: not restarted.
+    killed: HashSet<String>,
+    kubeconfigs: HashMap<String, PathBuf>,
+    /// Why the last start failed, for test messages.
+    errors: Vec<String>,
+}
+
+pub struct AgentHost {
+    hosted: Arc<Mutex<Hosted>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AgentHost {
+    /// Starts watching agent pods (every second) with `agent` as the binary and `threads` CPU
+    /// threads per agent.
+    pub fn start(cp: &'static ControlPlane, agent: PathBuf, threads: usize) -> AgentHost {
+        let hosted = Arc::new(Mutex::new(Hosted::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let ip = host_ip();
+        let thread = {
+            let (hosted, stop) = (hosted.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Err(e) = sync(cp, &agent, threads, &ip, &hosted) {
+                        lock(&hosted).errors.push(e);
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })
+        };
+        AgentHost {
+            hosted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// `namespace/pod` of every agent running now.
+    pub fn running(&self) -> Vec<String> {
+        let mut names: Vec<String> = lock(&self.hosted).agents.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Kills the agent of pod `namespace/name` and does not restart it.
+    pub fn kill(&self, key: &str) {
+        let mut hosted = lock(&self.hosted);
+        hosted.killed.insert(key.to_string());
+        if let Some(mut p) = hosted.agents.remove(key) {
+            p.stop();
+        }
+    }
+
+    /// The last lines of an agent's log (running or not), for failure messages.
+    pub fn logs(&self, lines: usize) -> String {
+        let hosted = lock(&self.hosted);
+        let mut out: Vec<String> = hosted
+            .agents
+            .iter()
+            .map(|(k, p)| format!("--- {k}\n{}", p.log_tail(lines)))
+            .collect();
+        out.extend(hosted.errors.iter().rev().take(3).cloned());
+        out.join("\n")
+    }
+}
+
+impl Drop for AgentHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for (_, mut p) in lock(&self.hosted).agents.drain() {
+            p.stop();
+        }
+    }
+}
+
+fn lock(h: &Mutex<Hosted>) -> std::sync::MutexGuard<'_, Hosted> {
+    h.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn sync(
+    cp: &'static ControlPlane,
+    agent: &PathBuf,
+    threads: usize,
+    ip: &str,
+    hosted: &Mutex<Hosted>,
+) -> Result<(), String> {
+    let out = cp
+        .kubectl_ok(&[
+            "get",
+            "pods",
+            "-A",
+            "-l",
+            "app.kubernetes.io/name=cotenant-agent",
+            "-o",
+            "json",
+        ])
+        .map_err(|e| e.to_string())?;
+    let pods: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+    let mut running = HashSet::new();
+    for pod in pods["items"].as_array().into_iter().flatten() {
+        let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let deleting = !pod["metadata"]["deletionTimestamp"].is_null();
+        if deleting || pod["status"]["phase"] != "Running" {
+            continue;
+        }
+        let key = format!("{namespace}/{name}");
+        running.insert(key.clone());
+        let mut h = lock(hosted);
+        if h.agents.contains_key(&key) || h.killed.contains(&key) {
+            continue;
+        }
+        let kubeconfig = match h.kubeconfigs.get(namespace) {
+            Some(k) => k.clone(),
+            None => {
+                let k = cp
+                    .service_account_kubeconfig(namespace, "cotenant-agent")
+                    .map_err(|e| e.to_string())?;
+                h.kubeconfigs.insert(namespace.to_string(), k.clone());
+                k
+            }
+        };
+        let env_of = |var: &str| {
+            pod["spec"]["containers"][0]["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == var)
+                .and_then(|e| e["value"].as_str())
+                .map(str::to_string)
+        };
+        let (http, admin) = (
+            free_port().map_err(|e| e.to_string())?,
+            free_port().map_err(|e| e.to_string())?,
+        );
+        let mut cmd = Command::new(agent);
+        cmd.args([
+            "kubernetes",
+            "--listen",
+            &format!("0.0.0.0:{http}"),
+            "--admin-listen",
+            &format!("0.0.0.0:{admin}"),
+            "--advertise-address",
+            &format!("{ip}:{http}"),
+            "--admin-advertise-address",
+            &format!("{ip}:{admin}"),
+            "--threads",
+            &threads.to_string(),
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAME", name)
+        .env("POD_NAMESPACE", namespace)
+        .env(
+            "NODE_NAME",
+            pod["spec"]["nodeName"].as_str().unwrap_or_default(),
+        )
+        .env("POD_IP", ip)
+        .env("COTENANT_LOG", "info,cotenant_agent=debug");
+        for var in ["COTENANT_REPORT_READER", "COTENANT_REPORT_AUDIENCE"] {
+            if let Some(v) = env_of(var) {
+                cmd.env(var, v);
+            }
+        }
+        let process = Process::spawn(
+            &format!("agent-{namespace}-{name}"),
+            cmd,
+            &cp.dir.join("logs"),
+            Lifetime::WithParent,
+        )
+        .map_err(|e| e.to_string())?;
+        h.agents.insert(key, process);
+    }
+    let mut h = lock(hosted);
+    let gone: Vec<String> = h
+        .agents
+        .keys()
+        .filter(|k| !running.contains(*k))
+        .cloned()
+        .collect();
+    for key in gone {
+        if let Some(mut p) = h.agents.remove(&key) {
+            p.stop();
+        }
+    }
+    Ok(())
+}
+
+/// An IPv4 address of this host that is not loopback: EndpointSlices reject 127.0.0.0/8, so
+/// host-process agents advertise this one (and listen on every address).
+pub fn host_ip() -> String {
+    // SAFETY: getifaddrs fills a list we walk read-only and free once.
+    unsafe {
+        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut list) != 0 {
+            panic!("getifaddrs: {}", std::io::Error::last_os_error());
+        }
+        let mut found = None;
+        let mut cur = list;
+        while !cur.is_null() {
+            let addr = (*cur).ifa_addr;
+            if !addr.is_null() && i32::from((*addr).sa_family) == libc::AF_INET {
+                let sin = &*(addr as *const libc::sockaddr_in);
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                if !ip.is_loopback() && !ip.is_link_local() && found.is_none() {
+                    found = Some(ip.to_string());
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(list);
+        found.expect("this host has no non-loopback IPv4 address for agents to advertise")
+    }
+}

@@ -1,0 +1,489 @@
+//! The e2e test's vocabulary: install the chart, run the operator and the agent host, apply and
+//! patch tenants, wait for conditions, and time each step.
+
+use cotenant_e2e::agents::AgentHost;
+use cotenant_e2e::cluster::{checked, free_port};
+use cotenant_e2e::process::{Lifetime, Process};
+use cotenant_e2e::{ControlPlane, TestNamespace, http_get, poll, workspace_binary};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const RELEASE: &str = "e2e";
+/// GPU memory the pool plans with: the three tenants fit on one agent, vgg16 fits on none.
+const GPU_MEMORY_MIB: u32 = 160;
+
+pub struct Models {
+    dir: PathBuf,
+}
+
+impl Models {
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.onnx"))
+    }
+    pub fn uri(&self, name: &str) -> String {
+        format!("file://{}", self.path(name).display())
+    }
+    pub fn write_text(&self, file: &str, text: &str) -> PathBuf {
+        let path = self.dir.join(file);
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+}
+
+pub struct Cluster {
+    /// Deletes the namespace when the test ends.
+    _namespace: TestNamespace,
+    pub cp: &'static ControlPlane,
+    pub ns: String,
+    pool: String,
+    operator: Option<Process>,
+    operator_addr: String,
+    agents: AgentHost,
+    timings: std::cell::RefCell<Vec<(String, Duration)>>,
+}
+
+impl Cluster {
+    /// `helm install` into a fresh namespace, a pool whose agents live there, the operator
+    /// running as its ServiceAccount, and the agent host.
+    pub fn install(prefix: &str) -> Cluster {
+        let test_ns = TestNamespace::new(prefix);
+        let cp = test_ns.control_plane();
+        let ns = test_ns.name.clone();
+        let chart = TestNamespace::repo_root().join("charts/cotenant");
+        let mut install = cp.helm();
+        install
+            .args(["install", RELEASE, &chart.to_string_lossy(), "-n", &ns])
+            .args(["--set", "defaultPool.enabled=false"]);
+        checked(install.output(), "helm install").expect("chart installs");
+        let pool = format!("pool-{ns}");
+        cp.kubectl_apply(&format!(
+            "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  minAgents: 0\n  maxAgents: 3\n  scaleDownDelaySeconds: 10\n  gpuMemoryMiB: {GPU_MEMORY_MIB}\n  template:\n    image: cotenant/agent:test\n    serviceAccountName: cotenant-agent\n"
+        ))
+        .expect("pool");
+        let agents = AgentHost::start(cp, workspace_binary("cotenant-agent"), 1);
+        let mut c = Cluster {
+            _namespace: test_ns,
+            cp,
+            ns,
+            pool,
+            operator: None,
+            operator_addr: String::new(),
+            agents,
+            timings: Default::default(),
+        };
+        c.start_operator();
+        c
+    }
+
+    fn start_operator(&mut self) {
+        let kubeconfig = self
+            .cp
+            .service_account_kubeconfig(&self.ns, "cotenant-operator")
+            .expect("operator kubeconfig");
+        let token = self
+            .cp
+            .kubectl_ok(&[
+                "create",
+                "token",
+                "cotenant-operator",
+                "-n",
+                &self.ns,
+                "--audience",
+                "cotenant.dev/agent-report",
+                "--duration",
+                "2h",
+            ])
+            .expect("report token");
+        let token_file = self.cp.dir.join(format!("{}-report.token", self.ns));
+        std::fs::write(&token_file, token.trim()).expect("token file");
+        self.operator_addr = format!("127.0.0.1:{}", free_port().expect("port"));
+        let mut cmd = Command::new(workspace_binary("cotenant-operator"));
+        cmd.args(["--listen", &self.operator_addr])
+            .args(["--log-level", "info,cotenant_operator=debug"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAMESPACE", &self.ns)
+            .env("COTENANT_REPORT_TOKEN_FILE", &token_file)
+            .env("COTENANT_AGENT_DEAD_AFTER", "10")
+            .env("COTENANT_REPLICA_SCALE_DOWN_DELAY", "5");
+        let n = self.timings.borrow().len();
+        let process = Process::spawn(
+            &format!("operator-{}-{n}", self.ns),
+            cmd,
+            &self.cp.dir.join("logs"),
+            Lifetime::WithParent,
+        )
+        .expect("operator starts");
+        self.operator = Some(process);
+        let addr = self.operator_addr.clone();
+        poll(
+            "operator /readyz",
+            Duration::from_secs(60),
+            || match http_get(&addr, "/readyz") {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()));
+    }
+
+    /// Stops the operator and starts a new one (a new leader after the old lease is released).
+    pub fn restart_operator(&mut self) {
+        if let Some(mut p) = self.operator.take() {
+            p.stop();
+        }
+        self.start_operator();
+    }
+
+    pub fn logs(&self) -> String {
+        let operator = self
+            .operator
+            .as_ref()
+            .map(|p| p.log_tail(40))
+            .unwrap_or_default();
+        format!(
+            "--- operator\n{operator}\n--- agents\n{}",
+            self.agents.logs(15)
+        )
+    }
+
+    /// Runs `check` until it passes within `secs`, records how long it took, or fails the test
+    /// with the operator's and agents' logs.
+    pub fn step(&self, what: &str, secs: u64, check: impl FnMut() -> Result<(), String>) {
+        let started = Instant::now();
+        match poll(what, Duration::from_secs(secs), check) {
+            Ok(()) => {
+                let took = started.elapsed();
+                eprintln!("e2e: {what}: {took:.1?}");
+                self.timings.borrow_mut().push((what.to_string(), took));
+            }
+            Err(e) => panic!(
+                "{e}\n{}\n--- tenants\n{}",
+                self.logs(),
+                self.tenants_table()
+            ),
+        }
+    }
+
+    pub fn report_steps(&self) {
+        eprintln!("e2e: step timings");
+        for (what, took) in self.timings.borrow().iter() {
+            eprintln!("  {took:>8.1?}  {what}");
+        }
+    }
+
+    /// Writes zoo models with the agent binary.
+    pub fn zoo(&self, names: &[&str]) -> Models {
+        let dir = self.cp.dir.join(format!("models-{}", self.ns));
+        std::fs::create_dir_all(&dir).expect("models dir");
+        for name in names {
+            let out = dir.join(format!("{name}.onnx"));
+            let status = Command::new(workspace_binary("cotenant-agent"))
+                .args(["zoo", name, "--out"])
+                .arg(&out)
+                .status()
+                .expect("zoo");
+            assert!(status.success(), "zoo {name}");
+        }
+        Models { dir }
+    }
+
+    pub fn apply_tenant(&self, name: &str, uri: &str, slo_ms: f64, extra: &str) {
+        self.apply_tenant_in_pool(name, uri, slo_ms, extra, &self.pool)
+    }
+
+    pub fn apply_tenant_in_pool(
+        &self,
+        name: &str,
+        uri: &str,
+        slo_ms: f64,
+        extra: &str,
+        pool: &str,
+    ) {
+        self.cp
+            .kubectl_apply(&format!(
+                "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  model:\n    uri: {uri}\n  slo:\n    latencyMillis: {slo_ms}\n  pool: {pool}\n{extra}",
+                ns = self.ns
+            ))
+            .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+    }
+
+    pub fn patch_tenant(&self, name: &str, patch: &str) {
+        self.cp
+            .kubectl_ok(&[
+                "patch", "mt", name, "-n", &self.ns, "--type", "merge", "-p", patch,
+            ])
+            .unwrap_or_else(|e| panic!("patch {name}: {e}"));
+    }
+
+    pub fn delete_tenant(&self, name: &str) {
+        self.cp
+            .kubectl_ok(&["delete", "mt", name, "-n", &self.ns, "--wait=false"])
+            .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+    }
+
+    pub fn add_gpu_node(&self, name: &str) {
+        self.cp.add_node(name, 1).expect("add node");
+    }
+
+    pub fn jsonpath(&self, kind: &str, name: &str, path: &str) -> String {
+        self.cp
+            .kubectl_ok(&[
+                "get",
+                kind,
+                name,
+                "-n",
+                &self.ns,
+                "-o",
+                &format!("jsonpath={path}"),
+            ])
+            .unwrap_or_default()
+    }
+
+    pub fn expect_jsonpath(
+        &self,
+        kind: &str,
+        name: &str,
+        path: &str,
+        want: &str,
+    ) -> Result<(), String> {
+        let got = self.jsonpath(kind, name, path);
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{kind} {name} {path} = {got:?}, want {want:?}"))
+        }
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-n", &self.ns, "-o", "json"]);
+        let out = self.cp.kubectl_ok(&all).unwrap_or_default();
+        serde_json::from_str(&out).unwrap_or(Value::Null)
+    }
+
+    /// Every named tenant has Ready=True.
+    pub fn all_ready(&self, names: &[&str]) -> Result<(), String> {
+        for name in names {
+            self.expect_jsonpath(
+                "mt",
+                name,
+                "{.status.conditions[?(@.type==\"Ready\")].status}",
+                "True",
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn expect_reason(&self, name: &str, reason: &str, says: &str) -> Result<(), String> {
+        let got = self.jsonpath(
+            "mt",
+            name,
+            "{.status.conditions[?(@.type==\"Ready\")].reason}: {.status.conditions[?(@.type==\"Ready\")].message}",
+        );
+        if got.starts_with(reason) && got.contains(says) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{name}: {got:?}, want {reason} mentioning {says:?}"
+            ))
+        }
+    }
+
+    /// Sends inference with tritonclient to the first address of the tenant's EndpointSlices.
+    pub fn infer_through_slice(&self, tenant: &str, file: &Path) {
+        let slices = self.json(&[
+            "endpointslices",
+            "-l",
+            &format!("kubernetes.io/service-name={tenant}"),
+        ]);
+        let slice = &slices["items"][0];
+        let host = slice["endpoints"][0]["addresses"][0]
+            .as_str()
+            .unwrap_or_default();
+        let port = slice["ports"][0]["port"].as_u64().unwrap_or_default();
+        assert!(
+            !host.is_empty() && port > 0,
+            "{tenant} has no EndpointSlice address: {slices}"
+        );
+        let python =
+            std::env::var_os("COTENANT_PYTHON").expect("COTENANT_PYTHON: run cargo xtask test");
+        let script = TestNamespace::repo_root().join("tests/python/tenant_client.py");
+        let out = Command::new(python)
+            .arg(script)
+            .args([
+                "--url",
+                &format!("{host}:{port}"),
+                "--model",
+                &format!("{}.{tenant}", self.ns),
+            ])
+            .arg("--file")
+            .arg(file)
+            .output()
+            .expect("python");
+        assert!(
+            out.status.success(),
+            "tritonclient through {tenant}'s EndpointSlice:\n{}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        eprint!("e2e: {}", String::from_utf8_lossy(&out.stdout));
+    }
+
+    pub fn events_of(&self, tenant: &str) -> String {
+        self.cp
+            .kubectl_ok(&[
+                "get",
+                "events",
+                "-n",
+                &self.ns,
+                "--field-selector",
+                &format!("regarding.name={tenant}"),
+                "-o",
+                "custom-columns=REASON:.reason,NOTE:.note",
+            ])
+            .or_else(|_| {
+                self.cp
+                    .kubectl_ok(&["get", "events", "-n", &self.ns, "-o", "wide"])
+            })
+            .unwrap_or_default()
+    }
+
+    /// Agent pods of the pool that are Pending.
+    pub fn pending_agent_pods(&self) -> Result<(), String> {
+        let pods = self.json(&["pods", "-l", &format!("cotenant.dev/pool={}", self.pool)]);
+        let pending = pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["status"]["phase"] == "Pending")
+            .count();
+        if pending > 0 {
+            Ok(())
+        } else {
+            Err("no Pending agent pod".into())
+        }
+    }
+
+    pub fn pool_agents(&self) -> usize {
+        let agents = self.json(&["gpuagents"]);
+        agents["items"].as_array().map_or(0, Vec::len)
+    }
+
+    /// The agent hosting `tenant`'s first replica.
+    pub fn agent_of(&self, tenant: &str) -> String {
+        self.jsonpath("mt", tenant, "{.status.placements[0].agent}")
+    }
+
+    pub fn kill_agent(&self, agent: &str) {
+        self.agents.kill(&format!("{}/{agent}", self.ns));
+    }
+
+    /// Every tenant's replicas are placed and ready.
+    pub fn settled(&self) -> Result<(), String> {
+        let tenants = self.json(&["mt"]);
+        for t in tenants["items"].as_array().into_iter().flatten() {
+            let (want, ready) = (&t["status"]["replicas"], &t["status"]["readyReplicas"]);
+            if want != ready {
+                return Err(format!(
+                    "{}: {ready} of {want} ready",
+                    t["metadata"]["name"]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tenant replicas by agent.
+    pub fn assignments(&self) -> BTreeMap<String, Vec<String>> {
+        let agents = self.json(&["gpuagents"]);
+        agents["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| {
+                let tenants = a["spec"]["assignments"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|x| format!("{} {}", x["tenant"]["name"], x["knobs"]))
+                    .collect();
+                (
+                    a["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    tenants,
+                )
+            })
+            .filter(|(_, tenants): &(String, Vec<String>)| !tenants.is_empty())
+            .collect()
+    }
+
+    pub fn cleaned_up(&self, tenant: &str) -> Result<(), String> {
+        let services = self.json(&["services", "-l", &format!("cotenant.dev/tenant={tenant}")]);
+        let slices = self.json(&[
+            "endpointslices",
+            "-l",
+            &format!("cotenant.dev/tenant={tenant}"),
+        ]);
+        let left = services["items"].as_array().map_or(0, Vec::len)
+            + slices["items"].as_array().map_or(0, Vec::len);
+        let assigned = self
+            .assignments()
+            .values()
+            .flatten()
+            .any(|x| x.starts_with(&format!("\"{tenant}\"")));
+        let exists = !self.jsonpath("mt", tenant, "{.metadata.name}").is_empty();
+        if left == 0 && !assigned && !exists {
+            Ok(())
+        } else {
+            Err(format!(
+                "{left} routes left, assigned: {assigned}, tenant exists: {exists}"
+            ))
+        }
+    }
+
+    fn tenants_table(&self) -> String {
+        self.cp
+            .kubectl_ok(&["get", "mt,gpuagents,pods", "-n", &self.ns, "-o", "wide"])
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut p) = self.operator.take() {
+            p.stop();
+        }
+        let _ = self
+            .cp
+            .kubectl_ok(&["delete", "gpupool", &self.pool, "--wait=false"]);
+        let mut uninstall = self.cp.helm();
+        uninstall.args(["uninstall", RELEASE, "-n", &self.ns]);
+        let _ = uninstall.output();
+    }
+}
+
+/// A URL on loopback that answers every request with 404.
+pub fn serve_404() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "http://{}/models/missing.onnx",
+        listener.local_addr().expect("addr")
+    );
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\nConnection: close\r\n\r\nnot found");
+        }
+    });
+    url
+}
