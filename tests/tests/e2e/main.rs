@@ -31,6 +31,13 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     ] {
         c.infer_through_slice(t, &models.path(file));
     }
+    c.step("observed latency in rn's status", 60, || {
+        let p99 = c.jsonpath("mt", "rn", "{.status.observed.latencyMillis}");
+        match p99.parse::<f64>() {
+            Ok(ms) if ms > 0.0 => Ok(()),
+            _ => Err(format!("status.observed.latencyMillis = {p99:?}")),
+        }
+    });
     let events = c.events_of("rn");
     assert!(
         events.contains("ApproachChosen") && events.contains("Profiled"),
