@@ -162,12 +162,19 @@ impl PlanSlot {
         }
     }
 
-    /// Makes `plan` govern every round from the next one no stream has started.
-    pub fn publish(&self, plan: Arc<GacerPlan>) {
+    /// Makes `plan` govern every round from the next one no stream has started; returns that
+    /// round.
+    pub fn publish(&self, plan: Arc<GacerPlan>) -> u64 {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let from = s.started.map_or(0, |r| r + 1);
         s.versions.retain(|(f, _)| *f < from);
         s.versions.push((from, plan));
+        from
+    }
+
+    /// The highest round any stream has started, if any.
+    pub fn started(&self) -> Option<u64> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).started
     }
 
     /// The plan for `round`, recording that a stream has started it.
@@ -206,7 +213,7 @@ mod tests {
     fn a_published_plan_governs_only_rounds_no_stream_has_started() {
         let slot = PlanSlot::new(plan(1));
         assert_eq!(slot.for_round(0).splits[0].len(), 1);
-        slot.publish(plan(2));
+        assert_eq!(slot.publish(plan(2)), 1);
         // A stream still starting round 0 keeps the plan the others ran round 0 with.
         assert_eq!(slot.for_round(0).splits[0].len(), 1);
         assert_eq!(slot.for_round(1).splits[0].len(), 2);

@@ -333,3 +333,85 @@ proptest! {
         check(&tenants, &Schedule::gacer(plan.clone()), Some(&plan));
     }
 }
+
+/// Rounds in which every pointer of `plan` was honoured, per the trace.
+fn honoured(trace: &[TraceEvent], plan: &GacerPlan, round: u64) -> bool {
+    let at = |step, kind| {
+        trace
+            .iter()
+            .position(|e| *e == TraceEvent { round, step, kind })
+    };
+    plan.pointers.iter().all(|p| {
+        matches!(
+            (at(p.waiter, TraceKind::Start), at(p.after, TraceKind::Finish)),
+            (Some(s), Some(f)) if f < s
+        )
+    })
+}
+
+#[test]
+fn a_plan_published_while_running_takes_over_between_rounds() {
+    let cnn = Recipe::Cnn {
+        c: 2,
+        layers: vec![
+            Layer::Conv { cout: 3, k3: true },
+            Layer::Relu,
+            Layer::MaxPool,
+        ],
+        head: true,
+    };
+    let mlp = Recipe::Mlp {
+        f: 4,
+        widths: vec![5, 3],
+        softmax: true,
+    };
+    let tenants = vec![tenant(&cnn, 2, 1), tenant(&mlp, 3, 2)];
+    let counts: Vec<usize> = tenants.iter().map(|t| t.model.plan.steps.len()).collect();
+    let last = |t: usize| StepRef {
+        tenant: t,
+        step: counts[t] - 1,
+    };
+    let first = |t: usize| StepRef { tenant: t, step: 0 };
+    // Before: tenant 1 starts after tenant 0 finished. After: the other way round, resized.
+    let mut before = GacerPlan::unregulated(&counts);
+    before.pointers.push(SyncPointer {
+        waiter: first(1),
+        after: last(0),
+    });
+    let mut after = GacerPlan::unregulated(&counts);
+    after.pointers.push(SyncPointer {
+        waiter: first(0),
+        after: last(1),
+    });
+    after.splits.iter_mut().flatten().for_each(|k| *k = 2);
+    let slot = Arc::new(PlanSlot::new(Arc::new(before.clone())));
+    let rounds = 2000;
+    let opts = CoRunOptions {
+        stop: Stop::Rounds(rounds),
+        ..options()
+    };
+    let schedule = Schedule::Gacer(slot.clone());
+    let (report, from) = std::thread::scope(|s| {
+        let run = s.spawn(|| co_run(&tenants, &schedule, &opts));
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while slot.started().is_none_or(|r| r < 1) && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let from = slot.publish(Arc::new(after.clone()));
+        let report = run.join().expect("no panic").expect("the co-run succeeds");
+        (report, from)
+    });
+    assert!((1..rounds).contains(&from), "published at round {from}");
+    for round in 0..rounds {
+        let plan = if round < from { &before } else { &after };
+        assert!(honoured(&report.trace, plan, round), "round {round}");
+    }
+    for (t, r) in tenants.iter().zip(&report.tenants) {
+        let plain = t
+            .model
+            .plan
+            .run(&crate::CpuBackend::new(1), t.inputs.clone())
+            .expect("runs");
+        assert_close(&r.outputs, &plain);
+    }
+}
