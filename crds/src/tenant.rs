@@ -203,6 +203,9 @@ pub struct Profile {
     /// Bytes of the model's weights, which every instance shares.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_bytes: Option<u64>,
+    /// The model URI measured; a tenant whose `spec.model.uri` changes is profiled again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_uri: Option<String>,
 }
 
 /// Throughput and latency at one knob setting.

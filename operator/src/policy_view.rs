@@ -81,8 +81,8 @@ pub fn profile_from_status(model: &str, p: &SpecProfile) -> Option<Profile> {
     })
 }
 
-/// A measured profile as the tenant's status records it.
-pub fn profile_to_status(p: &Profile, measured_at: String) -> SpecProfile {
+/// A measured profile of the model at `model_uri` as the tenant's status records it.
+pub fn profile_to_status(p: &Profile, model_uri: &str, measured_at: String) -> SpecProfile {
     SpecProfile {
         points: p
             .points
@@ -96,6 +96,7 @@ pub fn profile_to_status(p: &Profile, measured_at: String) -> SpecProfile {
             .collect(),
         measured_at: Some(measured_at),
         weight_bytes: Some(p.weight_bytes),
+        model_uri: Some(model_uri.to_string()),
     }
 }
 
@@ -127,7 +128,7 @@ mod tests {
                 },
             ],
         };
-        let status = profile_to_status(&p, "2026-12-02T00:00:00Z".into());
+        let status = profile_to_status(&p, "file:///m.onnx", "2026-12-02T00:00:00Z".into());
         assert_eq!(profile_from_status("m", &status), Some(p));
     }
 
@@ -145,6 +146,7 @@ mod tests {
             }],
             measured_at: None,
             weight_bytes: Some(10),
+            model_uri: None,
         };
         assert_eq!(profile_from_status("m", &status), None);
     }

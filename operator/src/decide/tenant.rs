@@ -139,15 +139,30 @@ pub fn decide(
         memory.weight_bytes = Some(w);
     }
 
-    // The profile: recorded in the status, or just measured by an agent.
-    let mut profile = status.profile.clone();
+    // The profile: recorded in the status for this model, or just measured by an agent. A new
+    // model is measured again and DNNScaler starts over.
+    let uri = &tenant.spec.model.uri;
+    let mut profile = status
+        .profile
+        .clone()
+        .filter(|p| p.model_uri.as_ref().is_none_or(|m| m == uri));
+    if profile.is_none() && status.profile.is_some() && memory.model.is_some() {
+        memory.model = None;
+        memory.scaler = None;
+        notes.push(Note {
+            reason: "ModelChanged",
+            message: format!("{uri}: profiling again"),
+        });
+    }
     let mut measured = profile
         .as_ref()
         .and_then(|p| policy_view::profile_from_status(&model_name, p));
+    // Approach and knobs in the status belong to that profile (after an operator restart).
+    let recorded_choice = measured.is_some();
     if measured.is_none()
         && let Some(p) = reports.iter().find_map(|r| r.profile.as_ref())
     {
-        let recorded = policy_view::profile_to_status(p, now_rfc3339.to_string());
+        let recorded = policy_view::profile_to_status(p, uri, now_rfc3339.to_string());
         measured = policy_view::profile_from_status(&model_name, &recorded);
         if measured.is_some() {
             notes.push(Note {
@@ -175,12 +190,16 @@ pub fn decide(
 
     // Approach and knobs.
     if let (Some(p), None) = (&measured, &memory.scaler) {
-        let restored = status.approach.zip(status.knobs.as_ref()).map(|(a, k)| {
-            (
-                policy_view::approach(a),
-                bounds.clamp(policy_view::knobs(k)),
-            )
-        });
+        let restored = status
+            .approach
+            .filter(|_| recorded_choice)
+            .zip(status.knobs.as_ref())
+            .map(|(a, k)| {
+                (
+                    policy_view::approach(a),
+                    bounds.clamp(policy_view::knobs(k)),
+                )
+            });
         let (approach, knobs) = match restored {
             Some(r) => r,
             None => {

@@ -368,3 +368,39 @@ fn a_briefly_silent_agent_keeps_its_replicas_but_loses_its_routes() {
     );
     assert!(silent.remove.is_empty());
 }
+
+#[test]
+fn a_new_model_uri_is_profiled_again() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let mut agents = vec![agent("agent-0", 8000)];
+    let mut memory = Memory::default();
+    round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let mut r = replica_report(&t, "Ready");
+    r.profile = Some(profile());
+    agents[0].report = Some(AgentReport { tenants: vec![r] });
+    let profiled = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        2.0,
+    );
+    let mut changed = ModelTenant::clone(&t);
+    changed.status = Some(profiled.tenants[0].status.clone());
+    changed.spec.model.uri = "file:///models/m2.onnx".into();
+    agents[0].report = Some(AgentReport {
+        tenants: vec![replica_report(&t, "Ready")],
+    });
+    let outcome = round(&pool, &[Arc::new(changed)], &mut agents, &mut memory, 4.0);
+    let assigned = &outcome.assignments["agent-0"][0];
+    assert_eq!(assigned.model.uri, "file:///models/m2.onnx");
+    assert!(assigned.profile.is_some(), "the new model is measured");
+    assert_eq!(outcome.tenants[0].status.profile, None);
+    assert_eq!(outcome.tenants[0].notes[0].reason, "ModelChanged");
+}
