@@ -172,19 +172,6 @@ impl CostModel<'_> {
         let mean = p.finish.iter().sum::<f64>() / p.finish.len().max(1) as f64;
         p.makespan + 100.0 * overrun + 1e-3 * mean
     }
-
-    /// One stream running every tenant's steps in turn (the `sequential` schedule).
-    pub fn predict_sequential(&self) -> f64 {
-        let plan = GacerPlan::unregulated(
-            &self
-                .profiles
-                .iter()
-                .map(|p| p.steps.len())
-                .collect::<Vec<_>>(),
-        );
-        let (streams, _) = self.streams(&plan);
-        streams.iter().flatten().map(|t| t.time).sum()
-    }
 }
 
 fn pieces(plan: &GacerPlan, tenant: usize, step: usize) -> usize {
