@@ -21,50 +21,107 @@ impl Activation {
     #[inline(always)]
     pub fn apply(self, x: f32) -> f32 {
         match self {
-            Activation::Relu => x.max(0.0),
-            Activation::LeakyRelu(a) => {
-                if x < 0.0 {
-                    a * x
-                } else {
-                    x
-                }
-            }
-            Activation::Clip(lo, hi) => x.max(lo).min(hi),
+            Activation::Relu => relu(x),
+            Activation::LeakyRelu(a) => leaky_relu(x, a),
+            Activation::Clip(lo, hi) => clip(x, lo, hi),
             Activation::Sigmoid => sigmoid(x),
             Activation::Gelu => gelu(x),
-            Activation::HardSigmoid(a, b) => (a * x + b).clamp(0.0, 1.0),
-            Activation::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+            Activation::HardSigmoid(a, b) => hard_sigmoid(x, a, b),
+            Activation::HardSwish => hard_swish(x),
             Activation::Tanh => x.tanh(),
         }
     }
 
     /// Applies the activation to every element, split across `threads`.
     pub fn apply_slice(self, threads: usize, data: &mut [f32]) {
-        // Matching outside the loop lets each arm vectorise.
-        fn run(threads: usize, data: &mut [f32], f: impl Fn(f32) -> f32 + Sync) {
-            if threads > 1 && data.len() >= crate::PAR_MIN_WORK {
-                let chunk = data.len().div_ceil(threads * 4).max(4096);
-                data.par_chunks_mut(chunk)
-                    .for_each(|c| c.iter_mut().for_each(|x| *x = f(*x)));
-            } else {
-                data.iter_mut().for_each(|x| *x = f(*x));
-            }
-        }
-        match self {
-            Activation::Relu => run(threads, data, |x| x.max(0.0)),
-            Activation::LeakyRelu(a) => {
-                run(threads, data, move |x| if x < 0.0 { a * x } else { x })
-            }
-            Activation::Clip(lo, hi) => run(threads, data, move |x| x.max(lo).min(hi)),
-            Activation::Sigmoid => run(threads, data, sigmoid),
-            Activation::HardSigmoid(a, b) => {
-                run(threads, data, move |x| (a * x + b).clamp(0.0, 1.0))
-            }
-            Activation::HardSwish => run(threads, data, |x| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
-            Activation::Tanh => run(threads, data, f32::tanh),
-            Activation::Gelu => run(threads, data, gelu),
+        if threads > 1 && data.len() >= crate::PAR_MIN_WORK {
+            let chunk = data.len().div_ceil(threads * 4).max(4096);
+            data.par_chunks_mut(chunk)
+                .for_each(|c| bias_act(c, None, Some(self)));
+        } else {
+            bias_act(data, None, Some(self));
         }
     }
+}
+
+/// `x = act(x + bias)` over a slice on the calling thread: the epilogue of the convolution
+/// kernels, run on a block still in cache. Vectorised 8 wide when the CPU has AVX2 (detected
+/// at run time; the crate itself targets baseline x86-64), with the same results either way.
+pub fn bias_act(data: &mut [f32], bias: Option<f32>, act: Option<Activation>) {
+    if bias.is_none() && act.is_none() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        unsafe { bias_act_avx2(data, bias, act) };
+        return;
+    }
+    bias_act_body(data, bias, act)
+}
+
+/// Whether this CPU has AVX2 and FMA (cached by the standard library).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bias_act_avx2(data: &mut [f32], bias: Option<f32>, act: Option<Activation>) {
+    bias_act_body(data, bias, act)
+}
+
+/// Matching outside the loops lets each arm vectorise.
+#[inline(always)]
+fn bias_act_body(data: &mut [f32], bias: Option<f32>, act: Option<Activation>) {
+    #[inline(always)]
+    fn each(data: &mut [f32], bias: Option<f32>, f: impl Fn(f32) -> f32) {
+        match bias {
+            Some(b) => data.iter_mut().for_each(|x| *x = f(*x + b)),
+            None => data.iter_mut().for_each(|x| *x = f(*x)),
+        }
+    }
+    match act {
+        None => each(data, bias, |x| x),
+        Some(Activation::Relu) => each(data, bias, relu),
+        Some(Activation::LeakyRelu(a)) => each(data, bias, move |x| leaky_relu(x, a)),
+        Some(Activation::Clip(lo, hi)) => each(data, bias, move |x| clip(x, lo, hi)),
+        Some(Activation::Sigmoid) => each(data, bias, sigmoid),
+        Some(Activation::HardSigmoid(a, b)) => each(data, bias, move |x| hard_sigmoid(x, a, b)),
+        Some(Activation::HardSwish) => each(data, bias, hard_swish),
+        Some(Activation::Tanh) => each(data, bias, f32::tanh),
+        Some(Activation::Gelu) => each(data, bias, gelu),
+    }
+}
+
+/// `max(x, 0)`, NaN giving 0 like `f32::max`; written as a compare so it is one vector max.
+#[inline(always)]
+fn relu(x: f32) -> f32 {
+    if x > 0.0 { x } else { 0.0 }
+}
+
+/// `x.max(lo).min(hi)` (NaN gives `lo`), as compares that vectorise to one max and one min.
+#[inline(always)]
+fn clip(x: f32, lo: f32, hi: f32) -> f32 {
+    let v = if x > lo { x } else { lo };
+    if v < hi { v } else { hi }
+}
+
+#[inline(always)]
+fn leaky_relu(x: f32, a: f32) -> f32 {
+    if x < 0.0 { a * x } else { x }
+}
+
+#[inline(always)]
+fn hard_sigmoid(x: f32, a: f32, b: f32) -> f32 {
+    (a * x + b).clamp(0.0, 1.0)
+}
+
+#[inline(always)]
+fn hard_swish(x: f32) -> f32 {
+    x * (x / 6.0 + 0.5).clamp(0.0, 1.0)
 }
 
 #[inline(always)]

@@ -2,8 +2,9 @@
 //! everything else as im2col + GEMM; transposed convolution as GEMM + col2im.
 //! Bias is pre-loaded into the output and the fused activation runs as an epilogue.
 
-use crate::activation::Activation;
-use crate::gemm::{Mat, sgemm};
+use crate::activation::{Activation, bias_act};
+use crate::depthwise::depthwise;
+use crate::gemm::{Mat, sgemm, sgemm_block};
 use rayon::prelude::*;
 
 /// Geometry of one 2-D convolution; the caller computes the output size (`oh`, `ow`).
@@ -93,14 +94,15 @@ pub fn conv2d(
     assert_eq!(input.len(), p.n * p.c * in_plane, "conv2d input size");
     assert_eq!(weight.len(), p.m * k, "conv2d weight size");
     assert_eq!(out.len(), p.n * p.m * out_plane, "conv2d output size");
-    fill_bias(out, bias, out_plane);
     if p.is_depthwise() {
-        depthwise(p, input, weight, out, bias.is_some(), threads);
-        if let Some(a) = act {
-            a.apply_slice(threads, out);
-        }
+        depthwise(p, input, weight, bias, act, out, threads);
         return;
     }
+    if let Some(nb) = column_block(p) {
+        blocked(p, input, weight, bias, act, out, nb, threads);
+        return;
+    }
+    fill_bias(out, bias, out_plane);
     let (per_in, per_out) = (p.c * in_plane, p.m * out_plane);
     if threads > 1 && p.n >= threads {
         // A batch at least as large as the thread budget: one image per thread, each with its
@@ -134,6 +136,158 @@ pub fn conv2d(
                 scratch,
                 threads,
             );
+        }
+    }
+}
+
+/// Output columns (pixels) per task of the blocked path: as many as keep a task's output block
+/// and its input (or im2col) block within about 256 KiB of cache. `None` (use whole-image GEMMs)
+/// for grouped convolutions, and where those blocks would be too narrow to amortise re-packing
+/// the weights in every task (wide layers with small images).
+fn column_block(p: &Conv2d) -> Option<usize> {
+    let pixels = p.oh * p.ow;
+    let k = p.c * p.kh * p.kw;
+    if p.groups != 1 || pixels == 0 || p.m == 0 || k == 0 {
+        return None;
+    }
+    let fit = (1usize << 16) / (p.m + k);
+    if pixels <= fit.max(1) {
+        return Some(pixels);
+    }
+    if fit < 64 {
+        return None;
+    }
+    let blocks = pixels.div_ceil(fit);
+    Some(pixels.div_ceil(blocks).next_multiple_of(16).min(pixels))
+}
+
+/// A raw output pointer shared by tasks that write disjoint blocks of it.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: only used by `blocked`, whose tasks write disjoint elements.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+impl SharedOut {
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// Convolution as tasks over (image, pixel block, output-channel block): each task im2cols its
+/// pixel block (1x1 convolutions read the input in place), runs a one-thread GEMM into its
+/// output block and adds the bias and applies the activation while the block is still in cache. Channel blocks only split the work when there are too few pixel blocks to
+/// keep the threads busy (small images at batch 1).
+#[allow(clippy::too_many_arguments)]
+fn blocked(
+    p: &Conv2d,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    out: &mut [f32],
+    nb: usize,
+    threads: usize,
+) {
+    let k = p.c * p.kh * p.kw;
+    let (in_plane, pixels) = (p.h * p.w, p.oh * p.ow);
+    let nblocks = pixels.div_ceil(nb);
+    let mut mb = p.m;
+    if threads > 1 && p.n * nblocks < 4 * threads {
+        let want = (4 * threads).div_ceil(p.n * nblocks);
+        mb = p.m.div_ceil(want).next_multiple_of(8).max(16).min(p.m);
+    }
+    let mblocks = p.m.div_ceil(mb);
+    let tasks = p.n * nblocks * mblocks;
+    let pointwise = p.is_pointwise();
+    let dst = SharedOut(out.as_mut_ptr());
+    let task = |t: usize| {
+        let (ni, bj, bm) = (
+            t / (nblocks * mblocks),
+            (t / mblocks) % nblocks,
+            t % mblocks,
+        );
+        let (j0, r0) = (bj * nb, bm * mb);
+        let (cols, rows) = (nb.min(pixels - j0), mb.min(p.m - r0));
+        let img = &input[ni * p.c * in_plane..(ni + 1) * p.c * in_plane];
+        let base = (ni * p.m + r0) * pixels + j0;
+        // Element (r, j) of this task's block is at base + r*pixels + j, r < rows, j < cols: the
+        // blocks of different tasks are disjoint and all lie within `out`.
+        let row = |r: usize| {
+            // SAFETY: see above; each row slice lives only while this task touches that row.
+            unsafe { std::slice::from_raw_parts_mut(dst.at(base + r * pixels), cols) }
+        };
+        let wm = Mat::row_major(&weight[r0 * k..(r0 + rows) * k], k);
+        let run = |b: Mat<'_>| {
+            // SAFETY: operands hold rows×k and k×cols; the destination block is this task's.
+            unsafe { sgemm_block(rows, cols, k, wm, b, dst.at(base), pixels, false) }
+        };
+        if pointwise {
+            run(Mat {
+                data: &img[j0..],
+                rs: in_plane,
+                cs: 1,
+            });
+        } else {
+            IMAGE_SCRATCH.with(|s| {
+                let mut s = s.borrow_mut();
+                s.resize(k * cols, 0.0);
+                im2col_block(p, img, j0, j0 + cols, &mut s);
+                run(Mat::row_major(&s, cols));
+            });
+        }
+        for r in 0..rows {
+            bias_act(row(r), bias.map(|b| b[r0 + r]), act);
+        }
+    };
+    assert_eq!(out.len(), p.n * p.m * pixels);
+    if threads > 1 && tasks > 1 && p.n * p.m * pixels * k >= crate::PAR_MIN_WORK {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// Unfolds output pixels `[j0, j1)` of one image into `[c*kh*kw, j1 - j0]`.
+fn im2col_block(p: &Conv2d, x: &[f32], j0: usize, j1: usize, col: &mut [f32]) {
+    let cols = j1 - j0;
+    for (r, row) in col.chunks_exact_mut(cols).enumerate() {
+        let ci = r / (p.kh * p.kw);
+        let ki = (r / p.kw) % p.kh;
+        let kj = r % p.kw;
+        let plane = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
+        let offy = (ki * p.dh) as isize - p.pt as isize;
+        let offx = (kj * p.dw) as isize - p.pl as isize;
+        let (ylo, yhi) = valid_range(offy, p.sh, p.h, p.oh);
+        let (xlo, xhi) = valid_range(offx, p.sw, p.w, p.ow);
+        let mut q = j0;
+        while q < j1 {
+            let (oy, ox0) = (q / p.ow, q % p.ow);
+            let ox1 = p.ow.min(ox0 + (j1 - q));
+            let dst = &mut row[q - j0..q - j0 + (ox1 - ox0)];
+            q += ox1 - ox0;
+            if oy < ylo || oy >= yhi {
+                dst.fill(0.0);
+                continue;
+            }
+            let iy = (oy as isize * p.sh as isize + offy) as usize;
+            let src = &plane[iy * p.w..(iy + 1) * p.w];
+            let lo = xlo.clamp(ox0, ox1);
+            let hi = xhi.clamp(lo, ox1);
+            dst[..lo - ox0].fill(0.0);
+            dst[hi - ox0..].fill(0.0);
+            if hi == lo {
+                continue;
+            }
+            let ix0 = (lo as isize * p.sw as isize + offx) as usize;
+            let d = &mut dst[lo - ox0..hi - ox0];
+            if p.sw == 1 {
+                d.copy_from_slice(&src[ix0..ix0 + d.len()]);
+            } else {
+                d.iter_mut()
+                    .zip(src[ix0..].iter().step_by(p.sw))
+                    .for_each(|(d, s)| *d = *s);
+            }
         }
     }
 }
@@ -231,74 +385,6 @@ fn im2col(p: &Conv2d, x: &[f32], col: &mut [f32], threads: usize) {
             .enumerate()
             .for_each(|(r, row)| fill_row(r, row));
     }
-}
-
-/// One filter per channel: a direct loop per output plane is far cheaper than tiny GEMMs. The
-/// input plane is first copied into a zero-padded buffer so the inner loops have no bounds logic
-/// and (at stride 1) vectorise.
-fn depthwise(
-    p: &Conv2d,
-    input: &[f32],
-    weight: &[f32],
-    out: &mut [f32],
-    has_bias: bool,
-    threads: usize,
-) {
-    let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
-    let kk = p.kh * p.kw;
-    // Padded extent: everything any output tap can read.
-    let ph = ((p.oh.max(1) - 1) * p.sh + (p.kh - 1) * p.dh + 1).max(p.pt + p.h);
-    let pw = ((p.ow.max(1) - 1) * p.sw + (p.kw - 1) * p.dw + 1).max(p.pl + p.w);
-    let plane = |idx: usize, dst: &mut [f32]| {
-        let ch = idx % p.c;
-        let src = &input[idx * in_plane..(idx + 1) * in_plane];
-        let w = &weight[ch * kk..(ch + 1) * kk];
-        if !has_bias {
-            dst.fill(0.0);
-        }
-        PADDED.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            buf.clear();
-            buf.resize(ph * pw, 0.0);
-            for y in 0..p.h {
-                let row = (p.pt + y) * pw + p.pl;
-                buf[row..row + p.w].copy_from_slice(&src[y * p.w..(y + 1) * p.w]);
-            }
-            for oy in 0..p.oh {
-                let drow = &mut dst[oy * p.ow..(oy + 1) * p.ow];
-                for ki in 0..p.kh {
-                    let prow = &buf[(oy * p.sh + ki * p.dh) * pw..][..pw];
-                    for kj in 0..p.kw {
-                        let wv = w[ki * p.kw + kj];
-                        let taps = &prow[kj * p.dw..];
-                        if p.sw == 1 {
-                            for (d, s) in drow.iter_mut().zip(&taps[..p.ow]) {
-                                *d += wv * s;
-                            }
-                        } else {
-                            for (d, s) in drow.iter_mut().zip(taps.iter().step_by(p.sw)) {
-                                *d += wv * s;
-                            }
-                        }
-                    }
-                }
-            }
-        });
-    };
-    if threads > 1 && out.len() >= crate::PAR_MIN_WORK {
-        out.par_chunks_mut(out_plane)
-            .enumerate()
-            .for_each(|(i, d)| plane(i, d));
-    } else {
-        out.chunks_mut(out_plane)
-            .enumerate()
-            .for_each(|(i, d)| plane(i, d));
-    }
-}
-
-thread_local! {
-    /// Zero-padded copy of the input plane a depthwise task works on.
-    static PADDED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Transposed convolution: `weight` is `[c, m/groups, kh, kw]`, `p.m` the output channels and
@@ -418,15 +504,59 @@ mod tests {
     use crate::gemm::lcg;
 
     fn check(p: Conv2d) {
+        check_with(&p, true, None, 2);
+    }
+
+    fn check_with(p: &Conv2d, with_bias: bool, act: Option<Activation>, threads: usize) {
         let x = lcg(1, p.n * p.c * p.h * p.w);
         let w = lcg(2, p.m * (p.c / p.groups) * p.kh * p.kw);
         let b = lcg(3, p.m);
-        let mut got = vec![0.0; p.n * p.m * p.oh * p.ow];
+        let bias = with_bias.then_some(&b[..]);
+        // Poisoned: every element must be written.
+        let mut got = vec![f32::NAN; p.n * p.m * p.oh * p.ow];
         let mut want = got.clone();
-        conv2d(&p, &x, &w, Some(&b), None, &mut got, &mut Vec::new(), 2);
-        conv2d_reference(&p, &x, &w, Some(&b), &mut want);
+        conv2d(p, &x, &w, bias, act, &mut got, &mut Vec::new(), threads);
+        conv2d_reference(p, &x, &w, bias, &mut want);
+        if let Some(a) = act {
+            want.iter_mut().for_each(|v| *v = a.apply(*v));
+        }
         for (g, r) in got.iter().zip(&want) {
-            assert!((g - r).abs() < 1e-4 * (1.0 + r.abs()), "{p:?}: {g} vs {r}");
+            assert!(
+                (g - r).abs() < 1e-4 * (1.0 + r.abs()),
+                "{p:?} bias {with_bias} {act:?} threads {threads}: {g} vs {r}"
+            );
+        }
+    }
+
+    #[test]
+    fn blocked_paths_match_reference() {
+        let relu6 = Some(Activation::Clip(0.0, 6.0));
+        let cases = [
+            // 1x1 over several pixel blocks (mobilenet expansion, batch 2)
+            (geom(2, 32, 40, 96, 1, 1, 1, 0, 1), true, relu6),
+            (geom(1, 24, 33, 144, 1, 1, 1, 0, 1), false, None),
+            // 1x1 on a small image at batch 1: split over output-channel blocks
+            (geom(1, 160, 7, 960, 1, 1, 1, 0, 1), true, relu6),
+            (
+                geom(1, 96, 6, 40, 1, 1, 1, 0, 1),
+                true,
+                Some(Activation::HardSwish),
+            ),
+            // im2col per pixel block (a first 3x3 stride-2 layer), odd sizes
+            (geom(3, 3, 80, 32, 3, 2, 1, 1, 1), true, relu6),
+            (
+                geom(1, 5, 37, 12, 5, 2, 2, 3, 1),
+                false,
+                Some(Activation::Relu),
+            ),
+            // too wide to block: the whole-image GEMM path
+            (geom(2, 600, 10, 600, 1, 1, 1, 0, 1), true, relu6),
+            (geom(1, 100, 9, 300, 3, 1, 1, 1, 1), false, None),
+        ];
+        for (p, bias, act) in &cases {
+            for threads in [1, 2, 3] {
+                check_with(p, *bias, *act, threads);
+            }
         }
     }
 

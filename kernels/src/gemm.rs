@@ -68,12 +68,54 @@ pub fn sgemm(
         Parallelism::None
     };
     // SAFETY: bounds checked above; the three buffers are distinct borrows.
+    unsafe { gemm_raw(m, n, k, a, b, c.as_mut_ptr(), ldc, accumulate, par) }
+}
+
+/// `sgemm` on one thread into a raw destination, for callers that hand disjoint blocks of one
+/// output to several threads at once.
+///
+/// # Safety
+/// `a` and `b` must hold `m×k` and `k×n` (as `sgemm` asserts), `k > 0`, and `c` must be valid
+/// for writes (and reads, with `accumulate`) of element `(r, j)` at `c + r*ldc + j` for
+/// `r < m`, `j < n`, with no other access to those elements during the call.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm_block(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    debug_assert!(a.fits(m, k) && b.fits(k, n) && k > 0);
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { gemm_raw(m, n, k, a, b, c, ldc, accumulate, Parallelism::None) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    par: Parallelism,
+) {
+    // SAFETY: the callers' contracts (bounds checked, destination exclusively ours).
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             ldc as isize,
             accumulate,

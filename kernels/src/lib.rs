@@ -6,6 +6,7 @@
 
 pub mod activation;
 pub mod conv;
+mod depthwise;
 pub mod gemm;
 pub mod norm;
 pub mod pool;

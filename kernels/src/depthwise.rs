@@ -1,0 +1,513 @@
+//! Depthwise 2-D convolution (one filter per channel, NCHW): a direct kernel, since each output
+//! plane is a small stencil over one input plane and a matrix product would be mostly padding.
+//!
+//! Per (image, channel) plane the input is first copied once into a zero-padded buffer split by
+//! stride phase: with strides `sh`×`sw` it holds `sh*sw` sub-planes, sub-plane `(a, b)` holding
+//! padded rows `a, a+sh, ...` and columns `b, b+sw, ...`, all with the same row length `L`. Then
+//! output `(oy, ox)` of tap `(ki, kj)` reads one sub-plane at `(oy + ki*dh/sh) * L + ox + kj*dw/sw`,
+//! so with the output laid out flat with row length `L` too, every tap is a fixed offset into the
+//! buffer and the whole plane is one long bounds-free stencil loop, at any stride, dilation and
+//! padding, with no per-row setup (which dominates on the 7x7 and 14x14 planes). Each output
+//! vector accumulates all taps in registers in one pass (AVX2/FMA when the CPU has it, detected at
+//! run time; a portable loop otherwise); the valid `ow` columns of each row then leave with the
+//! fused activation. Planes are split across the thread budget.
+
+use crate::activation::Activation;
+use crate::conv::Conv2d;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Lanes of the widest vector the kernels use; the flat output is padded to a multiple of it.
+const LANES: usize = 8;
+
+/// How the kernel applies the fused activation: clamps run in the copy-out loop, others after.
+#[derive(Clone, Copy)]
+enum Epilogue {
+    None,
+    Clamp(f32, f32),
+    Other(Activation),
+}
+
+impl Epilogue {
+    fn of(act: Option<Activation>) -> Epilogue {
+        match act {
+            None => Epilogue::None,
+            Some(Activation::Relu) => Epilogue::Clamp(0.0, f32::INFINITY),
+            Some(Activation::Clip(lo, hi)) => Epilogue::Clamp(lo, hi),
+            Some(a) => Epilogue::Other(a),
+        }
+    }
+}
+
+/// The phase-split buffer's geometry and the taps as offsets into it, derived once per call.
+#[derive(Clone, Debug, PartialEq)]
+struct Layout {
+    /// Row length of every sub-plane and of the flat output.
+    len: usize,
+    /// Rows of every sub-plane.
+    rows: usize,
+    /// Floats of one sub-plane (with slack for the last vector's over-reach).
+    sub: usize,
+    /// Flat output length: `oh * len` rounded up to `LANES`.
+    flat: usize,
+    /// Buffer offset of each tap, in weight order.
+    taps: Vec<usize>,
+    /// Per column phase `b`: the first input column landing in it, its column in the sub-plane
+    /// and how many input columns land there (every `sw`-th).
+    runs: Vec<(usize, usize, usize)>,
+    /// What the copy depends on besides the layout (`h, w, pt, pl, sh, sw`): buffers split for
+    /// an equal layout have their zero padding in the same places.
+    key: [usize; 6],
+}
+
+impl Layout {
+    fn new(p: &Conv2d) -> Layout {
+        let col_reach = (p.kw - 1) * p.dw / p.sw;
+        let row_reach = (p.kh - 1) * p.dh / p.sh;
+        let len = p.ow + col_reach;
+        let rows = p.oh + row_reach;
+        let flat = (p.oh * len).next_multiple_of(LANES);
+        // The last vector reads up to flat - 1 + row_reach*len + col_reach.
+        let sub = rows * len + col_reach + LANES;
+        let mut taps = Vec::with_capacity(p.kh * p.kw);
+        for ki in 0..p.kh {
+            for kj in 0..p.kw {
+                let (oi, oj) = (ki * p.dh, kj * p.dw);
+                let phase = (oi % p.sh) * p.sw + oj % p.sw;
+                taps.push(phase * sub + (oi / p.sh) * len + oj / p.sw);
+            }
+        }
+        let runs = (0..p.sw)
+            .map(|b| {
+                // Input columns ix0, ix0 + sw, ... have padded column (ix + pl) in phase b.
+                let ix0 = (b + p.sw - p.pl % p.sw) % p.sw;
+                if ix0 >= p.w {
+                    return (0, 0, 0);
+                }
+                let col0 = (ix0 + p.pl) / p.sw;
+                let n = (p.w - ix0).div_ceil(p.sw).min(len.saturating_sub(col0));
+                (ix0, col0, n)
+            })
+            .collect();
+        Layout {
+            len,
+            rows,
+            sub,
+            flat,
+            taps,
+            runs,
+            key: [p.h, p.w, p.pt, p.pl, p.sh, p.sw],
+        }
+    }
+}
+
+/// A task's reusable buffers.
+#[derive(Default)]
+struct Scratch {
+    /// Phase-split, zero-padded input plane.
+    buf: Vec<f32>,
+    /// Flat output plane (row length `len`).
+    flat: Vec<f32>,
+    /// Layout `buf` was last split for: its padding is still zero.
+    split_for: Option<Layout>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// `out[n, c] = act(depthwise(input[n, c], weight[c]) + bias[c])`, `weight` is `[c, 1, kh, kw]`.
+/// Requires `p.groups == p.c == p.m`.
+pub(crate) fn depthwise(
+    p: &Conv2d,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    out: &mut [f32],
+    threads: usize,
+) {
+    assert!(p.groups == p.c && p.m == p.c, "depthwise geometry");
+    let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
+    let kk = p.kh * p.kw;
+    assert_eq!(input.len(), p.n * p.c * in_plane, "depthwise input size");
+    assert_eq!(weight.len(), p.c * kk, "depthwise weight size");
+    assert_eq!(out.len(), p.n * p.c * out_plane, "depthwise output size");
+    if out_plane == 0 {
+        return;
+    }
+    let lay = Layout::new(p);
+    let epi = Epilogue::of(act);
+    let avx = has_avx2_fma();
+    let plane = |idx: usize, dst: &mut [f32]| {
+        let ch = idx % p.c;
+        let src = &input[idx * in_plane..(idx + 1) * in_plane];
+        let w = &weight[ch * kk..(ch + 1) * kk];
+        let b = bias.map_or(0.0, |b| b[ch]);
+        SCRATCH.with(|s| plane_kernel(p, &lay, src, w, b, epi, avx, dst, &mut s.borrow_mut()));
+    };
+    let planes = p.n * p.c;
+    if threads > 1 && planes > 1 && out.len() * kk >= crate::PAR_MIN_WORK {
+        // Enough planes per task to amortise scheduling, and enough tasks to balance.
+        let per_task = (planes / (threads * 8)).clamp(1, 64);
+        out.par_chunks_mut(out_plane * per_task)
+            .enumerate()
+            .for_each(|(t, chunk)| {
+                for (i, d) in chunk.chunks_mut(out_plane).enumerate() {
+                    plane(t * per_task + i, d)
+                }
+            });
+    } else {
+        for (i, d) in out.chunks_mut(out_plane).enumerate() {
+            plane(i, d)
+        }
+    }
+}
+
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::activation::avx2_fma()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One output plane from one input plane.
+#[allow(clippy::too_many_arguments)]
+fn plane_kernel(
+    p: &Conv2d,
+    lay: &Layout,
+    src: &[f32],
+    w: &[f32],
+    bias: f32,
+    epi: Epilogue,
+    avx: bool,
+    dst: &mut [f32],
+    s: &mut Scratch,
+) {
+    if s.split_for.as_ref() != Some(lay) {
+        s.buf.clear();
+        s.buf.resize(p.sh * p.sw * lay.sub, 0.0);
+        s.flat.clear();
+        s.flat.resize(lay.flat, 0.0);
+        s.split_for = Some(lay.clone());
+    }
+    // Every tap reads buf[tap .. tap + flat]: in bounds by construction of `sub`, checked here
+    // because the vector kernel relies on it.
+    assert!(lay.taps.iter().all(|&t| t + lay.flat <= s.buf.len()) && s.flat.len() == lay.flat);
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: the CPU has AVX2 and FMA (checked by the caller); bounds asserted above.
+        unsafe { plane_avx2(p, lay, src, w, bias, epi, dst, &mut s.buf, &mut s.flat) };
+        return;
+    }
+    let _ = avx;
+    split_plane(p, lay, src, &mut s.buf);
+    stencil(&s.buf, &lay.taps, w, bias, &mut s.flat);
+    copy_out(p, lay, epi, &s.flat, dst);
+}
+
+/// `plane_kernel` compiled for AVX2: the copy loops vectorise 8 wide too.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn plane_avx2(
+    p: &Conv2d,
+    lay: &Layout,
+    src: &[f32],
+    w: &[f32],
+    bias: f32,
+    epi: Epilogue,
+    dst: &mut [f32],
+    buf: &mut [f32],
+    flat: &mut [f32],
+) {
+    split_plane(p, lay, src, buf);
+    // SAFETY: the caller checked the CPU and the bounds.
+    unsafe { stencil_avx2(buf, &lay.taps, w, bias, flat) };
+    copy_out(p, lay, epi, flat, dst);
+}
+
+/// The valid `ow` columns of each flat output row, with the fused activation.
+#[inline(always)]
+fn copy_out(p: &Conv2d, lay: &Layout, epi: Epilogue, flat: &[f32], dst: &mut [f32]) {
+    for (d, s) in dst.chunks_exact_mut(p.ow).zip(flat.chunks(lay.len)) {
+        let s = &s[..p.ow];
+        match epi {
+            Epilogue::Clamp(lo, hi) => d
+                .iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| *d = Activation::Clip(lo, hi).apply(*s)),
+            Epilogue::None => d.copy_from_slice(s),
+            Epilogue::Other(a) => d.iter_mut().zip(s).for_each(|(d, s)| *d = a.apply(*s)),
+        }
+    }
+}
+
+/// Copies one input plane into its phase-split buffer (see the module comment). Only the
+/// positions input values land in are written; the rest is zero padding, the same for every
+/// plane of a layout.
+#[inline(always)]
+fn split_plane(p: &Conv2d, lay: &Layout, src: &[f32], buf: &mut [f32]) {
+    // Padded row y = iy + pt is row t = y / sh of row phase a = y % sh.
+    let (mut t, mut a) = (p.pt / p.sh, p.pt % p.sh);
+    for row in src.chunks_exact(p.w) {
+        if t >= lay.rows {
+            break;
+        }
+        for (b, &(ix0, col0, n)) in lay.runs.iter().enumerate() {
+            let at = (a * p.sw + b) * lay.sub + t * lay.len + col0;
+            let dst = &mut buf[at..at + n];
+            match p.sw {
+                1 => dst.copy_from_slice(&row[ix0..ix0 + n]),
+                2 => {
+                    // Pairs, so the loop vectorises (a de-interleaving shuffle).
+                    let src = &row[ix0..];
+                    let full = (src.len() / 2).min(n);
+                    for (d, pair) in dst[..full].iter_mut().zip(src.chunks_exact(2)) {
+                        *d = pair[0];
+                    }
+                    if full < n {
+                        dst[full] = src[2 * full];
+                    }
+                }
+                sw => dst
+                    .iter_mut()
+                    .zip(row[ix0..].iter().step_by(sw))
+                    .for_each(|(d, s)| *d = *s),
+            }
+        }
+        a += 1;
+        if a == p.sh {
+            a = 0;
+            t += 1;
+        }
+    }
+}
+
+/// `flat[q] = bias + sum_t w[t] * buf[taps[t] + q]`, portable.
+fn stencil(buf: &[f32], taps: &[usize], w: &[f32], bias: f32, flat: &mut [f32]) {
+    const BLOCK: usize = 64;
+    for (bi, acc) in flat.chunks_mut(BLOCK).enumerate() {
+        let q0 = bi * BLOCK;
+        acc.fill(bias);
+        for (&t, &wv) in taps.iter().zip(w) {
+            let src = &buf[t + q0..t + q0 + acc.len()];
+            acc.iter_mut().zip(src).for_each(|(a, x)| *a += wv * x);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn stencil_avx2(buf: &[f32], taps: &[usize], w: &[f32], bias: f32, flat: &mut [f32]) {
+    use std::arch::x86_64::*;
+    debug_assert!(flat.len().is_multiple_of(LANES));
+    let vb = _mm256_set1_ps(bias);
+    let base = buf.as_ptr();
+    let dp = flat.as_mut_ptr();
+    let n = flat.len();
+    let mut q = 0;
+    // Four vectors per pass: one weight broadcast feeds four independent FMA chains.
+    while q + 4 * LANES <= n {
+        let (mut a0, mut a1, mut a2, mut a3) = (vb, vb, vb, vb);
+        for (&t, &wv) in taps.iter().zip(w) {
+            let wv = _mm256_set1_ps(wv);
+            // SAFETY: t + q + 4*LANES <= t + n <= buf.len() (asserted by the caller).
+            unsafe {
+                let s = base.add(t + q);
+                a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s), a0);
+                a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s.add(LANES)), a1);
+                a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s.add(2 * LANES)), a2);
+                a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s.add(3 * LANES)), a3);
+            }
+        }
+        // SAFETY: q + 4*LANES <= n = flat.len().
+        unsafe {
+            _mm256_storeu_ps(dp.add(q), a0);
+            _mm256_storeu_ps(dp.add(q + LANES), a1);
+            _mm256_storeu_ps(dp.add(q + 2 * LANES), a2);
+            _mm256_storeu_ps(dp.add(q + 3 * LANES), a3);
+        }
+        q += 4 * LANES;
+    }
+    while q < n {
+        let mut a0 = vb;
+        for (&t, &wv) in taps.iter().zip(w) {
+            // SAFETY: as above, n is a multiple of LANES.
+            unsafe {
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(wv), _mm256_loadu_ps(base.add(t + q)), a0);
+            }
+        }
+        // SAFETY: q + LANES <= n.
+        unsafe { _mm256_storeu_ps(dp.add(q), a0) };
+        q += LANES;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::conv2d_reference;
+    use crate::gemm::lcg;
+
+    #[allow(clippy::too_many_arguments)]
+    fn geom(
+        n: usize,
+        c: usize,
+        (h, w): (usize, usize),
+        (kh, kw): (usize, usize),
+        (sh, sw): (usize, usize),
+        (dh, dw): (usize, usize),
+        // top, left, bottom, right
+        pads: [usize; 4],
+    ) -> Conv2d {
+        Conv2d {
+            n,
+            c,
+            h,
+            w,
+            m: c,
+            kh,
+            kw,
+            sh,
+            sw,
+            dh,
+            dw,
+            pt: pads[0],
+            pl: pads[1],
+            oh: (h + pads[0] + pads[2] - dh * (kh - 1) - 1) / sh + 1,
+            ow: (w + pads[1] + pads[3] - dw * (kw - 1) - 1) / sw + 1,
+            groups: c,
+        }
+    }
+
+    fn check(p: &Conv2d, act: Option<Activation>, with_bias: bool, avx: bool, threads: usize) {
+        let x = lcg(1, p.n * p.c * p.h * p.w);
+        let w = lcg(2, p.c * p.kh * p.kw);
+        let b = lcg(3, p.c);
+        let bias = with_bias.then_some(&b[..]);
+        let mut want = vec![0.0; p.n * p.c * p.oh * p.ow];
+        conv2d_reference(p, &x, &w, bias, &mut want);
+        if let Some(a) = act {
+            want.iter_mut().for_each(|v| *v = a.apply(*v));
+        }
+        // Poison the output: every element must be written.
+        let mut got = vec![f32::NAN; want.len()];
+        if avx {
+            depthwise(p, &x, &w, bias, act, &mut got, threads);
+        } else {
+            // The portable path, whatever the CPU.
+            let lay = Layout::new(p);
+            let (ip, op) = (p.h * p.w, p.oh * p.ow);
+            let kk = p.kh * p.kw;
+            let mut scratch = Scratch::default();
+            for (i, d) in got.chunks_mut(op).enumerate() {
+                let ch = i % p.c;
+                plane_kernel(
+                    p,
+                    &lay,
+                    &x[i * ip..(i + 1) * ip],
+                    &w[ch * kk..(ch + 1) * kk],
+                    bias.map_or(0.0, |b| b[ch]),
+                    Epilogue::of(act),
+                    false,
+                    d,
+                    &mut scratch,
+                );
+            }
+        }
+        for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - r).abs() <= 1e-5 * (1.0 + r.abs()),
+                "{p:?} act {act:?} bias {with_bias} avx {avx}: [{i}] {g} vs {r}"
+            );
+        }
+    }
+
+    #[test]
+    fn matches_reference_over_strides_pads_dilations_and_sizes() {
+        let cases = [
+            // mobilenet-like 3x3, stride 1 and 2, pad 1
+            geom(1, 3, (8, 8), (3, 3), (1, 1), (1, 1), [1, 1, 1, 1]),
+            geom(2, 5, (7, 7), (3, 3), (1, 1), (1, 1), [1, 1, 1, 1]),
+            geom(2, 4, (14, 14), (3, 3), (2, 2), (1, 1), [1, 1, 1, 1]),
+            geom(1, 3, (15, 13), (3, 3), (2, 2), (1, 1), [1, 1, 1, 1]),
+            geom(1, 2, (56, 56), (3, 3), (1, 1), (1, 1), [1, 1, 1, 1]),
+            geom(1, 2, (113, 111), (3, 3), (2, 2), (1, 1), [1, 1, 1, 1]),
+            // no padding, asymmetric padding, padding larger than the kernel reach
+            geom(1, 3, (9, 10), (3, 3), (1, 1), (1, 1), [0, 0, 0, 0]),
+            geom(1, 3, (9, 10), (3, 3), (2, 2), (1, 1), [0, 1, 1, 0]),
+            geom(1, 2, (6, 5), (3, 3), (1, 1), (1, 1), [3, 4, 2, 5]),
+            // 5x5, non-square kernels, unequal strides, dilation
+            geom(1, 3, (17, 19), (5, 5), (1, 1), (1, 1), [2, 2, 2, 2]),
+            geom(1, 3, (17, 19), (5, 5), (2, 2), (1, 1), [2, 2, 2, 2]),
+            geom(1, 3, (11, 12), (1, 3), (1, 2), (1, 1), [0, 1, 0, 1]),
+            geom(1, 3, (12, 11), (3, 1), (2, 1), (1, 1), [1, 0, 1, 0]),
+            geom(1, 3, (16, 16), (3, 3), (1, 1), (2, 2), [2, 2, 2, 2]),
+            geom(1, 3, (16, 17), (3, 3), (2, 3), (3, 2), [1, 2, 3, 0]),
+            geom(1, 2, (20, 20), (3, 3), (3, 3), (1, 1), [1, 1, 1, 1]),
+            // 1x1 depthwise (a per-channel scale), a single output pixel, 1-D (height 1)
+            geom(1, 4, (5, 6), (1, 1), (1, 1), (1, 1), [0, 0, 0, 0]),
+            geom(1, 4, (3, 3), (3, 3), (1, 1), (1, 1), [0, 0, 0, 0]),
+            geom(3, 4, (1, 37), (1, 5), (1, 2), (1, 1), [0, 2, 0, 2]),
+            // many planes across threads, batch > 1
+            geom(4, 40, (10, 9), (3, 3), (1, 1), (1, 1), [1, 1, 1, 1]),
+        ];
+        let acts = [
+            None,
+            Some(Activation::Clip(0.0, 6.0)),
+            Some(Activation::Clip(-0.25, 0.5)),
+            Some(Activation::Relu),
+            Some(Activation::HardSwish),
+        ];
+        for p in &cases {
+            for act in acts {
+                for bias in [true, false] {
+                    check(p, act, bias, true, 1);
+                    check(p, act, bias, false, 1);
+                }
+            }
+            check(p, Some(Activation::Clip(0.0, 6.0)), true, true, 2);
+        }
+    }
+
+    #[test]
+    fn matches_the_generic_grouped_path() {
+        // The same weights through conv2d as a grouped convolution the general path handles
+        // (two channels per group), channel by channel, agree with the depthwise kernel.
+        let p = geom(2, 6, (12, 13), (3, 3), (2, 2), (1, 1), [1, 1, 1, 1]);
+        let x = lcg(4, p.n * p.c * p.h * p.w);
+        let w = lcg(5, p.c * 9);
+        let b = lcg(6, p.c);
+        let mut dw = vec![0.0; p.n * p.c * p.oh * p.ow];
+        depthwise(&p, &x, &w, Some(&b), None, &mut dw, 2);
+        // Grouped with 2 input channels per group: zero the cross-channel weights.
+        let g = Conv2d {
+            groups: 3,
+            ..p.clone()
+        };
+        let mut wg = vec![0.0; p.c * 2 * 9];
+        for co in 0..p.c {
+            let ci = co % 2;
+            wg[(co * 2 + ci) * 9..(co * 2 + ci + 1) * 9].copy_from_slice(&w[co * 9..(co + 1) * 9]);
+        }
+        let mut grouped = vec![0.0; dw.len()];
+        crate::conv::conv2d(
+            &g,
+            &x,
+            &wg,
+            Some(&b),
+            None,
+            &mut grouped,
+            &mut Vec::new(),
+            2,
+        );
+        for (a, r) in dw.iter().zip(&grouped) {
+            assert!((a - r).abs() <= 1e-5 * (1.0 + r.abs()), "{a} vs {r}");
+        }
+    }
+}
