@@ -64,7 +64,7 @@ enum Command {
         #[arg(
             long,
             env = "COTENANT_REPORT_AUDIENCE",
-            default_value = "cotenant-agent-report"
+            default_value = "cotenant.dev/agent-report"
         )]
         report_audience: String,
         /// The only user allowed to read `/report`, e.g.

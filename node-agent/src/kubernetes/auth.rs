@@ -155,15 +155,15 @@ mod tests {
     fn the_operator_account_with_the_audience_is_accepted() {
         let by_name = Reader::ServiceAccountNamed(OPERATOR_ACCOUNT.into());
         let exact = Reader::User(OPERATOR.into());
-        let ok = status(true, OPERATOR, &["cotenant-agent-report"]);
-        assert_eq!(decide(Some(&ok), "cotenant-agent-report", &by_name), Ok(()));
-        assert_eq!(decide(Some(&ok), "cotenant-agent-report", &exact), Ok(()));
+        let ok = status(true, OPERATOR, &["cotenant.dev/agent-report"]);
+        assert_eq!(decide(Some(&ok), "cotenant.dev/agent-report", &by_name), Ok(()));
+        assert_eq!(decide(Some(&ok), "cotenant.dev/agent-report", &exact), Ok(()));
     }
 
     #[test]
     fn anything_else_is_refused_with_a_reason() {
         let by_name = Reader::ServiceAccountNamed(OPERATOR_ACCOUNT.into());
-        let audience = "cotenant-agent-report";
+        let audience = "cotenant.dev/agent-report";
         let cases = [
             status(false, OPERATOR, &[audience]),
             status(true, OPERATOR, &["https://kubernetes.default.svc"]),

@@ -292,7 +292,7 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
             "token",
             "cotenant-operator",
             "--audience",
-            "cotenant-agent-report",
+            "cotenant.dev/agent-report",
             "-n",
             n,
         ])
