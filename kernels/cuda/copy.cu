@@ -22,7 +22,12 @@
 //     y[o][j][k] = x[o][idx[j]][k]. An index out of [-axis_len, axis_len) yields 0 (the host validates
 //     constant indices; a kernel cannot raise).
 // fill_f32(y, n, value)
-//     y[i] = value (constant padding: fill, then strided_copy the interior).
+//     y[i] = value.
+// pad_f32(x, y, n, rank, out_shape, in_shape, in_strides, pads_begin, mode, value)
+//     ONNX Pad: y (contiguous, out_shape, n elements) at index o reads x at i[d] = o[d] - pads_begin[d]
+//     (pads_begin may be negative: cropping). Outside the input: mode 0 constant (value), 1 reflect
+//     (mirror without repeating the edge, as numpy; a length-1 dim repeats its element), 2 edge
+//     (clamp), 3 wrap (periodic). An empty input dim gives value whatever the mode.
 //
 // Launch shape (all but transpose2d_tiled_f32): 1-D grid-stride loops over the elements written
 // (n, or outer*n_idx*inner for gather), e.g. blockDim.x = 256, gridDim.x = min(ceil(n / 256), 65535).
@@ -104,5 +109,43 @@ extern "C" __global__ void fill_f32(float* __restrict__ y, long long n, float va
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         y[i] = value;
+    }
+}
+
+extern "C" __global__ void pad_f32(const float* __restrict__ x, float* __restrict__ y, long long n, int rank,
+                                   Dims6 out_shape, Dims6 in_shape, Dims6 in_strides, Dims6 pads_begin, int mode,
+                                   float value) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long rem = i, off = 0;
+        bool inside = true;
+        #pragma unroll
+        for (int d = COPY_MAX_RANK - 1; d >= 0; --d) {
+            if (d < rank) {
+                const long long len = in_shape.d[d];
+                long long k = rem % out_shape.d[d] - pads_begin.d[d];
+                rem /= out_shape.d[d];
+                if (k < 0 || k >= len) {
+                    if (mode == 1 && len == 1) {
+                        k = 0;
+                    } else if (mode == 1 && len > 1) {
+                        const long long period = 2 * (len - 1);
+                        k %= period;
+                        if (k < 0) k += period;
+                        if (k >= len) k = period - k;
+                    } else if (mode == 2 && len > 0) {
+                        k = k < 0 ? 0 : len - 1;
+                    } else if (mode == 3 && len > 0) {
+                        k %= len;
+                        if (k < 0) k += len;
+                    } else {
+                        inside = false;
+                        k = 0;
+                    }
+                }
+                off += k * in_strides.d[d];
+            }
+        }
+        y[i] = inside ? x[off] : value;
     }
 }
