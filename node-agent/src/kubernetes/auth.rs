@@ -156,8 +156,14 @@ mod tests {
         let by_name = Reader::ServiceAccountNamed(OPERATOR_ACCOUNT.into());
         let exact = Reader::User(OPERATOR.into());
         let ok = status(true, OPERATOR, &["cotenant.dev/agent-report"]);
-        assert_eq!(decide(Some(&ok), "cotenant.dev/agent-report", &by_name), Ok(()));
-        assert_eq!(decide(Some(&ok), "cotenant.dev/agent-report", &exact), Ok(()));
+        assert_eq!(
+            decide(Some(&ok), "cotenant.dev/agent-report", &by_name),
+            Ok(())
+        );
+        assert_eq!(
+            decide(Some(&ok), "cotenant.dev/agent-report", &exact),
+            Ok(())
+        );
     }
 
     #[test]
