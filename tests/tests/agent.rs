@@ -78,8 +78,14 @@ fn standalone_agent_serves_real_clients() {
         ),
         (
             "overload.yaml",
-            tenant_yaml("overload", "file://models/squeezenet.onnx", "")
-                .replace("latencyMillis: 5000", "latencyMillis: 1500"),
+            // Batching up to the profiled batch only, so twice the profiled capacity really is
+            // twice what the tenant can serve (a larger batch would absorb it unshed).
+            tenant_yaml(
+                "overload",
+                "file://models/squeezenet.onnx",
+                "  scaling:\n    approach: Batching\n    maxBatchSize: 4\n",
+            )
+            .replace("latencyMillis: 5000", "latencyMillis: 1500"),
         ),
         (
             "garbage.yaml",
