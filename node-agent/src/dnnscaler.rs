@@ -1,4 +1,5 @@
-//! DNNScaler on the agent (standalone mode, where no operator decides): profile each tenant at
+//! DNNScaler on the agent (standalone mode, where no operator decides; `--knob-policy` swaps in
+//! static knobs or Clipper-style AIMD to compare against): profile each tenant at
 //! (batch 1, 1 instance), (batch k, 1 instance) and (batch 1, k instances), let the policy choose
 //! the approach, then move the knobs under feedback from the tenant's own measurements. The
 //! decisions are `cotenant-policy`'s, the same code the operator runs.
@@ -7,9 +8,9 @@ use cotenant_crds::{Approach as SpecApproach, ModelTenantSpec};
 use cotenant_executor::RunError;
 use cotenant_executor::runtime::{Tenant, measure};
 use cotenant_policy as policy;
+use policy::sim::{Controller, Strategy};
 use policy::{
-    ApproachPolicy, Bounds, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig,
-    ScalerState, Slo,
+    ApproachPolicy, Bounds, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig, Slo,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,36 +105,61 @@ pub fn profile_points(
     })
 }
 
-/// One tenant under the scaler's control.
+/// Which policy moves a standalone tenant's knobs: DNNScaler, or a peer to compare it with.
+pub fn parse_knob_policy(text: &str) -> Result<Strategy, String> {
+    let bad = || {
+        format!("unknown knob policy {text:?}: use dnnscaler, aimd or static:<batch>x<instances>")
+    };
+    match text {
+        "dnnscaler" => Ok(Strategy::DnnScaler(ScalerConfig::default())),
+        // Clipper's additive increase, multiplicative decrease by 10%.
+        "aimd" => Ok(Strategy::Aimd { decrease: 0.9 }),
+        _ => {
+            let (b, m) = text
+                .strip_prefix("static:")
+                .and_then(|k| k.split_once('x'))
+                .ok_or_else(bad)?;
+            let b: u32 = b.parse().map_err(|_| bad())?;
+            let m: u32 = m.parse().map_err(|_| bad())?;
+            if b == 0 || m == 0 {
+                return Err(bad());
+            }
+            Ok(Strategy::Static(Knobs::new(b, m)))
+        }
+    }
+}
+
+/// One tenant under a knob controller's feedback.
 pub struct Controlled {
     pub name: String,
     pub tenant: Arc<Tenant>,
     pub slo: Slo,
     pub bounds: Bounds,
     pub model: LatencyModel,
-    pub state: ScalerState,
+    pub controller: Controller,
 }
 
 impl Controlled {
-    /// Chooses the approach from `profile`, applies its knobs, and takes control.
+    /// Starts `strategy` from `profile` (DNNScaler chooses its approach here), applies its first
+    /// knobs, and takes control.
     pub fn start(
         name: &str,
         tenant: Arc<Tenant>,
         profile: &Profile,
         slo: Slo,
         bounds: Bounds,
-    ) -> (Controlled, policy::ApproachChoice) {
-        let choice = policy::choose_approach(profile, &slo, &bounds);
-        apply(&tenant, choice.knobs, &slo);
-        let controlled = Controlled {
+        strategy: Strategy,
+    ) -> Controlled {
+        let controller = Controller::new(strategy, profile, &slo, &bounds);
+        apply(&tenant, controller.knobs(), &slo);
+        Controlled {
             name: name.to_string(),
             tenant,
             slo,
             bounds,
             model: LatencyModel::from_profile(profile),
-            state: ScalerState::new(choice.approach, choice.knobs, ScalerConfig::default()),
-        };
-        (controlled, choice)
+            controller,
+        }
     }
 
     /// One feedback step from the tenant's window; returns the decision it applied.
@@ -149,17 +175,19 @@ impl Controlled {
             queue_depth: u32::try_from(self.tenant.queue_depth()).unwrap_or(u32::MAX),
             completed: w.completions,
         };
-        let decision = policy::step(
-            &mut self.state,
-            &observation,
-            &self.slo,
-            &self.bounds,
-            &self.model,
-        );
-        if let Decision::SetKnobs(knobs) = decision {
-            apply(&self.tenant, knobs, &self.slo);
+        let before = self.controller.knobs();
+        let wants_replicas =
+            self.controller
+                .observe(&observation, &self.slo, &self.bounds, &self.model);
+        let after = self.controller.knobs();
+        if after != before {
+            apply(&self.tenant, after, &self.slo);
+            Decision::SetKnobs(after)
+        } else if wants_replicas {
+            Decision::NeedReplicas
+        } else {
+            Decision::Hold
         }
-        decision
     }
 }
 

@@ -36,6 +36,10 @@ enum Command {
         /// File holding the bearer token `/report` requires; without it `/report` answers 401.
         #[arg(long)]
         report_token_file: Option<PathBuf>,
+        /// What moves the knobs: `dnnscaler`, or a peer to compare with: `aimd` (Clipper's
+        /// additive increase, ×0.9 decrease) or `static:<batch>x<instances>`.
+        #[arg(long, default_value = "dnnscaler", value_parser = dnnscaler::parse_knob_policy)]
+        knob_policy: cotenant_policy::sim::Strategy,
         /// Log as JSON lines instead of text.
         #[arg(long)]
         log_json: bool,
@@ -92,6 +96,7 @@ fn main() -> anyhow::Result<()> {
             listen,
             threads,
             report_token_file,
+            knob_policy,
             log_json,
         } => {
             init_logs(log_json);
@@ -111,6 +116,7 @@ fn main() -> anyhow::Result<()> {
                 listen,
                 threads: threads.unwrap_or_else(tools::default_threads),
                 report_token,
+                knob_policy,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -98,6 +98,8 @@ pub struct Options {
     pub listen: String,
     pub threads: usize,
     pub report_token: Option<String>,
+    /// What moves each tenant's knobs (DNNScaler unless comparing).
+    pub knob_policy: cotenant_policy::sim::Strategy,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -136,8 +138,16 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         let scaler = scaler.clone();
         let runtime = tokio::runtime::Handle::current();
         // Loading and profiling are CPU-bound; they must not stall the server.
+        let policy = options.knob_policy;
         tokio::task::spawn_blocking(move || {
-            bring_up(&file, &registry, &scaler, threads_per_tenant, &runtime)
+            bring_up(
+                &file,
+                &registry,
+                &scaler,
+                threads_per_tenant,
+                policy,
+                &runtime,
+            )
         });
     }
 
@@ -170,6 +180,7 @@ fn bring_up(
     registry: &Registry,
     scaler: &Mutex<Vec<dnnscaler::Controlled>>,
     threads: usize,
+    knob_policy: cotenant_policy::sim::Strategy,
     runtime: &tokio::runtime::Handle,
 ) {
     let name = file.tenant.metadata.name.clone().unwrap_or_default();
@@ -225,20 +236,24 @@ fn bring_up(
             return;
         }
     };
-    let (controlled, choice) = dnnscaler::Controlled::start(&name, tenant, &profile, slo, bounds);
+    let choice = cotenant_policy::choose_approach(&profile, &slo, &bounds);
+    let controlled =
+        dnnscaler::Controlled::start(&name, tenant, &profile, slo, bounds, knob_policy);
+    let knobs = controlled.controller.knobs();
     tracing::info!(
         tenant = %name,
-        approach = ?choice.approach,
-        batch = choice.knobs.batch,
-        instances = choice.knobs.instances,
+        policy = %knob_policy.name(),
+        approach = %controlled.controller.approach(),
+        batch = knobs.batch,
+        instances = knobs.instances,
         gain_batching = choice.gain_batching,
         gain_multi_tenancy = choice.gain_multi_tenancy,
-        "DNNScaler chose"
+        "knobs chosen"
     );
     registry.set_scaling(
         &name,
         Scaling {
-            approach: format!("{:?}", choice.approach),
+            approach: controlled.controller.approach(),
             profile,
         },
     );
@@ -257,7 +272,7 @@ async fn scale_loop(scaler: Arc<Mutex<Vec<dnnscaler::Controlled>>>) {
         for c in controlled.iter_mut() {
             match c.step() {
                 cotenant_policy::Decision::SetKnobs(k) => {
-                    tracing::info!(tenant = %c.name, batch = k.batch, instances = k.instances, "DNNScaler moved the knobs");
+                    tracing::info!(tenant = %c.name, batch = k.batch, instances = k.instances, "the knobs moved");
                 }
                 cotenant_policy::Decision::NeedReplicas => {
                     tracing::debug!(tenant = %c.name, "SLO missed at the knobs' limits; standalone mode has no other replica");

@@ -22,6 +22,8 @@ commands:
                        `eval \"$(cargo xtask cluster up)\"` readies a shell
   cluster down         stop it and remove its state
   bench executor       this executor vs onnxruntime on the CPU (ratio table)
+  bench agent          goodput within the SLO under static b=1 m=1, DNNScaler and Clipper
+                       AIMD on a standalone agent, and the HTTP overhead (tables)
   setup                only build/cache the tools and the Python venv";
 
 fn main() -> anyhow::Result<()> {
@@ -33,6 +35,7 @@ fn main() -> anyhow::Result<()> {
         ["cluster", "up"] => cluster::up(),
         ["cluster", "down"] => cluster::down(),
         ["bench", "executor", rest @ ..] => bench_executor(rest),
+        ["bench", "agent", rest @ ..] => bench_agent(rest),
         ["setup"] => {
             python::venv()?;
             cotenant_e2e::toolchain::ensure()?;
@@ -83,6 +86,15 @@ pub fn run(mut cmd: Command) -> anyhow::Result<()> {
 }
 
 fn bench_executor(args: &[&str]) -> anyhow::Result<()> {
+    bench_script("executor/bench/compare.py", args)
+}
+
+fn bench_agent(args: &[&str]) -> anyhow::Result<()> {
+    bench_script("node-agent/bench/agent_bench.py", args)
+}
+
+/// Builds the agent in release and runs a benchmark script with the reference venv's Python.
+fn bench_script(script: &str, args: &[&str]) -> anyhow::Result<()> {
     let python = python::venv()?;
     let mut build = Command::new("cargo");
     build.args(["build", "--release", "-p", "cotenant-agent"]);
@@ -90,7 +102,7 @@ fn bench_executor(args: &[&str]) -> anyhow::Result<()> {
     let agent = target_dir().join("release/cotenant-agent");
     let mut bench = Command::new(python);
     bench
-        .arg(repo_root().join("executor/bench/compare.py"))
+        .arg(repo_root().join(script))
         .arg("--agent")
         .arg(agent)
         .args(args);

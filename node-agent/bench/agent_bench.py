@@ -1,0 +1,166 @@
+"""`cargo xtask bench agent`: throughput within the SLO of one tenant on a standalone agent under
+three knob policies, measured in the same run on the same machine, plus the HTTP overhead.
+
+For each zoo model: the SLO is fixed at --slo-factor x the executor's own batch-1 p50 (measured
+first with `cotenant-agent bench`). Each policy (static b=1 m=1, DNNScaler, Clipper-style AIMD)
+then gets a fresh agent (`standalone --knob-policy ...`) and the same open-loop Poisson overload
+(--load-factor x the batch-1 capacity): --warmup seconds to settle, then the agent's 30 s report
+window is read. Goodput = completions per second within the SLO (throughput x SLO attainment, as
+the agent measures them, queueing included). Overload is shed with 429, so goodput is what a
+policy gets out of the hardware at that SLO. Ratios are against static b=1 m=1.
+
+HTTP overhead: one request at a time to a static b=1 m=1 agent (client p50, and the agent's own
+end-to-end vs compute p50), against the executor alone at batch 1.
+
+Usage: agent_bench.py --agent BIN [--models squeezenet,mobilenet_v2,resnet18] [--threads 2]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "python"))
+from load import body_for, drive, report  # noqa: E402
+
+POLICIES = [("static b=1 m=1", "static:1x1"), ("DNNScaler", "dnnscaler"), ("Clipper AIMD", "aimd")]
+TOKEN = "bench"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def executor_p50(agent, model, threads, seconds):
+    out = subprocess.run(
+        [agent, "bench", "--model", model, "--batch", "1", "--instances", "1",
+         "--duration", f"{seconds}s", "--threads", str(threads), "--json"],
+        check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["p50_ms"]
+
+
+class Agent:
+    def __init__(self, agent, workdir, name, model, slo_ms, threads, policy):
+        tenants = os.path.join(workdir, f"tenants-{policy.replace(':', '-')}")
+        os.makedirs(tenants, exist_ok=True)
+        with open(os.path.join(tenants, f"{name}.yaml"), "w") as f:
+            f.write(
+                "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\n"
+                f"metadata:\n  name: {name}\nspec:\n  model:\n    uri: file://{os.path.abspath(model)}\n"
+                f"  slo:\n    latencyMillis: {slo_ms:.1f}\n  scaling:\n    maxBatchSize: 32\n    maxInstances: 8\n")
+        token = os.path.join(workdir, "token")
+        with open(token, "w") as f:
+            f.write(TOKEN)
+        self.url = f"127.0.0.1:{free_port()}"
+        self.log = open(os.path.join(workdir, f"agent-{name}-{policy.replace(':', '-')}.log"), "w")
+        self.proc = subprocess.Popen(
+            [agent, "standalone", "--tenants", tenants, "--listen", self.url, "--threads", str(threads),
+             "--report-token-file", token, "--knob-policy", policy],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.name = name
+
+    def wait_controlled(self, timeout=300):
+        """Until the tenant is profiled and its knob controller runs."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the agent exited; see {self.log.name}")
+            try:
+                t = next(t for t in report(self.url, TOKEN)["tenants"] if t["name"] == self.name)
+                if t.get("approach"):
+                    return
+            except (urllib.error.URLError, ConnectionError, StopIteration, OSError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.name} was not profiled in {timeout} s; see {self.log.name}")
+
+    def tenant(self):
+        return next(t for t in report(self.url, TOKEN)["tenants"] if t["name"] == self.name)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def sequential_p50(url, name, body, headers, seconds):
+    latencies = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        req = urllib.request.Request(f"http://{url}/v2/models/{name}/infer", data=body, headers=headers)
+        t0 = time.monotonic()
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
+        latencies.append((time.monotonic() - t0) * 1e3)
+    latencies.sort()
+    return latencies[len(latencies) // 2], len(latencies)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--agent", required=True)
+    ap.add_argument("--models", default="squeezenet,mobilenet_v2,resnet18")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--slo-factor", type=float, default=5.0)
+    ap.add_argument("--load-factor", type=float, default=3.0)
+    ap.add_argument("--warmup", type=float, default=20.0)
+    args = ap.parse_args()
+    workdir = tempfile.mkdtemp(prefix="cotenant-agent-bench-")
+    rows, overhead = [], []
+    for name in args.models.split(","):
+        model = os.path.join(workdir, f"{name}.onnx")
+        subprocess.run([args.agent, "zoo", name, "--out", model, "--seed", "1"], check=True, capture_output=True)
+        p50 = executor_p50(args.agent, model, args.threads, 5)
+        slo = args.slo_factor * p50
+        rate = args.load_factor * 1000.0 / p50
+        base = None
+        for label, policy in POLICIES:
+            agent = Agent(args.agent, workdir, name.replace("_", "-"), model, slo, args.threads, policy)
+            try:
+                agent.wait_controlled()
+                body, headers = body_for(agent.url, agent.name)
+                statuses, _, _ = asyncio.run(
+                    drive(agent.url, agent.name, rate, args.warmup + 30.0, body, headers, agent.proc.pid))
+                t = agent.tenant()
+                w = t["window"]
+                goodput = w["throughputPerSecond"] * w["sloAttainment"]
+                base = goodput if base is None else base
+                knobs = t.get("knobs", {})
+                rows.append((name, f"{slo:.0f}", label, f"{knobs.get('batchSize')}x{knobs.get('instances')}",
+                             f"{goodput:.1f}", f"{goodput / base:.2f}" if base else "-",
+                             f"{w['latencyP99Millis']:.0f}", f"{w['sloAttainment']:.3f}",
+                             f"{statuses.get(429, 0) + statuses.get(503, 0)}/{sum(statuses.values())}"))
+                if policy == "static:1x1":
+                    client_p50, n = sequential_p50(agent.url, agent.name, body, headers, 10.0)
+                    t = agent.tenant()["window"]
+                    overhead.append((name, f"{p50:.1f}", f"{client_p50:.1f}", f"{client_p50 / p50:.2f}",
+                                     f"{t['latencyP50Millis']:.1f}", f"{t['computeP50Millis']:.1f}", str(n)))
+            finally:
+                agent.stop()
+    print(f"\nthroughput within the SLO (threads {args.threads}, SLO = {args.slo_factor} x batch-1 p50, "
+          f"offered {args.load_factor} x batch-1 capacity, report window 30 s after {args.warmup:.0f} s warm-up)\n")
+    print("| model | SLO ms | policy | knobs at end (b x m) | goodput /s | vs b=1 m=1 | p99 ms | attainment | shed / offered |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    print("\nHTTP overhead at batch 1 (one request at a time)\n")
+    print("| model | executor alone p50 ms | agent via HTTP, client p50 ms | ratio | agent end-to-end p50 ms | agent compute p50 ms | requests |")
+    print("|---|---|---|---|---|---|---|")
+    for r in overhead:
+        print("| " + " | ".join(r) + " |")
+
+
+if __name__ == "__main__":
+    main()
