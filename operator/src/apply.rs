@@ -2,6 +2,7 @@
 //! EndpointSlices, statuses, finalizers and Events. Every write compares with what exists first,
 //! so a round that changes nothing writes nothing.
 
+use crate::decide::Route;
 use crate::decide::{PoolOutcome, TenantOutcome};
 use crate::manifests::{self, DRAINING, TENANT_LABEL};
 use cotenant_crds::{GpuAgent, GpuPool, ModelTenant, ModelTenantStatus};
@@ -10,8 +11,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub const FIELD_MANAGER: &str = "cotenant-operator";
 /// Held on every tenant until its replicas are unassigned and its routes removed.
@@ -24,7 +26,13 @@ pub struct Writer {
     pub report_reader: String,
     /// The audience of the operator's report token, which agents must require.
     pub report_audience: String,
+    /// Routes last written per tenant UID, and when: unchanged routes are rewritten only every
+    /// few minutes (to heal a hand-deleted Service), so a steady round costs no writes.
+    pub written_routes: std::sync::Mutex<HashMap<String, (Vec<Route>, Instant)>>,
 }
+
+/// How often unchanged routes are written again anyway.
+const ROUTES_REFRESH: Duration = Duration::from_secs(300);
 
 type Result<T = ()> = std::result::Result<T, kube::Error>;
 
@@ -107,7 +115,27 @@ impl Writer {
     /// Writes one tenant's routes, status and Events.
     pub async fn tenant(&self, outcome: &TenantOutcome) -> Result {
         let t = &outcome.tenant;
-        self.routes(t, &outcome.routes).await?;
+        let uid = t.uid().unwrap_or_default();
+        let fresh = self
+            .written_routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&uid)
+            .is_some_and(|(r, at)| r == &outcome.routes && at.elapsed() < ROUTES_REFRESH);
+        if !fresh {
+            let written = self.routes(t, &outcome.routes).await;
+            let mut cache = self
+                .written_routes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match written {
+                Ok(()) => cache.insert(uid, (outcome.routes.clone(), Instant::now())),
+                Err(e) => {
+                    cache.remove(&uid);
+                    return Err(e);
+                }
+            };
+        }
         self.status(t, &outcome.status).await?;
         for note in &outcome.notes {
             self.event(&t.object_ref(&()), note.reason, &note.message)
@@ -117,7 +145,7 @@ impl Writer {
     }
 
     /// Keeps the tenant's Service and exactly the EndpointSlices for `routes`.
-    async fn routes(&self, t: &ModelTenant, routes: &[crate::decide::Route]) -> Result {
+    async fn routes(&self, t: &ModelTenant, routes: &[Route]) -> Result {
         let ns = t.namespace().unwrap_or_default();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let services: Api<Service> = Api::namespaced(self.client.clone(), &ns);
@@ -214,6 +242,10 @@ impl Writer {
             .cloned()
             .collect();
         self.set_finalizers(t, finalizers).await?;
+        self.written_routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&t.uid().unwrap_or_default());
         tracing::info!(tenant = %format!("{ns}/{}", t.name_any()), "tenant removed");
         Ok(())
     }

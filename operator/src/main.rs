@@ -116,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
             },
         ),
         report_audience: args.report_audience.clone(),
+        written_routes: Default::default(),
         report_reader: format!(
             "system:serviceaccount:{}:{}",
             args.namespace, args.service_account
