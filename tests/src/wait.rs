@@ -36,15 +36,29 @@ pub fn http_get_with(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Result<(u16, String), String> {
-    let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
     let extra: String = headers
         .iter()
         .map(|(k, v)| format!("{k}: {v}\r\n"))
         .collect();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}\r\n")
+    exchange(
+        addr,
+        &format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}\r\n"),
+        Duration::from_secs(10),
+    )
+}
+
+/// Sends one HTTP/1.0 `request` to `addr` and reads the whole response: its status code and body.
+pub(crate) fn exchange(
+    addr: &str,
+    request: &str,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
+    let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(request.as_bytes())
         .map_err(|e| e.to_string())?;
     let mut response = String::new();
     stream
