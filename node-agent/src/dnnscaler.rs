@@ -4,37 +4,13 @@
 //! the approach, then move the knobs under feedback from the tenant's own measurements. The
 //! decisions are `cotenant-policy`'s, the same code the operator runs.
 
-use cotenant_crds::{Approach as SpecApproach, ModelTenantSpec};
 use cotenant_executor::RunError;
 use cotenant_executor::runtime::{Tenant, measure};
 use cotenant_policy as policy;
 use policy::sim::{Controller, Strategy};
-use policy::{
-    ApproachPolicy, Bounds, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig, Slo,
-};
+use policy::{Bounds, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig, Slo};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The policy's view of a tenant's spec.
-pub fn bounds_and_slo(spec: &ModelTenantSpec) -> (Bounds, Slo) {
-    let s = &spec.scaling;
-    let bounds = Bounds {
-        approach: match s.approach {
-            SpecApproach::Auto => ApproachPolicy::Auto,
-            SpecApproach::Batching => ApproachPolicy::Batching,
-            SpecApproach::MultiTenancy => ApproachPolicy::MultiTenancy,
-        },
-        max_batch: s.max_batch_size,
-        max_instances: s.max_instances,
-        min_replicas: s.min_replicas,
-        max_replicas: s.max_replicas,
-    };
-    let slo = Slo {
-        latency_ms: spec.slo.latency_millis,
-        percentile: spec.slo.percentile,
-    };
-    (bounds, slo)
-}
 
 /// Measures the three profile points (k = 4, within the bounds), each for `per_point`.
 pub fn profile(

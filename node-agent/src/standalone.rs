@@ -228,7 +228,7 @@ fn bring_up(
             outputs: loaded.outputs,
         },
     );
-    let (bounds, slo) = dnnscaler::bounds_and_slo(spec);
+    let (bounds, slo) = cotenant_crds::policy_view::bounds_and_slo(spec);
     let profile = match dnnscaler::profile(&name, &tenant, &bounds, threads, PROFILE_POINT) {
         Ok(profile) => profile,
         Err(e) => {

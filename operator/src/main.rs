@@ -8,7 +8,6 @@ mod decide;
 mod http;
 mod leader;
 mod manifests;
-mod policy_view;
 mod report;
 mod world;
 

@@ -6,8 +6,8 @@
 mod status;
 pub mod tenant;
 
-use crate::policy_view::spec_knobs;
 use crate::report::{AgentReport, TenantReport};
+use cotenant_crds::policy_view::spec_knobs;
 use cotenant_crds::{Assignment, GpuAgentStatus, GpuPool, GpuPoolStatus, ModelTenant, TenantRef};
 use cotenant_crds::{ModelTenantStatus, conditions::set_condition};
 use cotenant_policy::{
@@ -213,7 +213,7 @@ pub fn decide_pool(
         let too_big = d.memory_bytes > largest_agent;
         for (a, x) in &placed {
             let ready = a.serves(&uid, &tuning);
-            let knobs = crate::policy_view::knobs(&x.knobs);
+            let knobs = cotenant_crds::policy_view::knobs(&x.knobs);
             current.push(CurrentReplica {
                 tenant: uid.clone(),
                 agent: a.name.clone(),

@@ -2,8 +2,8 @@
 //! and the Ready / ModelLoaded / SLOMet conditions, each with a reason a user can act on.
 
 use super::tenant::TenantDecision;
-use crate::policy_view::{chosen, spec_knobs};
 use cotenant_crds::conditions::set_condition;
+use cotenant_crds::policy_view::{chosen, spec_knobs};
 use cotenant_crds::{ModelTenant, ModelTenantStatus, Observed, ReplicaPlacement, TenantPhase};
 use kube::ResourceExt;
 

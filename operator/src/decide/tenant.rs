@@ -2,8 +2,8 @@
 //! its replica count and the footprint of one replica. Pure; the memory of past rounds lives in
 //! `TenantMemory`, rebuilt from the tenant's status after an operator restart.
 
-use crate::policy_view::{self, bounds_and_slo};
 use crate::report::TenantReport;
+use cotenant_crds::policy_view::{self, bounds_and_slo};
 use cotenant_crds::{ModelTenant, Profile as SpecProfile};
 use cotenant_policy::{
     Approach, Decision, Knobs, LatencyModel, ReplicaConfig, ReplicaInput, ReplicaState,

@@ -1,9 +1,10 @@
-//! Translations between the API types (`cotenant-crds`) and the policy's own types
-//! (`cotenant-policy`, which knows nothing of Kubernetes).
+//! Translations between the API types and the policy's own types (`cotenant-policy`, which
+//! knows nothing of Kubernetes), shared by the operator and the agent's standalone mode.
 
-use cotenant_crds::{
-    Approach as SpecApproach, ChosenApproach, Knobs as SpecKnobs, ModelTenantSpec,
-    Profile as SpecProfile, ProfilePoint as SpecPoint,
+use crate::common::Knobs as SpecKnobs;
+use crate::tenant::{
+    Approach as SpecApproach, ChosenApproach, ModelTenantSpec, Profile as SpecProfile,
+    ProfilePoint as SpecPoint,
 };
 use cotenant_policy::{Approach, ApproachPolicy, Bounds, Knobs, Profile, ProfilePoint, Slo};
 
