@@ -155,21 +155,19 @@ pub fn decide_pool(
     now_rfc3339: &str,
 ) -> PoolOutcome {
     let tuning = memory.tuning;
-    let agent_memory = pool
-        .spec
-        .gpu_memory_mib
-        .map(|m| m.saturating_mul(1 << 20))
-        .unwrap_or(DEFAULT_AGENT_MEMORY);
+    // The pool's stated GPU memory wins; otherwise what each agent reports of its device.
+    let pool_memory = pool.spec.gpu_memory_mib.map(|m| m.saturating_mul(1 << 20));
+    let agent_memory = pool_memory.unwrap_or(DEFAULT_AGENT_MEMORY);
     let memory_of = |a: &AgentView| {
-        pool.spec.gpu_memory_mib.map_or_else(
-            || {
+        pool_memory
+            .or_else(|| {
                 a.status
+                    .as_ref()?
+                    .device
                     .as_ref()
-                    .and_then(|s| s.device.as_ref())
-                    .map_or(DEFAULT_AGENT_MEMORY, |d| d.memory_total_bytes)
-            },
-            |m| m.saturating_mul(1 << 20),
-        )
+                    .map(|d| d.memory_total_bytes)
+            })
+            .unwrap_or(DEFAULT_AGENT_MEMORY)
     };
     let largest_agent = agents
         .iter()
