@@ -399,7 +399,8 @@ impl Cluster {
         Ok(())
     }
 
-    /// Tenant replicas by agent.
+    /// Tenant replicas by agent, for agents that hold any. Knobs are left out: they follow traffic
+    /// (DNNScaler keeps stepping), while a replica's place must survive an operator restart.
     pub fn assignments(&self) -> BTreeMap<String, Vec<String>> {
         let agents = self.json(&["gpuagents"]);
         agents["items"]
@@ -411,7 +412,7 @@ impl Cluster {
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .map(|x| format!("{} {}", x["tenant"]["name"], x["knobs"]))
+                    .map(|x| x["tenant"]["name"].as_str().unwrap_or_default().to_string())
                     .collect();
                 (
                     a["metadata"]["name"]
@@ -434,11 +435,7 @@ impl Cluster {
         ]);
         let left = services["items"].as_array().map_or(0, Vec::len)
             + slices["items"].as_array().map_or(0, Vec::len);
-        let assigned = self
-            .assignments()
-            .values()
-            .flatten()
-            .any(|x| x.starts_with(&format!("\"{tenant}\"")));
+        let assigned = self.assignments().values().flatten().any(|x| x == tenant);
         let exists = !self.jsonpath("mt", tenant, "{.metadata.name}").is_empty();
         if left == 0 && !assigned && !exists {
             Ok(())
