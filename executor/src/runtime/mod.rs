@@ -3,10 +3,12 @@
 //! thread budget. Knobs change while serving without dropping queued requests. No HTTP here: the
 //! agent submits requests and gets a callback.
 
+mod admission;
 mod batch;
 mod measure;
 pub mod stats;
 
+pub use admission::{BatchTimes, predicted_latency};
 pub use batch::{Rows, batchable, check, split, stack};
 pub use measure::{Measurement, measure};
 pub use stats::{ShedReason, Stats, WindowSummary};
@@ -79,6 +81,8 @@ struct Pending {
 struct Queue {
     items: VecDeque<Pending>,
     queued_rows: usize,
+    /// When each batch now running started.
+    running: Vec<Instant>,
     closed: bool,
 }
 
@@ -95,8 +99,8 @@ struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
     knobs: Mutex<Knobs>,
-    /// Exponentially weighted mean of batch compute time, for admission.
-    batch_time: Mutex<Option<Duration>>,
+    /// Recent batch compute times, for admission.
+    batch_times: Mutex<BatchTimes>,
     stats: Stats,
 }
 
@@ -137,11 +141,12 @@ impl Tenant {
             queue: Mutex::new(Queue {
                 items: VecDeque::new(),
                 queued_rows: 0,
+                running: Vec::new(),
                 closed: false,
             }),
             wake: Condvar::new(),
             knobs: Mutex::new(knobs),
-            batch_time: Mutex::new(None),
+            batch_times: Mutex::new(BatchTimes::default()),
         });
         let tenant = Tenant {
             shared,
@@ -237,7 +242,7 @@ impl Tenant {
         }
         let (max_batch, instances) = self.knobs();
         let slo = shared.stats.slo();
-        let batch_time = *lock(&shared.batch_time);
+        let per_batch = lock(&shared.batch_times).estimate();
         let mut queue = lock(&shared.queue);
         if queue.closed {
             shared.stats.shed(ShedReason::NotReady);
@@ -247,8 +252,20 @@ impl Tenant {
             shared.stats.shed(ShedReason::QueueFull);
             return Err(Rejected::QueueFull(queue.items.len()));
         }
-        if let Some(per_batch) = batch_time {
-            let predicted = predicted_latency(per_batch, queue.queued_rows, max_batch, instances);
+        // An idle instance with nothing queued always takes the request, so a tenant slower than
+        // its SLO still serves and keeps being measured.
+        let idle = queue.items.is_empty() && queue.running.len() < instances;
+        if let Some(per_batch) = per_batch.filter(|_| !idle) {
+            let now = Instant::now();
+            let running: Vec<Duration> = queue.running.iter().map(|s| now - *s).collect();
+            let predicted = predicted_latency(
+                per_batch,
+                &running,
+                queue.queued_rows,
+                rows.rows,
+                max_batch,
+                instances,
+            );
             if predicted > slo {
                 shared.stats.shed(ShedReason::WouldMissSlo);
                 return Err(Rejected::WouldMissSlo { predicted, slo });
@@ -286,26 +303,10 @@ impl Drop for Tenant {
     }
 }
 
-/// The latency a new request can expect: the rounds of `instances` parallel batches of
-/// `max_batch` rows needed to clear what is queued, plus its own batch. With an empty queue it is
-/// always admitted (zero), so a tenant slower than its SLO still serves and keeps being measured.
-pub fn predicted_latency(
-    per_batch: Duration,
-    queued_rows: usize,
-    max_batch: usize,
-    instances: usize,
-) -> Duration {
-    if queued_rows == 0 {
-        return Duration::ZERO;
-    }
-    let per_round = (max_batch * instances).max(1);
-    per_batch * u32::try_from(queued_rows / per_round + 1).unwrap_or(u32::MAX)
-}
-
 /// Takes the next batch: the oldest request plus later ones with the same shapes, up to
 /// `max_batch` rows, waiting up to the queue delay for a fuller batch. `None` when this worker
-/// should exit.
-fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<Vec<Pending>> {
+/// should exit. A non-empty batch is counted as running from the returned instant.
+fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<(Vec<Pending>, Instant)> {
     let mut queue = lock(&shared.queue);
     loop {
         if stop.load(Ordering::Relaxed) || (queue.closed && queue.items.is_empty()) {
@@ -334,13 +335,13 @@ fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<Vec<Pending>> {
                 .0;
             if queue.items.is_empty() {
                 // Another worker took them.
-                return Some(Vec::new());
+                return Some((Vec::new(), Instant::now()));
             }
         }
     }
     let mut taken = Vec::new();
     let Some(head) = queue.items.pop_front() else {
-        return Some(taken);
+        return Some((taken, Instant::now()));
     };
     let mut rows = head.rows.rows;
     let mut i = 0;
@@ -358,60 +359,70 @@ fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<Vec<Pending>> {
     }
     taken.insert(0, head);
     queue.queued_rows -= rows;
+    let started = Instant::now();
+    queue.running.push(started);
     // Others may still be waiting for work.
     if !queue.items.is_empty() {
         shared.wake.notify_one();
     }
-    Some(taken)
+    Some((taken, started))
 }
 
 fn worker_loop(shared: &Shared, stop: &AtomicBool, backend: CpuBackend) {
-    while let Some(batch) = next_batch(shared, stop) {
+    while let Some((batch, started)) = next_batch(shared, stop) {
         if batch.is_empty() {
             continue;
         }
-        run_batch(shared, &backend, batch);
+        let outcome = compute(shared, &backend, &batch);
+        // Done before the replies go out, so a caller that resubmits sees the instance free.
+        let mut queue = lock(&shared.queue);
+        if let Some(i) = queue.running.iter().position(|s| *s == started) {
+            queue.running.swap_remove(i);
+        }
+        drop(queue);
+        reply(shared, &backend, batch, outcome);
     }
 }
 
-fn run_batch(shared: &Shared, backend: &CpuBackend, batch: Vec<Pending>) {
+/// One batch's outputs, and how long computing them took.
+type Outcome = (Result<Vec<(String, Tensor)>, RunError>, Instant, Duration);
+
+fn compute(shared: &Shared, backend: &CpuBackend, batch: &[Pending]) -> Outcome {
     let plan = &shared.model.plan;
-    let names: Vec<String> = plan.inputs.iter().map(|i| i.name.clone()).collect();
-    let rows: Vec<usize> = batch.iter().map(|p| p.rows.rows).collect();
-    let total: usize = rows.iter().sum();
+    let names = plan.inputs.iter().map(|i| i.name.clone());
     let started = Instant::now();
     let refs: Vec<&Rows> = batch.iter().map(|p| &p.rows).collect();
-    let result = stack(&refs)
-        .and_then(|stacked| plan.run(backend, names.iter().cloned().zip(stacked).collect()));
-    let compute = started.elapsed();
-    match result {
-        Ok(outputs) => {
+    let result = stack(&refs).and_then(|stacked| plan.run(backend, names.zip(stacked).collect()));
+    (result, started, started.elapsed())
+}
+
+fn reply(shared: &Shared, backend: &CpuBackend, batch: Vec<Pending>, outcome: Outcome) {
+    let rows: Vec<usize> = batch.iter().map(|p| p.rows.rows).collect();
+    let total: usize = rows.iter().sum();
+    match outcome {
+        (Ok(outputs), started, compute_time) => {
             shared.stats.batch(total);
-            {
-                let mut ewma = lock(&shared.batch_time);
-                *ewma = Some(match *ewma {
-                    Some(prev) => prev.mul_f64(0.8) + compute.mul_f64(0.2),
-                    None => compute,
-                });
-            }
+            lock(&shared.batch_times).record(compute_time);
             for (pending, outputs) in batch.into_iter().zip(split(outputs, &rows)) {
                 let queue_time = started.saturating_duration_since(pending.arrived);
-                shared.stats.completion(queue_time, compute);
+                shared.stats.completion(queue_time, compute_time);
                 (pending.reply)(Ok(Completed {
                     outputs,
                     queue_time,
-                    compute_time: compute,
+                    compute_time,
                     batch_rows: total,
                 }));
             }
         }
         // One bad request must not fail its batch-mates: run each alone to find it.
-        Err(_) if batch.len() > 1 => {
+        (Err(_), ..) if batch.len() > 1 => {
             for pending in batch {
-                run_batch(shared, backend, vec![pending]);
+                let alone = std::slice::from_ref(&pending);
+                let outcome = compute(shared, backend, alone);
+                reply(shared, backend, vec![pending], outcome);
             }
         }
-        Err(e) => {
+        (Err(e), ..) => {
             shared.stats.error();
             if let Some(pending) = batch.into_iter().next() {
                 (pending.reply)(Err(e));

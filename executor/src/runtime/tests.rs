@@ -111,13 +111,24 @@ fn a_tenant_slower_than_its_slo_still_serves_an_empty_queue() {
 }
 
 #[test]
-fn predicted_latency_counts_the_rounds_ahead_and_its_own() {
-    let batch = Duration::from_millis(10);
-    assert_eq!(predicted_latency(batch, 0, 8, 2), Duration::ZERO);
-    assert_eq!(predicted_latency(batch, 15, 8, 2), batch);
-    assert_eq!(predicted_latency(batch, 16, 8, 2), batch * 2);
-    assert_eq!(predicted_latency(batch, 100, 1, 1), batch * 101);
-    assert_eq!(predicted_latency(batch, 5, 0, 0), batch * 6);
+fn a_request_that_would_wait_past_the_slo_is_shed() {
+    // Batches of up to 100 rows held for 10 s: requests queue behind the first one.
+    let mut c = config(100, 1, 10_000);
+    c.max_queue_delay = Duration::from_millis(0);
+    let tenant = Tenant::start(model(), c);
+    submit(&tenant, 0).recv().expect("reply").expect("ok");
+    tenant.set_knobs(100, 1, Duration::from_secs(10));
+    tenant.set_slo(Duration::from_nanos(1));
+    // Idle and empty: admitted even though one batch already exceeds the SLO.
+    let first = submit(&tenant, 1);
+    let refused = tenant.submit(input(2), Box::new(|_| {}));
+    assert!(
+        matches!(refused, Err(Rejected::WouldMissSlo { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(tenant.stats().window().shed, 1);
+    tenant.shutdown();
+    assert!(first.recv().expect("reply").is_ok());
 }
 
 #[test]
