@@ -18,7 +18,7 @@ pub use common::{Condition, Knobs, ModelFormat, ModelSource, Slo, TenantRef};
 pub use pool::{AgentTemplate, GpuPool, GpuPoolSpec, GpuPoolStatus, PullPolicy};
 pub use tenant::{
     Approach, ChosenApproach, ModelTenant, ModelTenantSpec, ModelTenantStatus, Observed, Profile,
-    ProfilePoint, ReplicaPlacement, Scaling, TenantPhase,
+    ProfilePoint, ReplicaPlacement, ScalerMemory, Scaling, TenantPhase,
 };
 pub use validate::FieldError;
 

@@ -4,9 +4,11 @@
 use crate::common::Knobs as SpecKnobs;
 use crate::tenant::{
     Approach as SpecApproach, ChosenApproach, ModelTenantSpec, Profile as SpecProfile,
-    ProfilePoint as SpecPoint,
+    ProfilePoint as SpecPoint, ScalerMemory,
 };
-use cotenant_policy::{Approach, ApproachPolicy, Bounds, Knobs, Profile, ProfilePoint, Slo};
+use cotenant_policy::{
+    Approach, ApproachPolicy, Bounds, Knobs, Learned, Profile, ProfilePoint, Slo,
+};
 
 /// The scaling bounds and the SLO of a tenant as the policy sees them.
 pub fn bounds_and_slo(spec: &ModelTenantSpec) -> (Bounds, Slo) {
@@ -53,6 +55,24 @@ pub fn chosen(a: Approach) -> ChosenApproach {
         Approach::Batching => ChosenApproach::Batching,
         Approach::MultiTenancy => ChosenApproach::MultiTenancy,
         Approach::Joint => ChosenApproach::Joint,
+    }
+}
+
+pub fn learned(m: &ScalerMemory) -> Learned {
+    Learned {
+        good: m.within_slo,
+        bad: m.violated_at,
+        slo_ms: m.slo_millis,
+        arrival_rate: m.arrival_rate_per_second,
+    }
+}
+
+pub fn scaler_memory(l: Learned) -> ScalerMemory {
+    ScalerMemory {
+        within_slo: l.good,
+        violated_at: l.bad,
+        slo_millis: l.slo_ms,
+        arrival_rate_per_second: l.arrival_rate,
     }
 }
 

@@ -140,6 +140,10 @@ pub struct ModelTenantStatus {
     /// The profile that justified the approach.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<Profile>,
+    /// What DNNScaler learned about the knob it moves, kept so that a restarted operator does
+    /// not probe again a setting that already violated the SLO.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaler: Option<ScalerMemory>,
     /// Replicas the operator wants.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
@@ -221,6 +225,22 @@ pub struct ProfilePoint {
     /// Peak activation memory of one instance at this batch size, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_activation_bytes: Option<u64>,
+}
+
+/// DNNScaler's memory of the knob it moves (the batch size for Batching and Joint, the
+/// instance count for MultiTenancy), valid for the SLO and load it was learned under.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalerMemory {
+    /// Largest value seen within the SLO (0: none yet).
+    pub within_slo: u32,
+    /// Smallest value whose own service time violated the SLO, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub violated_at: Option<u32>,
+    /// The SLO latency in milliseconds this was learned under.
+    pub slo_millis: f64,
+    /// The per-replica arrival rate this was learned under; a large change makes it stale.
+    pub arrival_rate_per_second: f64,
 }
 
 /// One replica of a tenant and where it runs.

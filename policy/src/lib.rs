@@ -27,8 +27,8 @@ pub mod sim;
 pub mod slo;
 
 pub use dnnscaler::{
-    Approach, ApproachChoice, Decision, LatencyModel, ScalerConfig, ScalerState, choose_approach,
-    step,
+    Approach, ApproachChoice, Decision, LatencyModel, Learned, ScalerConfig, ScalerState,
+    choose_approach, step,
 };
 pub use knobs::{ApproachPolicy, Bounds, Knobs};
 pub use placement::{

@@ -3,7 +3,7 @@
 
 use super::tenant::TenantDecision;
 use cotenant_crds::conditions::set_condition;
-use cotenant_crds::policy_view::{chosen, spec_knobs};
+use cotenant_crds::policy_view::{chosen, scaler_memory, spec_knobs};
 use cotenant_crds::{ModelTenant, ModelTenantStatus, Observed, ReplicaPlacement, TenantPhase};
 use kube::ResourceExt;
 
@@ -33,6 +33,7 @@ pub fn tenant_status(
     s.profile = d.profile.clone();
     s.knobs = Some(spec_knobs(d.knobs));
     s.approach = d.approach.map(chosen);
+    s.scaler = d.learned.map(scaler_memory);
     s.endpoint = Some(format!(
         "http://{name}.{namespace}.svc:8000/v2/models/{}",
         super::served_name(&namespace, &name)

@@ -6,7 +6,7 @@ use crate::report::TenantReport;
 use cotenant_crds::policy_view::{self, bounds_and_slo};
 use cotenant_crds::{ModelTenant, Profile as SpecProfile};
 use cotenant_policy::{
-    Approach, Decision, Knobs, LatencyModel, ReplicaConfig, ReplicaInput, ReplicaState,
+    Approach, Decision, Knobs, LatencyModel, Learned, ReplicaConfig, ReplicaInput, ReplicaState,
     ScalerConfig, ScalerState, TenantObservation, choose_approach, step,
 };
 use kube::ResourceExt;
@@ -101,6 +101,8 @@ pub struct TenantDecision {
     /// The approach DNNScaler applies, once chosen.
     pub approach: Option<Approach>,
     pub knobs: Knobs,
+    /// What DNNScaler has learned so far, to keep in the status.
+    pub learned: Option<Learned>,
     pub replicas: u32,
     /// Device memory one replica needs at `knobs`; 0 while unknown.
     pub memory_bytes: u64,
@@ -218,7 +220,11 @@ pub fn decide(
                 (choice.approach, choice.knobs)
             }
         };
-        memory.scaler = Some(ScalerState::new(approach, knobs, ScalerConfig::default()));
+        let mut scaler = ScalerState::new(approach, knobs, ScalerConfig::default());
+        if let Some(m) = status.scaler.as_ref().filter(|_| recorded_choice) {
+            scaler.restore(policy_view::learned(m));
+        }
+        memory.scaler = Some(scaler);
     }
     let mut wants_more = false;
     if let (Some(scaler), Some(model)) = (memory.scaler.as_mut(), memory.model.as_ref())
@@ -314,6 +320,7 @@ pub fn decide(
     TenantDecision {
         approach: memory.scaler.as_ref().map(|s| s.approach),
         knobs,
+        learned: memory.scaler.as_ref().and_then(ScalerState::learned),
         replicas,
         memory_bytes,
         load,

@@ -404,3 +404,65 @@ fn a_new_model_uri_is_profiled_again() {
     assert_eq!(outcome.tenants[0].status.profile, None);
     assert_eq!(outcome.tenants[0].notes[0].reason, "ModelChanged");
 }
+
+/// Rounds of light traffic on a tenant restored from `status` by a new operator (empty memory);
+/// the batch sizes the status shows afterwards.
+fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
+    let pool = pool(1024, 4);
+    let mut t = (*tenant("a", 50.0)).clone();
+    t.status = Some(status);
+    let t = Arc::new(t);
+    let mut agents = vec![agent("agent-0", 8000)];
+    let mut memory = Memory::default();
+    let mut batches = Vec::new();
+    for i in 0..12 {
+        let mut r = replica_report(&t, "Ready");
+        r.latency_at_percentile_millis = Some(5.0);
+        r.window = Some(Window {
+            arrival_rate_per_second: 10.0,
+            throughput_per_second: 10.0,
+            completions: 300,
+            slo_attainment: Some(1.0),
+        });
+        agents[0].report = Some(AgentReport { tenants: vec![r] });
+        let outcome = round(
+            &pool,
+            std::slice::from_ref(&t),
+            &mut agents,
+            &mut memory,
+            5.0 * i as f64,
+        );
+        let status = &outcome.tenants[0].status;
+        batches.push(status.knobs.as_ref().map_or(0, |k| k.batch_size));
+    }
+    batches
+}
+
+#[test]
+fn a_restarted_operator_keeps_what_dnnscaler_learned() {
+    let mut status = cotenant_crds::ModelTenantStatus {
+        profile: Some(cotenant_crds::policy_view::profile_to_status(
+            &profile(),
+            "file:///models/m.onnx",
+            "2026-12-02T00:00:00Z".into(),
+        )),
+        approach: Some(cotenant_crds::ChosenApproach::Batching),
+        knobs: Some(cotenant_crds::Knobs {
+            batch_size: 2,
+            instances: 1,
+        }),
+        ..Default::default()
+    };
+    // Without the memory, light traffic lets the batch grow past 2 again.
+    let forgetful = batches_after_restart(status.clone());
+    assert!(forgetful.iter().any(|&b| b >= 4), "{forgetful:?}");
+    // With it, batch 4 is known to violate this SLO at this load: it stays below.
+    status.scaler = Some(cotenant_crds::ScalerMemory {
+        within_slo: 2,
+        violated_at: Some(4),
+        slo_millis: 50.0,
+        arrival_rate_per_second: 10.0,
+    });
+    let remembering = batches_after_restart(status);
+    assert!(remembering.iter().all(|&b| b < 4), "{remembering:?}");
+}

@@ -8,4 +8,4 @@ mod scaler;
 
 pub use latency_model::LatencyModel;
 pub use profiler::{Approach, ApproachChoice, choose_approach};
-pub use scaler::{Decision, ScalerConfig, ScalerState, step};
+pub use scaler::{Decision, Learned, ScalerConfig, ScalerState, step};

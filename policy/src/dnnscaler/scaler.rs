@@ -63,6 +63,21 @@ pub enum Decision {
     NeedReplicas,
 }
 
+/// What the scaler has learned about the moving knob, and in which situation: the part of its
+/// memory worth keeping across an operator restart, so a new leader does not probe a knob that
+/// already violated the SLO.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Learned {
+    /// Largest value of the moving knob seen within the SLO (0: none yet).
+    pub good: u32,
+    /// Smallest value of the moving knob whose own service time violated the SLO.
+    pub bad: Option<u32>,
+    /// The SLO latency these were learned under.
+    pub slo_ms: f64,
+    /// The per-replica arrival rate these were learned under.
+    pub arrival_rate: f64,
+}
+
 /// The scaler's memory of one tenant.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScalerState {
@@ -95,6 +110,25 @@ impl ScalerState {
             learned_slo_ms: f64::NAN,
             learned_arrival: f64::NAN,
         }
+    }
+
+    /// What it has learned, once it has a situation to learn in.
+    pub fn learned(&self) -> Option<Learned> {
+        (self.learned_slo_ms.is_finite() && self.learned_arrival.is_finite()).then_some(Learned {
+            good: self.good,
+            bad: self.bad,
+            slo_ms: self.learned_slo_ms,
+            arrival_rate: self.learned_arrival,
+        })
+    }
+
+    /// Takes back what an earlier scaler learned; the next step forgets it if the situation has
+    /// changed since.
+    pub fn restore(&mut self, learned: Learned) {
+        self.good = learned.good;
+        self.bad = learned.bad;
+        self.learned_slo_ms = learned.slo_ms;
+        self.learned_arrival = learned.arrival_rate;
     }
 
     /// The smallest knob value remembered as violating the SLO, if any.
@@ -334,6 +368,30 @@ mod tests {
             step(&mut s, &obs(10.0), &slo, &b, &m);
         }
         assert_eq!(s.knobs, Knobs::new(30, 1));
+    }
+
+    #[test]
+    fn a_restored_scaler_keeps_what_it_learned_until_the_situation_changes() {
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let mut s = state(Approach::Batching, Knobs::new(16, 1));
+        step(&mut s, &obs(90.0), &slo, &b, &m);
+        s.knobs = Knobs::new(40, 1);
+        step(&mut s, &obs(120.0), &slo, &b, &m);
+        let learned = s.learned().expect("learned in a situation");
+        assert_eq!(learned.bad, Some(40));
+        // A new operator starts from the knobs and what was learned.
+        let mut restored = state(Approach::Batching, s.knobs);
+        restored.restore(learned);
+        for _ in 0..20 {
+            step(&mut restored, &obs(10.0), &slo, &b, &m);
+        }
+        assert!(restored.knobs.batch < 40, "{:?}", restored.knobs);
+        // Another SLO: the old limits no longer apply.
+        let mut moved = state(Approach::Batching, Knobs::new(30, 1));
+        moved.restore(learned);
+        step(&mut moved, &obs(10.0), &Slo::p99(400.0), &b, &m);
+        assert_eq!(moved.last_violation(), None);
+        assert_eq!(state(Approach::Batching, Knobs::ONE).learned(), None);
     }
 
     #[test]
