@@ -1,4 +1,5 @@
-//! Graph rewrite passes, run in order by [`optimize`]: constant folding, BatchNorm folded into the
+//! Graph rewrite passes, run in order by [`optimize`]: constant folding (shape subgraphs
+//! included, under symbolic dimensions), BatchNorm folded into the
 //! producing Conv, Erf-form GELU recognised, constant bias fused into MatMul, activations fused into the producing Conv/Gemm/MatMul, dead-node removal.
 
 mod bias;
@@ -7,6 +8,7 @@ mod dce;
 mod fold;
 mod fuse;
 mod gelu;
+mod shapes;
 
 pub use bias::fuse_matmul_bias;
 pub use bn_fold::fold_batch_norm;
@@ -14,11 +16,15 @@ pub use dce::remove_dead;
 pub use fold::fold_constants;
 pub use fuse::fuse_activations;
 pub use gelu::fuse_gelu;
+pub use shapes::fold_shapes;
 
 use crate::graph::Graph;
 
 pub fn optimize(g: &mut Graph) {
     fold_constants(g);
+    if fold_shapes(g) > 0 {
+        fold_constants(g);
+    }
     fold_batch_norm(g);
     fuse_gelu(g);
     remove_dead(g);

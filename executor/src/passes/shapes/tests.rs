@@ -1,0 +1,152 @@
+use super::*;
+use crate::backend::CpuBackend;
+use crate::ops::shape::ShapeOp;
+use crate::passes::{fold_constants, remove_dead};
+use crate::plan::Plan;
+use crate::proto::ModelProto;
+use crate::zoo::builder::{Builder, attr_ints, value_info};
+use prost::Message;
+
+/// What a PyTorch export of `x.view(b, 8, 4, h // 4).transpose(1, 2).reshape(b, -1)` looks
+/// like, plus `x.reshape(b, *x.shape[1:3])`, with x of shape [batch, 8, 32].
+fn exported() -> Graph {
+    let mut m = Builder::new(1, false);
+    let s = m.node("Shape", &["x"], vec![]);
+    let axis0 = m.const_i64("axis0", &[0]);
+    let scalar = |m: &mut Builder, v: i64| {
+        let c = m.const_i64("c", &[v]);
+        m.node("Squeeze", &[&c, &axis0], vec![])
+    };
+    let (i0, i2, four) = (scalar(&mut m, 0), scalar(&mut m, 2), scalar(&mut m, 4));
+    let b = m.node("Gather", &[&s, &i0], vec![]);
+    let h = m.node("Gather", &[&s, &i2], vec![]);
+    let head = m.node("Div", &[&h, &four], vec![]);
+    let b1 = m.node("Unsqueeze", &[&b, &axis0], vec![]);
+    let head1 = m.node("Unsqueeze", &[&head, &axis0], vec![]);
+    let (c8, c4) = (m.const_i64("c8", &[8]), m.const_i64("c4", &[4]));
+    let target = m.node(
+        "Concat",
+        &[&b1, &c8, &c4, &head1],
+        vec![crate::zoo::builder::attr_int("axis", 0)],
+    );
+    let y = m.node("Reshape", &["x", &target], vec![]);
+    let t = m.node("Transpose", &[&y], vec![attr_ints("perm", &[0, 2, 1, 3])]);
+    let minus1 = m.const_i64("m1", &[-1]);
+    let flat = m.node(
+        "Concat",
+        &[&b1, &minus1],
+        vec![crate::zoo::builder::attr_int("axis", 0)],
+    );
+    let z = m.node("Reshape", &[&t, &flat], vec![]);
+    m.node_rename_last(&z, "z");
+    let (c1, c3) = (m.const_i64("s", &[1]), m.const_i64("e", &[3]));
+    let middle = m.node("Slice", &[&s, &c1, &c3], vec![]);
+    let same = m.node(
+        "Concat",
+        &[&b1, &middle],
+        vec![crate::zoo::builder::attr_int("axis", 0)],
+    );
+    let w = m.node("Reshape", &["x", &same], vec![]);
+    m.node_rename_last(&w, "w");
+    let proto: ModelProto = m.finish(
+        "export",
+        13,
+        vec![value_info("x", DType::F32, &[None, Some(8), Some(32)])],
+        vec![
+            value_info("z", DType::F32, &[None, Some(256)]),
+            value_info("w", DType::F32, &[None, Some(8), Some(32)]),
+        ],
+    );
+    crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+}
+
+fn count(g: &Graph, name: &str) -> usize {
+    g.nodes
+        .iter()
+        .filter(|n| match &n.op {
+            Op::Shape(s) => s.name() == name,
+            Op::Binary(Binary::Div) => name == "Div",
+            _ => false,
+        })
+        .count()
+}
+
+#[test]
+fn everything_but_the_batch_is_folded() {
+    let mut g = exported();
+    fold_constants(&mut g);
+    assert!(fold_shapes(&mut g) > 0);
+    fold_constants(&mut g);
+    remove_dead(&mut g);
+    // Left: Shape -> Gather(0) -> Unsqueeze -> Concat, for the batch, and the reshapes.
+    assert_eq!(count(&g, "Div"), 0);
+    assert_eq!(count(&g, "Slice"), 0);
+    assert_eq!(count(&g, "Gather"), 1);
+    assert_eq!(count(&g, "Shape"), 1);
+    let concats: Vec<usize> = g
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Shape(ShapeOp::Concat { .. })))
+        .map(|n| n.inputs.len())
+        .collect();
+    assert_eq!(concats.len(), 3);
+    // The head size (32 / 4) and the sliced [8, 32] are constants now.
+    let has = |v: &[i64]| {
+        g.constants
+            .values()
+            .any(|t| t.to_i64_vec().ok().as_deref() == Some(v))
+    };
+    assert!(has(&[8]) && has(&[8, 32]));
+}
+
+#[test]
+fn folded_models_compute_the_same_at_any_batch() {
+    let raw = Plan::build(&exported()).expect("plan");
+    let mut g = exported();
+    crate::passes::optimize(&mut g);
+    let folded = Plan::build(&g).expect("plan");
+    let be = CpuBackend::new(1);
+    for batch in [1, 3] {
+        let x: Vec<f32> = (0..batch * 256).map(|i| i as f32 * 0.5).collect();
+        let input = || {
+            vec![(
+                "x".to_string(),
+                Tensor::f32(vec![batch, 8, 32], x.clone()).expect("x"),
+            )]
+        };
+        let want = raw.run(&be, input()).expect("raw runs");
+        let got = folded.run(&be, input()).expect("folded runs");
+        assert_eq!(got.len(), 2);
+        for ((n1, a), (n2, b)) in want.iter().zip(&got) {
+            assert_eq!(n1, n2);
+            assert_eq!(a.shape, b.shape, "{n1} at batch {batch}");
+            assert_eq!(a.as_f32().expect("f32"), b.as_f32().expect("f32"));
+        }
+        assert_eq!(got[0].1.shape, vec![batch, 256]);
+    }
+}
+
+#[test]
+fn symbolic_products_and_reshapes() {
+    let b = || Sym::Named("batch".into());
+    let k = Sym::Known;
+    assert_eq!(product(&[k(2), k(3)]), k(6));
+    assert_eq!(product(&[b(), k(1)]), b());
+    assert_eq!(product(&[b(), k(2)]), Sym::Unknown);
+    // [batch, 8, 32] -> [batch, -1] = [batch, 256]; -> [-1, 32] = unknown (8·batch).
+    let x = [b(), k(8), k(32)];
+    assert_eq!(reshape(&x, &[b(), k(-1)], false), vec![b(), k(256)]);
+    assert_eq!(reshape(&x, &[k(-1), k(256)], false), vec![b(), k(256)]);
+    assert_eq!(
+        reshape(&x, &[k(-1), k(32)], false),
+        vec![Sym::Unknown, k(32)]
+    );
+    assert_eq!(
+        reshape(&x, &[k(0), k(0), k(4), k(8)], false)[..2],
+        [b(), k(8)]
+    );
+    assert_eq!(
+        broadcast_all(&[&vec![b(), k(1)], &vec![k(1), k(5)]]),
+        Some(vec![b(), k(5)])
+    );
+}
