@@ -6,6 +6,8 @@
 //! ```
 
 pub mod backend;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod gacer;
 pub mod graph;
