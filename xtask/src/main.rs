@@ -3,6 +3,7 @@
 //! then runs formatting, lints, the CRD drift check, `helm lint` and every test.
 
 mod cluster;
+mod device_check;
 mod python;
 mod test;
 
@@ -24,6 +25,8 @@ commands:
   bench executor       this executor vs onnxruntime on the CPU (ratio table)
   bench agent          goodput within the SLO under static b=1 m=1, DNNScaler and Clipper
                        AIMD on a standalone agent, and the HTTP overhead (tables)
+  device-check         build the CUDA device check (release, --features cuda) into
+                       target/device-bundle/ with run.sh for a GPU host
   setup                only build/cache the tools and the Python venv";
 
 fn main() -> anyhow::Result<()> {
@@ -36,6 +39,7 @@ fn main() -> anyhow::Result<()> {
         ["cluster", "down"] => cluster::down(),
         ["bench", "executor", rest @ ..] => bench_executor(rest),
         ["bench", "agent", rest @ ..] => bench_agent(rest),
+        ["device-check", rest @ ..] => device_check::run(rest),
         ["setup"] => {
             python::venv()?;
             cotenant_e2e::toolchain::ensure()?;

@@ -1,0 +1,131 @@
+//! `cargo xtask device-check`: builds the CUDA device check here (release, `--features cuda`,
+//! x86-64) and writes a self-contained bundle to `target/device-bundle/` for a GPU host: the
+//! `device_check` binary, `torch_eager.py` and `run.sh`, which runs both and writes
+//! `$OUT/device-<date>.md`. The GPU host needs no Rust toolchain.
+
+use anyhow::{Context, bail};
+use std::path::Path;
+use std::process::Command;
+
+/// The bundle must travel to the device machine (64 MiB limit on what it carries).
+const MAX_BUNDLE_BYTES: u64 = 60 << 20;
+
+const RUN_SH: &str = r##"#!/usr/bin/env bash
+# cotenant device check on a GPU host: CUDA kernels and zoo models vs the CPU backend, CUDA
+# latency, PyTorch eager latency. Writes $OUT/device-<date>.md (or ./device-out/ without $OUT)
+# and prints it. Finishes in well under 8 minutes (each step has its own timeout).
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${OUT:-$PWD/device-out}"
+mkdir -p "$out"
+stamp="$(date -u +%Y%m%d-%H%M%S)"
+report="$out/device-$stamp.md"
+py="$(command -v python3 || command -v python || true)"
+
+# libnvrtc and libcublas: a CUDA toolkit if there is one, else the nvidia-* wheels torch brings.
+dirs=""
+add() { case ":$dirs:" in *":$1:"*) ;; *) dirs="$dirs:$1" ;; esac; }
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do [ -d "$d" ] && add "$d"; done
+if [ -n "$py" ]; then
+  for s in $("$py" -c 'import site; print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null); do
+    for f in $(find "$s/nvidia" -maxdepth 4 \( -name 'libnvrtc.so*' -o -name 'libcublas.so*' -o -name 'libcublasLt.so*' \) 2>/dev/null); do
+      add "$(dirname "$f")"
+    done
+  done
+fi
+export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export COTENANT_PTX_CACHE="${TMPDIR:-/tmp}/cotenant-ptx"
+export RUST_BACKTRACE=1
+
+{
+  echo "# device check $stamp"
+  echo
+  echo '```'
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | head -3
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo '```'
+  echo
+} > "$report"
+
+echo "== device_check (CUDA vs CPU, CUDA latency)"
+timeout 330 "$here/device_check" --out "$out/rust.md" --iters "${ITERS:-20}" 2>&1 | tee "$out/rust.log"
+rc=${PIPESTATUS[0]}
+if [ -f "$out/rust.md" ]; then cat "$out/rust.md" >> "$report"; else echo "device_check wrote no report (exit $rc)" >> "$report"; fi
+if [ "$rc" -ne 0 ]; then { echo; echo "device_check log (last 40 lines):"; echo '```'; tail -40 "$out/rust.log"; echo '```'; } >> "$report"; fi
+echo >> "$report"
+
+echo "== torch_eager.py (PyTorch eager latency)"
+if [ -n "$py" ]; then
+  timeout 150 "$py" "$here/torch_eager.py" --iters "${ITERS:-20}" > "$out/torch.md" 2> "$out/torch.err"
+  trc=$?
+  cat "$out/torch.md" >> "$report"
+  if [ "$trc" -ne 0 ]; then { echo; echo "torch_eager.py exit $trc:"; echo '```'; tail -20 "$out/torch.err"; echo '```'; } >> "$report"; fi
+else
+  echo "no python on this host: PyTorch eager not measured" >> "$report"
+fi
+echo "device_check exit status: $rc (0 all passed, 1 a check failed, 2 no usable GPU, 124 timeout)" >> "$report"
+echo
+cat "$report"
+exit $rc
+"##;
+
+pub fn run(args: &[&str]) -> anyhow::Result<()> {
+    if !args.is_empty() {
+        bail!("device-check takes no arguments");
+    }
+    let root = crate::repo_root();
+    let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "cotenant-executor",
+        "--features",
+        "cuda",
+        "--example",
+        "device_check",
+    ]);
+    crate::run(build)?;
+    let bin = crate::target_dir().join("release/examples/device_check");
+    let bundle = root.join("target/device-bundle");
+    let _ = std::fs::remove_dir_all(&bundle);
+    std::fs::create_dir_all(&bundle).with_context(|| format!("creating {}", bundle.display()))?;
+    let dest = bundle.join("device_check");
+    std::fs::copy(&bin, &dest).with_context(|| format!("copying {}", bin.display()))?;
+    // Debug line tables are not needed there; strip when the tool exists (smaller to carry).
+    let _ = Command::new("strip").arg(&dest).status();
+    std::fs::copy(
+        root.join("executor/bench/torch_eager.py"),
+        bundle.join("torch_eager.py"),
+    )?;
+    write_executable(&bundle.join("run.sh"), RUN_SH)?;
+    let size: u64 = std::fs::read_dir(&bundle)?
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    if size > MAX_BUNDLE_BYTES {
+        bail!(
+            "the bundle is {} MiB, over the {} MiB that can be carried",
+            size >> 20,
+            MAX_BUNDLE_BYTES >> 20
+        );
+    }
+    println!(
+        "device bundle: {} ({:.1} MiB)\n\non the GPU host (device `run` tool), one call:\n  \
+         command: bash target/device-bundle/run.sh\n  carry: [\"target/device-bundle\"]\n  \
+         timeout_s: 540\nthe report comes back as $OUT/device-<date>.md",
+        bundle.display(),
+        size as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
+fn write_executable(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(())
+}
