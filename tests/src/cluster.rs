@@ -285,15 +285,32 @@ metadata:
         namespace: &str,
         name: &str,
     ) -> Result<PathBuf, Error> {
+        self.service_account_kubeconfig_via(namespace, name, &self.server)
+    }
+
+    /// Like [`ControlPlane::service_account_kubeconfig`], reaching the API server at `server`
+    /// (a proxy in front of it, whose address the serving certificate also covers).
+    pub fn service_account_kubeconfig_via(
+        &self,
+        namespace: &str,
+        name: &str,
+        server: &str,
+    ) -> Result<PathBuf, Error> {
         let token =
             self.kubectl_ok(&["create", "token", name, "-n", namespace, "--duration=2h"])?;
-        let path = self.dir.join(format!("{namespace}-{name}.kubeconfig"));
+        let host = server
+            .rsplit('/')
+            .next()
+            .unwrap_or(server)
+            .replace(':', "-");
+        let path = self
+            .dir
+            .join(format!("{namespace}-{name}-{host}.kubeconfig"));
         let ca = self.dir.join("pki/ca.crt");
         std::fs::write(
             &path,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {name}\n  user:\n    token: {token}\ncontexts:\n- name: local\n  context:\n    cluster: local\n    user: {name}\n    namespace: {namespace}\ncurrent-context: local\n",
-                server = self.server,
                 ca = ca.display(),
                 token = token.trim(),
             ),

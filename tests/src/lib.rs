@@ -6,8 +6,10 @@
 pub mod agents;
 pub mod cluster;
 pub mod http;
+pub mod load;
 pub mod pki;
 pub mod process;
+pub mod proxy;
 pub mod shared;
 pub mod toolchain;
 pub mod versions;

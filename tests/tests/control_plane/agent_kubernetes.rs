@@ -1,17 +1,19 @@
 //! The agent in Kubernetes mode as a host process with the chart's agent ServiceAccount identity
 //! (not admin): it serves its GpuAgent's assignments (file:// and http:// models), marks a broken
-//! one Failed, writes its status, follows knob changes and removals, profiles on request, and lets
-//! only the operator's ServiceAccount read `/report`.
+//! one Failed, writes its status, follows knob changes and removals, profiles on request, lets
+//! only the operator's ServiceAccount read `/report`, and keeps serving through an API server
+//! outage.
 
 use cotenant_e2e::cluster::{checked, free_port};
 use cotenant_e2e::http::http_post_json;
 use cotenant_e2e::process::{Lifetime, Process};
+use cotenant_e2e::proxy::TcpProxy;
 use cotenant_e2e::{ControlPlane, TestNamespace, http_get, http_get_with, poll, workspace_binary};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const RELEASE: &str = "agentk";
 
@@ -171,8 +173,11 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     );
     cp.kubectl_apply(&manifest).expect("GpuAgent created");
 
+    // The agent reaches the API server through a proxy the test can cut.
+    let upstream = cp.server.trim_start_matches("https://");
+    let proxy = TcpProxy::start(upstream).expect("proxy");
     let kubeconfig = cp
-        .service_account_kubeconfig(n, "cotenant-agent")
+        .service_account_kubeconfig_via(n, "cotenant-agent", &format!("https://{}", proxy.addr))
         .expect("token for the agent's ServiceAccount");
     let addr = format!("127.0.0.1:{}", free_port().expect("port"));
     let admin = format!("127.0.0.1:{}", free_port().expect("port"));
@@ -469,6 +474,60 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
             match tenant(&s, n, "broken") {
                 Some(t) if t["state"] == "Ready" && t.get("error").is_none() => Ok(()),
                 _ => Err(s.to_string()),
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+
+    // The API server goes away: the agent keeps serving its last assignments. Once it is
+    // back, the agent writes its status again and follows new assignments.
+    proxy.cut();
+    let outage = Instant::now();
+    let mut served = 0;
+    while outage.elapsed() < Duration::from_secs(15) {
+        let (code, answer) = http_post_json(&addr, &format!("/v2/models/{n}.bert/infer"), request)
+            .expect("the agent answers during the outage");
+        assert_eq!(code, 200, "{answer}");
+        served += 1;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(agent.is_running(), "{}", agent.log_tail(20));
+    let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
+    assert!(
+        log.contains("serving continues"),
+        "the outage was not noticed:\n{}",
+        agent.log_tail(20)
+    );
+    eprintln!("served {served} requests during a 15 s API server outage");
+    let stale = agent_status(cp, n).expect("status")["heartbeatTime"].clone();
+    proxy.restore();
+    poll(
+        "a heartbeat after the outage",
+        Duration::from_secs(90),
+        || {
+            let s = agent_status(cp, n)?;
+            if s["heartbeatTime"] != stale {
+                Ok(())
+            } else {
+                Err(format!("still {stale}"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+    patch(
+        cp,
+        n,
+        r#"[{"op":"replace","path":"/spec/assignments/0/knobs","value":{"batchSize":2,"instances":1}}]"#,
+    );
+    poll(
+        "knobs changed after the outage",
+        Duration::from_secs(90),
+        || {
+            let t = reported(&admin, &operator, &format!("{n}.bert"));
+            if t["knobs"] == serde_json::json!({"batchSize": 2, "instances": 1}) {
+                Ok(())
+            } else {
+                Err(t.to_string())
             }
         },
     )
