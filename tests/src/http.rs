@@ -9,7 +9,8 @@ pub fn http_post_json(addr: &str, path: &str, body: &str) -> Result<(u16, String
         &format!(
             "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
-        ),
+        )
+        .as_bytes(),
         Duration::from_secs(60),
     )
 }

@@ -42,7 +42,7 @@ pub fn http_get_with(
         .collect();
     exchange(
         addr,
-        &format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}\r\n"),
+        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}\r\n").as_bytes(),
         Duration::from_secs(10),
     )
 }
@@ -50,20 +50,17 @@ pub fn http_get_with(
 /// Sends one HTTP/1.0 `request` to `addr` and reads the whole response: its status code and body.
 pub(crate) fn exchange(
     addr: &str,
-    request: &str,
+    request: &[u8],
     timeout: Duration,
 ) -> Result<(u16, String), String> {
     let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(timeout))
         .map_err(|e| e.to_string())?;
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .map_err(|e| e.to_string())?;
+    stream.write_all(request).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    let response = String::from_utf8_lossy(&bytes);
     let code = response
         .split_whitespace()
         .nth(1)

@@ -1,6 +1,6 @@
 //! The mission end to end on the real control plane (`cargo xtask e2e`): `helm install`, tenants
-//! with SLOs become Ready and serve through their EndpointSlices, a tighter SLO grows the pool
-//! until a new GPU node joins, a looser one shrinks it, agents and the operator die and the
+//! with SLOs become Ready and serve through their EndpointSlices, a tighter SLO under load grows
+//! the pool until a new GPU node joins, a looser one without load shrinks it, agents and the operator die and the
 //! system recovers, deletion cleans up, and bad references say why without disturbing others.
 //!
 //! The operator runs as a host process with the chart's ServiceAccount identity (not admin);
@@ -44,9 +44,11 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
         "DNNScaler's decisions are Events:\n{events}"
     );
 
-    // 2. A tighter SLO with more replicas than GPUs: the pool grows, the new agent stays
-    //    Pending for lack of a GPU, a node joins (the test plays the cluster autoscaler), the
-    //    tenant gets its replicas.
+    // 2. A tighter SLO and load at four times the most one replica of rn serves at any knob
+    //    setting (its profile): ReplicaState asks for more replicas than there are GPUs (capped at
+    //    maxReplicas 3, one more than the GPU nodes), the pool grows, the new agent stays Pending
+    //    for lack of a GPU, a node joins (the test plays the cluster autoscaler), the tenant gets
+    //    its replicas, and once the load is sustainable it meets its SLO again.
     let knobs_before = c.jsonpath(
         "mt",
         "rn",
@@ -54,30 +56,59 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     );
     c.patch_tenant(
         "rn",
-        r#"{"spec":{"slo":{"latencyMillis":1500},"scaling":{"minReplicas":3}}}"#,
+        r#"{"spec":{"slo":{"latencyMillis":1500},"scaling":{"maxReplicas":3}}}"#,
     );
+    let rate = 4.0 * c.profiled_peak_throughput("rn");
+    eprintln!("e2e: load on rn at {rate:.1} requests/s");
+    let load = c.load_image_model("rn", rate);
     c.step("an agent pod Pending for lack of a GPU", 180, || {
         c.pending_agent_pods()
     });
     c.add_gpu_node("gpu-autoscaled-0");
-    c.step("three ready replicas after the node joined", 300, || {
-        c.expect_jsonpath("mt", "rn", "{.status.readyReplicas}", "3")
-    });
+    c.step(
+        "three ready replicas under load after the node joined",
+        300,
+        || c.expect_jsonpath("mt", "rn", "{.status.readyReplicas}", "3"),
+    );
     let knobs_after = c.jsonpath(
         "mt",
         "rn",
         "{.status.knobs.batchSize}x{.status.knobs.instances}",
     );
     eprintln!("e2e: rn knobs {knobs_before} -> {knobs_after} after the SLO tightened");
-    c.step("rn Ready", 120, || c.all_ready(&["rn"]));
-
-    // 3. Looser again: replicas consolidate, idle agents drain and the pool shrinks.
-    let agents_at_peak = c.pool_agents();
-    c.patch_tenant(
+    // Every replica here shares the same two cores, so more replicas add no capacity: under
+    // four times the load, admission sheds and the SLO stays violated. Only the answers are
+    // checked; at half the peak load, the SLO is met again.
+    let overloaded = c.jsonpath(
+        "mt",
         "rn",
-        r#"{"spec":{"slo":{"latencyMillis":2000},"scaling":{"minReplicas":1}}}"#,
+        "{.status.observed} at {.status.knobs.batchSize}x{.status.knobs.instances}",
     );
-    c.step("one rn replica", 120, || {
+    let answers = load.stop();
+    eprintln!("e2e: rn under 4x load: {overloaded}; answers {answers:?}");
+    expect_only_served_or_shed(&answers);
+    let load = c.load_image_model("rn", rate / 8.0);
+    c.step("rn meets its SLO again at half the peak load", 240, || {
+        c.all_ready(&["rn"])?;
+        c.expect_jsonpath(
+            "mt",
+            "rn",
+            "{.status.conditions[?(@.type==\"SLOMet\")].status}",
+            "True",
+        )
+    });
+    let answers = load.stop();
+    eprintln!(
+        "e2e: rn at half the peak load: {}; answers {answers:?}",
+        c.jsonpath("mt", "rn", "{.status.observed}")
+    );
+    expect_only_served_or_shed(&answers);
+
+    // 3. The load is gone and the SLO looser again: replicas consolidate, idle agents drain and
+    //    the pool shrinks.
+    let agents_at_peak = c.pool_agents();
+    c.patch_tenant("rn", r#"{"spec":{"slo":{"latencyMillis":2000}}}"#);
+    c.step("one rn replica", 180, || {
         c.expect_jsonpath("mt", "rn", "{.status.replicas}", "1")
     });
     c.step("the pool shrinks", 240, || {
@@ -109,7 +140,7 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     assert_eq!(
         before,
         c.assignments(),
-        "a restarted operator moved replicas"
+        "a restarted operator moved replicas or changed knobs"
     );
 
     // 5. Deleting a tenant removes its Service, EndpointSlices and assignments.
@@ -137,4 +168,17 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
         .expect("the good tenants kept serving");
     c.infer_through_slice("rn", &models.path("resnet18"));
     c.report_steps();
+}
+
+/// Under load only 200 (served), 429 (shed) and 503 (not ready) are acceptable, and some were
+/// served.
+fn expect_only_served_or_shed(answers: &std::collections::BTreeMap<String, u64>) {
+    let unexpected: Vec<_> = answers
+        .keys()
+        .filter(|code| !["200", "429", "503"].contains(&code.as_str()))
+        .collect();
+    assert!(
+        unexpected.is_empty() && answers.get("200").is_some_and(|n| *n > 0),
+        "under load only 200, 429 and 503 are acceptable answers: {answers:?}"
+    );
 }

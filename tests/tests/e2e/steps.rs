@@ -3,6 +3,7 @@
 
 use cotenant_e2e::agents::AgentHost;
 use cotenant_e2e::cluster::{checked, free_port};
+use cotenant_e2e::load::{Load, Request};
 use cotenant_e2e::process::{Lifetime, Process};
 use cotenant_e2e::{ControlPlane, TestNamespace, http_get, poll, workspace_binary};
 use serde_json::Value;
@@ -296,20 +297,10 @@ impl Cluster {
 
     /// Sends inference with tritonclient to the first address of the tenant's EndpointSlices.
     pub fn infer_through_slice(&self, tenant: &str, file: &Path) {
-        let slices = self.json(&[
-            "endpointslices",
-            "-l",
-            &format!("kubernetes.io/service-name={tenant}"),
-        ]);
-        let slice = &slices["items"][0];
-        let host = slice["endpoints"][0]["addresses"][0]
-            .as_str()
-            .unwrap_or_default();
-        let port = slice["ports"][0]["port"].as_u64().unwrap_or_default();
-        assert!(
-            !host.is_empty() && port > 0,
-            "{tenant} has no EndpointSlice address: {slices}"
-        );
+        let addresses = slice_addresses(self.cp, &self.ns, tenant);
+        let Some(address) = addresses.first() else {
+            panic!("{tenant} has no EndpointSlice address");
+        };
         let python =
             std::env::var_os("COTENANT_PYTHON").expect("COTENANT_PYTHON: run cargo xtask test");
         let script = TestNamespace::repo_root().join("tests/python/tenant_client.py");
@@ -317,7 +308,7 @@ impl Cluster {
             .arg(script)
             .args([
                 "--url",
-                &format!("{host}:{port}"),
+                address,
                 "--model",
                 &format!("{}.{tenant}", self.ns),
             ])
@@ -333,6 +324,33 @@ impl Cluster {
             self.logs()
         );
         eprint!("e2e: {}", String::from_utf8_lossy(&out.stdout));
+    }
+
+    /// The highest throughput DNNScaler's profile measured for `tenant` at any knob setting: no
+    /// knob choice lets one replica serve more.
+    pub fn profiled_peak_throughput(&self, tenant: &str) -> f64 {
+        let status = self.json(&["mt", tenant]);
+        let points = status["status"]["profile"]["points"].as_array().cloned();
+        points
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p["throughputPerSecond"].as_f64())
+            .reduce(f64::max)
+            .unwrap_or_else(|| panic!("{tenant} has no profile: {status}"))
+    }
+
+    /// Open-loop load on `tenant`'s EndpointSlice addresses (re-read as they change), one
+    /// image-classifier input per request, as a binary tensor.
+    pub fn load_image_model(&self, tenant: &str, rate_per_s: f64) -> Load {
+        let values: Vec<f32> = (0..3 * 224 * 224)
+            .map(|i| (i % 255) as f32 / 255.0)
+            .collect();
+        let model = format!("{}.{tenant}", self.ns);
+        let request = Request::oip_binary_f32(&model, "input", &[1, 3, 224, 224], &values);
+        let (cp, ns, tenant) = (self.cp, self.ns.clone(), tenant.to_string());
+        Load::start(rate_per_s, 8, request, move || {
+            slice_addresses(cp, &ns, &tenant)
+        })
     }
 
     pub fn events_of(&self, tenant: &str) -> String {
@@ -401,6 +419,7 @@ impl Cluster {
 
     /// Tenant replicas by agent, for agents that hold any. Knobs are left out: they follow traffic
     /// (DNNScaler keeps stepping), while a replica's place must survive an operator restart.
+    /// Each agent's tenants with their knobs (`name at BxM`).
     pub fn assignments(&self) -> BTreeMap<String, Vec<String>> {
         let agents = self.json(&["gpuagents"]);
         agents["items"]
@@ -412,7 +431,15 @@ impl Cluster {
                     .as_array()
                     .into_iter()
                     .flatten()
-                    .map(|x| x["tenant"]["name"].as_str().unwrap_or_default().to_string())
+                    .map(|x| {
+                        let knobs = &x["knobs"];
+                        format!(
+                            "{} at {}x{}",
+                            x["tenant"]["name"].as_str().unwrap_or_default(),
+                            knobs["batchSize"],
+                            knobs["instances"]
+                        )
+                    })
                     .collect();
                 (
                     a["metadata"]["name"]
@@ -468,6 +495,42 @@ impl Drop for Cluster {
 }
 
 /// A URL on loopback that answers every request with 404.
+/// `host:port` of every ready endpoint in `tenant`'s EndpointSlices.
+fn slice_addresses(cp: &ControlPlane, ns: &str, tenant: &str) -> Vec<String> {
+    let selector = format!("kubernetes.io/service-name={tenant}");
+    let out = cp
+        .kubectl_ok(&[
+            "get",
+            "endpointslices",
+            "-n",
+            ns,
+            "-l",
+            &selector,
+            "-o",
+            "json",
+        ])
+        .unwrap_or_default();
+    let slices: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    let mut addresses = Vec::new();
+    for slice in slices["items"].as_array().into_iter().flatten() {
+        let Some(port) = slice["ports"][0]["port"].as_u64() else {
+            continue;
+        };
+        for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
+            if endpoint["conditions"]["ready"] == false {
+                continue;
+            }
+            let hosts = endpoint["addresses"].as_array().into_iter().flatten();
+            addresses.extend(
+                hosts
+                    .filter_map(Value::as_str)
+                    .map(|h| format!("{h}:{port}")),
+            );
+        }
+    }
+    addresses
+}
+
 pub fn serve_404() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let url = format!(
