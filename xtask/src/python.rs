@@ -5,6 +5,22 @@ use anyhow::{Context, bail};
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The folder holding libnvrtc from the `nvidia-cuda-nvrtc-cu12` wheel in the venv of `python`.
+pub fn nvrtc_lib_dir(python: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let lib = python
+        .parent()
+        .and_then(|bin| bin.parent())
+        .context("venv layout")?
+        .join("lib");
+    for entry in std::fs::read_dir(&lib).with_context(|| format!("{}", lib.display()))? {
+        let dir = entry?.path().join("site-packages/nvidia/cuda_nvrtc/lib");
+        if dir.is_dir() {
+            return Ok(dir);
+        }
+    }
+    bail!("no nvidia/cuda_nvrtc/lib under {}", lib.display())
+}
+
 /// Path of the venv's interpreter, creating the venv when missing.
 pub fn venv() -> anyhow::Result<PathBuf> {
     let requirements = crate::repo_root().join("xtask/requirements.txt");

@@ -56,6 +56,36 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
         .env("COTENANT_PYTHON", &python)
         .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
     crate::run(test)?;
+
+    // The CUDA backend is behind a feature the workspace build leaves off: lint it, and test its
+    // GPU-free parts, NVRTC included (from the venv's wheel), so it cannot rot unseen.
+    let mut cuda_clippy = Command::new("cargo");
+    cuda_clippy.args([
+        "clippy",
+        "-p",
+        "cotenant-executor",
+        "--features",
+        "cuda",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    crate::run(cuda_clippy)?;
+    let mut cuda_test = Command::new("cargo");
+    cuda_test
+        .args([
+            "test",
+            "-p",
+            "cotenant-executor",
+            "--features",
+            "cuda",
+            "--lib",
+            "cuda",
+        ])
+        .env("LD_LIBRARY_PATH", python::nvrtc_lib_dir(&python)?)
+        .env("COTENANT_REQUIRE_NVRTC", "1");
+    crate::run(cuda_test)?;
     eprintln!("xtask: all checks passed in {:.0?}", started.elapsed());
     Ok(())
 }
