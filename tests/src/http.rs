@@ -6,7 +6,7 @@ use std::time::Duration;
 pub fn http_post_json(addr: &str, path: &str, body: &str) -> Result<(u16, String), String> {
     crate::wait::exchange(
         addr,
-        &format!(
+        format!(
             "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
