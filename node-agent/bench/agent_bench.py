@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "python"))
-from load import body_for, drive, report  # noqa: E402
+from load import body_for, drive_poisson, report  # noqa: E402
 
 POLICIES = [("static b=1 m=1", "static:1x1"), ("DNNScaler", "dnnscaler"), ("Clipper AIMD", "aimd")]
 TOKEN = "bench"
@@ -132,7 +132,7 @@ def main():
                 agent.wait_controlled()
                 body, headers = body_for(agent.url, agent.name)
                 statuses, _, _ = asyncio.run(
-                    drive(agent.url, agent.name, rate, args.warmup + 30.0, body, headers, agent.proc.pid))
+                    drive_poisson(agent.url, agent.name, rate, args.warmup + 30.0, body, headers, agent.proc.pid))
                 t = agent.tenant()
                 w = t["window"]
                 goodput = w["throughputPerSecond"] * w["sloAttainment"]

@@ -22,6 +22,8 @@ pub struct Tools {
     pub kwok_stages: PathBuf,
     /// One directory holding `kubectl` and `helm`, for `PATH`.
     pub path_dir: PathBuf,
+    /// The `oha` HTTP load generator (built with cargo, not Go).
+    pub oha: PathBuf,
 }
 
 /// The cache root: `$COTENANT_CACHE`, else `$XDG_CACHE_HOME/cotenant`, else `~/.cache/cotenant`.
@@ -46,6 +48,7 @@ pub fn ensure() -> Result<Tools, Error> {
     let etcd = component(&bin, "etcd", versions::ETCD, build_etcd)?;
     let helm = component(&bin, "helm", versions::HELM, build_helm)?;
     let kwok = component(&bin, "kwok", versions::KWOK, build_kwok)?;
+    let oha = component(&bin, "oha", versions::OHA, build_oha)?;
 
     let path_dir = bin.join(format!("path-{}-{}", versions::KUBERNETES, versions::HELM));
     if !path_dir.join("helm").exists() {
@@ -66,6 +69,7 @@ pub fn ensure() -> Result<Tools, Error> {
         kwok: kwok.join("kwok"),
         kwok_stages: kwok.join("stages.yaml"),
         path_dir,
+        oha: oha.join("bin/oha"),
     })
 }
 
@@ -81,7 +85,7 @@ fn component(
         return Ok(out);
     }
     eprintln!(
-        "cotenant: building {name} {version} from its Go module (cached in {})",
+        "cotenant: building {name} {version} from source (cached in {})",
         out.display()
     );
     let started = Instant::now();
@@ -264,6 +268,30 @@ fn go_install(package: &str, version: &str, ldflags: &str, out: &Path) -> Result
     run(cmd, package).map(drop)
 }
 
+/// `cargo install` of the pinned oha, its own build directory removed afterwards so the cache
+/// keeps only the binary.
+fn build_oha(out: &Path) -> Result<(), Error> {
+    let build = out.join("build");
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args([
+        "install",
+        "oha",
+        "--locked",
+        "--quiet",
+        "--version",
+        versions::OHA,
+    ])
+    .arg("--root")
+    .arg(out)
+    .arg("--target-dir")
+    .arg(&build)
+    .env_remove("CARGO_TARGET_DIR")
+    .env_remove("RUSTFLAGS");
+    run(cmd, "oha")?;
+    let _ = fs::remove_dir_all(&build);
+    Ok(())
+}
+
 fn source_dir(out: &Path, name: &str, version: &str) -> Result<PathBuf, Error> {
     let src = out
         .parent()
@@ -296,7 +324,7 @@ fn go(args: &[&str], dir: Option<&Path>) -> Result<String, Error> {
 
 fn run(mut cmd: Command, what: &str) -> Result<String, Error> {
     let output = cmd.output().map_err(|e| Error::Spawn {
-        what: format!("{what} (is Go installed?)"),
+        what: format!("{what} ({})", cmd.get_program().to_string_lossy()),
         source: e,
     })?;
     if !output.status.success() {

@@ -9,3 +9,5 @@ pub const ETCD: &str = "v3.6.16";
 pub const HELM: &str = "v3.21.4";
 /// `sigs.k8s.io/kwok`: fakes nodes and the kubelet's pod lifecycle.
 pub const KWOK: &str = "v0.8.0";
+/// `oha` (crates.io), the HTTP load generator of the standalone agent's overload test.
+pub const OHA: &str = "1.16.0";

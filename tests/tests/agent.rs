@@ -191,9 +191,11 @@ fn standalone_agent_serves_real_clients() {
             "{tenant}"
         );
     }
-    // Twice the profiled capacity for a minute: only 200, 429 and 503, the SLO held for what is
-    // accepted, and memory flat.
+    // Twice the profiled capacity for a minute with oha: only 200, 429 and 503, the SLO held for
+    // what is accepted, and memory flat.
     let pid = server.pid.to_string();
+    let oha = std::env::var("COTENANT_OHA")
+        .expect("COTENANT_OHA must name the oha binary: run cargo xtask test");
     run_script(
         &python,
         &server,
@@ -207,6 +209,8 @@ fn standalone_agent_serves_real_clients() {
             "s3cret",
             "--pid",
             &pid,
+            "--oha",
+            &oha,
         ],
     );
     // Failed tenants say why.

@@ -54,6 +54,7 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
     test.args(["test", "--workspace", "--", "--include-ignored"])
         .args(extra)
         .env("COTENANT_PYTHON", &python)
+        .env("COTENANT_OHA", &tools.oha)
         .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
     crate::run(test)?;
 
