@@ -92,45 +92,14 @@ pub fn slice_plan(
     axes: Option<&[i64]>,
     steps: Option<&[i64]>,
 ) -> Option<(Vec<usize>, Vec<i64>, Vec<i64>)> {
-    let r = shape.len();
-    let axes: Vec<i64> = axes.map_or_else(|| (0..starts.len() as i64).collect(), <[i64]>::to_vec);
-    let steps: Vec<i64> = steps.map_or_else(|| vec![1; starts.len()], <[i64]>::to_vec);
-    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
-        return None;
-    }
-    let mut start = vec![0i64; r];
-    let mut step = vec![1i64; r];
-    let mut out = shape.to_vec();
-    for i in 0..starts.len() {
-        let a = crate::tensor::norm_axis(axes[i], r).ok()?;
-        let d = shape[a] as i64;
-        let st = steps[i];
-        if st == 0 {
-            return None;
-        }
-        let fix = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
-        let (mut s, mut e) = (fix(starts[i]), fix(ends[i]));
-        if st > 0 {
-            s = s.clamp(0, d);
-            e = e.clamp(0, d);
-        } else {
-            s = s.clamp(0, (d - 1).max(0));
-            e = e.clamp(-1, (d - 1).max(-1));
-            if d == 0 {
-                s = 0;
-                e = 0;
-            }
-        }
-        let len = if st > 0 {
-            (e - s).max(0) + st - 1
-        } else {
-            (s - e).max(0) - st - 1
-        };
-        out[a] = (len / st.abs()).max(0) as usize;
-        start[a] = s;
-        step[a] = st;
-    }
-    Some((out, start, step))
+    crate::ops::shape::slice_plan(
+        shape,
+        starts,
+        ends,
+        axes.map(<[i64]>::to_vec),
+        steps.map(<[i64]>::to_vec),
+    )
+    .ok()
 }
 
 /// A reduction over contiguous axes as [outer, axis_len, inner] plus the output shape.
@@ -294,17 +263,6 @@ impl ConvGeom {
     }
 }
 
-fn two(v: &[usize], spatial: usize, default: usize) -> [usize; 2] {
-    if spatial == 1 {
-        [default, v.first().copied().unwrap_or(default)]
-    } else {
-        [
-            v.first().copied().unwrap_or(default),
-            v.get(1).copied().unwrap_or(default),
-        ]
-    }
-}
-
 /// As `ops::conv::conv` computes it (forward convolution only).
 pub fn conv_geometry(a: &ConvAttrs, x: &[usize], w: &[usize]) -> Option<ConvGeom> {
     let (n, c, hw) = match x {
@@ -321,48 +279,15 @@ pub fn conv_geometry(a: &ConvAttrs, x: &[usize], w: &[usize]) -> Option<ConvGeom
         return None;
     }
     let kernel = &w[2..];
-    if a.kernel_shape.as_deref().is_some_and(|k| k != kernel) {
-        return None;
-    }
-    let listed = |v: &Option<Vec<usize>>| -> Option<Vec<usize>> {
-        match v {
-            Some(v) if v.len() != spatial => None,
-            Some(v) => Some(v.clone()),
-            None => Some(vec![1; spatial]),
-        }
-    };
-    let k = two(kernel, spatial, 1);
-    let s = two(&listed(&a.strides)?, spatial, 1);
-    let d = two(&listed(&a.dilations)?, spatial, 1);
+    let crate::ops::conv::Geometry {
+        k,
+        s,
+        d,
+        begin,
+        end,
+    } = crate::ops::conv::geometry(a, spatial, kernel, hw, false).ok()?;
     if s.contains(&0) || d.contains(&0) {
         return None;
-    }
-    let (mut begin, mut end) = ([0usize; 2], [0usize; 2]);
-    match a.auto_pad.as_str() {
-        "NOTSET" | "" => {
-            if let Some(p) = &a.pads {
-                if p.len() != 2 * spatial {
-                    return None;
-                }
-                begin = two(&p[..spatial], spatial, 0);
-                end = two(&p[spatial..], spatial, 0);
-            }
-        }
-        "VALID" => {}
-        mode @ ("SAME_UPPER" | "SAME_LOWER") => {
-            for i in 0..2 {
-                let out = hw[i].div_ceil(s[i]);
-                let total =
-                    ((out.saturating_sub(1)) * s[i] + (k[i] - 1) * d[i] + 1).saturating_sub(hw[i]);
-                let small = total / 2;
-                (begin[i], end[i]) = if mode == "SAME_UPPER" {
-                    (small, total - small)
-                } else {
-                    (total - small, small)
-                };
-            }
-        }
-        _ => return None,
     }
     let mut o = [0usize; 2];
     for i in 0..2 {
@@ -409,80 +334,17 @@ pub struct PoolGeom {
 }
 
 pub fn pool_geometry(p: &PoolAttrs, x: &[usize]) -> Option<PoolGeom> {
-    let spatial = x.len().checked_sub(2)?;
-    if !(1..=2).contains(&spatial) || p.kernel_shape.len() != spatial {
-        return None;
-    }
-    let lift = |v: &[usize], d: usize| -> [usize; 2] {
-        if spatial == 1 {
-            [d, v[0]]
-        } else {
-            [v[0], v[1]]
-        }
-    };
-    let listed = |v: &Option<Vec<usize>>, n: usize, d: usize| -> Option<Vec<usize>> {
-        match v {
-            Some(v) if v.len() != n => None,
-            Some(v) => Some(v.clone()),
-            None => Some(vec![d; n]),
-        }
-    };
-    let k = lift(&p.kernel_shape, 1);
-    let s = lift(&listed(&p.strides, spatial, 1)?, 1);
-    let d = lift(&listed(&p.dilations, spatial, 1)?, 1);
-    if k.contains(&0) || s.contains(&0) || d.contains(&0) {
-        return None;
-    }
-    let pads = listed(&p.pads, 2 * spatial, 0)?;
-    let (mut b, mut e) = (lift(&pads[..spatial], 0), lift(&pads[spatial..], 0));
-    let hw = lift(&x[2..], 1);
-    let mut out = [0usize; 2];
-    for i in 0..2 {
-        let eff = (k[i] - 1) * d[i] + 1;
-        match p.auto_pad.as_str() {
-            "SAME_UPPER" | "SAME_LOWER" => {
-                out[i] = hw[i].div_ceil(s[i]);
-                if out[i] == 0 {
-                    return None;
-                }
-                let total = ((out[i] - 1) * s[i] + eff).saturating_sub(hw[i]);
-                let small = total / 2;
-                (b[i], e[i]) = if p.auto_pad == "SAME_UPPER" {
-                    (small, total - small)
-                } else {
-                    (total - small, small)
-                };
-                continue;
-            }
-            "VALID" => (b[i], e[i]) = (0, 0),
-            "NOTSET" | "" => {}
-            _ => return None,
-        }
-        let padded = hw[i] + b[i] + e[i];
-        if padded < eff {
-            return None;
-        }
-        out[i] = if p.ceil_mode {
-            (padded - eff).div_ceil(s[i]) + 1
-        } else {
-            (padded - eff) / s[i] + 1
-        };
-        if p.ceil_mode && (out[i] - 1) * s[i] >= hw[i] + b[i] {
-            out[i] -= 1;
-        }
-    }
-    let mut out_shape = x[..2].to_vec();
-    out_shape.extend(if spatial == 1 { &out[1..] } else { &out[..] });
+    let (g, out_shape) = crate::ops::pool::pool2d_geometry(p, x).ok()?;
     Some(PoolGeom {
-        planes: x[0] * x[1],
-        h: hw[0],
-        w: hw[1],
-        k,
-        s,
-        d,
-        begin: b,
-        end: e,
-        out,
+        planes: g.planes,
+        h: g.h,
+        w: g.w,
+        k: [g.kh, g.kw],
+        s: [g.sh, g.sw],
+        d: [g.dh, g.dw],
+        begin: [g.pt, g.pl],
+        end: [g.pb, g.pr],
+        out: [g.oh, g.ow],
         out_shape,
     })
 }

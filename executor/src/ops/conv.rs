@@ -51,12 +51,13 @@ impl ConvAttrs {
 }
 
 /// Spatial parameters resolved against the actual input, as 2-D (1-D convs get height 1).
-struct Geometry {
-    k: [usize; 2],
-    s: [usize; 2],
-    d: [usize; 2],
-    begin: [usize; 2],
-    end: [usize; 2],
+/// Shared with the CUDA backend.
+pub(crate) struct Geometry {
+    pub k: [usize; 2],
+    pub s: [usize; 2],
+    pub d: [usize; 2],
+    pub begin: [usize; 2],
+    pub end: [usize; 2],
 }
 
 impl Geometry {
@@ -113,7 +114,8 @@ fn bias<'a>(b: Option<&'a Tensor>, m: usize, op: &str) -> OpResult<Option<&'a [f
     }
 }
 
-fn two(v: &[usize], spatial: usize, default: usize) -> [usize; 2] {
+/// The first two entries of a per-axis list, 1-D lists as height `default`.
+pub(crate) fn two(v: &[usize], spatial: usize, default: usize) -> [usize; 2] {
     if spatial == 1 {
         [default, v.first().copied().unwrap_or(default)]
     } else {
@@ -124,7 +126,7 @@ fn two(v: &[usize], spatial: usize, default: usize) -> [usize; 2] {
     }
 }
 
-fn geometry(
+pub(crate) fn geometry(
     c: &ConvAttrs,
     spatial: usize,
     kernel: &[usize],

@@ -48,8 +48,10 @@ impl PoolAttrs {
     }
 }
 
-pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
-    let spatial = x.rank().saturating_sub(2);
+/// The window of a 1-D or 2-D pooling over an input of shape `x` (kernel, strides, dilations,
+/// explicit or automatic padding, ceil mode) and the output shape. Shared with the CUDA backend.
+pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, Vec<usize>)> {
+    let spatial = x.len().saturating_sub(2);
     if !(1..=2).contains(&spatial) {
         return Err(OpError::Unsupported(format!(
             "pooling over {spatial} spatial axes"
@@ -58,7 +60,7 @@ pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
     if p.kernel_shape.len() != spatial {
         return shape_err(format!(
             "kernel_shape {:?} for input {:?}",
-            p.kernel_shape, x.shape
+            p.kernel_shape, x
         ));
     }
     let lift = |v: &[usize], d: usize| -> [usize; 2] {
@@ -83,14 +85,14 @@ pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
     let d = lift(&listed(&p.dilations, spatial, 1)?, 1);
     let pads = listed(&p.pads, 2 * spatial, 0)?;
     let (mut b, mut e) = (lift(&pads[..spatial], 0), lift(&pads[spatial..], 0));
-    let hw = lift(&x.shape[2..], 1);
+    let hw = lift(&x[2..], 1);
     let mut out = [0; 2];
     for i in 0..2 {
         let eff = (k[i] - 1) * d[i] + 1;
         match p.auto_pad.as_str() {
             "SAME_UPPER" | "SAME_LOWER" => {
                 out[i] = hw[i].div_ceil(s[i]);
-                let total = ((out[i] - 1) * s[i] + eff).saturating_sub(hw[i]);
+                let total = (out[i].saturating_sub(1) * s[i] + eff).saturating_sub(hw[i]);
                 let small = total / 2;
                 (b[i], e[i]) = if p.auto_pad == "SAME_UPPER" {
                     (small, total - small)
@@ -119,7 +121,7 @@ pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
             out[i] -= 1;
         }
     }
-    let planes = x.shape[0] * x.shape[1];
+    let planes = x[0] * x[1];
     let g = Pool2d {
         planes,
         h: hw[0],
@@ -137,8 +139,13 @@ pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
         oh: out[0],
         ow: out[1],
     };
-    let mut shape = x.shape[..2].to_vec();
+    let mut shape = x[..2].to_vec();
     shape.extend(if spatial == 1 { &out[1..] } else { &out[..] });
+    Ok((g, shape))
+}
+
+pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
+    let (g, shape) = pool2d_geometry(p, &x.shape)?;
     let mut y = vec![0.0; checked_numel(&shape)?];
     if p.max {
         max_pool2d(&g, x.as_f32()?, &mut y, cx.threads);

@@ -474,18 +474,16 @@ fn split_op(
     Ok(res)
 }
 
-fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Tensor> {
-    let x = input(inputs, 0)?;
-    let r = x.rank();
-    let (starts, ends, axes, steps) = match attrs {
-        Some((s, e, a)) => (s.clone(), e.clone(), a.clone(), None),
-        None => (
-            input(inputs, 1)?.to_i64_vec()?,
-            input(inputs, 2)?.to_i64_vec()?,
-            opt_input(inputs, 3).map(|t| t.to_i64_vec()).transpose()?,
-            opt_input(inputs, 4).map(|t| t.to_i64_vec()).transpose()?,
-        ),
-    };
+/// Slice bounds as ONNX defines them (negative indices, clamping, negative steps): the output
+/// shape and the start and step of every axis. Shared with the CUDA backend.
+pub(crate) fn slice_plan(
+    shape: &[usize],
+    starts: &[i64],
+    ends: &[i64],
+    axes: Option<Vec<i64>>,
+    steps: Option<Vec<i64>>,
+) -> OpResult<(Vec<usize>, Vec<i64>, Vec<i64>)> {
+    let r = shape.len();
     let axes = axes.unwrap_or_else(|| (0..starts.len() as i64).collect());
     let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
@@ -493,10 +491,10 @@ fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Ten
     }
     let mut start = vec![0i64; r];
     let mut step = vec![1i64; r];
-    let mut out = x.shape.clone();
+    let mut out = shape.to_vec();
     for i in 0..starts.len() {
         let a = norm_axis(axes[i], r)?;
-        let d = x.shape[a] as i64;
+        let d = shape[a] as i64;
         let st = steps[i];
         if st == 0 {
             return shape_err("Slice step 0");
@@ -515,7 +513,7 @@ fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Ten
             }
         }
         let len = if st > 0 {
-            (e - s).max(0).div_euclid(1) + st - 1
+            (e - s).max(0) + st - 1
         } else {
             (s - e).max(0) - st - 1
         };
@@ -523,6 +521,22 @@ fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Ten
         start[a] = s;
         step[a] = st;
     }
+    Ok((out, start, step))
+}
+
+fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let r = x.rank();
+    let (starts, ends, axes, steps) = match attrs {
+        Some((s, e, a)) => (s.clone(), e.clone(), a.clone(), None),
+        None => (
+            input(inputs, 1)?.to_i64_vec()?,
+            input(inputs, 2)?.to_i64_vec()?,
+            opt_input(inputs, 3).map(|t| t.to_i64_vec()).transpose()?,
+            opt_input(inputs, 4).map(|t| t.to_i64_vec()).transpose()?,
+        ),
+    };
+    let (out, start, step) = slice_plan(&x.shape, &starts, &ends, axes, steps)?;
     let n = checked_numel(&out)?;
     let xs = strides(&x.shape);
     let os = strides(&out);
