@@ -49,6 +49,12 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     //    maxReplicas 3, one more than the GPU nodes), the pool grows, the new agent stays Pending
     //    for lack of a GPU, a node joins (the test plays the cluster autoscaler), the tenant gets
     //    its replicas, and once the load is sustainable it meets its SLO again.
+    // "Ready" includes serving while the profile is taken; the load needs the profile.
+    let mut peak = 0.0;
+    c.step("rn profiled", 300, || {
+        peak = c.profiled_peak_throughput("rn")?;
+        Ok(())
+    });
     let knobs_before = c.jsonpath(
         "mt",
         "rn",
@@ -58,7 +64,7 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
         "rn",
         r#"{"spec":{"slo":{"latencyMillis":1500},"scaling":{"maxReplicas":3}}}"#,
     );
-    let rate = 4.0 * c.profiled_peak_throughput("rn");
+    let rate = 4.0 * peak;
     eprintln!("e2e: load on rn at {rate:.1} requests/s");
     let load = c.load_image_model("rn", rate);
     c.step("an agent pod Pending for lack of a GPU", 180, || {

@@ -326,9 +326,9 @@ impl Cluster {
         eprint!("e2e: {}", String::from_utf8_lossy(&out.stdout));
     }
 
-    /// The highest throughput DNNScaler's profile measured for `tenant` at any knob setting: no
-    /// knob choice lets one replica serve more.
-    pub fn profiled_peak_throughput(&self, tenant: &str) -> f64 {
+    /// The highest throughput DNNScaler's profile measured for `tenant` at any knob setting (no
+    /// knob choice lets one replica serve more); an error until the profile is in the status.
+    pub fn profiled_peak_throughput(&self, tenant: &str) -> Result<f64, String> {
         let status = self.json(&["mt", tenant]);
         let points = status["status"]["profile"]["points"].as_array().cloned();
         points
@@ -336,7 +336,7 @@ impl Cluster {
             .iter()
             .filter_map(|p| p["throughputPerSecond"].as_f64())
             .reduce(f64::max)
-            .unwrap_or_else(|| panic!("{tenant} has no profile: {status}"))
+            .ok_or_else(|| format!("{tenant} has no profile yet: {}", status["status"]))
     }
 
     /// Open-loop load on `tenant`'s EndpointSlice addresses (re-read as they change), one
