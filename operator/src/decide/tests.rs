@@ -104,6 +104,21 @@ fn round(
     outcome
 }
 
+/// Two rounds for one tenant on `agents[0]`: placed (asking for a profile), then its replica
+/// Ready with the measured profile; the second round's outcome.
+fn placed_then_profiled(
+    pool: &GpuPool,
+    t: &Arc<ModelTenant>,
+    agents: &mut [AgentView],
+    memory: &mut Memory,
+) -> PoolOutcome {
+    round(pool, std::slice::from_ref(t), agents, memory, 0.0);
+    let mut r = replica_report(t, "Ready");
+    r.profile = Some(profile());
+    agents[0].report = Some(AgentReport { tenants: vec![r] });
+    round(pool, std::slice::from_ref(t), agents, memory, 2.0)
+}
+
 fn ready(outcome: &PoolOutcome, t: usize) -> (&str, &str) {
     let c = outcome.tenants[t]
         .status
@@ -141,25 +156,8 @@ fn a_new_tenant_is_placed_once_and_asks_for_a_profile() {
 #[test]
 fn a_measured_profile_chooses_knobs_and_routes_to_the_ready_replica() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let mut agents = vec![agent("agent-0", 8000)];
-    let mut memory = Memory::default();
-    round(
-        &pool,
-        std::slice::from_ref(&t),
-        &mut agents,
-        &mut memory,
-        0.0,
-    );
-    let mut r = replica_report(&t, "Ready");
-    r.profile = Some(profile());
-    agents[0].report = Some(AgentReport { tenants: vec![r] });
-    let outcome = round(
-        &pool,
-        std::slice::from_ref(&t),
-        &mut agents,
-        &mut memory,
-        2.0,
-    );
+    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
+    let outcome = placed_then_profiled(&pool, &t, &mut agents, &mut memory);
     let status = &outcome.tenants[0].status;
     assert!(status.approach.is_some());
     assert!(status.profile.as_ref().is_some_and(|p| p.points.len() == 3));
@@ -372,25 +370,8 @@ fn a_briefly_silent_agent_keeps_its_replicas_but_loses_its_routes() {
 #[test]
 fn a_new_model_uri_is_profiled_again() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let mut agents = vec![agent("agent-0", 8000)];
-    let mut memory = Memory::default();
-    round(
-        &pool,
-        std::slice::from_ref(&t),
-        &mut agents,
-        &mut memory,
-        0.0,
-    );
-    let mut r = replica_report(&t, "Ready");
-    r.profile = Some(profile());
-    agents[0].report = Some(AgentReport { tenants: vec![r] });
-    let profiled = round(
-        &pool,
-        std::slice::from_ref(&t),
-        &mut agents,
-        &mut memory,
-        2.0,
-    );
+    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
+    let profiled = placed_then_profiled(&pool, &t, &mut agents, &mut memory);
     let mut changed = ModelTenant::clone(&t);
     changed.status = Some(profiled.tenants[0].status.clone());
     changed.spec.model.uri = "file:///models/m2.onnx".into();
