@@ -99,33 +99,32 @@ pub fn probe() -> Result<DeviceInfo, Unavailable> {
 
 /// Is NVRTC loadable (needed to compile the kernels)?
 pub fn nvrtc_present() -> Result<(), Unavailable> {
-    let present = guarded("looking for libnvrtc", || {
-        Ok(unsafe { cudarc::nvrtc::sys::is_culib_present() })
-    })?;
-    if present {
-        Ok(())
-    } else {
-        Err(Unavailable(
-            "no libnvrtc.so found (put the CUDA toolkit's or the nvidia-cuda-nvrtc wheel's lib \
-             folder on LD_LIBRARY_PATH)"
-                .into(),
-        ))
-    }
+    library_present("libnvrtc", "nvidia-cuda-nvrtc", || unsafe {
+        cudarc::nvrtc::sys::is_culib_present()
+    })
 }
 
 /// Is cuBLAS loadable?
 pub fn cublas_present() -> Result<(), Unavailable> {
-    let present = guarded("looking for libcublas", || {
-        Ok(unsafe { cudarc::cublas::sys::is_culib_present() })
-    })?;
-    if present {
+    library_present("libcublas", "nvidia-cublas", || unsafe {
+        cudarc::cublas::sys::is_culib_present()
+    })
+}
+
+/// Whether `library` can be loaded, checked by `present` under the panic guard; if not, says
+/// where it could come from (`wheel`).
+fn library_present(
+    library: &str,
+    wheel: &str,
+    present: impl FnOnce() -> bool,
+) -> Result<(), Unavailable> {
+    if guarded(&format!("looking for {library}"), || Ok(present()))? {
         Ok(())
     } else {
-        Err(Unavailable(
-            "no libcublas.so found (put the CUDA toolkit's or the nvidia-cublas wheel's lib \
-             folder on LD_LIBRARY_PATH)"
-                .into(),
-        ))
+        Err(Unavailable(format!(
+            "no {library}.so found (put the CUDA toolkit's or the {wheel} wheel's lib folder on \
+             LD_LIBRARY_PATH)"
+        )))
     }
 }
 
