@@ -250,44 +250,49 @@ fn blocked(
 
 /// Unfolds output pixels `[j0, j1)` of one image into `[c*kh*kw, j1 - j0]`.
 fn im2col_block(p: &Conv2d, x: &[f32], j0: usize, j1: usize, col: &mut [f32]) {
-    let cols = j1 - j0;
-    for (r, row) in col.chunks_exact_mut(cols).enumerate() {
-        let ci = r / (p.kh * p.kw);
-        let ki = (r / p.kw) % p.kh;
-        let kj = r % p.kw;
-        let plane = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
-        let offy = (ki * p.dh) as isize - p.pt as isize;
-        let offx = (kj * p.dw) as isize - p.pl as isize;
-        let (ylo, yhi) = valid_range(offy, p.sh, p.h, p.oh);
-        let (xlo, xhi) = valid_range(offx, p.sw, p.w, p.ow);
-        let mut q = j0;
-        while q < j1 {
-            let (oy, ox0) = (q / p.ow, q % p.ow);
-            let ox1 = p.ow.min(ox0 + (j1 - q));
-            let dst = &mut row[q - j0..q - j0 + (ox1 - ox0)];
-            q += ox1 - ox0;
-            if oy < ylo || oy >= yhi {
-                dst.fill(0.0);
-                continue;
-            }
-            let iy = (oy as isize * p.sh as isize + offy) as usize;
-            let src = &plane[iy * p.w..(iy + 1) * p.w];
-            let lo = xlo.clamp(ox0, ox1);
-            let hi = xhi.clamp(lo, ox1);
-            dst[..lo - ox0].fill(0.0);
-            dst[hi - ox0..].fill(0.0);
-            if hi == lo {
-                continue;
-            }
-            let ix0 = (lo as isize * p.sw as isize + offx) as usize;
-            let d = &mut dst[lo - ox0..hi - ox0];
-            if p.sw == 1 {
-                d.copy_from_slice(&src[ix0..ix0 + d.len()]);
-            } else {
-                d.iter_mut()
-                    .zip(src[ix0..].iter().step_by(p.sw))
-                    .for_each(|(d, s)| *d = *s);
-            }
+    for (r, row) in col.chunks_exact_mut(j1 - j0).enumerate() {
+        im2col_row(p, x, r, j0, j1, row);
+    }
+}
+
+/// Row `r` (input channel, kernel row, kernel column) of the im2col matrix, output pixels
+/// `[j0, j1)`: the input pixel each one reads through that tap, 0 in the padding.
+fn im2col_row(p: &Conv2d, x: &[f32], r: usize, j0: usize, j1: usize, row: &mut [f32]) {
+    let ci = r / (p.kh * p.kw);
+    let ki = (r / p.kw) % p.kh;
+    let kj = r % p.kw;
+    let plane = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
+    let offy = (ki * p.dh) as isize - p.pt as isize;
+    let offx = (kj * p.dw) as isize - p.pl as isize;
+    let (ylo, yhi) = valid_range(offy, p.sh, p.h, p.oh);
+    let (xlo, xhi) = valid_range(offx, p.sw, p.w, p.ow);
+    let mut q = j0;
+    while q < j1 {
+        let (oy, ox0) = (q / p.ow, q % p.ow);
+        let ox1 = p.ow.min(ox0 + (j1 - q));
+        let dst = &mut row[q - j0..q - j0 + (ox1 - ox0)];
+        q += ox1 - ox0;
+        if oy < ylo || oy >= yhi {
+            dst.fill(0.0);
+            continue;
+        }
+        let iy = (oy as isize * p.sh as isize + offy) as usize;
+        let src = &plane[iy * p.w..(iy + 1) * p.w];
+        let lo = xlo.clamp(ox0, ox1);
+        let hi = xhi.clamp(lo, ox1);
+        dst[..lo - ox0].fill(0.0);
+        dst[hi - ox0..].fill(0.0);
+        if hi == lo {
+            continue;
+        }
+        let ix0 = (lo as isize * p.sw as isize + offx) as usize;
+        let d = &mut dst[lo - ox0..hi - ox0];
+        if p.sw == 1 {
+            d.copy_from_slice(&src[ix0..ix0 + d.len()]);
+        } else {
+            d.iter_mut()
+                .zip(src[ix0..].iter().step_by(p.sw))
+                .for_each(|(d, s)| *d = *s);
         }
     }
 }
@@ -341,49 +346,14 @@ fn conv_image(
     }
 }
 
-/// Unfolds one group of one image into `[cg*kh*kw, oh*ow]`.
+/// Unfolds one group of one image into `[cg*kh*kw, oh*ow]`, rows split across the threads.
 fn im2col(p: &Conv2d, x: &[f32], col: &mut [f32], threads: usize) {
     let out_plane = p.oh * p.ow;
-    let fill_row = |r: usize, row: &mut [f32]| {
-        let ci = r / (p.kh * p.kw);
-        let ki = (r / p.kw) % p.kh;
-        let kj = r % p.kw;
-        let plane = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
-        let offy = (ki * p.dh) as isize - p.pt as isize;
-        let offx = (kj * p.dw) as isize - p.pl as isize;
-        let (ylo, yhi) = valid_range(offy, p.sh, p.h, p.oh);
-        let (xlo, xhi) = valid_range(offx, p.sw, p.w, p.ow);
-        for oy in 0..p.oh {
-            let dst = &mut row[oy * p.ow..(oy + 1) * p.ow];
-            if oy < ylo || oy >= yhi {
-                dst.fill(0.0);
-                continue;
-            }
-            let iy = (oy as isize * p.sh as isize + offy) as usize;
-            let src = &plane[iy * p.w..(iy + 1) * p.w];
-            dst[..xlo].fill(0.0);
-            dst[xhi..].fill(0.0);
-            if xhi <= xlo {
-                continue;
-            }
-            if p.sw == 1 {
-                let ix0 = (xlo as isize + offx) as usize;
-                dst[xlo..xhi].copy_from_slice(&src[ix0..ix0 + (xhi - xlo)]);
-            } else {
-                for (ox, d) in dst.iter_mut().enumerate().take(xhi).skip(xlo) {
-                    *d = src[(ox as isize * p.sw as isize + offx) as usize];
-                }
-            }
-        }
-    };
+    let fill_row = |(r, row): (usize, &mut [f32])| im2col_row(p, x, r, 0, out_plane, row);
     if threads > 1 && col.len() >= crate::PAR_MIN_WORK {
-        col.par_chunks_mut(out_plane)
-            .enumerate()
-            .for_each(|(r, row)| fill_row(r, row));
+        col.par_chunks_mut(out_plane).enumerate().for_each(fill_row);
     } else {
-        col.chunks_mut(out_plane)
-            .enumerate()
-            .for_each(|(r, row)| fill_row(r, row));
+        col.chunks_mut(out_plane).enumerate().for_each(fill_row);
     }
 }
 
