@@ -1,9 +1,10 @@
-//! Open-loop load for end-to-end tests: requests at a steady rate, whatever the answers, spread
+//! Open-loop load for end-to-end tests: requests at a steady rate, whatever the answers (each on
+//! its own thread, so slow answers do not slow the sender), spread
 //! round-robin over the addresses a `targets` function returns (re-read every two seconds, the
 //! way a Service's endpoints change under a client), counting every status code.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -61,12 +62,15 @@ impl Request {
     }
 }
 
+/// Requests in flight at most; past it a tick is skipped (and counted) rather than queued, so a
+/// stalled server cannot make the client grow without bound.
+const MAX_IN_FLIGHT: usize = 256;
+
 impl Load {
-    /// Sends `request` at `rate_per_s` from `senders` threads; a sender that falls behind skips
-    /// ahead rather than bursting, so the offered rate never exceeds the one asked for.
+    /// Sends `request` at `rate_per_s`, open loop: each request gets its own thread, so slow
+    /// answers do not lower the offered rate (up to `MAX_IN_FLIGHT` at once).
     pub fn start(
         rate_per_s: f64,
-        senders: usize,
         request: Request,
         targets: impl Fn() -> Vec<String> + Send + 'static,
     ) -> Load {
@@ -86,32 +90,38 @@ impl Load {
                 }
             }));
         }
-        let senders = senders.max(1);
-        let interval = Duration::from_secs_f64(senders as f64 / rate_per_s.max(0.001));
-        for s in 0..senders {
-            let (stop, counts, addresses, request) = (
-                stop.clone(),
-                counts.clone(),
-                addresses.clone(),
-                request.clone(),
-            );
-            threads.push(std::thread::spawn(move || {
-                let mut next = Instant::now() + interval.mul_f64(s as f64 / senders as f64);
-                let mut turn = s;
-                while !stop.load(Ordering::Relaxed) {
-                    let now = Instant::now();
-                    if next > now && sleep_unless(&stop, next - now) {
-                        break;
+        let interval = Duration::from_secs_f64(1.0 / rate_per_s.max(0.001));
+        let (flag, tally) = (stop.clone(), counts.clone());
+        threads.push(std::thread::spawn(move || {
+            let in_flight = Arc::new(AtomicUsize::new(0));
+            let mut sent = Vec::new();
+            let mut next = Instant::now();
+            let mut turn = 0;
+            while !flag.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                if next > now && sleep_unless(&flag, next - now) {
+                    break;
+                }
+                next = (next + interval).max(Instant::now());
+                let addr = {
+                    let all = lock(&addresses);
+                    if all.is_empty() {
+                        continue;
                     }
-                    next = (next + interval).max(Instant::now());
-                    let addr = {
-                        let all = lock(&addresses);
-                        if all.is_empty() {
-                            continue;
-                        }
-                        turn += 1;
-                        all[turn % all.len()].clone()
-                    };
+                    turn += 1;
+                    all[turn % all.len()].clone()
+                };
+                if in_flight.load(Ordering::Relaxed) >= MAX_IN_FLIGHT {
+                    *lock(&tally)
+                        .entry("not sent: client at its in-flight limit".into())
+                        .or_default() += 1;
+                    continue;
+                }
+                in_flight.fetch_add(1, Ordering::Relaxed);
+                let (request, tally, in_flight) =
+                    (request.clone(), tally.clone(), in_flight.clone());
+                sent.retain(|t: &JoinHandle<()>| !t.is_finished());
+                sent.push(std::thread::spawn(move || {
                     let outcome = match crate::wait::exchange(
                         &addr,
                         &request.bytes_for(&addr),
@@ -120,10 +130,14 @@ impl Load {
                         Ok((code, _)) => code.to_string(),
                         Err(_) => "connection error".to_string(),
                     };
-                    *lock(&counts).entry(outcome).or_default() += 1;
-                }
-            }));
-        }
+                    *lock(&tally).entry(outcome).or_default() += 1;
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
+                }));
+            }
+            for t in sent {
+                let _ = t.join();
+            }
+        }));
         Load {
             stop,
             threads,

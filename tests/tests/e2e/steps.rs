@@ -348,7 +348,7 @@ impl Cluster {
         let model = format!("{}.{tenant}", self.ns);
         let request = Request::oip_binary_f32(&model, "input", &[1, 3, 224, 224], &values);
         let (cp, ns, tenant) = (self.cp, self.ns.clone(), tenant.to_string());
-        Load::start(rate_per_s, 8, request, move || {
+        Load::start(rate_per_s, request, move || {
             slice_addresses(cp, &ns, &tenant)
         })
     }
