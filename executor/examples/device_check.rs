@@ -273,6 +273,39 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
         }
         v.push(("conv", format!("{name} x{x:?} w{w:?}"), op, ins));
     }
+    // A fused residual Add (input 3), on the GEMM path and on the depthwise path.
+    let residual = |op: Op| match op {
+        Op::Conv(c) => Op::Conv(ConvAttrs {
+            residual: true,
+            ..c
+        }),
+        other => other,
+    };
+    for (name, op, x, w, y) in [
+        (
+            "1x1 +bias+residual+relu",
+            conv(&[1, 1], &[0, 0, 0, 0], &[1, 1], 1, Some(Activation::Relu)),
+            vec![2, 64, 14, 14],
+            vec![128, 64, 1, 1],
+            vec![2, 128, 14, 14],
+        ),
+        (
+            "depthwise 3x3 +bias+residual",
+            conv(&[3, 3], &[1, 1, 1, 1], &[1, 1], 16, None),
+            vec![2, 16, 12, 12],
+            vec![16, 1, 3, 3],
+            vec![2, 16, 12, 12],
+        ),
+    ] {
+        let m = w[0];
+        let ins = vec![
+            r.tensor(&x, -1.0, 1.0),
+            r.tensor(&w, -0.3, 0.3),
+            r.tensor(&[m], -0.5, 0.5),
+            r.tensor(&y, -1.0, 1.0),
+        ];
+        v.push(("conv", format!("{name} x{x:?} w{w:?}"), residual(op), ins));
+    }
     v.push((
         "batchnorm",
         "[2,8,5,5]".into(),

@@ -1,6 +1,7 @@
 //! 2-D convolution (NCHW, f32): 1x1 convolutions as one GEMM, depthwise convolutions directly,
 //! everything else as im2col + GEMM; transposed convolution as GEMM + col2im.
-//! Bias is pre-loaded into the output and the fused activation runs as an epilogue.
+//! Bias (and a fused residual) is pre-loaded into the output or added on the way out, and the
+//! fused activation runs as an epilogue.
 
 use crate::activation::{Activation, bias_act};
 use crate::depthwise::depthwise;
@@ -69,22 +70,46 @@ fn valid_range(off: isize, s: usize, len: usize, out: usize) -> (usize, usize) {
     (lo, (hi as usize).clamp(lo, out))
 }
 
-fn fill_bias(out: &mut [f32], bias: Option<&[f32]>, plane: usize) {
-    if let Some(b) = bias {
-        for (ch, o) in out.chunks_mut(plane).enumerate() {
-            o.fill(b[ch % b.len()]);
-        }
-    }
+/// What a convolution adds and applies on its way out: `act(conv + bias + residual)`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Epilogue<'a> {
+    /// One value per output channel.
+    pub bias: Option<&'a [f32]>,
+    /// A tensor of the output's shape (a residual `Add` fused into the convolution).
+    pub residual: Option<&'a [f32]>,
+    pub act: Option<Activation>,
 }
 
-/// `out[n, m, oh, ow] = act(conv(input, weight) + bias)`; `weight` is `[m, c/groups, kh, kw]`.
-#[allow(clippy::too_many_arguments)]
+/// Writes what the GEMM then accumulates onto: `residual + bias` (either may be absent). Returns
+/// whether anything was written.
+fn preload(out: &mut [f32], bias: Option<&[f32]>, residual: Option<&[f32]>, plane: usize) -> bool {
+    match (bias, residual) {
+        (None, None) => return false,
+        (Some(b), None) => {
+            for (ch, o) in out.chunks_mut(plane).enumerate() {
+                o.fill(b[ch % b.len()]);
+            }
+        }
+        (b, Some(r)) => {
+            out.copy_from_slice(r);
+            if let Some(b) = b {
+                for (ch, o) in out.chunks_mut(plane).enumerate() {
+                    let v = b[ch % b.len()];
+                    o.iter_mut().for_each(|x| *x += v);
+                }
+            }
+        }
+    }
+    true
+}
+
+/// `out[n, m, oh, ow] = act(conv(input, weight) + bias + residual)`; `weight` is
+/// `[m, c/groups, kh, kw]`.
 pub fn conv2d(
     p: &Conv2d,
     input: &[f32],
     weight: &[f32],
-    bias: Option<&[f32]>,
-    act: Option<Activation>,
+    epi: Epilogue<'_>,
     out: &mut [f32],
     scratch: &mut Vec<f32>,
     threads: usize,
@@ -94,15 +119,25 @@ pub fn conv2d(
     assert_eq!(input.len(), p.n * p.c * in_plane, "conv2d input size");
     assert_eq!(weight.len(), p.m * k, "conv2d weight size");
     assert_eq!(out.len(), p.n * p.m * out_plane, "conv2d output size");
+    if let Some(r) = epi.residual {
+        assert_eq!(r.len(), out.len(), "conv2d residual size");
+    }
+    let Epilogue { bias, act, .. } = epi;
     if p.is_depthwise() {
-        depthwise(p, input, weight, bias, act, out, threads);
+        match epi.residual {
+            None => depthwise(p, input, weight, bias, act, out, threads),
+            Some(r) => {
+                depthwise(p, input, weight, bias, None, out, threads);
+                add_act(out, r, act);
+            }
+        }
         return;
     }
     if let Some(nb) = column_block(p) {
-        blocked(p, input, weight, bias, act, out, nb, threads);
+        blocked(p, input, weight, epi, out, nb, threads);
         return;
     }
-    fill_bias(out, bias, out_plane);
+    let preloaded = preload(out, bias, epi.residual, out_plane);
     let (per_in, per_out) = (p.c * in_plane, p.m * out_plane);
     if threads > 1 && p.n >= threads {
         // A batch at least as large as the thread budget: one image per thread, each with its
@@ -116,7 +151,7 @@ pub fn conv2d(
                         p,
                         &input[ni * per_in..(ni + 1) * per_in],
                         weight,
-                        bias.is_some(),
+                        preloaded,
                         act,
                         dst,
                         &mut s,
@@ -130,13 +165,21 @@ pub fn conv2d(
                 p,
                 &input[ni * per_in..(ni + 1) * per_in],
                 weight,
-                bias.is_some(),
+                preloaded,
                 act,
                 &mut out[ni * per_out..(ni + 1) * per_out],
                 scratch,
                 threads,
             );
         }
+    }
+}
+
+/// `out = act(out + residual)`, one pass.
+fn add_act(out: &mut [f32], residual: &[f32], act: Option<Activation>) {
+    for (o, r) in out.chunks_mut(4096).zip(residual.chunks(4096)) {
+        o.iter_mut().zip(r).for_each(|(o, r)| *o += *r);
+        bias_act(o, None, act);
     }
 }
 
@@ -176,15 +219,14 @@ impl SharedOut {
 
 /// Convolution as tasks over (image, pixel block, output-channel block): each task im2cols its
 /// pixel block (1x1 convolutions read the input in place), runs a one-thread GEMM into its
-/// output block and adds the bias and applies the activation while the block is still in cache. Channel blocks only split the work when there are too few pixel blocks to
+/// output block and adds the bias (and residual) and applies the activation while the block is
+/// still in cache. Channel blocks only split the work when there are too few pixel blocks to
 /// keep the threads busy (small images at batch 1).
-#[allow(clippy::too_many_arguments)]
 fn blocked(
     p: &Conv2d,
     input: &[f32],
     weight: &[f32],
-    bias: Option<&[f32]>,
-    act: Option<Activation>,
+    epi: Epilogue<'_>,
     out: &mut [f32],
     nb: usize,
     threads: usize,
@@ -237,7 +279,14 @@ fn blocked(
             });
         }
         for r in 0..rows {
-            bias_act(row(r), bias.map(|b| b[r0 + r]), act);
+            let dst = row(r);
+            if let Some(res) = epi.residual {
+                let at = base + r * pixels;
+                dst.iter_mut()
+                    .zip(&res[at..at + cols])
+                    .for_each(|(o, x)| *o += *x);
+            }
+            bias_act(dst, epi.bias.map(|b| b[r0 + r]), epi.act);
         }
     };
     assert_eq!(out.len(), p.n * p.m * pixels);
@@ -302,14 +351,14 @@ thread_local! {
     static IMAGE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One image: per group, im2col (unless 1x1) and a GEMM onto the pre-loaded bias, then the
-/// activation while the output is still in cache.
+/// One image: per group, im2col (unless 1x1) and a GEMM onto the pre-loaded bias and residual
+/// (when `preloaded`), then the activation while the output is still in cache.
 #[allow(clippy::too_many_arguments)]
 fn conv_image(
     p: &Conv2d,
     img: &[f32],
     weight: &[f32],
-    has_bias: bool,
+    preloaded: bool,
     act: Option<Activation>,
     dst: &mut [f32],
     scratch: &mut Vec<f32>,
@@ -338,7 +387,7 @@ fn conv_image(
             b,
             dg,
             out_plane,
-            has_bias,
+            preloaded,
         );
     }
     if let Some(a) = act {
@@ -383,8 +432,9 @@ pub fn conv_transpose2d(
         p.n * p.m * out_plane,
         "conv_transpose2d output size"
     );
-    out.fill(0.0);
-    fill_bias(out, bias, out_plane);
+    if !preload(out, bias, None, out_plane) {
+        out.fill(0.0);
+    }
     scratch.resize(mg * kk * in_plane, 0.0);
     for ni in 0..p.n {
         for g in 0..p.groups {
@@ -481,20 +531,32 @@ mod tests {
         let x = lcg(1, p.n * p.c * p.h * p.w);
         let w = lcg(2, p.m * (p.c / p.groups) * p.kh * p.kw);
         let b = lcg(3, p.m);
+        let res = lcg(4, p.n * p.m * p.oh * p.ow);
         let bias = with_bias.then_some(&b[..]);
-        // Poisoned: every element must be written.
-        let mut got = vec![f32::NAN; p.n * p.m * p.oh * p.ow];
-        let mut want = got.clone();
-        conv2d(p, &x, &w, bias, act, &mut got, &mut Vec::new(), threads);
-        conv2d_reference(p, &x, &w, bias, &mut want);
-        if let Some(a) = act {
-            want.iter_mut().for_each(|v| *v = a.apply(*v));
-        }
-        for (g, r) in got.iter().zip(&want) {
-            assert!(
-                (g - r).abs() < 1e-4 * (1.0 + r.abs()),
-                "{p:?} bias {with_bias} {act:?} threads {threads}: {g} vs {r}"
-            );
+        for residual in [None, Some(&res[..])] {
+            // Poisoned: every element must be written.
+            let mut got = vec![f32::NAN; res.len()];
+            let mut want = got.clone();
+            let epi = Epilogue {
+                bias,
+                residual,
+                act,
+            };
+            conv2d(p, &x, &w, epi, &mut got, &mut Vec::new(), threads);
+            conv2d_reference(p, &x, &w, bias, &mut want);
+            for (i, v) in want.iter_mut().enumerate() {
+                *v += residual.map_or(0.0, |r| r[i]);
+                if let Some(a) = act {
+                    *v = a.apply(*v);
+                }
+            }
+            for (g, r) in got.iter().zip(&want) {
+                assert!(
+                    (g - r).abs() < 1e-4 * (1.0 + r.abs()),
+                    "{p:?} bias {with_bias} residual {} {act:?} threads {threads}: {g} vs {r}",
+                    residual.is_some()
+                );
+            }
         }
     }
 

@@ -496,16 +496,11 @@ mod tests {
             wg[(co * 2 + ci) * 9..(co * 2 + ci + 1) * 9].copy_from_slice(&w[co * 9..(co + 1) * 9]);
         }
         let mut grouped = vec![0.0; dw.len()];
-        crate::conv::conv2d(
-            &g,
-            &x,
-            &wg,
-            Some(&b),
-            None,
-            &mut grouped,
-            &mut Vec::new(),
-            2,
-        );
+        let epi = crate::conv::Epilogue {
+            bias: Some(&b),
+            ..Default::default()
+        };
+        crate::conv::conv2d(&g, &x, &wg, epi, &mut grouped, &mut Vec::new(), 2);
         for (a, r) in dw.iter().zip(&grouped) {
             assert!((a - r).abs() <= 1e-5 * (1.0 + r.abs()), "{a} vs {r}");
         }

@@ -311,8 +311,19 @@ fn conv(d: &mut Dev<'_>, c: &crate::ops::conv::ConvAttrs, inputs: &[Option<&Tens
     if bias.is_some_and(|b| b.len() != g.m) {
         return Err(Fail::Decline);
     }
+    // A fused residual Add of another shape (broadcast) is left to the CPU path.
+    let residual = match opt_f32_in(inputs, 3)?.filter(|_| c.residual) {
+        Some(r) if r.shape != g.out_shape => return Err(Fail::Decline),
+        r => r,
+    };
     let p = ConvArgs::from_geom(&g).ok_or(Fail::Decline)?;
     let act = shapes::act_code(c.act);
+    // With a residual the kernels below skip the activation; the residual epilogue applies it.
+    let kernel_act = if residual.is_some() {
+        Act::Epilogue(0, 0.0, 0.0)
+    } else {
+        act
+    };
     let n_out = checked_numel(&g.out_shape).map_err(|_| Fail::Decline)?;
     let plane_in = g.c * g.h * g.w;
     let plane_out = g.m * g.oh * g.ow;
@@ -374,7 +385,7 @@ fn conv(d: &mut Dev<'_>, c: &crate::ops::conv::ConvAttrs, inputs: &[Option<&Tens
             }
             d.pool.free(col);
         }
-        let (code, a, b) = epi(act);
+        let (code, a, b) = epi(kernel_act);
         let bias_view = bin.as_ref().map(|b| b.view());
         if bias_view.is_some() || code != 0 {
             d.l.epilogue_bias_act(
@@ -396,7 +407,7 @@ fn conv(d: &mut Dev<'_>, c: &crate::ops::conv::ConvAttrs, inputs: &[Option<&Tens
             bias_view.as_ref(),
             &mut y.view_mut(),
             &p,
-            epi(act),
+            epi(kernel_act),
         )?;
     } else {
         let bias_view = bin.as_ref().map(|b| b.view());
@@ -407,8 +418,24 @@ fn conv(d: &mut Dev<'_>, c: &crate::ops::conv::ConvAttrs, inputs: &[Option<&Tens
             &mut y.view_mut(),
             &p,
             int(g.groups)?,
-            epi(act),
+            epi(kernel_act),
         )?;
+    }
+    if let Some(r) = residual {
+        let rin = d.upload(r)?;
+        let (code, a, b) = epi(act);
+        d.l.epilogue_bias_residual_act(
+            &mut y.view_mut(),
+            None,
+            &rin.view(),
+            i64_of(n_out),
+            int(g.m)?,
+            i64_of(g.oh * g.ow),
+            code,
+            a,
+            b,
+        )?;
+        d.release(rin);
     }
     d.act_after(&mut y, n_out, act)?;
     d.release(xin);

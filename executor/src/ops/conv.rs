@@ -1,11 +1,12 @@
 //! Conv and ConvTranspose (1-D and 2-D, NCHW): attribute handling and output geometry; the
 //! arithmetic is in `cotenant_kernels::conv`.
 
+use super::elementwise::{Binary, binary};
 use super::{Activation, Cx, input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{Tensor, checked_numel};
-use cotenant_kernels::conv::{Conv2d, conv_transpose2d, conv2d};
+use cotenant_kernels::conv::{Conv2d, Epilogue, conv_transpose2d, conv2d};
 
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct ConvAttrs {
@@ -17,6 +18,8 @@ pub struct ConvAttrs {
     pub group: usize,
     pub output_padding: Option<Vec<usize>>,
     pub output_shape: Option<Vec<usize>>,
+    /// A residual `Add` fused in by the fusion pass: input 3 is added before the activation.
+    pub residual: bool,
     /// Activation fused in by the fusion pass.
     pub act: Option<Activation>,
 }
@@ -36,6 +39,7 @@ impl ConvAttrs {
             group: group as usize,
             output_padding: a.usizes("output_padding")?,
             output_shape: a.usizes("output_shape")?,
+            residual: false,
             act: None,
         };
         if c.strides
@@ -241,19 +245,39 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
     let bias = bias(b, m, "Conv")?;
     let p = g.conv2d(n, ch, hw, m, out_hw, c.group);
     let shape = output_shape(n, m, out_hw, spatial);
+    // A fused residual of another shape (a broadcast Add) is added the general way afterwards.
+    let residual = opt_input(inputs, 3).filter(|_| c.residual);
+    let (in_place, later) = match residual {
+        Some(r) if r.shape == shape => (Some(r.as_f32()?), None),
+        Some(r) => (None, Some(r)),
+        None => (None, None),
+    };
     let mut out = cx.take_f32(checked_numel(&shape)?);
-    let mut scratch = cx.scratch.borrow_mut();
+    let epi = Epilogue {
+        bias,
+        residual: in_place,
+        act: if later.is_some() { None } else { c.act },
+    };
     conv2d(
         &p,
         x.as_f32()?,
         w.as_f32()?,
-        bias,
-        c.act,
+        epi,
         &mut out,
-        &mut scratch,
+        &mut cx.scratch.borrow_mut(),
         cx.threads,
     );
-    Tensor::f32(shape, out)
+    let y = Tensor::f32(shape, out)?;
+    match later {
+        None => Ok(y),
+        Some(r) => {
+            let mut sum = binary(Binary::Add, &y, r)?;
+            if let Some(a) = c.act {
+                a.apply_slice(cx.threads, sum.as_f32_mut()?);
+            }
+            Ok(sum)
+        }
+    }
 }
 
 pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {

@@ -345,7 +345,8 @@ impl Op {
                     Some([1, 1]) | Some([1]) => "(1x1)",
                     _ => "",
                 };
-                format!("Conv{kind}{}", act_suffix(c.act))
+                let add = if c.residual { "+Add" } else { "" };
+                format!("Conv{kind}{add}{}", act_suffix(c.act))
             }
             Op::ConvTranspose(_) => "ConvTranspose".into(),
             Op::BatchNorm { .. } => "BatchNormalization".into(),

@@ -1,6 +1,8 @@
 //! Graph rewrite passes, run in order by [`optimize`]: constant folding (shape subgraphs
 //! included, under symbolic dimensions), BatchNorm folded into the
-//! producing Conv, Erf-form GELU recognised, constant bias fused into MatMul, activations fused into the producing Conv/Gemm/MatMul, dead-node removal.
+//! producing Conv, Erf-form GELU recognised, constant bias fused into MatMul, residual Adds fused
+//! into the producing Conv, activations fused into the producing Conv/Gemm/MatMul, dead-node
+//! removal.
 
 mod bias;
 mod bn_fold;
@@ -8,6 +10,7 @@ mod dce;
 mod fold;
 mod fuse;
 mod gelu;
+mod residual;
 mod shapes;
 
 pub use bias::fuse_matmul_bias;
@@ -16,6 +19,7 @@ pub use dce::remove_dead;
 pub use fold::fold_constants;
 pub use fuse::fuse_activations;
 pub use gelu::fuse_gelu;
+pub use residual::fuse_residual_add;
 pub use shapes::fold_shapes;
 
 use crate::graph::Graph;
@@ -29,6 +33,7 @@ pub fn optimize(g: &mut Graph) {
     fuse_gelu(g);
     remove_dead(g);
     fuse_matmul_bias(g);
+    fuse_residual_add(g);
     fuse_activations(g);
     remove_dead(g);
 }
