@@ -23,8 +23,9 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// Most buffers the CPU backend keeps for reuse; beyond that they are freed.
-const POOL_MAX_BUFFERS: usize = 8;
+/// Most buffers the CPU backend keeps for reuse; beyond that the smallest is freed (the large
+/// ones are the expensive ones to get back: fresh pages, faulted in and zeroed, each run).
+const POOL_MAX_BUFFERS: usize = 12;
 
 /// The CPU backend: a private rayon pool sized to the caller's thread budget, so several tenants
 /// can share the cores without oversubscribing them.
@@ -93,8 +94,12 @@ impl Backend for CpuBackend {
     fn recycle(&self, t: Tensor) {
         if let crate::tensor::Data::F32(v) = t.data {
             let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-            if buffers.len() < POOL_MAX_BUFFERS {
-                buffers.push(v);
+            buffers.push(v);
+            if buffers.len() > POOL_MAX_BUFFERS {
+                let smallest = (0..buffers.len()).min_by_key(|&i| buffers[i].capacity());
+                if let Some(i) = smallest {
+                    buffers.swap_remove(i);
+                }
             }
         }
     }

@@ -42,20 +42,21 @@ impl Cx {
     /// pages nor zero memory. Callers must overwrite every element.
     pub fn take_f32(&self, n: usize) -> Vec<f32> {
         let mut pool = self.pool.borrow_mut();
+        // Only a buffer that is not wastefully large for this request; of those, the one with
+        // the least to fill in (elements past its initialised length), then the smallest.
         let best = pool
             .iter()
             .enumerate()
-            .filter(|(_, v)| v.capacity() >= n)
-            .min_by_key(|(_, v)| v.capacity())
+            .filter(|(_, v)| v.capacity() >= n && v.capacity() <= 4 * n.max(1024))
+            .min_by_key(|(_, v)| (n.saturating_sub(v.len()), v.capacity()))
             .map(|(i, _)| i);
         match best {
-            // Only take a buffer that is not wastefully large for this request.
-            Some(i) if pool[i].capacity() <= 4 * n.max(1024) => {
+            Some(i) => {
                 let mut v = pool.swap_remove(i);
                 v.resize(n, 0.0);
                 v
             }
-            _ => vec![0.0; n],
+            None => vec![0.0; n],
         }
     }
 }
