@@ -46,31 +46,70 @@ fn for_planes(
     }
 }
 
+/// The window of output position `o` along one axis: the first input index it reads and how
+/// many of its `k` taps (`d` apart) fall inside `[0, len)`.
+fn taps(o: usize, s: usize, d: usize, pad: usize, k: usize, len: usize) -> (usize, usize) {
+    let base = (o * s) as isize - pad as isize;
+    let d = d as isize;
+    let first = if base >= 0 { 0 } else { (-base + d - 1) / d };
+    let end = if base >= len as isize {
+        0
+    } else {
+        (k as isize).min((len as isize - base + d - 1) / d)
+    };
+    if end <= first {
+        (0, 0)
+    } else {
+        ((base + first * d) as usize, (end - first) as usize)
+    }
+}
+
 pub fn max_pool2d(p: &Pool2d, input: &[f32], out: &mut [f32], threads: usize) {
+    let cols: Vec<(usize, usize)> = (0..p.ow)
+        .map(|ox| taps(ox, p.sw, p.dw, p.pl, p.kw, p.w))
+        .collect();
     for_planes(p, input, out, threads, |x, o| {
-        for oy in 0..p.oh {
-            for ox in 0..p.ow {
-                let mut m = f32::NEG_INFINITY;
-                for ki in 0..p.kh {
-                    let iy = (oy * p.sh + ki * p.dh) as isize - p.pt as isize;
-                    if iy < 0 || iy as usize >= p.h {
-                        continue;
-                    }
-                    for kj in 0..p.kw {
-                        let ix = (ox * p.sw + kj * p.dw) as isize - p.pl as isize;
-                        if ix >= 0 && (ix as usize) < p.w {
-                            let v = x[iy as usize * p.w + ix as usize];
-                            // NaN propagates like the reference implementations.
-                            if v > m || v.is_nan() {
-                                m = v;
-                            }
-                        }
-                    }
-                }
-                o[oy * p.ow + ox] = m;
-            }
+        // A compare that compiles to one `max` (no branch); a plane holding a NaN is done again
+        // with the compare that lets NaN propagate like the reference implementations.
+        let saw_nan = max_plane(p, &cols, x, o, |m, v| if v > m { v } else { m });
+        if saw_nan {
+            max_plane(
+                p,
+                &cols,
+                x,
+                o,
+                |m, v| if v > m || v.is_nan() { v } else { m },
+            );
         }
     });
+}
+
+/// One plane of max pooling with `pick(max so far, value)`; returns whether it read a NaN.
+fn max_plane(
+    p: &Pool2d,
+    cols: &[(usize, usize)],
+    x: &[f32],
+    o: &mut [f32],
+    pick: impl Fn(f32, f32) -> f32,
+) -> bool {
+    let mut nan = false;
+    for (oy, orow) in o.chunks_exact_mut(p.ow).enumerate() {
+        let (y0, ny) = taps(oy, p.sh, p.dh, p.pt, p.kh, p.h);
+        orow.fill(f32::NEG_INFINITY);
+        for t in 0..ny {
+            let row = &x[(y0 + t * p.dh) * p.w..][..p.w];
+            for (m, &(x0, nx)) in orow.iter_mut().zip(cols) {
+                let mut a = *m;
+                for u in 0..nx {
+                    let v = row[x0 + u * p.dw];
+                    nan |= v.is_nan();
+                    a = pick(a, v);
+                }
+                *m = a;
+            }
+        }
+    }
+    nan
 }
 
 /// Average pooling; with `count_include_pad` the divisor counts padding inside the padded
@@ -115,6 +154,73 @@ pub fn avg_pool2d(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every output of `max_pool2d` against the window maximum taken tap by tap.
+    #[test]
+    fn max_matches_brute_force_with_padding_dilation_and_ceil() {
+        for &(h, w, k, s, d, pad, extra) in &[
+            (9, 11, 3, 2, 1, 1, 0),
+            (8, 8, 2, 2, 1, 0, 1),
+            (7, 10, 3, 1, 2, 2, 0),
+            (5, 5, 5, 3, 1, 2, 1),
+            (1, 1, 3, 1, 1, 1, 0),
+        ] {
+            let out = |len: usize| (len + 2 * pad + extra - d * (k - 1) - 1) / s + 1;
+            let p = Pool2d {
+                planes: 2,
+                h,
+                w,
+                kh: k,
+                kw: k,
+                sh: s,
+                sw: s,
+                dh: d,
+                dw: d,
+                pt: pad,
+                pl: pad,
+                pb: pad + extra,
+                pr: pad + extra,
+                oh: out(h),
+                ow: out(w),
+            };
+            let x: Vec<f32> = (0..2 * h * w)
+                .map(|i| ((i * 37) % 23) as f32 - 11.0)
+                .collect();
+            let mut got = vec![0.0; 2 * p.oh * p.ow];
+            max_pool2d(&p, &x, &mut got, 2);
+            for (i, g) in got.iter().enumerate() {
+                let (pl, oy, ox) = (i / (p.oh * p.ow), (i / p.ow) % p.oh, i % p.ow);
+                let mut want = f32::NEG_INFINITY;
+                for ki in 0..k {
+                    for kj in 0..k {
+                        let iy = (oy * s + ki * d) as isize - pad as isize;
+                        let ix = (ox * s + kj * d) as isize - pad as isize;
+                        if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                            want = want.max(x[pl * h * w + iy as usize * w + ix as usize]);
+                        }
+                    }
+                }
+                assert_eq!(*g, want, "{p:?} output {i}");
+            }
+        }
+        let p = Pool2d {
+            planes: 1,
+            h: 2,
+            w: 2,
+            kh: 2,
+            kw: 2,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            oh: 1,
+            ow: 1,
+            ..Default::default()
+        };
+        let mut o = [0.0];
+        max_pool2d(&p, &[1.0, f32::NAN, 3.0, 2.0], &mut o, 1);
+        assert!(o[0].is_nan());
+    }
 
     #[test]
     fn max_and_avg_on_a_small_plane() {
