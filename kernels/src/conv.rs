@@ -5,7 +5,7 @@
 
 use crate::activation::{Activation, bias_act};
 use crate::depthwise::depthwise;
-use crate::gemm::{Mat, sgemm, sgemm_block};
+use crate::gemm::{Mat, SharedOut, sgemm, sgemm_block};
 use rayon::prelude::*;
 
 /// Geometry of one 2-D convolution; the caller computes the output size (`oh`, `ow`).
@@ -202,19 +202,6 @@ fn column_block(p: &Conv2d) -> Option<usize> {
     }
     let blocks = pixels.div_ceil(fit);
     Some(pixels.div_ceil(blocks).next_multiple_of(16).min(pixels))
-}
-
-/// A raw output pointer shared by tasks that write disjoint blocks of it.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: only used by `blocked`, whose tasks write disjoint elements.
-unsafe impl Send for SharedOut {}
-// SAFETY: as above.
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    fn at(self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
-    }
 }
 
 /// Convolution as tasks over (image, pixel block, output-channel block): each task im2cols its

@@ -1,6 +1,7 @@
 //! Single-precision matrix multiply over strided row-major views, through the `gemm` crate.
 
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 /// A read-only strided matrix: element (r, c) is at `data[r * rs + c * cs]`.
 #[derive(Clone, Copy, Debug)]
@@ -62,6 +63,22 @@ pub fn sgemm(
         return;
     }
     let work = m * n * k;
+    if threads > 1 && work >= 1 << 16 && m < 16 && n >= 64 * threads {
+        // A few rows (a fully connected layer at batch 1): the gemm crate would run this on one
+        // thread, so the columns are split here, one block per thread.
+        let cols = n.div_ceil(threads).next_multiple_of(16);
+        let dst = SharedOut(c.as_mut_ptr());
+        (0..n.div_ceil(cols)).into_par_iter().for_each(|t| {
+            let (j0, j1) = (t * cols, ((t + 1) * cols).min(n));
+            let bj = Mat {
+                data: &b.data[j0 * b.cs..],
+                ..b
+            };
+            // SAFETY: columns [j0, j1) of every row are this task's alone; bounds as asserted.
+            unsafe { sgemm_block(m, j1 - j0, k, a, bj, dst.at(j0), ldc, accumulate) }
+        });
+        return;
+    }
     let par = if threads > 1 && work >= 1 << 16 {
         Parallelism::Rayon(threads)
     } else {
@@ -69,6 +86,19 @@ pub fn sgemm(
     };
     // SAFETY: bounds checked above; the three buffers are distinct borrows.
     unsafe { gemm_raw(m, n, k, a, b, c.as_mut_ptr(), ldc, accumulate, par) }
+}
+
+/// A raw output pointer shared by tasks that write disjoint blocks of it.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut(pub(crate) *mut f32);
+// SAFETY: only used by tasks that write disjoint elements.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+impl SharedOut {
+    pub(crate) fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
 }
 
 /// `sgemm` on one thread into a raw destination, for callers that hand disjoint blocks of one
@@ -180,7 +210,14 @@ mod tests {
 
     #[test]
     fn matches_reference_with_transposes_and_accumulate() {
-        for &(m, n, k) in &[(1, 1, 1), (3, 5, 7), (64, 33, 129), (200, 70, 90)] {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (3, 5, 7),
+            (64, 33, 129),
+            (200, 70, 90),
+            (1, 1000, 300),
+            (2, 333, 256),
+        ] {
             let a = lcg(1, m * k);
             let bt = lcg(2, n * k);
             let mut c = lcg(3, m * n);
