@@ -9,7 +9,7 @@
 use cotenant_executor::cuda::{CudaBackend, CudaOptions};
 use cotenant_executor::ops::Activation;
 use cotenant_executor::ops::Op;
-use cotenant_executor::ops::conv::ConvAttrs;
+use cotenant_executor::ops::conv::{ConvAttrs, PointwiseDepthwise};
 use cotenant_executor::ops::elementwise::{Binary, Unary};
 use cotenant_executor::ops::matmul::GemmAttrs;
 use cotenant_executor::ops::pool::PoolAttrs;
@@ -76,14 +76,14 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
     diff / scale.max(1e-30)
 }
 
-fn conv(
+fn conv_attrs(
     k: &[usize],
     pads: &[usize],
     strides: &[usize],
     group: usize,
     act: Option<Activation>,
-) -> Op {
-    Op::Conv(ConvAttrs {
+) -> ConvAttrs {
+    ConvAttrs {
         kernel_shape: Some(k.to_vec()),
         pads: Some(pads.to_vec()),
         strides: Some(strides.to_vec()),
@@ -91,7 +91,17 @@ fn conv(
         act,
         auto_pad: "NOTSET".into(),
         ..Default::default()
-    })
+    }
+}
+
+fn conv(
+    k: &[usize],
+    pads: &[usize],
+    strides: &[usize],
+    group: usize,
+    act: Option<Activation>,
+) -> Op {
+    Op::Conv(conv_attrs(k, pads, strides, group, act))
 }
 
 fn pool(max: bool, k: usize, s: usize, p: usize, ceil: bool, include_pad: bool) -> Op {
@@ -306,6 +316,25 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
         ];
         v.push(("conv", format!("{name} x{x:?} w{w:?}"), residual(op), ins));
     }
+    // A 1x1 Conv fused with the depthwise Conv after it (two device convolutions on the GPU).
+    let relu6 = Some(Activation::Clip(0.0, 6.0));
+    let pointwise = conv_attrs(&[1, 1], &[0, 0, 0, 0], &[1, 1], 1, relu6);
+    let depthwise = conv_attrs(&[3, 3], &[1, 1, 1, 1], &[2, 2], 32, relu6);
+    v.push((
+        "conv",
+        "1x1 +relu6 then depthwise 3x3 s2 +relu6 (fused) x[2,16,14,14]".into(),
+        Op::PointwiseDepthwise(Box::new(PointwiseDepthwise {
+            pointwise,
+            depthwise,
+        })),
+        vec![
+            r.tensor(&[2, 16, 14, 14], -1.0, 1.0),
+            r.tensor(&[32, 16, 1, 1], -0.3, 0.3),
+            r.tensor(&[32], -0.5, 0.5),
+            r.tensor(&[32, 1, 3, 3], -0.3, 0.3),
+            r.tensor(&[32], -0.5, 0.5),
+        ],
+    ));
     v.push((
         "batchnorm",
         "[2,8,5,5]".into(),

@@ -32,7 +32,8 @@ pub struct Conv2d {
 }
 
 impl Conv2d {
-    fn is_pointwise(&self) -> bool {
+    /// A 1x1 convolution with stride 1 and no padding: a plain matrix product per image.
+    pub fn is_pointwise(&self) -> bool {
         self.kh == 1
             && self.kw == 1
             && self.sh == 1
@@ -42,7 +43,8 @@ impl Conv2d {
             && self.oh == self.h
             && self.ow == self.w
     }
-    fn is_depthwise(&self) -> bool {
+    /// One filter per channel.
+    pub fn is_depthwise(&self) -> bool {
         self.groups == self.c && self.m == self.c && self.groups > 1
     }
     /// Scratch floats `conv2d` needs for im2col.

@@ -136,15 +136,12 @@ pub(crate) fn depthwise(
     if out_plane == 0 {
         return;
     }
-    let lay = Layout::new(p);
-    let epi = Epilogue::of(act);
-    let avx = has_avx2_fma();
+    let k = PlaneKernel::new(p, act);
     let plane = |idx: usize, dst: &mut [f32]| {
         let ch = idx % p.c;
         let src = &input[idx * in_plane..(idx + 1) * in_plane];
         let w = &weight[ch * kk..(ch + 1) * kk];
-        let b = bias.map_or(0.0, |b| b[ch]);
-        SCRATCH.with(|s| plane_kernel(p, &lay, src, w, b, epi, avx, dst, &mut s.borrow_mut()));
+        k.run(src, w, bias.map_or(0.0, |b| b[ch]), dst);
     };
     let planes = p.n * p.c;
     if threads > 1 && planes > 1 && out.len() * kk >= crate::PAR_MIN_WORK {
@@ -161,6 +158,44 @@ pub(crate) fn depthwise(
         for (i, d) in out.chunks_mut(out_plane).enumerate() {
             plane(i, d)
         }
+    }
+}
+
+/// One depthwise geometry, ready to run plane by plane (also from the fused pointwise →
+/// depthwise kernel, whose input planes come from a scratch buffer).
+pub(crate) struct PlaneKernel<'p> {
+    p: &'p Conv2d,
+    lay: Layout,
+    epi: Epilogue,
+    avx: bool,
+}
+
+impl<'p> PlaneKernel<'p> {
+    pub(crate) fn new(p: &'p Conv2d, act: Option<Activation>) -> PlaneKernel<'p> {
+        PlaneKernel {
+            p,
+            lay: Layout::new(p),
+            epi: Epilogue::of(act),
+            avx: has_avx2_fma(),
+        }
+    }
+
+    /// Output plane `dst` (`oh*ow`) of input plane `src` (`h*w`) with the channel's `kh*kw`
+    /// weights and bias.
+    pub(crate) fn run(&self, src: &[f32], w: &[f32], bias: f32, dst: &mut [f32]) {
+        SCRATCH.with(|s| {
+            plane_kernel(
+                self.p,
+                &self.lay,
+                src,
+                w,
+                bias,
+                self.epi,
+                self.avx,
+                dst,
+                &mut s.borrow_mut(),
+            )
+        });
     }
 }
 

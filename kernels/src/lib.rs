@@ -7,6 +7,7 @@
 pub mod activation;
 pub mod conv;
 mod depthwise;
+pub mod fused;
 pub mod gemm;
 pub mod norm;
 pub mod pool;

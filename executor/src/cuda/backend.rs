@@ -75,7 +75,7 @@ pub fn cuda_path(op: &Op) -> Option<Kernel> {
         Op::Unary(_) => Kernel::Unary,
         Op::Clip { .. } => Kernel::Clip,
         Op::Binary(b) if super::shapes::binary_code(*b).is_some() => Kernel::Binary,
-        Op::Conv(_) => Kernel::Conv,
+        Op::Conv(_) | Op::PointwiseDepthwise(_) => Kernel::Conv,
         Op::BatchNorm { .. } => Kernel::BatchNorm,
         Op::Gemm(_) => Kernel::Gemm,
         Op::MatMul { .. } => Kernel::MatMul,

@@ -219,6 +219,13 @@ pub fn run_op(d: &mut Dev<'_>, op: &Op, inputs: &[Option<&Tensor>]) -> R<Vec<Ten
             one(binary(d, f32_in(inputs, 0)?, f32_in(inputs, 1)?, code))
         }
         Op::Conv(c) => one(conv(d, c, inputs)),
+        Op::PointwiseDepthwise(f) => {
+            // The CPU's fusion keeps the expanded tensor in cache; here the two convolutions
+            // run one after the other.
+            let mid = conv(d, &f.pointwise, &inputs[..inputs.len().min(3)])?;
+            let rest = [Some(&mid), opt_input(inputs, 3), opt_input(inputs, 4)];
+            one(conv(d, &f.depthwise, &rest))
+        }
         Op::BatchNorm { eps } => one(batch_norm(d, inputs, *eps)),
         Op::Gemm(g) => one(gemm(d, g, inputs)),
         Op::MatMul { act } => one(matmul(d, inputs, *act)),

@@ -82,7 +82,11 @@ impl LaunchFootprint {
     pub fn estimate(op: &Op, out_elems: usize) -> LaunchFootprint {
         let tiled = matches!(
             op,
-            Op::Conv(_) | Op::ConvTranspose(_) | Op::Gemm(_) | Op::MatMul { .. }
+            Op::Conv(_)
+                | Op::PointwiseDepthwise(_)
+                | Op::ConvTranspose(_)
+                | Op::Gemm(_)
+                | Op::MatMul { .. }
         );
         if tiled {
             LaunchFootprint {

@@ -43,7 +43,8 @@ fn cuts(op: &Op, inputs: &[Option<&Tensor>]) -> Option<(usize, Vec<Cut>)> {
             }
             Some((rows, c))
         }
-        Op::BatchNorm { .. }
+        Op::PointwiseDepthwise(_)
+        | Op::BatchNorm { .. }
         | Op::Unary(_)
         | Op::Clip { .. }
         | Op::Cast { .. }

@@ -7,6 +7,7 @@ use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{Tensor, checked_numel};
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv_transpose2d, conv2d};
+use cotenant_kernels::fused::{self, Stage};
 
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct ConvAttrs {
@@ -213,24 +214,21 @@ fn nchw(shape: &[usize], what: &str) -> OpResult<(usize, usize, [usize; 2])> {
     }
 }
 
-pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
-    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
-    let (n, ch, hw) = nchw(&x.shape, "Conv")?;
-    let spatial = x.rank() - 2;
-    if w.rank() != x.rank() {
-        return shape_err(format!(
-            "Conv weight {:?} does not match input {:?}",
-            w.shape, x.shape
-        ));
+/// The kernel geometry and output shape of Conv `c` on input shape `x` with weight shape `w`.
+fn conv_geometry(c: &ConvAttrs, x: &[usize], w: &[usize]) -> OpResult<(Conv2d, Vec<usize>)> {
+    let (n, ch, hw) = nchw(x, "Conv")?;
+    let spatial = x.len() - 2;
+    if w.len() != x.len() {
+        return shape_err(format!("Conv weight {w:?} does not match input {x:?}"));
     }
-    let (m, cg) = (w.shape[0], w.shape[1]);
+    let (m, cg) = (w[0], w[1]);
     if cg * c.group != ch || m % c.group != 0 {
         return shape_err(format!(
-            "Conv: input channels {ch}, weight {:?}, group {}",
-            w.shape, c.group
+            "Conv: input channels {ch}, weight {w:?}, group {}",
+            c.group
         ));
     }
-    let g = geometry(c, spatial, &w.shape[2..], hw, false)?;
+    let g = geometry(c, spatial, &w[2..], hw, false)?;
     let mut out_hw = [0; 2];
     for i in 0..2 {
         let eff = (g.k[i] - 1) * g.d[i] + 1;
@@ -242,9 +240,14 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
         }
         out_hw[i] = (padded - eff) / g.s[i] + 1;
     }
-    let bias = bias(b, m, "Conv")?;
     let p = g.conv2d(n, ch, hw, m, out_hw, c.group);
-    let shape = output_shape(n, m, out_hw, spatial);
+    Ok((p, output_shape(n, m, out_hw, spatial)))
+}
+
+pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
+    let (p, shape) = conv_geometry(c, &x.shape, &w.shape)?;
+    let bias = bias(b, p.m, "Conv")?;
     // A fused residual of another shape (a broadcast Add) is added the general way afterwards.
     let residual = opt_input(inputs, 3).filter(|_| c.residual);
     let (in_place, later) = match residual {
@@ -278,6 +281,57 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
             Ok(sum)
         }
     }
+}
+
+/// A 1x1 Conv and the depthwise Conv reading its output, fused by the fusion pass; inputs are
+/// `[x, pointwise weight, pointwise bias, depthwise weight, depthwise bias]` (biases optional).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PointwiseDepthwise {
+    pub pointwise: ConvAttrs,
+    pub depthwise: ConvAttrs,
+}
+
+pub fn pointwise_depthwise(
+    cx: &Cx,
+    f: &PointwiseDepthwise,
+    inputs: &[Option<&Tensor>],
+) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let (w1, b1) = (input(inputs, 1)?, opt_input(inputs, 2));
+    let (w2, b2) = (input(inputs, 3)?, opt_input(inputs, 4));
+    let (p1, mid) = conv_geometry(&f.pointwise, &x.shape, &w1.shape)?;
+    let (p2, shape) = conv_geometry(&f.depthwise, &mid, &w2.shape)?;
+    if !(p1.is_pointwise() && p1.groups == 1 && p2.is_depthwise()) {
+        // Shapes the fused kernel does not cover: the two convolutions one after the other.
+        let y = conv(cx, &f.pointwise, &[Some(x), Some(w1), b1])?;
+        return conv(cx, &f.depthwise, &[Some(&y), Some(w2), b2]);
+    }
+    let mut out = cx.take_f32(checked_numel(&shape)?);
+    fused::pointwise_depthwise(
+        stage(&p1, w1, b1, f.pointwise.act)?,
+        stage(&p2, w2, b2, f.depthwise.act)?,
+        x.as_f32()?,
+        &mut out,
+        cx.threads,
+    );
+    Tensor::f32(shape, out)
+}
+
+fn stage<'a>(
+    p: &'a Conv2d,
+    w: &'a Tensor,
+    b: Option<&'a Tensor>,
+    act: Option<Activation>,
+) -> OpResult<Stage<'a>> {
+    Ok(Stage {
+        p,
+        weight: w.as_f32()?,
+        epi: Epilogue {
+            bias: bias(b, p.m, "Conv")?,
+            residual: None,
+            act,
+        },
+    })
 }
 
 pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {

@@ -151,6 +151,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     Conv(conv::ConvAttrs),
+    /// A 1x1 Conv feeding a depthwise Conv, fused by the fusion pass.
+    PointwiseDepthwise(Box<conv::PointwiseDepthwise>),
     ConvTranspose(conv::ConvAttrs),
     BatchNorm {
         eps: f32,
@@ -349,6 +351,11 @@ impl Op {
                 let add = if c.residual { "+Add" } else { "" };
                 format!("Conv{kind}{add}{}", act_suffix(c.act))
             }
+            Op::PointwiseDepthwise(f) => format!(
+                "Conv(1x1){}+Conv(depthwise){}",
+                act_suffix(f.pointwise.act),
+                act_suffix(f.depthwise.act)
+            ),
             Op::ConvTranspose(_) => "ConvTranspose".into(),
             Op::BatchNorm { .. } => "BatchNormalization".into(),
             Op::Unary(u) => format!("{u:?}"),
@@ -401,6 +408,7 @@ impl Op {
         let one = |t: OpResult<Tensor>| t.map(|t| vec![t]);
         match self {
             Op::Conv(c) => one(conv::conv(cx, c, inputs)),
+            Op::PointwiseDepthwise(f) => one(conv::pointwise_depthwise(cx, f, inputs)),
             Op::ConvTranspose(c) => one(conv::conv_transpose(cx, c, inputs)),
             Op::BatchNorm { eps } => one(norm::batch_norm(inputs, *eps)),
             Op::Unary(u) => one(elementwise::unary(cx, *u, input(inputs, 0)?)),

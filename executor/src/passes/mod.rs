@@ -1,8 +1,8 @@
 //! Graph rewrite passes, run in order by [`optimize`]: constant folding (shape subgraphs
 //! included, under symbolic dimensions), BatchNorm folded into the
 //! producing Conv, Erf-form GELU recognised, constant bias fused into MatMul, residual Adds fused
-//! into the producing Conv, activations fused into the producing Conv/Gemm/MatMul, dead-node
-//! removal.
+//! into the producing Conv, activations fused into the producing Conv/Gemm/MatMul, a 1x1 Conv
+//! fused into the depthwise Conv after it, dead-node removal.
 
 mod bias;
 mod bn_fold;
@@ -10,6 +10,7 @@ mod dce;
 mod fold;
 mod fuse;
 mod gelu;
+mod pointwise_depthwise;
 mod residual;
 mod shapes;
 
@@ -19,6 +20,7 @@ pub use dce::remove_dead;
 pub use fold::fold_constants;
 pub use fuse::fuse_activations;
 pub use gelu::fuse_gelu;
+pub use pointwise_depthwise::fuse_pointwise_depthwise;
 pub use residual::fuse_residual_add;
 pub use shapes::fold_shapes;
 
@@ -35,6 +37,7 @@ pub fn optimize(g: &mut Graph) {
     fuse_matmul_bias(g);
     fuse_residual_add(g);
     fuse_activations(g);
+    fuse_pointwise_depthwise(g);
     remove_dead(g);
 }
 
