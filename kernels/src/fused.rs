@@ -60,11 +60,17 @@ pub fn pointwise_depthwise(
     if out.is_empty() {
         return;
     }
-    // Channels per task: what fits the scratch, but enough tasks to keep the threads busy.
-    let mut mb = (BLOCK_BYTES / (4 * hw.max(1))).clamp(6, 64).min(c);
+    // Channels per task: what fits the scratch, in enough blocks of equal size to keep the
+    // threads busy and evenly loaded.
+    let fit = (BLOCK_BYTES / (4 * hw.max(1))).clamp(6, 64).min(c);
+    let mut blocks = c.div_ceil(fit);
     if threads > 1 {
-        mb = mb.min(c.div_ceil((2 * threads).div_ceil(n))).max(1);
+        blocks = (n * blocks)
+            .max(2 * threads)
+            .next_multiple_of(threads)
+            .div_ceil(n);
     }
+    let mb = c.div_ceil(blocks.min(c));
     let planes = PlaneKernel::new(p2, dw.epi.act);
     let task = |ni: usize, cb: usize, dst: &mut [f32]| {
         let (c0, rows) = (cb * mb, dst.len() / out_plane);
