@@ -5,12 +5,16 @@
 
 mod admission;
 mod batch;
+pub mod cosched;
 mod measure;
+pub mod planner;
 pub mod stats;
 
 pub use admission::{BatchTimes, predicted_latency};
 pub use batch::{Rows, batchable, check, split, stack};
+pub use cosched::{CoSchedule, Seat};
 pub use measure::{Measurement, measure};
+pub use planner::Planner;
 pub use stats::{ShedReason, Stats, WindowSummary};
 
 use crate::backend::CpuBackend;
@@ -95,6 +99,8 @@ struct Knobs {
 struct Shared {
     config: TenantConfig,
     model: Arc<Model>,
+    /// The device's co-schedule this replica's workers take seats in, if any.
+    co: Option<Arc<CoSchedule>>,
     batchable: bool,
     queue: Mutex<Queue>,
     wake: Condvar,
@@ -121,8 +127,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Tenant {
-    /// Starts serving `model` with `config`.
+    /// Starts serving `model` with `config`, its workers issuing freely.
     pub fn start(model: Arc<Model>, config: TenantConfig) -> Tenant {
+        Tenant::start_in(model, config, None)
+    }
+
+    /// Starts serving `model` with `config`; with `co`, every worker takes a seat in that
+    /// co-schedule and runs its batches under it.
+    pub fn start_in(
+        model: Arc<Model>,
+        config: TenantConfig,
+        co: Option<Arc<CoSchedule>>,
+    ) -> Tenant {
         let batchable = batchable(&model.plan.inputs);
         let knobs = Knobs {
             max_batch: if batchable {
@@ -137,6 +153,7 @@ impl Tenant {
             stats: Stats::new(config.slo),
             config,
             model,
+            co,
             batchable,
             queue: Mutex::new(Queue {
                 items: VecDeque::new(),
@@ -211,9 +228,13 @@ impl Tenant {
             let flag = stop.clone();
             let threads = self.shared.config.threads_per_instance;
             let name = format!("{}-{}", self.shared.config.name, workers.len());
-            let spawned = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || worker_loop(&shared, &flag, CpuBackend::new(threads)));
+            let spawned = std::thread::Builder::new().name(name).spawn(move || {
+                let seat = shared
+                    .co
+                    .as_ref()
+                    .map(|co| co.join(shared.config.name.clone(), shared.model.clone()));
+                worker_loop(&shared, &flag, CpuBackend::new(threads), seat)
+            });
             match spawned {
                 Ok(handle) => workers.push(Worker { stop, handle }),
                 // Out of threads: serve with what exists rather than fail the tenant.
@@ -368,35 +389,48 @@ fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<(Vec<Pending>, Insta
     Some((taken, started))
 }
 
-fn worker_loop(shared: &Shared, stop: &AtomicBool, backend: CpuBackend) {
+/// One instance: takes batches and runs them, in its seat of the co-schedule if it has one.
+struct Instance {
+    backend: CpuBackend,
+    seat: Option<Seat>,
+}
+
+fn worker_loop(shared: &Shared, stop: &AtomicBool, backend: CpuBackend, seat: Option<Seat>) {
+    let inst = Instance { backend, seat };
     while let Some((batch, started)) = next_batch(shared, stop) {
         if batch.is_empty() {
             continue;
         }
-        let outcome = compute(shared, &backend, &batch);
+        let outcome = compute(shared, &inst, &batch);
         // Done before the replies go out, so a caller that resubmits sees the instance free.
         let mut queue = lock(&shared.queue);
         if let Some(i) = queue.running.iter().position(|s| *s == started) {
             queue.running.swap_remove(i);
         }
         drop(queue);
-        reply(shared, &backend, batch, outcome);
+        reply(shared, &inst, batch, outcome);
     }
 }
 
 /// One batch's outputs, and how long computing them took.
 type Outcome = (Result<Vec<(String, Tensor)>, RunError>, Instant, Duration);
 
-fn compute(shared: &Shared, backend: &CpuBackend, batch: &[Pending]) -> Outcome {
+fn compute(shared: &Shared, inst: &Instance, batch: &[Pending]) -> Outcome {
     let plan = &shared.model.plan;
     let names = plan.inputs.iter().map(|i| i.name.clone());
     let started = Instant::now();
     let refs: Vec<&Rows> = batch.iter().map(|p| &p.rows).collect();
-    let result = stack(&refs).and_then(|stacked| plan.run(backend, names.zip(stacked).collect()));
+    let result = stack(&refs).and_then(|stacked| {
+        let inputs = names.zip(stacked).collect();
+        match &inst.seat {
+            Some(seat) => seat.run(plan, &inst.backend, inputs),
+            None => plan.run(&inst.backend, inputs),
+        }
+    });
     (result, started, started.elapsed())
 }
 
-fn reply(shared: &Shared, backend: &CpuBackend, batch: Vec<Pending>, outcome: Outcome) {
+fn reply(shared: &Shared, inst: &Instance, batch: Vec<Pending>, outcome: Outcome) {
     let rows: Vec<usize> = batch.iter().map(|p| p.rows.rows).collect();
     let total: usize = rows.iter().sum();
     match outcome {
@@ -418,8 +452,8 @@ fn reply(shared: &Shared, backend: &CpuBackend, batch: Vec<Pending>, outcome: Ou
         (Err(_), ..) if batch.len() > 1 => {
             for pending in batch {
                 let alone = std::slice::from_ref(&pending);
-                let outcome = compute(shared, backend, alone);
-                reply(shared, backend, vec![pending], outcome);
+                let outcome = compute(shared, inst, alone);
+                reply(shared, inst, vec![pending], outcome);
             }
         }
         (Err(e), ..) => {

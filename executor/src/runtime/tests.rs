@@ -174,3 +174,224 @@ fn invalid_and_oversized_requests_are_refused_before_queueing() {
     ));
     assert_eq!(tenant.queue_depth(), 0);
 }
+
+/// A chain of `layers` MatMul+Relu layers on [batch, 8]: a model of as many steps (the Relu
+/// fuses into its MatMul).
+fn chain(layers: usize, seed: u64) -> Arc<Model> {
+    let mut b = Builder::new(seed, false);
+    let mut v = "x".to_string();
+    for _ in 0..layers {
+        let w = b.normal("w", &[8, 8], 0.4);
+        let y = b.node("MatMul", &[&v, &w], vec![]);
+        v = b.node("Relu", &[&y], vec![]);
+    }
+    b.node_rename_last(&v, "y");
+    let proto: ModelProto = b.finish(
+        "chain",
+        13,
+        vec![value_info("x", DType::F32, &[None, Some(8)])],
+        vec![value_info("y", DType::F32, &[None, Some(8)])],
+    );
+    let model = Model::from_bytes(&proto.encode_to_vec()).expect("chain imports");
+    assert_eq!(model.plan.steps.len(), layers);
+    Arc::new(model)
+}
+
+fn chain_input(rows: usize, i: usize) -> Vec<(String, Tensor)> {
+    let v: Vec<f32> = (0..rows * 8)
+        .map(|j| ((i * 7 + j) % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    vec![("x".into(), Tensor::f32(vec![rows, 8], v).expect("tensor"))]
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+}
+
+#[test]
+fn every_co_schedule_serves_the_plain_outputs() {
+    use crate::gacer::Schedule;
+    use crate::gacer::plan::{GacerPlan, StepRef, SyncPointer};
+    let (a, b) = (chain(12, 1), model());
+    let (na, nb) = (a.plan.steps.len(), b.plan.steps.len());
+    // Seats 0 and 1 are a's two instances, 2 and 3 b's: b waits for a's third step, and a's
+    // matrix products run in two pieces.
+    let mut plan = GacerPlan::unregulated(&[na, na, nb, nb]);
+    plan.splits[0].iter_mut().for_each(|k| *k = 2);
+    plan.pointers.push(SyncPointer {
+        waiter: StepRef { tenant: 2, step: 0 },
+        after: StepRef { tenant: 0, step: 2 },
+    });
+    for schedule in [
+        Schedule::Sequential,
+        Schedule::MultiStream,
+        Schedule::gacer(plan),
+    ] {
+        let name = schedule.name();
+        let co = CoSchedule::new(schedule);
+        let cfg = |n: &str| TenantConfig {
+            name: n.into(),
+            ..config(4, 2, 1)
+        };
+        let ta = Tenant::start_in(a.clone(), cfg("a"), Some(co.clone()));
+        // b's seats after a's, so the plan's seat order holds.
+        while co.seats().len() < 2 {
+            std::thread::yield_now();
+        }
+        let tb = Tenant::start_in(b.clone(), cfg("b"), Some(co.clone()));
+        let mut pending = Vec::new();
+        for i in 0..24 {
+            let (tx, rx) = mpsc::channel();
+            let (tenant, input) = if i % 2 == 0 {
+                (&ta, chain_input(1, i))
+            } else {
+                (&tb, input(i))
+            };
+            tenant
+                .submit(input, Box::new(move |r| drop(tx.send(r))))
+                .expect("accepted");
+            pending.push((i, rx));
+        }
+        for (i, rx) in pending {
+            let got = rx.recv().expect("replied").expect("ran");
+            let got = got.outputs[0].1.as_f32().expect("f32").to_vec();
+            let want = if i % 2 == 0 {
+                let out = a
+                    .plan
+                    .run(&CpuBackend::new(1), chain_input(1, i))
+                    .expect("runs");
+                out[0].1.as_f32().expect("f32").to_vec()
+            } else {
+                alone(&b, i)
+            };
+            assert!(
+                close(&got, &want),
+                "{name} request {i}: {got:?} vs {want:?}"
+            );
+        }
+        if name == "sequential" {
+            assert_eq!(
+                co.peak_concurrent_steps(),
+                1,
+                "sequential ran steps at once"
+            );
+        }
+        assert_eq!(co.pointer_timeouts(), 0, "{name}");
+        ta.shutdown();
+        tb.shutdown();
+        assert!(co.seats().iter().all(Option::is_none), "{name}: seats left");
+    }
+}
+
+#[test]
+fn a_pointer_holds_only_while_its_target_runs_a_batch() {
+    use crate::gacer::Schedule;
+    use crate::gacer::plan::{GacerPlan, StepRef, SyncPointer};
+    let (long, short) = (chain(40, 2), chain(4, 3));
+    let last = long.plan.steps.len() - 1;
+    let mut plan = GacerPlan::unregulated(&[long.plan.steps.len(), short.plan.steps.len()]);
+    let (after, waiter) = (
+        StepRef {
+            tenant: 0,
+            step: last,
+        },
+        StepRef { tenant: 1, step: 0 },
+    );
+    plan.pointers.push(SyncPointer { waiter, after });
+    let co = CoSchedule::traced(Schedule::gacer(plan));
+    let (sa, sb) = (
+        co.join("long", long.clone()),
+        co.join("short", short.clone()),
+    );
+    // The target idle: the waiter runs at once (a wait would end in a timeout).
+    sb.run(&short.plan, &CpuBackend::new(1), chain_input(2, 0))
+        .expect("runs");
+    assert_eq!(co.pointer_timeouts(), 0);
+    // The target running: the waiter's step 0 starts only after the target's last step.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            sa.run(&long.plan, &CpuBackend::new(1), chain_input(64, 1))
+                .expect("runs");
+        });
+        while !co.trace().iter().any(|e| e.step.tenant == 0) {
+            std::thread::yield_now();
+        }
+        sb.run(&short.plan, &CpuBackend::new(1), chain_input(2, 2))
+            .expect("runs");
+    });
+    let trace = co.trace();
+    let at = |step: StepRef, finished: bool, batch: u64| {
+        trace
+            .iter()
+            .position(|e| e.step == step && e.finished == finished && e.batch == batch)
+            .expect("in the trace")
+    };
+    assert!(at(after, true, 1) < at(waiter, false, 2), "{trace:?}");
+    assert_eq!(co.pointer_timeouts(), 0);
+}
+
+#[test]
+fn the_planner_publishes_a_plan_for_the_seats_and_follows_the_mix() {
+    use crate::gacer::plan::GacerPlan;
+    use crate::gacer::{DeviceShape, Schedule};
+    let co = CoSchedule::new(Schedule::gacer(GacerPlan::unregulated(&[])));
+    let mut planner = Planner::new(co.clone(), DeviceShape::cpu(2, 1), 1);
+    let models = [chain(6, 4), model(), chain(3, 5)];
+    let cfg = |n: &str| TenantConfig {
+        name: n.into(),
+        ..config(4, 1, 1)
+    };
+    let mut tenants = Vec::new();
+    for (i, m) in models.iter().enumerate() {
+        tenants.push(Tenant::start_in(
+            m.clone(),
+            cfg(&format!("t{i}")),
+            Some(co.clone()),
+        ));
+        while co.seats().len() <= i {
+            std::thread::yield_now();
+        }
+    }
+    // The search runs in the background: tick until it is published (bounded, not timed).
+    let published = |planner: &mut Planner| {
+        (0..500).any(|_| {
+            let done = planner.tick().expect("profiles");
+            if !done {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            done
+        })
+    };
+    assert!(published(&mut planner), "no plan for three seats");
+    assert!(co.fitting_plan().is_some());
+    assert!(
+        !planner.tick().expect("ticks"),
+        "the same mix is planned again"
+    );
+    // The middle replica leaves: its free seat is a tenant of no steps in the next plan.
+    tenants.remove(1).shutdown();
+    assert!(
+        co.fitting_plan().is_none(),
+        "a plan for the old mix still applies"
+    );
+    assert!(published(&mut planner), "no plan after a replica left");
+    assert!(co.fitting_plan().is_some());
+    // Serving follows it with the right numbers.
+    let (tx, rx) = mpsc::channel();
+    tenants[1]
+        .submit(chain_input(1, 9), Box::new(move |r| drop(tx.send(r))))
+        .expect("accepted");
+    let got = rx.recv().expect("replied").expect("ran");
+    let want = models[2]
+        .plan
+        .run(&CpuBackend::new(1), chain_input(1, 9))
+        .expect("runs");
+    let (got, want) = (
+        got.outputs[0].1.as_f32().expect("f32"),
+        want[0].1.as_f32().expect("f32"),
+    );
+    assert!(close(got, want), "{got:?} vs {want:?}");
+}
