@@ -8,6 +8,7 @@ mod dnnscaler;
 mod kubernetes;
 mod load;
 mod registry;
+mod schedule;
 mod serve;
 mod standalone;
 mod tools;
@@ -36,6 +37,11 @@ enum Command {
         /// File holding the bearer token `/report` requires; without it `/report` answers 401.
         #[arg(long)]
         report_token_file: Option<PathBuf>,
+        /// How the tenants share the device: `multi-stream` (every instance issues freely),
+        /// `sequential` (one operator at a time across tenants) or `gacer` (operators resized
+        /// and ordered by a plan searched for the tenants loaded).
+        #[arg(long, default_value = "multi-stream", value_parser = schedule::parse)]
+        schedule: schedule::ScheduleKind,
         /// What moves the knobs: `dnnscaler`, or a peer to compare with: `aimd` (Clipper's
         /// additive increase, ×0.9 decrease) or `static:<batch>x<instances>`.
         #[arg(long, default_value = "dnnscaler", value_parser = dnnscaler::parse_knob_policy)]
@@ -64,6 +70,11 @@ enum Command {
         /// CPU threads shared by all tenants (default: every core).
         #[arg(long)]
         threads: Option<usize>,
+        /// How the tenants share the device: `multi-stream` (every instance issues freely),
+        /// `sequential` (one operator at a time across tenants) or `gacer` (operators resized
+        /// and ordered by a plan searched for the tenants loaded).
+        #[arg(long, default_value = "multi-stream", value_parser = schedule::parse)]
+        schedule: schedule::ScheduleKind,
         /// Audience a `/report` token must be issued for.
         #[arg(
             long,
@@ -96,6 +107,7 @@ fn main() -> anyhow::Result<()> {
             listen,
             threads,
             report_token_file,
+            schedule,
             knob_policy,
             log_json,
         } => {
@@ -111,12 +123,14 @@ fn main() -> anyhow::Result<()> {
                 ),
                 None => None,
             };
+            let threads = threads.unwrap_or_else(tools::default_threads);
             let options = standalone::Options {
                 tenants,
                 listen,
-                threads: threads.unwrap_or_else(tools::default_threads),
+                threads,
                 report_token,
                 knob_policy,
+                co: schedule::start(schedule, threads),
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -131,19 +145,22 @@ fn main() -> anyhow::Result<()> {
             advertise_address,
             admin_advertise_address,
             threads,
+            schedule,
             report_audience,
             report_reader,
             log_json,
         } => {
             init_logs(log_json);
+            let threads = threads.unwrap_or_else(tools::default_threads);
             let options = kubernetes::Options {
                 listen,
                 admin_listen,
                 advertise_address,
                 admin_advertise_address,
-                threads: threads.unwrap_or_else(tools::default_threads),
+                threads,
                 report_audience,
                 report_reader,
+                co: schedule::start(schedule, threads),
             };
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -7,6 +7,7 @@ use crate::serve::{self, AppState, ReportAuth};
 use crate::{dnnscaler, load};
 use anyhow::Context;
 use cotenant_crds::ModelTenant;
+use cotenant_executor::runtime::CoSchedule;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -100,6 +101,8 @@ pub struct Options {
     pub report_token: Option<String>,
     /// What moves each tenant's knobs (DNNScaler unless comparing).
     pub knob_policy: cotenant_policy::sim::Strategy,
+    /// The co-schedule every tenant joins (`--schedule`), if any.
+    pub co: Option<Arc<CoSchedule>>,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -139,12 +142,14 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         let runtime = tokio::runtime::Handle::current();
         // Loading and profiling are CPU-bound; they must not stall the server.
         let policy = options.knob_policy;
+        let co = options.co.clone();
         tokio::task::spawn_blocking(move || {
             bring_up(
                 &file,
                 &registry,
                 &scaler,
                 threads_per_tenant,
+                co,
                 policy,
                 &runtime,
             )
@@ -180,6 +185,7 @@ fn bring_up(
     registry: &Registry,
     scaler: &Mutex<Vec<dnnscaler::Controlled>>,
     threads: usize,
+    co: Option<Arc<CoSchedule>>,
     knob_policy: cotenant_policy::sim::Strategy,
     runtime: &tokio::runtime::Handle,
 ) {
@@ -209,7 +215,7 @@ fn bring_up(
             .and_then(|path| load::read_model(&path, sha256))
     };
     let loaded =
-        bytes.and_then(|bytes| load::start(&bytes, load::config(&name, slo, 1, 1, threads)));
+        bytes.and_then(|bytes| load::start(&bytes, load::config(&name, slo, 1, 1, threads), co));
     let loaded = match loaded {
         Ok(loaded) => loaded,
         Err(reason) => {

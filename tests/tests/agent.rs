@@ -30,6 +30,34 @@ fn zoo(agent: &Path, models: &Path, name: &str, file: &str, extra: &[&str]) {
     assert!(status.success(), "zoo {name} failed");
 }
 
+/// Starts `cotenant-agent standalone` on the tenants in `dir` (2 threads, `dir/token` as the
+/// report token) and waits until it is ready; returns it and its address.
+fn serve(agent: &Path, dir: &Path, extra: &[&str]) -> (Process, String) {
+    let addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    let mut cmd = Command::new(agent);
+    cmd.args(["standalone", "--tenants"])
+        .arg(dir)
+        .args(["--listen", &addr, "--threads", "2", "--report-token-file"])
+        .arg(dir.join("token"))
+        .args(extra);
+    let mut server = Process::spawn("agent", cmd, dir, Lifetime::WithParent).expect("agent starts");
+    let ready = poll("agent readiness", Duration::from_secs(120), || {
+        if !server.is_running() {
+            return Ok(false);
+        }
+        match http_get(&addr, "/v2/health/ready") {
+            Ok((200, _)) => Ok(true),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    assert!(
+        matches!(ready, Ok(true)),
+        "{ready:?}\n{}",
+        server.log_tail(30)
+    );
+    (server, addr)
+}
+
 /// Runs `tests/python/<script>` against the agent, failing with its output and the agent's log.
 fn run_script(python: &Path, server: &Process, script: &str, args: &[&str]) {
     let out = Command::new(python)
@@ -114,28 +142,7 @@ fn standalone_agent_serves_real_clients() {
     }
     std::fs::write(dir.join("token"), "s3cret\n").expect("token");
 
-    let addr = format!("127.0.0.1:{}", free_port().expect("port"));
-    let mut cmd = Command::new(&agent);
-    cmd.args(["standalone", "--tenants"])
-        .arg(&dir)
-        .args(["--listen", &addr, "--threads", "2", "--report-token-file"])
-        .arg(dir.join("token"));
-    let mut server =
-        Process::spawn("agent", cmd, &dir, Lifetime::WithParent).expect("agent starts");
-    let ready = poll("agent readiness", Duration::from_secs(120), || {
-        if !server.is_running() {
-            return Ok(false);
-        }
-        match http_get(&addr, "/v2/health/ready") {
-            Ok((200, _)) => Ok(true),
-            other => Err(format!("{other:?}")),
-        }
-    });
-    assert!(
-        matches!(ready, Ok(true)),
-        "{ready:?}\n{}",
-        server.log_tail(30)
-    );
+    let (mut server, addr) = serve(&agent, &dir, &[]);
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     assert!(
         log.contains("invalid.yaml") && log.contains("spec.model.uri"),
@@ -218,4 +225,64 @@ fn standalone_agent_serves_real_clients() {
     assert!(meta.contains("Failed"), "{meta}");
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The tenants co-scheduled on the device (`--schedule sequential` and `gacer`) serve the same
+/// numbers as onnxruntime; under `gacer` the planner publishes a plan for the tenants loaded.
+#[test]
+#[ignore = "needs COTENANT_PYTHON and the agent binary: cargo xtask test"]
+fn co_scheduled_tenants_serve_real_clients() {
+    let python = python();
+    let agent = workspace_binary("cotenant-agent");
+    for schedule in ["sequential", "gacer"] {
+        let dir =
+            std::env::temp_dir().join(format!("cotenant-agent-{schedule}-{}", std::process::id()));
+        let models = dir.join("models");
+        std::fs::create_dir_all(&models).expect("temp dir");
+        zoo(&agent, &models, "squeezenet", "squeezenet.onnx", &[]);
+        zoo(&agent, &models, "mobilenet_v2", "mobilenet.onnx", &[]);
+        for name in ["squeezenet", "mobilenet"] {
+            let uri = format!("file://models/{name}.onnx");
+            std::fs::write(
+                dir.join(format!("{name}.yaml")),
+                tenant_yaml(name, &uri, ""),
+            )
+            .expect("write tenant");
+        }
+        std::fs::write(dir.join("token"), "s3cret\n").expect("token");
+        let (mut server, addr) = serve(&agent, &dir, &["--schedule", schedule]);
+        let models_arg = models.to_string_lossy();
+        run_script(
+            &python,
+            &server,
+            "oip_client.py",
+            &[
+                "--url",
+                &addr,
+                "--models",
+                &models_arg,
+                "--good",
+                "squeezenet,mobilenet",
+                "--report-token",
+                "s3cret",
+            ],
+        );
+        let log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+        assert!(
+            log().contains(&format!("schedule=\"{schedule}\"")),
+            "{}",
+            log()
+        );
+        if schedule == "gacer" {
+            let planned = poll("a GACER plan", Duration::from_secs(120), || {
+                match log().contains("gacer: a plan for the new tenant mix") {
+                    true => Ok(()),
+                    false => Err("no plan yet".to_string()),
+                }
+            });
+            assert!(planned.is_ok(), "{planned:?}\n{}", log());
+        }
+        server.stop();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -12,6 +12,7 @@ use crate::registry::Registry;
 use crate::serve::{self, AppState, ReportAuth};
 use anyhow::Context;
 use cotenant_crds::GpuAgent;
+use cotenant_executor::runtime::CoSchedule;
 use kube::api::Api;
 use reconcile::{Done, Reconciler};
 use status::Snapshot;
@@ -28,6 +29,8 @@ pub struct Options {
     pub threads: usize,
     pub report_audience: String,
     pub report_reader: Option<String>,
+    /// The co-schedule every tenant joins (`--schedule`), if any.
+    pub co: Option<Arc<CoSchedule>>,
 }
 
 /// Serves until SIGTERM or Ctrl-C, then finishes the accepted requests.
@@ -83,7 +86,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         identity.name.clone(),
         desired_tx,
     ));
-    let reconciler = Reconciler::new(registry, options.threads, done_tx);
+    let reconciler = Reconciler::new(registry, options.threads, options.co.clone(), done_tx);
     let reconciling = tokio::spawn(reconcile_loop(
         reconciler,
         desired_rx,

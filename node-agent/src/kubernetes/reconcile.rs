@@ -17,7 +17,7 @@ use crate::dnnscaler;
 use crate::load;
 use crate::registry::{Entry, Registry, State};
 use cotenant_crds::{Assignment, Knobs, LoadedTenant, ReplicaState, TenantRef};
-use cotenant_executor::runtime::Tenant;
+use cotenant_executor::runtime::{CoSchedule, Tenant};
 use cotenant_policy::Profile;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -117,6 +117,8 @@ fn model_changed(old: &Assignment, new: &Assignment) -> bool {
 pub struct Reconciler {
     registry: Arc<Registry>,
     threads: usize,
+    /// The co-schedule every replica joins, if any.
+    co: Option<Arc<CoSchedule>>,
     runtime: tokio::runtime::Handle,
     done: UnboundedSender<Done>,
     held: BTreeMap<String, Held>,
@@ -129,10 +131,16 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    pub fn new(registry: Arc<Registry>, threads: usize, done: UnboundedSender<Done>) -> Self {
+    pub fn new(
+        registry: Arc<Registry>,
+        threads: usize,
+        co: Option<Arc<CoSchedule>>,
+        done: UnboundedSender<Done>,
+    ) -> Self {
         Reconciler {
             registry,
             threads: threads.max(1),
+            co,
             runtime: tokio::runtime::Handle::current(),
             done,
             held: BTreeMap::new(),
@@ -244,10 +252,11 @@ impl Reconciler {
         );
         let (uri, sha) = (a.model.uri.clone(), a.model.sha256.clone());
         let (done, runtime, name) = (self.done.clone(), self.runtime.clone(), name.to_string());
+        let co = self.co.clone();
         tracing::info!(tenant = %name, %uri, "loading");
         tokio::task::spawn_blocking(move || {
             let result = load::model_bytes(&uri, sha.as_deref(), None, &runtime)
-                .and_then(|bytes| load::start(&bytes, config));
+                .and_then(|bytes| load::start(&bytes, config, co));
             let _ = done.send(Done::Loaded {
                 name,
                 attempt,

@@ -9,7 +9,7 @@ pub use download::install_crypto_provider;
 use crate::registry::TensorMeta;
 use crate::serve::wire_name;
 use cotenant_executor::graph::Dim;
-use cotenant_executor::runtime::{Tenant, TenantConfig};
+use cotenant_executor::runtime::{CoSchedule, Tenant, TenantConfig};
 use cotenant_executor::{CpuBackend, Model};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -116,7 +116,12 @@ pub fn check_sha256(bytes: &[u8], sha256: Option<&str>, what: &str) -> Result<()
 }
 
 /// Imports `bytes`, runs it once at batch 1 and starts serving it with `config`.
-pub fn start(bytes: &[u8], config: TenantConfig) -> Result<Loaded, String> {
+/// Imports `bytes`, checks the model runs, and starts serving it (in seats of `co`, if given).
+pub fn start(
+    bytes: &[u8],
+    config: TenantConfig,
+    co: Option<Arc<CoSchedule>>,
+) -> Result<Loaded, String> {
     let model = Model::from_bytes(bytes).map_err(|e| format!("not a usable ONNX model: {e}"))?;
     let example = model.plan.example_inputs(1);
     let outputs = model
@@ -165,7 +170,7 @@ pub fn start(bytes: &[u8], config: TenantConfig) -> Result<Loaded, String> {
         })
         .collect();
     Ok(Loaded {
-        tenant: Arc::new(Tenant::start(Arc::new(model), config)),
+        tenant: Arc::new(Tenant::start_in(Arc::new(model), config, co)),
         inputs,
         outputs,
     })
