@@ -16,11 +16,47 @@ use cotenant_executor::ops::pool::PoolAttrs;
 use cotenant_executor::ops::reduce::{ReduceAttrs, ReduceKind};
 use cotenant_executor::ops::shape::ShapeOp;
 use cotenant_executor::zoo::{self, ZooOptions};
-use cotenant_executor::{Backend, CpuBackend, Model, Tensor};
+use cotenant_executor::{Backend, CpuBackend, Model, OpError, Tensor};
 use prost::Message;
 use std::fmt::Write as _;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
+
+/// Weights of 4 MiB on a tenant with a 1 MiB budget: that tenant gets a device error naming its
+/// budget, and `other` (unlimited) still takes the same weights and runs an op on the device.
+fn budget_isolation(other: &CudaBackend, tf32: bool) -> String {
+    let small = CudaBackend::new(CudaOptions {
+        tenant: "small".into(),
+        budget_bytes: 1 << 20,
+        tf32,
+        ..Default::default()
+    });
+    let weights = match Tensor::f32(vec![1 << 20], vec![0.5; 1 << 20]) {
+        Ok(t) => Arc::new(t),
+        Err(e) => return format!("Memory budget: FAIL ({e})"),
+    };
+    let refused = match small.map(|s| s.register_constants(std::slice::from_ref(&weights))) {
+        Ok(Err(OpError::Device(why))) if why.contains("over budget") => Ok(why),
+        other => Err(format!("expected over budget, got {other:?}")),
+    };
+    let relu = Op::Unary(Unary::Relu);
+    let x = Tensor::f32(vec![4], vec![-1.0, 0.0, 1.0, 2.0]).ok();
+    let still = other
+        .register_constants(&[weights])
+        .map_err(|e| e.to_string())
+        .and_then(|_| {
+            other
+                .execute_device(&relu, &[x.as_ref()])
+                .map_err(|e| e.to_string())
+        });
+    match (refused, still) {
+        (Ok(why), Ok(Some(_))) => {
+            format!("Memory budget: pass (the small tenant: \"{why}\"; the other ran)")
+        }
+        (r, s) => format!("Memory budget: FAIL (small tenant: {r:?}; other tenant: {s:?})"),
+    }
+}
 
 /// fp32 kernels vs the CPU: max |cuda - cpu| / max |cpu|.
 const KERNEL_TOL: f64 = 1e-4;
@@ -665,6 +701,14 @@ fn main() -> ExitCode {
     }
     md.push('\n');
     md.push_str(&table);
+
+    // (a2) a tenant over its device memory budget fails alone
+    let line = format!("\n{}\n", budget_isolation(&cuda, tf32));
+    if !line.starts_with("\nMemory budget: pass") {
+        failed += 1;
+    }
+    println!("{}", line.trim());
+    md.push_str(&line);
 
     // (b) and (c) models
     if !flag("--skip-models") {

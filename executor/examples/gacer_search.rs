@@ -1,17 +1,20 @@
-//! GACER on the CPU backend: how long the search takes per plan for 2, 4 and 8 tenants of zoo
-//! models, and the three schedules compared on the same tenant mixes (throughput and p99 per
-//! tenant). Prints markdown tables.
+//! GACER on the CPU backend (or, with `--device cuda` in a `cuda` build, on the GPU): how long
+//! the search takes per plan for 2, 4 and 8 tenants of zoo models, and the three schedules
+//! compared on the same tenant mixes (throughput and p99 per tenant). Prints markdown tables.
 //!
 //! ```sh
-//! cargo run --release -p cotenant-executor --example gacer_search -- [--duration SECS] [--threads N]
+//! cargo run --release -p cotenant-executor --example gacer_search -- [--duration SECS] [--threads N] [--device cpu|auto|cuda]
 //! ```
+//!
+//! On a GPU the mixes are the ones `device-check` reports: resnet50 + bert + mobilenet_v2,
+//! vgg16 + resnet18 and 4 × mobilenet_v2, at batch 1.
 
 use cotenant_executor::gacer::{
     CoRunOptions, CoRunReport, DeviceShape, MixTenant, ModelProfile, Schedule, SearchOptions, Stop,
     TenantWork, co_run, profile_model, search,
 };
 use cotenant_executor::zoo::{self, ZooOptions};
-use cotenant_executor::{CpuBackend, Model, Tensor};
+use cotenant_executor::{DType, Device, DeviceRequest, Model, Tensor};
 use prost::Message;
 use std::collections::HashMap;
 use std::error::Error;
@@ -23,12 +26,14 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 struct Args {
     duration: Duration,
     threads: usize,
+    device: Device,
 }
 
 fn args() -> Result<Args> {
     let mut a = Args {
         duration: Duration::from_secs(6),
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        device: Device::Cpu,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -36,6 +41,12 @@ fn args() -> Result<Args> {
         match flag.as_str() {
             "--duration" => a.duration = Duration::from_secs_f64(value.parse()?),
             "--threads" => a.threads = value.parse()?,
+            "--device" => {
+                let (device, why) =
+                    Device::choose(value.parse::<DeviceRequest>()?, 0, u64::MAX, false)?;
+                eprintln!("gacer_search: {why}");
+                a.device = device;
+            }
             other => return Err(format!("unknown flag {other}").into()),
         }
     }
@@ -61,7 +72,7 @@ impl Zoo {
     }
 }
 
-/// A batch of seeded inputs in [-1, 1).
+/// A batch of seeded inputs in [-1, 1) (token ids, as the example inputs give them).
 fn inputs(model: &Model, batch: usize, seed: u64) -> Result<Vec<(String, Tensor)>> {
     let mut rng = zoo::Rng::new(seed);
     model
@@ -69,6 +80,9 @@ fn inputs(model: &Model, batch: usize, seed: u64) -> Result<Vec<(String, Tensor)
         .example_inputs(batch)
         .into_iter()
         .map(|(n, t)| {
+            if t.dtype() != DType::F32 {
+                return Ok((n, t));
+            }
             let v = (0..t.len()).map(|_| rng.uniform() * 2.0 - 1.0).collect();
             Ok((n, Tensor::f32(t.shape.clone(), v)?))
         })
@@ -80,17 +94,18 @@ fn profile(
     cache: &mut HashMap<(&'static str, usize), Arc<ModelProfile>>,
     name: &'static str,
     batch: usize,
-    threads: usize,
+    (device, threads): (&Device, usize),
 ) -> Result<Arc<ModelProfile>> {
     if let Some(p) = cache.get(&(name, batch)) {
         return Ok(p.clone());
     }
     let m = zoo.get(name)?;
-    let backend = CpuBackend::new(threads);
+    let backend = device.backend(name, threads)?;
+    backend.prepare(&m.plan)?;
     let p = Arc::new(profile_model(
         name,
         &m.plan,
-        &backend,
+        backend.as_ref(),
         &inputs(&m, batch, 7)?,
         2,
         &[2, 4],
@@ -99,14 +114,24 @@ fn profile(
     Ok(p)
 }
 
-fn search_cost(zoo: &mut Zoo, threads: usize) -> Result<()> {
+fn search_cost(zoo: &mut Zoo, device: &Device, threads: usize) -> Result<()> {
     let cycle: [&'static str; 4] = ["resnet18", "mobilenet_v2", "squeezenet", "resnet50"];
     let batch = 2;
     let mut profiles = HashMap::new();
     println!("## Search cost\n");
+    let shape = match device {
+        Device::Cpu => DeviceShape::h200(),
+        gpu => gpu.shape(1, threads),
+    };
     println!(
-        "Profiles measured on this CPU at batch {batch} ({threads} threads); the search scores \
-         plans for the H200 device shape. Median of 5 searches.\n"
+        "Profiles measured on {} at batch {batch} ({threads} CPU threads); the search scores \
+         plans for the {} device shape. Median of 5 searches.\n",
+        if device.is_gpu() {
+            "the GPU"
+        } else {
+            "this CPU"
+        },
+        shape.name
     );
     println!(
         "| tenants | models | steps | ms per plan | pointers | split steps | predicted round ms (unregulated → plan) |"
@@ -118,22 +143,21 @@ fn search_cost(zoo: &mut Zoo, threads: usize) -> Result<()> {
             .iter()
             .map(|&name| {
                 Ok(MixTenant {
-                    profile: profile(zoo, &mut profiles, name, batch, threads)?,
+                    profile: profile(zoo, &mut profiles, name, batch, (device, threads))?,
                     latency_bound: None,
                 })
             })
             .collect::<Result<_>>()?;
-        let device = DeviceShape::h200();
         let mut times = Vec::new();
         let mut plan = None;
         for _ in 0..5 {
             let t0 = Instant::now();
-            plan = Some(search(&mix, &device, &SearchOptions::default()));
+            plan = Some(search(&mix, &shape, &SearchOptions::default()));
             times.push(t0.elapsed().as_secs_f64() * 1e3);
         }
         times.sort_by(f64::total_cmp);
         let plan = plan.ok_or("no search ran")?;
-        let unregulated = unregulated_makespan(&mix, &device);
+        let unregulated = unregulated_makespan(&mix, &shape);
         let steps: usize = mix.iter().map(|t| t.profile.steps.len()).sum();
         let splits = plan.splits.iter().flatten().filter(|&&k| k > 1).count();
         println!(
@@ -185,13 +209,13 @@ fn compare(
         .iter()
         .map(|&name| {
             Ok(MixTenant {
-                profile: profile(zoo, &mut cache, name, batch, per_stream)?,
+                profile: profile(zoo, &mut cache, name, batch, (&a.device, per_stream))?,
                 latency_bound: None,
             })
         })
         .collect::<Result<_>>()?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let device = DeviceShape::cpu(cores, per_stream);
+    let device = a.device.shape(cores, per_stream);
     let t0 = Instant::now();
     let plan = search(&mix, &device, &SearchOptions::default());
     let search_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -203,6 +227,7 @@ fn compare(
         warmup_rounds: 1,
         stop: Stop::After(a.duration),
         trace: false,
+        device: a.device.clone(),
     };
     println!("### {title} (batch {batch}, {} threads)\n", a.threads);
     println!(
@@ -213,25 +238,29 @@ fn compare(
         plan.splits.iter().flatten().filter(|&&k| k > 1).count(),
         plan.predicted_makespan * 1e3
     );
-    println!(
-        "`gacer-h200` runs the plan searched for the H200 shape from the same profiles: {} \
-         pointers, {} resized steps.\n",
-        gpu_plan.pointers.len(),
-        gpu_plan.splits.iter().flatten().filter(|&&k| k > 1).count(),
-    );
-    let schedules = [
+    let mut schedules = vec![
         Schedule::Sequential,
         Schedule::MultiStream,
         Schedule::gacer(plan),
-        Schedule::gacer(gpu_plan),
     ];
-    let names = ["sequential", "multi-stream", "gacer", "gacer-h200"];
+    let mut names = vec!["sequential", "multi-stream", "gacer"];
+    // On a GPU the plan was searched for it already.
+    if !a.device.is_gpu() {
+        println!(
+            "`gacer-h200` runs the plan searched for the H200 shape from the same profiles: {} \
+             pointers, {} resized steps.\n",
+            gpu_plan.pointers.len(),
+            gpu_plan.splits.iter().flatten().filter(|&&k| k > 1).count(),
+        );
+        schedules.push(Schedule::gacer(gpu_plan));
+        names.push("gacer-h200");
+    }
     let mut reports: Vec<CoRunReport> = Vec::new();
     for s in &schedules {
         reports.push(co_run(&tenants, s, &opts)?);
     }
     print!("| tenant |");
-    for n in names {
+    for n in &names {
         print!(" {n} rows/s | {n} p99 ms |");
     }
     println!();
@@ -250,25 +279,40 @@ fn compare(
     }
     println!();
     let base = reports[1].throughput();
-    println!(
-        "\nThroughput vs multi-stream: sequential {:.2}x, gacer {:.2}x, gacer-h200 {:.2}x.\n",
-        reports[0].throughput() / base,
-        reports[2].throughput() / base,
-        reports[3].throughput() / base
-    );
+    let ratios: Vec<String> = names
+        .iter()
+        .zip(&reports)
+        .filter(|(n, _)| **n != "multi-stream")
+        .map(|(n, r)| format!("{n} {:.2}x", r.throughput() / base))
+        .collect();
+    println!("\nThroughput vs multi-stream: {}.\n", ratios.join(", "));
     Ok(())
 }
 
 fn main() -> Result<()> {
     let a = args()?;
     let mut zoo = Zoo(HashMap::new());
-    search_cost(&mut zoo, a.threads)?;
-    println!("## Schedules on the CPU backend\n");
+    search_cost(&mut zoo, &a.device, a.threads)?;
+    let on = if a.device.is_gpu() { "GPU" } else { "CPU" };
+    println!("## Schedules on the {on} backend\n");
     println!(
         "Closed loop: every tenant runs its batch again as soon as the last one finished; \
          {:.0} s measured per schedule after one warm-up round.\n",
         a.duration.as_secs_f64()
     );
+    if a.device.is_gpu() {
+        let heterogeneous = ["resnet50", "bert", "mobilenet_v2"];
+        compare(
+            &mut zoo,
+            &a,
+            "resnet50 + bert + mobilenet_v2",
+            &heterogeneous,
+            1,
+        )?;
+        compare(&mut zoo, &a, "vgg16 + resnet18", &["vgg16", "resnet18"], 1)?;
+        compare(&mut zoo, &a, "4 × mobilenet_v2", &["mobilenet_v2"; 4], 1)?;
+        return Ok(());
+    }
     compare(
         &mut zoo,
         &a,

@@ -1,6 +1,6 @@
 //! The `Backend` trait a plan executes on, and the CPU backend. The plan never branches on the
-//! device: it hands each step's op and inputs to the backend; a CUDA backend will implement the
-//! same trait later.
+//! device: it hands each step's op and inputs to the backend; the CUDA backend (`cuda`) implements
+//! the same trait.
 
 use crate::error::OpError;
 use crate::ops::{Cx, Op};
@@ -16,6 +16,12 @@ pub trait Backend: Send + Sync {
     fn scope(&self, f: &mut (dyn FnMut() + Send));
     /// Runs one op.
     fn execute(&self, op: &Op, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, OpError>;
+    /// Readies the backend for `plan` before its first run: a GPU uploads the plan's constants
+    /// once (over the instance's memory budget is an error); the CPU has nothing to do.
+    fn prepare(&self, plan: &crate::plan::Plan) -> Result<(), OpError> {
+        let _ = plan;
+        Ok(())
+    }
     /// Takes back an activation the plan no longer needs, so its memory can serve a later
     /// output (the memory plan's buffer reuse). Dropping it is always correct.
     fn recycle(&self, t: Tensor) {

@@ -49,6 +49,10 @@ pub enum OpError {
     MissingInput(usize),
     #[error("tensor of {0} elements exceeds the executor's limit")]
     TooLarge(usize),
+    /// The device failed or refused, not the op's inputs: over the tenant's memory budget, a
+    /// launch or copy error.
+    #[error("device: {0}")]
+    Device(String),
 }
 
 /// Why a run failed.
@@ -72,6 +76,9 @@ pub enum RunError {
     },
     #[error("output {0:?} was not produced")]
     MissingOutput(String),
+    /// The device cannot run this instance (no stream, weights over its memory budget).
+    #[error("device: {0}")]
+    Device(String),
 }
 
 pub type OpResult<T> = Result<T, OpError>;

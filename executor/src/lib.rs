@@ -8,6 +8,7 @@
 pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device;
 pub mod error;
 pub mod gacer;
 pub mod graph;
@@ -22,6 +23,7 @@ pub mod tensor;
 pub mod zoo;
 
 pub use backend::{Backend, CpuBackend};
+pub use device::{Device, DeviceRequest};
 pub use error::{ImportError, OpError, RunError};
 pub use plan::{Model, Plan};
 pub use tensor::{DType, Data, Tensor};

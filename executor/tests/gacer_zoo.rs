@@ -92,6 +92,7 @@ fn gacer_plan_on_a_zoo_mix_matches_the_plain_order() {
         warmup_rounds: 0,
         stop: Stop::Rounds(1),
         trace: true,
+        device: cotenant_executor::Device::Cpu,
     };
     for plan in [exact, plan, searched] {
         plan.validate(&counts).expect("the plan is valid");

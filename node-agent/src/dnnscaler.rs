@@ -57,6 +57,7 @@ pub fn profile_points(
         let batch = knobs.batch as usize;
         let inputs = model.plan.example_inputs(batch);
         let m = measure(
+            tenant.device(),
             model,
             &inputs,
             batch,

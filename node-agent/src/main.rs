@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod device;
 mod dnnscaler;
 mod kubernetes;
 mod load;
@@ -42,6 +43,8 @@ enum Command {
         /// and ordered by a plan searched for the tenants loaded).
         #[arg(long, default_value = "multi-stream", value_parser = schedule::parse)]
         schedule: schedule::ScheduleKind,
+        #[command(flatten)]
+        device: device::DeviceArgs,
         /// What moves the knobs: `dnnscaler`, or a peer to compare with: `aimd` (Clipper's
         /// additive increase, ×0.9 decrease) or `static:<batch>x<instances>`.
         #[arg(long, default_value = "dnnscaler", value_parser = dnnscaler::parse_knob_policy)]
@@ -75,6 +78,8 @@ enum Command {
         /// and ordered by a plan searched for the tenants loaded).
         #[arg(long, default_value = "multi-stream", value_parser = schedule::parse)]
         schedule: schedule::ScheduleKind,
+        #[command(flatten)]
+        device: device::DeviceArgs,
         /// Audience a `/report` token must be issued for.
         #[arg(
             long,
@@ -95,7 +100,7 @@ enum Command {
     Zoo(tools::zoo::ZooArgs),
     /// Run a model once on .npy inputs and write each output as DIR/<name>.npy.
     Run(tools::run::RunArgs),
-    /// Measure a model's throughput and latency percentiles on this machine's CPU.
+    /// Measure a model's throughput and latency percentiles on this machine (CPU or GPU).
     Bench(tools::bench::BenchArgs),
 }
 
@@ -108,6 +113,7 @@ fn main() -> anyhow::Result<()> {
             threads,
             report_token_file,
             schedule,
+            device,
             knob_policy,
             log_json,
         } => {
@@ -124,13 +130,15 @@ fn main() -> anyhow::Result<()> {
                 None => None,
             };
             let threads = threads.unwrap_or_else(tools::default_threads);
+            let device = device.choose()?;
             let options = standalone::Options {
                 tenants,
                 listen,
                 threads,
                 report_token,
                 knob_policy,
-                co: schedule::start(schedule, threads),
+                co: schedule::start(schedule, threads, &device),
+                device,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -146,12 +154,14 @@ fn main() -> anyhow::Result<()> {
             admin_advertise_address,
             threads,
             schedule,
+            device,
             report_audience,
             report_reader,
             log_json,
         } => {
             init_logs(log_json);
             let threads = threads.unwrap_or_else(tools::default_threads);
+            let device = device.choose()?;
             let options = kubernetes::Options {
                 listen,
                 admin_listen,
@@ -160,7 +170,8 @@ fn main() -> anyhow::Result<()> {
                 threads,
                 report_audience,
                 report_reader,
-                co: schedule::start(schedule, threads),
+                co: schedule::start(schedule, threads, &device),
+                device,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

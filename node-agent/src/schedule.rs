@@ -2,7 +2,8 @@
 //! `cotenant_executor::runtime::cosched`), and for `gacer` the planner thread that keeps the
 //! plan matched to the tenants loaded.
 
-use cotenant_executor::gacer::{DeviceShape, GacerPlan, Schedule};
+use cotenant_executor::Device;
+use cotenant_executor::gacer::{GacerPlan, Schedule};
 use cotenant_executor::runtime::{CoSchedule, Planner};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,16 +34,15 @@ const REPLAN_EVERY: Duration = Duration::from_secs(2);
 
 /// The co-schedule every tenant of the agent joins, with its planner running for `gacer`;
 /// `None` for multi-stream, where there is nothing to coordinate. `threads` is the agent's CPU
-/// budget.
-pub fn start(kind: ScheduleKind, threads: usize) -> Option<Arc<CoSchedule>> {
+/// budget; the planner profiles on `device`.
+pub fn start(kind: ScheduleKind, threads: usize, device: &Device) -> Option<Arc<CoSchedule>> {
     let co = match kind {
         ScheduleKind::MultiStream => return None,
         ScheduleKind::Sequential => CoSchedule::new(Schedule::Sequential),
         ScheduleKind::Gacer => CoSchedule::new(Schedule::gacer(GacerPlan::unregulated(&[]))),
     };
     if kind == ScheduleKind::Gacer {
-        let device = DeviceShape::cpu(threads, threads);
-        let mut planner = Planner::new(co.clone(), device, threads);
+        let mut planner = Planner::new(co.clone(), device, threads, threads);
         let spawned = std::thread::Builder::new()
             .name("cotenant-gacer-planner".into())
             .spawn(move || {
@@ -80,9 +80,9 @@ mod tests {
             e.contains("\"gaser\"") && e.contains("multi-stream, sequential or gacer"),
             "{e}"
         );
-        assert!(start(ScheduleKind::MultiStream, 2).is_none());
+        assert!(start(ScheduleKind::MultiStream, 2, &Device::Cpu).is_none());
         assert_eq!(
-            start(ScheduleKind::Sequential, 2).map(|c| c.name()),
+            start(ScheduleKind::Sequential, 2, &Device::Cpu).map(|c| c.name()),
             Some("sequential")
         );
     }

@@ -7,6 +7,7 @@ use crate::serve::{self, AppState, ReportAuth};
 use crate::{dnnscaler, load};
 use anyhow::Context;
 use cotenant_crds::ModelTenant;
+use cotenant_executor::Device;
 use cotenant_executor::runtime::CoSchedule;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -103,6 +104,8 @@ pub struct Options {
     pub knob_policy: cotenant_policy::sim::Strategy,
     /// The co-schedule every tenant joins (`--schedule`), if any.
     pub co: Option<Arc<CoSchedule>>,
+    /// Where the tenants compute (`--device`).
+    pub device: Device,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -142,17 +145,13 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         let runtime = tokio::runtime::Handle::current();
         // Loading and profiling are CPU-bound; they must not stall the server.
         let policy = options.knob_policy;
-        let co = options.co.clone();
+        let share = Share {
+            threads: threads_per_tenant,
+            co: options.co.clone(),
+            device: options.device.clone(),
+        };
         tokio::task::spawn_blocking(move || {
-            bring_up(
-                &file,
-                &registry,
-                &scaler,
-                threads_per_tenant,
-                co,
-                policy,
-                &runtime,
-            )
+            bring_up(&file, &registry, &scaler, share, policy, &runtime)
         });
     }
 
@@ -178,14 +177,20 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What one tenant gets of the agent: CPU threads, the co-schedule it joins, the device.
+struct Share {
+    threads: usize,
+    co: Option<Arc<CoSchedule>>,
+    device: Device,
+}
+
 /// Loads one tenant, marks it Ready (or Failed with the reason), then profiles it and hands it
 /// to the scaler with DNNScaler's chosen knobs.
 fn bring_up(
     file: &TenantFile,
     registry: &Registry,
     scaler: &Mutex<Vec<dnnscaler::Controlled>>,
-    threads: usize,
-    co: Option<Arc<CoSchedule>>,
+    share: Share,
     knob_policy: cotenant_policy::sim::Strategy,
     runtime: &tokio::runtime::Handle,
 ) {
@@ -214,8 +219,13 @@ fn bring_up(
             })
             .and_then(|path| load::read_model(&path, sha256))
     };
-    let loaded =
-        bytes.and_then(|bytes| load::start(&bytes, load::config(&name, slo, 1, 1, threads), co));
+    let Share {
+        threads,
+        co,
+        device,
+    } = share;
+    let config = load::config(&name, slo, 1, 1, threads, &device);
+    let loaded = bytes.and_then(|bytes| load::start(&bytes, config, co));
     let loaded = match loaded {
         Ok(loaded) => loaded,
         Err(reason) => {

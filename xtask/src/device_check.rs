@@ -1,7 +1,7 @@
 //! `cargo xtask device-check`: builds the CUDA device check here (release, `--features cuda`,
 //! x86-64) and writes a self-contained bundle to `target/device-bundle/` for a GPU host: the
-//! `device_check` binary, `torch_eager.py` and `run.sh`, which runs both and writes
-//! `$OUT/device-<date>.md`. The GPU host needs no Rust toolchain.
+//! `device_check` and `gacer_search` binaries, `torch_eager.py` and `run.sh`, which runs them
+//! and writes `$OUT/device-<date>.md`. The GPU host needs no Rust toolchain.
 
 use anyhow::{Context, bail};
 use std::path::Path;
@@ -12,7 +12,7 @@ const MAX_BUNDLE_BYTES: u64 = 60 << 20;
 
 const RUN_SH: &str = r##"#!/usr/bin/env bash
 # cotenant device check on a GPU host: CUDA kernels and zoo models vs the CPU backend, CUDA
-# latency, PyTorch eager latency. Writes $OUT/device-<date>.md (or ./device-out/ without $OUT)
+# latency, PyTorch eager latency, tenant mixes under the three schedules. Writes $OUT/device-<date>.md (or ./device-out/ without $OUT)
 # and prints it. Finishes in well under 8 minutes (each step has its own timeout).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -48,7 +48,7 @@ export RUST_BACKTRACE=1
 } > "$report"
 
 echo "== device_check (CUDA vs CPU, CUDA latency)"
-timeout 330 "$here/device_check" --out "$out/rust.md" --iters "${ITERS:-20}" 2>&1 | tee "$out/rust.log"
+timeout 270 "$here/device_check" --out "$out/rust.md" --iters "${ITERS:-20}" 2>&1 | tee "$out/rust.log"
 rc=${PIPESTATUS[0]}
 if [ -f "$out/rust.md" ]; then cat "$out/rust.md" >> "$report"; else echo "device_check wrote no report (exit $rc)" >> "$report"; fi
 if [ "$rc" -ne 0 ]; then { echo; echo "device_check log (last 40 lines):"; echo '```'; tail -40 "$out/rust.log"; echo '```'; } >> "$report"; fi
@@ -56,14 +56,22 @@ echo >> "$report"
 
 echo "== torch_eager.py (PyTorch eager latency)"
 if [ -n "$py" ]; then
-  timeout 150 "$py" "$here/torch_eager.py" --iters "${ITERS:-20}" > "$out/torch.md" 2> "$out/torch.err"
+  timeout 110 "$py" "$here/torch_eager.py" --iters "${ITERS:-20}" > "$out/torch.md" 2> "$out/torch.err"
   trc=$?
   cat "$out/torch.md" >> "$report"
   if [ "$trc" -ne 0 ]; then { echo; echo "torch_eager.py exit $trc:"; echo '```'; tail -20 "$out/torch.err"; echo '```'; } >> "$report"; fi
 else
   echo "no python on this host: PyTorch eager not measured" >> "$report"
 fi
-echo "device_check exit status: $rc (0 all passed, 1 a check failed, 2 no usable GPU, 124 timeout)" >> "$report"
+echo >> "$report"
+
+echo "== gacer_search --device cuda (tenant mixes: sequential, multi-stream, gacer)"
+timeout 90 "$here/gacer_search" --device cuda --duration "${MIX_SECS:-3}" --threads 8 > "$out/mixes.md" 2> "$out/mixes.err"
+grc=$?
+cat "$out/mixes.md" >> "$report"
+if [ "$grc" -ne 0 ]; then { echo; echo "gacer_search exit $grc:"; echo '```'; tail -20 "$out/mixes.err"; echo '```'; } >> "$report"; fi
+echo >> "$report"
+echo "device_check exit status: $rc (0 all passed, 1 a check failed, 2 no usable GPU, 124 timeout); gacer_search: $grc" >> "$report"
 echo
 cat "$report"
 exit $rc
@@ -84,16 +92,20 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         "cuda",
         "--example",
         "device_check",
+        "--example",
+        "gacer_search",
     ]);
     crate::run(build)?;
-    let bin = crate::target_dir().join("release/examples/device_check");
     let bundle = root.join("target/device-bundle");
     let _ = std::fs::remove_dir_all(&bundle);
     std::fs::create_dir_all(&bundle).with_context(|| format!("creating {}", bundle.display()))?;
-    let dest = bundle.join("device_check");
-    std::fs::copy(&bin, &dest).with_context(|| format!("copying {}", bin.display()))?;
-    // Debug line tables are not needed there; strip when the tool exists (smaller to carry).
-    let _ = Command::new("strip").arg(&dest).status();
+    for example in ["device_check", "gacer_search"] {
+        let bin = crate::target_dir().join("release/examples").join(example);
+        let dest = bundle.join(example);
+        std::fs::copy(&bin, &dest).with_context(|| format!("copying {}", bin.display()))?;
+        // Debug line tables are not needed there; strip when the tool exists (smaller to carry).
+        let _ = Command::new("strip").arg(&dest).status();
+    }
     std::fs::copy(
         root.join("executor/bench/torch_eager.py"),
         bundle.join("torch_eager.py"),

@@ -58,15 +58,18 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
         .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
     crate::run(test)?;
 
-    // The CUDA backend is behind a feature the workspace build leaves off: lint it, and test its
-    // GPU-free parts, NVRTC included (from the venv's wheel), so it cannot rot unseen.
+    // The CUDA backend is behind a feature the workspace build leaves off: lint it and the agent
+    // that serves on it, and test its GPU-free parts, NVRTC included (from the venv's wheel), so
+    // it cannot rot unseen.
     let mut cuda_clippy = Command::new("cargo");
     cuda_clippy.args([
         "clippy",
         "-p",
         "cotenant-executor",
+        "-p",
+        "cotenant-agent",
         "--features",
-        "cuda",
+        "cotenant-agent/cuda",
         "--all-targets",
         "--",
         "-D",

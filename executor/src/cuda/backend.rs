@@ -200,11 +200,6 @@ impl CudaBackend {
         Ok(weights.values().map(|r| r.bytes).sum())
     }
 
-    /// Registers a plan's constants (see [`CudaBackend::register_constants`]).
-    pub fn prepare(&self, plan: &crate::plan::Plan) -> Result<u64, OpError> {
-        self.register_constants(&plan.constants)
-    }
-
     /// Drops every resident constant (e.g. when the tenant's model is unloaded).
     pub fn forget_constants(&self) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -226,7 +221,7 @@ impl CudaBackend {
     pub fn synchronize(&self) -> Result<(), OpError> {
         self.stream
             .synchronize()
-            .map_err(|e| OpError::Unsupported(format!("cuda: {e}")))
+            .map_err(|e| OpError::Device(format!("cuda: {e}")))
     }
 
     fn fallback(&self, op: &Op, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, OpError> {
@@ -293,9 +288,9 @@ impl CudaBackend {
 fn to_op_error(f: Fail) -> OpError {
     match f {
         Fail::Decline => OpError::Unsupported("declined by the CUDA path".into()),
-        // OpError has no variant of its own for this; the message names the tenant and sizes.
-        Fail::OverBudget(o) => OpError::Unsupported(o.to_string()),
-        Fail::Device(s) => OpError::Unsupported(format!("cuda: {s}")),
+        // The message names the tenant and the sizes.
+        Fail::OverBudget(o) => OpError::Device(o.to_string()),
+        Fail::Device(s) => OpError::Device(format!("cuda: {s}")),
     }
 }
 
@@ -314,6 +309,11 @@ impl Backend for CudaBackend {
             Some(out) => Ok(out),
             None => self.fallback(op, inputs),
         }
+    }
+
+    /// Registers the plan's constants (see [`CudaBackend::register_constants`]).
+    fn prepare(&self, plan: &crate::plan::Plan) -> Result<(), OpError> {
+        self.register_constants(&plan.constants).map(drop)
     }
 
     fn recycle(&self, t: Tensor) {

@@ -32,7 +32,7 @@ use crate::backend::{Backend, CpuBackend};
 /// The CUDA backend on device 0 when one is usable, else the CPU backend; the string says
 /// which and, for the CPU, why (one line, e.g. "no libcuda.so found (no NVIDIA driver)").
 /// Constants are not registered through the trait object: callers that keep a `CudaBackend`
-/// should call [`CudaBackend::prepare`] with each plan.
+/// should call [`Backend::prepare`] with each plan.
 pub fn backend_or_cpu(threads: usize) -> (Box<dyn Backend>, String) {
     let opts = CudaOptions {
         cpu_threads: threads,

@@ -13,6 +13,8 @@ pub struct DeviceInfo {
     /// Compute capability (major, minor), e.g. (9, 0) on an H200.
     pub capability: (i32, i32),
     pub total_bytes: usize,
+    /// Streaming multiprocessors.
+    pub multiprocessors: usize,
     pub device_count: usize,
 }
 
@@ -87,6 +89,12 @@ pub fn probe_device(ordinal: usize) -> Result<DeviceInfo, Unavailable> {
             name: ctx.name().map_err(|e| e.to_string())?,
             capability: ctx.compute_capability().map_err(|e| e.to_string())?,
             total_bytes: ctx.total_mem().map_err(|e| e.to_string())?,
+            multiprocessors: ctx
+                .attribute(
+                    cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                )
+                .map_err(|e| e.to_string())?
+                .max(1) as usize,
             device_count: count as usize,
         })
     })

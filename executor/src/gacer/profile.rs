@@ -33,14 +33,21 @@ pub struct DeviceShape {
 impl DeviceShape {
     /// An NVIDIA H200 (Hopper, 132 SMs).
     pub fn h200() -> DeviceShape {
+        DeviceShape::gpu("H200", 132)
+    }
+
+    /// An NVIDIA GPU of `multiprocessors` SMs with Hopper's per-SM limits (Ampere's differ only
+    /// in shared memory, which the footprint estimate rarely binds on).
+    pub fn gpu(name: &str, multiprocessors: usize) -> DeviceShape {
+        let sms = multiprocessors.max(1);
         DeviceShape {
-            name: "H200".into(),
-            units: 132,
+            name: name.to_string(),
+            units: sms,
             max_threads_per_unit: 2048,
             max_blocks_per_unit: 32,
             shared_mem_per_unit: 228 * 1024,
             registers_per_unit: 65536,
-            units_per_stream: 132,
+            units_per_stream: sms,
             launch_overhead: Duration::from_micros(5),
         }
     }

@@ -1,13 +1,15 @@
-//! Runs a tenant mix under a schedule on the CPU backend: one worker thread per stream, each
-//! with its own backend and share of the thread budget, running rounds (every tenant one
-//! batch) back to back. GACER's pointers are event waits between the workers; resized steps run
-//! their pieces one after another on their worker. Reports per-tenant latency and throughput,
-//! the last outputs, and optionally a trace of every step's start and finish.
+//! Runs a tenant mix under a schedule: one worker thread per stream, each with its own backend of
+//! the chosen device (its own CUDA stream on a GPU) and share of the CPU thread budget, running
+//! rounds (every tenant one batch) back to back. GACER's pointers are event waits between the
+//! workers; resized steps run their pieces one after another on their worker. Reports per-tenant
+//! latency and throughput, the last outputs, and optionally a trace of every step's start and
+//! finish.
 
 use super::plan::{PlanError, StepRef};
 use super::resize::execute_in_pieces;
 use super::schedule::{Schedule, stream_tasks};
-use crate::backend::{Backend, CpuBackend};
+use crate::backend::Backend;
+use crate::device::Device;
 use crate::error::RunError;
 use crate::ops::Op;
 use crate::plan::Model;
@@ -52,6 +54,8 @@ pub struct CoRunOptions {
     pub stop: Stop,
     /// Record every step's start and finish.
     pub trace: bool,
+    /// Where the streams compute.
+    pub device: Device,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,9 +240,12 @@ pub fn co_run(
                 std::thread::Builder::new()
                     .name(format!("cotenant-stream-{i}"))
                     .spawn_scoped(s, move || {
-                        let backend = CpuBackend::new(threads);
                         let mut out = Err(CoRunError::Panicked);
-                        backend.scope(&mut || out = run_stream(shared, &backend, members));
+                        match stream_backend(shared, i, members, threads) {
+                            Ok(backend) => backend
+                                .scope(&mut || out = run_stream(shared, backend.as_ref(), members)),
+                            Err(e) => out = Err(e),
+                        }
                         shared.progress.exit(members);
                         out
                     })
@@ -275,6 +282,31 @@ pub fn co_run(
         tenants: reports.into_iter().flatten().collect(),
         trace,
     })
+}
+
+/// Stream `i`'s backend, readied for the plans of its `members`.
+fn stream_backend(
+    sh: &Shared<'_>,
+    i: usize,
+    members: &[usize],
+    threads: usize,
+) -> Result<Box<dyn Backend>, CoRunError> {
+    let failed = |t: usize, why: String| CoRunError::Run {
+        tenant: sh.tenants[t].name.clone(),
+        source: RunError::Device(why),
+    };
+    let first = members.first().copied().unwrap_or(0);
+    let backend = sh
+        .opts
+        .device
+        .backend(&format!("stream-{i}"), threads)
+        .map_err(|why| failed(first, why))?;
+    for &t in members {
+        backend
+            .prepare(&sh.tenants[t].model.plan)
+            .map_err(|e| failed(t, e.to_string()))?;
+    }
+    Ok(backend)
 }
 
 /// One stream's loop over rounds; stops at `opts.stop`, or early when a step it waits for

@@ -3,10 +3,10 @@
 //! is honoured in the recorded trace.
 
 use super::*;
-use crate::Model;
 use crate::tensor::{DType, Tensor};
 use crate::zoo::Rng;
 use crate::zoo::builder::{Builder, attr_int, attr_ints, value_info};
+use crate::{Model, RunError};
 use proptest::prelude::*;
 use prost::Message;
 use run::{TraceEvent, TraceKind};
@@ -191,6 +191,7 @@ fn options() -> CoRunOptions {
         warmup_rounds: 0,
         stop: Stop::Rounds(2),
         trace: true,
+        device: crate::Device::Cpu,
     }
 }
 
@@ -335,6 +336,37 @@ proptest! {
 }
 
 /// Rounds in which every pointer of `plan` was honoured, per the trace.
+/// A stream whose device cannot serve (a GPU that does not exist) ends the co-run with a device
+/// error naming a tenant, under every schedule, and no stream waits forever on it.
+#[test]
+fn a_stream_without_a_device_fails_the_co_run_with_the_reason() {
+    let r = Recipe::Mlp {
+        f: 3,
+        widths: vec![4, 2],
+        softmax: false,
+    };
+    let tenants = [tenant(&r, 2, 1), tenant(&r, 1, 2)];
+    let counts: Vec<usize> = tenants.iter().map(|t| t.model.plan.steps.len()).collect();
+    let opts = CoRunOptions {
+        device: crate::Device::Cuda(crate::device::Gpu::absent()),
+        ..options()
+    };
+    for schedule in [
+        Schedule::Sequential,
+        Schedule::MultiStream,
+        Schedule::gacer(random_plan(&counts, 3)),
+    ] {
+        match co_run(&tenants, &schedule, &opts) {
+            Err(CoRunError::Run {
+                tenant,
+                source: RunError::Device(why),
+            }) => assert!(tenant.starts_with('t') && !why.is_empty()),
+            Err(e) => panic!("{}: expected a device error, got {e}", schedule.name()),
+            Ok(_) => panic!("{}: ran on a device that does not exist", schedule.name()),
+        }
+    }
+}
+
 fn honoured(trace: &[TraceEvent], plan: &GacerPlan, round: u64) -> bool {
     let at = |step, kind| {
         trace

@@ -2,7 +2,7 @@
 //! the thread budget, run batches of `batch` rows back to back. What the DNNScaler profiler and
 //! the `bench` tool report.
 
-use crate::backend::CpuBackend;
+use crate::device::Device;
 use crate::error::RunError;
 use crate::plan::Model;
 use crate::tensor::Tensor;
@@ -31,9 +31,11 @@ impl Measurement {
     }
 }
 
-/// Runs `inputs` (a batch of `batch` rows) on `instances` concurrent copies for `duration`,
-/// after `warmup` untimed runs each.
+/// Runs `inputs` (a batch of `batch` rows) on `instances` concurrent copies on `device`, each
+/// with its share of `threads`, for `duration`, after `warmup` untimed runs each.
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
+    device: &Device,
     model: &Model,
     inputs: &[(String, Tensor)],
     batch: usize,
@@ -51,16 +53,26 @@ pub fn measure(
             .map(|_| {
                 let ready = &ready;
                 s.spawn(move || -> Result<Vec<f64>, RunError> {
-                    let backend = CpuBackend::new(per_instance);
-                    let warm = (0..warmup)
-                        .try_for_each(|_| model.plan.run(&backend, inputs.to_vec()).map(drop));
+                    let warmed = device
+                        .backend("measure", per_instance)
+                        .map_err(RunError::Device)
+                        .and_then(|b| {
+                            b.prepare(&model.plan)
+                                .map_err(|e| RunError::Device(e.to_string()))?;
+                            for _ in 0..warmup {
+                                model.plan.run(b.as_ref(), inputs.to_vec())?;
+                            }
+                            Ok(b)
+                        });
+                    // Every thread reaches the barrier, failed or not, so none waits forever.
                     ready.wait();
-                    warm?;
+                    let backend = warmed?;
+                    let backend = backend.as_ref();
                     let deadline = Instant::now() + duration;
                     let mut latencies = Vec::new();
                     while Instant::now() < deadline || latencies.is_empty() {
                         let t0 = Instant::now();
-                        model.plan.run(&backend, inputs.to_vec())?;
+                        model.plan.run(backend, inputs.to_vec())?;
                         latencies.push(t0.elapsed().as_secs_f64() * 1e3);
                     }
                     Ok(latencies)

@@ -17,7 +17,8 @@ pub use measure::{Measurement, measure};
 pub use planner::Planner;
 pub use stats::{ShedReason, Stats, WindowSummary};
 
-use crate::backend::CpuBackend;
+use crate::backend::Backend;
+use crate::device::Device;
 use crate::error::RunError;
 use crate::plan::Model;
 use crate::tensor::Tensor;
@@ -46,6 +47,8 @@ pub struct TenantConfig {
     pub slo: Duration,
     /// Rows one request may carry.
     pub max_request_rows: usize,
+    /// Where the instances compute; each gets a backend of its own.
+    pub device: Device,
 }
 
 /// Why a request was not queued.
@@ -182,6 +185,11 @@ impl Tenant {
         &self.shared.model
     }
 
+    /// Where the instances compute.
+    pub fn device(&self) -> &Device {
+        &self.shared.config.device
+    }
+
     /// Current (max batch, instances).
     pub fn knobs(&self) -> (usize, usize) {
         let k = lock(&self.shared.knobs);
@@ -226,14 +234,14 @@ impl Tenant {
             let stop = Arc::new(AtomicBool::new(false));
             let shared = self.shared.clone();
             let flag = stop.clone();
-            let threads = self.shared.config.threads_per_instance;
             let name = format!("{}-{}", self.shared.config.name, workers.len());
             let spawned = std::thread::Builder::new().name(name).spawn(move || {
+                let backend = instance_backend(&shared);
                 let seat = shared
                     .co
                     .as_ref()
                     .map(|co| co.join(shared.config.name.clone(), shared.model.clone()));
-                worker_loop(&shared, &flag, CpuBackend::new(threads), seat)
+                worker_loop(&shared, &flag, backend, seat)
             });
             match spawned {
                 Ok(handle) => workers.push(Worker { stop, handle }),
@@ -389,13 +397,32 @@ fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<(Vec<Pending>, Insta
     Some((taken, started))
 }
 
-/// One instance: takes batches and runs them, in its seat of the co-schedule if it has one.
+/// A backend of the tenant's device for one instance, readied for its plan; the error is why
+/// the device cannot run it.
+fn instance_backend(shared: &Shared) -> Result<Box<dyn Backend>, String> {
+    let config = &shared.config;
+    let backend = config
+        .device
+        .backend(&config.name, config.threads_per_instance)?;
+    backend
+        .prepare(&shared.model.plan)
+        .map_err(|e| e.to_string())?;
+    Ok(backend)
+}
+
+/// One instance: takes batches and runs them, in its seat of the co-schedule if it has one. An
+/// instance whose backend could not be made answers every batch with why.
 struct Instance {
-    backend: CpuBackend,
+    backend: Result<Box<dyn Backend>, String>,
     seat: Option<Seat>,
 }
 
-fn worker_loop(shared: &Shared, stop: &AtomicBool, backend: CpuBackend, seat: Option<Seat>) {
+fn worker_loop(
+    shared: &Shared,
+    stop: &AtomicBool,
+    backend: Result<Box<dyn Backend>, String>,
+    seat: Option<Seat>,
+) {
     let inst = Instance { backend, seat };
     while let Some((batch, started)) = next_batch(shared, stop) {
         if batch.is_empty() {
@@ -422,9 +449,13 @@ fn compute(shared: &Shared, inst: &Instance, batch: &[Pending]) -> Outcome {
     let refs: Vec<&Rows> = batch.iter().map(|p| &p.rows).collect();
     let result = stack(&refs).and_then(|stacked| {
         let inputs = names.zip(stacked).collect();
+        let backend = inst
+            .backend
+            .as_deref()
+            .map_err(|why| RunError::Device(why.clone()))?;
         match &inst.seat {
-            Some(seat) => seat.run(plan, &inst.backend, inputs),
-            None => plan.run(&inst.backend, inputs),
+            Some(seat) => seat.run(plan, backend, inputs),
+            None => plan.run(backend, inputs),
         }
     });
     (result, started, started.elapsed())

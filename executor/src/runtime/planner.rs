@@ -6,9 +6,9 @@
 //! published plan takes over between batches.
 
 use super::cosched::CoSchedule;
-use crate::backend::CpuBackend;
+use crate::device::Device;
 use crate::error::RunError;
-use crate::gacer::{DeviceShape, MixTenant, ModelProfile, PlanCache, SearchOptions, profile_model};
+use crate::gacer::{MixTenant, ModelProfile, PlanCache, SearchOptions, profile_model};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -18,6 +18,8 @@ const PROFILE_REPS: usize = 3;
 pub struct Planner {
     co: Arc<CoSchedule>,
     cache: PlanCache,
+    /// Where the seats compute (profiles are taken there).
+    device: Device,
     /// Threads a profiling run may use (one stream's budget).
     threads: usize,
     profiles: HashMap<(String, usize), Arc<ModelProfile>>,
@@ -26,11 +28,13 @@ pub struct Planner {
 }
 
 impl Planner {
-    /// Plans for `co` on `device`, profiling with `threads` threads.
-    pub fn new(co: Arc<CoSchedule>, device: DeviceShape, threads: usize) -> Planner {
+    /// Plans for `co` on `device` (`cores` CPU cores in all), profiling with `threads` threads,
+    /// one stream's budget.
+    pub fn new(co: Arc<CoSchedule>, device: &Device, cores: usize, threads: usize) -> Planner {
         Planner {
             co,
-            cache: PlanCache::new(device, SearchOptions::default()),
+            cache: PlanCache::new(device.shape(cores, threads), SearchOptions::default()),
+            device: device.clone(),
             threads: threads.max(1),
             profiles: HashMap::new(),
             published: None,
@@ -59,12 +63,18 @@ impl Planner {
                     match self.profiles.get(&key) {
                         Some(p) => p.clone(),
                         None => {
-                            let backend = CpuBackend::new(self.threads);
+                            let backend = self
+                                .device
+                                .backend(label, self.threads)
+                                .map_err(RunError::Device)?;
+                            backend
+                                .prepare(&model.plan)
+                                .map_err(|e| RunError::Device(format!("{label}: {e}")))?;
                             let inputs = model.plan.example_inputs(*rows);
                             let p = profile_model(
                                 label,
                                 &model.plan,
-                                &backend,
+                                backend.as_ref(),
                                 &inputs,
                                 PROFILE_REPS,
                                 &SearchOptions::default().split_factors,

@@ -2,6 +2,7 @@
 //! admission sheds when it must, and knobs change while requests are in flight.
 
 use super::*;
+use crate::backend::CpuBackend;
 use crate::proto::ModelProto;
 use crate::tensor::DType;
 use crate::zoo::builder::{Builder, value_info};
@@ -34,6 +35,7 @@ fn config(max_batch: usize, instances: usize, delay_ms: u64) -> TenantConfig {
         max_queue_delay: Duration::from_millis(delay_ms),
         slo: Duration::from_secs(10),
         max_request_rows: 16,
+        device: Device::Cpu,
     }
 }
 
@@ -335,10 +337,10 @@ fn a_pointer_holds_only_while_its_target_runs_a_batch() {
 
 #[test]
 fn the_planner_publishes_a_plan_for_the_seats_and_follows_the_mix() {
+    use crate::gacer::Schedule;
     use crate::gacer::plan::GacerPlan;
-    use crate::gacer::{DeviceShape, Schedule};
     let co = CoSchedule::new(Schedule::gacer(GacerPlan::unregulated(&[])));
-    let mut planner = Planner::new(co.clone(), DeviceShape::cpu(2, 1), 1);
+    let mut planner = Planner::new(co.clone(), &Device::Cpu, 2, 1);
     let models = [chain(6, 4), model(), chain(3, 5)];
     let cfg = |n: &str| TenantConfig {
         name: n.into(),
@@ -394,4 +396,29 @@ fn the_planner_publishes_a_plan_for_the_seats_and_follows_the_mix() {
         want[0].1.as_f32().expect("f32"),
     );
     assert!(close(got, want), "{got:?} vs {want:?}");
+}
+
+/// An instance whose device cannot serve (here a GPU that does not exist) answers each request
+/// with a device error; the tenant does not crash, and a tenant on the CPU beside it serves.
+#[test]
+fn an_instance_without_a_device_fails_its_requests_with_the_reason() {
+    let broken = Tenant::start(
+        model(),
+        TenantConfig {
+            device: Device::Cuda(crate::device::Gpu::absent()),
+            ..config(4, 2, 1)
+        },
+    );
+    let fine = Tenant::start(model(), config(4, 1, 1));
+    let m = model();
+    for i in 0..3 {
+        match submit(&broken, i).recv_timeout(Duration::from_secs(10)) {
+            Ok(Err(RunError::Device(why))) => assert!(!why.is_empty()),
+            other => panic!("expected a device error, got {other:?}"),
+        }
+        let out = submit(&fine, i).recv_timeout(Duration::from_secs(10));
+        let out = out.expect("answered").expect("served");
+        assert_eq!(out.outputs[0].1.as_f32().expect("f32"), alone(&m, i));
+    }
+    assert_eq!(broken.stats().totals().errors, 3);
 }

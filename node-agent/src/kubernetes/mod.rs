@@ -12,6 +12,7 @@ use crate::registry::Registry;
 use crate::serve::{self, AppState, ReportAuth};
 use anyhow::Context;
 use cotenant_crds::GpuAgent;
+use cotenant_executor::Device;
 use cotenant_executor::runtime::CoSchedule;
 use kube::api::Api;
 use reconcile::{Done, Reconciler};
@@ -31,6 +32,8 @@ pub struct Options {
     pub report_reader: Option<String>,
     /// The co-schedule every tenant joins (`--schedule`), if any.
     pub co: Option<Arc<CoSchedule>>,
+    /// Where the tenants compute (`--device`).
+    pub device: Device,
 }
 
 /// Serves until SIGTERM or Ctrl-C, then finishes the accepted requests.
@@ -86,7 +89,13 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         identity.name.clone(),
         desired_tx,
     ));
-    let reconciler = Reconciler::new(registry, options.threads, options.co.clone(), done_tx);
+    let reconciler = Reconciler::new(
+        registry,
+        options.threads,
+        options.co.clone(),
+        options.device.clone(),
+        done_tx,
+    );
     let reconciling = tokio::spawn(reconcile_loop(
         reconciler,
         desired_rx,
@@ -98,7 +107,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let writing = tokio::spawn(status::write_loop(
         agents,
         identity.clone(),
-        status::cpu_device(options.threads),
+        status::device(&options.device, options.threads),
         snapshot_rx,
         stop_rx.clone(),
     ));

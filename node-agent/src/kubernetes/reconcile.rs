@@ -17,6 +17,7 @@ use crate::dnnscaler;
 use crate::load;
 use crate::registry::{Entry, Registry, State};
 use cotenant_crds::{Assignment, Knobs, LoadedTenant, ReplicaState, TenantRef};
+use cotenant_executor::Device;
 use cotenant_executor::runtime::{CoSchedule, Tenant};
 use cotenant_policy::Profile;
 use std::collections::BTreeMap;
@@ -119,6 +120,8 @@ pub struct Reconciler {
     threads: usize,
     /// The co-schedule every replica joins, if any.
     co: Option<Arc<CoSchedule>>,
+    /// Where the replicas compute.
+    device: Device,
     runtime: tokio::runtime::Handle,
     done: UnboundedSender<Done>,
     held: BTreeMap<String, Held>,
@@ -135,12 +138,14 @@ impl Reconciler {
         registry: Arc<Registry>,
         threads: usize,
         co: Option<Arc<CoSchedule>>,
+        device: Device,
         done: UnboundedSender<Done>,
     ) -> Self {
         Reconciler {
             registry,
             threads: threads.max(1),
             co,
+            device,
             runtime: tokio::runtime::Handle::current(),
             done,
             held: BTreeMap::new(),
@@ -249,6 +254,7 @@ impl Reconciler {
             a.knobs.batch_size as usize,
             a.knobs.instances as usize,
             (per_tenant / a.knobs.instances.max(1) as usize).max(1),
+            &self.device,
         );
         let (uri, sha) = (a.model.uri.clone(), a.model.sha256.clone());
         let (done, runtime, name) = (self.done.clone(), self.runtime.clone(), name.to_string());

@@ -33,13 +33,21 @@ pub struct Snapshot {
     pub weight_bytes: u64,
 }
 
-/// The host's CPU as the agent's device.
-pub fn cpu_device(threads: usize) -> Device {
-    Device {
-        kind: DeviceKind::Cpu,
-        name: format!("CPU ({threads} threads)"),
-        memory_total_bytes: mem_total().unwrap_or(0),
-        memory_used_bytes: 0,
+/// The agent's device as its status reports it: the GPU, or the host's CPU.
+pub fn device(device: &cotenant_executor::Device, threads: usize) -> Device {
+    match device {
+        cotenant_executor::Device::Cuda(gpu) => Device {
+            kind: DeviceKind::Cuda,
+            name: gpu.name.clone(),
+            memory_total_bytes: gpu.total_bytes,
+            memory_used_bytes: 0,
+        },
+        cotenant_executor::Device::Cpu => Device {
+            kind: DeviceKind::Cpu,
+            name: format!("CPU ({threads} threads)"),
+            memory_total_bytes: mem_total().unwrap_or(0),
+            memory_used_bytes: 0,
+        },
     }
 }
 

@@ -10,7 +10,7 @@ use crate::registry::TensorMeta;
 use crate::serve::wire_name;
 use cotenant_executor::graph::Dim;
 use cotenant_executor::runtime::{CoSchedule, Tenant, TenantConfig};
-use cotenant_executor::{CpuBackend, Model};
+use cotenant_executor::{Device, Model};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -123,11 +123,21 @@ pub fn start(
     co: Option<Arc<CoSchedule>>,
 ) -> Result<Loaded, String> {
     let model = Model::from_bytes(bytes).map_err(|e| format!("not a usable ONNX model: {e}"))?;
+    // A trial on the tenant's device: it can make a backend, the weights fit its memory budget,
+    // and the model runs there; any of these failing fails this tenant alone, with the reason.
+    let trial = config
+        .device
+        .backend(&config.name, config.threads_per_instance)
+        .map_err(|e| format!("the device cannot serve it: {e}"))?;
+    trial
+        .prepare(&model.plan)
+        .map_err(|e| format!("the model does not fit on the device: {e}"))?;
     let example = model.plan.example_inputs(1);
     let outputs = model
         .plan
-        .run(&CpuBackend::new(config.threads_per_instance), example)
+        .run(trial.as_ref(), example)
         .map_err(|e| format!("the model fails on a batch-1 example input: {e}"))?;
+    drop(trial);
     let batchable = cotenant_executor::runtime::batchable(&model.plan.inputs);
     let inputs = model
         .plan
@@ -176,14 +186,15 @@ pub fn start(
     })
 }
 
-/// Serving settings for a tenant with latency objective `slo`: the batcher may hold a request
-/// for at most a tenth of the SLO waiting for a fuller batch.
+/// Serving settings for a tenant with latency objective `slo` on `device`: the batcher may hold
+/// a request for at most a tenth of the SLO waiting for a fuller batch.
 pub fn config(
     name: &str,
     slo: Duration,
     max_batch: usize,
     instances: usize,
     threads_per_instance: usize,
+    device: &Device,
 ) -> TenantConfig {
     TenantConfig {
         name: name.to_string(),
@@ -194,6 +205,7 @@ pub fn config(
         max_queue_delay: slo / 10,
         slo,
         max_request_rows: 1024,
+        device: device.clone(),
     }
 }
 

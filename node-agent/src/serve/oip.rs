@@ -10,8 +10,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use cotenant_executor::RunError;
 use cotenant_executor::runtime::{Completed, Rejected};
+use cotenant_executor::{OpError, RunError};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -185,8 +185,26 @@ pub async fn infer(
                 "the tenant stopped before answering",
             )
         })?
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        .map_err(run_failed)?;
     Ok(respond(&entry.name, id, completed, &outputs, all_binary))
+}
+
+/// A request that ran and failed: the device's fault is 503 (the instance cannot serve now),
+/// anything else is the request's (400).
+fn run_failed(e: RunError) -> ApiError {
+    let device = matches!(
+        e,
+        RunError::Device(_)
+            | RunError::Node {
+                source: OpError::Device(_),
+                ..
+            }
+    );
+    if device {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+    } else {
+        ApiError::bad_request(e.to_string())
+    }
 }
 
 fn rejected(r: Rejected) -> ApiError {

@@ -4,7 +4,6 @@
 
 use anyhow::{Context, bail};
 use clap::Args;
-use cotenant_executor::CpuBackend;
 use cotenant_executor::runtime::measure;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -30,6 +29,8 @@ pub struct BenchArgs {
     /// Untimed runs per instance before measuring.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
+    #[command(flatten)]
+    pub device: crate::device::DeviceArgs,
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -59,14 +60,22 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     let threads = a.threads.unwrap_or_else(super::default_threads);
     let per_instance = (threads / a.instances).max(1);
     let inputs = super::synthetic_inputs(&model, a.batch, 1);
+    let device = a.device.choose()?;
     // Fail fast on a model that cannot run at all, with its error.
-    let probe = CpuBackend::new(per_instance);
+    let probe = device
+        .backend("bench", per_instance)
+        .map_err(anyhow::Error::msg)?;
+    let device_name = probe.name();
+    probe
+        .prepare(&model.plan)
+        .context("loading the model on the device")?;
     model
         .plan
-        .run(&probe, inputs.clone())
+        .run(probe.as_ref(), inputs.clone())
         .context("running the model once")?;
     drop(probe);
     let m = measure(
+        &device,
         &model,
         &inputs,
         a.batch,
@@ -90,7 +99,7 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     let peak = model.plan.peak_activation_bytes(a.batch).unwrap_or(0);
     if a.json {
         println!(
-            "{{\"model\": {:?}, \"batch\": {}, \"instances\": {}, \"threads\": {}, \"runs\": {runs}, \"elapsed_s\": {elapsed:.3}, \"throughput_per_s\": {throughput:.3}, \"mean_ms\": {mean:.3}, \"p50_ms\": {p50:.3}, \"p95_ms\": {p95:.3}, \"p99_ms\": {p99:.3}, \"weight_bytes\": {weight_bytes}, \"peak_activation_bytes\": {peak}}}",
+            "{{\"model\": {:?}, \"batch\": {}, \"instances\": {}, \"threads\": {}, \"device\": {device_name:?}, \"runs\": {runs}, \"elapsed_s\": {elapsed:.3}, \"throughput_per_s\": {throughput:.3}, \"mean_ms\": {mean:.3}, \"p50_ms\": {p50:.3}, \"p95_ms\": {p95:.3}, \"p99_ms\": {p99:.3}, \"weight_bytes\": {weight_bytes}, \"peak_activation_bytes\": {peak}}}",
             a.model.display().to_string(),
             a.batch,
             a.instances,
@@ -98,7 +107,7 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
         );
     } else {
         println!(
-            "model {} batch {} instances {} threads {} ({} per instance)",
+            "model {} batch {} instances {} threads {} ({} per instance) on {device_name}",
             a.model.display(),
             a.batch,
             a.instances,
