@@ -7,7 +7,9 @@ Exits non-zero on the first failed check; prints a table of what it checked.
 """
 
 import argparse
+import http.client
 import json
+import select
 import struct
 import sys
 import urllib.error
@@ -27,6 +29,25 @@ def request(url, path, body=None, headers=None, method=None):
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def oversized(url, path, size):
+    """Sends only the headers of a POST declaring a body of `size` bytes and waits: the agent must
+    refuse a declared oversize before reading any of it (a server that reads first would leave
+    this client waiting, and one that answers mid-upload races the client with a reset)."""
+    host, port = url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    conn.putrequest("POST", path)
+    conn.putheader("Content-Length", str(size))
+    conn.endheaders()
+    answered, _, _ = select.select([conn.sock], [], [], 10)
+    if not answered:
+        conn.close()
+        return None, json.dumps({"error": "no answer to the headers within 10 s"}).encode()
+    r = conn.getresponse()
+    status, body = r.status, r.read()
+    conn.close()
+    return status, body
 
 
 def random_inputs(meta, batch, rng):
@@ -97,13 +118,16 @@ def bad_requests(url, name, meta, rows):
          json.dumps({"inputs": [dict(good, data=None, parameters={"binary_data_size": len(blob)})]}).encode() + blob[:-4],
          "json-len", 400),
         ("header length past the body", b"{}", {"Inference-Header-Content-Length": "999"}, 400),
-        ("oversized body", b"x" * (65 << 20), {}, 413),
+        ("oversized body", 65 << 20, "oversized", 413),
     ]
     for label, body, headers, want in raw:
         if headers == "json-len":
             header_len = body.index(b"}]}") + 3
             headers = {"Inference-Header-Content-Length": str(header_len)}
-        status, text = request(url, f"/v2/models/{name}/infer", body, headers, method="POST")
+        if headers == "oversized":
+            status, text = oversized(url, f"/v2/models/{name}/infer", body)
+        else:
+            status, text = request(url, f"/v2/models/{name}/infer", body, headers, method="POST")
         error = json.loads(text).get("error", "")
         rows.append((name, label, f"{status} {error[:90]}"))
         assert status == want and error, (label, status, text[:300])

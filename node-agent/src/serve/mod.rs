@@ -12,7 +12,10 @@ pub use codec::wire_name;
 
 use crate::registry::Registry;
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -44,6 +47,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/report", get(report::render))
         .fallback(oip::not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(refuse_declared_oversize))
         .with_state(state)
 }
 
@@ -53,7 +57,23 @@ pub fn inference_router(state: Arc<AppState>) -> Router {
     oip_routes()
         .fallback(oip::not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(refuse_declared_oversize))
         .with_state(state)
+}
+
+/// A body whose declared length exceeds [`MAX_BODY_BYTES`] gets 413 before any of it is read,
+/// so a client that waits for an early answer sends none of it (one without a declared length
+/// is cut off at the limit while being read, by `DefaultBodyLimit`).
+async fn refuse_declared_oversize(request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        let message = format!("request body exceeds {MAX_BODY_BYTES} bytes");
+        return error::ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message).into_response();
+    }
+    next.run(request).await
 }
 
 /// `/metrics` and `/report` (Kubernetes mode's admin listener).
