@@ -67,6 +67,23 @@ def measured(argv):
     return obj, rss_kib / 1024.0
 
 
+def cpu() -> str:
+    """The CPU's model and widest float vector ISA: the tables are only comparable on the same."""
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+    except OSError:
+        pass
+    isa = "avx512f" if "avx512f" in flags else "avx2+fma" if {"avx2", "fma"} <= flags else "no avx2"
+    return f"{model}, {isa}, {os.cpu_count()} logical CPUs"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--agent", required=True, help="path to a release cotenant-agent binary")
@@ -88,7 +105,7 @@ def main() -> None:
             ort, ort_rss = measured([sys.executable, "-c", ORT_BENCH, path, str(batch), str(a.threads), str(a.duration)])
             rows.append((model, batch, ours, ort, ours_rss, ort_rss))
             print(f"# {model} b{batch}: ours p50 {ours['p50_ms']:.1f} ms, ort p50 {ort['p50_ms']:.1f} ms", file=sys.stderr)
-    print(f"\nthreads: {a.threads}, duration per measurement: {a.duration}s\n")
+    print(f"\nthreads: {a.threads}, duration per measurement: {a.duration}s, CPU: {cpu()}\n")
     print("| model | batch | p50 ms ours / ort | p99 ms ours / ort | latency ratio p50 (p99) | throughput/s ours / ort | throughput ratio | peak RSS MiB ours / ort | RSS ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model, batch, o, r, orss, rrss in rows:
