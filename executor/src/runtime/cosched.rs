@@ -40,6 +40,8 @@ struct SeatState {
     steps: usize,
     /// Rows of its last batch (1 before the first): the batch its profile is taken at.
     rows: usize,
+    /// What one of its batches may take, queueing aside (from the replica's SLO).
+    latency_bound: Option<Duration>,
     /// Batches started.
     batch: u64,
     /// Steps of the running batch finished; `None` while idle.
@@ -99,6 +101,7 @@ impl CoSchedule {
             steps: model.plan.steps.len(),
             model,
             rows: 1,
+            latency_bound: None,
             batch: 0,
             done: None,
         };
@@ -128,13 +131,17 @@ impl CoSchedule {
     }
 
     /// What a planner needs of each seat: label, model and the rows of its last batch.
-    pub(crate) fn seat_models(&self) -> Vec<Option<(String, Arc<Model>, usize)>> {
+    pub(crate) fn seat_models(&self) -> Vec<Option<SeatModel>> {
         self.lock()
             .seats
             .iter()
             .map(|s| {
-                s.as_ref()
-                    .map(|s| (s.label.clone(), s.model.clone(), s.rows))
+                s.as_ref().map(|s| SeatModel {
+                    label: s.label.clone(),
+                    model: s.model.clone(),
+                    rows: s.rows,
+                    latency_bound: s.latency_bound,
+                })
             })
             .collect()
     }
@@ -276,9 +283,27 @@ pub struct Seat {
     index: usize,
 }
 
+/// What the planner knows of a taken seat.
+pub(crate) struct SeatModel {
+    pub label: String,
+    pub model: Arc<Model>,
+    /// Rows of its last batch.
+    pub rows: usize,
+    pub latency_bound: Option<Duration>,
+}
+
 impl Seat {
     pub fn index(&self) -> usize {
         self.index
+    }
+
+    /// What one batch of this seat may take (the plan search keeps its predicted time under
+    /// it); a change is a new mix for the planner.
+    pub fn set_latency_bound(&self, bound: Option<Duration>) {
+        let mut st = self.co.lock();
+        if let Some(Some(s)) = st.seats.get_mut(self.index) {
+            s.latency_bound = bound;
+        }
     }
 
     /// Runs one batch of `plan` on `backend`, step by step under the schedule; the outputs are

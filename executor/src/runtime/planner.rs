@@ -5,12 +5,15 @@
 //! thread the first time, so a tick never blocks on the search — and publishes it once ready. A
 //! published plan takes over between batches.
 
-use super::cosched::CoSchedule;
+use super::cosched::{CoSchedule, SeatModel};
 use crate::device::Device;
 use crate::error::RunError;
 use crate::gacer::{MixTenant, ModelProfile, PlanCache, SearchOptions, profile_model};
 use std::collections::HashMap;
 use std::sync::Arc;
+
+/// A seat as the planner tells mixes apart: label, rows of its batch, latency bound.
+type MixKey = (String, usize, Option<std::time::Duration>);
 
 /// Timed passes per profile (the median is kept).
 const PROFILE_REPS: usize = 3;
@@ -23,8 +26,8 @@ pub struct Planner {
     /// Threads a profiling run may use (one stream's budget).
     threads: usize,
     profiles: HashMap<(String, usize), Arc<ModelProfile>>,
-    /// The mix (label and rows per seat) of the plan published last.
-    published: Option<Vec<Option<(String, usize)>>>,
+    /// The mix of the plan published last.
+    published: Option<Vec<Option<MixKey>>>,
 }
 
 impl Planner {
@@ -48,9 +51,12 @@ impl Planner {
             return Ok(false);
         };
         let seats = self.co.seat_models();
-        let mix: Vec<Option<(String, usize)>> = seats
+        let mix: Vec<Option<MixKey>> = seats
             .iter()
-            .map(|s| s.as_ref().map(|(label, _, rows)| (label.clone(), *rows)))
+            .map(|s| {
+                s.as_ref()
+                    .map(|s| (s.label.clone(), s.rows, s.latency_bound))
+            })
             .collect();
         if seats.iter().flatten().count() < 2 || self.published.as_ref() == Some(&mix) {
             return Ok(false);
@@ -58,7 +64,9 @@ impl Planner {
         let mut tenants = Vec::with_capacity(seats.len());
         for seat in &seats {
             let profile = match seat {
-                Some((label, model, rows)) => {
+                Some(SeatModel {
+                    label, model, rows, ..
+                }) => {
                     let key = (label.clone(), *rows);
                     match self.profiles.get(&key) {
                         Some(p) => p.clone(),
@@ -92,7 +100,7 @@ impl Planner {
             };
             tenants.push(MixTenant {
                 profile,
-                latency_bound: None,
+                latency_bound: seat.as_ref().and_then(|s| s.latency_bound),
             });
         }
         match self.cache.plan_for(&tenants) {

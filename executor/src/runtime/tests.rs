@@ -396,6 +396,21 @@ fn the_planner_publishes_a_plan_for_the_seats_and_follows_the_mix() {
         want[0].1.as_f32().expect("f32"),
     );
     assert!(close(got, want), "{got:?} vs {want:?}");
+    // A tighter SLO is a new latency bound for that seat's batches, so a new mix to plan for.
+    assert!(!planner.tick().expect("ticks"), "nothing changed yet");
+    tenants[0].set_slo(Duration::from_secs(2));
+    let (tx, rx) = mpsc::channel();
+    tenants[0]
+        .submit(chain_input(1, 3), Box::new(move |r| drop(tx.send(r))))
+        .expect("accepted");
+    rx.recv().expect("replied").expect("ran");
+    let bounds: Vec<_> = co
+        .seat_models()
+        .into_iter()
+        .map(|s| s.and_then(|s| s.latency_bound))
+        .collect();
+    assert!(bounds.contains(&Some(Duration::from_secs(1))), "{bounds:?}");
+    assert!(published(&mut planner), "no plan after the SLO moved");
 }
 
 /// An instance whose device cannot serve (here a GPU that does not exist) answers each request
