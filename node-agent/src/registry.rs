@@ -1,10 +1,17 @@
 //! The tenants this agent holds, by served model name, each Loading, Ready or Failed. A failed
 //! tenant keeps its reason and never disturbs the others. In Kubernetes mode a tenant is served
 //! as `<namespace>.<name>`, and its bare name resolves while it is the only one of that name.
+//! A tenant taken off the agent is remembered for a while: a request that a client's stale route
+//! still sends here is told to retry elsewhere, not that the model does not exist.
 
 use cotenant_executor::runtime::Tenant;
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// How long a removed tenant is remembered: longer than the routes of a Service take to follow
+/// an EndpointSlice change.
+pub const DEPARTED_FOR: Duration = Duration::from_secs(120);
 
 /// One tensor of a model's signature as metadata reports it (`-1` for a variable dimension).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -84,6 +91,8 @@ pub struct Scaling {
 #[derive(Default)]
 pub struct Registry {
     entries: RwLock<BTreeMap<String, Arc<Entry>>>,
+    /// Served and bare names of removed tenants, and when they left.
+    departed: Mutex<BTreeMap<String, Instant>>,
 }
 
 impl Registry {
@@ -125,12 +134,34 @@ impl Registry {
         }
     }
 
-    /// Removes `name`, returning its entry.
+    /// Removes `name`, returning its entry; its names are remembered for [`DEPARTED_FOR`].
     pub fn remove(&self, name: &str) -> Option<Arc<Entry>> {
-        self.entries
+        let removed = self
+            .entries
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(name)
+            .remove(name);
+        if let Some(entry) = &removed {
+            let now = Instant::now();
+            let mut departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+            departed.retain(|_, at| now.duration_since(*at) < DEPARTED_FOR);
+            departed.insert(entry.name.clone(), now);
+            if let Some(t) = &entry.tenant_ref {
+                departed.insert(t.name.clone(), now);
+            }
+        }
+        removed
+    }
+
+    /// How long ago a tenant a client names (served or bare name) was removed, if it was within
+    /// [`DEPARTED_FOR`] and it is not held again.
+    pub fn departed(&self, name: &str) -> Option<Duration> {
+        if self.resolve(name).is_ok() {
+            return None;
+        }
+        let departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+        let ago = departed.get(name)?.elapsed();
+        (ago < DEPARTED_FOR).then_some(ago)
     }
 
     /// Changes `name`'s entry with `f`, keeping the rest.
@@ -217,6 +248,25 @@ mod tests {
             registry.resolve("bert").map(|e| e.name.clone()),
             Ok("team-a.bert".into())
         );
+    }
+
+    #[test]
+    fn removed_tenants_are_remembered_as_departed() {
+        let registry = Registry::default();
+        registry.put(held("team-a", "resnet"));
+        assert_eq!(registry.departed("team-a.resnet"), None, "still held");
+        registry.remove("team-a.resnet");
+        assert!(registry.resolve("team-a.resnet").is_err());
+        for name in ["team-a.resnet", "resnet"] {
+            assert!(
+                registry.departed(name).is_some_and(|d| d < DEPARTED_FOR),
+                "{name}"
+            );
+        }
+        assert_eq!(registry.departed("vgg"), None, "never held");
+        // Held again: served, not departed.
+        registry.put(held("team-a", "resnet"));
+        assert_eq!(registry.departed("resnet"), None);
     }
 
     #[test]

@@ -41,10 +41,21 @@ pub async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
 }
 
+/// The tenant a request names. One that left this agent moments ago is 503 (a client's route to
+/// it is stale and will follow), one never held here 404.
 fn entry(app: &AppState, model: &str) -> Result<Arc<Entry>, ApiError> {
-    app.registry
-        .resolve(model)
-        .map_err(|message| ApiError::new(StatusCode::NOT_FOUND, message))
+    app.registry.resolve(model).map_err(|message| {
+        match app.registry.departed(model) {
+            Some(ago) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "model {model:?} moved off this agent {:.0} s ago; retry, the route is being updated",
+                    ago.as_secs_f64()
+                ),
+            ),
+            None => ApiError::new(StatusCode::NOT_FOUND, message),
+        }
+    })
 }
 
 /// This agent serves one version of each model, "1"; any other version is unknown.

@@ -385,9 +385,11 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         }
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+    // A client still routed here is told to retry (503), not that the model does not exist.
     let (code, body) =
         http_post_json(&addr, &format!("/v2/models/{n}.web/infer"), request).expect("infer");
-    assert_eq!(code, 404, "{body}");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("moved off this agent"), "{body}");
     assert_eq!(
         http_post_json(&addr, &format!("/v2/models/{n}.bert/infer"), request)
             .expect("infer")
