@@ -254,11 +254,13 @@ impl CoSchedule {
         self.changed.notify_all();
     }
 
-    fn set_running(&self, seat: usize, rows: Option<usize>) {
+    /// Marks `seat` running a batch of that shape, or idle (`None`).
+    fn set_running(&self, seat: usize, batch: Option<BatchShape>) {
         let mut st = self.lock();
         if let Some(Some(s)) = st.seats.get_mut(seat) {
-            if let Some(rows) = rows {
+            if let Some((rows, latency_bound)) = batch {
                 s.rows = rows;
+                s.latency_bound = latency_bound;
                 s.batch += 1;
                 s.done = Some(0);
             } else {
@@ -297,22 +299,15 @@ impl Seat {
         self.index
     }
 
-    /// What one batch of this seat may take (the plan search keeps its predicted time under
-    /// it); a change is a new mix for the planner.
-    pub fn set_latency_bound(&self, bound: Option<Duration>) {
-        let mut st = self.co.lock();
-        if let Some(Some(s)) = st.seats.get_mut(self.index) {
-            s.latency_bound = bound;
-        }
-    }
-
     /// Runs one batch of `plan` on `backend`, step by step under the schedule; the outputs are
-    /// exactly what `plan.run` gives.
+    /// exactly what `plan.run` gives. `latency_bound` is what the batch may take (the plan
+    /// search keeps its predicted time under it; a change is a new mix for the planner).
     pub fn run(
         &self,
         plan: &Plan,
         backend: &dyn Backend,
         inputs: Vec<(String, Tensor)>,
+        latency_bound: Option<Duration>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let rows = inputs
             .first()
@@ -320,7 +315,7 @@ impl Seat {
             .unwrap_or(1);
         let mut values = plan.bind_inputs(inputs)?;
         let gacer = self.co.fitting_plan();
-        let _running = Running::start(&self.co, self.index, rows);
+        let _running = Running::start(&self.co, self.index, (rows, latency_bound));
         let mut result = Ok(());
         backend.scope(&mut || {
             result = (0..plan.steps.len()).try_for_each(|s| {
@@ -350,14 +345,17 @@ impl Seat {
 }
 
 /// A seat's batch in flight; ends (the seat idle again) when dropped, a panic included.
+/// Rows of a batch and its latency bound.
+type BatchShape = (usize, Option<Duration>);
+
 struct Running<'a> {
     co: &'a CoSchedule,
     seat: usize,
 }
 
 impl<'a> Running<'a> {
-    fn start(co: &'a CoSchedule, seat: usize, rows: usize) -> Running<'a> {
-        co.set_running(seat, Some(rows));
+    fn start(co: &'a CoSchedule, seat: usize, batch: BatchShape) -> Running<'a> {
+        co.set_running(seat, Some(batch));
         Running { co, seat }
     }
 }

@@ -237,11 +237,10 @@ impl Tenant {
             let name = format!("{}-{}", self.shared.config.name, workers.len());
             let spawned = std::thread::Builder::new().name(name).spawn(move || {
                 let backend = instance_backend(&shared);
-                let seat = shared.co.as_ref().map(|co| {
-                    let seat = co.join(shared.config.name.clone(), shared.model.clone());
-                    seat.set_latency_bound(Some(batch_bound(&shared)));
-                    seat
-                });
+                let seat = shared
+                    .co
+                    .as_ref()
+                    .map(|co| co.join(shared.config.name.clone(), shared.model.clone()));
                 worker_loop(&shared, &flag, backend, seat)
             });
             match spawned {
@@ -398,12 +397,6 @@ fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<(Vec<Pending>, Insta
     Some((taken, started))
 }
 
-/// What one batch may take under a co-schedule: half the SLO, the other half being left to
-/// queueing and batching.
-fn batch_bound(shared: &Shared) -> Duration {
-    shared.stats.slo() / 2
-}
-
 /// A backend of the tenant's device for one instance, readied for its plan; the error is why
 /// the device cannot run it.
 fn instance_backend(shared: &Shared) -> Result<Box<dyn Backend>, String> {
@@ -461,11 +454,8 @@ fn compute(shared: &Shared, inst: &Instance, batch: &[Pending]) -> Outcome {
             .as_deref()
             .map_err(|why| RunError::Device(why.clone()))?;
         match &inst.seat {
-            Some(seat) => {
-                // The SLO may have moved since the last batch.
-                seat.set_latency_bound(Some(batch_bound(shared)));
-                seat.run(plan, backend, inputs)
-            }
+            // Half the SLO for the batch itself, the other half for queueing and batching.
+            Some(seat) => seat.run(plan, backend, inputs, Some(shared.stats.slo() / 2)),
             None => plan.run(backend, inputs),
         }
     });

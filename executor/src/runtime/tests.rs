@@ -309,19 +309,19 @@ fn a_pointer_holds_only_while_its_target_runs_a_batch() {
         co.join("short", short.clone()),
     );
     // The target idle: the waiter runs at once (a wait would end in a timeout).
-    sb.run(&short.plan, &CpuBackend::new(1), chain_input(2, 0))
+    sb.run(&short.plan, &CpuBackend::new(1), chain_input(2, 0), None)
         .expect("runs");
     assert_eq!(co.pointer_timeouts(), 0);
     // The target running: the waiter's step 0 starts only after the target's last step.
     std::thread::scope(|s| {
         s.spawn(|| {
-            sa.run(&long.plan, &CpuBackend::new(1), chain_input(64, 1))
+            sa.run(&long.plan, &CpuBackend::new(1), chain_input(64, 1), None)
                 .expect("runs");
         });
         while !co.trace().iter().any(|e| e.step.tenant == 0) {
             std::thread::yield_now();
         }
-        sb.run(&short.plan, &CpuBackend::new(1), chain_input(2, 2))
+        sb.run(&short.plan, &CpuBackend::new(1), chain_input(2, 2), None)
             .expect("runs");
     });
     let trace = co.trace();
