@@ -100,8 +100,7 @@ fn profile(
         return Ok(p.clone());
     }
     let m = zoo.get(name)?;
-    let backend = device.backend(name, threads)?;
-    backend.prepare(&m.plan)?;
+    let backend = device.backend_for(name, threads, &m.plan)?;
     let p = Arc::new(profile_model(
         name,
         &m.plan,

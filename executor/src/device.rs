@@ -6,6 +6,7 @@
 
 use crate::backend::{Backend, CpuBackend};
 use crate::gacer::DeviceShape;
+use crate::plan::Plan;
 
 /// What the operator of the agent asked for (`--device`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +113,23 @@ impl Device {
         }
     }
 
+    /// [`Device::backend`] readied for `plan` (its weights resident on a GPU); the error says
+    /// which of the two failed.
+    pub fn backend_for(
+        &self,
+        tenant: &str,
+        threads: usize,
+        plan: &Plan,
+    ) -> Result<Box<dyn Backend>, String> {
+        let backend = self
+            .backend(tenant, threads)
+            .map_err(|e| format!("the device cannot serve it: {e}"))?;
+        backend
+            .prepare(plan)
+            .map_err(|e| format!("the weights cannot be placed on the device: {e}"))?;
+        Ok(backend)
+    }
+
     /// The device's parallel resources, for the GACER cost model; `threads` is one stream's CPU
     /// budget on the CPU.
     pub fn shape(&self, cores: usize, threads: usize) -> DeviceShape {
@@ -202,7 +220,9 @@ mod tests {
                 let e = Device::choose(DeviceRequest::Cuda, 0, u64::MAX, false).unwrap_err();
                 assert_eq!(e, format!("--device cuda: {}", &why["cpu: ".len()..]));
             }
-            Device::Cuda(gpu) => assert!(why.contains(&gpu.name), "{why}"),
+            Device::Cuda(gpu) => {
+                assert!(why.starts_with("cuda:") && why.contains(&gpu.name), "{why}")
+            }
         }
         // A device that does not exist is never chosen.
         let e = Device::choose(DeviceRequest::Cuda, 4096, u64::MAX, false).unwrap_err();

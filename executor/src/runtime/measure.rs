@@ -54,11 +54,9 @@ pub fn measure(
                 let ready = &ready;
                 s.spawn(move || -> Result<Vec<f64>, RunError> {
                     let warmed = device
-                        .backend("measure", per_instance)
+                        .backend_for("measure", per_instance, &model.plan)
                         .map_err(RunError::Device)
                         .and_then(|b| {
-                            b.prepare(&model.plan)
-                                .map_err(|e| RunError::Device(e.to_string()))?;
                             for _ in 0..warmup {
                                 model.plan.run(b.as_ref(), inputs.to_vec())?;
                             }

@@ -236,7 +236,12 @@ impl Tenant {
             let flag = stop.clone();
             let name = format!("{}-{}", self.shared.config.name, workers.len());
             let spawned = std::thread::Builder::new().name(name).spawn(move || {
-                let backend = instance_backend(&shared);
+                let config = &shared.config;
+                let backend = config.device.backend_for(
+                    &config.name,
+                    config.threads_per_instance,
+                    &shared.model.plan,
+                );
                 let seat = shared
                     .co
                     .as_ref()
@@ -395,19 +400,6 @@ fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<(Vec<Pending>, Insta
         shared.wake.notify_one();
     }
     Some((taken, started))
-}
-
-/// A backend of the tenant's device for one instance, readied for its plan; the error is why
-/// the device cannot run it.
-fn instance_backend(shared: &Shared) -> Result<Box<dyn Backend>, String> {
-    let config = &shared.config;
-    let backend = config
-        .device
-        .backend(&config.name, config.threads_per_instance)?;
-    backend
-        .prepare(&shared.model.plan)
-        .map_err(|e| e.to_string())?;
-    Ok(backend)
 }
 
 /// One instance: takes batches and runs them, in its seat of the co-schedule if it has one. An

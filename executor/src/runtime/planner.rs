@@ -73,10 +73,7 @@ impl Planner {
                         None => {
                             let backend = self
                                 .device
-                                .backend(label, self.threads)
-                                .map_err(RunError::Device)?;
-                            backend
-                                .prepare(&model.plan)
+                                .backend_for(label, self.threads, &model.plan)
                                 .map_err(|e| RunError::Device(format!("{label}: {e}")))?;
                             let inputs = model.plan.example_inputs(*rows);
                             let p = profile_model(

@@ -63,12 +63,9 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     let device = a.device.choose()?;
     // Fail fast on a model that cannot run at all, with its error.
     let probe = device
-        .backend("bench", per_instance)
+        .backend_for("bench", per_instance, &model.plan)
         .map_err(anyhow::Error::msg)?;
     let device_name = probe.name();
-    probe
-        .prepare(&model.plan)
-        .context("loading the model on the device")?;
     model
         .plan
         .run(probe.as_ref(), inputs.clone())
