@@ -63,11 +63,32 @@ pub fn sgemm(
         return;
     }
     let work = m * n * k;
-    if threads > 1 && work >= 1 << 16 && m < 16 && n >= 64 * threads {
-        // A few rows (a fully connected layer at batch 1): the gemm crate would run this on one
-        // thread, so the columns are split here, one block per thread.
+    if threads > 1 && work >= 1 << 16 {
+        split(threads, m, n, k, a, b, c, ldc, accumulate);
+        return;
+    }
+    // SAFETY: bounds checked above; the three buffers are distinct borrows.
+    unsafe { gemm_raw(m, n, k, a, b, c.as_mut_ptr(), ldc, accumulate) }
+}
+
+/// `sgemm` on several threads: one single-threaded GEMM per block of columns (or of rows, when
+/// there are too few columns), which scales better than the gemm crate's own threading (on
+/// resnet50's and BERT's shapes, 2 threads: 270-330 against 190-300 GFLOP/s).
+#[allow(clippy::too_many_arguments)]
+fn split(
+    threads: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    let dst = SharedOut(c.as_mut_ptr());
+    if n >= 32 * threads || m < 8 * threads {
         let cols = n.div_ceil(threads).next_multiple_of(16);
-        let dst = SharedOut(c.as_mut_ptr());
         (0..n.div_ceil(cols)).into_par_iter().for_each(|t| {
             let (j0, j1) = (t * cols, ((t + 1) * cols).min(n));
             let bj = Mat {
@@ -77,15 +98,18 @@ pub fn sgemm(
             // SAFETY: columns [j0, j1) of every row are this task's alone; bounds as asserted.
             unsafe { sgemm_block(m, j1 - j0, k, a, bj, dst.at(j0), ldc, accumulate) }
         });
-        return;
-    }
-    let par = if threads > 1 && work >= 1 << 16 {
-        Parallelism::Rayon(threads)
     } else {
-        Parallelism::None
-    };
-    // SAFETY: bounds checked above; the three buffers are distinct borrows.
-    unsafe { gemm_raw(m, n, k, a, b, c.as_mut_ptr(), ldc, accumulate, par) }
+        let rows = m.div_ceil(threads).next_multiple_of(8);
+        (0..m.div_ceil(rows)).into_par_iter().for_each(|t| {
+            let (i0, i1) = (t * rows, ((t + 1) * rows).min(m));
+            let ai = Mat {
+                data: &a.data[i0 * a.rs..],
+                ..a
+            };
+            // SAFETY: rows [i0, i1) are this task's alone; bounds as asserted.
+            unsafe { sgemm_block(i1 - i0, n, k, ai, b, dst.at(i0 * ldc), ldc, accumulate) }
+        });
+    }
 }
 
 /// A raw output pointer shared by tasks that write disjoint blocks of it.
@@ -124,7 +148,7 @@ pub(crate) unsafe fn sgemm_block(
         return;
     }
     // SAFETY: the caller's contract.
-    unsafe { gemm_raw(m, n, k, a, b, c, ldc, accumulate, Parallelism::None) }
+    unsafe { gemm_raw(m, n, k, a, b, c, ldc, accumulate) }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -137,7 +161,6 @@ unsafe fn gemm_raw(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
-    par: Parallelism,
 ) {
     // SAFETY: the callers' contracts (bounds checked, destination exclusively ours).
     unsafe {
@@ -160,7 +183,7 @@ unsafe fn gemm_raw(
             false,
             false,
             false,
-            par,
+            Parallelism::None,
         );
     }
 }
@@ -210,44 +233,37 @@ mod tests {
 
     #[test]
     fn matches_reference_with_transposes_and_accumulate() {
+        // Shapes that take each path: one thread, split by columns, split by rows (few
+        // columns), and too little work to split; with A and B each stored either way.
         for &(m, n, k) in &[
             (1, 1, 1),
             (3, 5, 7),
             (64, 33, 129),
             (200, 70, 90),
+            (200, 40, 90),
             (1, 1000, 300),
             (2, 333, 256),
         ] {
-            let a = lcg(1, m * k);
-            let bt = lcg(2, n * k);
-            let mut c = lcg(3, m * n);
-            let mut r = c.clone();
-            sgemm(
-                2,
-                m,
-                n,
-                k,
-                Mat::row_major(&a, k),
-                Mat::transposed(&bt, k),
-                &mut c,
-                n,
-                true,
-            );
-            sgemm_reference(
-                m,
-                n,
-                k,
-                Mat::row_major(&a, k),
-                Mat::transposed(&bt, k),
-                &mut r,
-                n,
-                true,
-            );
-            for (x, y) in c.iter().zip(&r) {
-                assert!(
-                    (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                    "{m}x{n}x{k}: {x} vs {y}"
-                );
+            for threads in [1, 2, 3] {
+                let a = lcg(1, m * k);
+                let bt = lcg(2, n * k);
+                let am = if threads == 3 {
+                    Mat::transposed(&a, m)
+                } else {
+                    Mat::row_major(&a, k)
+                };
+                let ldc = n + 3;
+                let mut c = lcg(3, m * ldc);
+                let mut r = c.clone();
+                let bm = Mat::transposed(&bt, k);
+                sgemm(threads, m, n, k, am, bm, &mut c, ldc, true);
+                sgemm_reference(m, n, k, am, bm, &mut r, ldc, true);
+                for (x, y) in c.iter().zip(&r) {
+                    assert!(
+                        (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                        "{m}x{n}x{k} on {threads} threads: {x} vs {y}"
+                    );
+                }
             }
         }
     }

@@ -1,0 +1,107 @@
+//! GFLOP/s of `sgemm` and `conv2d` on shapes from the zoo models, on 1 and 2 threads:
+//! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N]`.
+//! A tool for tuning the kernels; the model-level comparison is `cargo xtask bench executor`.
+use cotenant_kernels::activation::Activation;
+use cotenant_kernels::conv::{Conv2d, Epilogue, conv2d};
+use cotenant_kernels::gemm::{Mat, sgemm};
+use std::time::Instant;
+
+const GEMMS: [(usize, usize, usize, &str); 5] = [
+    (64, 3136, 576, "resnet50 3x3 im2col 56x56"),
+    (512, 196, 4608, "resnet50 3x3 im2col 14x14"),
+    (128, 768, 768, "bert qkv, batch 1"),
+    (128, 3072, 768, "bert ffn1, batch 1"),
+    (1024, 1024, 1024, "square 1024"),
+];
+
+/// (input channels, image size, output channels, kernel size, stride, name)
+const CONVS: [(usize, usize, usize, usize, usize, &str); 9] = [
+    (64, 56, 64, 3, 1, "3x3 64 56x56"),
+    (128, 28, 128, 3, 1, "3x3 128 28x28"),
+    (256, 14, 256, 3, 1, "3x3 256 14x14"),
+    (512, 7, 512, 3, 1, "3x3 512 7x7"),
+    (64, 56, 256, 1, 1, "1x1 64->256 56x56"),
+    (256, 56, 64, 1, 1, "1x1 256->64 56x56"),
+    (1024, 14, 256, 1, 1, "1x1 1024->256 14x14"),
+    (256, 14, 1024, 1, 1, "1x1 256->1024 14x14"),
+    (3, 224, 64, 7, 2, "7x7 stem"),
+];
+
+/// Seconds per call of `f`, over about 4 GFLOP of calls after one warm-up.
+fn time(flops: f64, mut f: impl FnMut()) -> f64 {
+    let iters = ((4e9 / flops) as usize).max(3);
+    f();
+    let t = Instant::now();
+    (0..iters).for_each(|_| f());
+    t.elapsed().as_secs_f64() / iters as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let batch = args
+        .iter()
+        .position(|a| a == "--batch")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(1usize);
+    for threads in [1usize, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("thread pool");
+        pool.install(|| {
+            for &(m, n, k, name) in &GEMMS {
+                let (a, b, mut c) = (vec![0.5f32; m * k], vec![0.25f32; k * n], vec![0f32; m * n]);
+                let flops = 2.0 * (m * n * k) as f64;
+                let s = time(flops, || {
+                    let (am, bm) = (Mat::row_major(&a, k), Mat::row_major(&b, n));
+                    sgemm(threads, m, n, k, am, bm, &mut c, n, false)
+                });
+                println!(
+                    "{threads}t gemm {name:28} {m:5}x{n:5}x{k:5} {:7.1} GFLOP/s",
+                    flops / s / 1e9
+                );
+            }
+            for &(c, h, m, kk, stride, name) in &CONVS {
+                let (pad, n) = (kk / 2, batch);
+                let oh = (h + 2 * pad - kk) / stride + 1;
+                let p = Conv2d {
+                    n,
+                    c,
+                    h,
+                    w: h,
+                    m,
+                    kh: kk,
+                    kw: kk,
+                    sh: stride,
+                    sw: stride,
+                    dh: 1,
+                    dw: 1,
+                    pt: pad,
+                    pl: pad,
+                    oh,
+                    ow: oh,
+                    groups: 1,
+                };
+                let x = vec![0.5f32; n * c * h * h];
+                let w = vec![0.25f32; m * c * kk * kk];
+                let bias = vec![0.1f32; m];
+                let mut out = vec![0f32; n * m * oh * oh];
+                let mut scratch = Vec::new();
+                let epi = Epilogue {
+                    bias: Some(&bias),
+                    residual: None,
+                    act: Some(Activation::Relu),
+                };
+                let flops = 2.0 * (n * m * oh * oh * c * kk * kk) as f64;
+                let s = time(flops, || {
+                    conv2d(&p, &x, &w, epi, &mut out, &mut scratch, threads)
+                });
+                println!(
+                    "{threads}t conv batch {n} {name:22} {:7.1} GFLOP/s {:8.3} ms",
+                    flops / s / 1e9,
+                    s * 1e3
+                );
+            }
+        });
+    }
+}
