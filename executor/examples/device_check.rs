@@ -525,6 +525,7 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
         Op::LayerNorm {
             axis: -1,
             eps: 1e-12,
+            stats: false,
         },
         vec![
             r.tensor(&[8, 128, 768], -2.0, 3.0),

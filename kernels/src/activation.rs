@@ -151,7 +151,8 @@ pub fn exp(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0;
     let orig = x;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = (((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
@@ -161,7 +162,9 @@ pub fn exp(x: f32) -> f32 {
         * r
         + r
         + 1.0;
-    let v = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // `t`'s low mantissa bits hold `n` (two's complement): 2^n from integer operations on them,
+    // since a float-to-int cast (`n as i32`, saturating) does not vectorise.
+    let v = p * f32::from_bits((t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127)) << 23);
     // Underflow is 0 (a select, so the loop still vectorises).
     if orig < -87.0 { 0.0 } else { v }
 }

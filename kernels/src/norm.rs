@@ -16,25 +16,34 @@ fn rows(threads: usize, data: &mut [f32], len: usize, f: impl Fn(&mut [f32]) + S
 /// Softmax (or log-softmax) of every contiguous row of length `len`, in place.
 pub fn softmax_rows(threads: usize, data: &mut [f32], len: usize, log: bool) {
     rows(threads, data, len, |r| {
-        let m = r.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let mut s = 0.0f32;
-        for v in r.iter_mut() {
-            *v -= m;
-            if !log {
-                *v = crate::activation::exp(*v);
-                s += *v;
-            } else {
-                s += crate::activation::exp(*v);
-            }
+        #[cfg(target_arch = "x86_64")]
+        if crate::activation::avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA.
+            unsafe { softmax_row_avx2(r, log) };
+            return;
         }
-        if log {
-            let ls = s.ln();
-            r.iter_mut().for_each(|v| *v -= ls);
-        } else {
-            let inv = 1.0 / s;
-            r.iter_mut().for_each(|v| *v *= inv);
-        }
+        softmax_row(r, log)
     });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_row_avx2(r: &mut [f32], log: bool) {
+    softmax_row(r, log)
+}
+
+#[inline(always)]
+fn softmax_row(r: &mut [f32], log: bool) {
+    let m = lane_max(r);
+    if log {
+        let ls = lane_sum(r, |v| crate::activation::exp(v - m)).ln();
+        r.iter_mut().for_each(|v| *v = *v - m - ls);
+    } else {
+        r.iter_mut()
+            .for_each(|v| *v = crate::activation::exp(*v - m));
+        let inv = 1.0 / lane_sum(r, |v| v);
+        r.iter_mut().for_each(|v| *v *= inv);
+    }
 }
 
 /// Layer normalisation of every row of length `len`, in place: `(x - mean) / sqrt(var + eps) * g + b`.
@@ -47,24 +56,76 @@ pub fn layer_norm_rows(
     eps: f32,
 ) {
     assert_eq!(gamma.len(), len, "layer norm scale length");
+    if let Some(b) = beta {
+        assert_eq!(b.len(), len, "layer norm bias length");
+    }
     rows(threads, data, len, |r| {
-        let n = r.len() as f32;
-        let mean = r.iter().sum::<f32>() / n;
-        let var = r.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
-        let inv = 1.0 / (var + eps).sqrt();
-        match beta {
-            Some(b) => {
-                for ((v, g), bb) in r.iter_mut().zip(gamma).zip(b) {
-                    *v = (*v - mean) * inv * g + bb;
-                }
-            }
-            None => {
-                for (v, g) in r.iter_mut().zip(gamma) {
-                    *v = (*v - mean) * inv * g;
-                }
+        #[cfg(target_arch = "x86_64")]
+        if crate::activation::avx2_fma() {
+            // SAFETY: the CPU has AVX2 and FMA.
+            unsafe { layer_norm_row_avx2(r, gamma, beta, eps) };
+            return;
+        }
+        layer_norm_row(r, gamma, beta, eps)
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn layer_norm_row_avx2(r: &mut [f32], gamma: &[f32], beta: Option<&[f32]>, eps: f32) {
+    layer_norm_row(r, gamma, beta, eps)
+}
+
+#[inline(always)]
+fn layer_norm_row(r: &mut [f32], gamma: &[f32], beta: Option<&[f32]>, eps: f32) {
+    let n = r.len() as f32;
+    let mean = lane_sum(r, |v| v) / n;
+    let var = lane_sum(r, |v| (v - mean) * (v - mean)) / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    match beta {
+        Some(b) => {
+            for ((v, g), bb) in r.iter_mut().zip(gamma).zip(b) {
+                *v = (*v - mean) * inv * g + bb;
             }
         }
-    });
+        None => {
+            for (v, g) in r.iter_mut().zip(gamma) {
+                *v = (*v - mean) * inv * g;
+            }
+        }
+    }
+}
+
+/// Independent partial results per lane, so that reductions vectorise (a single running f32
+/// sum or max is a serial dependency the compiler may not reorder).
+const LANES: usize = 16;
+
+#[inline(always)]
+fn lane_sum(r: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let chunks = r.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
+        }
+    }
+    acc.iter().sum::<f32>() + tail.iter().map(|&v| f(v)).sum::<f32>()
+}
+
+#[inline(always)]
+fn lane_max(r: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = r.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = a.max(v);
+        }
+    }
+    acc.iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b))
 }
 
 #[cfg(test)]
@@ -91,5 +152,54 @@ mod tests {
         let mean: f32 = a.iter().sum::<f32>() / 8.0;
         let var: f32 = a.iter().map(|v| v * v).sum::<f32>() / 8.0;
         assert!(mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4);
+    }
+
+    #[test]
+    fn rows_longer_than_the_lanes_match_a_double_precision_reference() {
+        // 37 = two full chunks of 16 and a tail of 5; the row maximum (past where `exp` overflows unless the maximum is subtracted) sits in the tail of the
+        // first row and in the first chunk of the second.
+        let len = 37;
+        let mut x: Vec<f32> = crate::gemm::lcg(7, 2 * len)
+            .iter()
+            .map(|v| v * 8.0)
+            .collect();
+        x[len - 2] = 100.0;
+        x[len + 3] = 100.0;
+        for log in [false, true] {
+            let mut got = x.clone();
+            softmax_rows(2, &mut got, len, log);
+            for (row, out) in x.chunks(len).zip(got.chunks(len)) {
+                let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+                let s: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+                for (&v, &o) in row.iter().zip(out) {
+                    let want = if log {
+                        v as f64 - m - s.ln()
+                    } else {
+                        (v as f64 - m).exp() / s
+                    };
+                    assert!(
+                        (o as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                        "{o} vs {want}"
+                    );
+                }
+            }
+        }
+        let (gamma, beta): (Vec<f32>, Vec<f32>) = (0..len)
+            .map(|i| (1.0 + i as f32 / 10.0, i as f32 - 3.0))
+            .unzip();
+        let mut got = x.clone();
+        layer_norm_rows(2, &mut got, len, &gamma, Some(&beta), 1e-5);
+        for (row, out) in x.chunks(len).zip(got.chunks(len)) {
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / len as f64;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / len as f64;
+            for (i, (&v, &o)) in row.iter().zip(out).enumerate() {
+                let want =
+                    (v as f64 - mean) / (var + 1e-5).sqrt() * gamma[i] as f64 + beta[i] as f64;
+                assert!(
+                    (o as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{o} vs {want}"
+                );
+            }
+        }
     }
 }

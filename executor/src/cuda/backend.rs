@@ -371,6 +371,7 @@ mod tests {
             Op::LayerNorm {
                 axis: -1,
                 eps: 1e-5,
+                stats: false,
             },
             Op::Shape(ShapeOp::Gather { axis: 0 }),
             Op::Shape(ShapeOp::Transpose { perm: None }),

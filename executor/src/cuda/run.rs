@@ -234,7 +234,12 @@ pub fn run_op(d: &mut Dev<'_>, op: &Op, inputs: &[Option<&Tensor>]) -> R<Vec<Ten
         Op::Softmax { axis, log, legacy } => {
             one(softmax(d, f32_in(inputs, 0)?, *axis, *log, *legacy))
         }
-        Op::LayerNorm { axis, eps } => one(layer_norm(d, inputs, *axis, *eps)),
+        // The kernel writes only the normalised output.
+        Op::LayerNorm {
+            axis,
+            eps,
+            stats: false,
+        } => one(layer_norm(d, inputs, *axis, *eps)),
         Op::Reduce(r) => {
             let x = f32_in(inputs, 0)?;
             let axes = match (&r.axes, opt_input(inputs, 1)) {

@@ -192,6 +192,8 @@ pub enum Op {
     LayerNorm {
         axis: i64,
         eps: f32,
+        /// The node also has the mean and inverse standard deviation outputs.
+        stats: bool,
     },
     Reduce(reduce::ReduceAttrs),
     Shape(shape::ShapeOp),
@@ -320,6 +322,7 @@ impl Op {
                 Ok(Some(Op::LayerNorm {
                     axis: a.int_or("axis", -1)?,
                     eps: a.float_or("epsilon", 1e-5)?,
+                    stats: n_outputs > 1,
                 }))
             }
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL2"
@@ -458,7 +461,7 @@ impl Op {
             Op::Softmax { axis, log, legacy } => {
                 one(norm::softmax(cx, input(inputs, 0)?, *axis, *log, *legacy))
             }
-            Op::LayerNorm { axis, eps } => norm::layer_norm(cx, inputs, *axis, *eps),
+            Op::LayerNorm { axis, eps, stats } => norm::layer_norm(cx, inputs, *axis, *eps, *stats),
             Op::Reduce(r) => one(reduce::reduce(r, inputs)),
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),

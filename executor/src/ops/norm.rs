@@ -112,6 +112,7 @@ pub fn layer_norm(
     inputs: &[Option<&Tensor>],
     axis: i64,
     eps: f32,
+    stats: bool,
 ) -> OpResult<Vec<Tensor>> {
     let x = input(inputs, 0)?;
     let axis = norm_axis(axis, x.rank())?;
@@ -137,6 +138,9 @@ pub fn layer_norm(
     let src = x.as_f32()?;
     let mut out = src.to_vec();
     layer_norm_rows(cx.threads, &mut out, len, &gamma, beta.as_deref(), eps);
+    if !stats {
+        return Ok(vec![Tensor::f32(x.shape.clone(), out)?]);
+    }
     // Mean and inverse std-dev outputs, shaped like the input with the normalised axes as 1.
     let mut stat_shape = x.shape[..axis].to_vec();
     stat_shape.extend(std::iter::repeat_n(1, x.rank() - axis));

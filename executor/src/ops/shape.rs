@@ -356,30 +356,45 @@ pub fn transpose(x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
     let out: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
     let st = strides(&x.shape);
     let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
-    let n = x.len();
-    let mut idx = Vec::with_capacity(n);
-    if n > 0 {
-        let inner = out[r - 1];
-        let is = pst[r - 1];
-        let mut pos = vec![0usize; r];
-        let mut base = 0usize;
-        for _ in 0..n / inner {
-            idx.extend((0..inner).map(|i| base + i * is));
-            for ax in (0..r - 1).rev() {
-                pos[ax] += 1;
-                base += pst[ax];
-                if pos[ax] < out[ax] {
-                    break;
-                }
-                base -= pst[ax] * out[ax];
-                pos[ax] = 0;
+    Ok(Tensor {
+        data: map_data!(&x.data, v => permute(v, &out, &pst)),
+        shape: out,
+    })
+}
+
+/// The elements of `src` in the order of an `out`-shaped walk whose axis `a` steps `pst[a]`
+/// elements through `src`: row by row, copying whole rows where the last axis stays innermost
+/// (attention's `[B, S, H, D] -> [B, H, S, D]`).
+fn permute<T: Copy>(src: &[T], out: &[usize], pst: &[usize]) -> Vec<T> {
+    let n: usize = out.iter().product();
+    let mut dst = Vec::with_capacity(n);
+    let Some((&inner, outer)) = out.split_last() else {
+        dst.extend_from_slice(&src[..n]);
+        return dst;
+    };
+    if n == 0 {
+        return dst;
+    }
+    let is = pst[out.len() - 1];
+    let mut pos = vec![0usize; outer.len()];
+    let mut base = 0usize;
+    for _ in 0..n / inner {
+        if is == 1 {
+            dst.extend_from_slice(&src[base..base + inner]);
+        } else {
+            dst.extend(src[base..].iter().step_by(is).take(inner));
+        }
+        for ax in (0..outer.len()).rev() {
+            pos[ax] += 1;
+            base += pst[ax];
+            if pos[ax] < out[ax] {
+                break;
             }
+            base -= pst[ax] * out[ax];
+            pos[ax] = 0;
         }
     }
-    Ok(Tensor {
-        shape: out,
-        data: x.data.gather(&idx),
-    })
+    dst
 }
 
 fn tile(x: &Tensor, reps: &[i64]) -> OpResult<Tensor> {
