@@ -15,7 +15,7 @@ const GEMMS: [(usize, usize, usize, &str); 5] = [
 ];
 
 /// (input channels, image size, output channels, kernel size, stride, name)
-const CONVS: [(usize, usize, usize, usize, usize, &str); 9] = [
+const CONVS: [(usize, usize, usize, usize, usize, &str); 17] = [
     (64, 56, 64, 3, 1, "3x3 64 56x56"),
     (128, 28, 128, 3, 1, "3x3 128 28x28"),
     (256, 14, 256, 3, 1, "3x3 256 14x14"),
@@ -25,6 +25,15 @@ const CONVS: [(usize, usize, usize, usize, usize, &str); 9] = [
     (1024, 14, 256, 1, 1, "1x1 1024->256 14x14"),
     (256, 14, 1024, 1, 1, "1x1 256->1024 14x14"),
     (3, 224, 64, 7, 2, "7x7 stem"),
+    // mobilenet_v2's projections (expanded channels -> block output)
+    (32, 112, 16, 1, 1, "mbv2 1x1 32->16 112"),
+    (144, 56, 24, 1, 1, "mbv2 1x1 144->24 56"),
+    (192, 28, 32, 1, 1, "mbv2 1x1 192->32 28"),
+    (384, 14, 64, 1, 1, "mbv2 1x1 384->64 14"),
+    (576, 14, 96, 1, 1, "mbv2 1x1 576->96 14"),
+    (960, 7, 160, 1, 1, "mbv2 1x1 960->160 7"),
+    (960, 7, 320, 1, 1, "mbv2 1x1 960->320 7"),
+    (320, 7, 1280, 1, 1, "mbv2 1x1 320->1280 7"),
 ];
 
 /// Seconds per call of `f`, over about 4 GFLOP of calls after one warm-up.
