@@ -209,8 +209,10 @@ fn column_block(p: &Conv2d) -> Option<usize> {
 /// Convolution as tasks over (image, pixel block, output-channel block): each task im2cols its
 /// pixel block (1x1 convolutions read the input in place), runs a one-thread GEMM into its
 /// output block and adds the bias (and residual) and applies the activation while the block is
-/// still in cache. Channel blocks only split the work when there are too few pixel blocks to
-/// keep the threads busy (small images at batch 1).
+/// still in cache. Channel blocks only split the work when there are fewer pixel blocks than
+/// threads (small images at batch 1), and then into as few as give each thread one: every
+/// channel block packs the same input block again (mobilenet_v2 batch 1 is ~3% faster than
+/// with four blocks per thread).
 fn blocked(
     p: &Conv2d,
     input: &[f32],
@@ -224,8 +226,8 @@ fn blocked(
     let (in_plane, pixels) = (p.h * p.w, p.oh * p.ow);
     let nblocks = pixels.div_ceil(nb);
     let mut mb = p.m;
-    if threads > 1 && p.n * nblocks < 4 * threads {
-        let want = (4 * threads).div_ceil(p.n * nblocks);
+    if threads > 1 && p.n * nblocks < threads {
+        let want = threads.div_ceil(p.n * nblocks);
         mb = p.m.div_ceil(want).next_multiple_of(8).max(16).min(p.m);
     }
     let mblocks = p.m.div_ceil(mb);
