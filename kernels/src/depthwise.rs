@@ -262,7 +262,15 @@ unsafe fn plane_avx2(
 ) {
     split_plane(p, lay, src, buf);
     // SAFETY: the caller checked the CPU and the bounds.
-    unsafe { stencil_avx2(buf, &lay.taps, w, bias, flat) };
+    unsafe {
+        match (
+            <&[usize; 9]>::try_from(&lay.taps[..]),
+            <&[f32; 9]>::try_from(w),
+        ) {
+            (Ok(taps), Ok(w)) => stencil9_avx2(buf, taps, w, bias, flat),
+            _ => stencil_avx2(buf, &lay.taps, w, bias, flat),
+        }
+    };
     copy_out(p, lay, epi, flat, dst);
 }
 
@@ -380,6 +388,47 @@ unsafe fn stencil_avx2(buf: &[f32], taps: &[usize], w: &[f32], bias: f32, flat: 
         // SAFETY: q + LANES <= n.
         unsafe { _mm256_storeu_ps(dp.add(q), a0) };
         q += LANES;
+    }
+}
+
+/// `stencil_avx2` for a 3x3 filter, the common case: the nine weights stay in registers and
+/// the tap offsets in locals, so the loop is loads and FMAs only.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn stencil9_avx2(buf: &[f32], taps: &[usize; 9], w: &[f32; 9], bias: f32, flat: &mut [f32]) {
+    use std::arch::x86_64::*;
+    debug_assert!(flat.len().is_multiple_of(LANES));
+    let vb = _mm256_set1_ps(bias);
+    let wv: [__m256; 9] = std::array::from_fn(|t| _mm256_set1_ps(w[t]));
+    let src: [*const f32; 9] = std::array::from_fn(|t| buf.as_ptr().wrapping_add(taps[t]));
+    let dp = flat.as_mut_ptr();
+    let n = flat.len();
+    let mut q = 0;
+    while q + 2 * LANES <= n {
+        let (mut a0, mut a1) = (vb, vb);
+        for t in 0..9 {
+            // SAFETY: taps[t] + q + 2*LANES <= taps[t] + n <= buf.len() (asserted by the caller).
+            unsafe {
+                let s = src[t].add(q);
+                a0 = _mm256_fmadd_ps(wv[t], _mm256_loadu_ps(s), a0);
+                a1 = _mm256_fmadd_ps(wv[t], _mm256_loadu_ps(s.add(LANES)), a1);
+            }
+        }
+        // SAFETY: q + 2*LANES <= n = flat.len().
+        unsafe {
+            _mm256_storeu_ps(dp.add(q), a0);
+            _mm256_storeu_ps(dp.add(q + LANES), a1);
+        }
+        q += 2 * LANES;
+    }
+    if q < n {
+        let mut a0 = vb;
+        for t in 0..9 {
+            // SAFETY: as above; n is a multiple of LANES, so one vector remains.
+            unsafe { a0 = _mm256_fmadd_ps(wv[t], _mm256_loadu_ps(src[t].add(q)), a0) };
+        }
+        // SAFETY: q + LANES == n.
+        unsafe { _mm256_storeu_ps(dp.add(q), a0) };
     }
 }
 
