@@ -104,6 +104,7 @@ fn decision_loop(table: &ProfileTable, tenants: usize, agents: usize) {
                 latency_at_percentile_ms: lat,
                 queue_depth: 0,
                 completed: 100,
+                compute_at_percentile_ms: None,
             };
             wants.push(step(s, &obs, slo, &bounds, &models[*m]));
         }

@@ -32,6 +32,11 @@ pub struct TenantObservation {
     pub queue_depth: u32,
     /// Requests completed in the window; a window with none carries no latency signal.
     pub completed: u64,
+    /// Observed compute time (the request's batch, no queueing) at the SLO's percentile, where
+    /// the reporter measures it. It tells queueing from a batch that is itself too slow without
+    /// trusting the latency model.
+    #[serde(default)]
+    pub compute_at_percentile_ms: Option<f64>,
 }
 
 impl TenantObservation {
@@ -44,5 +49,11 @@ impl TenantObservation {
     /// dominates latency. 5% slack because both rates are noisy estimates over one window.
     pub fn overloaded(&self) -> bool {
         self.arrival_rate > self.throughput * 1.05 && self.queue_depth > 0
+    }
+
+    /// The observed compute time at the SLO's percentile, when it was measured.
+    pub fn compute_ms(&self) -> Option<f64> {
+        self.compute_at_percentile_ms
+            .filter(|c| c.is_finite() && *c >= 0.0)
     }
 }

@@ -14,8 +14,10 @@
 //! any move: growth stops where one batch's predicted p99 would take more than `service_share` of
 //! the SLO (the rest is left for queueing). On a violation whose cause the model says is not the
 //! batch time, the knob grows if requests pile up and a larger one fits, and otherwise the tenant
-//! asks for a replica; only if that repeats `asks_before_shrink` times (the model must be wrong)
-//! or the batch time itself is too long does the knob shrink.
+//! asks for a replica. The knob shrinks only if the batch time itself is too long: as measured
+//! (the compute time at the SLO's percentile, which the agents report), or, without a
+//! measurement, as predicted, or when asking for replicas repeated `asks_before_shrink` times
+//! (the model must be wrong).
 
 use super::latency_model::LatencyModel;
 use super::profiler::Approach;
@@ -237,7 +239,16 @@ pub fn step(
         }
         state.over = 0;
         let budget = cfg.service_share * high;
-        if model.p99_ms(state.knobs) <= budget && state.asks < cfg.asks_before_shrink {
+        let predicted_fits = model.p99_ms(state.knobs) <= budget;
+        // Whether the knob's own batch time fits the budget: as measured, where the agents
+        // measure it; otherwise as predicted, trusted only until replicas failed to help
+        // `asks_before_shrink` times. A measured fit is never overruled: under overload, latency
+        // over the SLO is queueing, and a smaller knob would only serve less.
+        let batch_fits = match obs.compute_ms() {
+            Some(measured) => measured <= budget,
+            None => predicted_fits && state.asks < cfg.asks_before_shrink,
+        };
+        if batch_fits {
             // The knob fits by the model, so the excess is queueing: a larger knob serves more
             // per replica when the queue grows; otherwise more replicas lower the load.
             if obs.overloaded()
@@ -251,8 +262,9 @@ pub fn step(
             state.asks += 1;
             return Decision::NeedReplicas;
         }
-        // The knob's own batch time is too long, or replicas did not help: shrink.
-        let model_was_wrong = state.asks >= cfg.asks_before_shrink;
+        // The knob's own batch time is too long, or replicas did not help: shrink. If the model
+        // said this knob fits, it was wrong, and its predictions do not pick the next one.
+        let model_was_wrong = predicted_fits;
         state.asks = 0;
         state.bad = Some(state.bad.map_or(cur, |b| b.min(cur)));
         if state.good >= cur {
@@ -331,6 +343,7 @@ mod tests {
             latency_at_percentile_ms: lat,
             queue_depth: 0,
             completed: 1000,
+            compute_at_percentile_ms: None,
         }
     }
 
@@ -466,6 +479,60 @@ mod tests {
     }
 
     #[test]
+    fn sustained_overload_with_a_measured_fit_never_shrinks_the_knob() {
+        // More arrivals than any replica can serve, and no replica comes: without a measurement
+        // the scaler gives up on its model after `asks_before_shrink` asks and halves the batch,
+        // serving even less; with the compute time measured within the budget it keeps asking.
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let o = TenantObservation {
+            arrival_rate: 20_000.0,
+            throughput: 3000.0,
+            queue_depth: 5000,
+            ..obs(900.0)
+        };
+        let mut blind = state(Approach::Batching, Knobs::new(30, 1));
+        let decisions: Vec<Decision> = (0..4).map(|_| step(&mut blind, &o, &slo, &b, &m)).collect();
+        assert_eq!(decisions[3], Decision::SetKnobs(Knobs::new(15, 1)));
+        let measured = TenantObservation {
+            compute_at_percentile_ms: Some(55.0),
+            ..o
+        };
+        let mut s = state(Approach::Batching, Knobs::new(30, 1));
+        for _ in 0..20 {
+            assert_eq!(
+                step(&mut s, &measured, &slo, &b, &m),
+                Decision::NeedReplicas
+            );
+        }
+        assert_eq!(s.knobs, Knobs::new(30, 1));
+    }
+
+    #[test]
+    fn a_measured_batch_time_over_the_budget_shrinks_even_where_the_model_says_it_fits() {
+        // The model predicts 60 ms for batch 30 (within 0.6 x 100); the agents measure 90 ms,
+        // e.g. under interference from co-located tenants. The next knob is bisected, not
+        // taken from the model that was just proved wrong.
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let mut s = state(Approach::Batching, Knobs::new(30, 1));
+        let o = TenantObservation {
+            compute_at_percentile_ms: Some(90.0),
+            ..obs(120.0)
+        };
+        assert_eq!(
+            step(&mut s, &o, &slo, &b, &m),
+            Decision::SetKnobs(Knobs::new(15, 1))
+        );
+        assert_eq!(s.last_violation(), Some(30));
+        // A measurement that is missing or not a number falls back to the model.
+        let mut t = state(Approach::Batching, Knobs::new(30, 1));
+        let nan = TenantObservation {
+            compute_at_percentile_ms: Some(f64::NAN),
+            ..o
+        };
+        assert_eq!(step(&mut t, &nan, &slo, &b, &m), Decision::NeedReplicas);
+    }
+
+    #[test]
     fn slo_change_forgets_the_learned_limit_and_bounds_are_obeyed() {
         let (m, b) = (model(), Bounds::default());
         let mut s = state(Approach::Batching, Knobs::new(32, 1));
@@ -549,16 +616,20 @@ mod props {
             0.0f64..2000.0,
             0u32..1000,
             0u64..3,
+            prop::option::of(prop_oneof![0.0f64..2000.0, Just(f64::NAN), Just(-1.0)]),
         )
-            .prop_map(|(arrival_rate, throughput, lat, queue_depth, completed)| {
-                TenantObservation {
-                    arrival_rate,
-                    throughput,
-                    latency_at_percentile_ms: lat,
-                    queue_depth,
-                    completed,
-                }
-            })
+            .prop_map(
+                |(arrival_rate, throughput, lat, queue_depth, completed, compute)| {
+                    TenantObservation {
+                        arrival_rate,
+                        throughput,
+                        latency_at_percentile_ms: lat,
+                        queue_depth,
+                        completed,
+                        compute_at_percentile_ms: compute,
+                    }
+                },
+            )
     }
 
     proptest! {
@@ -621,8 +692,60 @@ mod props {
                     latency_at_percentile_ms: base + slope * v + if overloaded { 1000.0 } else { 0.0 },
                     queue_depth: if overloaded { 100 } else { 0 },
                     completed: 100,
+                    compute_at_percentile_ms: None,
                 };
                 step(&mut s, &obs, &slo, &b, &model);
+                history.push(s.knobs);
+            }
+            let tail = &history[200..];
+            prop_assert!(tail.iter().all(|k| *k == tail[0]), "still moving: {:?}", &history[180..]);
+        }
+
+        /// With the compute time measured, any situation settles — also where no knob meets the
+        /// SLO (too little capacity, or an SLO below every batch time), the case the property
+        /// above must leave out — and the knob never shrinks while its measured batch time is
+        /// within the budget, however overloaded the tenant is.
+        #[test]
+        fn with_measured_compute_the_knob_settles_and_shrinks_only_when_its_batch_is_too_slow(
+            approach in approach(),
+            start in 1u32..32,
+            model in model(),
+            base in 0.5f64..100.0,
+            slope in 0.05f64..40.0,
+            capacity_per_step in 1.0f64..500.0,
+            load in 0.1f64..20.0,
+            slo in 1.0f64..500.0,
+        ) {
+            let arrival = capacity_per_step * load;
+            let b = Bounds { max_batch: 64, max_instances: 8, ..Bounds::default() };
+            let knobs = match approach {
+                Approach::MultiTenancy => Knobs::new(1, start.min(8)),
+                Approach::Joint => Knobs::new(start, 2),
+                Approach::Batching => Knobs::new(start, 1),
+            };
+            let config = ScalerConfig::default();
+            let budget = config.service_share * config.band_high * slo;
+            let mut s = ScalerState::new(approach, knobs, config);
+            let slo = Slo::p99(slo);
+            let mut history = Vec::new();
+            for _ in 0..300 {
+                let v = s.moving();
+                let compute = base + slope * v as f64;
+                let capacity = capacity_per_step * v as f64;
+                let overloaded = capacity < arrival;
+                let obs = TenantObservation {
+                    arrival_rate: arrival,
+                    throughput: arrival.min(capacity),
+                    latency_at_percentile_ms: compute + if overloaded { 1000.0 } else { 0.0 },
+                    queue_depth: if overloaded { 100 } else { 0 },
+                    completed: 100,
+                    compute_at_percentile_ms: Some(compute),
+                };
+                step(&mut s, &obs, &slo, &b, &model);
+                prop_assert!(
+                    s.moving() >= v || compute > budget,
+                    "shrank {v} -> {} with compute {compute} within {budget}", s.moving()
+                );
                 history.push(s.knobs);
             }
             let tail = &history[200..];

@@ -68,6 +68,8 @@ enum Ev {
         tenant: usize,
         replica: u64,
         arrived: Vec<f64>,
+        /// The batch's compute time.
+        service_ms: f64,
     },
     ReplicaReady {
         tenant: usize,
@@ -133,6 +135,8 @@ struct Tenant {
     waiting: VecDeque<f64>,
     w_arrivals: u64,
     w_latencies: Vec<f64>,
+    /// Compute times of the window's completed requests (their batch's, no queueing).
+    w_compute: Vec<f64>,
     arrived: u64,
     completed: u64,
     met: u64,
@@ -216,6 +220,7 @@ pub fn simulate(
             waiting: VecDeque::new(),
             w_arrivals: 0,
             w_latencies: Vec::new(),
+            w_compute: Vec::new(),
             arrived: 0,
             completed: 0,
             met: 0,
@@ -319,12 +324,14 @@ impl Sim<'_> {
                 tenant,
                 replica,
                 arrived,
+                service_ms,
             } => {
                 let now = self.now;
                 let t = &mut self.tenants[tenant];
                 for a in arrived {
                     let lat = (now - a) * 1e3;
                     t.w_latencies.push(lat);
+                    t.w_compute.push(service_ms);
                     if a >= self.warmup_s {
                         t.completed += 1;
                         t.met += u64::from(lat <= t.slo.latency_ms);
@@ -410,6 +417,7 @@ impl Sim<'_> {
                     tenant,
                     replica: id,
                     arrived,
+                    service_ms,
                 },
             });
         }
@@ -423,20 +431,16 @@ impl Sim<'_> {
         for t in &mut self.tenants {
             let mut lat = std::mem::take(&mut t.w_latencies);
             let completed = lat.len() as u64;
-            let p = t.slo.percentile.clamp(0.0, 100.0) / 100.0;
-            let latency_at_percentile_ms = if lat.is_empty() {
-                f64::NAN
-            } else {
-                let i = ((lat.len() - 1) as f64 * p).round() as usize;
-                *lat.select_nth_unstable_by(i, f64::total_cmp).1
-            };
+            let p = t.slo.percentile;
             let obs = TenantObservation {
                 arrival_rate: t.w_arrivals as f64 / tick_s,
                 throughput: completed as f64 / tick_s,
-                latency_at_percentile_ms,
+                latency_at_percentile_ms: percentile(&mut lat, p).unwrap_or(f64::NAN),
                 queue_depth: t.queued().min(u32::MAX as usize) as u32,
                 completed,
+                compute_at_percentile_ms: percentile(&mut t.w_compute, p),
             };
+            t.w_compute.clear();
             t.w_arrivals = 0;
             if !instant {
                 t.wants_more = t.controller.observe(&obs, &t.slo, &t.bounds, &t.model);
@@ -672,6 +676,13 @@ impl Sim<'_> {
             agents_over_time: self.agents_over_time,
         }
     }
+}
+
+/// The value at percentile `p` (0..=100) of `v`, nearest rank; `None` when empty.
+fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
+    let last = v.len().checked_sub(1)?;
+    let i = (last as f64 * p.clamp(0.0, 100.0) / 100.0).round() as usize;
+    Some(*v.select_nth_unstable_by(i, f64::total_cmp).1)
 }
 
 #[cfg(test)]
