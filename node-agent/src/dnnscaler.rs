@@ -151,6 +151,9 @@ impl Controlled {
                 .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
             queue_depth: u32::try_from(self.tenant.queue_depth()).unwrap_or(u32::MAX),
             completed: w.completions,
+            compute_at_percentile_ms: stats
+                .compute_percentile(self.slo.percentile)
+                .map(|d| d.as_secs_f64() * 1e3),
         };
         let before = self.controller.knobs();
         let wants_replicas =

@@ -31,6 +31,10 @@ pub struct TenantReport {
     pub queue_depth: Option<u64>,
     #[serde(default)]
     pub latency_at_percentile_millis: Option<f64>,
+    /// Compute time (the request's batch, no queueing) at the SLO's percentile; older agents
+    /// do not send it.
+    #[serde(default)]
+    pub compute_at_percentile_millis: Option<f64>,
     #[serde(default)]
     pub window: Option<Window>,
     #[serde(default)]
@@ -151,7 +155,7 @@ mod tests {
         let report: AgentReport = serde_json::from_value(serde_json::json!({"tenants": [
             {"name": "a.t", "state": "Ready", "tenant": {"namespace": "a", "name": "t", "uid": "u1"},
              "knobs": {"batchSize": 4, "instances": 1}, "queueDepth": 0,
-             "latencyAtPercentileMillis": 12.5,
+             "latencyAtPercentileMillis": 12.5, "computeAtPercentileMillis": 4.5,
              "window": {"seconds": 30, "arrivalRatePerSecond": 3.0, "throughputPerSecond": 3.0,
                         "completions": 90, "sloAttainment": 1.0},
              "weightBytes": 1000,
@@ -163,6 +167,7 @@ mod tests {
         .expect("parses");
         let ready = report.tenant("u1").expect("u1");
         assert_eq!(ready.latency_at_percentile_millis, Some(12.5));
+        assert_eq!(ready.compute_at_percentile_millis, Some(4.5));
         assert_eq!(ready.profile.as_ref().map(|p| p.points.len()), Some(1));
         let failed = report.tenant("u2").expect("u2");
         assert_eq!(failed.error.as_deref(), Some("no such file"));

@@ -143,6 +143,8 @@ def main():
     # adds its own scheduling on this shared machine and is printed beside it.
     after = next(t for t in report(a.url, a.report_token)["tenants"] if t["name"] == a.model)
     agent_p99 = after["window"]["latencyP99Millis"]
+    # What the scaler uses to tell queueing from a batch that is itself too slow.
+    at_slo, compute_at_slo = after["latencyAtPercentileMillis"], after["computeAtPercentileMillis"]
     total = sum(statuses.values())
     half = max(len(rss) // 2, 1)
     first, second = max(rss[:half]), max(rss[half:] or rss)
@@ -153,6 +155,7 @@ def main():
         ("accepted p99 at the agent, last 30 s (ms)", f"{agent_p99:.0f} (SLO {slo:.0f}, tolerance {a.tolerance:.0%})"),
         ("p99 at the client, all responses (ms)", f"{client_p99:.0f}"),
         ("agent SLO attainment, last 30 s", f"{after['window']['sloAttainment']:.3f}"),
+        ("latency / compute at the SLO percentile (ms)", f"{at_slo:.0f} / {compute_at_slo:.0f}"),
         ("agent RSS MiB, max first half / second half", f"{first:.0f} / {second:.0f}"),
     ]
     for k, v in rows:
@@ -162,6 +165,7 @@ def main():
     assert statuses.get(200, 0) > 0, "nothing was served"
     assert statuses.get(429, 0) + statuses.get(503, 0) > 0, f"{a.factor} x the capacity was never shed"
     assert agent_p99 <= slo * (1 + a.tolerance), f"accepted p99 {agent_p99:.0f} ms exceeds the SLO {slo} ms by more than {a.tolerance:.0%}"
+    assert 0 < compute_at_slo <= at_slo * 1.01, f"compute {compute_at_slo} ms against latency {at_slo} ms"
     assert second <= first * 1.25 + 32, f"RSS grew from {first:.0f} to {second:.0f} MiB"
     print("1 passed, 0 failed")
 

@@ -323,12 +323,21 @@ impl Stats {
 
     /// The end-to-end latency at percentile `p` over the window.
     pub fn latency_percentile(&self, p: f64) -> Option<Duration> {
+        self.window_percentile(p, |c| &c.end_to_end)
+    }
+
+    /// The compute time (the request's batch, no queueing) at percentile `p` over the window.
+    pub fn compute_percentile(&self, p: f64) -> Option<Duration> {
+        self.window_percentile(p, |c| &c.compute)
+    }
+
+    fn window_percentile(&self, p: f64, of: impl Fn(&Counts) -> &Histogram) -> Option<Duration> {
         let now = self.started.elapsed().as_secs();
         let mut merged = Histogram::default();
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         for b in &inner.ring {
             if b.second != u64::MAX && now.saturating_sub(b.second) < WINDOW_SECS as u64 {
-                merged.merge(&b.counts.end_to_end);
+                merged.merge(of(&b.counts));
             }
         }
         merged.percentile(p)

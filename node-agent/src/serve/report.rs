@@ -11,6 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use serde_json::{Value, json};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub async fn render(
     State(app): State<Arc<AppState>>,
@@ -77,12 +78,12 @@ pub async fn render(
                     let w = tenant.stats().window();
                     t["knobs"] = json!({ "batchSize": batch, "instances": instances });
                     t["queueDepth"] = json!(tenant.queue_depth());
-                    t["latencyAtPercentileMillis"] = json!(
-                        tenant
-                            .stats()
-                            .latency_percentile(e.percentile)
-                            .map(|d| d.as_secs_f64() * 1e3)
-                    );
+                    let millis = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+                    let stats = tenant.stats();
+                    t["latencyAtPercentileMillis"] =
+                        json!(millis(stats.latency_percentile(e.percentile)));
+                    t["computeAtPercentileMillis"] =
+                        json!(millis(stats.compute_percentile(e.percentile)));
                     t["window"] = json!({
                         "seconds": w.window_secs,
                         "arrivalRatePerSecond": w.arrival_rate_per_sec,

@@ -58,6 +58,8 @@ pub struct Aggregate {
     pub throughput: f64,
     /// Worst replica's latency at the SLO percentile (NaN without traffic).
     pub latency_ms: f64,
+    /// Worst replica's compute time at the SLO percentile, where the agents report it.
+    pub compute_ms: Option<f64>,
     pub queue_depth: u64,
     pub completions: u64,
     /// Completion-weighted SLO attainment.
@@ -79,6 +81,9 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
             } else {
                 a.latency_ms.max(l)
             };
+        }
+        if let Some(c) = r.compute_at_percentile_millis.filter(|c| c.is_finite()) {
+            a.compute_ms = Some(a.compute_ms.map_or(c, |w| w.max(c)));
         }
         if let Some(w) = &r.window {
             a.arrival_rate += w.arrival_rate_per_second;
@@ -239,6 +244,7 @@ pub fn decide(
             latency_at_percentile_ms: aggregate.latency_ms,
             queue_depth: u32::try_from(aggregate.queue_depth).unwrap_or(u32::MAX),
             completed: aggregate.completions,
+            compute_at_percentile_ms: aggregate.compute_ms,
         };
         if observation.has_signal() {
             memory.last_step_s = now_s;

@@ -79,6 +79,7 @@ fn replica_report(t: &ModelTenant, state: &str) -> TenantReport {
         }),
         queue_depth: Some(0),
         latency_at_percentile_millis: None,
+        compute_at_percentile_millis: None,
         window: Some(Window::default()),
         weight_bytes: Some(10 << 20),
         profile: None,
@@ -446,4 +447,25 @@ fn a_restarted_operator_keeps_what_dnnscaler_learned() {
     });
     let remembering = batches_after_restart(status);
     assert!(remembering.iter().all(|&b| b < 4), "{remembering:?}");
+}
+
+#[test]
+fn the_aggregate_takes_the_worst_replicas_compute_time_and_skips_what_is_missing() {
+    let t = tenant("a", 50.0);
+    let with = |compute: Option<f64>, state: &str| TenantReport {
+        compute_at_percentile_millis: compute,
+        ..replica_report(&t, state)
+    };
+    let reports = [
+        with(Some(4.0), "Ready"),
+        with(Some(9.0), "Ready"),
+        with(Some(f64::NAN), "Ready"),
+        with(None, "Ready"),
+        with(Some(40.0), "Loading"),
+    ];
+    let a = super::tenant::aggregate(&reports.iter().collect::<Vec<_>>());
+    assert_eq!((a.replicas, a.compute_ms), (4, Some(9.0)));
+    let older_agents = [with(None, "Ready")];
+    let a = super::tenant::aggregate(&older_agents.iter().collect::<Vec<_>>());
+    assert_eq!(a.compute_ms, None);
 }
