@@ -27,6 +27,11 @@ pub trait Backend: Send + Sync {
     fn recycle(&self, t: Tensor) {
         drop(t);
     }
+    /// One-thread backends that may each run a part of a batch at the same time, inside this
+    /// backend's `scope`, where the plan's batch separates (see `Plan::run`); none by default.
+    fn batch_lanes(&self) -> &[CpuBackend] {
+        &[]
+    }
 }
 
 /// Most buffers the CPU backend keeps for reuse; beyond that the smallest is freed (the large
@@ -42,6 +47,9 @@ pub struct CpuBackend {
     scratch: Mutex<Vec<f32>>,
     /// Freed activation buffers, reused for new outputs.
     buffers: Mutex<Vec<Vec<f32>>>,
+    /// One one-thread backend per thread of the pool (none without a pool), each with its own
+    /// scratch and buffers.
+    lanes: Vec<CpuBackend>,
 }
 
 impl CpuBackend {
@@ -59,11 +67,16 @@ impl CpuBackend {
             None
         };
         let threads = if pool.is_some() { threads } else { 1 };
+        let lanes = match pool {
+            Some(_) => (0..threads).map(|_| CpuBackend::new(1)).collect(),
+            None => Vec::new(),
+        };
         CpuBackend {
             threads,
             pool,
             scratch: Mutex::new(Vec::new()),
             buffers: Mutex::new(Vec::new()),
+            lanes,
         }
     }
 
@@ -95,6 +108,10 @@ impl Backend for CpuBackend {
         std::mem::swap(&mut *cx.scratch.borrow_mut(), &mut *guard);
         std::mem::swap(&mut *cx.pool.borrow_mut(), &mut *buffers);
         res
+    }
+
+    fn batch_lanes(&self) -> &[CpuBackend] {
+        &self.lanes
     }
 
     fn recycle(&self, t: Tensor) {

@@ -7,6 +7,7 @@ use crate::error::{ImportError, RunError};
 use crate::graph::{Dim, Graph, GraphInput};
 use crate::ops::Op;
 use crate::tensor::{DType, Tensor};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,9 @@ pub struct Plan {
     pub constants: Vec<Arc<Tensor>>,
     pub inputs: Vec<GraphInput>,
     pub outputs: Vec<(String, Src)>,
+    /// The batch symbol, where every sample is computed from that sample alone (see
+    /// `passes::separable_batch`): a batch can then run in parts, one per lane of the backend.
+    pub separable_batch: Option<String>,
     n_values: usize,
     profile: Option<Mutex<HashMap<String, (usize, Duration)>>>,
     peak_cache: Mutex<HashMap<usize, usize>>,
@@ -106,6 +110,7 @@ impl Plan {
             constants,
             inputs: g.inputs.clone(),
             outputs,
+            separable_batch: crate::passes::separable_batch(g),
             n_values: g.value_names.len(),
             profile,
             peak_cache: Mutex::new(HashMap::new()),
@@ -246,6 +251,12 @@ impl Plan {
         inputs: Vec<(String, Tensor)>,
         mut sizes: Option<&mut Vec<usize>>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let lanes = backend.batch_lanes();
+        if sizes.is_none()
+            && let Some(rows) = self.lane_rows(lanes.len(), &inputs)
+        {
+            return self.run_in_lanes(backend, lanes, inputs, &rows);
+        }
         let mut values = self.check_inputs(inputs)?;
         if let Some(sz) = sizes.as_deref_mut() {
             for (v, t) in values.iter().enumerate() {
@@ -258,6 +269,72 @@ impl Plan {
         backend.scope(&mut || result = self.run_steps(backend, &mut values, sizes.as_deref_mut()));
         result?;
         self.collect_outputs(&values)
+    }
+
+    /// How many rows of the batch each of `lanes` lanes runs, where splitting pays: the plan's
+    /// batch separates, every input has the same first dimension, and the parts are even or
+    /// many (3 rows on 2 lanes would leave one lane idle a third of the time; the whole pool on
+    /// one batch does better).
+    fn lane_rows(&self, lanes: usize, inputs: &[(String, Tensor)]) -> Option<Vec<usize>> {
+        self.separable_batch.as_ref()?;
+        let batch = *inputs.first()?.1.shape.first()?;
+        let even = batch.is_multiple_of(lanes.max(1));
+        if lanes < 2
+            || batch < lanes
+            || !(even || batch >= 4 * lanes)
+            || inputs.iter().any(|(_, t)| t.shape.first() != Some(&batch))
+        {
+            return None;
+        }
+        Some(
+            (0..lanes)
+                .map(|i| batch / lanes + usize::from(i < batch % lanes))
+                .collect(),
+        )
+    }
+
+    /// Runs `rows[i]` rows of the batch on lane `i`, all at once on the backend's threads, and
+    /// joins the lanes' outputs along the batch axis. Each lane has its own caches, and the
+    /// operators of one lane never wait for another's.
+    fn run_in_lanes(
+        &self,
+        backend: &dyn Backend,
+        lanes: &[CpuBackend],
+        inputs: Vec<(String, Tensor)>,
+        rows: &[usize],
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let mut parts: Vec<Vec<(String, Tensor)>> = rows.iter().map(|_| Vec::new()).collect();
+        for (name, t) in &inputs {
+            let mut start = 0;
+            for (part, &r) in parts.iter_mut().zip(rows) {
+                part.push((name.clone(), t.rows(start..start + r)));
+                start += r;
+            }
+        }
+        let mut parts = Some(parts);
+        let mut results = Vec::new();
+        backend.scope(&mut || {
+            if let Some(parts) = parts.take() {
+                results = parts
+                    .into_par_iter()
+                    .zip(lanes)
+                    .map(|(part, lane)| self.run_inner(lane, part, None))
+                    .collect();
+            }
+        });
+        let results = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        (0..self.outputs.len())
+            .map(|o| {
+                let name = self.outputs[o].0.clone();
+                let parts: Vec<&Tensor> = results.iter().map(|r| &r[o].1).collect();
+                let joined = Tensor::cat_rows(&parts).map_err(|source| RunError::Node {
+                    node: name.clone(),
+                    op: "joining the batch lanes' outputs".into(),
+                    source,
+                })?;
+                Ok((name, joined))
+            })
+            .collect()
     }
 
     /// The model's outputs, in order, from a value table after every step ran.

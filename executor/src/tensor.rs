@@ -213,6 +213,42 @@ impl Tensor {
     pub fn dtype(&self) -> DType {
         self.data.dtype()
     }
+    /// Rows `range` of the first axis (a tensor of rank at least 1, `range` within it).
+    pub fn rows(&self, range: std::ops::Range<usize>) -> Tensor {
+        let row = self.shape[1..].iter().product::<usize>();
+        let mut shape = self.shape.clone();
+        shape[0] = range.len();
+        let mut data = Data::with_capacity(self.dtype(), range.len() * row);
+        data.extend_from(&self.data, range.start * row..range.end * row);
+        Tensor { shape, data }
+    }
+    /// `parts` joined along the first axis; they must agree in dtype and in every other axis.
+    pub fn cat_rows(parts: &[&Tensor]) -> OpResult<Tensor> {
+        let first = parts
+            .first()
+            .filter(|t| t.rank() > 0)
+            .ok_or_else(|| OpError::Shape("nothing to join along a first axis".into()))?;
+        let mut shape = first.shape.clone();
+        let mut data = Data::with_capacity(first.dtype(), parts.iter().map(|t| t.len()).sum());
+        shape[0] = 0;
+        for t in parts {
+            if t.rank() != first.rank() || t.shape[1..] != first.shape[1..] {
+                return Err(OpError::Shape(format!(
+                    "cannot join {:?} to {:?} along the first axis",
+                    t.shape, first.shape
+                )));
+            }
+            if !data.extend_from(&t.data, 0..t.len()) {
+                return Err(OpError::DType(format!(
+                    "cannot join {:?} to {:?}",
+                    t.dtype(),
+                    first.dtype()
+                )));
+            }
+            shape[0] += t.shape[0];
+        }
+        Tensor::new(shape, data)
+    }
     pub fn rank(&self) -> usize {
         self.shape.len()
     }

@@ -185,8 +185,10 @@ fn infer_node(op: &Op, ins: &[Known], consts: &[Option<&Tensor>], n_out: usize) 
             let shape = dim(0, a.trans_a, true).zip(dim(1, a.trans_b, false));
             vec![shape_only(shape.map(|(m, n)| vec![m, n]))]
         }
-        Op::Conv(_) => {
-            let (x, w) = (shape_of(ins, 0), shape_of(ins, 1));
+        Op::Conv(_) | Op::PointwiseDepthwise(_) => {
+            // The fused pair's output channels are the depthwise weight's (input 3).
+            let w_at = if matches!(op, Op::Conv(_)) { 1 } else { 3 };
+            let (x, w) = (shape_of(ins, 0), shape_of(ins, w_at));
             vec![shape_only(x.zip(w).filter(|(x, _)| x.len() >= 3).map(
                 |(x, w)| {
                     let mut s = vec![x[0].clone(), w[0].clone()];
@@ -492,6 +494,9 @@ fn concat(shapes: &[&Vec<Sym>], a: i64) -> Option<Vec<Sym>> {
         .map_or(Sym::Unknown, Sym::Known);
     Some(out)
 }
+
+mod batch;
+pub use batch::separable_batch;
 
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,7 @@
 
 use crate::error::RunError;
 use crate::graph::{Dim, GraphInput};
-use crate::tensor::{Data, Tensor};
+use crate::tensor::Tensor;
 
 /// One request's inputs, in the model's input order, checked against the model.
 #[derive(Debug, Clone)]
@@ -142,23 +142,10 @@ pub fn stack(requests: &[&Rows]) -> Result<Vec<Tensor>, RunError> {
     if requests.len() == 1 {
         return Ok(first.tensors.clone());
     }
-    let total: usize = requests.iter().map(|r| r.rows).sum();
     (0..first.tensors.len())
         .map(|i| {
-            let head = &first.tensors[i];
-            let mut shape = head.shape.clone();
-            if let Some(d) = shape.first_mut() {
-                *d = total;
-            }
-            let mut data = Data::with_capacity(
-                head.dtype(),
-                requests.iter().map(|r| r.tensors[i].len()).sum(),
-            );
-            for r in requests {
-                let t = &r.tensors[i];
-                data.extend_from(&t.data, 0..t.len());
-            }
-            Tensor::new(shape, data).map_err(|e| RunError::BadInput {
+            let parts: Vec<&Tensor> = requests.iter().map(|r| &r.tensors[i]).collect();
+            Tensor::cat_rows(&parts).map_err(|e| RunError::BadInput {
                 name: format!("input #{i}"),
                 expected: "stackable shapes".into(),
                 got: e.to_string(),
@@ -180,17 +167,10 @@ pub fn split(outputs: Vec<(String, Tensor)>, rows: &[usize]) -> Vec<Vec<(String,
             }
             continue;
         }
-        let row_len = tensor.len() / total;
         let mut start = 0;
         for (out, &r) in per_request.iter_mut().zip(rows) {
-            let mut shape = tensor.shape.clone();
-            shape[0] = r;
-            let mut data = Data::with_capacity(tensor.dtype(), r * row_len);
-            data.extend_from(&tensor.data, start * row_len..(start + r) * row_len);
+            out.push((name.clone(), tensor.rows(start..start + r)));
             start += r;
-            if let Ok(t) = Tensor::new(shape, data) {
-                out.push((name.clone(), t));
-            }
         }
     }
     per_request
