@@ -135,7 +135,7 @@ pub fn conv2d(
         }
         return;
     }
-    if threads > 1 && p.n == 1 && p.is_pointwise() && p.groups == 1 && p.c >= 4 * p.m {
+    if threads > 1 && p.n == 1 && p.is_pointwise() && p.groups == 1 && p.c >= 2 * p.m {
         split_channels(p, input, weight, epi, out, threads);
         return;
     }
@@ -621,7 +621,7 @@ mod tests {
                 true,
                 Some(Activation::HardSwish),
             ),
-            // many channels to few at batch 1 (mobilenet projections): split by input channels,
+            // more channels to fewer at batch 1 (mobilenet projections): split by input channels,
             // 962 and 145 channels so that the blocks are uneven
             (geom(1, 962, 7, 160, 1, 1, 1, 0, 1), true, None),
             (geom(1, 145, 13, 24, 1, 1, 1, 0, 1), false, relu6),
