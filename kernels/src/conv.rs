@@ -181,11 +181,12 @@ pub fn conv2d(
     }
 }
 
-/// A 1x1 convolution that reduces many channels to few (MobileNet's projections) on one image:
-/// each thread multiplies one contiguous block of the input channels, the block the thread
-/// that produced those channels in the operator before also computed, so it reads them from
-/// its own cache, and the partial products are summed. Splitting the pixels instead makes
-/// every thread read every channel, half of them from the other core's cache.
+/// A 1x1 convolution from at least twice as many channels as it produces (MobileNet's
+/// projections), on one image: each thread multiplies one contiguous block of the input
+/// channels and the partial products are summed. The operator before wrote its output in
+/// channel blocks too, the first on the calling thread, so each thread mostly reads what is in
+/// its own cache; split by pixels, every thread read every channel, half of them from the other
+/// core's cache (on mobilenet_v2 several projections were slower on two threads than on one).
 fn split_channels(
     p: &Conv2d,
     input: &[f32],
