@@ -34,6 +34,12 @@ pub struct Step {
     pub frees: Vec<usize>,
 }
 
+/// Time spent per op kind (or per node), for `COTENANT_PROFILE`.
+struct Profile {
+    by_node: bool,
+    times: Mutex<HashMap<String, (usize, Duration)>>,
+}
+
 pub struct Plan {
     pub steps: Vec<Step>,
     pub constants: Vec<Arc<Tensor>>,
@@ -43,7 +49,7 @@ pub struct Plan {
     /// `passes::separable_batch`): a batch can then run in parts, one per lane of the backend.
     pub separable_batch: Option<String>,
     n_values: usize,
-    profile: Option<Mutex<HashMap<String, (usize, Duration)>>>,
+    profile: Option<Profile>,
     peak_cache: Mutex<HashMap<usize, usize>>,
 }
 
@@ -104,7 +110,10 @@ impl Plan {
                 steps[*i].frees.push(v);
             }
         }
-        let profile = std::env::var_os("COTENANT_PROFILE").map(|_| Mutex::new(HashMap::new()));
+        let profile = std::env::var("COTENANT_PROFILE").ok().map(|v| Profile {
+            by_node: v == "node",
+            times: Mutex::new(HashMap::new()),
+        });
         Ok(Plan {
             steps,
             constants,
@@ -459,8 +468,13 @@ impl Plan {
                 }
             }
             if let (Some(p), Some(t0)) = (&self.profile, started) {
-                let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
-                let e = p.entry(s.op.name()).or_insert((0, Duration::ZERO));
+                let key = if p.by_node {
+                    format!("{} {}", s.node, s.op.name())
+                } else {
+                    s.op.name()
+                };
+                let mut p = p.times.lock().unwrap_or_else(|e| e.into_inner());
+                let e = p.entry(key).or_insert((0, Duration::ZERO));
                 e.0 += 1;
                 e.1 += t0.elapsed();
             }
@@ -475,12 +489,14 @@ impl Plan {
         }
     }
 
-    /// Accumulated time per op kind (only with `COTENANT_PROFILE` set), slowest first.
+    /// Accumulated time per op kind (only with `COTENANT_PROFILE` set; per node, named
+    /// "node op", with `COTENANT_PROFILE=node`), slowest first.
     pub fn op_profile(&self) -> Vec<(String, usize, Duration)> {
         let Some(p) = &self.profile else {
             return vec![];
         };
         let mut v: Vec<_> = p
+            .times
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()

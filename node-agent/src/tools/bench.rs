@@ -1,6 +1,7 @@
 //! `cotenant-agent bench`: runs `instances` copies of a model concurrently at `batch`, each with
 //! its share of the thread budget, for a fixed duration; prints throughput and latency
-//! percentiles (and, with `COTENANT_PROFILE` set, where the time went per op kind).
+//! percentiles (and, with `COTENANT_PROFILE` set, where the time went per op kind; per node
+//! with `COTENANT_PROFILE=node`).
 
 use anyhow::{Context, bail};
 use clap::Args;
