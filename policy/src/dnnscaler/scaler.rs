@@ -632,6 +632,73 @@ mod props {
             )
     }
 
+    /// A tenant whose batch time, capacity and overload are fixed functions of the moving knob
+    /// `v`: batch time `base + slope·v`, capacity `capacity_per_step·v`, and 1000 ms of queueing
+    /// on top while the arrivals exceed the capacity.
+    struct Stationary {
+        base: f64,
+        slope: f64,
+        capacity_per_step: f64,
+        arrival: f64,
+        /// Whether the observations carry the compute time.
+        measured: bool,
+    }
+
+    impl Stationary {
+        fn compute(&self, v: u32) -> f64 {
+            self.base + self.slope * v as f64
+        }
+
+        fn observe(&self, v: u32) -> TenantObservation {
+            let capacity = self.capacity_per_step * v as f64;
+            let overloaded = capacity < self.arrival;
+            TenantObservation {
+                arrival_rate: self.arrival,
+                throughput: self.arrival.min(capacity),
+                latency_at_percentile_ms: self.compute(v) + if overloaded { 1000.0 } else { 0.0 },
+                queue_depth: if overloaded { 100 } else { 0 },
+                completed: 100,
+                compute_at_percentile_ms: self.measured.then(|| self.compute(v)),
+            }
+        }
+
+        /// The knobs before the first of 300 steps and after each.
+        fn run(&self, s: &mut ScalerState, slo: &Slo, model: &LatencyModel) -> Vec<Knobs> {
+            let b = Bounds {
+                max_batch: 64,
+                max_instances: 8,
+                ..Bounds::default()
+            };
+            let mut history = vec![s.knobs];
+            for _ in 0..300 {
+                step(s, &self.observe(s.moving()), slo, &b, model);
+                history.push(s.knobs);
+            }
+            history
+        }
+    }
+
+    fn start_knobs(approach: Approach, start: u32) -> Knobs {
+        match approach {
+            Approach::MultiTenancy => Knobs::new(1, start.min(8)),
+            Approach::Joint => Knobs::new(start, 2),
+            Approach::Batching => Knobs::new(start, 1),
+        }
+    }
+
+    fn moving(approach: Approach, k: Knobs) -> u32 {
+        match approach {
+            Approach::MultiTenancy => k.instances,
+            Approach::Batching | Approach::Joint => k.batch,
+        }
+    }
+
+    /// The last 100 steps left the knobs where they were.
+    fn settled(history: &[Knobs]) -> bool {
+        let tail = &history[history.len() - 100..];
+        tail.iter().all(|k| *k == tail[0])
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -670,35 +737,13 @@ mod props {
         ) {
             // Only where some knob within the bounds meets the SLO: enough capacity for the
             // arrivals at a latency under it. Where no knob can, the scaler still cycles between
-            // growing, shrinking and asking for replicas: a known gap.
-            let arrival = capacity_per_step * load;
-            let slo = base + slope * load.ceil() + margin;
-            let b = Bounds { max_batch: 64, max_instances: 8, ..Bounds::default() };
-            let knobs = match approach {
-                Approach::MultiTenancy => Knobs::new(1, start.min(8)),
-                Approach::Joint => Knobs::new(start, 2),
-                Approach::Batching => Knobs::new(start, 1),
-            };
-            let mut s = ScalerState::new(approach, knobs, ScalerConfig::default());
-            let slo = Slo::p99(slo);
-            let mut history = Vec::new();
-            for _ in 0..300 {
-                let v = s.moving() as f64;
-                let capacity = capacity_per_step * v;
-                let overloaded = capacity < arrival;
-                let obs = TenantObservation {
-                    arrival_rate: arrival,
-                    throughput: arrival.min(capacity),
-                    latency_at_percentile_ms: base + slope * v + if overloaded { 1000.0 } else { 0.0 },
-                    queue_depth: if overloaded { 100 } else { 0 },
-                    completed: 100,
-                    compute_at_percentile_ms: None,
-                };
-                step(&mut s, &obs, &slo, &b, &model);
-                history.push(s.knobs);
-            }
-            let tail = &history[200..];
-            prop_assert!(tail.iter().all(|k| *k == tail[0]), "still moving: {:?}", &history[180..]);
+            // growing, shrinking and asking for replicas: a known gap (closed where the compute
+            // time is measured, below).
+            let tenant = Stationary { base, slope, capacity_per_step, arrival: capacity_per_step * load, measured: false };
+            let slo = Slo::p99(base + slope * load.ceil() + margin);
+            let mut s = ScalerState::new(approach, start_knobs(approach, start), ScalerConfig::default());
+            let history = tenant.run(&mut s, &slo, &model);
+            prop_assert!(settled(&history), "still moving: {:?}", &history[180..]);
         }
 
         /// With the compute time measured, any situation settles — also where no knob meets the
@@ -716,40 +761,19 @@ mod props {
             load in 0.1f64..20.0,
             slo in 1.0f64..500.0,
         ) {
-            let arrival = capacity_per_step * load;
-            let b = Bounds { max_batch: 64, max_instances: 8, ..Bounds::default() };
-            let knobs = match approach {
-                Approach::MultiTenancy => Knobs::new(1, start.min(8)),
-                Approach::Joint => Knobs::new(start, 2),
-                Approach::Batching => Knobs::new(start, 1),
-            };
+            let tenant = Stationary { base, slope, capacity_per_step, arrival: capacity_per_step * load, measured: true };
             let config = ScalerConfig::default();
             let budget = config.service_share * config.band_high * slo;
-            let mut s = ScalerState::new(approach, knobs, config);
-            let slo = Slo::p99(slo);
-            let mut history = Vec::new();
-            for _ in 0..300 {
-                let v = s.moving();
-                let compute = base + slope * v as f64;
-                let capacity = capacity_per_step * v as f64;
-                let overloaded = capacity < arrival;
-                let obs = TenantObservation {
-                    arrival_rate: arrival,
-                    throughput: arrival.min(capacity),
-                    latency_at_percentile_ms: compute + if overloaded { 1000.0 } else { 0.0 },
-                    queue_depth: if overloaded { 100 } else { 0 },
-                    completed: 100,
-                    compute_at_percentile_ms: Some(compute),
-                };
-                step(&mut s, &obs, &slo, &b, &model);
+            let mut s = ScalerState::new(approach, start_knobs(approach, start), config);
+            let history = tenant.run(&mut s, &Slo::p99(slo), &model);
+            for (before, after) in history.iter().zip(&history[1..]) {
+                let (v, compute) = (moving(approach, *before), tenant.compute(moving(approach, *before)));
                 prop_assert!(
-                    s.moving() >= v || compute > budget,
-                    "shrank {v} -> {} with compute {compute} within {budget}", s.moving()
+                    moving(approach, *after) >= v || compute > budget,
+                    "shrank {v} -> {} with compute {compute} within {budget}", moving(approach, *after)
                 );
-                history.push(s.knobs);
             }
-            let tail = &history[200..];
-            prop_assert!(tail.iter().all(|k| *k == tail[0]), "still moving: {:?}", &history[180..]);
+            prop_assert!(settled(&history), "still moving: {:?}", &history[180..]);
         }
     }
 }
