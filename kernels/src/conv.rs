@@ -135,16 +135,6 @@ pub fn conv2d(
         }
         return;
     }
-    if threads > 1
-        && p.n == 1
-        && p.is_pointwise()
-        && p.groups == 1
-        && p.c >= 2 * p.m
-        && p.m * p.h * p.w <= SPLIT_SUMS_MAX
-    {
-        split_channels(p, input, weight, epi, out, threads);
-        return;
-    }
     if let Some(nb) = column_block(p) {
         blocked(p, input, weight, epi, out, nb, threads);
         return;
@@ -184,62 +174,6 @@ pub fn conv2d(
                 threads,
             );
         }
-    }
-}
-
-/// Floats of partial products `split_channels` may leave for the calling thread to sum (256
-/// KiB): beyond that, summing them moves as much between the cores as splitting the pixels
-/// did (mobilenet_v2's 32->16 at 112x112 took 147 us on one thread, 295 split by channels).
-const SPLIT_SUMS_MAX: usize = 64 << 10;
-
-/// A 1x1 convolution from at least twice as many channels as it produces (MobileNet's
-/// projections), on one image: each thread multiplies one contiguous block of the input
-/// channels and the partial products are summed. The operator before wrote its output in
-/// channel blocks too, the first on the calling thread, so each thread mostly reads what is in
-/// its own cache; split by pixels, every thread read every channel, half of them from the other
-/// core's cache (on mobilenet_v2 several projections were slower on two threads than on one).
-fn split_channels(
-    p: &Conv2d,
-    input: &[f32],
-    weight: &[f32],
-    epi: Epilogue<'_>,
-    out: &mut [f32],
-    threads: usize,
-) {
-    let (m, c, hw) = (p.m, p.c, p.h * p.w);
-    let per = c.div_ceil(threads);
-    let preloaded = preload(out, epi.bias, epi.residual, hw);
-    let parts: Vec<(usize, usize)> = (0..c.div_ceil(per))
-        .map(|t| (t * per, ((t + 1) * per).min(c)))
-        .collect();
-    let partial = |(c0, c1): (usize, usize), dst: &mut [f32], accumulate: bool| {
-        let w = Mat {
-            data: &weight[c0..],
-            rs: c,
-            cs: 1,
-        };
-        let x = Mat::row_major(&input[c0 * hw..c1 * hw], hw);
-        sgemm(1, m, hw, c1 - c0, w, x, dst, hw, accumulate);
-    };
-    let (first, rest) = parts.split_first().expect("at least one channel");
-    // The other blocks' products go to one scratch, summed into `out` by the thread that
-    // owns it once all are done.
-    let mut sums = SPLIT_SUMS.with(|s| s.take());
-    sums.resize(rest.len() * m * hw, 0.0);
-    rayon::join(
-        || partial(*first, out, preloaded),
-        || {
-            sums.par_chunks_mut(m * hw)
-                .zip(rest)
-                .for_each(|(s, &range)| partial(range, s, false))
-        },
-    );
-    for s in sums.chunks(m * hw) {
-        out.iter_mut().zip(s).for_each(|(o, v)| *o += *v);
-    }
-    SPLIT_SUMS.with(|s| s.replace(sums));
-    if let Some(a) = epi.act {
-        bias_act(out, None, Some(a));
     }
 }
 
@@ -404,8 +338,6 @@ fn im2col_row(p: &Conv2d, x: &[f32], r: usize, j0: usize, j1: usize, row: &mut [
 }
 
 thread_local! {
-    /// Partial products of `split_channels`, kept for the next call.
-    static SPLIT_SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// im2col scratch of a rayon worker converting one image of a batch.
     static IMAGE_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -633,8 +565,7 @@ mod tests {
                 true,
                 Some(Activation::HardSwish),
             ),
-            // more channels to fewer at batch 1 (mobilenet projections): split by input channels,
-            // 962 and 145 channels so that the blocks are uneven
+            // more channels to fewer at batch 1 (mobilenet projections), odd sizes
             (geom(1, 962, 7, 160, 1, 1, 1, 0, 1), true, None),
             (geom(1, 145, 13, 24, 1, 1, 1, 0, 1), false, relu6),
             // im2col per pixel block (a first 3x3 stride-2 layer), odd sizes
