@@ -287,10 +287,9 @@ impl Plan {
     fn lane_rows(&self, lanes: usize, inputs: &[(String, Tensor)]) -> Option<Vec<usize>> {
         self.separable_batch.as_ref()?;
         let batch = *inputs.first()?.1.shape.first()?;
-        let even = batch.is_multiple_of(lanes.max(1));
         if lanes < 2
             || batch < lanes
-            || !(even || batch >= 4 * lanes)
+            || !(batch.is_multiple_of(lanes) || batch >= 4 * lanes)
             || inputs.iter().any(|(_, t)| t.shape.first() != Some(&batch))
         {
             return None;
@@ -312,15 +311,7 @@ impl Plan {
         inputs: Vec<(String, Tensor)>,
         rows: &[usize],
     ) -> Result<Vec<(String, Tensor)>, RunError> {
-        let mut parts: Vec<Vec<(String, Tensor)>> = rows.iter().map(|_| Vec::new()).collect();
-        for (name, t) in &inputs {
-            let mut start = 0;
-            for (part, &r) in parts.iter_mut().zip(rows) {
-                part.push((name.clone(), t.rows(start..start + r)));
-                start += r;
-            }
-        }
-        let mut parts = Some(parts);
+        let mut parts = Some(crate::tensor::split_rows(inputs, rows));
         let mut results = Vec::new();
         backend.scope(&mut || {
             if let Some(parts) = parts.take() {

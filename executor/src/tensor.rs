@@ -165,6 +165,29 @@ pub struct Tensor {
     pub data: Data,
 }
 
+/// Cuts named tensors into parts of `rows` rows along the first axis (a batch back into its
+/// requests, or into the lanes that run it); a tensor without that batch dimension goes to
+/// every part whole.
+pub fn split_rows(named: Vec<(String, Tensor)>, rows: &[usize]) -> Vec<Vec<(String, Tensor)>> {
+    let total: usize = rows.iter().sum();
+    let mut parts: Vec<Vec<(String, Tensor)>> = rows.iter().map(|_| Vec::new()).collect();
+    for (name, tensor) in named {
+        let by_rows = rows.len() > 1 && tensor.shape.first() == Some(&total) && total > 0;
+        if !by_rows {
+            for part in parts.iter_mut() {
+                part.push((name.clone(), tensor.clone()));
+            }
+            continue;
+        }
+        let mut start = 0;
+        for (part, &r) in parts.iter_mut().zip(rows) {
+            part.push((name.clone(), tensor.rows(start..start + r)));
+            start += r;
+        }
+    }
+    parts
+}
+
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }

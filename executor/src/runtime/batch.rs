@@ -154,27 +154,8 @@ pub fn stack(requests: &[&Rows]) -> Result<Vec<Tensor>, RunError> {
         .collect()
 }
 
-/// Cuts each output back into the requests' rows; an output without the batch dimension goes to
-/// every request whole.
-pub fn split(outputs: Vec<(String, Tensor)>, rows: &[usize]) -> Vec<Vec<(String, Tensor)>> {
-    let total: usize = rows.iter().sum();
-    let mut per_request: Vec<Vec<(String, Tensor)>> = rows.iter().map(|_| Vec::new()).collect();
-    for (name, tensor) in outputs {
-        let by_rows = rows.len() > 1 && tensor.shape.first() == Some(&total) && total > 0;
-        if !by_rows {
-            for out in per_request.iter_mut() {
-                out.push((name.clone(), tensor.clone()));
-            }
-            continue;
-        }
-        let mut start = 0;
-        for (out, &r) in per_request.iter_mut().zip(rows) {
-            out.push((name.clone(), tensor.rows(start..start + r)));
-            start += r;
-        }
-    }
-    per_request
-}
+/// Cuts each output back into the requests' rows.
+pub use crate::tensor::split_rows as split;
 
 #[cfg(test)]
 mod tests {
