@@ -76,12 +76,19 @@ unsafe fn layer_norm_row_avx2(r: &mut [f32], gamma: &[f32], beta: Option<&[f32]>
     layer_norm_row(r, gamma, beta, eps)
 }
 
+/// A row's mean and inverse standard deviation, `1 / sqrt(var + eps)`: what layer
+/// normalisation applies, and its optional second and third outputs.
 #[inline(always)]
-fn layer_norm_row(r: &mut [f32], gamma: &[f32], beta: Option<&[f32]>, eps: f32) {
+pub fn mean_inv_std(r: &[f32], eps: f32) -> (f32, f32) {
     let n = r.len() as f32;
     let mean = lane_sum(r, |v| v) / n;
     let var = lane_sum(r, |v| (v - mean) * (v - mean)) / n;
-    let inv = 1.0 / (var + eps).sqrt();
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+#[inline(always)]
+fn layer_norm_row(r: &mut [f32], gamma: &[f32], beta: Option<&[f32]>, eps: f32) {
+    let (mean, inv) = mean_inv_std(r, eps);
     match beta {
         Some(b) => {
             for ((v, g), bb) in r.iter_mut().zip(gamma).zip(b) {

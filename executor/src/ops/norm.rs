@@ -4,7 +4,7 @@ use super::elementwise::broadcast_map;
 use super::{Cx, input, opt_input};
 use crate::error::{OpResult, shape_err};
 use crate::tensor::{Tensor, norm_axis};
-use cotenant_kernels::norm::{layer_norm_rows, softmax_rows};
+use cotenant_kernels::norm::{layer_norm_rows, mean_inv_std, softmax_rows};
 
 pub fn batch_norm(inputs: &[Option<&Tensor>], eps: f32) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;
@@ -144,15 +144,11 @@ pub fn layer_norm(
     // Mean and inverse std-dev outputs, shaped like the input with the normalised axes as 1.
     let mut stat_shape = x.shape[..axis].to_vec();
     stat_shape.extend(std::iter::repeat_n(1, x.rank() - axis));
-    let (mut means, mut inv) = (Vec::new(), Vec::new());
-    if len > 0 {
-        for r in src.chunks(len) {
-            let m = r.iter().sum::<f32>() / len as f32;
-            let var = r.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / len as f32;
-            means.push(m);
-            inv.push(1.0 / (var + eps).sqrt());
-        }
-    }
+    let (means, inv): (Vec<f32>, Vec<f32>) = if len > 0 {
+        src.chunks(len).map(|r| mean_inv_std(r, eps)).unzip()
+    } else {
+        (Vec::new(), Vec::new())
+    };
     Ok(vec![
         Tensor::f32(x.shape.clone(), out)?,
         Tensor::f32(stat_shape.clone(), means)?,
