@@ -85,6 +85,8 @@ pub fn max_pool2d(p: &Pool2d, input: &[f32], out: &mut [f32], threads: usize) {
 }
 
 /// One plane of max pooling with `pick(max so far, value)`; returns whether it read a NaN.
+/// Separable: the window's rows are first reduced element by element into one band (which
+/// vectorises), then each output takes the maximum of its columns of the band.
 fn max_plane(
     p: &Pool2d,
     cols: &[(usize, usize)],
@@ -93,20 +95,23 @@ fn max_plane(
     pick: impl Fn(f32, f32) -> f32,
 ) -> bool {
     let mut nan = false;
+    let mut band = vec![f32::NEG_INFINITY; p.w];
     for (oy, orow) in o.chunks_exact_mut(p.ow).enumerate() {
         let (y0, ny) = taps(oy, p.sh, p.dh, p.pt, p.kh, p.h);
-        orow.fill(f32::NEG_INFINITY);
+        if ny == 0 {
+            orow.fill(f32::NEG_INFINITY);
+            continue;
+        }
+        band.fill(f32::NEG_INFINITY);
         for t in 0..ny {
             let row = &x[(y0 + t * p.dh) * p.w..][..p.w];
-            for (m, &(x0, nx)) in orow.iter_mut().zip(cols) {
-                let mut a = *m;
-                for u in 0..nx {
-                    let v = row[x0 + u * p.dw];
-                    nan |= v.is_nan();
-                    a = pick(a, v);
-                }
-                *m = a;
+            for (b, &v) in band.iter_mut().zip(row) {
+                nan |= v.is_nan();
+                *b = pick(*b, v);
             }
+        }
+        for (m, &(x0, nx)) in orow.iter_mut().zip(cols) {
+            *m = (0..nx).fold(f32::NEG_INFINITY, |a, u| pick(a, band[x0 + u * p.dw]));
         }
     }
     nan
