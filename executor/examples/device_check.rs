@@ -360,8 +360,9 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
         "conv",
         "1x1 +relu6 then depthwise 3x3 s2 +relu6 (fused) x[2,16,14,14]".into(),
         Op::PointwiseDepthwise(Box::new(PointwiseDepthwise {
-            pointwise,
-            depthwise,
+            pointwise: pointwise.clone(),
+            depthwise: depthwise.clone(),
+            project: None,
         })),
         vec![
             r.tensor(&[2, 16, 14, 14], -1.0, 1.0),
@@ -369,6 +370,30 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
             r.tensor(&[32], -0.5, 0.5),
             r.tensor(&[32, 1, 3, 3], -0.3, 0.3),
             r.tensor(&[32], -0.5, 0.5),
+        ],
+    ));
+    // The whole inverted residual block: the projection and its residual too (three device
+    // convolutions on the GPU, one band-by-band kernel on the CPU).
+    let mut project = conv_attrs(&[1, 1], &[0, 0, 0, 0], &[1, 1], 1, None);
+    project.residual = true;
+    let depthwise = conv_attrs(&[3, 3], &[1, 1, 1, 1], &[1, 1], 32, relu6);
+    v.push((
+        "conv",
+        "1x1 +relu6, depthwise 3x3 +relu6, 1x1 +residual (fused) x[2,16,14,14]".into(),
+        Op::PointwiseDepthwise(Box::new(PointwiseDepthwise {
+            pointwise,
+            depthwise,
+            project: Some(project),
+        })),
+        vec![
+            r.tensor(&[2, 16, 14, 14], -1.0, 1.0),
+            r.tensor(&[32, 16, 1, 1], -0.3, 0.3),
+            r.tensor(&[32], -0.5, 0.5),
+            r.tensor(&[32, 1, 3, 3], -0.3, 0.3),
+            r.tensor(&[32], -0.5, 0.5),
+            r.tensor(&[16, 32, 1, 1], -0.3, 0.3),
+            r.tensor(&[16], -0.5, 0.5),
+            r.tensor(&[2, 16, 14, 14], -1.0, 1.0),
         ],
     ));
     v.push((

@@ -9,6 +9,7 @@ pub mod conv;
 mod depthwise;
 pub mod fused;
 pub mod gemm;
+pub mod inverted_residual;
 pub mod norm;
 pub mod pool;
 

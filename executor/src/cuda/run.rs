@@ -220,11 +220,18 @@ pub fn run_op(d: &mut Dev<'_>, op: &Op, inputs: &[Option<&Tensor>]) -> R<Vec<Ten
         }
         Op::Conv(c) => one(conv(d, c, inputs)),
         Op::PointwiseDepthwise(f) => {
-            // The CPU's fusion keeps the expanded tensor in cache; here the two convolutions
-            // run one after the other.
+            // The CPU's fusion keeps the expanded tensor in cache; here the convolutions run
+            // one after the other.
             let mid = conv(d, &f.pointwise, &inputs[..inputs.len().min(3)])?;
             let rest = [Some(&mid), opt_input(inputs, 3), opt_input(inputs, 4)];
-            one(conv(d, &f.depthwise, &rest))
+            let y = conv(d, &f.depthwise, &rest)?;
+            match &f.project {
+                None => one(Ok(y)),
+                Some(p) => {
+                    let at = |i| opt_input(inputs, i);
+                    one(conv(d, p, &[Some(&y), at(5), at(6), at(7)]))
+                }
+            }
         }
         Op::BatchNorm { eps } => one(batch_norm(d, inputs, *eps)),
         Op::Gemm(g) => one(gemm(d, g, inputs)),

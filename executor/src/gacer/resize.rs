@@ -33,18 +33,23 @@ fn cuts(op: &Op, inputs: &[Option<&Tensor>]) -> Option<(usize, Vec<Cut>)> {
         Some((first.shape[0], c))
     };
     let found = match op {
-        Op::Conv(_) | Op::ConvTranspose(_) => {
+        Op::Conv(_) | Op::ConvTranspose(_) | Op::PointwiseDepthwise(_) => {
             let (rows, mut c) = rows_of_first(Cut::Whole)?;
-            // Weight and bias go whole; anything a later fusion adds is cut like a broadcast.
-            for (i, t) in inputs.iter().enumerate().skip(3) {
+            // Weights and biases go whole; anything a later fusion adds (a residual) is cut like
+            // a broadcast.
+            let fused_from = if matches!(op, Op::PointwiseDepthwise(_)) {
+                7
+            } else {
+                3
+            };
+            for (i, t) in inputs.iter().enumerate().skip(fused_from) {
                 if let Some(t) = t {
                     c[i] = broadcast_cut(t, first.rank(), rows)?;
                 }
             }
             Some((rows, c))
         }
-        Op::PointwiseDepthwise(_)
-        | Op::BatchNorm { .. }
+        Op::BatchNorm { .. }
         | Op::Unary(_)
         | Op::Clip { .. }
         | Op::Cast { .. }

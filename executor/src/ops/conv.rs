@@ -8,6 +8,7 @@ use crate::ops::attrs::Attrs;
 use crate::tensor::{Tensor, checked_numel};
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv_transpose2d, conv2d};
 use cotenant_kernels::fused::{self, Stage};
+use cotenant_kernels::inverted_residual::inverted_residual;
 
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct ConvAttrs {
@@ -283,12 +284,15 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
     }
 }
 
-/// A 1x1 Conv and the depthwise Conv reading its output, fused by the fusion pass; inputs are
-/// `[x, pointwise weight, pointwise bias, depthwise weight, depthwise bias]` (biases optional).
+/// A 1x1 Conv and the depthwise Conv reading its output, fused by the fusion pass, and with
+/// `project` also the 1x1 Conv reading the depthwise output (MobileNet's whole inverted residual
+/// block). Inputs are `[x, pointwise weight, pointwise bias, depthwise weight, depthwise bias,
+/// projection weight, projection bias, residual]` (biases and residual optional).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PointwiseDepthwise {
     pub pointwise: ConvAttrs,
     pub depthwise: ConvAttrs,
+    pub project: Option<ConvAttrs>,
 }
 
 pub fn pointwise_depthwise(
@@ -301,20 +305,49 @@ pub fn pointwise_depthwise(
     let (w2, b2) = (input(inputs, 3)?, opt_input(inputs, 4));
     let (p1, mid) = conv_geometry(&f.pointwise, &x.shape, &w1.shape)?;
     let (p2, shape) = conv_geometry(&f.depthwise, &mid, &w2.shape)?;
-    if !(p1.is_pointwise() && p1.groups == 1 && p2.is_depthwise()) {
-        // Shapes the fused kernel does not cover: the two convolutions one after the other.
-        let y = conv(cx, &f.pointwise, &[Some(x), Some(w1), b1])?;
-        return conv(cx, &f.depthwise, &[Some(&y), Some(w2), b2]);
+    let fusable = p1.is_pointwise() && p1.groups == 1 && p2.is_depthwise() && p1.c > 0;
+    let Some(pr) = &f.project else {
+        if !fusable {
+            // Shapes the fused kernel does not cover: the two convolutions one after the other.
+            let y = conv(cx, &f.pointwise, &[Some(x), Some(w1), b1])?;
+            return conv(cx, &f.depthwise, &[Some(&y), Some(w2), b2]);
+        }
+        let mut out = cx.take_f32(checked_numel(&shape)?);
+        fused::pointwise_depthwise(
+            stage(&p1, w1, b1, f.pointwise.act)?,
+            stage(&p2, w2, b2, f.depthwise.act)?,
+            x.as_f32()?,
+            &mut out,
+            cx.threads,
+        );
+        return Tensor::f32(shape, out);
+    };
+    let (w3, b3) = (input(inputs, 5)?, opt_input(inputs, 6));
+    let residual = opt_input(inputs, 7).filter(|_| pr.residual);
+    let (p3, out_shape) = conv_geometry(pr, &shape, &w3.shape)?;
+    if !(fusable && p3.is_pointwise() && p3.groups == 1)
+        || residual.is_some_and(|r| r.shape != out_shape)
+    {
+        // The three convolutions one after the other (the first two still fused if they can).
+        let pair = PointwiseDepthwise {
+            project: None,
+            ..f.clone()
+        };
+        let y = pointwise_depthwise(cx, &pair, &inputs[..inputs.len().min(5)])?;
+        return conv(cx, pr, &[Some(&y), Some(w3), b3, residual]);
     }
-    let mut out = cx.take_f32(checked_numel(&shape)?);
-    fused::pointwise_depthwise(
+    let mut out = cx.take_f32(checked_numel(&out_shape)?);
+    let mut project = stage(&p3, w3, b3, pr.act)?;
+    project.epi.residual = residual.map(Tensor::as_f32).transpose()?;
+    inverted_residual(
         stage(&p1, w1, b1, f.pointwise.act)?,
         stage(&p2, w2, b2, f.depthwise.act)?,
+        project,
         x.as_f32()?,
         &mut out,
         cx.threads,
     );
-    Tensor::f32(shape, out)
+    Tensor::f32(out_shape, out)
 }
 
 fn stage<'a>(

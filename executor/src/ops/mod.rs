@@ -354,11 +354,17 @@ impl Op {
                 let add = if c.residual { "+Add" } else { "" };
                 format!("Conv{kind}{add}{}", act_suffix(c.act))
             }
-            Op::PointwiseDepthwise(f) => format!(
-                "Conv(1x1){}+Conv(depthwise){}",
-                act_suffix(f.pointwise.act),
-                act_suffix(f.depthwise.act)
-            ),
+            Op::PointwiseDepthwise(f) => {
+                let project = f.project.as_ref().map_or(String::new(), |p| {
+                    let add = if p.residual { "+Add" } else { "" };
+                    format!("+Conv(1x1){add}{}", act_suffix(p.act))
+                });
+                format!(
+                    "Conv(1x1){}+Conv(depthwise){}{project}",
+                    act_suffix(f.pointwise.act),
+                    act_suffix(f.depthwise.act)
+                )
+            }
             Op::ConvTranspose(_) => "ConvTranspose".into(),
             Op::BatchNorm { .. } => "BatchNormalization".into(),
             Op::Unary(u) => format!("{u:?}"),

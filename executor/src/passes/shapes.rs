@@ -186,8 +186,13 @@ fn infer_node(op: &Op, ins: &[Known], consts: &[Option<&Tensor>], n_out: usize) 
             vec![shape_only(shape.map(|(m, n)| vec![m, n]))]
         }
         Op::Conv(_) | Op::PointwiseDepthwise(_) => {
-            // The fused pair's output channels are the depthwise weight's (input 3).
-            let w_at = if matches!(op, Op::Conv(_)) { 1 } else { 3 };
+            // A fused pair's output channels are the depthwise weight's (input 3), a fused block's
+            // the projection weight's (input 5).
+            let w_at = match op {
+                Op::PointwiseDepthwise(f) if f.project.is_some() => 5,
+                Op::PointwiseDepthwise(_) => 3,
+                _ => 1,
+            };
             let (x, w) = (shape_of(ins, 0), shape_of(ins, w_at));
             vec![shape_only(x.zip(w).filter(|(x, _)| x.len() >= 3).map(
                 |(x, w)| {
