@@ -261,17 +261,27 @@ unsafe fn plane_avx2(
     flat: &mut [f32],
 ) {
     split_plane(p, lay, src, buf);
-    // SAFETY: the caller checked the CPU and the bounds.
-    unsafe {
-        match (
-            <&[usize; 9]>::try_from(&lay.taps[..]),
-            <&[f32; 9]>::try_from(w),
-        ) {
-            (Ok(taps), Ok(w)) => stencil9_avx2(buf, taps, w, bias, flat),
-            _ => stencil_avx2(buf, &lay.taps, w, bias, flat),
+    let nine = (
+        <&[usize; 9]>::try_from(&lay.taps[..]),
+        <&[f32; 9]>::try_from(w),
+    );
+    // SAFETY (all three): the caller checked the CPU and the bounds.
+    match (nine, epi) {
+        ((Ok(taps), Ok(w)), Epilogue::None) => unsafe {
+            stencil9_rows_avx2::<false>(buf, taps, w, bias, (0.0, 0.0), lay, p.ow, dst)
+        },
+        ((Ok(taps), Ok(w)), Epilogue::Clamp(lo, hi)) => unsafe {
+            stencil9_rows_avx2::<true>(buf, taps, w, bias, (lo, hi), lay, p.ow, dst)
+        },
+        ((Ok(taps), Ok(w)), _) => {
+            unsafe { stencil9_avx2(buf, taps, w, bias, flat) };
+            copy_out(p, lay, epi, flat, dst);
         }
-    };
-    copy_out(p, lay, epi, flat, dst);
+        _ => {
+            unsafe { stencil_avx2(buf, &lay.taps, w, bias, flat) };
+            copy_out(p, lay, epi, flat, dst);
+        }
+    }
 }
 
 /// The valid `ow` columns of each flat output row, with the fused activation.
@@ -429,6 +439,76 @@ unsafe fn stencil9_avx2(buf: &[f32], taps: &[usize; 9], w: &[f32; 9], bias: f32,
         }
         // SAFETY: q + LANES == n.
         unsafe { _mm256_storeu_ps(dp.add(q), a0) };
+    }
+}
+
+/// `stencil9_avx2` straight into the output rows (`dst`, `ow` wide), clamped in registers
+/// with `CLAMP`: no flat buffer and no pass copying it out. Each output's chain of FMAs is the
+/// one `stencil9_avx2` computes, and the clamp is `Activation::Clip`'s (max, then min).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn stencil9_rows_avx2<const CLAMP: bool>(
+    buf: &[f32],
+    taps: &[usize; 9],
+    w: &[f32; 9],
+    bias: f32,
+    (lo, hi): (f32, f32),
+    lay: &Layout,
+    ow: usize,
+    dst: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    if dst.is_empty() {
+        return;
+    }
+    let (oh, ow) = (dst.len() / ow.max(1), ow);
+    // A row's last vector reads past its `ow` columns, at most to (oh-1)*len + ow + 7; `sub`
+    // leaves room for that after every tap (see `Layout::new`).
+    let reach = taps.iter().max().copied().unwrap_or(0) + (oh.max(1) - 1) * lay.len + ow + LANES;
+    assert!(
+        ow > 0 && reach <= buf.len() && dst.len() == oh * ow,
+        "stencil9_rows_avx2 bounds"
+    );
+    let vb = _mm256_set1_ps(bias);
+    let (vlo, vhi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+    let wv: [__m256; 9] = std::array::from_fn(|t| _mm256_set1_ps(w[t]));
+    let src: [*const f32; 9] = std::array::from_fn(|t| buf.as_ptr().wrapping_add(taps[t]));
+    let rem = ow % LANES;
+    let tail = _mm256_setr_epi32(
+        -((rem > 0) as i32),
+        -((rem > 1) as i32),
+        -((rem > 2) as i32),
+        -((rem > 3) as i32),
+        -((rem > 4) as i32),
+        -((rem > 5) as i32),
+        -((rem > 6) as i32),
+        0,
+    );
+    let vector = |q: usize| {
+        let mut a = vb;
+        for t in 0..9 {
+            // SAFETY: q + LANES <= reach - taps[t] (asserted above).
+            unsafe { a = _mm256_fmadd_ps(wv[t], _mm256_loadu_ps(src[t].add(q)), a) };
+        }
+        if CLAMP {
+            _mm256_min_ps(_mm256_max_ps(a, vlo), vhi)
+        } else {
+            a
+        }
+    };
+    for (oy, row) in dst.chunks_exact_mut(ow).enumerate() {
+        let q0 = oy * lay.len;
+        let mut x = 0;
+        while x + LANES <= ow {
+            // SAFETY: x + LANES <= ow = row.len().
+            unsafe { _mm256_storeu_ps(row.as_mut_ptr().add(x), vector(q0 + x)) };
+            x += LANES;
+        }
+        if rem > 0 {
+            // SAFETY: the mask writes only lanes x..ow of the row.
+            unsafe { _mm256_maskstore_ps(row.as_mut_ptr().add(x), tail, vector(q0 + x)) };
+        }
     }
 }
 
