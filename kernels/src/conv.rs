@@ -551,10 +551,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn blocked_paths_match_reference() {
+    fn blocked_cases() -> Vec<(Conv2d, bool, Option<Activation>)> {
         let relu6 = Some(Activation::Clip(0.0, 6.0));
-        let cases = [
+        vec![
             // 1x1 over several pixel blocks (mobilenet expansion, batch 2)
             (geom(2, 32, 40, 96, 1, 1, 1, 0, 1), true, relu6),
             (geom(1, 24, 33, 144, 1, 1, 1, 0, 1), false, None),
@@ -575,13 +574,53 @@ mod tests {
                 false,
                 Some(Activation::Relu),
             ),
+            // pixel blocks that do not share evenly between threads (resnet50's 28x28
+            // expansions: 7 blocks), so the channels are split too
+            (
+                geom(1, 128, 28, 512, 1, 1, 1, 0, 1),
+                true,
+                Some(Activation::Relu),
+            ),
             // too wide to block: the whole-image GEMM path
             (geom(2, 600, 10, 600, 1, 1, 1, 0, 1), true, relu6),
             (geom(1, 100, 9, 300, 3, 1, 1, 1, 1), false, None),
-        ];
-        for (p, bias, act) in &cases {
+        ]
+    }
+
+    #[test]
+    fn blocked_paths_match_reference() {
+        for (p, bias, act) in &blocked_cases() {
             for threads in [1, 2, 3] {
                 check_with(p, *bias, *act, threads);
+            }
+        }
+    }
+
+    /// However the blocks fall between threads, every output is computed the same way.
+    #[test]
+    fn blocked_outputs_do_not_depend_on_the_threads() {
+        for (p, bias, act) in &blocked_cases() {
+            let x = lcg(1, p.n * p.c * p.h * p.w);
+            let w = lcg(2, p.m * p.c * p.kh * p.kw);
+            let (b, r) = (lcg(3, p.m), lcg(4, p.n * p.m * p.oh * p.ow));
+            let epi = Epilogue {
+                bias: bias.then_some(&b[..]),
+                residual: Some(&r),
+                act: *act,
+            };
+            let run = |threads| {
+                let mut out = vec![f32::NAN; r.len()];
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+                pool.expect("pool")
+                    .install(|| conv2d(p, &x, &w, epi, &mut out, &mut Vec::new(), threads));
+                out
+            };
+            let one = run(1);
+            for threads in [2, 3, 4] {
+                assert!(
+                    run(threads) == one,
+                    "{p:?}: {threads} threads differ from one"
+                );
             }
         }
     }

@@ -151,6 +151,13 @@ pub(crate) unsafe fn sgemm_block(
     unsafe { gemm_raw(m, n, k, a, b, c, ldc, accumulate) }
 }
 
+/// The deepest product handed to the gemm crate in one call. Deeper ones go in slices of at
+/// most this depth, each added onto the last: the crate's own depth blocking of a deeper product
+/// depends on the other dimensions too (a block of rows could come out with other last bits than
+/// the whole matrix), ours on `k` alone. So an element's value does not depend on how the rows or
+/// columns are split between threads, or on the batch.
+const MAX_DEPTH: usize = 512;
+
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_raw(
     m: usize,
@@ -162,29 +169,35 @@ unsafe fn gemm_raw(
     ldc: usize,
     accumulate: bool,
 ) {
-    // SAFETY: the callers' contracts (bounds checked, destination exclusively ours).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c,
-            1,
-            ldc as isize,
-            accumulate,
-            a.data.as_ptr(),
-            a.cs as isize,
-            a.rs as isize,
-            b.data.as_ptr(),
-            b.cs as isize,
-            b.rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        );
+    let step = k.div_ceil(k.div_ceil(MAX_DEPTH));
+    for (i, p0) in (0..k).step_by(step).enumerate() {
+        let depth = step.min(k - p0);
+        let (ad, bd) = (&a.data[p0 * a.cs..], &b.data[p0 * b.rs..]);
+        // SAFETY: the callers' contracts (bounds checked, destination exclusively ours); the
+        // slices start at depth p0 of the operands.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                depth,
+                c,
+                1,
+                ldc as isize,
+                accumulate || i > 0,
+                ad.as_ptr(),
+                a.cs as isize,
+                a.rs as isize,
+                bd.as_ptr(),
+                b.cs as isize,
+                b.rs as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            );
+        }
     }
 }
 
@@ -230,6 +243,33 @@ pub(crate) fn lcg(seed: u64, n: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Split by rows (few columns) or by columns on 2 and 3 threads, every element is what one
+    /// thread computes, bit for bit, also deeper than one slice.
+    #[test]
+    fn splits_do_not_change_any_element() {
+        for &(m, n, k) in &[
+            (160, 56, 962),
+            (512, 49, 4608),
+            (96, 200, 700),
+            (64, 7, 300),
+        ] {
+            let (a, b) = (lcg(1, m * k), lcg(2, k * n));
+            let run = |threads| {
+                let mut c = lcg(3, m * n);
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+                pool.expect("pool").install(|| {
+                    let (am, bm) = (Mat::row_major(&a, k), Mat::row_major(&b, n));
+                    sgemm(threads, m, n, k, am, bm, &mut c, n, true)
+                });
+                c
+            };
+            let one = run(1);
+            for threads in [2, 3] {
+                assert!(run(threads) == one, "{m}x{n}x{k}: {threads} threads differ");
+            }
+        }
+    }
 
     #[test]
     fn matches_reference_with_transposes_and_accumulate() {
