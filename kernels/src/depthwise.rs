@@ -39,6 +39,15 @@ impl Epilogue {
     }
 }
 
+/// What the input plane still needs before the convolution reads it: the producing 1x1
+/// convolution's bias and activation, applied as the plane is copied into the phase-split buffer
+/// (so the fused kernels make no separate pass over their expanded planes for it).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Pre {
+    pub(crate) bias: Option<f32>,
+    pub(crate) act: Option<Activation>,
+}
+
 /// The phase-split buffer's geometry and the taps as offsets into it, derived once per call.
 #[derive(Clone, Debug, PartialEq)]
 struct Layout {
@@ -141,7 +150,7 @@ pub(crate) fn depthwise(
         let ch = idx % p.c;
         let src = &input[idx * in_plane..(idx + 1) * in_plane];
         let w = &weight[ch * kk..(ch + 1) * kk];
-        k.run(src, w, bias.map_or(0.0, |b| b[ch]), dst);
+        k.run(src, Pre::default(), w, bias.map_or(0.0, |b| b[ch]), dst);
     };
     let planes = p.n * p.c;
     if threads > 1 && planes > 1 && out.len() * kk >= crate::PAR_MIN_WORK {
@@ -180,14 +189,15 @@ impl<'p> PlaneKernel<'p> {
         }
     }
 
-    /// Output plane `dst` (`oh*ow`) of input plane `src` (`h*w`) with the channel's `kh*kw`
-    /// weights and bias.
-    pub(crate) fn run(&self, src: &[f32], w: &[f32], bias: f32, dst: &mut [f32]) {
+    /// Output plane `dst` (`oh*ow`) of input plane `src` (`h*w`, with `pre` still to apply)
+    /// with the channel's `kh*kw` weights and bias.
+    pub(crate) fn run(&self, src: &[f32], pre: Pre, w: &[f32], bias: f32, dst: &mut [f32]) {
         SCRATCH.with(|s| {
             plane_kernel(
                 self.p,
                 &self.lay,
                 src,
+                pre,
                 w,
                 bias,
                 self.epi,
@@ -216,6 +226,7 @@ fn plane_kernel(
     p: &Conv2d,
     lay: &Layout,
     src: &[f32],
+    pre: Pre,
     w: &[f32],
     bias: f32,
     epi: Epilogue,
@@ -236,11 +247,11 @@ fn plane_kernel(
     #[cfg(target_arch = "x86_64")]
     if avx {
         // SAFETY: the CPU has AVX2 and FMA (checked by the caller); bounds asserted above.
-        unsafe { plane_avx2(p, lay, src, w, bias, epi, dst, &mut s.buf, &mut s.flat) };
+        unsafe { plane_avx2(p, lay, src, pre, w, bias, epi, dst, &mut s.buf, &mut s.flat) };
         return;
     }
     let _ = avx;
-    split_plane(p, lay, src, &mut s.buf);
+    split_plane(p, lay, src, pre, &mut s.buf);
     stencil(&s.buf, &lay.taps, w, bias, &mut s.flat);
     copy_out(p, lay, epi, &s.flat, dst);
 }
@@ -253,6 +264,7 @@ unsafe fn plane_avx2(
     p: &Conv2d,
     lay: &Layout,
     src: &[f32],
+    pre: Pre,
     w: &[f32],
     bias: f32,
     epi: Epilogue,
@@ -260,7 +272,7 @@ unsafe fn plane_avx2(
     buf: &mut [f32],
     flat: &mut [f32],
 ) {
-    split_plane(p, lay, src, buf);
+    split_plane(p, lay, src, pre, buf);
     let nine = (
         <&[usize; 9]>::try_from(&lay.taps[..]),
         <&[f32; 9]>::try_from(w),
@@ -304,7 +316,32 @@ fn copy_out(p: &Conv2d, lay: &Layout, epi: Epilogue, flat: &[f32], dst: &mut [f3
 /// positions input values land in are written; the rest is zero padding, the same for every
 /// plane of a layout.
 #[inline(always)]
-fn split_plane(p: &Conv2d, lay: &Layout, src: &[f32], buf: &mut [f32]) {
+fn split_plane(p: &Conv2d, lay: &Layout, src: &[f32], pre: Pre, buf: &mut [f32]) {
+    // Each common case its own loop, so the copies stay vector loops (no call per row either).
+    match (pre.bias, pre.act) {
+        (None, None) => split_plane_with(p, lay, src, buf, |x| x),
+        (Some(b), Some(Activation::Clip(lo, hi))) => {
+            split_plane_with(p, lay, src, buf, |x| Activation::Clip(lo, hi).apply(x + b))
+        }
+        (Some(b), Some(Activation::Relu)) => {
+            split_plane_with(p, lay, src, buf, |x| Activation::Relu.apply(x + b))
+        }
+        (b, act) => split_plane_with(p, lay, src, buf, |x| {
+            let x = b.map_or(x, |b| x + b);
+            act.map_or(x, |a| a.apply(x))
+        }),
+    }
+}
+
+/// `split_plane` with `f` applied to every value copied.
+#[inline(always)]
+fn split_plane_with(
+    p: &Conv2d,
+    lay: &Layout,
+    src: &[f32],
+    buf: &mut [f32],
+    f: impl Fn(f32) -> f32,
+) {
     // Padded row y = iy + pt is row t = y / sh of row phase a = y % sh.
     let (mut t, mut a) = (p.pt / p.sh, p.pt % p.sh);
     for row in src.chunks_exact(p.w) {
@@ -315,22 +352,25 @@ fn split_plane(p: &Conv2d, lay: &Layout, src: &[f32], buf: &mut [f32]) {
             let at = (a * p.sw + b) * lay.sub + t * lay.len + col0;
             let dst = &mut buf[at..at + n];
             match p.sw {
-                1 => dst.copy_from_slice(&row[ix0..ix0 + n]),
+                1 => dst
+                    .iter_mut()
+                    .zip(&row[ix0..ix0 + n])
+                    .for_each(|(d, s)| *d = f(*s)),
                 2 => {
                     // Pairs, so the loop vectorises (a de-interleaving shuffle).
                     let src = &row[ix0..];
                     let full = (src.len() / 2).min(n);
                     for (d, pair) in dst[..full].iter_mut().zip(src.chunks_exact(2)) {
-                        *d = pair[0];
+                        *d = f(pair[0]);
                     }
                     if full < n {
-                        dst[full] = src[2 * full];
+                        dst[full] = f(src[2 * full]);
                     }
                 }
                 sw => dst
                     .iter_mut()
                     .zip(row[ix0..].iter().step_by(sw))
-                    .for_each(|(d, s)| *d = *s),
+                    .for_each(|(d, s)| *d = f(*s)),
             }
         }
         a += 1;
@@ -575,6 +615,7 @@ mod tests {
                     p,
                     &lay,
                     &x[i * ip..(i + 1) * ip],
+                    Pre::default(),
                     &w[ch * kk..(ch + 1) * kk],
                     bias.map_or(0.0, |b| b[ch]),
                     Epilogue::of(act),

@@ -1,12 +1,11 @@
 //! A pointwise (1x1) convolution feeding a depthwise one, fused: MobileNet's expansion →
 //! depthwise pair. Per (image, block of expanded channels) the 1x1's GEMM writes the block into a
-//! cache-sized scratch, its bias and activation are applied there, and the depthwise kernel reads
-//! its planes straight from it, so the expanded activation — the widest tensor of the block — is
+//! cache-sized scratch, and the depthwise kernel reads its planes straight from it, applying the
+//! 1x1's bias and activation as it copies them in, so the expanded activation — the widest tensor of the block — is
 //! never written out to memory and read back.
 
-use crate::activation::bias_act;
 use crate::conv::{Conv2d, Epilogue};
-use crate::depthwise::PlaneKernel;
+use crate::depthwise::{PlaneKernel, Pre};
 use crate::gemm::{Mat, sgemm_block};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -101,9 +100,12 @@ pub fn pointwise_depthwise(
                 .zip(dst.chunks_exact_mut(out_plane))
             {
                 let ch = c0 + r;
-                bias_act(plane, pw.epi.bias.map(|b| b[ch]), pw.epi.act);
+                let pre = Pre {
+                    bias: pw.epi.bias.map(|b| b[ch]),
+                    act: pw.epi.act,
+                };
                 let w2 = &dw.weight[ch * kk..(ch + 1) * kk];
-                planes.run(plane, w2, dw.epi.bias.map_or(0.0, |b| b[ch]), o);
+                planes.run(plane, pre, w2, dw.epi.bias.map_or(0.0, |b| b[ch]), o);
             }
         });
     };

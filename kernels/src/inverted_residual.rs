@@ -1,10 +1,11 @@
 //! MobileNet's inverted residual block fused whole: expansion 1x1 → depthwise → projection 1x1
 //! (+ residual), computed band of output rows by band of output rows. Per band the expansion
 //! writes the input rows the band needs (all expanded channels) into a scratch, the depthwise
-//! convolution reads them from there, and the projection reads the depthwise output from a
-//! second scratch: neither of the two wide tensors is written out to memory, and the projection
-//! reads only what the same thread has just computed (split by channels instead, each thread
-//! would read half its input from the other core's cache).
+//! convolution reads them from there (applying the expansion's bias and activation as it copies
+//! them in), and the projection reads the depthwise output from a second scratch: neither of the
+//! two wide tensors is written out to memory, and the projection reads only what the same thread
+//! has just computed (split by channels instead, each thread would read half its input from the
+//! other core's cache).
 //!
 //! Each thread takes one range of output rows of an image and walks it in bands that fit its
 //! cache; the expanded rows that two bands share (the depthwise window's overlap) are kept, not
@@ -15,7 +16,7 @@
 
 use crate::activation::bias_act;
 use crate::conv::Conv2d;
-use crate::depthwise::PlaneKernel;
+use crate::depthwise::{PlaneKernel, Pre};
 use crate::fused::Stage;
 use crate::gemm::{Mat, SharedOut, sgemm_block};
 use rayon::prelude::*;
@@ -171,13 +172,6 @@ unsafe fn row_range(
                     false,
                 )
             };
-            for (ch, slot) in expanded.chunks_exact_mut(cap * w).enumerate() {
-                bias_act(
-                    &mut slot[at..(hi - e0) * w],
-                    ex.epi.bias.map(|b| b[ch]),
-                    ex.epi.act,
-                );
-            }
             e1 = hi;
         }
         // The band as a depthwise convolution of its own over input rows [lo, hi).
@@ -195,9 +189,15 @@ unsafe fn row_range(
             .zip(depthwise.chunks_exact_mut(band_px))
             .enumerate()
         {
+            // The expansion's bias and activation are applied as the depthwise kernel copies its
+            // rows in, so the rows kept for the next band stay as the GEMM wrote them.
             let src = &slot[(lo - e0) * w..(hi - e0) * w];
+            let pre = Pre {
+                bias: ex.epi.bias.map(|b| b[ch]),
+                act: ex.epi.act,
+            };
             let b2 = dw.epi.bias.map_or(0.0, |b| b[ch]);
-            planes.run(src, &dw.weight[ch * kk..(ch + 1) * kk], b2, d);
+            planes.run(src, pre, &dw.weight[ch * kk..(ch + 1) * kk], b2, d);
         }
         let base = ni * m * out_plane + a * ow;
         // SAFETY: projection weights are m×c, the band c×band_px; the destination rows are
@@ -312,6 +312,12 @@ mod tests {
             let res = lcg(8, n * m * p2.oh * p2.ow);
             let residual = (i % 3 != 1).then_some(&res[..]);
             let act3 = (i == 3).then_some(Activation::Relu);
+            // The expansion's activation is applied as the depthwise kernel copies its input.
+            let act1 = match i {
+                4 => Some(Activation::HardSwish),
+                5 => Some(Activation::Relu),
+                _ => relu6,
+            };
             let mut mid = vec![0.0; n * c * h * w];
             let mut mid2 = vec![0.0; n * c * p2.oh * p2.ow];
             let mut want = vec![0.0; res.len()];
@@ -320,7 +326,7 @@ mod tests {
                 &p1,
                 &x,
                 &w1,
-                epi(bias(with_bias, &b1), None, relu6),
+                epi(bias(with_bias, &b1), None, act1),
                 &mut mid,
                 s,
                 1,
@@ -354,7 +360,7 @@ mod tests {
                     Stage {
                         p: &p1,
                         weight: &w1,
-                        epi: epi(bias(with_bias, &b1), None, relu6),
+                        epi: epi(bias(with_bias, &b1), None, act1),
                     },
                     Stage {
                         p: &p2,
