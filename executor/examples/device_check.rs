@@ -355,6 +355,15 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
     // A 1x1 Conv fused with the depthwise Conv after it (two device convolutions on the GPU).
     let relu6 = Some(Activation::Clip(0.0, 6.0));
     let pointwise = conv_attrs(&[1, 1], &[0, 0, 0, 0], &[1, 1], 1, relu6);
+    let pair_inputs = |r: &mut Lcg| {
+        vec![
+            r.tensor(&[2, 16, 14, 14], -1.0, 1.0),
+            r.tensor(&[32, 16, 1, 1], -0.3, 0.3),
+            r.tensor(&[32], -0.5, 0.5),
+            r.tensor(&[32, 1, 3, 3], -0.3, 0.3),
+            r.tensor(&[32], -0.5, 0.5),
+        ]
+    };
     let depthwise = conv_attrs(&[3, 3], &[1, 1, 1, 1], &[2, 2], 32, relu6);
     v.push((
         "conv",
@@ -364,13 +373,7 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
             depthwise: depthwise.clone(),
             project: None,
         })),
-        vec![
-            r.tensor(&[2, 16, 14, 14], -1.0, 1.0),
-            r.tensor(&[32, 16, 1, 1], -0.3, 0.3),
-            r.tensor(&[32], -0.5, 0.5),
-            r.tensor(&[32, 1, 3, 3], -0.3, 0.3),
-            r.tensor(&[32], -0.5, 0.5),
-        ],
+        pair_inputs(r),
     ));
     // The whole inverted residual block: the projection and its residual too (three device
     // convolutions on the GPU, one band-by-band kernel on the CPU).
@@ -385,16 +388,15 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
             depthwise,
             project: Some(project),
         })),
-        vec![
-            r.tensor(&[2, 16, 14, 14], -1.0, 1.0),
-            r.tensor(&[32, 16, 1, 1], -0.3, 0.3),
-            r.tensor(&[32], -0.5, 0.5),
-            r.tensor(&[32, 1, 3, 3], -0.3, 0.3),
-            r.tensor(&[32], -0.5, 0.5),
-            r.tensor(&[16, 32, 1, 1], -0.3, 0.3),
-            r.tensor(&[16], -0.5, 0.5),
-            r.tensor(&[2, 16, 14, 14], -1.0, 1.0),
-        ],
+        [
+            pair_inputs(r),
+            vec![
+                r.tensor(&[16, 32, 1, 1], -0.3, 0.3),
+                r.tensor(&[16], -0.5, 0.5),
+                r.tensor(&[2, 16, 14, 14], -1.0, 1.0),
+            ],
+        ]
+        .concat(),
     ));
     v.push((
         "batchnorm",

@@ -234,6 +234,7 @@ mod tests {
     use super::*;
     use crate::activation::Activation;
     use crate::conv::{Epilogue, conv2d};
+    use crate::fused::tests::{depthwise_after, pointwise};
     use crate::gemm::lcg;
 
     /// n, k (input channels), c (expanded), m (output channels), h, w, kernel, stride, pad
@@ -262,48 +263,14 @@ mod tests {
         with.then_some(b)
     }
 
-    fn pointwise(n: usize, c: usize, m: usize, h: usize, w: usize) -> Conv2d {
-        Conv2d {
-            n,
-            c,
-            h,
-            w,
-            m,
-            kh: 1,
-            kw: 1,
-            sh: 1,
-            sw: 1,
-            dh: 1,
-            dw: 1,
-            oh: h,
-            ow: w,
-            groups: 1,
-            ..Default::default()
-        }
-    }
-
     /// Against the three convolutions run one after the other, and bit for bit against itself
     /// on other thread budgets and with each image run alone.
     #[test]
     fn matches_the_three_convolutions_and_not_the_split() {
         let relu6 = Some(Activation::Clip(0.0, 6.0));
         for (i, &[n, k, c, m, h, w, ks, s, pad]) in CASES.iter().enumerate() {
-            let out = |len: usize| (len + 2 * pad - ks) / s + 1;
             let p1 = pointwise(n, k, c, h, w);
-            let p2 = Conv2d {
-                c,
-                m: c,
-                kh: ks,
-                kw: ks,
-                sh: s,
-                sw: s,
-                pt: pad,
-                pl: pad,
-                oh: out(h),
-                ow: out(w),
-                groups: c,
-                ..p1.clone()
-            };
+            let p2 = depthwise_after(&p1, ks, s, pad);
             let p3 = pointwise(n, c, m, p2.oh, p2.ow);
             let x = lcg(1, n * k * h * w);
             let (w1, w2, w3) = (lcg(2, c * k), lcg(3, c * ks * ks), lcg(4, m * c));

@@ -78,13 +78,19 @@ fn fuse_pair(g: &mut Graph, i: usize) -> bool {
         project: None,
     }));
     let inputs = vec![n.inputs[0], at(n, 1), at(n, 2), at(d, 1), at(d, 2)];
-    let fused = Node {
-        name: d.name.clone(),
+    merge(g, i, j, op, inputs)
+}
+
+/// Node `j`, the reader of node `i`, becomes `op` over `inputs` (keeping its name and outputs),
+/// and node `i` goes.
+fn merge(g: &mut Graph, i: usize, j: usize, op: Op, inputs: Vec<Option<usize>>) -> bool {
+    let reader = &g.nodes[j];
+    g.nodes[j] = Node {
+        name: reader.name.clone(),
         op,
         inputs,
-        outputs: d.outputs.clone(),
+        outputs: reader.outputs.clone(),
     };
-    g.nodes[j] = fused;
     g.nodes.remove(i);
     true
 }
@@ -115,15 +121,7 @@ fn fuse_projection(g: &mut Graph, i: usize) -> bool {
     let mut inputs = n.inputs.clone();
     inputs.resize(5, None);
     inputs.extend([at(pr, 1), at(pr, 2), at(pr, 3)]);
-    let fused = Node {
-        name: pr.name.clone(),
-        op,
-        inputs,
-        outputs: pr.outputs.clone(),
-    };
-    g.nodes[j] = fused;
-    g.nodes.remove(i);
-    true
+    merge(g, i, j, op, inputs)
 }
 
 #[cfg(test)]
