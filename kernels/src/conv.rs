@@ -575,7 +575,7 @@ mod tests {
                 Some(Activation::Relu),
             ),
             // pixel blocks that do not share evenly between threads (resnet50's 28x28
-            // expansions: 7 blocks), so the channels are split too
+            // expansions with their residual: 7 blocks)
             (
                 geom(1, 128, 28, 512, 1, 1, 1, 0, 1),
                 true,

@@ -502,14 +502,15 @@ unsafe fn stencil9_rows_avx2<const CLAMP: bool>(
     if dst.is_empty() {
         return;
     }
-    let (oh, ow) = (dst.len() / ow.max(1), ow);
+    assert!(
+        ow > 0 && dst.len().is_multiple_of(ow),
+        "stencil9_rows_avx2 rows"
+    );
+    let oh = dst.len() / ow;
     // A row's last vector reads past its `ow` columns, at most to (oh-1)*len + ow + 7; `sub`
     // leaves room for that after every tap (see `Layout::new`).
-    let reach = taps.iter().max().copied().unwrap_or(0) + (oh.max(1) - 1) * lay.len + ow + LANES;
-    assert!(
-        ow > 0 && reach <= buf.len() && dst.len() == oh * ow,
-        "stencil9_rows_avx2 bounds"
-    );
+    let reach = taps.iter().max().copied().unwrap_or(0) + (oh - 1) * lay.len + ow + LANES;
+    assert!(reach <= buf.len(), "stencil9_rows_avx2 bounds");
     let vb = _mm256_set1_ps(bias);
     let (vlo, vhi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
     let wv: [__m256; 9] = std::array::from_fn(|t| _mm256_set1_ps(w[t]));

@@ -1,8 +1,8 @@
 //! A pointwise (1x1) convolution feeding a depthwise one, fused: MobileNet's expansion →
 //! depthwise pair. Per (image, block of expanded channels) the 1x1's GEMM writes the block into a
 //! cache-sized scratch, and the depthwise kernel reads its planes straight from it, applying the
-//! 1x1's bias and activation as it copies them in, so the expanded activation — the widest tensor of the block — is
-//! never written out to memory and read back.
+//! 1x1's bias and activation as it copies them in, so the expanded activation — the widest
+//! tensor of the block — is never written out to memory and read back.
 
 use crate::conv::{Conv2d, Epilogue};
 use crate::depthwise::{PlaneKernel, Pre};
