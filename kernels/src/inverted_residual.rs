@@ -174,11 +174,13 @@ unsafe fn row_range(
             };
             e1 = hi;
         }
-        // The band as a depthwise convolution of its own over input rows [lo, hi).
+        // The band as a depthwise convolution of its own over input rows [lo, hi). A band
+        // whose windows lie wholly in the bottom padding reads no rows (lo = hi = h): any top
+        // padding then gives its outputs the bias alone.
         let sub = Conv2d {
             n: 1,
             h: hi - lo,
-            pt: lo + p2.pt - a * p2.sh,
+            pt: (lo + p2.pt).saturating_sub(a * p2.sh),
             oh: b - a,
             ..p2.clone()
         };
@@ -238,13 +240,15 @@ mod tests {
     use crate::gemm::lcg;
 
     /// n, k (input channels), c (expanded), m (output channels), h, w, kernel, stride, pad
-    const CASES: [[usize; 9]; 6] = [
+    const CASES: [[usize; 9]; 7] = [
         [2, 8, 24, 8, 9, 10, 3, 1, 1],
         [1, 16, 96, 24, 56, 56, 3, 1, 1],
         [1, 24, 144, 32, 56, 56, 3, 2, 1],
         [3, 5, 7, 6, 6, 6, 5, 2, 2],
         [1, 32, 200, 40, 7, 7, 3, 1, 1],
         [2, 4, 12, 4, 1, 9, 3, 1, 1],
+        // padding wider than the kernel: the first and last rows read only padding
+        [1, 4, 8, 4, 1, 5, 3, 1, 6],
     ];
 
     fn epi<'a>(
