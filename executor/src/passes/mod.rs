@@ -2,7 +2,8 @@
 //! included, under symbolic dimensions), BatchNorm folded into the
 //! producing Conv, Erf-form GELU recognised, constant bias fused into MatMul, residual Adds fused
 //! into the producing Conv, activations fused into the producing Conv/Gemm/MatMul, a 1x1 Conv
-//! fused into the depthwise Conv after it, dead-node removal.
+//! fused into the depthwise Conv after it and then the 1x1 Conv after the pair (MobileNet's
+//! whole inverted residual block), dead-node removal.
 
 mod bias;
 mod bn_fold;
