@@ -143,7 +143,7 @@ unsafe fn row_range(
     while a < r1 {
         let b = (a + band).min(r1);
         let (lo, hi) = input_rows(p2, a, b);
-        if lo >= e1 || a == r0 {
+        if lo >= e1 {
             (e0, e1) = (lo, lo);
         } else if lo > e0 {
             for slot in expanded.chunks_exact_mut(cap * w) {

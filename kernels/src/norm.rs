@@ -163,8 +163,9 @@ mod tests {
 
     #[test]
     fn rows_longer_than_the_lanes_match_a_double_precision_reference() {
-        // 37 = two full chunks of 16 and a tail of 5; the row maximum (past where `exp` overflows unless the maximum is subtracted) sits in the tail of the
-        // first row and in the first chunk of the second.
+        // 37 = two full chunks of 16 and a tail of 5. The row maximum, past where `exp`
+        // overflows unless the maximum is subtracted, sits in the tail of the first row and in
+        // the first chunk of the second.
         let len = 37;
         let mut x: Vec<f32> = crate::gemm::lcg(7, 2 * len)
             .iter()

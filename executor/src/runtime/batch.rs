@@ -154,13 +154,10 @@ pub fn stack(requests: &[&Rows]) -> Result<Vec<Tensor>, RunError> {
         .collect()
 }
 
-/// Cuts each output back into the requests' rows.
-pub use crate::tensor::split_rows as split;
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::DType;
+    use crate::tensor::{DType, split_rows};
 
     fn decl(name: &str, dims: Vec<Dim>) -> GraphInput {
         GraphInput {
@@ -187,7 +184,7 @@ mod tests {
         assert_eq!(a.key(), b.key());
         let stacked = stack(&[&a, &b]).expect("stack");
         assert_eq!(stacked[0].shape, vec![4, 2]);
-        let parts = split(vec![("y".into(), stacked[0].clone())], &[1, 3]);
+        let parts = split_rows(vec![("y".into(), stacked[0].clone())], &[1, 3]);
         assert_eq!(parts[0][0].1.shape, vec![1, 2]);
         assert_eq!(parts[1][0].1.as_f32().expect("f32"), &[2.0; 6]);
     }

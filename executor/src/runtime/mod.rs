@@ -11,7 +11,7 @@ pub mod planner;
 pub mod stats;
 
 pub use admission::{BatchTimes, predicted_latency};
-pub use batch::{Rows, batchable, check, split, stack};
+pub use batch::{Rows, batchable, check, stack};
 pub use cosched::{CoSchedule, Seat};
 pub use measure::{Measurement, measure};
 pub use planner::Planner;
@@ -461,7 +461,10 @@ fn reply(shared: &Shared, inst: &Instance, batch: Vec<Pending>, outcome: Outcome
         (Ok(outputs), started, compute_time) => {
             shared.stats.batch(total);
             lock(&shared.batch_times).record(compute_time);
-            for (pending, outputs) in batch.into_iter().zip(split(outputs, &rows)) {
+            for (pending, outputs) in batch
+                .into_iter()
+                .zip(crate::tensor::split_rows(outputs, &rows))
+            {
                 let queue_time = started.saturating_duration_since(pending.arrived);
                 shared.stats.completion(queue_time, compute_time);
                 (pending.reply)(Ok(Completed {
