@@ -1,8 +1,9 @@
 //! GFLOP/s of `sgemm` and `conv2d` on shapes from the zoo models, on 1 and 2 threads:
-//! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N]`.
+//! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N] [--only NAME]`.
 //! A tool for tuning the kernels; the model-level comparison is `cargo xtask bench executor`.
 use cotenant_kernels::activation::Activation;
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv2d};
+use cotenant_kernels::direct_conv::{PackedFilter, applies, direct_conv};
 use cotenant_kernels::gemm::{Mat, sgemm};
 use std::time::Instant;
 
@@ -15,8 +16,11 @@ const GEMMS: [(usize, usize, usize, &str); 5] = [
 ];
 
 /// (input channels, image size, output channels, kernel size, stride, name)
-const CONVS: [(usize, usize, usize, usize, usize, &str); 17] = [
+const CONVS: [(usize, usize, usize, usize, usize, &str); 20] = [
     (64, 56, 64, 3, 1, "3x3 64 56x56"),
+    (128, 56, 128, 3, 2, "3x3 s2 128 56->28"),
+    (256, 28, 256, 3, 2, "3x3 s2 256 28->14"),
+    (512, 14, 512, 3, 2, "3x3 s2 512 14->7"),
     (128, 28, 128, 3, 1, "3x3 128 28x28"),
     (256, 14, 256, 3, 1, "3x3 256 14x14"),
     (512, 7, 512, 3, 1, "3x3 512 7x7"),
@@ -52,13 +56,18 @@ fn main() {
         .position(|a| a == "--batch")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(1usize);
+    // `--only TEXT`: just the convolutions whose name contains TEXT (and no GEMMs).
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
     for threads in [1usize, 2] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .expect("thread pool");
         pool.install(|| {
-            for &(m, n, k, name) in &GEMMS {
+            for &(m, n, k, name) in GEMMS.iter().filter(|_| only.is_none()) {
                 let (a, b, mut c) = (vec![0.5f32; m * k], vec![0.25f32; k * n], vec![0f32; m * n]);
                 let flops = 2.0 * (m * n * k) as f64;
                 let s = time(flops, || {
@@ -70,7 +79,10 @@ fn main() {
                     flops / s / 1e9
                 );
             }
-            for &(c, h, m, kk, stride, name) in &CONVS {
+            let chosen = CONVS
+                .iter()
+                .filter(|c| only.as_ref().is_none_or(|o| c.5.contains(o.as_str())));
+            for &(c, h, m, kk, stride, name) in chosen {
                 let (pad, n) = (kk / 2, batch);
                 let oh = (h + 2 * pad - kk) / stride + 1;
                 let p = Conv2d {
@@ -91,8 +103,8 @@ fn main() {
                     ow: oh,
                     groups: 1,
                 };
-                let x = vec![0.5f32; n * c * h * h];
-                let w = vec![0.25f32; m * c * kk * kk];
+                let x: Vec<f32> = (0..n * c * h * h).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+                let w: Vec<f32> = (0..m * c * kk * kk).map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5).collect();
                 let bias = vec![0.1f32; m];
                 let mut out = vec![0f32; n * m * oh * oh];
                 let mut scratch = Vec::new();
@@ -110,6 +122,19 @@ fn main() {
                     flops / s / 1e9,
                     s * 1e3
                 );
+                if applies(&p) {
+                    let f = PackedFilter::new(&w, m, c, kk, kk);
+                    let mut o2 = vec![0f32; out.len()];
+                    let s = time(flops, || {
+                        direct_conv(&p, &x, &f, epi, &mut o2, &mut scratch, threads)
+                    });
+                    let err = out.iter().zip(&o2).map(|(a, b)| (a - b).abs() / (1.0 + a.abs())).fold(0f32, f32::max);
+                    println!(
+                        "{threads}t direct batch {n} {name:20} {:7.1} GFLOP/s {:8.3} ms  err {err:e}",
+                        flops / s / 1e9,
+                        s * 1e3
+                    );
+                }
             }
         });
     }

@@ -7,6 +7,7 @@
 pub mod activation;
 pub mod conv;
 mod depthwise;
+pub mod direct_conv;
 pub mod fused;
 pub mod gemm;
 pub mod inverted_residual;
