@@ -85,6 +85,12 @@ impl Plan {
             .iter()
             .map(|&v| (g.value_names[v].clone(), src_of(v)))
             .collect();
+        // Weights the CPU reads in another order, reordered once here.
+        for s in &mut steps {
+            if let (Op::Conv(c), Some(Some(Src::Const(w)))) = (&mut s.op, s.inputs.get(1)) {
+                crate::ops::conv::pack_filter(c, &constants[*w]);
+            }
+        }
         // Liveness: a value dies after its last reader, unless it is a graph output.
         let mut last = vec![None; g.value_names.len()];
         for (i, s) in steps.iter().enumerate() {
@@ -128,7 +134,15 @@ impl Plan {
 
     /// Bytes of all weights and other constants the plan holds.
     pub fn weight_bytes(&self) -> usize {
-        self.constants.iter().map(|t| t.bytes()).sum()
+        let packed: usize = self
+            .steps
+            .iter()
+            .filter_map(|s| match &s.op {
+                Op::Conv(c) => c.packed.as_ref().map(|f| f.bytes()),
+                _ => None,
+            })
+            .sum();
+        self.constants.iter().map(|t| t.bytes()).sum::<usize>() + packed
     }
 
     /// Names of the model's inputs and outputs.

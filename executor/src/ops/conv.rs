@@ -7,8 +7,10 @@ use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{Tensor, checked_numel};
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv_transpose2d, conv2d};
+use cotenant_kernels::direct_conv::{self, PackedFilter, direct_conv};
 use cotenant_kernels::fused::{self, Stage};
 use cotenant_kernels::inverted_residual::inverted_residual;
+use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct ConvAttrs {
@@ -24,6 +26,9 @@ pub struct ConvAttrs {
     pub residual: bool,
     /// Activation fused in by the fusion pass.
     pub act: Option<Activation>,
+    /// The weights reordered for the direct convolution, where the plan found them constant and
+    /// the convolution suits it (see `pack_filter`).
+    pub packed: Option<Arc<PackedFilter>>,
 }
 
 impl ConvAttrs {
@@ -43,6 +48,7 @@ impl ConvAttrs {
             output_shape: a.usizes("output_shape")?,
             residual: false,
             act: None,
+            packed: None,
         };
         if c.strides
             .iter()
@@ -262,15 +268,13 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
         residual: in_place,
         act: if later.is_some() { None } else { c.act },
     };
-    conv2d(
-        &p,
-        x.as_f32()?,
-        w.as_f32()?,
-        epi,
-        &mut out,
-        &mut cx.scratch.borrow_mut(),
-        cx.threads,
-    );
+    let (x, scratch) = (x.as_f32()?, &mut cx.scratch.borrow_mut());
+    match &c.packed {
+        Some(f) if direct_conv::applies(&p) && f.fits(&p) => {
+            direct_conv(&p, x, f, epi, &mut out, scratch, cx.threads)
+        }
+        _ => conv2d(&p, x, w.as_f32()?, epi, &mut out, scratch, cx.threads),
+    }
     let y = Tensor::f32(shape, out)?;
     match later {
         None => Ok(y),
@@ -281,6 +285,22 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
             }
             Ok(sum)
         }
+    }
+}
+
+/// Reorders a Conv's constant `weight` once for the direct convolution, where this CPU runs
+/// that convolution directly (2-D, ungrouped, undilated, larger than 1x1, AVX-512).
+pub fn pack_filter(c: &mut ConvAttrs, weight: &Tensor) {
+    let (&[m, cg, kh, kw], Ok(w)) = (weight.shape.as_slice(), weight.as_f32()) else {
+        return;
+    };
+    let dilation = match c.dilations.as_deref() {
+        None => [1, 1],
+        Some(&[dh, dw]) => [dh, dw],
+        Some(_) => return,
+    };
+    if direct_conv::suits([kh, kw], dilation, c.group) {
+        c.packed = Some(Arc::new(PackedFilter::new(w, m, cg, kh, kw)));
     }
 }
 
