@@ -44,6 +44,26 @@ impl Activation {
     }
 }
 
+/// How a kernel applies a fused activation: clamps (ReLU, Clip) in registers on the way out,
+/// any other in a pass after.
+#[derive(Clone, Copy)]
+pub(crate) enum Finish {
+    None,
+    Clamp(f32, f32),
+    Other(Activation),
+}
+
+impl Finish {
+    pub(crate) fn of(act: Option<Activation>) -> Finish {
+        match act {
+            None => Finish::None,
+            Some(Activation::Relu) => Finish::Clamp(0.0, f32::INFINITY),
+            Some(Activation::Clip(lo, hi)) => Finish::Clamp(lo, hi),
+            Some(a) => Finish::Other(a),
+        }
+    }
+}
+
 /// `x = act(x + bias)` over a slice on the calling thread: the epilogue of the convolution
 /// kernels, run on a block still in cache. Vectorised 8 wide when the CPU has AVX2 (detected
 /// at run time; the crate itself targets baseline x86-64), with the same results either way.

@@ -12,32 +12,13 @@
 //! run time; a portable loop otherwise); the valid `ow` columns of each row then leave with the
 //! fused activation. Planes are split across the thread budget.
 
-use crate::activation::Activation;
+use crate::activation::{Activation, Finish};
 use crate::conv::Conv2d;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Lanes of the widest vector the kernels use; the flat output is padded to a multiple of it.
 const LANES: usize = 8;
-
-/// How the kernel applies the fused activation: clamps run in the copy-out loop, others after.
-#[derive(Clone, Copy)]
-enum Epilogue {
-    None,
-    Clamp(f32, f32),
-    Other(Activation),
-}
-
-impl Epilogue {
-    fn of(act: Option<Activation>) -> Epilogue {
-        match act {
-            None => Epilogue::None,
-            Some(Activation::Relu) => Epilogue::Clamp(0.0, f32::INFINITY),
-            Some(Activation::Clip(lo, hi)) => Epilogue::Clamp(lo, hi),
-            Some(a) => Epilogue::Other(a),
-        }
-    }
-}
 
 /// What the input plane still needs before the convolution reads it: the producing 1x1
 /// convolution's bias and activation, applied as the plane is copied into the phase-split buffer
@@ -175,7 +156,7 @@ pub(crate) fn depthwise(
 pub(crate) struct PlaneKernel<'p> {
     p: &'p Conv2d,
     lay: Layout,
-    epi: Epilogue,
+    epi: Finish,
     avx: bool,
 }
 
@@ -184,7 +165,7 @@ impl<'p> PlaneKernel<'p> {
         PlaneKernel {
             p,
             lay: Layout::new(p),
-            epi: Epilogue::of(act),
+            epi: Finish::of(act),
             avx: has_avx2_fma(),
         }
     }
@@ -229,7 +210,7 @@ fn plane_kernel(
     pre: Pre,
     w: &[f32],
     bias: f32,
-    epi: Epilogue,
+    epi: Finish,
     avx: bool,
     dst: &mut [f32],
     s: &mut Scratch,
@@ -267,7 +248,7 @@ unsafe fn plane_avx2(
     pre: Pre,
     w: &[f32],
     bias: f32,
-    epi: Epilogue,
+    epi: Finish,
     dst: &mut [f32],
     buf: &mut [f32],
     flat: &mut [f32],
@@ -279,10 +260,10 @@ unsafe fn plane_avx2(
     );
     // SAFETY (all three): the caller checked the CPU and the bounds.
     match (nine, epi) {
-        ((Ok(taps), Ok(w)), Epilogue::None) => unsafe {
+        ((Ok(taps), Ok(w)), Finish::None) => unsafe {
             stencil9_rows_avx2::<false>(buf, taps, w, bias, (0.0, 0.0), lay, p.ow, dst)
         },
-        ((Ok(taps), Ok(w)), Epilogue::Clamp(lo, hi)) => unsafe {
+        ((Ok(taps), Ok(w)), Finish::Clamp(lo, hi)) => unsafe {
             stencil9_rows_avx2::<true>(buf, taps, w, bias, (lo, hi), lay, p.ow, dst)
         },
         ((Ok(taps), Ok(w)), _) => {
@@ -298,16 +279,16 @@ unsafe fn plane_avx2(
 
 /// The valid `ow` columns of each flat output row, with the fused activation.
 #[inline(always)]
-fn copy_out(p: &Conv2d, lay: &Layout, epi: Epilogue, flat: &[f32], dst: &mut [f32]) {
+fn copy_out(p: &Conv2d, lay: &Layout, epi: Finish, flat: &[f32], dst: &mut [f32]) {
     for (d, s) in dst.chunks_exact_mut(p.ow).zip(flat.chunks(lay.len)) {
         let s = &s[..p.ow];
         match epi {
-            Epilogue::Clamp(lo, hi) => d
+            Finish::Clamp(lo, hi) => d
                 .iter_mut()
                 .zip(s)
                 .for_each(|(d, s)| *d = Activation::Clip(lo, hi).apply(*s)),
-            Epilogue::None => d.copy_from_slice(s),
-            Epilogue::Other(a) => d.iter_mut().zip(s).for_each(|(d, s)| *d = a.apply(*s)),
+            Finish::None => d.copy_from_slice(s),
+            Finish::Other(a) => d.iter_mut().zip(s).for_each(|(d, s)| *d = a.apply(*s)),
         }
     }
 }
@@ -619,7 +600,7 @@ mod tests {
                     Pre::default(),
                     &w[ch * kk..(ch + 1) * kk],
                     bias.map_or(0.0, |b| b[ch]),
-                    Epilogue::of(act),
+                    Finish::of(act),
                     false,
                     d,
                     &mut scratch,

@@ -14,7 +14,7 @@
 //! Every output element is summed in the same order (input channel, then tap) whatever the
 //! thread budget or the batch.
 
-use crate::activation::bias_act;
+use crate::activation::{Finish, bias_act};
 use crate::conv::{Conv2d, Epilogue};
 use crate::gemm::SharedOut;
 use rayon::prelude::*;
@@ -273,6 +273,7 @@ fn images(
     let dst = SharedOut(out.as_mut_ptr());
     let planes = &scratch[..];
     let taps = pl.taps.len();
+    let finish = Finish::of(epi.act);
     // A task is one image's pixel chunk × a range of channel blocks: per block, its tiles sweep
     // the chunk, whose phase planes stay in cache while the blocks' weights stream past.
     let task = |t: usize| {
@@ -298,19 +299,24 @@ fn images(
                 // SAFETY: `x` holds the image's phase planes, whose slack covers every
                 // vector's reads; `w` is this block's weights; the stores go to this task's
                 // channels and pixels.
-                unsafe { block(p, pl, x, w, &bias, v0 * LANES, nv, dst.at(base), rows) };
-                let (a, b) = (
-                    pl.out_index(p, v0 * LANES),
-                    pl.out_index(p, (v0 + nv) * LANES),
-                );
-                for r in 0..rows {
-                    let at = base + r * out_plane + a;
-                    // SAFETY: this task's channel `o0 + r`, elements [a, b) just written.
-                    let o = unsafe { std::slice::from_raw_parts_mut(dst.at(at), b - a) };
-                    if let Some(res) = epi.residual {
-                        o.iter_mut().zip(&res[at..]).for_each(|(o, x)| *o += *x);
+                let out = Out {
+                    at: dst.at(base),
+                    residual: epi.residual.map(|r| r[base..].as_ptr()),
+                    finish,
+                    rows,
+                };
+                unsafe { block(p, pl, x, w, &bias, v0 * LANES, nv, &out) };
+                if let Finish::Other(act) = finish {
+                    let (a, b) = (
+                        pl.out_index(p, v0 * LANES),
+                        pl.out_index(p, (v0 + nv) * LANES),
+                    );
+                    for r in 0..rows {
+                        let at = base + r * out_plane + a;
+                        // SAFETY: this task's channel `o0 + r`, elements [a, b) just written.
+                        let o = unsafe { std::slice::from_raw_parts_mut(dst.at(at), b - a) };
+                        bias_act(o, None, Some(act));
                     }
-                    bias_act(o, None, epi.act);
                 }
                 v0 += nv;
             }
@@ -347,10 +353,21 @@ fn split(p: &Conv2d, pl: &Planes, threads: usize) -> (usize, usize) {
     }
 }
 
+/// Where a tile's results go: the first of its `rows` output channels in this image, the
+/// residual at the same place (if any), and what the tile applies on the way out (a clamp; any
+/// other activation is applied afterwards).
+#[derive(Clone, Copy)]
+struct Out {
+    at: *mut f32,
+    residual: Option<*const f32>,
+    finish: Finish,
+    rows: usize,
+}
+
 /// One register tile: `nv ≤ V` vectors from flat pixel `q0`, the block's (up to) `R` channels.
 ///
 /// # Safety
-/// As in `direct_conv`'s task; `out` is the block's first channel of this image.
+/// As in `direct_conv`'s task: `x` and `w` cover the tile's reads, and `out` this task's block.
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
     p: &Conv2d,
@@ -360,16 +377,14 @@ unsafe fn block(
     bias: &[f32; R],
     q0: usize,
     nv: usize,
-    out: *mut f32,
-    rows: usize,
+    out: &Out,
 ) {
     // SAFETY: forwarded; `applies` checked AVX-512.
     unsafe {
         match nv {
-            4 => tile::<4>(p, pl, x, w, bias, q0, out, rows),
-            3 => tile::<3>(p, pl, x, w, bias, q0, out, rows),
-            2 => tile::<2>(p, pl, x, w, bias, q0, out, rows),
-            _ => tile::<1>(p, pl, x, w, bias, q0, out, rows),
+            3 => tile::<3>(p, pl, x, w, bias, q0, out),
+            2 => tile::<2>(p, pl, x, w, bias, q0, out),
+            _ => tile::<1>(p, pl, x, w, bias, q0, out),
         }
     }
 }
@@ -384,8 +399,7 @@ unsafe fn tile<const NV: usize>(
     w: &[f32],
     bias: &[f32; R],
     q0: usize,
-    out: *mut f32,
-    rows: usize,
+    out: &Out,
 ) {
     use std::arch::x86_64::*;
     // SAFETY: the caller guarantees the bounds (see `direct_conv`) and AVX-512.
@@ -418,6 +432,30 @@ unsafe fn tile<const NV: usize>(
                 }
             }
         }
+        store(p, pl, acc, q0, out);
+    }
+}
+
+/// Stores a tile's sums (`acc`, vectors from flat pixel `q0`) into their output rows: the
+/// residual added and the clamp applied on the way, the lanes past each row's end left out.
+/// Kept out of `tile`, and handed the sums by value, so that the accumulators stay in registers
+/// there (indexed in place, LLVM kept a copy in memory in step with every multiply-add).
+///
+/// # Safety
+/// As for `tile`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline(never)]
+unsafe fn store<const NV: usize>(
+    p: &Conv2d,
+    pl: &Planes,
+    acc: [[std::arch::x86_64::__m512; NV]; R],
+    q0: usize,
+    out: &Out,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees the bounds (see `direct_conv`) and AVX-512.
+    unsafe {
         let plane = (p.oh * p.ow) as isize;
         for (j, _) in acc[0].iter().enumerate() {
             let qv = q0 + j * LANES;
@@ -428,9 +466,18 @@ unsafe fn tile<const NV: usize>(
                 if hi > lo {
                     let mask: __mmask16 = (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16;
                     let shift = (y * p.ow) as isize - (y * pl.wq) as isize + qv as isize;
-                    for (r, row) in acc.iter().enumerate().take(rows) {
-                        let d = out.wrapping_offset(r as isize * plane + shift);
-                        _mm512_mask_storeu_ps(d, mask, row[j]);
+                    for (r, row) in acc.iter().enumerate().take(out.rows) {
+                        let at = r as isize * plane + shift;
+                        let mut v = row[j];
+                        if let Some(res) = out.residual {
+                            let r = _mm512_maskz_loadu_ps(mask, res.wrapping_offset(at));
+                            v = _mm512_add_ps(v, r);
+                        }
+                        if let Finish::Clamp(lo, hi) = out.finish {
+                            v = _mm512_max_ps(v, _mm512_set1_ps(lo));
+                            v = _mm512_min_ps(v, _mm512_set1_ps(hi));
+                        }
+                        _mm512_mask_storeu_ps(out.at.wrapping_offset(at), mask, v);
                     }
                 }
                 y += 1;
@@ -448,8 +495,7 @@ unsafe fn tile<const NV: usize>(
     _: &[f32],
     _: &[f32; R],
     _: usize,
-    _: *mut f32,
-    _: usize,
+    _: &Out,
 ) {
     unreachable!("direct_conv needs AVX-512")
 }
