@@ -315,6 +315,14 @@ pub struct PointwiseDepthwise {
     pub project: Option<ConvAttrs>,
 }
 
+/// Fewest output rows for which the whole block runs fused. The fused kernel gives each thread
+/// a range of rows; on smaller images (mobilenet_v2's 7x7 blocks) the rows two ranges share and
+/// the narrow products leave the second thread nothing to gain (a 160-960-160 block: 0.33 ms on
+/// one thread and on two). There the pair runs fused and the projection apart, both split by
+/// channels (mobilenet_v2 batch 1, two threads: 5.55 -> 5.15 ms). The choice depends on the
+/// image alone, never on the batch or the threads, so every image is computed alike.
+const MIN_FUSED_ROWS: usize = 8;
+
 pub fn pointwise_depthwise(
     cx: &Cx,
     f: &PointwiseDepthwise,
@@ -347,6 +355,7 @@ pub fn pointwise_depthwise(
     let (p3, out_shape) = conv_geometry(pr, &shape, &w3.shape)?;
     if !(fusable && p3.is_pointwise() && p3.groups == 1)
         || residual.is_some_and(|r| r.shape != out_shape)
+        || p2.oh < MIN_FUSED_ROWS
     {
         // The three convolutions one after the other (the first two still fused if they can).
         let pair = PointwiseDepthwise {
