@@ -16,7 +16,7 @@ const GEMMS: [(usize, usize, usize, &str); 5] = [
 ];
 
 /// (input channels, image size, output channels, kernel size, stride, name)
-const CONVS: [(usize, usize, usize, usize, usize, &str); 20] = [
+const CONVS: [(usize, usize, usize, usize, usize, &str); 21] = [
     (64, 56, 64, 3, 1, "3x3 64 56x56"),
     (128, 56, 128, 3, 2, "3x3 s2 128 56->28"),
     (256, 28, 256, 3, 2, "3x3 s2 256 28->14"),
@@ -29,6 +29,7 @@ const CONVS: [(usize, usize, usize, usize, usize, &str); 20] = [
     (1024, 14, 256, 1, 1, "1x1 1024->256 14x14"),
     (256, 14, 1024, 1, 1, "1x1 256->1024 14x14"),
     (3, 224, 64, 7, 2, "7x7 stem"),
+    (3, 224, 32, 3, 2, "mbv2 3x3 stem"),
     // mobilenet_v2's projections (expanded channels -> block output)
     (32, 112, 16, 1, 1, "mbv2 1x1 32->16 112"),
     (144, 56, 24, 1, 1, "mbv2 1x1 144->24 56"),

@@ -147,39 +147,37 @@ impl Planes {
         ((q / self.wq) * p.ow + (q % self.wq).min(p.ow)).min(p.oh * p.ow)
     }
 
-    /// Copies input channel `x` (`h × w`) into its phase planes `dst`, zeros in the padding.
-    fn fill(&self, p: &Conv2d, x: &[f32], dst: &mut [f32]) {
-        for (ph, plane) in dst.chunks_exact_mut(self.plane).enumerate() {
-            let (a, b) = (ph / p.sw, ph % p.sw);
-            plane[self.hq * self.wq..].fill(0.0);
-            for (r, row) in plane[..self.hq * self.wq]
-                .chunks_exact_mut(self.wq)
-                .enumerate()
-            {
-                let iy = (r * p.sh + a) as isize - p.pt as isize;
-                if iy < 0 || iy >= p.h as isize {
-                    row.fill(0.0);
-                    continue;
-                }
-                let src = &x[iy as usize * p.w..(iy as usize + 1) * p.w];
-                // Columns `col` read input column `col·sw + b - pl`: valid for [lo, hi).
-                let first = (p.pl.saturating_sub(b)).div_ceil(p.sw);
-                let lo = first.min(self.wq);
-                let hi = ((p.w + p.pl).saturating_sub(b).div_ceil(p.sw)).clamp(lo, self.wq);
-                row[..lo].fill(0.0);
-                row[hi..].fill(0.0);
-                if hi == lo {
-                    continue;
-                }
-                let ix0 = lo * p.sw + b - p.pl;
-                let d = &mut row[lo..hi];
-                if p.sw == 1 {
-                    d.copy_from_slice(&src[ix0..ix0 + d.len()]);
-                } else {
-                    d.iter_mut()
-                        .zip(src[ix0..].iter().step_by(p.sw))
-                        .for_each(|(d, s)| *d = *s);
-                }
+    /// Copies input channel `x` (`h × w`) into its phase plane `ph`, zeros in the padding.
+    fn fill(&self, p: &Conv2d, x: &[f32], ph: usize, plane: &mut [f32]) {
+        let (a, b) = (ph / p.sw, ph % p.sw);
+        plane[self.hq * self.wq..].fill(0.0);
+        for (r, row) in plane[..self.hq * self.wq]
+            .chunks_exact_mut(self.wq)
+            .enumerate()
+        {
+            let iy = (r * p.sh + a) as isize - p.pt as isize;
+            if iy < 0 || iy >= p.h as isize {
+                row.fill(0.0);
+                continue;
+            }
+            let src = &x[iy as usize * p.w..(iy as usize + 1) * p.w];
+            // Columns `col` read input column `col·sw + b - pl`: valid for [lo, hi).
+            let first = (p.pl.saturating_sub(b)).div_ceil(p.sw);
+            let lo = first.min(self.wq);
+            let hi = ((p.w + p.pl).saturating_sub(b).div_ceil(p.sw)).clamp(lo, self.wq);
+            row[..lo].fill(0.0);
+            row[hi..].fill(0.0);
+            if hi == lo {
+                continue;
+            }
+            let ix0 = lo * p.sw + b - p.pl;
+            let d = &mut row[lo..hi];
+            if p.sw == 1 {
+                d.copy_from_slice(&src[ix0..ix0 + d.len()]);
+            } else {
+                d.iter_mut()
+                    .zip(src[ix0..].iter().step_by(p.sw))
+                    .for_each(|(d, s)| *d = *s);
             }
         }
     }
@@ -256,15 +254,20 @@ fn images(
     scratch.resize(p.n * p.c * pl.channel, 0.0);
     let parallel =
         threads > 1 && p.n * p.m * out_plane * p.c * pl.taps.len() >= crate::PAR_MIN_WORK;
-    let fill =
-        |(i, dst): (usize, &mut [f32])| pl.fill(p, &input[i * in_plane..(i + 1) * in_plane], dst);
+    let phases = p.sh * p.sw;
+    let fill = |(i, dst): (usize, &mut [f32])| {
+        let ch = i / phases;
+        pl.fill(
+            p,
+            &input[ch * in_plane..(ch + 1) * in_plane],
+            i % phases,
+            dst,
+        )
+    };
     if parallel {
-        scratch
-            .par_chunks_mut(pl.channel)
-            .enumerate()
-            .for_each(fill);
+        scratch.par_chunks_mut(pl.plane).enumerate().for_each(fill);
     } else {
-        scratch.chunks_mut(pl.channel).enumerate().for_each(fill);
+        scratch.chunks_mut(pl.plane).enumerate().for_each(fill);
     }
     let blocks = p.m.div_ceil(R);
     let (chunks, oc_chunks) = split(p, pl, threads);
@@ -412,7 +415,7 @@ unsafe fn tile<const NV: usize>(
             // What this tile reads of the input channel after next, fetched while this one
             // computes (the tiles sweep every channel, too much for the L1 cache).
             let next = xc.wrapping_add(2 * pl.channel);
-            for &(start, span) in &pl.spans {
+            for &(start, span) in pl.spans.iter().filter(|_| ci + 2 < p.c) {
                 for off in (start..start + span + NV * LANES).step_by(LANES) {
                     _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(off) as *const i8);
                 }
