@@ -95,19 +95,17 @@ impl Backend for CpuBackend {
     }
 
     fn scope(&self, f: &mut (dyn FnMut() + Send)) {
+        // A scope inside another (a batch lane's) runs on threads already counted.
+        let _busy = rayon::current_thread_index()
+            .is_none()
+            .then(|| Count::enter(&BUSY, self.threads));
         match &self.pool {
             Some(p) => {
-                let alone = self.scopes.fetch_add(1, Ordering::AcqRel) == 0;
-                /// Counts the scope out however `f` ends.
-                struct Out<'a>(&'a AtomicUsize);
-                impl Drop for Out<'_> {
-                    fn drop(&mut self) {
-                        self.0.fetch_sub(1, Ordering::AcqRel);
+                let scope = Count::enter(&self.scopes, 1);
+                match scope.before == 0 && cores_free() {
+                    true => {
+                        p.install(|| with_spinners(self.threads, &Arc::default(), &cores_free, f))
                     }
-                }
-                let _out = Out(&self.scopes);
-                match alone {
-                    true => p.install(|| with_spinners(self.threads, &Arc::default(), f)),
                     false => p.install(f),
                 }
             }
@@ -146,6 +144,38 @@ impl Backend for CpuBackend {
     }
 }
 
+/// Threads of all the scopes now running in this process, every CPU backend's.
+static BUSY: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the running scopes leave a core free for each of their threads: only then does
+/// spinning pay (on shared cores a spinner takes time from another instance's work).
+fn cores_free() -> bool {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    BUSY.load(Ordering::Relaxed) <= cores
+}
+
+/// Adds `n` to a counter until dropped (however the scope ends).
+struct Count<'a> {
+    counter: &'a AtomicUsize,
+    n: usize,
+    /// The count before this one entered.
+    before: usize,
+}
+
+impl Count<'_> {
+    fn enter(counter: &AtomicUsize, n: usize) -> Count<'_> {
+        let before = counter.fetch_add(n, Ordering::AcqRel);
+        Count { counter, n, before }
+    }
+}
+
+impl Drop for Count<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.n, Ordering::AcqRel);
+    }
+}
+
 thread_local! {
     /// Whether this pool thread is already running a spinner (further down its stack).
     static SPINNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -162,8 +192,9 @@ const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 /// spin, taking any work its operators split off, instead of going to sleep between operators:
 /// woken for each parallel operator, a sleeping thread costs a system call and its wake-up
 /// latency, some tens of microseconds per operator (mobilenet_v2 at batch 1 runs ~60 of them
-/// in ~5 ms). The spinning uses only the threads this instance was given, and only while `f`
-/// runs. `live` counts the spinners running (they stop soon after `f` returns or panics).
+/// in ~5 ms). The spinning uses only the threads this instance was given, only while `f`
+/// runs, and only while `pays()` (the cores are not all taken). `live` counts the spinners
+/// running (they stop soon after `f` returns or panics, or `pays()` turns false).
 ///
 /// No thread may take up a spinner while it holds unfinished work of `f` further down its
 /// stack: the spinner would wait for `f` and `f` for that work. On two threads that cannot
@@ -171,7 +202,12 @@ const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 /// get work of `f` by stealing from that queue, oldest first. On more, a thread could steal
 /// work of `f` from a spinning thread first; so there every spinner is taken up (or dropped)
 /// before `f` starts, when no such work exists yet.
-fn with_spinners(threads: usize, live: &Arc<AtomicUsize>, f: &mut (dyn FnMut() + Send)) {
+fn with_spinners(
+    threads: usize,
+    live: &Arc<AtomicUsize>,
+    pays: &'static (dyn Fn() -> bool + Sync),
+    f: &mut (dyn FnMut() + Send),
+) {
     let done = Arc::new(AtomicBool::new(false));
     let claimed = Arc::new(AtomicUsize::new(0));
     let runner = rayon::current_thread_index();
@@ -185,7 +221,7 @@ fn with_spinners(threads: usize, live: &Arc<AtomicUsize>, f: &mut (dyn FnMut() +
             }
             live.fetch_add(1, Ordering::Relaxed);
             let mut idle = 0u32;
-            while !done.load(Ordering::Acquire) {
+            while !done.load(Ordering::Acquire) && pays() {
                 if rayon::yield_now() == Some(rayon::Yield::Executed) {
                     idle = 0;
                 } else if idle < POLITE_AFTER {
@@ -263,7 +299,7 @@ mod tests {
             for round in 0..50u64 {
                 let (live, mut sum, mut started) = (Arc::default(), 0u64, true);
                 pool.install(|| {
-                    with_spinners(threads, &live, &mut || {
+                    with_spinners(threads, &live, &|| true, &mut || {
                         started = round > 0 || threads > 2 || starts(&live);
                         sum = (0..200u64)
                             .into_par_iter()
@@ -292,7 +328,7 @@ mod tests {
         let (live, mut started) = (Arc::default(), false);
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pool.install(|| {
-                with_spinners(2, &live, &mut || {
+                with_spinners(2, &live, &|| true, &mut || {
                     started = starts(&live);
                     (0..64)
                         .into_par_iter()
@@ -309,5 +345,23 @@ mod tests {
         let mut n = 0;
         backend.scope(&mut || n = (0..100).into_par_iter().count());
         assert_eq!(n, 100);
+    }
+
+    /// Spinners stop as soon as spinning no longer pays (the cores are taken), while the
+    /// scope still runs.
+    #[test]
+    fn spinners_give_way_when_the_cores_are_taken() {
+        static PAYS: AtomicBool = AtomicBool::new(true);
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build();
+        let pool = pool.expect("pool");
+        let (live, mut started, mut stopped) = (Arc::default(), false, false);
+        pool.install(|| {
+            with_spinners(2, &live, &|| PAYS.load(Ordering::Relaxed), &mut || {
+                started = starts(&live);
+                PAYS.store(false, Ordering::Relaxed);
+                stopped = stops(&live);
+            })
+        });
+        assert!(started && stopped, "started {started}, stopped {stopped}");
     }
 }
