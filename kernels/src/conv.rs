@@ -326,14 +326,18 @@ fn im2col_row(p: &Conv2d, x: &[f32], r: usize, j0: usize, j1: usize, row: &mut [
             continue;
         }
         let ix0 = (lo as isize * p.sw as isize + offx) as usize;
-        let d = &mut dst[lo - ox0..hi - ox0];
-        if p.sw == 1 {
-            d.copy_from_slice(&src[ix0..ix0 + d.len()]);
-        } else {
-            d.iter_mut()
-                .zip(src[ix0..].iter().step_by(p.sw))
-                .for_each(|(d, s)| *d = *s);
-        }
+        copy_strided(&mut dst[lo - ox0..hi - ox0], &src[ix0..], p.sw);
+    }
+}
+
+/// `dst[i] = src[i * stride]`.
+pub(crate) fn copy_strided(dst: &mut [f32], src: &[f32], stride: usize) {
+    if stride == 1 {
+        dst.copy_from_slice(&src[..dst.len()]);
+    } else {
+        dst.iter_mut()
+            .zip(src.iter().step_by(stride))
+            .for_each(|(d, s)| *d = *s);
     }
 }
 

@@ -15,7 +15,7 @@
 //! thread budget or the batch.
 
 use crate::activation::{Finish, bias_act};
-use crate::conv::{Conv2d, Epilogue};
+use crate::conv::{Conv2d, Epilogue, copy_strided};
 use crate::gemm::SharedOut;
 use rayon::prelude::*;
 
@@ -162,23 +162,14 @@ impl Planes {
             }
             let src = &x[iy as usize * p.w..(iy as usize + 1) * p.w];
             // Columns `col` read input column `col·sw + b - pl`: valid for [lo, hi).
-            let first = (p.pl.saturating_sub(b)).div_ceil(p.sw);
-            let lo = first.min(self.wq);
+            let lo = p.pl.saturating_sub(b).div_ceil(p.sw).min(self.wq);
             let hi = ((p.w + p.pl).saturating_sub(b).div_ceil(p.sw)).clamp(lo, self.wq);
             row[..lo].fill(0.0);
             row[hi..].fill(0.0);
             if hi == lo {
                 continue;
             }
-            let ix0 = lo * p.sw + b - p.pl;
-            let d = &mut row[lo..hi];
-            if p.sw == 1 {
-                d.copy_from_slice(&src[ix0..ix0 + d.len()]);
-            } else {
-                d.iter_mut()
-                    .zip(src[ix0..].iter().step_by(p.sw))
-                    .for_each(|(d, s)| *d = *s);
-            }
+            copy_strided(&mut row[lo..hi], &src[lo * p.sw + b - p.pl..], p.sw);
         }
     }
 }
