@@ -330,6 +330,15 @@ fn im2col_row(p: &Conv2d, x: &[f32], r: usize, j0: usize, j1: usize, row: &mut [
     }
 }
 
+/// The first `len` floats of `scratch`, grown as needed but never shrunk (so not zeroed again
+/// each time convolutions of other sizes take turns with it): callers overwrite all of it.
+pub(crate) fn scratch_of(scratch: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if scratch.len() < len {
+        scratch.resize(len, 0.0);
+    }
+    &mut scratch[..len]
+}
+
 /// `dst[i] = src[i * stride]`.
 pub(crate) fn copy_strided(dst: &mut [f32], src: &[f32], stride: usize) {
     if stride == 1 {
@@ -362,7 +371,7 @@ fn conv_image(
     let (cg, mg) = (p.c / p.groups, p.m / p.groups);
     let k = cg * p.kh * p.kw;
     let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
-    scratch.resize(p.scratch_len(), 0.0);
+    let scratch = scratch_of(scratch, p.scratch_len());
     for g in 0..p.groups {
         let wg = &weight[g * mg * k..(g + 1) * mg * k];
         let xg = &img[g * cg * in_plane..(g + 1) * cg * in_plane];
@@ -430,7 +439,7 @@ pub fn conv_transpose2d(
     if !preload(out, bias, None, out_plane) {
         out.fill(0.0);
     }
-    scratch.resize(mg * kk * in_plane, 0.0);
+    let scratch = scratch_of(scratch, mg * kk * in_plane);
     for ni in 0..p.n {
         for g in 0..p.groups {
             let xg = &input[(ni * p.c + g * cg) * in_plane..(ni * p.c + (g + 1) * cg) * in_plane];

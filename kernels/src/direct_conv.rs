@@ -15,7 +15,7 @@
 //! thread budget or the batch.
 
 use crate::activation::{Finish, bias_act};
-use crate::conv::{Conv2d, Epilogue, copy_strided};
+use crate::conv::{Conv2d, Epilogue, copy_strided, scratch_of};
 use crate::gemm::SharedOut;
 use rayon::prelude::*;
 
@@ -242,7 +242,7 @@ fn images(
     threads: usize,
 ) {
     let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
-    scratch.resize(p.n * p.c * pl.channel, 0.0);
+    let scratch = scratch_of(scratch, p.n * p.c * pl.channel);
     let parallel =
         threads > 1 && p.n * p.m * out_plane * p.c * pl.taps.len() >= crate::PAR_MIN_WORK;
     let phases = p.sh * p.sw;
@@ -287,18 +287,18 @@ fn images(
                 _ => 0.0,
             });
             let base = (ni * p.m + o0) * out_plane;
+            let out = Out {
+                at: dst.at(base),
+                residual: epi.residual.map(|r| r[base..].as_ptr()),
+                finish,
+                rows,
+            };
             let mut v0 = va;
             while v0 < vb {
                 let nv = V.min(vb - v0);
                 // SAFETY: `x` holds the image's phase planes, whose slack covers every
                 // vector's reads; `w` is this block's weights; the stores go to this task's
                 // channels and pixels.
-                let out = Out {
-                    at: dst.at(base),
-                    residual: epi.residual.map(|r| r[base..].as_ptr()),
-                    finish,
-                    rows,
-                };
                 unsafe { block(p, pl, x, w, &bias, v0 * LANES, nv, &out) };
                 if let Finish::Other(act) = finish {
                     let (a, b) = (
