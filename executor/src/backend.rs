@@ -5,8 +5,9 @@
 use crate::error::OpError;
 use crate::ops::{Cx, Op};
 use crate::tensor::Tensor;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Executes ops of a plan on one device.
 pub trait Backend: Send + Sync {
@@ -147,12 +148,30 @@ impl Backend for CpuBackend {
 /// Threads of all the scopes now running in this process, every CPU backend's.
 static BUSY: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether the running scopes leave a core free for each of their threads: only then does
-/// spinning pay (on shared cores a spinner takes time from another instance's work).
+/// Whether the running scopes leave a core free for each of their threads, and no spinner has
+/// lately lost its core: only then does spinning pay. On shared cores a spinner takes time from
+/// other work: another instance's here, another process's (other pods on the node), or this
+/// pod's own CPU quota.
 fn cores_free() -> bool {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    BUSY.load(Ordering::Relaxed) <= cores
+    BUSY.load(Ordering::Relaxed) <= cores && micros() >= SPIN_AGAIN_AT.load(Ordering::Relaxed)
+}
+
+/// When spinning may start again (`micros()`), after a spinner found its core taken.
+static SPIN_AGAIN_AT: AtomicU64 = AtomicU64::new(0);
+
+/// A spinner that waited longer than this between two looks at the clock while idle was
+/// descheduled: something else wants its core.
+const PREEMPTED: Duration = Duration::from_micros(500);
+
+/// How long spinning stays off after that.
+const BACK_OFF: Duration = Duration::from_secs(1);
+
+/// Microseconds since the first call.
+fn micros() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
 }
 
 /// Adds `n` to a counter until dropped (however the scope ends).
@@ -186,7 +205,7 @@ const POLITE_AFTER: u32 = 1 << 12;
 
 /// How long the thread running a scope on three or more threads waits for the others to take
 /// up their spinners before it takes the rest back itself.
-const CLAIM_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+const CLAIM_WAIT: Duration = Duration::from_millis(1);
 
 /// Runs `f` (on a thread of the pool, the only scope on it) while the pool's other threads
 /// spin, taking any work its operators split off, instead of going to sleep between operators:
@@ -220,12 +239,24 @@ fn with_spinners(
                 return;
             }
             live.fetch_add(1, Ordering::Relaxed);
-            let mut idle = 0u32;
+            let (mut idle, mut looked) = (0u32, Instant::now());
             while !done.load(Ordering::Acquire) && pays() {
                 if rayon::yield_now() == Some(rayon::Yield::Executed) {
-                    idle = 0;
-                } else if idle < POLITE_AFTER {
-                    idle += 1;
+                    (idle, looked) = (0, Instant::now());
+                    continue;
+                }
+                idle = idle.saturating_add(1);
+                if idle % 64 == 0 {
+                    // Idle polls take well under a microsecond each: a long gap between two
+                    // looks at the clock means this thread lost its core meanwhile.
+                    let now = Instant::now();
+                    if now - looked > PREEMPTED {
+                        let again = micros() + BACK_OFF.as_micros() as u64;
+                        SPIN_AGAIN_AT.fetch_max(again, Ordering::Relaxed);
+                    }
+                    looked = now;
+                }
+                if idle < POLITE_AFTER {
                     std::hint::spin_loop();
                 } else {
                     // Long idle (a sequential stretch of `f`): let any other runnable thread
@@ -237,7 +268,7 @@ fn with_spinners(
             live.fetch_sub(1, Ordering::Relaxed);
         });
     }
-    let asked = std::time::Instant::now();
+    let asked = Instant::now();
     while threads > 2 && claimed.load(Ordering::Acquire) < threads - 1 {
         if asked.elapsed() < CLAIM_WAIT {
             std::hint::spin_loop();
