@@ -105,7 +105,7 @@ def main() -> None:
             ort, ort_rss = measured([sys.executable, "-c", ORT_BENCH, path, str(batch), str(a.threads), str(a.duration)])
             rows.append((model, batch, ours, ort, ours_rss, ort_rss))
             print(f"# {model} b{batch}: ours p50 {ours['p50_ms']:.1f} ms, ort p50 {ort['p50_ms']:.1f} ms", file=sys.stderr)
-    spin = "on" if os.environ.get("COTENANT_SPIN") == "1" else "off"
+    spin = "off" if os.environ.get("COTENANT_SPIN") == "0" else "on"
     print(f"\nthreads: {a.threads}, duration per measurement: {a.duration}s, spinning (COTENANT_SPIN): {spin}, CPU: {cpu()}\n")
     print("| model | batch | p50 ms ours / ort | p99 ms ours / ort | latency ratio p50 (p99) | throughput/s ours / ort | throughput ratio | peak RSS MiB ours / ort | RSS ratio |")
     print("|---|---|---|---|---|---|---|---|---|")

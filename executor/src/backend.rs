@@ -145,13 +145,13 @@ impl Backend for CpuBackend {
     }
 }
 
-/// Whether the deployment allows spinning: `COTENANT_SPIN=1`, for instances that have their
-/// cores to themselves (a pod with dedicated CPUs). Off by default: a spinner takes time from
-/// whatever else shares its core (the e2e test's three agents on two cores slowed until its
-/// load client gave up), and it spends a pod's CPU quota.
+/// Whether the deployment allows spinning: yes unless `COTENANT_SPIN=0`, as onnxruntime spins
+/// its intra-op threads by default. Spinning stays inside the instance's own thread budget and
+/// while its plan runs, and [`cores_free`] stops it where it would take a core from other work;
+/// `COTENANT_SPIN=0` is for deployments that want no spinning at all.
 fn spinning_allowed() -> bool {
     static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ALLOWED.get_or_init(|| std::env::var("COTENANT_SPIN").is_ok_and(|v| v == "1"))
+    *ALLOWED.get_or_init(|| std::env::var("COTENANT_SPIN").map_or(true, |v| v != "0"))
 }
 
 /// Threads of all the scopes now running in this process, every CPU backend's.
