@@ -41,6 +41,48 @@ const CONVS: [(usize, usize, usize, usize, usize, &str); 21] = [
     (320, 7, 1280, 1, 1, "mbv2 1x1 320->1280 7"),
 ];
 
+/// mobilenet_v2's depthwise 3x3 convolutions: (channels, image size, stride, name).
+const DEPTHWISE: [(usize, usize, usize, &str); 6] = [
+    (32, 112, 1, "dw 32 112"),
+    (96, 112, 2, "dw s2 96 112->56"),
+    (144, 56, 1, "dw 144 56"),
+    (192, 28, 1, "dw 192 28"),
+    (576, 14, 1, "dw 576 14"),
+    (960, 7, 1, "dw 960 7"),
+];
+
+/// A square convolution with "same" padding.
+fn geometry(
+    n: usize,
+    c: usize,
+    h: usize,
+    m: usize,
+    kk: usize,
+    stride: usize,
+    groups: usize,
+) -> Conv2d {
+    let pad = kk / 2;
+    let oh = (h + 2 * pad - kk) / stride + 1;
+    Conv2d {
+        n,
+        c,
+        h,
+        w: h,
+        m,
+        kh: kk,
+        kw: kk,
+        sh: stride,
+        sw: stride,
+        dh: 1,
+        dw: 1,
+        pt: pad,
+        pl: pad,
+        oh,
+        ow: oh,
+        groups,
+    }
+}
+
 /// Seconds per call of `f`, over about 4 GFLOP of calls after one warm-up.
 fn time(flops: f64, mut f: impl FnMut()) -> f64 {
     let iters = ((4e9 / flops) as usize).max(3);
@@ -84,26 +126,9 @@ fn main() {
                 .iter()
                 .filter(|c| only.as_ref().is_none_or(|o| c.5.contains(o.as_str())));
             for &(c, h, m, kk, stride, name) in chosen {
-                let (pad, n) = (kk / 2, batch);
-                let oh = (h + 2 * pad - kk) / stride + 1;
-                let p = Conv2d {
-                    n,
-                    c,
-                    h,
-                    w: h,
-                    m,
-                    kh: kk,
-                    kw: kk,
-                    sh: stride,
-                    sw: stride,
-                    dh: 1,
-                    dw: 1,
-                    pt: pad,
-                    pl: pad,
-                    oh,
-                    ow: oh,
-                    groups: 1,
-                };
+                let n = batch;
+                let p = geometry(n, c, h, m, kk, stride, 1);
+                let oh = p.oh;
                 let x: Vec<f32> = (0..n * c * h * h).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
                 let w: Vec<f32> = (0..m * c * kk * kk).map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5).collect();
                 let bias = vec![0.1f32; m];
@@ -136,6 +161,28 @@ fn main() {
                         s * 1e3
                     );
                 }
+            }
+            let chosen = DEPTHWISE
+                .iter()
+                .filter(|c| only.as_ref().is_none_or(|o| c.3.contains(o.as_str())));
+            for &(c, h, stride, name) in chosen {
+                let p = geometry(batch, c, h, c, 3, stride, c);
+                let x: Vec<f32> = (0..batch * c * h * h).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+                let w: Vec<f32> = (0..c * 9).map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5).collect();
+                let bias = vec![0.1f32; c];
+                let mut out = vec![0f32; batch * c * p.oh * p.ow];
+                let epi = Epilogue {
+                    bias: Some(&bias),
+                    residual: None,
+                    act: Some(Activation::Clip(0.0, 6.0)),
+                };
+                let flops = 2.0 * (out.len() * 9) as f64;
+                let s = time(flops, || conv2d(&p, &x, &w, epi, &mut out, &mut Vec::new(), threads));
+                println!(
+                    "{threads}t depthwise batch {batch} {name:17} {:7.1} GFLOP/s {:8.3} ms",
+                    flops / s / 1e9,
+                    s * 1e3
+                );
             }
         });
     }

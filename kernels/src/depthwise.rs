@@ -14,11 +14,15 @@
 
 use crate::activation::{Activation, Finish};
 use crate::conv::Conv2d;
+use crate::depthwise_rows;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
-/// Lanes of the widest vector the kernels use; the flat output is padded to a multiple of it.
+/// Lanes of the AVX2 kernels' vectors; the flat output is padded to a multiple of it.
 const LANES: usize = 8;
+/// Zero floats after each sub-plane's last row, for the widest vector's over-reach
+/// (`depthwise_rows` reads 16 floats).
+const SLACK: usize = 16;
 
 /// What the input plane still needs before the convolution reads it: the producing 1x1
 /// convolution's bias and activation, applied as the plane is copied into the phase-split buffer
@@ -58,7 +62,7 @@ impl Layout {
         let rows = p.oh + row_reach;
         let flat = (p.oh * len).next_multiple_of(LANES);
         // The last vector reads up to flat - 1 + row_reach*len + col_reach.
-        let sub = rows * len + col_reach + LANES;
+        let sub = rows * len + col_reach + SLACK;
         let mut taps = Vec::with_capacity(p.kh * p.kw);
         for ki in 0..p.kh {
             for kj in 0..p.kw {
@@ -158,15 +162,25 @@ pub(crate) struct PlaneKernel<'p> {
     lay: Layout,
     epi: Finish,
     avx: bool,
+    /// A 3x3 stencil at stride 1 or 2 that `depthwise_rows` runs on this CPU.
+    rows: bool,
 }
 
 impl<'p> PlaneKernel<'p> {
     pub(crate) fn new(p: &'p Conv2d, act: Option<Activation>) -> PlaneKernel<'p> {
+        let lay = Layout::new(p);
+        let epi = Finish::of(act);
+        let rows = (p.kh, p.kw, p.dh, p.dw) == (3, 3, 1, 1)
+            && p.sh == p.sw
+            && !matches!(epi, Finish::Other(_))
+            && depthwise_rows::fits(p.sh, (p.oh, p.ow), lay.len, lay.sub, p.sh * p.sw * lay.sub)
+            && depthwise_rows::available();
         PlaneKernel {
             p,
-            lay: Layout::new(p),
-            epi: Finish::of(act),
+            lay,
+            epi,
             avx: has_avx2_fma(),
+            rows,
         }
     }
 
@@ -182,7 +196,7 @@ impl<'p> PlaneKernel<'p> {
                 w,
                 bias,
                 self.epi,
-                self.avx,
+                (self.avx, self.rows),
                 dst,
                 &mut s.borrow_mut(),
             )
@@ -211,7 +225,7 @@ fn plane_kernel(
     w: &[f32],
     bias: f32,
     epi: Finish,
-    avx: bool,
+    (avx, rows): (bool, bool),
     dst: &mut [f32],
     s: &mut Scratch,
 ) {
@@ -226,15 +240,105 @@ fn plane_kernel(
     // because the vector kernel relies on it.
     assert!(lay.taps.iter().all(|&t| t + lay.flat <= s.buf.len()) && s.flat.len() == lay.flat);
     #[cfg(target_arch = "x86_64")]
+    if rows {
+        // SAFETY: the CPU has AVX-512F (checked by `PlaneKernel::new`); the kernel asserts its
+        // bounds.
+        unsafe { plane_avx512(p, lay, src, pre, w, bias, epi, dst, &mut s.buf) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if avx {
         // SAFETY: the CPU has AVX2 and FMA (checked by the caller); bounds asserted above.
         unsafe { plane_avx2(p, lay, src, pre, w, bias, epi, dst, &mut s.buf, &mut s.flat) };
         return;
     }
-    let _ = avx;
+    let _ = (avx, rows);
     split_plane(p, lay, src, pre, &mut s.buf);
     stencil(&s.buf, &lay.taps, w, bias, &mut s.flat);
     copy_out(p, lay, epi, &s.flat, dst);
+}
+
+/// `plane_kernel` for a 3x3 stencil at stride 1 or 2 on AVX-512 (`depthwise_rows`), compiled for
+/// it so the copy into the padded plane is 16 wide too.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn plane_avx512(
+    p: &Conv2d,
+    lay: &Layout,
+    src: &[f32],
+    pre: Pre,
+    w: &[f32],
+    bias: f32,
+    epi: Finish,
+    dst: &mut [f32],
+    buf: &mut [f32],
+) {
+    let clamp = match pre.act {
+        None => Some(None),
+        Some(a) => match Finish::of(Some(a)) {
+            Finish::Clamp(lo, hi) => Some(Some((lo, hi))),
+            _ => None,
+        },
+    };
+    match clamp {
+        // Stride 1: input row iy is padded row iy + pt, its columns from pl on.
+        Some(clamp) if p.sh == 1 && p.sw == 1 => {
+            let prep = depthwise_rows::Prep {
+                bias: pre.bias,
+                clamp,
+            };
+            let (_, col0, n) = lay.runs[0];
+            for (t, row) in (p.pt..lay.rows).zip(src.chunks_exact(p.w)) {
+                let at = t * lay.len + col0;
+                // SAFETY: the caller checked the CPU.
+                unsafe { depthwise_rows::copy_row(&row[..n], &mut buf[at..at + n], prep) };
+            }
+        }
+        // Stride 2: input row iy is row (iy + pt) / 2 of the row phase (iy + pt) % 2; its even
+        // columns go to the column phase that column 0 lands in (padded column pl), its odd
+        // ones to the other.
+        Some(clamp) => {
+            let prep = depthwise_rows::Prep {
+                bias: pre.bias,
+                clamp,
+            };
+            let b_even = p.pl % 2;
+            let ((_, ecol, en), (_, ocol, on)) = (lay.runs[b_even], lay.runs[1 - b_even]);
+            for (iy, row) in src.chunks_exact(p.w).enumerate() {
+                let (t, a) = ((iy + p.pt) / 2, (iy + p.pt) % 2);
+                if t >= lay.rows {
+                    break;
+                }
+                let at = 2 * a * lay.sub + t * lay.len;
+                let (phase0, phase1) = buf[at..].split_at_mut(lay.sub);
+                let (evens, odds) = match b_even {
+                    0 => (&mut phase0[ecol..ecol + en], &mut phase1[ocol..ocol + on]),
+                    _ => (&mut phase1[ecol..ecol + en], &mut phase0[ocol..ocol + on]),
+                };
+                // SAFETY: the caller checked the CPU.
+                unsafe { depthwise_rows::split_row(row, evens, odds, prep) };
+            }
+        }
+        _ => split_plane(p, lay, src, pre, buf),
+    }
+    let w = <&[f32; 9]>::try_from(w).expect("3x3 weights");
+    let shape = (lay.len, lay.sub);
+    // SAFETY (all four): the caller checked the CPU; the kernel asserts its bounds.
+    match (p.sh, epi) {
+        (1, Finish::Clamp(lo, hi)) => unsafe {
+            depthwise_rows::rows3x3::<1, true>(buf, shape, w, bias, (lo, hi), p.ow, dst)
+        },
+        (1, _) => unsafe {
+            depthwise_rows::rows3x3::<1, false>(buf, shape, w, bias, (0.0, 0.0), p.ow, dst)
+        },
+        (_, Finish::Clamp(lo, hi)) => unsafe {
+            depthwise_rows::rows3x3::<2, true>(buf, shape, w, bias, (lo, hi), p.ow, dst)
+        },
+        _ => unsafe {
+            depthwise_rows::rows3x3::<2, false>(buf, shape, w, bias, (0.0, 0.0), p.ow, dst)
+        },
+    }
 }
 
 /// `plane_kernel` compiled for AVX2: the copy loops vectorise 8 wide too.
@@ -601,7 +705,7 @@ mod tests {
                     &w[ch * kk..(ch + 1) * kk],
                     bias.map_or(0.0, |b| b[ch]),
                     Finish::of(act),
-                    false,
+                    (false, false),
                     d,
                     &mut scratch,
                 );
@@ -660,6 +764,75 @@ mod tests {
             }
             check(p, Some(Activation::Clip(0.0, 6.0)), true, true, 2);
         }
+    }
+
+    #[test]
+    fn the_avx512_rows_match_the_avx2_stencil_bit_for_bit() {
+        if !(depthwise_rows::available() && has_avx2_fma()) {
+            eprintln!("skipped: this CPU lacks AVX-512F or AVX2");
+            return;
+        }
+        let mut compared = 0;
+        for (h, w) in [
+            (4, 1),
+            (5, 7),
+            (7, 7),
+            (9, 14),
+            (14, 15),
+            (6, 16),
+            (8, 17),
+            (28, 28),
+            (5, 33),
+            (9, 56),
+        ] {
+            for (pads, s) in [[1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 1, 3]]
+                .into_iter()
+                .flat_map(|p| [(p, 1), (p, 2)])
+            {
+                let p = geom(1, 1, (h, w), (3, 3), (s, s), (1, 1), pads);
+                let x = lcg(7 + h as u64, h * w);
+                let wt = lcg(8, 9);
+                for act in [None, Some(Activation::Clip(0.0, 6.0))] {
+                    let k = PlaneKernel::new(&p, act);
+                    if !k.rows {
+                        continue;
+                    }
+                    let pre = Pre {
+                        bias: Some(0.1),
+                        act: Some(Activation::Relu),
+                    };
+                    let run = |rows: bool| {
+                        let mut out = vec![f32::NAN; p.oh * p.ow];
+                        let mut scratch = Scratch::default();
+                        plane_kernel(
+                            &p,
+                            &k.lay,
+                            &x,
+                            pre,
+                            &wt,
+                            0.3,
+                            k.epi,
+                            (true, rows),
+                            &mut out,
+                            &mut scratch,
+                        );
+                        out
+                    };
+                    let (wide, narrow) = (run(true), run(false));
+                    assert!(
+                        wide.iter()
+                            .zip(&narrow)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{h}x{w} pads {pads:?} stride {s} {act:?}"
+                    );
+                    compared += 1;
+                }
+            }
+        }
+        assert!(
+            compared >= 50,
+            "only {compared} geometries ran the AVX-512 rows"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod activation;
 pub mod conv;
 mod depthwise;
+mod depthwise_rows;
 pub mod direct_conv;
 pub mod fused;
 pub mod gemm;
