@@ -789,6 +789,9 @@ mod tests {
                 .into_iter()
                 .flat_map(|p| [(p, 1), (p, 2)])
             {
+                if h + pads[0] + pads[2] < 3 || w + pads[1] + pads[3] < 3 {
+                    continue;
+                }
                 let p = geom(1, 1, (h, w), (3, 3), (s, s), (1, 1), pads);
                 let x = lcg(7 + h as u64, h * w);
                 let wt = lcg(8, 9);
