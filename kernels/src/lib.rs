@@ -6,6 +6,7 @@
 
 pub mod activation;
 pub mod conv;
+pub mod dense;
 mod depthwise;
 mod depthwise_rows;
 pub mod direct_conv;

@@ -5,6 +5,7 @@ use super::{Activation, Cx, input, opt_input};
 use crate::error::{OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{Tensor, checked_numel};
+use cotenant_kernels::dense;
 use cotenant_kernels::gemm::{Mat, sgemm};
 use rayon::prelude::*;
 
@@ -84,7 +85,17 @@ pub fn gemm(cx: &Cx, g: &GemmAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
         }
         _ => None,
     };
-    if g.alpha == 1.0 {
+    if g.trans_b && !g.trans_a && dense::available() {
+        // A fully-connected layer with PyTorch's weight layout: the weights are read in place
+        // (see `dense`), for every batch alike.
+        dense::dense(av, bv, (m, k, n), &mut out, cx.threads);
+        if g.alpha != 1.0 {
+            out.iter_mut().for_each(|v| *v *= g.alpha);
+        }
+        if let Some(bias) = bias {
+            out.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+        }
+    } else if g.alpha == 1.0 {
         let accumulate = bias.is_some();
         if let Some(bias) = bias {
             out = bias;
