@@ -274,6 +274,31 @@ unsafe fn plane_avx512(
     dst: &mut [f32],
     buf: &mut [f32],
 ) {
+    split_avx512(p, lay, src, pre, buf);
+    let w = <&[f32; 9]>::try_from(w).expect("3x3 weights");
+    let shape = (lay.len, lay.sub);
+    // SAFETY (all four): the caller checked the CPU; the kernel asserts its bounds.
+    match (p.sh, epi) {
+        (1, Finish::Clamp(lo, hi)) => unsafe {
+            depthwise_rows::rows3x3::<1, true>(buf, shape, w, bias, (lo, hi), p.ow, dst)
+        },
+        (1, _) => unsafe {
+            depthwise_rows::rows3x3::<1, false>(buf, shape, w, bias, (0.0, 0.0), p.ow, dst)
+        },
+        (_, Finish::Clamp(lo, hi)) => unsafe {
+            depthwise_rows::rows3x3::<2, true>(buf, shape, w, bias, (lo, hi), p.ow, dst)
+        },
+        _ => unsafe {
+            depthwise_rows::rows3x3::<2, false>(buf, shape, w, bias, (0.0, 0.0), p.ow, dst)
+        },
+    }
+}
+
+/// `split_plane` with 16-wide copies where the producer's activation is a clamp (or none), at
+/// stride 1 or 2; any other activation the portable way.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn split_avx512(p: &Conv2d, lay: &Layout, src: &[f32], pre: Pre, buf: &mut [f32]) {
     let clamp = match pre.act {
         None => Some(None),
         Some(a) => match Finish::of(Some(a)) {
@@ -321,23 +346,6 @@ unsafe fn plane_avx512(
             }
         }
         _ => split_plane(p, lay, src, pre, buf),
-    }
-    let w = <&[f32; 9]>::try_from(w).expect("3x3 weights");
-    let shape = (lay.len, lay.sub);
-    // SAFETY (all four): the caller checked the CPU; the kernel asserts its bounds.
-    match (p.sh, epi) {
-        (1, Finish::Clamp(lo, hi)) => unsafe {
-            depthwise_rows::rows3x3::<1, true>(buf, shape, w, bias, (lo, hi), p.ow, dst)
-        },
-        (1, _) => unsafe {
-            depthwise_rows::rows3x3::<1, false>(buf, shape, w, bias, (0.0, 0.0), p.ow, dst)
-        },
-        (_, Finish::Clamp(lo, hi)) => unsafe {
-            depthwise_rows::rows3x3::<2, true>(buf, shape, w, bias, (lo, hi), p.ow, dst)
-        },
-        _ => unsafe {
-            depthwise_rows::rows3x3::<2, false>(buf, shape, w, bias, (0.0, 0.0), p.ow, dst)
-        },
     }
 }
 
