@@ -415,11 +415,20 @@ pub fn encode_output(name: &str, tensor: &Tensor, binary: bool) -> (Value, Optio
 }
 
 fn to_bytes(data: &Data) -> Vec<u8> {
+    /// One copy where the host is little-endian, as for inputs (BERT's hidden states are
+    /// 384 KiB per sequence).
+    fn le<const N: usize, T: bytemuck::Pod>(v: &[T], f: fn(&T) -> [u8; N]) -> Vec<u8> {
+        if cfg!(target_endian = "little") {
+            bytemuck::cast_slice(v).to_vec()
+        } else {
+            v.iter().flat_map(f).collect()
+        }
+    }
     match data {
-        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F32(v) => le(v, |x| x.to_le_bytes()),
+        Data::F64(v) => le(v, |x| x.to_le_bytes()),
+        Data::I64(v) => le(v, |x| x.to_le_bytes()),
+        Data::I32(v) => le(v, |x| x.to_le_bytes()),
         Data::I8(v) => v.iter().map(|x| *x as u8).collect(),
         Data::U8(v) => v.clone(),
         Data::Bool(v) => v.iter().map(|x| u8::from(*x)).collect(),
@@ -514,6 +523,20 @@ mod tests {
         assert!(bytes.is_none());
         let (json, bytes) = encode_output("y", &t, true);
         assert_eq!(json["parameters"]["binary_data_size"], 8);
-        assert_eq!(bytes.map(|b| b.len()), Some(8));
+        let want: Vec<u8> = [1.5f32, f32::NAN]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(bytes, Some(want));
+        let t = Tensor {
+            shape: vec![2],
+            data: Data::I64(vec![-2, 1 << 40]),
+        };
+        let (_, bytes) = encode_output("z", &t, true);
+        let want: Vec<u8> = [-2i64, 1 << 40]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(bytes, Some(want));
     }
 }
