@@ -25,14 +25,7 @@ const ROWS_PER_TASK: usize = 32;
 
 /// Whether this CPU runs [`dense`].
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::avx512f()
 }
 
 /// `out[r·n + j] = Σ_kk x[r·k + kk] · w[j·k + kk]` for `m` rows of `x` (`m × k`) and the `n`
@@ -134,11 +127,7 @@ fn tile<const R: usize>(
     let mut acc = [[_mm512_setzero_ps(); TILE]; R];
     let mut kk = 0;
     while kk < k {
-        let mask: __mmask16 = if k - kk >= LANES {
-            !0
-        } else {
-            (1u16 << (k - kk)) - 1
-        };
+        let mask = crate::mask16(k - kk);
         // SAFETY: the mask keeps elements kk..k of rows within x and w (asserted above).
         let wv: [__m512; TILE] = std::array::from_fn(|c| unsafe {
             _mm512_maskz_loadu_ps(mask, w.as_ptr().add(wrows[c] * k + kk))

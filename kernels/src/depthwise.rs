@@ -33,6 +33,21 @@ pub(crate) struct Pre {
     pub(crate) act: Option<Activation>,
 }
 
+impl Pre {
+    /// The same for the AVX-512 copies, where the activation is a clamp (or none).
+    fn prep(self) -> Option<depthwise_rows::Prep> {
+        let clamp = match self.act.map(|a| Finish::of(Some(a))) {
+            None => None,
+            Some(Finish::Clamp(lo, hi)) => Some((lo, hi)),
+            Some(_) => return None,
+        };
+        Some(depthwise_rows::Prep {
+            bias: self.bias,
+            clamp,
+        })
+    }
+}
+
 /// The phase-split buffer's geometry and the taps as offsets into it, derived once per call.
 #[derive(Clone, Debug, PartialEq)]
 struct Layout {
@@ -174,7 +189,7 @@ impl<'p> PlaneKernel<'p> {
             && p.sh == p.sw
             && !matches!(epi, Finish::Other(_))
             && depthwise_rows::fits(p.sh, (p.oh, p.ow), lay.len, lay.sub, p.sh * p.sw * lay.sub)
-            && depthwise_rows::available();
+            && crate::avx512f();
         PlaneKernel {
             p,
             lay,
@@ -299,20 +314,9 @@ unsafe fn plane_avx512(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn split_avx512(p: &Conv2d, lay: &Layout, src: &[f32], pre: Pre, buf: &mut [f32]) {
-    let clamp = match pre.act {
-        None => Some(None),
-        Some(a) => match Finish::of(Some(a)) {
-            Finish::Clamp(lo, hi) => Some(Some((lo, hi))),
-            _ => None,
-        },
-    };
-    match clamp {
+    match pre.prep() {
         // Stride 1: input row iy is padded row iy + pt, its columns from pl on.
-        Some(clamp) if p.sh == 1 && p.sw == 1 => {
-            let prep = depthwise_rows::Prep {
-                bias: pre.bias,
-                clamp,
-            };
+        Some(prep) if p.sh == 1 && p.sw == 1 => {
             let (_, col0, n) = lay.runs[0];
             for (t, row) in (p.pt..lay.rows).zip(src.chunks_exact(p.w)) {
                 let at = t * lay.len + col0;
@@ -323,11 +327,7 @@ fn split_avx512(p: &Conv2d, lay: &Layout, src: &[f32], pre: Pre, buf: &mut [f32]
         // Stride 2: input row iy is row (iy + pt) / 2 of the row phase (iy + pt) % 2; its even
         // columns go to the column phase that column 0 lands in (padded column pl), its odd
         // ones to the other.
-        Some(clamp) => {
-            let prep = depthwise_rows::Prep {
-                bias: pre.bias,
-                clamp,
-            };
+        Some(prep) => {
             let b_even = p.pl % 2;
             let ((_, ecol, en), (_, ocol, on)) = (lay.runs[b_even], lay.runs[1 - b_even]);
             for (iy, row) in src.chunks_exact(p.w).enumerate() {
@@ -776,7 +776,7 @@ mod tests {
 
     #[test]
     fn the_avx512_rows_match_the_avx2_stencil_bit_for_bit() {
-        if !(depthwise_rows::available() && has_avx2_fma()) {
+        if !(crate::avx512f() && has_avx2_fma()) {
             eprintln!("skipped: this CPU lacks AVX-512F or AVX2");
             return;
         }

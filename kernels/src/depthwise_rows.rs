@@ -37,25 +37,13 @@ pub(crate) fn fits(
     reach <= buf_len
 }
 
-/// Whether this CPU runs [`rows3x3`].
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// `dst[oy·ow + ox] = bias + Σ w[ki·3 + kj] · input(S·oy + ki, S·ox + kj)` (taps in that order),
 /// clamped to `lo..=hi` (max, then min) with `CLAMP`; `dst` holds `oh` rows of `ow`. The padded
 /// input is `buf`: at stride 1 one plane, at stride 2 four phase planes of `sub` floats (see
 /// `depthwise::Layout`), rows `len` long.
 ///
 /// # Safety
-/// The CPU has AVX-512F ([`available`]).
+/// The CPU has AVX-512F (`crate::avx512f`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -88,11 +76,7 @@ pub(crate) unsafe fn rows3x3<const S: usize, const CLAMP: bool>(
         let top = oy0.min(oh - ROWS);
         let mut x = 0;
         while x < ow {
-            let mask: __mmask16 = if ow - x >= LANES {
-                !0
-            } else {
-                (1u16 << (ow - x)) - 1
-            };
+            let mask = crate::mask16(ow - x);
             let mut a = [vb; ROWS];
             // Output row r reads virtual rows S·r + ki, ki = 0, 1, 2: visiting them in order
             // keeps every output's taps in order.
@@ -131,34 +115,36 @@ pub(crate) struct Prep {
     pub(crate) clamp: Option<(f32, f32)>,
 }
 
+impl Prep {
+    /// `v` with the bias added, then clamped.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn apply(self, mut v: __m512) -> __m512 {
+        if let Some(b) = self.bias {
+            v = _mm512_add_ps(v, _mm512_set1_ps(b));
+        }
+        if let Some((lo, hi)) = self.clamp {
+            v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+        }
+        v
+    }
+}
+
 /// `dst[i] = prep(src[i])`, 16 at a time with a masked last vector: the rows of the small
 /// planes (7, 14, 28 wide) are otherwise mostly a scalar remainder loop.
 ///
 /// # Safety
-/// The CPU has AVX-512F ([`available`]).
+/// The CPU has AVX-512F (`crate::avx512f`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn copy_row(src: &[f32], dst: &mut [f32], prep: Prep) {
     assert_eq!(src.len(), dst.len(), "copy_row lengths");
     let n = src.len();
-    let vb = _mm512_set1_ps(prep.bias.unwrap_or(0.0));
-    let (lo, hi) = prep.clamp.unwrap_or((0.0, 0.0));
-    let (vlo, vhi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
     let mut i = 0;
     while i < n {
-        let mask: __mmask16 = if n - i >= LANES {
-            !0
-        } else {
-            (1u16 << (n - i)) - 1
-        };
+        let mask = crate::mask16(n - i);
         // SAFETY: the mask keeps elements i..n of both slices.
-        let mut v = unsafe { _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i)) };
-        if prep.bias.is_some() {
-            v = _mm512_add_ps(v, vb);
-        }
-        if prep.clamp.is_some() {
-            v = _mm512_min_ps(_mm512_max_ps(v, vlo), vhi);
-        }
+        let v = prep.apply(unsafe { _mm512_maskz_loadu_ps(mask, src.as_ptr().add(i)) });
         // SAFETY: as above.
         unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i), mask, v) };
         i += LANES;
@@ -169,7 +155,7 @@ pub(crate) unsafe fn copy_row(src: &[f32], dst: &mut [f32], prep: Prep) {
 /// two column phases for a stride-2 stencil, 16 of each at a time.
 ///
 /// # Safety
-/// The CPU has AVX-512F ([`available`]).
+/// The CPU has AVX-512F (`crate::avx512f`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn split_row(src: &[f32], evens: &mut [f32], odds: &mut [f32], prep: Prep) {
@@ -177,24 +163,7 @@ pub(crate) unsafe fn split_row(src: &[f32], evens: &mut [f32], odds: &mut [f32],
         evens.len() <= src.len().div_ceil(2) && odds.len() <= src.len() / 2,
         "split_row lengths"
     );
-    let keep = |n: usize, j: usize| -> __mmask16 {
-        match n.saturating_sub(j) {
-            r if r >= LANES => !0,
-            r => (1u16 << r) - 1,
-        }
-    };
-    let vb = _mm512_set1_ps(prep.bias.unwrap_or(0.0));
-    let (lo, hi) = prep.clamp.unwrap_or((0.0, 0.0));
-    let (vlo, vhi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
-    let finish = |mut v: __m512| {
-        if prep.bias.is_some() {
-            v = _mm512_add_ps(v, vb);
-        }
-        if prep.clamp.is_some() {
-            v = _mm512_min_ps(_mm512_max_ps(v, vlo), vhi);
-        }
-        v
-    };
+    let keep = |n: usize, j: usize| crate::mask16(n.saturating_sub(j));
     let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     let mut j = 0;
@@ -205,8 +174,8 @@ pub(crate) unsafe fn split_row(src: &[f32], evens: &mut [f32], odds: &mut [f32],
             let lo_half = _mm512_maskz_loadu_ps(keep(src.len(), 2 * j), s);
             let hi_half =
                 _mm512_maskz_loadu_ps(keep(src.len(), 2 * j + LANES), s.wrapping_add(LANES));
-            let e = finish(_mm512_permutex2var_ps(lo_half, even, hi_half));
-            let o = finish(_mm512_permutex2var_ps(lo_half, odd, hi_half));
+            let e = prep.apply(_mm512_permutex2var_ps(lo_half, even, hi_half));
+            let o = prep.apply(_mm512_permutex2var_ps(lo_half, odd, hi_half));
             _mm512_mask_storeu_ps(evens.as_mut_ptr().wrapping_add(j), keep(evens.len(), j), e);
             _mm512_mask_storeu_ps(odds.as_mut_ptr().wrapping_add(j), keep(odds.len(), j), o);
         }

@@ -76,23 +76,12 @@ impl PackedFilter {
 /// Whether [`direct_conv`] runs convolutions with this kernel, dilation and grouping on this
 /// CPU: ungrouped and undilated, a kernel larger than 1x1, a CPU with AVX-512.
 pub fn suits(kernel: [usize; 2], dilation: [usize; 2], groups: usize) -> bool {
-    groups == 1 && dilation == [1, 1] && kernel[0] * kernel[1] > 1 && avx512()
+    groups == 1 && dilation == [1, 1] && kernel[0] * kernel[1] > 1 && crate::avx512f()
 }
 
 /// Whether [`direct_conv`] runs `p` (see [`suits`]).
 pub fn applies(p: &Conv2d) -> bool {
     suits([p.kh, p.kw], [p.dh, p.dw], p.groups) && p.oh * p.ow > 0
-}
-
-fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// Where the phase planes of one image lie and how the kernel walks them.
@@ -581,7 +570,7 @@ mod tests {
     /// path), which is all these tests can check there.
     fn runs_here(p: &Conv2d) -> bool {
         let here = applies(p);
-        assert_eq!(here, avx512());
+        assert_eq!(here, crate::avx512f());
         here
     }
 

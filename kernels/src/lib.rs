@@ -16,5 +16,26 @@ pub mod inverted_residual;
 pub mod norm;
 pub mod pool;
 
+/// Whether this CPU has AVX-512F (cached by the standard library), for the kernels written for it.
+pub(crate) fn avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The AVX-512 lane mask of the first `remaining` of 16 lanes (all of them from 16 on): the
+/// last, partial vector of a row.
+pub(crate) fn mask16(remaining: usize) -> u16 {
+    match remaining {
+        r if r >= 16 => !0,
+        r => (1u16 << r) - 1,
+    }
+}
+
 /// Work below this many scalar operations is not worth splitting across threads.
 pub(crate) const PAR_MIN_WORK: usize = 1 << 15;
