@@ -224,7 +224,7 @@ fn bring_up(
         co,
         device,
     } = share;
-    let config = load::config(&name, slo, 1, 1, threads, &device);
+    let config = load::config(&name, slo, spec.slo.percentile, 1, 1, threads, &device);
     let loaded = bytes.and_then(|bytes| load::start(&bytes, config, co));
     let loaded = match loaded {
         Ok(loaded) => loaded,

@@ -10,7 +10,7 @@ mod measure;
 pub mod planner;
 pub mod stats;
 
-pub use admission::{BatchTimes, predicted_latency};
+pub use admission::{BatchTimes, Overrun, predicted_latency};
 pub use batch::{Rows, batchable, check, stack};
 pub use cosched::{CoSchedule, Seat};
 pub use measure::{Measurement, measure};
@@ -45,6 +45,8 @@ pub struct TenantConfig {
     pub max_queue_delay: Duration,
     /// The latency objective: requests predicted to miss it are shed.
     pub slo: Duration,
+    /// The percentile of requests that must meet `slo` (0–100).
+    pub slo_percentile: f64,
     /// Rows one request may carry.
     pub max_request_rows: usize,
     /// Where the instances compute; each gets a backend of its own.
@@ -82,6 +84,9 @@ pub type Reply = Box<dyn FnOnce(Result<Completed, RunError>) + Send>;
 struct Pending {
     rows: Rows,
     arrived: Instant,
+    /// Admission's prediction of its latency, before the overrun factor, for the overrun to learn
+    /// from; `None` when there was none or it came from batches run at other knobs.
+    predicted: Option<Duration>,
     reply: Reply,
 }
 
@@ -110,6 +115,8 @@ struct Shared {
     knobs: Mutex<Knobs>,
     /// Recent batch compute times, for admission.
     batch_times: Mutex<BatchTimes>,
+    /// How far requests overran admission's predictions.
+    overrun: Mutex<Overrun>,
     stats: Stats,
 }
 
@@ -154,6 +161,7 @@ impl Tenant {
         };
         let shared = Arc::new(Shared {
             stats: Stats::new(config.slo),
+            overrun: Mutex::new(Overrun::new(config.slo, config.slo_percentile)),
             config,
             model,
             co,
@@ -201,10 +209,17 @@ impl Tenant {
         lock(&self.shared.queue).items.len()
     }
 
+    /// What admission multiplies its latency predictions by: how far recent requests overran
+    /// them, at the SLO's percentile (1 when they did not).
+    pub fn admission_overrun(&self) -> f64 {
+        lock(&self.shared.overrun).factor()
+    }
+
     /// Changes the knobs while serving; queued requests stay queued.
     pub fn set_knobs(&self, max_batch: usize, instances: usize, max_queue_delay: Duration) {
-        {
+        let changed = {
             let mut k = lock(&self.shared.knobs);
+            let before = (k.max_batch, k.instances);
             k.max_batch = if self.shared.batchable {
                 max_batch.max(1)
             } else {
@@ -212,13 +227,19 @@ impl Tenant {
             };
             k.instances = instances.max(1);
             k.max_queue_delay = max_queue_delay;
+            (k.max_batch, k.instances) != before
+        };
+        if changed {
+            lock(&self.shared.batch_times).knobs_changed();
         }
         self.resize_workers();
         self.shared.wake.notify_all();
     }
 
-    pub fn set_slo(&self, slo: Duration) {
+    /// A new objective: `percentile` (0–100) of requests within `slo`.
+    pub fn set_slo(&self, slo: Duration, percentile: f64) {
         self.shared.stats.set_slo(slo);
+        lock(&self.shared.overrun).set_slo(slo, percentile);
     }
 
     fn resize_workers(&self) {
@@ -259,7 +280,8 @@ impl Tenant {
     }
 
     /// Checks and queues a request; `reply` is called once it has run. Admission control sheds
-    /// it when the queue is full or when its predicted latency already exceeds the SLO.
+    /// it when the queue is full or when its predicted latency, scaled by how far recent requests
+    /// overran their predictions at the SLO's percentile, exceeds the SLO.
     pub fn submit(&self, inputs: Vec<(String, Tensor)>, reply: Reply) -> Result<(), Rejected> {
         let shared = &self.shared;
         shared.stats.arrival();
@@ -276,7 +298,11 @@ impl Tenant {
         }
         let (max_batch, instances) = self.knobs();
         let slo = shared.stats.slo();
-        let per_batch = lock(&shared.batch_times).estimate();
+        let (per_batch, settled) = {
+            let times = lock(&shared.batch_times);
+            (times.estimate(), times.settled())
+        };
+        let overrun = lock(&shared.overrun).factor();
         let mut queue = lock(&shared.queue);
         if queue.closed {
             shared.stats.shed(ShedReason::NotReady);
@@ -289,17 +315,20 @@ impl Tenant {
         // An idle instance with nothing queued always takes the request, so a tenant slower than
         // its SLO still serves and keeps being measured.
         let idle = queue.items.is_empty() && queue.running.len() < instances;
-        if let Some(per_batch) = per_batch.filter(|_| !idle) {
-            let now = Instant::now();
+        let now = Instant::now();
+        let predicted = per_batch.map(|per_batch| {
             let running: Vec<Duration> = queue.running.iter().map(|s| now - *s).collect();
-            let predicted = predicted_latency(
+            predicted_latency(
                 per_batch,
                 &running,
                 queue.queued_rows,
                 rows.rows,
                 max_batch,
                 instances,
-            );
+            )
+        });
+        if let Some(predicted) = predicted.filter(|_| !idle) {
+            let predicted = predicted.mul_f64(overrun);
             if predicted > slo {
                 shared.stats.shed(ShedReason::WouldMissSlo);
                 return Err(Rejected::WouldMissSlo { predicted, slo });
@@ -308,7 +337,8 @@ impl Tenant {
         queue.queued_rows += rows.rows;
         queue.items.push_back(Pending {
             rows,
-            arrived: Instant::now(),
+            arrived: now,
+            predicted: predicted.filter(|_| settled),
             reply,
         });
         drop(queue);
@@ -461,6 +491,16 @@ fn reply(shared: &Shared, inst: &Instance, batch: Vec<Pending>, outcome: Outcome
         (Ok(outputs), started, compute_time) => {
             shared.stats.batch(total);
             lock(&shared.batch_times).record(compute_time);
+            {
+                let mut overrun = lock(&shared.overrun);
+                let now = Instant::now();
+                for pending in &batch {
+                    if let Some(predicted) = pending.predicted {
+                        let queue_time = started.saturating_duration_since(pending.arrived);
+                        overrun.record(now, predicted, queue_time + compute_time);
+                    }
+                }
+            }
             for (pending, outputs) in batch
                 .into_iter()
                 .zip(crate::tensor::split_rows(outputs, &rows))

@@ -34,6 +34,7 @@ fn config(max_batch: usize, instances: usize, delay_ms: u64) -> TenantConfig {
         queue_capacity: 64,
         max_queue_delay: Duration::from_millis(delay_ms),
         slo: Duration::from_secs(10),
+        slo_percentile: 99.0,
         max_request_rows: 16,
         device: Device::Cpu,
     }
@@ -108,7 +109,7 @@ fn a_full_queue_sheds_and_nothing_accepted_is_lost() {
 fn a_tenant_slower_than_its_slo_still_serves_an_empty_queue() {
     let tenant = Tenant::start(model(), config(1, 1, 0));
     submit(&tenant, 0).recv().expect("reply").expect("ok");
-    tenant.set_slo(Duration::from_nanos(1));
+    tenant.set_slo(Duration::from_nanos(1), 99.0);
     submit(&tenant, 1).recv().expect("reply").expect("ok");
 }
 
@@ -120,7 +121,7 @@ fn a_request_that_would_wait_past_the_slo_is_shed() {
     let tenant = Tenant::start(model(), c);
     submit(&tenant, 0).recv().expect("reply").expect("ok");
     tenant.set_knobs(100, 1, Duration::from_secs(10));
-    tenant.set_slo(Duration::from_nanos(1));
+    tenant.set_slo(Duration::from_nanos(1), 99.0);
     // Idle and empty: admitted even though one batch already exceeds the SLO.
     let first = submit(&tenant, 1);
     let refused = tenant.submit(input(2), Box::new(|_| {}));
@@ -398,7 +399,7 @@ fn the_planner_publishes_a_plan_for_the_seats_and_follows_the_mix() {
     assert!(close(got, want), "{got:?} vs {want:?}");
     // A tighter SLO is a new latency bound for that seat's batches, so a new mix to plan for.
     assert!(!planner.tick().expect("ticks"), "nothing changed yet");
-    tenants[0].set_slo(Duration::from_secs(2));
+    tenants[0].set_slo(Duration::from_secs(2), 99.0);
     let (tx, rx) = mpsc::channel();
     tenants[0]
         .submit(chain_input(1, 3), Box::new(move |r| drop(tx.send(r))))

@@ -102,7 +102,7 @@ fn slo_of(a: &Assignment) -> Duration {
 
 fn apply_knobs(tenant: &Tenant, a: &Assignment) {
     let slo = slo_of(a);
-    tenant.set_slo(slo);
+    tenant.set_slo(slo, a.slo.percentile);
     tenant.set_knobs(
         a.knobs.batch_size as usize,
         a.knobs.instances as usize,
@@ -251,6 +251,7 @@ impl Reconciler {
         let config = load::config(
             name,
             slo_of(a),
+            a.slo.percentile,
             a.knobs.batch_size as usize,
             a.knobs.instances as usize,
             (per_tenant / a.knobs.instances.max(1) as usize).max(1),

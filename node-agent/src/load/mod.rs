@@ -183,11 +183,12 @@ pub fn start(
     })
 }
 
-/// Serving settings for a tenant with latency objective `slo` on `device`: the batcher may hold
-/// a request for at most a tenth of the SLO waiting for a fuller batch.
+/// Serving settings for a tenant with latency objective `slo` at `percentile` on `device`: the
+/// batcher may hold a request for at most a tenth of the SLO waiting for a fuller batch.
 pub fn config(
     name: &str,
     slo: Duration,
+    percentile: f64,
     max_batch: usize,
     instances: usize,
     threads_per_instance: usize,
@@ -201,6 +202,7 @@ pub fn config(
         queue_capacity: 256,
         max_queue_delay: slo / 10,
         slo,
+        slo_percentile: percentile,
         max_request_rows: 1024,
         device: device.clone(),
     }
