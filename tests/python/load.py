@@ -2,9 +2,10 @@
 own DNNScaler profile reports, for `--duration` seconds, with a prebuilt binary request (oha's
 rate limiter with latency correction, 512 connections, so that the rate and not the connections
 bounds what is offered: with 64, a tenant serving 50/s under a 1.5 s SLO holds every request in
-flight within the SLO and nothing is ever shed). Checks that every response is 200, 429 or 503 (never an error or a dropped
-connection), that accepted requests meet the SLO within a tolerance, and that the agent's RSS
-stays flat. Prints one table.
+flight within the SLO and nothing is ever shed). Checks that every response is 200, 429 or 503
+(never an error or a dropped connection), that accepted requests meet the SLO (at least
+`--attainment` of them, and the p99 within a tolerance), and that the agent's RSS stays flat.
+Prints one table.
 
 Usage: load.py --url HOST:PORT --model NAME --pid PID --report-token TOKEN --oha PATH [--factor 2] [--duration 60]
 """
@@ -132,6 +133,9 @@ def main():
     p.add_argument("--factor", type=float, default=2.0)
     p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--tolerance", type=float, default=0.5, help="accepted p99 may exceed the SLO by this fraction")
+    # Admission plans for the SLO's percentile (99); a stall of the shared host still delays a
+    # queue's worth of requests at once, so the check leaves room for a few such runs.
+    p.add_argument("--attainment", type=float, default=0.97, help="fraction of accepted requests within the SLO, at least")
     a = p.parse_args()
     tenant = next(t for t in report(a.url, a.report_token)["tenants"] if t["name"] == a.model)
     slo = tenant["sloMillis"]
@@ -156,6 +160,7 @@ def main():
         ("p99 at the client, all responses (ms)", f"{client_p99:.0f}"),
         ("agent SLO attainment, last 30 s", f"{after['window']['sloAttainment']:.3f}"),
         ("latency / compute at the SLO percentile (ms)", f"{at_slo:.0f} / {compute_at_slo:.0f}"),
+        ("admission's overrun factor", f"{after['admissionOverrun']:.3f}"),
         ("agent RSS MiB, max first half / second half", f"{first:.0f} / {second:.0f}"),
     ]
     for k, v in rows:
@@ -165,7 +170,10 @@ def main():
     assert statuses.get(200, 0) > 0, "nothing was served"
     assert statuses.get(429, 0) + statuses.get(503, 0) > 0, f"{a.factor} x the capacity was never shed"
     assert agent_p99 <= slo * (1 + a.tolerance), f"accepted p99 {agent_p99:.0f} ms exceeds the SLO {slo} ms by more than {a.tolerance:.0%}"
+    attainment = after["window"]["sloAttainment"]
+    assert attainment >= a.attainment, f"{attainment:.3f} of accepted requests within the SLO, less than {a.attainment}"
     assert 0 < compute_at_slo <= at_slo * 1.01, f"compute {compute_at_slo} ms against latency {at_slo} ms"
+    assert 1.0 <= after["admissionOverrun"] <= 8.0, after["admissionOverrun"]
     assert second <= first * 1.25 + 32, f"RSS grew from {first:.0f} to {second:.0f} MiB"
     print("1 passed, 0 failed")
 

@@ -114,6 +114,12 @@ fn text(app: &AppState) -> String {
     });
     gauge(
         &mut out,
+        "admission_overrun",
+        "How far recent requests overran admission's latency predictions, at the SLO's percentile; admission scales its predictions by it.",
+        &|t| Some(t.admission_overrun()),
+    );
+    gauge(
+        &mut out,
         "batch_size_knob",
         "Largest batch per instance.",
         &|t| Some(t.knobs().0 as f64),

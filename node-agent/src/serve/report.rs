@@ -78,6 +78,7 @@ pub async fn render(
                     let w = tenant.stats().window();
                     t["knobs"] = json!({ "batchSize": batch, "instances": instances });
                     t["queueDepth"] = json!(tenant.queue_depth());
+                    t["admissionOverrun"] = json!(tenant.admission_overrun());
                     let millis = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
                     let stats = tenant.stats();
                     t["latencyAtPercentileMillis"] =
