@@ -328,7 +328,8 @@ impl Tenant {
             )
         });
         if let Some(predicted) = predicted.filter(|_| !idle) {
-            let predicted = predicted.mul_f64(overrun);
+            let predicted = Duration::try_from_secs_f64(predicted.as_secs_f64() * overrun)
+                .unwrap_or(Duration::MAX);
             if predicted > slo {
                 shared.stats.shed(ShedReason::WouldMissSlo);
                 return Err(Rejected::WouldMissSlo { predicted, slo });
