@@ -134,8 +134,9 @@ def main():
     p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--tolerance", type=float, default=0.5, help="accepted p99 may exceed the SLO by this fraction")
     # Admission plans for the SLO's percentile (99); a stall of the shared host still delays a
-    # queue's worth of requests at once, so the check leaves room for a few such runs.
-    p.add_argument("--attainment", type=float, default=0.97, help="fraction of accepted requests within the SLO, at least")
+    # queue's worth of requests at once, so the check leaves room for a few such stalls (the agent
+    # test measured 0.970-1.000 in five runs, and 0.918-0.923 before admission learnt overruns).
+    p.add_argument("--attainment", type=float, default=0.95, help="fraction of accepted requests within the SLO, at least")
     a = p.parse_args()
     tenant = next(t for t in report(a.url, a.report_token)["tenants"] if t["name"] == a.model)
     slo = tenant["sloMillis"]
