@@ -225,6 +225,12 @@ mod tests {
         assert_eq!(predicted_latency(10 * MS, &[], 5, 0, 0, 0), 60 * MS);
     }
 
+    /// The factor is a ratio stored as f32.
+    fn assert_factor(overrun: &Overrun, want: f64) {
+        let got = overrun.factor();
+        assert!((got - want).abs() < 1e-6, "factor {got}, want {want}");
+    }
+
     #[test]
     fn the_overrun_allows_half_the_misses_the_slo_allows() {
         let now = Instant::now();
@@ -238,29 +244,14 @@ mod tests {
             overrun.record(now, 100 * MS, ms * MS);
         }
         // 100 ratios. A p99 SLO allows one miss in 100: admission plans for half of one.
-        assert!(
-            (overrun.factor() - 1.5).abs() < 1e-6,
-            "{}",
-            overrun.factor()
-        );
+        assert_factor(&overrun, 1.5);
         // A p96 SLO allows four, admission two: the second largest ratio.
         overrun.set_slo(slo, 96.0);
-        assert!(
-            (overrun.factor() - 1.2).abs() < 1e-6,
-            "{}",
-            overrun.factor()
-        );
+        assert_factor(&overrun, 1.2);
         overrun.set_slo(slo, 94.0);
-        assert!(
-            (overrun.factor() - 1.1).abs() < 1e-6,
-            "{}",
-            overrun.factor()
-        );
+        assert_factor(&overrun, 1.1);
         overrun.set_slo(slo, f64::NAN);
-        assert!(
-            (overrun.factor() - 1.1).abs() < 1e-6,
-            "not a number: the percentile stays"
-        );
+        assert_factor(&overrun, 1.1); // not a number: the percentile stays
         overrun.set_slo(slo, 80.0);
         assert_eq!(overrun.factor(), 1.0);
         overrun.set_slo(slo, 99.0);
@@ -286,11 +277,7 @@ mod tests {
         overrun.record(now + Duration::from_secs(19), 100 * MS, 110 * MS);
         assert_eq!(overrun.factor(), Overrun::MAX);
         overrun.record(now + Duration::from_secs(21), 100 * MS, 110 * MS);
-        assert!(
-            (overrun.factor() - 1.1).abs() < 1e-6,
-            "{}",
-            overrun.factor()
-        );
+        assert_factor(&overrun, 1.1);
         // A tight SLO still keeps five seconds; a loose one at most thirty.
         overrun.set_slo(MS, 99.0);
         assert_eq!(overrun.span, Overrun::MIN_SPAN);
@@ -301,11 +288,7 @@ mod tests {
         for _ in 0..Overrun::CAPACITY {
             overrun.record(later, 100 * MS, 130 * MS);
         }
-        assert!(
-            (overrun.factor() - 1.3).abs() < 1e-6,
-            "{}",
-            overrun.factor()
-        );
+        assert_factor(&overrun, 1.3);
     }
 
     #[test]
