@@ -68,6 +68,9 @@ pub struct Window {
     pub completions: u64,
     #[serde(default)]
     pub slo_attainment: Option<f64>,
+    /// Requests admission control refused.
+    #[serde(default)]
+    pub shed: u64,
 }
 
 impl AgentReport {

@@ -1,7 +1,7 @@
 //! A tenant's status from this round's decision: phase, knobs, replicas, observations, endpoint
 //! and the Ready / ModelLoaded / SLOMet conditions, each with a reason a user can act on.
 
-use super::tenant::TenantDecision;
+use super::tenant::{Aggregate, TenantDecision};
 use cotenant_crds::conditions::set_condition;
 use cotenant_crds::policy_view::{chosen, scaler_memory, spec_knobs};
 use cotenant_crds::{ModelTenant, ModelTenantStatus, Observed, ReplicaPlacement, TenantPhase};
@@ -104,16 +104,20 @@ pub fn tenant_status(
         (
             "WithinSLO",
             format!(
-                "p{} {:.1} ms within {slo_ms} ms",
-                tenant.spec.slo.percentile, a.latency_ms
+                "p{} {:.1} ms within {slo_ms} ms{}",
+                tenant.spec.slo.percentile,
+                a.latency_ms,
+                shed_note(a)
             ),
         )
     } else {
         (
             "SLOViolated",
             format!(
-                "p{} {:.1} ms over {slo_ms} ms",
-                tenant.spec.slo.percentile, a.latency_ms
+                "p{} {:.1} ms over {slo_ms} ms{}",
+                tenant.spec.slo.percentile,
+                a.latency_ms,
+                shed_note(a)
             ),
         )
     };
@@ -182,6 +186,20 @@ pub fn tenant_status(
         generation,
     );
     s
+}
+
+/// What admission control refused over the window, when that is at least 1% of the requests.
+/// The SLO is held for the requests accepted, so a tenant can meet it while refusing most of its
+/// load; the condition says so instead of looking healthy.
+fn shed_note(a: &Aggregate) -> String {
+    let share = a.shed as f64 / (a.shed + a.completions).max(1) as f64;
+    if share < 0.01 {
+        return String::new();
+    }
+    format!(
+        "; {:.0}% of requests refused by admission control",
+        share * 100.0
+    )
 }
 
 /// Two decimals: statuses should not churn on noise below that.

@@ -64,6 +64,8 @@ pub struct Aggregate {
     pub completions: u64,
     /// Completion-weighted SLO attainment.
     pub attainment: Option<f64>,
+    /// Requests admission control refused.
+    pub shed: u64,
 }
 
 pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
@@ -89,6 +91,7 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
             a.arrival_rate += w.arrival_rate_per_second;
             a.throughput += w.throughput_per_second;
             a.completions += w.completions;
+            a.shed += w.shed;
             if let Some(s) = w.slo_attainment {
                 attained += s * w.completions as f64;
             }

@@ -405,6 +405,7 @@ fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
             throughput_per_second: 10.0,
             completions: 300,
             slo_attainment: Some(1.0),
+            shed: 0,
         });
         agents[0].report = Some(AgentReport { tenants: vec![r] });
         let outcome = round(
@@ -468,4 +469,54 @@ fn the_aggregate_takes_the_worst_replicas_compute_time_and_skips_what_is_missing
     let older_agents = [with(None, "Ready")];
     let a = super::tenant::aggregate(&older_agents.iter().collect::<Vec<_>>());
     assert_eq!(a.compute_ms, None);
+}
+
+/// Admission holds the SLO for the requests it accepts, so under overload the SLOMet condition
+/// is true while most requests are refused: its message says how many.
+#[test]
+fn the_slo_condition_says_how_much_admission_refused() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
+    placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let mut message = |completions: u64, shed: u64| {
+        let mut r = replica_report(&t, "Ready");
+        r.latency_at_percentile_millis = Some(40.0);
+        r.window = Some(Window {
+            arrival_rate_per_second: (completions + shed) as f64 / 30.0,
+            throughput_per_second: completions as f64 / 30.0,
+            completions,
+            slo_attainment: Some(0.995),
+            shed,
+        });
+        agents[0].report = Some(AgentReport { tenants: vec![r] });
+        let outcome = round(
+            &pool,
+            std::slice::from_ref(&t),
+            &mut agents,
+            &mut memory,
+            4.0,
+        );
+        let c = outcome.tenants[0]
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "SLOMet")
+            .expect("SLOMet")
+            .clone();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "WithinSLO")
+        );
+        c.message
+    };
+    assert_eq!(message(300, 0), "p99 40.0 ms within 50 ms");
+    assert_eq!(
+        message(300, 2),
+        "p99 40.0 ms within 50 ms",
+        "under 1%: noise"
+    );
+    assert_eq!(
+        message(300, 700),
+        "p99 40.0 ms within 50 ms; 70% of requests refused by admission control"
+    );
 }

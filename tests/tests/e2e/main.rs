@@ -83,17 +83,27 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     );
     eprintln!("e2e: rn knobs {knobs_before} -> {knobs_after} after the SLO tightened");
     // Every replica here shares the same two cores, so more replicas add no capacity: under
-    // four times the load, admission sheds. The status read here still holds the SLO tightening
-    // (requests admitted for 2000 ms finishing against 1500 ms) and the new replicas' start, so
-    // only the answers are checked; at half the peak load, the SLO is met again.
+    // four times the load, admission sheds, and the SLOMet condition says how much. The status
+    // read here still holds the SLO tightening (requests admitted for 2000 ms finishing against
+    // 1500 ms) and the new replicas' start, so only the answers are checked against the SLO; at
+    // half the peak load, the SLO is met again.
     let overloaded = c.jsonpath(
         "mt",
         "rn",
         "{.status.observed} at {.status.knobs.batchSize}x{.status.knobs.instances}",
     );
+    let slo_met = c.jsonpath(
+        "mt",
+        "rn",
+        "{.status.conditions[?(@.type==\"SLOMet\")].message}",
+    );
     let answers = load.stop();
-    eprintln!("e2e: rn under 4x load: {overloaded}; answers {answers:?}");
+    eprintln!("e2e: rn under 4x load: {overloaded}; SLOMet: {slo_met}; answers {answers:?}");
     expect_only_served_or_shed(&answers);
+    assert!(
+        slo_met.contains("refused by admission control"),
+        "SLOMet under 4x load: {slo_met}"
+    );
     let load = c.load_image_model("rn", rate / 8.0);
     c.step("rn meets its SLO again at half the peak load", 240, || {
         c.all_ready(&["rn"])?;
