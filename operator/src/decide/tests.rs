@@ -86,6 +86,14 @@ fn replica_report(t: &ModelTenant, state: &str) -> TenantReport {
     }
 }
 
+/// An agent report with `t`'s replica Ready, at `latency_ms` at the SLO percentile over `window`.
+fn serving(t: &ModelTenant, latency_ms: f64, window: Window) -> AgentReport {
+    let mut r = replica_report(t, "Ready");
+    r.latency_at_percentile_millis = Some(latency_ms);
+    r.window = Some(window);
+    AgentReport { tenants: vec![r] }
+}
+
 /// Runs one round and puts its assignments on the agents, as the agents would see them.
 fn round(
     pool: &GpuPool,
@@ -398,16 +406,14 @@ fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
     let mut memory = Memory::default();
     let mut batches = Vec::new();
     for i in 0..12 {
-        let mut r = replica_report(&t, "Ready");
-        r.latency_at_percentile_millis = Some(5.0);
-        r.window = Some(Window {
+        let window = Window {
             arrival_rate_per_second: 10.0,
             throughput_per_second: 10.0,
             completions: 300,
             slo_attainment: Some(1.0),
             shed: 0,
-        });
-        agents[0].report = Some(AgentReport { tenants: vec![r] });
+        };
+        agents[0].report = Some(serving(&t, 5.0, window));
         let outcome = round(
             &pool,
             std::slice::from_ref(&t),
@@ -479,16 +485,14 @@ fn the_slo_condition_says_how_much_admission_refused() {
     let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
     placed_then_profiled(&pool, &t, &mut agents, &mut memory);
     let mut message = |completions: u64, shed: u64| {
-        let mut r = replica_report(&t, "Ready");
-        r.latency_at_percentile_millis = Some(40.0);
-        r.window = Some(Window {
+        let window = Window {
             arrival_rate_per_second: (completions + shed) as f64 / 30.0,
             throughput_per_second: completions as f64 / 30.0,
             completions,
             slo_attainment: Some(0.995),
             shed,
-        });
-        agents[0].report = Some(AgentReport { tenants: vec![r] });
+        };
+        agents[0].report = Some(serving(&t, 40.0, window));
         let outcome = round(
             &pool,
             std::slice::from_ref(&t),
