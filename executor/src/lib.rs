@@ -20,6 +20,7 @@ pub mod plan;
 pub mod proto;
 pub mod runtime;
 pub mod tensor;
+pub mod tensor_proto;
 pub mod zoo;
 
 pub use backend::{Backend, CpuBackend};
