@@ -777,7 +777,7 @@ fn main() -> ExitCode {
                     continue;
                 }
             };
-            if let Err(e) = cuda.prepare(&model.plan) {
+            if let Err(e) = cuda.register_constants(&model.plan.constants) {
                 failed += 1;
                 let _ = writeln!(acc, "| {name} | - | {e} | - | FAIL (weights upload) |");
                 continue;

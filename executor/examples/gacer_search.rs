@@ -100,7 +100,7 @@ fn profile(
         return Ok(p.clone());
     }
     let m = zoo.get(name)?;
-    let backend = device.backend_for(name, threads, &m.plan)?;
+    let backend = device.backend_for(name, threads, &m.plan.constants)?;
     let p = Arc::new(profile_model(
         name,
         &m.plan,

@@ -6,7 +6,8 @@
 
 use crate::backend::{Backend, CpuBackend};
 use crate::gacer::DeviceShape;
-use crate::plan::Plan;
+use crate::tensor::Tensor;
+use std::sync::Arc;
 
 /// What the operator of the agent asked for (`--device`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,25 +110,22 @@ impl Device {
     pub fn backend(&self, tenant: &str, threads: usize) -> Result<Box<dyn Backend>, String> {
         match self {
             Device::Cpu => Ok(Box::new(CpuBackend::new(threads))),
-            Device::Cuda(gpu) => gpu_backend(gpu, tenant, threads),
+            Device::Cuda(gpu) => gpu_backend(gpu, tenant, threads, &[]),
         }
     }
 
-    /// [`Device::backend`] readied for `plan` (its weights resident on a GPU); the error says
+    /// [`Device::backend`] readied for a plan's `constants` (resident on a GPU); the error says
     /// which of the two failed.
     pub fn backend_for(
         &self,
         tenant: &str,
         threads: usize,
-        plan: &Plan,
+        constants: &[Arc<Tensor>],
     ) -> Result<Box<dyn Backend>, String> {
-        let backend = self
-            .backend(tenant, threads)
-            .map_err(|e| format!("the device cannot serve it: {e}"))?;
-        backend
-            .prepare(plan)
-            .map_err(|e| format!("the weights cannot be placed on the device: {e}"))?;
-        Ok(backend)
+        match self {
+            Device::Cpu => Ok(Box::new(CpuBackend::new(threads))),
+            Device::Cuda(gpu) => gpu_backend(gpu, tenant, threads, constants),
+        }
     }
 
     /// The device's parallel resources, for the GACER cost model; `threads` is one stream's CPU
@@ -173,7 +171,12 @@ fn probe_gpu(_ordinal: usize, _memory_per_instance: u64, _tf32: bool) -> Result<
 }
 
 #[cfg(feature = "cuda")]
-fn gpu_backend(gpu: &Gpu, tenant: &str, threads: usize) -> Result<Box<dyn Backend>, String> {
+fn gpu_backend(
+    gpu: &Gpu,
+    tenant: &str,
+    threads: usize,
+    constants: &[Arc<Tensor>],
+) -> Result<Box<dyn Backend>, String> {
     use crate::cuda::{CudaBackend, CudaOptions};
     let backend = CudaBackend::new(CudaOptions {
         ordinal: gpu.ordinal,
@@ -182,13 +185,21 @@ fn gpu_backend(gpu: &Gpu, tenant: &str, threads: usize) -> Result<Box<dyn Backen
         cpu_threads: threads,
         tf32: gpu.tf32,
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| format!("the device cannot serve it: {e}"))?;
+    backend
+        .register_constants(constants)
+        .map_err(|e| format!("the weights cannot be placed on the device: {e}"))?;
     Ok(Box::new(backend))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn gpu_backend(_gpu: &Gpu, _tenant: &str, _threads: usize) -> Result<Box<dyn Backend>, String> {
-    Err("built without the cuda feature".into())
+fn gpu_backend(
+    _gpu: &Gpu,
+    _tenant: &str,
+    _threads: usize,
+    _constants: &[Arc<Tensor>],
+) -> Result<Box<dyn Backend>, String> {
+    Err("the device cannot serve it: built without the cuda feature".into())
 }
 
 #[cfg(test)]

@@ -278,7 +278,7 @@ impl Plan {
         if sizes.is_none()
             && let Some(rows) = self.lane_rows(lanes.len(), &inputs)
         {
-            return self.run_in_lanes(backend, lanes, inputs, &rows);
+            return self.run_in_lanes(backend, &lanes, inputs, &rows);
         }
         let mut values = self.check_inputs(inputs)?;
         if let Some(sz) = sizes.as_deref_mut() {
@@ -321,7 +321,7 @@ impl Plan {
     fn run_in_lanes(
         &self,
         backend: &dyn Backend,
-        lanes: &[CpuBackend],
+        lanes: &[&dyn Backend],
         inputs: Vec<(String, Tensor)>,
         rows: &[usize],
     ) -> Result<Vec<(String, Tensor)>, RunError> {
@@ -332,7 +332,7 @@ impl Plan {
                 results = parts
                     .into_par_iter()
                     .zip(lanes)
-                    .map(|(part, lane)| self.run_inner(lane, part, None))
+                    .map(|(part, lane)| self.run_inner(*lane, part, None))
                     .collect();
             }
         });

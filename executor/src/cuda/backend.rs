@@ -311,11 +311,6 @@ impl Backend for CudaBackend {
         }
     }
 
-    /// Registers the plan's constants (see [`CudaBackend::register_constants`]).
-    fn prepare(&self, plan: &crate::plan::Plan) -> Result<(), OpError> {
-        self.register_constants(&plan.constants).map(drop)
-    }
-
     fn recycle(&self, t: Tensor) {
         self.cpu.recycle(t)
     }

@@ -296,17 +296,14 @@ fn stream_backend(
         source: RunError::Device(why),
     };
     let first = members.first().copied().unwrap_or(0);
-    let backend = sh
-        .opts
+    let constants: Vec<_> = members
+        .iter()
+        .flat_map(|&t| sh.tenants[t].model.plan.constants.iter().cloned())
+        .collect();
+    sh.opts
         .device
-        .backend(&format!("stream-{i}"), threads)
-        .map_err(|why| failed(first, why))?;
-    for &t in members {
-        backend
-            .prepare(&sh.tenants[t].model.plan)
-            .map_err(|e| failed(t, e.to_string()))?;
-    }
-    Ok(backend)
+        .backend_for(&format!("stream-{i}"), threads, &constants)
+        .map_err(|why| failed(first, why))
 }
 
 /// One stream's loop over rounds; stops at `opts.stop`, or early when a step it waits for

@@ -54,7 +54,7 @@ pub fn measure(
                 let ready = &ready;
                 s.spawn(move || -> Result<Vec<f64>, RunError> {
                     let warmed = device
-                        .backend_for("measure", per_instance, &model.plan)
+                        .backend_for("measure", per_instance, &model.plan.constants)
                         .map_err(RunError::Device)
                         .and_then(|b| {
                             for _ in 0..warmup {

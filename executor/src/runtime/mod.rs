@@ -261,7 +261,7 @@ impl Tenant {
                 let backend = config.device.backend_for(
                     &config.name,
                     config.threads_per_instance,
-                    &shared.model.plan,
+                    &shared.model.plan.constants,
                 );
                 let seat = shared
                     .co

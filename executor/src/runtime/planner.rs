@@ -73,7 +73,7 @@ impl Planner {
                         None => {
                             let backend = self
                                 .device
-                                .backend_for(label, self.threads, &model.plan)
+                                .backend_for(label, self.threads, &model.plan.constants)
                                 .map_err(|e| RunError::Device(format!("{label}: {e}")))?;
                             let inputs = model.plan.example_inputs(*rows);
                             let p = profile_model(

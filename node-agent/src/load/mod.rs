@@ -125,10 +125,11 @@ pub fn start(
     let model = Model::from_bytes(bytes).map_err(|e| format!("not a usable ONNX model: {e}"))?;
     // A trial on the tenant's device: it can make a backend, the weights fit its memory budget,
     // and the model runs there; any of these failing fails this tenant alone, with the reason.
-    let trial =
-        config
-            .device
-            .backend_for(&config.name, config.threads_per_instance, &model.plan)?;
+    let trial = config.device.backend_for(
+        &config.name,
+        config.threads_per_instance,
+        &model.plan.constants,
+    )?;
     let example = model.plan.example_inputs(1);
     let outputs = model
         .plan

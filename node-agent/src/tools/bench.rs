@@ -64,7 +64,7 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     let device = a.device.choose()?;
     // Fail fast on a model that cannot run at all, with its error.
     let probe = device
-        .backend_for("bench", per_instance, &model.plan)
+        .backend_for("bench", per_instance, &model.plan.constants)
         .map_err(anyhow::Error::msg)?;
     let device_name = probe.name();
     model
