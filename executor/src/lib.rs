@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod gacer;
+pub mod gpu;
 pub mod graph;
 pub mod import;
 pub mod npy;
