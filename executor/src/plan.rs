@@ -434,7 +434,9 @@ impl Plan {
                         .iter()
                         .map(|i| i.and_then(|src| self.get(values, &src)))
                         .collect();
-                    let shape = sh.reshape_target(&refs).map_err(node_err)?;
+                    let x = refs.first().copied().flatten().map(|t| t.shape.clone());
+                    let x = x.ok_or(RunError::MissingOutput(s.node.clone()))?;
+                    let shape = sh.reshape_target(&x, &refs).map_err(node_err)?;
                     let t = values[*v]
                         .take()
                         .ok_or(RunError::MissingOutput(s.node.clone()))?;

@@ -859,7 +859,7 @@ mod tests {
         // Grouped with 2 input channels per group: zero the cross-channel weights.
         let g = Conv2d {
             groups: 3,
-            ..p.clone()
+            ..p
         };
         let mut wg = vec![0.0; p.c * 2 * 9];
         for co in 0..p.c {

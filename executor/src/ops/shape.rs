@@ -169,10 +169,12 @@ impl ShapeOp {
         )
     }
 
-    /// The output shape of a reshape-like op.
-    pub fn reshape_target(&self, inputs: &[Option<&Tensor>]) -> OpResult<Vec<usize>> {
-        let x = input(inputs, 0)?;
-        let rank = x.rank();
+    /// The output shape of a reshape-like op on an input of shape `x` (its data is never read,
+    /// so a device-resident input is reshaped from its shape alone); `inputs` are the op's
+    /// inputs, of which only the shape arguments (1 on) are read.
+    pub fn reshape_target(&self, x: &[usize], inputs: &[Option<&Tensor>]) -> OpResult<Vec<usize>> {
+        let rank = x.len();
+        let len: usize = x.iter().product();
         match self {
             ShapeOp::Reshape { allowzero } => {
                 let spec = input(inputs, 1)?.to_i64_vec()?;
@@ -180,8 +182,8 @@ impl ShapeOp {
                 let mut infer = None;
                 for (i, &d) in spec.iter().enumerate() {
                     out.push(match d {
-                        0 if !allowzero => *x.shape.get(i).ok_or_else(|| {
-                            OpError::Shape(format!("Reshape copies dim {i} of {:?}", x.shape))
+                        0 if !allowzero => *x.get(i).ok_or_else(|| {
+                            OpError::Shape(format!("Reshape copies dim {i} of {x:?}"))
                         })?,
                         -1 if infer.is_none() => {
                             infer = Some(i);
@@ -193,13 +195,13 @@ impl ShapeOp {
                 }
                 if let Some(i) = infer {
                     let known: usize = out.iter().product();
-                    if known == 0 || x.len() % known != 0 {
-                        return shape_err(format!("cannot reshape {:?} to {spec:?}", x.shape));
+                    if known == 0 || !len.is_multiple_of(known) {
+                        return shape_err(format!("cannot reshape {x:?} to {spec:?}"));
                     }
-                    out[i] = x.len() / known;
+                    out[i] = len / known;
                 }
-                if out.iter().product::<usize>() != x.len() {
-                    return shape_err(format!("cannot reshape {:?} to {spec:?}", x.shape));
+                if out.iter().product::<usize>() != len {
+                    return shape_err(format!("cannot reshape {x:?} to {spec:?}"));
                 }
                 Ok(out)
             }
@@ -213,27 +215,23 @@ impl ShapeOp {
                     return shape_err(format!("Flatten axis {axis} for rank {rank}"));
                 }
                 let a = a as usize;
-                Ok(vec![
-                    x.shape[..a].iter().product(),
-                    x.shape[a..].iter().product(),
-                ])
+                Ok(vec![x[..a].iter().product(), x[a..].iter().product()])
             }
             ShapeOp::Squeeze { axes } => {
                 let axes = axes_of(axes, opt_input(inputs, 1))?;
                 let drop: Vec<usize> = match axes {
-                    None => (0..rank).filter(|&i| x.shape[i] == 1).collect(),
+                    None => (0..rank).filter(|&i| x[i] == 1).collect(),
                     Some(a) => a
                         .iter()
                         .map(|&v| norm_axis(v, rank))
                         .collect::<OpResult<_>>()?,
                 };
                 for &d in &drop {
-                    if x.shape[d] != 1 {
-                        return shape_err(format!("Squeeze axis {d} of {:?} is not 1", x.shape));
+                    if x[d] != 1 {
+                        return shape_err(format!("Squeeze axis {d} of {:?} is not 1", x));
                     }
                 }
-                Ok(x.shape
-                    .iter()
+                Ok(x.iter()
                     .enumerate()
                     .filter(|(i, _)| !drop.contains(i))
                     .map(|(_, &d)| d)
@@ -251,7 +249,7 @@ impl ShapeOp {
                 if ins.len() != axes.len() {
                     return shape_err("Unsqueeze axes repeat");
                 }
-                let mut src = x.shape.iter();
+                let mut src = x.iter();
                 Ok((0..r)
                     .map(|i| {
                         if ins.contains(&i) {
@@ -270,7 +268,7 @@ impl ShapeOp {
         let one = |t: OpResult<Tensor>| t.map(|t| vec![t]);
         match self {
             s if s.is_reshape() => {
-                let shape = s.reshape_target(inputs)?;
+                let shape = s.reshape_target(&input(inputs, 0)?.shape, inputs)?;
                 one(input(inputs, 0)?.clone().reshaped(shape))
             }
             ShapeOp::Transpose { perm } => one(transpose(input(inputs, 0)?, perm.as_deref())),
