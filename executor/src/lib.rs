@@ -9,6 +9,7 @@ pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod engine;
 pub mod error;
 pub mod gacer;
 pub mod gpu;
@@ -25,7 +26,8 @@ pub mod tensor_proto;
 pub mod zoo;
 
 pub use backend::{Backend, CpuBackend};
-pub use device::{Device, DeviceRequest};
+pub use device::{Device, DeviceRequest, Placed};
+pub use engine::Engine;
 pub use error::{ImportError, OpError, RunError};
 pub use plan::{Model, Plan};
 pub use tensor::{DType, Data, Tensor};

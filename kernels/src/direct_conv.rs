@@ -192,10 +192,7 @@ pub fn direct_conv(
     };
     for n0 in (0..p.n).step_by(group) {
         let n1 = (n0 + group).min(p.n);
-        let part = Conv2d {
-            n: n1 - n0,
-            ..*p
-        };
+        let part = Conv2d { n: n1 - n0, ..*p };
         let epi = Epilogue {
             residual: epi
                 .residual

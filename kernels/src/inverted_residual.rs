@@ -321,11 +321,7 @@ mod tests {
                 1,
             );
             let run = |n: usize, x: &[f32], residual: Option<&[f32]>, threads: usize| {
-                let (p1, p2, p3) = (
-                    Conv2d { n, ..p1 },
-                    Conv2d { n, ..p2 },
-                    Conv2d { n, ..p3 },
-                );
+                let (p1, p2, p3) = (Conv2d { n, ..p1 }, Conv2d { n, ..p2 }, Conv2d { n, ..p3 });
                 let mut got = vec![f32::NAN; n * m * p2.oh * p2.ow];
                 inverted_residual(
                     Stage {

@@ -27,7 +27,13 @@ pub enum GpuError {
     Device(#[from] DeviceError),
     #[error(transparent)]
     Layout(#[from] LayoutError),
-    #[error("invalid input: {0}")]
+    /// The request itself is wrong (checked as the CPU path checks it).
+    #[error(transparent)]
+    Request(#[from] crate::error::RunError),
+    /// A request value the device would read out of range (a Gather index).
+    #[error("node {node:?} (Gather): {why}")]
+    Index { node: String, why: String },
+    #[error("{0}")]
     Input(String),
     #[error("step {node} ({op}): {why}")]
     Step {
@@ -88,6 +94,25 @@ struct Arena {
     _reserved: Reservation,
 }
 
+/// A batch being issued ([`Instance::begin`]).
+pub struct Batch {
+    layout: Arc<Layout>,
+    base: DevPtr,
+    /// The next step to issue.
+    next: usize,
+    timing: Vec<EventId>,
+    /// Outputs coming down: (value, offset in the pinned buffer, arena offset, bytes).
+    downs: Vec<(usize, u64, u64, u64)>,
+    out_pin: Option<PinnedId>,
+}
+
+impl Batch {
+    /// Steps issued so far.
+    pub fn issued(&self) -> usize {
+        self.next
+    }
+}
+
 /// Per-step device timings of one batch, from timing events around each step.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepTimes {
@@ -102,6 +127,8 @@ pub struct Instance {
     budget: Arc<Budget>,
     stream: StreamId,
     owns_stream: bool,
+    /// Timing events recorded at a batch's start and behind its outputs.
+    start: EventId,
     done: EventId,
     arena: Option<Arena>,
     inputs: Staging,
@@ -127,7 +154,8 @@ impl Instance {
             Some(s) => (s, false),
             None => (device.new_stream()?, true),
         };
-        let done = device.new_event(false)?;
+        let start = device.new_event(true)?;
+        let done = device.new_event(true)?;
         let gather_checks = gather_checks(&model);
         Ok(Instance {
             device,
@@ -136,6 +164,7 @@ impl Instance {
             budget,
             stream,
             owns_stream,
+            start,
             done,
             arena: None,
             inputs: Staging { buffer: None },
@@ -153,6 +182,10 @@ impl Instance {
 
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    pub fn device(&self) -> &Arc<dyn DeviceApi> {
+        &self.device
     }
 
     /// Arena bytes held now.
@@ -202,7 +235,10 @@ impl Instance {
         inputs: Vec<(String, Tensor)>,
         coord: &dyn Coordination,
     ) -> Result<Vec<(String, Tensor)>, GpuError> {
-        self.run_inner(inputs, coord, None)
+        let mut batch = self.begin(inputs, false)?;
+        while self.issue_step(&mut batch, coord)? {}
+        self.end(&mut batch)?;
+        self.finish(batch).map(|(out, _)| out)
     }
 
     /// Runs one batch and times every step on the device with events.
@@ -211,22 +247,19 @@ impl Instance {
         inputs: Vec<(String, Tensor)>,
         coord: &dyn Coordination,
     ) -> Result<(Vec<(String, Tensor)>, StepTimes), GpuError> {
-        let mut times = StepTimes::default();
-        let out = self.run_inner(inputs, coord, Some(&mut times))?;
-        Ok((out, times))
+        let mut batch = self.begin(inputs, true)?;
+        while self.issue_step(&mut batch, coord)? {}
+        self.end(&mut batch)?;
+        self.finish(batch)
     }
 
-    fn run_inner(
-        &mut self,
-        inputs: Vec<(String, Tensor)>,
-        coord: &dyn Coordination,
-        times: Option<&mut StepTimes>,
-    ) -> Result<Vec<(String, Tensor)>, GpuError> {
+    /// Starts a batch: checks the inputs, stages them in pinned memory and issues one copy up
+    /// each. Its steps are then issued one by one ([`Instance::issue_step`]), so several
+    /// instances' batches can be interleaved from one thread.
+    pub fn begin(&mut self, inputs: Vec<(String, Tensor)>, timed: bool) -> Result<Batch, GpuError> {
         let model = self.model.clone();
         let plan = &model.plan;
-        let values = plan
-            .bind_inputs(inputs)
-            .map_err(|e| GpuError::Input(e.to_string()))?;
+        let values = plan.bind_inputs(inputs)?;
         let staged: Vec<&Tensor> = plan
             .inputs
             .iter()
@@ -235,17 +268,17 @@ impl Instance {
             .ok_or_else(|| GpuError::Input("an input is missing".into()))?;
         self.check_gathers(&staged)?;
         let shapes: Vec<Vec<usize>> = staged.iter().map(|t| t.shape.clone()).collect();
-        let l = self.layout(&shapes)?;
+        let layout = self.layout(&shapes)?;
         let base = self.arena_base()?;
         let dev = self.device.clone();
-        let timing = match times.is_some() {
+        let timing = match timed {
             true => self.timing_events(plan.steps.len() + 1)?,
             false => Vec::new(),
         };
+        dev.record(self.stream, self.start)?;
         if let Some(&t0) = timing.first() {
             dev.record(self.stream, t0)?;
         }
-        // Inputs: staged into pinned memory, one copy up each.
         let mut offsets = Vec::with_capacity(staged.len());
         let mut total = 0u64;
         for t in &staged {
@@ -256,7 +289,7 @@ impl Instance {
         for ((i, t), off) in plan.inputs.iter().zip(&staged).zip(&offsets) {
             let bytes = crate::tensor_proto::to_le_bytes(&t.data);
             dev.write_pinned(pin, *off, &bytes)?;
-            if let Home::Arena { offset, .. } = &l.homes[i.value]
+            if let Home::Arena { offset, .. } = &layout.homes[i.value]
                 && !bytes.is_empty()
             {
                 dev.copy_htod(
@@ -268,80 +301,146 @@ impl Instance {
                 )?;
             }
         }
-        drop(values);
-        // Every step, asynchronously.
-        for (si, step) in plan.steps.iter().enumerate() {
-            for e in coord.waits(si) {
-                dev.wait(self.stream, e)?;
+        Ok(Batch {
+            layout,
+            base,
+            next: 0,
+            timing,
+            downs: Vec::new(),
+            out_pin: None,
+        })
+    }
+
+    /// Issues the batch's next step (after its waits, before its signal); false once every step
+    /// has been issued.
+    pub fn issue_step(
+        &mut self,
+        b: &mut Batch,
+        coord: &dyn Coordination,
+    ) -> Result<bool, GpuError> {
+        let model = self.model.clone();
+        let Some(step) = model.plan.steps.get(b.next) else {
+            return Ok(false);
+        };
+        let si = b.next;
+        let dev = self.device.clone();
+        for e in coord.waits(si) {
+            dev.wait(self.stream, e)?;
+        }
+        let fail = |why: String| GpuError::Step {
+            node: step.node.clone(),
+            op: step.op.name(),
+            why,
+        };
+        let l = b.layout.clone();
+        match &l.kinds[si] {
+            StepKind::Host | StepKind::Alias => {}
+            StepKind::Device => {
+                let operands = self.operands(&l, b.base, &step.inputs);
+                let mut place = RunPlace {
+                    layout: &l,
+                    step: si,
+                    base: b.base,
+                    outputs: &step.outputs,
+                    next_param: 0,
+                };
+                let lowered = lower::lower(
+                    &step.op,
+                    &operands,
+                    step.outputs.len(),
+                    coord.pieces(si),
+                    &mut place,
+                )
+                .map_err(|Decline(why)| fail(why))?;
+                for w in lowered.pieces.iter().flatten() {
+                    match w {
+                        Work::Launch(launch) => dev.launch(self.stream, launch)?,
+                        Work::Gemm(g) => dev.gemm(self.stream, g)?,
+                    }
+                }
             }
-            let fail = |why: String| GpuError::Step {
+            StepKind::Fallback(_) => self.fallback(&l, b.base, si).map_err(|e| match e {
+                GpuError::Device(d) => GpuError::Device(d),
+                other => fail(other.to_string()),
+            })?,
+        }
+        if let Some(e) = coord.signal(si) {
+            dev.record(self.stream, e)?;
+        }
+        if let Some(&t) = b.timing.get(si + 1) {
+            dev.record(self.stream, t)?;
+        }
+        b.next += 1;
+        Ok(b.next < model.plan.steps.len())
+    }
+
+    /// The work step `si` issues under `layout` in `pieces` pieces (nothing is issued): what
+    /// GACER's footprints are read from.
+    pub fn step_work(
+        &self,
+        layout: &Arc<Layout>,
+        si: usize,
+        pieces: usize,
+    ) -> Result<Vec<Vec<Work>>, GpuError> {
+        let step = &self.model.plan.steps[si];
+        let base = self.arena_base()?;
+        let operands = self.operands(layout, base, &step.inputs);
+        let mut place = RunPlace {
+            layout,
+            step: si,
+            base,
+            outputs: &step.outputs,
+            next_param: 0,
+        };
+        lower::lower(&step.op, &operands, step.outputs.len(), pieces, &mut place)
+            .map(|l| l.pieces)
+            .map_err(|Decline(why)| GpuError::Step {
                 node: step.node.clone(),
                 op: step.op.name(),
                 why,
-            };
-            match &l.kinds[si] {
-                StepKind::Host | StepKind::Alias => {}
-                StepKind::Device => {
-                    let operands = self.operands(&l, base, &step.inputs);
-                    let mut place = RunPlace {
-                        layout: &l,
-                        step: si,
-                        base,
-                        outputs: &step.outputs,
-                        next_param: 0,
-                    };
-                    let lowered = lower::lower(
-                        &step.op,
-                        &operands,
-                        step.outputs.len(),
-                        coord.pieces(si),
-                        &mut place,
-                    )
-                    .map_err(|Decline(why)| fail(why))?;
-                    for w in lowered.pieces.iter().flatten() {
-                        match w {
-                            Work::Launch(launch) => dev.launch(self.stream, launch)?,
-                            Work::Gemm(g) => dev.gemm(self.stream, g)?,
-                        }
-                    }
-                }
-                StepKind::Fallback(_) => self.fallback(&l, base, si).map_err(|e| match e {
-                    GpuError::Device(d) => GpuError::Device(d),
-                    other => fail(other.to_string()),
-                })?,
-            }
-            if let Some(e) = coord.signal(si) {
-                dev.record(self.stream, e)?;
-            }
-            if let Some(&t) = timing.get(si + 1) {
-                dev.record(self.stream, t)?;
-            }
-        }
-        // Outputs: one copy down each, then the one wait.
-        let mut downs = Vec::new();
+            })
+    }
+
+    /// What the compiled code of `kernel` needs per thread and block on this device.
+    pub fn kernel_attributes(&self, kernel: super::api::Kernel) -> super::api::KernelAttributes {
+        self.device.kernel_attributes(kernel)
+    }
+
+    /// Issues the batch's copies down and the record of its end.
+    pub fn end(&mut self, b: &mut Batch) -> Result<(), GpuError> {
+        let dev = self.device.clone();
         let mut total = 0u64;
-        for (_, src) in &plan.outputs {
+        for (_, src) in &self.model.plan.outputs {
             if let Src::Value(v) = src
-                && let Home::Arena { offset, bytes, .. } = &l.homes[*v]
+                && let Home::Arena { offset, bytes, .. } = &b.layout.homes[*v]
             {
-                downs.push((*v, total, *offset, *bytes));
+                b.downs.push((*v, total, *offset, *bytes));
                 total += bytes.div_ceil(layout::ALIGN) * layout::ALIGN;
             }
         }
         let out_pin = self.outputs.ensure(dev.as_ref(), total)?;
-        for &(_, at, offset, bytes) in &downs {
+        for &(_, at, offset, bytes) in &b.downs {
             if bytes > 0 {
-                dev.copy_dtoh(self.stream, base.byte_add(offset), out_pin, at, bytes)?;
+                dev.copy_dtoh(self.stream, b.base.byte_add(offset), out_pin, at, bytes)?;
             }
         }
+        b.out_pin = Some(out_pin);
         dev.record(self.stream, self.done)?;
+        Ok(())
+    }
+
+    /// Waits for the batch (the one host wait) and reads its outputs.
+    pub fn finish(&mut self, b: Batch) -> Result<(Vec<(String, Tensor)>, StepTimes), GpuError> {
+        let dev = self.device.clone();
         dev.sync_event(self.done)?;
-        if let Some(times) = times {
+        let plan = &self.model.plan;
+        let mut times = StepTimes::default();
+        if !b.timing.is_empty() {
             times.spans = (0..plan.steps.len())
                 .map(|s| {
-                    let a = dev.elapsed_ms(timing[0], timing[s])?;
-                    let b = dev.elapsed_ms(timing[0], timing[s + 1])?;
-                    Ok((a, b))
+                    let a = dev.elapsed_ms(b.timing[0], b.timing[s])?;
+                    let e = dev.elapsed_ms(b.timing[0], b.timing[s + 1])?;
+                    Ok((a, e))
                 })
                 .collect::<Result<_, DeviceError>>()?;
         }
@@ -349,7 +448,7 @@ impl Instance {
         for (name, src) in &plan.outputs {
             let t = match src {
                 Src::Const(c) => (*plan.constants[*c]).clone(),
-                Src::Value(v) => match &l.homes[*v] {
+                Src::Value(v) => match &b.layout.homes[*v] {
                     Home::Host { value, .. } => (**value).clone(),
                     Home::Const(c) => (*plan.constants[*c]).clone(),
                     Home::Arena {
@@ -358,9 +457,12 @@ impl Instance {
                         bytes,
                         ..
                     } => {
-                        let at = downs.iter().find(|d| d.0 == *v).map_or(0, |d| d.1);
+                        let at = b.downs.iter().find(|d| d.0 == *v).map_or(0, |d| d.1);
+                        let pin = b
+                            .out_pin
+                            .ok_or_else(|| GpuError::Input("batch not ended".into()))?;
                         let mut raw = vec![0u8; *bytes as usize];
-                        dev.read_pinned(out_pin, at, &mut raw)?;
+                        dev.read_pinned(pin, at, &mut raw)?;
                         Tensor::new(
                             shape.clone(),
                             crate::tensor_proto::from_le_bytes(*dtype, &raw),
@@ -374,7 +476,18 @@ impl Instance {
             };
             result.push((name.clone(), t));
         }
-        Ok(result)
+        Ok((result, times))
+    }
+
+    /// Milliseconds from this instance's last batch start to `other`'s (both finished).
+    pub fn started_after(&self, other: &Instance) -> Result<f32, GpuError> {
+        Ok(self.device.elapsed_ms(self.start, other.start)?)
+    }
+
+    /// The last finished batch's time on the device, from its start to its outputs being on the
+    /// host, in milliseconds.
+    pub fn last_batch_ms(&self) -> Result<f32, GpuError> {
+        Ok(self.device.elapsed_ms(self.start, self.done)?)
     }
 
     fn timing_events(&mut self, n: usize) -> Result<Vec<EventId>, GpuError> {
@@ -561,6 +674,7 @@ impl Drop for Instance {
                 self.device.free_pinned(p);
             }
         }
+        self.device.free_event(self.start);
         self.device.free_event(self.done);
         for e in self.timing.drain(..) {
             self.device.free_event(e);

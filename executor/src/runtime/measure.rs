@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::error::RunError;
 use crate::plan::Model;
 use crate::tensor::Tensor;
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// What one measurement saw.
@@ -36,7 +36,7 @@ impl Measurement {
 #[allow(clippy::too_many_arguments)]
 pub fn measure(
     device: &Device,
-    model: &Model,
+    model: &Arc<Model>,
     inputs: &[(String, Tensor)],
     batch: usize,
     instances: usize,
@@ -46,6 +46,9 @@ pub fn measure(
 ) -> Result<Measurement, RunError> {
     let instances = instances.max(1);
     let per_instance = (threads / instances).max(1);
+    // The weights are placed once for all the instances, as a serving tenant's are.
+    let placed = device.place("measure", model).map_err(RunError::Device)?;
+    let placed = &placed;
     let ready = Barrier::new(instances + 1);
     let mut started = Instant::now();
     let results: Vec<Result<Vec<f64>, RunError>> = std::thread::scope(|s| {
@@ -53,24 +56,23 @@ pub fn measure(
             .map(|_| {
                 let ready = &ready;
                 s.spawn(move || -> Result<Vec<f64>, RunError> {
-                    let warmed = device
-                        .backend_for("measure", per_instance, &model.plan.constants)
+                    let warmed = placed
+                        .engine(per_instance, None)
                         .map_err(RunError::Device)
-                        .and_then(|b| {
+                        .and_then(|mut e| {
                             for _ in 0..warmup {
-                                model.plan.run(b.as_ref(), inputs.to_vec())?;
+                                e.run(inputs.to_vec())?;
                             }
-                            Ok(b)
+                            Ok(e)
                         });
                     // Every thread reaches the barrier, failed or not, so none waits forever.
                     ready.wait();
-                    let backend = warmed?;
-                    let backend = backend.as_ref();
+                    let mut engine = warmed?;
                     let deadline = Instant::now() + duration;
                     let mut latencies = Vec::new();
                     while Instant::now() < deadline || latencies.is_empty() {
                         let t0 = Instant::now();
-                        model.plan.run(backend, inputs.to_vec())?;
+                        engine.run(inputs.to_vec())?;
                         latencies.push(t0.elapsed().as_secs_f64() * 1e3);
                     }
                     Ok(latencies)

@@ -123,17 +123,15 @@ pub fn start(
     co: Option<Arc<CoSchedule>>,
 ) -> Result<Loaded, String> {
     let model = Model::from_bytes(bytes).map_err(|e| format!("not a usable ONNX model: {e}"))?;
-    // A trial on the tenant's device: it can make a backend, the weights fit its memory budget,
-    // and the model runs there; any of these failing fails this tenant alone, with the reason.
-    let trial = config.device.backend_for(
-        &config.name,
-        config.threads_per_instance,
-        &model.plan.constants,
-    )?;
+    let model = Arc::new(model);
+    // A trial on the tenant's device: its weights fit its memory budget, an instance can be
+    // made, and the model runs there; any of these failing fails this tenant alone, with the
+    // reason. The placed weights then serve.
+    let placed = config.device.place(&config.name, &model)?;
+    let mut trial = placed.engine(config.threads_per_instance, None)?;
     let example = model.plan.example_inputs(1);
-    let outputs = model
-        .plan
-        .run(trial.as_ref(), example)
+    let outputs = trial
+        .run(example)
         .map_err(|e| format!("the model fails on a batch-1 example input: {e}"))?;
     drop(trial);
     let batchable = cotenant_executor::runtime::batchable(&model.plan.inputs);
@@ -178,7 +176,7 @@ pub fn start(
         })
         .collect();
     Ok(Loaded {
-        tenant: Arc::new(Tenant::start_in(Arc::new(model), config, co)),
+        tenant: Arc::new(Tenant::start_on(placed, config, co)),
         inputs,
         outputs,
     })
