@@ -122,6 +122,7 @@ impl Controller {
                     status: a.status.clone(),
                     pod: pod.map_or(PodState::Gone, |p| pod_state(p)),
                     pod_ip: pod.and_then(|p| pod_ip(p)),
+                    node: pod.and_then(|p| p.spec.as_ref()?.node_name.clone()),
                     report,
                     unreachable_for_s,
                     draining: a.annotations().get(DRAINING).is_some_and(|v| v == "true"),
@@ -175,7 +176,14 @@ impl Controller {
             if let Err(e) = self.writer.pool(pool, &pool_agents, &outcome).await {
                 tracing::warn!(pool = %name, error = %e, "could not apply the pool's decisions");
                 failed = true;
-                continue;
+                if !self.leading() {
+                    return;
+                }
+                // Say why on the pool (a refused agent pod, say), and still tell the tenants.
+                let status = apply_failed_status(pool, &outcome.status, &e.to_string());
+                if let Err(e) = self.writer.pool_status(pool, &status).await {
+                    tracing::warn!(pool = %name, error = %e, "could not write the pool's status");
+                }
             }
             // Only pods this pool made: a labelled pod someone else created gets no GpuAgent,
             // so no tenant is ever placed (and routed) to it.
@@ -263,6 +271,26 @@ fn controlled_by(pod: &Pod, pool: &GpuPool) -> bool {
 /// Whether a pool round may serve `t`: its spec and its name are valid.
 fn servable(t: &ModelTenant) -> bool {
     t.spec.validate().is_ok() && cotenant_crds::validate_tenant_name(&t.name_any()).is_ok()
+}
+
+/// `decided` with Ready False because writing the round's decisions failed with `error`
+/// (for example, an agent pod that admission refused).
+fn apply_failed_status(
+    pool: &GpuPool,
+    decided: &cotenant_crds::GpuPoolStatus,
+    error: &str,
+) -> cotenant_crds::GpuPoolStatus {
+    let mut status = decided.clone();
+    let error: String = error.chars().take(1000).collect();
+    set_condition(
+        &mut status.conditions,
+        "Ready",
+        false,
+        "ApplyFailed",
+        &format!("the operator could not carry out this pool's decisions: {error}"),
+        pool.metadata.generation,
+    );
+    status
 }
 
 /// The status of a pool whose agent namespace the operator has no Role in.
@@ -424,6 +452,23 @@ mod tests {
         let status = unmanaged_pool_status(&pool[0]);
         assert_eq!(status.conditions[0].reason, "NamespaceNotManaged");
         assert!(status.conditions[0].message.contains("\"elsewhere\""));
+    }
+
+    #[test]
+    fn a_refused_write_is_named_on_the_pool() {
+        let pool = pools("a");
+        let refused = format!(
+            "pods \"x\" is forbidden: violates PodSecurity {}",
+            "x".repeat(5000)
+        );
+        let status = apply_failed_status(&pool[0], &Default::default(), &refused);
+        let ready = &status.conditions[0];
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ApplyFailed")
+        );
+        assert!(ready.message.contains("violates PodSecurity"));
+        assert!(ready.message.len() < 1200);
     }
 
     #[test]

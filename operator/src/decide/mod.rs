@@ -59,6 +59,8 @@ pub struct AgentView {
     /// The pod's IP as the Pod object says (the kubelet writes it, not the agent): the only
     /// host the operator routes and scrapes to.
     pub pod_ip: Option<String>,
+    /// The node the pod was scheduled to, from the Pod object (not the agent's status).
+    pub node: Option<String>,
     /// Its latest report, when the latest scrape succeeded.
     pub report: Option<AgentReport>,
     /// Seconds since its report last failed continuously (0 when the last one succeeded).
@@ -379,7 +381,7 @@ pub fn decide_pool(
                 continue;
             };
             let ready = view.serves(&uid, &tuning);
-            let node = view.status.as_ref().and_then(|s| s.node.clone());
+            let node = view.node.clone();
             placements.push(cotenant_crds::ReplicaPlacement {
                 agent: agent.clone(),
                 node: node.clone(),

@@ -39,6 +39,7 @@ fn agent(name: &str, port: u16) -> AgentView {
         }),
         pod: PodState::Running,
         pod_ip: Some("10.0.0.1".into()),
+        node: Some("node-1".into()),
         report: Some(AgentReport::default()),
         unreachable_for_s: 0.0,
         draining: false,
@@ -530,9 +531,11 @@ fn the_slo_condition_says_how_much_admission_refused() {
 fn routes_go_to_the_pod_ip_not_to_the_address_an_agent_wrote() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
     let mut hostile = agent("agent-0", 8000);
-    // The agent claims to live at the cloud metadata address; only its port is taken.
+    // The agent claims to live at the cloud metadata address, on another node; only its port
+    // is taken.
     if let Some(s) = hostile.status.as_mut() {
         s.address = Some("169.254.169.254:8000".into());
+        s.node = Some("someone-elses-node".into());
     }
     hostile.pod_ip = Some("10.1.2.3".into());
     let (mut agents, mut memory) = (vec![hostile], Memory::default());
@@ -541,10 +544,12 @@ fn routes_go_to_the_pod_ip_not_to_the_address_an_agent_wrote() {
         outcome.tenants[0]
             .routes
             .iter()
-            .map(|r| (r.host.as_str(), r.port))
+            .map(|r| (r.host.as_str(), r.port, r.node.as_deref()))
             .collect::<Vec<_>>(),
-        vec![("10.1.2.3", 8000)]
+        vec![("10.1.2.3", 8000, Some("node-1"))]
     );
+    let placements = &outcome.tenants[0].status.placements;
+    assert_eq!(placements[0].node.as_deref(), Some("node-1"));
     // A pod without an IP yet gets no route, whatever its agent says.
     agents[0].pod_ip = None;
     let outcome = round(
