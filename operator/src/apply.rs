@@ -264,6 +264,12 @@ impl Writer {
             manifests::endpoint_slices(t, routes)
         };
         let mut conflict = conflict;
+        // The tenant's slices: those that existed, and those created now.
+        let mut ours: BTreeSet<String> = existing
+            .iter()
+            .filter(|s| owned_by(*s, t))
+            .map(|s| s.name_any())
+            .collect();
         for slice in &wanted {
             let slice_name = slice.name_any();
             match existing.iter().find(|s| s.name_any() == slice_name) {
@@ -276,7 +282,9 @@ impl Writer {
                     break;
                 }
                 None => match self.fenced(slices.create(&create, slice)).await {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        ours.insert(slice_name);
+                    }
                     Err(e) if e.code() == Some(409) => {
                         conflict = Some(taken("EndpointSlice", &slice_name));
                         break;
@@ -290,13 +298,11 @@ impl Writer {
         } else {
             wanted.iter().map(|s| s.name_any()).collect()
         };
-        for slice in existing.iter().filter(|s| owned_by(*s, t)) {
-            if !keep.contains(&slice.name_any()) {
-                ignore_missing(
-                    self.fenced(slices.delete(&slice.name_any(), &DeleteParams::default()))
-                        .await,
-                )?;
-            }
+        for name in ours.difference(&keep) {
+            ignore_missing(
+                self.fenced(slices.delete(name, &DeleteParams::default()))
+                    .await,
+            )?;
         }
         Ok(conflict)
     }
