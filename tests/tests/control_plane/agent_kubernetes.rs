@@ -213,6 +213,34 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         "COTENANT_REPORT_READER",
         format!("system:serviceaccount:{n}:cotenant-operator"),
     );
+    // Without the one identity it trusts on /report, the agent refuses to start: there is no
+    // default that would trust an account of some name in any namespace.
+    let mut unconfigured = Command::new(&agent_bin);
+    unconfigured
+        .args(cmd.get_args())
+        .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .env_remove("COTENANT_REPORT_READER");
+    let mut refused = Process::spawn(
+        &format!("agent-{n}-no-reader"),
+        unconfigured,
+        &cp.dir.join("logs"),
+        Lifetime::WithParent,
+    )
+    .expect("agent spawns");
+    poll(
+        "the agent without a reader to exit",
+        Duration::from_secs(30),
+        || {
+            if refused.is_running() {
+                Err(refused.log_tail(5))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let said = std::fs::read_to_string(&refused.log).unwrap_or_default();
+    assert!(said.contains("COTENANT_REPORT_READER"), "{said}");
     let mut agent = Process::spawn(
         &format!("agent-{n}"),
         cmd,
