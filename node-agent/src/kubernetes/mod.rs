@@ -34,6 +34,11 @@ pub struct Options {
     pub co: Option<Arc<CoSchedule>>,
     /// Where the tenants compute (`--device`).
     pub device: Device,
+    /// Bytes requests may hold, and their deadlines.
+    pub budget: Arc<serve::budget::Budget>,
+    pub limits: serve::Limits,
+    /// Where models may come from (`--model-root`).
+    pub sources: crate::load::Sources,
 }
 
 /// Serves until SIGTERM or Ctrl-C, then finishes the accepted requests.
@@ -77,6 +82,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             reader,
         ))),
         initialised: AtomicBool::new(false),
+        budget: options.budget,
+        limits: options.limits,
     });
     let agents: Api<GpuAgent> = Api::namespaced(client, &identity.namespace);
 
@@ -94,6 +101,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         options.threads,
         options.co.clone(),
         options.device.clone(),
+        Arc::new(options.sources),
         done_tx,
     );
     let reconciling = tokio::spawn(reconcile_loop(
