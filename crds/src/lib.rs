@@ -5,6 +5,7 @@
 mod agent;
 mod common;
 pub mod conditions;
+pub mod credentials;
 pub mod policy_view;
 mod pool;
 mod tenant;

@@ -1,30 +1,20 @@
 //! Per-tenant caller credentials: the SHA-256 digests of the bearer tokens a tenant accepts. In
 //! Kubernetes mode the operator resolves them from the tenant's Secret into its assignment; in
-//! standalone mode a tenant file names a token file. A tenant without any is open to every caller.
+//! standalone mode a tenant file names a token file (the format is
+//! `cotenant_crds::credentials`). A tenant without any is open to every caller.
 
 use axum::http::{HeaderMap, header};
-use sha2::{Digest, Sha256};
+use cotenant_crds::credentials::{MAX_TOKENS, TokenError, digest, parse_tokens};
 
-/// Fewest characters a token may have: SHA-256 digests of shorter ones could be guessed from
-/// the GpuAgent spec they are written into.
-pub const MIN_TOKEN_CHARS: usize = 32;
+pub use cotenant_crds::credentials::hex;
 
-/// Most tokens one tenant accepts at once (the GpuAgent schema's bound).
-pub const MAX_TOKENS: usize = 32;
-
-/// Why a set of tokens cannot be used.
+/// Why digests from an assignment cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
-    #[error("line {line}: a token needs at least {MIN_TOKEN_CHARS} characters")]
-    TooShort { line: usize },
-    #[error("line {line}: a token is printable ASCII without spaces")]
-    NotPrintable { line: usize },
-    #[error("no token in it")]
-    Empty,
-    #[error("more than {MAX_TOKENS} tokens")]
+pub enum DigestError {
+    #[error("more than {MAX_TOKENS} token digests")]
     TooMany,
     #[error("{0:?} is not a lowercase hex SHA-256 digest")]
-    BadDigest(String),
+    Malformed(String),
 }
 
 /// The digests of the tokens a tenant accepts. Empty accepts nobody: that is what a tenant whose
@@ -50,13 +40,13 @@ impl TenantTokens {
     }
 
     /// From lowercase hex digests, as the GpuAgent spec carries them.
-    pub fn from_hex(digests: &[String]) -> Result<TenantTokens, TokenError> {
+    pub fn from_hex(digests: &[String]) -> Result<TenantTokens, DigestError> {
         if digests.len() > MAX_TOKENS {
-            return Err(TokenError::TooMany);
+            return Err(DigestError::TooMany);
         }
         let digests = digests
             .iter()
-            .map(|hex| decode_hex(hex).ok_or_else(|| TokenError::BadDigest(hex.clone())))
+            .map(|hex| decode_hex(hex).ok_or_else(|| DigestError::Malformed(hex.clone())))
             .collect::<Result<_, _>>()?;
         Ok(TenantTokens { digests })
     }
@@ -74,48 +64,12 @@ impl TenantTokens {
     }
 }
 
-/// The tokens of a token file or Secret value, checked.
-pub fn parse_tokens(text: &str) -> Result<Vec<String>, TokenError> {
-    let mut tokens = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let token = line.trim();
-        if token.is_empty() {
-            continue;
-        }
-        let line = i + 1;
-        if !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(TokenError::NotPrintable { line });
-        }
-        if token.len() < MIN_TOKEN_CHARS {
-            return Err(TokenError::TooShort { line });
-        }
-        tokens.push(token.to_string());
-    }
-    if tokens.is_empty() {
-        return Err(TokenError::Empty);
-    }
-    if tokens.len() > MAX_TOKENS {
-        return Err(TokenError::TooMany);
-    }
-    Ok(tokens)
-}
-
 /// The bearer token of a request, if it has one.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
-/// SHA-256 of `bytes`.
-pub fn digest(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
-
-/// Lowercase hex of a digest.
-pub fn hex(digest: &[u8; 32]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn decode_hex(hex: &str) -> Option<[u8; 32]> {
@@ -183,19 +137,10 @@ mod tests {
     }
 
     #[test]
-    fn weak_or_missing_tokens_are_refused() {
+    fn weak_tokens_are_refused() {
         assert_eq!(
             TenantTokens::parse("short"),
             Err(TokenError::TooShort { line: 1 })
         );
-        assert_eq!(
-            TenantTokens::parse(&format!("{TOKEN}\nwith space {TOKEN}")),
-            Err(TokenError::NotPrintable { line: 2 })
-        );
-        assert_eq!(TenantTokens::parse("\n \n"), Err(TokenError::Empty));
-        let many = (0..=MAX_TOKENS)
-            .map(|i| format!("{TOKEN}{i}\n"))
-            .collect::<String>();
-        assert_eq!(TenantTokens::parse(&many), Err(TokenError::TooMany));
     }
 }

@@ -5,6 +5,7 @@
 
 use crate::apply::Writer;
 use crate::context::Context;
+use crate::credentials::Credentials;
 use crate::decide::{self, AgentView, Memory, PodState};
 use crate::manifests::{DRAINING, POOL_LABEL};
 use crate::report::Scraper;
@@ -26,6 +27,8 @@ pub struct Controller {
     pub world: World,
     pub writer: Writer,
     pub scraper: Scraper,
+    /// Tenants' caller credentials, read from their Secrets.
+    credentials: Credentials,
     memory: Memory,
     /// Since when each agent's report has failed, by agent name.
     unreachable_since: HashMap<String, Instant>,
@@ -40,11 +43,13 @@ impl Controller {
         scraper: Scraper,
         tuning: decide::Tuning,
     ) -> Self {
+        let credentials = Credentials::new(writer.client.clone());
         Controller {
             context,
             world,
             writer,
             scraper,
+            credentials,
             memory: Memory::new(tuning),
             unreachable_since: HashMap::new(),
             started: Instant::now(),
@@ -139,7 +144,7 @@ impl Controller {
                 .into_iter()
                 .filter(|v| pool_agents.iter().any(|a| a.name_any() == v.name))
                 .collect();
-            let outcome = decide::decide_pool(
+            let mut outcome = decide::decide_pool(
                 pool,
                 &pool_tenants,
                 &views,
@@ -147,6 +152,7 @@ impl Controller {
                 now_s,
                 &now_rfc3339,
             );
+            self.credentials.apply(&mut outcome).await;
             if let Err(e) = self.writer.pool(pool, &pool_agents, &outcome).await {
                 tracing::warn!(pool = %name, error = %e, "could not apply the pool's decisions");
                 failed = true;
