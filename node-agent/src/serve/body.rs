@@ -1,6 +1,11 @@
 //! Reading a request body: memory grows with the bytes that actually arrive (never from what a
 //! header claims), every growth is reserved against the budget first, and the body must arrive
 //! within its deadline and its size limit.
+//!
+//! Each byte of buffer is reserved [`RESERVED_PER_BYTE`] times: once for itself and twice for the
+//! tensors it will decode to (FP32 data as JSON text decodes to about twice its size, binary to
+//! its own). So concurrent large bodies are refused while they arrive, leaving room for the ones
+//! kept to be decoded, rather than all being taken in and none having room left to decode.
 
 use super::budget::Reservation;
 use super::error::ApiError;
@@ -11,6 +16,9 @@ use tokio::time::Instant;
 
 /// The first buffer a body gets; it then at most doubles per growth.
 const FIRST_BUFFER: usize = 16 << 10;
+
+/// Bytes of budget reserved per byte of body buffer: the buffer and room for its tensors.
+pub const RESERVED_PER_BYTE: u64 = 3;
 
 /// Reads `body` whole. `declared` is its Content-Length, if any: the buffer never grows past it,
 /// but nothing is allocated for it before the bytes arrive.
@@ -56,7 +64,7 @@ pub async fn read(
                 .max(FIRST_BUFFER)
                 .min(ceiling)
                 .max(len);
-            reservation.grow((target - buf.capacity()) as u64)?;
+            reservation.grow((target - buf.capacity()) as u64 * RESERVED_PER_BYTE)?;
             buf.reserve_exact(target - buf.len());
         }
         buf.extend_from_slice(&chunk);
@@ -94,7 +102,10 @@ mod tests {
         .expect("body");
         assert_eq!(body, b"0123456789");
         assert!(body.capacity() <= FIRST_BUFFER, "{}", body.capacity());
-        assert_eq!(reservation.bytes(), body.capacity() as u64);
+        assert_eq!(
+            reservation.bytes(),
+            body.capacity() as u64 * RESERVED_PER_BYTE
+        );
     }
 
     #[tokio::test]
@@ -107,7 +118,10 @@ mod tests {
             .expect("body");
         assert_eq!(body.len(), 1_000_000);
         assert!(body.capacity() <= 2_000_000, "{}", body.capacity());
-        assert_eq!(reservation.bytes(), body.capacity() as u64);
+        assert_eq!(
+            reservation.bytes(),
+            body.capacity() as u64 * RESERVED_PER_BYTE
+        );
     }
 
     #[tokio::test]
@@ -133,7 +147,7 @@ mod tests {
             .expect_err("too slow");
         assert_eq!(e.status, StatusCode::REQUEST_TIMEOUT);
 
-        let small = Budget::new(1 << 20, 1 << 20);
+        let small = Budget::new(3 << 20, 3 << 20);
         let mut reservation = small.open("t");
         let e = read(
             chunked(vec![vec![0; 600 << 10], vec![0; 600 << 10]]),

@@ -1,9 +1,17 @@
 //! Bytes of requests in flight, per tenant and for the whole agent. A request reserves what it
-//! holds before it allocates it: its body as it arrives, then its decoded tensors, which it
-//! keeps until the tenant has run them. Over a tenant's cap the request gets 429 (that tenant
+//! holds before it allocates it: its body as it arrives (with room for its tensors), then
+//! exactly its decoded tensors, which it keeps until the tenant has run them. Over a tenant's cap the request gets 429 (that tenant
 //! is busy), over the agent's cap 503 (the agent is), both with `Retry-After`, and what it held
-//! is released. So the memory that requests can pin is bounded by the agent's cap, whatever
-//! clients send.
+//! is released.
+//!
+//! The bound this gives, whatever clients send: the memory requests hold is at most the agent's
+//! cap (`--max-inflight-bytes`, 512 MiB by default), and one tenant's requests at most the
+//! tenant's cap (`--max-inflight-bytes-per-tenant`, 256 MiB). Beyond that, a batch being run
+//! takes the executor's own working memory: it copies the batch's inputs and plans activations
+//! for them (three copies of the inputs in all for the reduction model of the agent test). The
+//! agent test `peak_memory_under_four_maximum_bodies_stays_within_the_documented_bound` sends
+//! four concurrent 62 MiB JSON bodies to one tenant and checks the peak RSS growth stays within
+//! the tenant's cap plus three copies of one request's inputs plus 64 MiB of runtime slack.
 
 use super::error::ApiError;
 use axum::http::StatusCode;
@@ -79,7 +87,7 @@ impl Reservation {
             return Err(busy(
                 StatusCode::TOO_MANY_REQUESTS,
                 format!(
-                    "this model has {} bytes of requests in flight, its cap; retry shortly",
+                    "this model's requests in flight would pass its cap of {} bytes; retry shortly",
                     self.budget.tenant_cap
                 ),
             ));
@@ -89,13 +97,23 @@ impl Reservation {
             return Err(busy(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
-                    "this agent has {} bytes of requests in flight, its cap; retry shortly",
+                    "this agent's requests in flight would pass its cap of {} bytes; retry shortly",
                     self.budget.agent_cap
                 ),
             ));
         }
         self.bytes += n;
         Ok(())
+    }
+
+    /// Grows or shrinks the reservation to `total` bytes.
+    pub fn resize(&mut self, total: u64) -> Result<(), ApiError> {
+        if total > self.bytes {
+            self.grow(total - self.bytes)
+        } else {
+            self.shrink(self.bytes - total);
+            Ok(())
+        }
     }
 
     /// Gives back `n` of the reserved bytes (what was freed).

@@ -216,9 +216,12 @@ async fn run(
             inputs: &tenant.model().plan.inputs,
             outputs,
         };
-        let decoded = codec::decode_request(&body, header_len, &signature, &mut reservation);
-        // Only the decoded tensors stay: the body's bytes go back to the budget.
+        // The room reserved with the body becomes exactly the decoded tensors' bytes; once the
+        // body is gone, only those stay reserved.
         let body_bytes = body.capacity() as u64;
+        let decoded = codec::decode_request(&body, header_len, &signature, |tensors| {
+            reservation.resize(body_bytes + tensors)
+        });
         drop(body);
         reservation.shrink(body_bytes);
         (decoded, reservation)

@@ -5,7 +5,6 @@
 
 use super::{MAX_ELEMENTS, WireType, dtype_size, f16_to_f32, wire_name};
 use crate::registry::TensorMeta;
-use crate::serve::budget::Reservation;
 use crate::serve::error::ApiError;
 use axum::http::StatusCode;
 use cotenant_executor::graph::{Dim, GraphInput};
@@ -153,12 +152,13 @@ struct Checked<'a> {
 }
 
 /// Decodes `body` (its JSON header is the first `header_len` bytes when given, binary tensors
-/// follow) for a model of signature `sig`, reserving the decoded tensors' bytes first.
+/// follow) for a model of signature `sig`. Before decoding any tensor it calls `reserve` with
+/// the bytes the decoded tensors will take, and gives up if that refuses.
 pub fn decode_request(
     body: &[u8],
     header_len: Option<usize>,
     sig: &Signature,
-    reservation: &mut Reservation,
+    reserve: impl FnOnce(u64) -> Result<(), ApiError>,
 ) -> Result<InferRequest, ApiError> {
     let (header, binary) = match header_len {
         Some(len) if len > body.len() => {
@@ -225,7 +225,7 @@ pub fn decode_request(
         .iter()
         .map(|c| (c.elements * dtype_size(c.wire.dtype())) as u64)
         .sum();
-    reservation.grow(decoded_bytes)?;
+    reserve(decoded_bytes)?;
     let mut inputs = Vec::with_capacity(checked.len());
     for c in checked {
         let data = match c.source {

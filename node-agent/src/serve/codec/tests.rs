@@ -1,6 +1,6 @@
 use super::*;
 use crate::registry::TensorMeta;
-use crate::serve::budget::{Budget, Reservation};
+use crate::serve::budget::Budget;
 use axum::http::StatusCode;
 use cotenant_executor::graph::{Dim, GraphInput};
 use cotenant_executor::{Data, Tensor};
@@ -44,20 +44,21 @@ impl Model {
     }
 }
 
-fn reservation() -> Reservation {
-    Budget::new(1 << 30, 1 << 30).open("t")
+/// Reserves nothing: for tests of everything but the budget.
+fn unlimited(_: u64) -> Result<(), ApiError> {
+    Ok(())
 }
 
 /// Decodes a JSON-only body.
 fn json(model: &Model, body: &str) -> Result<InferRequest, ApiError> {
-    decode_request(body.as_bytes(), None, &model.sig(), &mut reservation())
+    decode_request(body.as_bytes(), None, &model.sig(), unlimited)
 }
 
 /// Decodes a JSON header followed by `tail`.
 fn binary(model: &Model, header: &str, tail: &[u8]) -> Result<InferRequest, ApiError> {
     let mut body = header.as_bytes().to_vec();
     body.extend_from_slice(tail);
-    decode_request(&body, Some(header.len()), &model.sig(), &mut reservation())
+    decode_request(&body, Some(header.len()), &model.sig(), unlimited)
 }
 
 fn f32_data(r: &InferRequest) -> &[f32] {
@@ -284,7 +285,7 @@ fn hostile_requests_get_a_4xx_naming_the_problem() {
     assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
     let bad_utf8 =
         b"{\"inputs\":[{\"name\":\"\xff\",\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1]}]}";
-    let e = decode_request(bad_utf8, None, &model.sig(), &mut reservation()).expect_err("utf-8");
+    let e = decode_request(bad_utf8, None, &model.sig(), unlimited).expect_err("utf-8");
     assert!(e.message.contains("malformed"), "{}", e.message);
 }
 
@@ -315,7 +316,7 @@ fn binary_framing_lies_get_400() {
     .expect_err("extra");
     assert!(e.message.contains("follow the JSON"), "{}", e.message);
     // The header length past the body, or not a number.
-    let e = decode_request(b"{}", Some(9), &model.sig(), &mut reservation()).expect_err("past");
+    let e = decode_request(b"{}", Some(9), &model.sig(), unlimited).expect_err("past");
     assert!(e.message.contains("exceeds the body"), "{}", e.message);
     for bad in ["-1", "x", "", "1e3", "99999999999999999999999"] {
         let e = header_length(Some(bad.as_bytes()), None).expect_err(bad);
@@ -335,14 +336,15 @@ fn decoded_tensors_are_reserved_before_they_are_allocated() {
     let body = r#"{"inputs":[{"name":"x","shape":[4],"datatype":"INT64","data":[1,2,3,4]}]}"#;
     let budget = Budget::new(1 << 20, 1 << 20);
     let mut held = budget.open("t");
-    decode_request(body.as_bytes(), None, &model.sig(), &mut held).expect("decodes");
+    decode_request(body.as_bytes(), None, &model.sig(), |n| held.grow(n)).expect("decodes");
     assert_eq!(held.bytes(), 32, "four INT64 elements");
     // A budget too small for the decoded tensors refuses before decoding.
     let tiny = Budget::new(1 << 20, 1 << 20);
     let mut full = tiny.open("t");
     full.grow((1 << 20) - 16).expect("fill the budget");
     let mut held = tiny.open("t");
-    let e = decode_request(body.as_bytes(), None, &model.sig(), &mut held).expect_err("full");
+    let e =
+        decode_request(body.as_bytes(), None, &model.sig(), |n| held.grow(n)).expect_err("full");
     assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
