@@ -1,6 +1,7 @@
 //! A kubelet stand-in for agent pods: for every agent pod kwok marks Running, it starts
 //! `cotenant-agent kubernetes` as a host process with the pod's downward-API identity and the
-//! agent ServiceAccount's credentials, advertising this host's address; when the pod goes, the
+//! agent ServiceAccount's credentials, advertising this host's address and reading `file://`
+//! models under one directory (as a pod would under its model volume); when the pod goes, the
 //! process goes. A test can kill an agent (a crash the kubelet does not restart).
 
 use crate::cluster::{ControlPlane, free_port};
@@ -31,9 +32,14 @@ pub struct AgentHost {
 }
 
 impl AgentHost {
-    /// Starts watching agent pods (every second) with `agent` as the binary and `threads` CPU
-    /// threads per agent.
-    pub fn start(cp: &'static ControlPlane, agent: PathBuf, threads: usize) -> AgentHost {
+    /// Starts watching agent pods (every second) with `agent` as the binary, `threads` CPU
+    /// threads per agent and `model_root` as every agent's `--model-root`.
+    pub fn start(
+        cp: &'static ControlPlane,
+        agent: PathBuf,
+        threads: usize,
+        model_root: PathBuf,
+    ) -> AgentHost {
         let hosted = Arc::new(Mutex::new(Hosted::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let ip = host_ip();
@@ -41,7 +47,7 @@ impl AgentHost {
             let (hosted, stop) = (hosted.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Err(e) = sync(cp, &agent, threads, &ip, &hosted) {
+                    if let Err(e) = sync(cp, &agent, threads, &model_root, &ip, &hosted) {
                         lock(&hosted).errors.push(e);
                     }
                     std::thread::sleep(Duration::from_secs(1));
@@ -104,6 +110,7 @@ fn sync(
     cp: &'static ControlPlane,
     agent: &PathBuf,
     threads: usize,
+    model_root: &PathBuf,
     ip: &str,
     hosted: &Mutex<Hosted>,
 ) -> Result<(), String> {
@@ -170,6 +177,8 @@ fn sync(
             "--threads",
             &threads.to_string(),
         ])
+        .arg("--model-root")
+        .arg(model_root)
         .env("KUBECONFIG", &kubeconfig)
         .env("POD_NAME", name)
         .env("POD_NAMESPACE", namespace)

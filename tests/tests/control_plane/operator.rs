@@ -66,7 +66,7 @@ fn operator_runs_as_its_service_account_and_reports_pool_references() {
 
     let pool = format!("pool-{n}");
     let tenant = format!(
-        "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: t\nspec:\n  model:\n    uri: file://m.onnx\n  slo:\n    latencyMillis: 30\n  pool: {pool}\n"
+        "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: t\nspec:\n  model:\n    uri: file:///models/m.onnx\n  slo:\n    latencyMillis: 30\n  pool: {pool}\n"
     );
     let out = cp
         .kubectl_stdin(&["apply", "-n", n, "-f", "-"], &tenant)

@@ -168,7 +168,13 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     let missing = steps::serve_404();
     let not_onnx = models.write_text("not-onnx.onnx", "this is not a model");
     c.apply_tenant_in_pool("lost", &models.uri("squeezenet"), 400.0, "", "no-such-pool");
-    c.apply_tenant("gone", &missing, 400.0, "");
+    // A download needs a sha256 (admission refuses one without); the URL answers 404 first.
+    c.apply_tenant(
+        "gone",
+        &format!("{missing}\n    sha256: \"{}\"", "0".repeat(64)),
+        400.0,
+        "",
+    );
     c.apply_tenant("text", &format!("file://{}", not_onnx.display()), 400.0, "");
     c.apply_tenant("huge", &models.uri("vgg16"), 4000.0, "");
     for (t, reason, says) in [

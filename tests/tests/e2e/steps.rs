@@ -65,7 +65,10 @@ impl Cluster {
             "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  minAgents: 0\n  maxAgents: 3\n  scaleDownDelaySeconds: 10\n  gpuMemoryMiB: {GPU_MEMORY_MIB}\n  template:\n    image: cotenant/agent:test\n    serviceAccountName: cotenant-agent\n"
         ))
         .expect("pool");
-        let agents = AgentHost::start(cp, workspace_binary("cotenant-agent"), 1);
+        // The agents' model volume: where `zoo` writes the models.
+        let model_root = cp.dir.join(format!("models-{ns}"));
+        std::fs::create_dir_all(&model_root).expect("models dir");
+        let agents = AgentHost::start(cp, workspace_binary("cotenant-agent"), 1, model_root);
         let mut c = Cluster {
             _namespace: test_ns,
             cp,
@@ -531,8 +534,9 @@ fn slice_addresses(cp: &ControlPlane, ns: &str, tenant: &str) -> Vec<String> {
     addresses
 }
 
+/// A URL that answers 404, on an address agents may download from (not loopback).
 pub fn serve_404() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let listener = std::net::TcpListener::bind((cotenant_e2e::agents::host_ip(), 0)).expect("bind");
     let url = format!(
         "http://{}/models/missing.onnx",
         listener.local_addr().expect("addr")
