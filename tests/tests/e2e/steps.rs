@@ -300,6 +300,44 @@ impl Cluster {
 
     /// Sends inference with tritonclient to the first address of the tenant's EndpointSlices.
     pub fn infer_through_slice(&self, tenant: &str, file: &Path) {
+        self.infer_through_slice_with_token(tenant, file, None)
+    }
+
+    /// Creates or replaces Secret `name` with `tokens` (one per line) under the key `token`.
+    pub fn set_token_secret(&self, name: &str, tokens: &[&str]) {
+        let value = tokens.join("\n");
+        self.cp
+            .kubectl_apply(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  namespace: {ns}\nstringData:\n  token: \"{value}\"\n",
+                ns = self.ns,
+                value = value.replace('\n', "\\n")
+            ))
+            .unwrap_or_else(|e| panic!("Secret {name}: {e}"));
+    }
+
+    pub fn delete_secret(&self, name: &str) {
+        self.cp
+            .kubectl_ok(&["delete", "secret", name, "-n", &self.ns])
+            .unwrap_or_else(|e| panic!("delete Secret {name}: {e}"));
+    }
+
+    /// The status code of the tenant's metadata through its EndpointSlice, presenting `token`.
+    pub fn metadata_status(&self, tenant: &str, token: Option<&str>) -> Result<u16, String> {
+        let addresses = slice_addresses(self.cp, &self.ns, tenant);
+        let address = addresses
+            .first()
+            .ok_or_else(|| format!("{tenant} has no EndpointSlice address"))?;
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = bearer
+            .as_deref()
+            .map(|b| vec![("Authorization", b)])
+            .unwrap_or_default();
+        let path = format!("/v2/models/{}.{tenant}", self.ns);
+        cotenant_e2e::http_get_with(address, &path, &headers).map(|(code, _)| code)
+    }
+
+    /// tritonclient through the tenant's EndpointSlice, presenting `token` when given.
+    pub fn infer_through_slice_with_token(&self, tenant: &str, file: &Path, token: Option<&str>) {
         let addresses = slice_addresses(self.cp, &self.ns, tenant);
         let Some(address) = addresses.first() else {
             panic!("{tenant} has no EndpointSlice address");
@@ -317,6 +355,7 @@ impl Cluster {
             ])
             .arg("--file")
             .arg(file)
+            .args(token.map(|t| ["--token", t]).into_iter().flatten())
             .output()
             .expect("python");
         assert!(
