@@ -25,6 +25,9 @@ const SCALE_EVERY: Duration = Duration::from_secs(2);
 /// The annotation naming a tenant's token file: one bearer token per line.
 pub const TOKEN_FILE_ANNOTATION: &str = "cotenant.dev/token-file";
 
+/// The largest token file read (32 tokens of a few hundred characters fit easily).
+const TOKEN_FILE_LIMIT: u64 = 64 << 10;
+
 /// A tenant read from a file.
 pub struct TenantFile {
     pub path: PathBuf,
@@ -119,8 +122,11 @@ fn tokens_of(tenant: &ModelTenant, path: &Path) -> Result<Option<TenantTokens>, 
         return Ok(None);
     };
     let file = path.parent().unwrap_or(Path::new(".")).join(file);
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| format!("{TOKEN_FILE_ANNOTATION} {}: {e}", file.display()))?;
+    // A regular file of a few tokens: never a device or a FIFO that would be read forever.
+    let bytes = load::read_regular(&file, TOKEN_FILE_LIMIT, false)
+        .map_err(|e| format!("{TOKEN_FILE_ANNOTATION}: {e}"))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("{TOKEN_FILE_ANNOTATION} {}: not UTF-8 text", file.display()))?;
     TenantTokens::parse(&text)
         .map(Some)
         .map_err(|e| format!("{TOKEN_FILE_ANNOTATION} {}: {e}", file.display()))

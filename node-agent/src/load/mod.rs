@@ -6,7 +6,9 @@ mod download;
 mod source;
 
 pub use download::install_crypto_provider;
-pub use source::{DEFAULT_CONCURRENT_LOADS, Sources, is_http, model_bytes, resolve_file};
+pub use source::{
+    DEFAULT_CONCURRENT_LOADS, Sources, is_http, model_bytes, read_regular, resolve_file,
+};
 
 use crate::registry::TensorMeta;
 use crate::serve::wire_name;

@@ -193,6 +193,14 @@ pub fn model_bytes(
 /// against `sha256` when given. `no_follow` refuses a symbolic link in its last component (a
 /// path already resolved must not have become one since).
 pub fn read_file(path: &Path, sha256: Option<&str>, no_follow: bool) -> Result<Vec<u8>, String> {
+    let bytes = read_regular(path, MAX_MODEL_BYTES, no_follow)?;
+    check_sha256(&bytes, sha256, &path.display().to_string())?;
+    Ok(bytes)
+}
+
+/// Reads `path`, which must be a regular file of at most `limit` bytes (never a device, a FIFO
+/// or a folder, and never more than `limit` even if it grows meanwhile).
+pub fn read_regular(path: &Path, limit: u64, no_follow: bool) -> Result<Vec<u8>, String> {
     let what = path.display();
     // Non-blocking, so opening a FIFO returns at once instead of waiting for a writer.
     let mut flags = libc::O_NONBLOCK | libc::O_CLOEXEC;
@@ -210,23 +218,21 @@ pub fn read_file(path: &Path, sha256: Option<&str>, no_follow: bool) -> Result<V
     if !meta.is_file() {
         return Err(format!("{what} is not a regular file"));
     }
-    if meta.len() > MAX_MODEL_BYTES {
+    if meta.len() > limit {
         return Err(format!(
-            "{what} is {} bytes, more than the limit of {MAX_MODEL_BYTES}",
+            "{what} is {} bytes, more than the limit of {limit}",
             meta.len()
         ));
     }
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    // The file may grow while it is read: never read past the limit.
-    file.take(MAX_MODEL_BYTES + 1)
+    file.take(limit + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| format!("cannot read {what}: {e}"))?;
-    if bytes.len() as u64 > MAX_MODEL_BYTES {
+    if bytes.len() as u64 > limit {
         return Err(format!(
-            "{what} grew past the limit of {MAX_MODEL_BYTES} bytes while being read"
+            "{what} grew past the limit of {limit} bytes while being read"
         ));
     }
-    check_sha256(&bytes, sha256, &what.to_string())?;
     Ok(bytes)
 }
 
