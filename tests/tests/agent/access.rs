@@ -57,6 +57,14 @@ fn guarded_tenants_answer_only_callers_with_their_token() {
             ),
         ),
         (
+            "zero-token.yaml",
+            annotated(
+                "zero-token",
+                "file://models/wide.onnx",
+                "    cotenant.dev/token-file: /dev/zero\n",
+            ),
+        ),
+        (
             "secret-ref.yaml",
             tenant_yaml(
                 "secret-ref",
@@ -72,6 +80,10 @@ fn guarded_tenants_answer_only_callers_with_their_token() {
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     assert!(
         log.contains("weak.yaml") && log.contains("at least 32"),
+        "{log}"
+    );
+    assert!(
+        log.contains("zero-token.yaml") && log.contains("not a regular file"),
         "{log}"
     );
     assert!(
