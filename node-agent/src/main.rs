@@ -158,6 +158,7 @@ fn main() -> anyhow::Result<()> {
                 knob_policy,
                 budget: requests.budget(),
                 limits: requests.limits(),
+                connections: requests.connections(),
                 sources: load::Sources::standalone(
                     sources.download_dir,
                     sources.max_concurrent_loads as usize,
@@ -206,6 +207,7 @@ fn main() -> anyhow::Result<()> {
                 report_reader,
                 budget: requests.budget(),
                 limits: requests.limits(),
+                connections: requests.connections(),
                 sources,
                 co: schedule::start(schedule, threads, &device),
                 device,

@@ -149,6 +149,7 @@ pub struct Options {
     /// Bytes requests may hold, and their deadlines.
     pub budget: Arc<serve::budget::Budget>,
     pub limits: serve::Limits,
+    pub connections: serve::ConnectionLimits,
     /// Where models may come from.
     pub sources: load::Sources,
 }
@@ -216,10 +217,13 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
     tracing::info!(listen = %options.listen, tenants = names.len(), "serving the Open Inference Protocol");
-    axum::serve(listener, serve::router(app))
-        .with_graceful_shutdown(crate::shutdown_signal())
-        .await
-        .context("the server failed")?;
+    serve::serve(
+        listener,
+        serve::router(app),
+        options.connections,
+        crate::shutdown_signal(),
+    )
+    .await;
     // Finish what was accepted before exiting.
     for entry in registry.all() {
         if let State::Ready { tenant, .. } = &entry.state {

@@ -8,12 +8,14 @@ mod access;
 mod body;
 pub mod budget;
 mod codec;
+mod connections;
 mod error;
 pub mod metrics;
 mod oip;
 pub mod report;
 
 pub use codec::wire_name;
+pub use connections::{ConnectionLimits, serve};
 
 use crate::registry::Registry;
 use axum::Router;
@@ -47,6 +49,12 @@ pub struct RequestArgs {
     /// (503 after).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub answer_timeout_seconds: u64,
+    /// Connections a listener holds open at once; more wait to be accepted.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+    /// Seconds a connection has to send a request's headers, idle keep-alive included.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout_seconds: u64,
 }
 
 impl RequestArgs {
@@ -58,6 +66,13 @@ impl RequestArgs {
         Limits {
             body_timeout: Duration::from_secs(self.body_timeout_seconds),
             answer_timeout: Duration::from_secs(self.answer_timeout_seconds),
+        }
+    }
+
+    pub fn connections(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            header_timeout: Duration::from_secs(self.header_timeout_seconds),
         }
     }
 }

@@ -422,3 +422,77 @@ fn peak_memory_under_four_maximum_bodies_stays_within_the_documented_bound() {
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Waits for the server to close `stream` (reading and discarding anything it sends first).
+fn closed_by_server(mut stream: TcpStream) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 1024];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs COTENANT_PYTHON and the agent binary: cargo xtask test"]
+fn stalled_connections_are_closed_and_at_most_the_cap_are_held() {
+    let agent = workspace_binary("cotenant-agent");
+    let dir = scratch("connections");
+    wide_model(&python(), &dir.join("models/wide.onnx"), 4);
+    std::fs::write(dir.join("wide.yaml"), wide_tenant("wide")).expect("tenant");
+    let (mut server, addr) = serve(
+        &agent,
+        &dir,
+        &["--header-timeout-seconds", "2", "--max-connections", "3"],
+    );
+    // Three connections that never finish their headers fill the listener.
+    let stalled: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = TcpStream::connect(&addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(20)))
+                .expect("timeout");
+            s.write_all(b"POST /v2/models/wide/infer HTTP/1.1\r\nHost: x\r\n")
+                .expect("part of the headers");
+            s
+        })
+        .collect();
+    // A fourth is answered once the header timeout has closed a stalled one.
+    let fourth = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let r = cotenant_e2e::http::http_raw(
+                &addr,
+                &head(&addr, "GET", "/v2/health/live", &[]),
+                Duration::from_secs(60),
+            );
+            (r, std::time::Instant::now())
+        }
+    });
+    let mut first_closed = None;
+    for s in stalled {
+        assert!(closed_by_server(s), "a stalled connection was kept open");
+        first_closed.get_or_insert_with(std::time::Instant::now);
+    }
+    let (answer, answered_at) = fourth.join().expect("fourth");
+    assert_eq!(answer.expect("an answer").status, 200);
+    let first_closed = first_closed.expect("closed");
+    assert!(
+        answered_at + Duration::from_millis(500) >= first_closed,
+        "the fourth connection was served while three were held"
+    );
+
+    // An idle keep-alive connection is closed too.
+    let mut idle = TcpStream::connect(&addr).expect("connect");
+    idle.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    idle.write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("request");
+    assert!(closed_by_server(idle), "an idle connection was kept open");
+    assert!(server.is_running(), "{}", server.log_tail(20));
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
