@@ -349,6 +349,9 @@ mod tests {
             ("http://0.0.0.0/m", "unspecified"),
             ("http://[::ffff:169.254.169.254]/m", "link-local"),
             ("http://224.0.0.1/m", "multicast"),
+            // Other spellings of the metadata address are normalised before the check.
+            ("http://2852039166/m", "link-local"),
+            ("http://0xa9.0xfe.0xa9.0xfe/m", "link-local"),
         ] {
             let e = get(url, &sha(b""), true).expect_err(url);
             assert!(e.contains(says), "{url}: {e}");
@@ -358,6 +361,8 @@ mod tests {
         let e = get(&format!("{base}/m"), &sha(b"x"), false).expect_err("loopback");
         assert!(e.contains("loopback"), "{e}");
         let port = base.rsplit(':').next().unwrap_or_default();
+        let e = get(&format!("http://0x7f.1:{port}/m"), &sha(b"x"), false).expect_err("hex");
+        assert!(e.contains("loopback"), "{e}");
         let e = get(&format!("http://localhost:{port}/m"), &sha(b"x"), false).expect_err("name");
         assert!(e.contains("loopback"), "{e}");
     }
