@@ -34,6 +34,12 @@ pub struct Options {
     pub co: Option<Arc<CoSchedule>>,
     /// Where the tenants compute (`--device`).
     pub device: Device,
+    /// Bytes requests may hold, and their deadlines.
+    pub budget: Arc<serve::budget::Budget>,
+    pub limits: serve::Limits,
+    pub connections: serve::ConnectionLimits,
+    /// Where models may come from (`--model-root`).
+    pub sources: crate::load::Sources,
 }
 
 /// Serves until SIGTERM or Ctrl-C, then finishes the accepted requests.
@@ -83,6 +89,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             reader,
         ))),
         initialised: AtomicBool::new(false),
+        budget: options.budget,
+        limits: options.limits,
     });
     let agents: Api<GpuAgent> = Api::namespaced(client, &identity.namespace);
 
@@ -100,6 +108,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         options.threads,
         options.co.clone(),
         options.device.clone(),
+        Arc::new(options.sources),
         done_tx,
     );
     let reconciling = tokio::spawn(reconcile_loop(
@@ -125,13 +134,19 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let stopped = |mut stop: channel::Receiver<bool>| async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    let inference = axum::serve(listener, serve::inference_router(app.clone()))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
-    let admin = axum::serve(admin_listener, serve::admin_router(app))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
-    let (inference, admin) = tokio::join!(inference, admin);
-    inference.context("the inference server failed")?;
-    admin.context("the admin server failed")?;
+    let inference = serve::serve(
+        listener,
+        serve::inference_router(app.clone()),
+        options.connections,
+        stopped(stop_rx.clone()),
+    );
+    let admin = serve::serve(
+        admin_listener,
+        serve::admin_router(app),
+        options.connections,
+        stopped(stop_rx.clone()),
+    );
+    tokio::join!(inference, admin);
 
     // Every accepted request has its answer; finish what the tenants still hold and exit.
     let tenants = reconciling.await.unwrap_or_default();
