@@ -116,7 +116,8 @@ impl Batch {
 /// Per-step device timings of one batch, from timing events around each step.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepTimes {
-    /// Per step: (start, end) in milliseconds from the batch's start on the stream.
+    /// Per step: (start, end) in milliseconds from the batch's start on the stream (the record
+    /// `Instance::started_after` compares).
     pub spans: Vec<(f32, f32)>,
 }
 
@@ -272,13 +273,12 @@ impl Instance {
         let base = self.arena_base()?;
         let dev = self.device.clone();
         let timing = match timed {
-            true => self.timing_events(2 * plan.steps.len() + 1)?,
+            true => self.timing_events(2 * plan.steps.len())?,
             false => Vec::new(),
         };
+        // Step times are measured from this record, as are offsets between instances (one
+        // reference, so no gap between two records skews a timeline).
         dev.record(self.stream, self.start)?;
-        if let Some(&t0) = timing.first() {
-            dev.record(self.stream, t0)?;
-        }
         let mut offsets = Vec::with_capacity(staged.len());
         let mut total = 0u64;
         for t in &staged {
@@ -328,7 +328,7 @@ impl Instance {
             dev.wait(self.stream, e)?;
         }
         // A step starts once its waits are over: its start is timed after them.
-        if let Some(&t) = b.timing.get(1 + 2 * si) {
+        if let Some(&t) = b.timing.get(2 * si) {
             dev.record(self.stream, t)?;
         }
         let fail = |why: String| GpuError::Step {
@@ -369,7 +369,7 @@ impl Instance {
             })?,
         }
         // The step's end is timed before its signal, so a waiter never starts before it ends.
-        if let Some(&t) = b.timing.get(2 + 2 * si) {
+        if let Some(&t) = b.timing.get(2 * si + 1) {
             dev.record(self.stream, t)?;
         }
         if let Some(e) = coord.signal(si) {
@@ -443,8 +443,8 @@ impl Instance {
         if !b.timing.is_empty() {
             times.spans = (0..plan.steps.len())
                 .map(|s| {
-                    let a = dev.elapsed_ms(b.timing[0], b.timing[1 + 2 * s])?;
-                    let e = dev.elapsed_ms(b.timing[0], b.timing[2 + 2 * s])?;
+                    let a = dev.elapsed_ms(self.start, b.timing[2 * s])?;
+                    let e = dev.elapsed_ms(self.start, b.timing[2 * s + 1])?;
                     Ok((a, e))
                 })
                 .collect::<Result<_, DeviceError>>()?;
