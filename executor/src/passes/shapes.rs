@@ -194,13 +194,16 @@ fn infer_node(op: &Op, ins: &[Known], consts: &[Option<&Tensor>], n_out: usize) 
                 _ => 1,
             };
             let (x, w) = (shape_of(ins, 0), shape_of(ins, w_at));
-            vec![shape_only(x.zip(w).filter(|(x, _)| x.len() >= 3).map(
-                |(x, w)| {
-                    let mut s = vec![x[0].clone(), w[0].clone()];
-                    s.resize(x.len(), Sym::Unknown);
-                    s
-                },
-            ))]
+            // A weight of rank 0 is malformed: the op itself reports it at run time.
+            vec![shape_only(
+                x.zip(w.and_then(|w| w.first()))
+                    .filter(|(x, _)| x.len() >= 3)
+                    .map(|(x, m)| {
+                        let mut s = vec![x[0].clone(), m.clone()];
+                        s.resize(x.len(), Sym::Unknown);
+                        s
+                    }),
+            )]
         }
         Op::Pool(_) => vec![shape_only(shape_of(ins, 0).filter(|x| x.len() >= 3).map(
             |x| {
@@ -339,12 +342,16 @@ fn infer_shape_op(op: &ShapeOp, ins: &[Known], consts: &[Option<&Tensor>]) -> Ve
             };
             let axes = const_ints(3).unwrap_or_else(|| vec![0]);
             let steps = const_ints(4).unwrap_or_else(|| vec![1]);
+            // One slice of a vector only (empty or longer starts are the op's to refuse).
+            let (&[start], &[end]) = (starts.as_slice(), ends.as_slice()) else {
+                return vec![Known::default()];
+            };
             if axes.as_slice() != [0] && axes.as_slice() != [-1] || steps.as_slice() != [1] {
                 return vec![Known::default()];
             }
             let n = e.len() as i64;
-            let clamp = |v: i64| (if v < 0 { v + n } else { v }).clamp(0, n) as usize;
-            let (s, t) = (clamp(starts[0]), clamp(ends[0]));
+            let clamp = |v: i64| (if v < 0 { v.saturating_add(n) } else { v }).clamp(0, n) as usize;
+            let (s, t) = (clamp(start), clamp(end));
             let elements = e[s..t.max(s)].to_vec();
             vec![Known {
                 shape: Some(vec![Sym::Known(elements.len() as i64)]),
@@ -399,7 +406,7 @@ fn reshape(x: &[Sym], target: &[Sym], allowzero: bool) -> Vec<Sym> {
                 }
             }
             out[free] = match nx.as_slice() {
-                [] if kr > 0 && kx % kr == 0 => Sym::Known(kx / kr),
+                [] if kr > 0 && kx.checked_rem(kr) == Some(0) => Sym::Known(kx / kr),
                 [one] if kr == kx => Sym::Named(one.clone()),
                 _ => Sym::Unknown,
             };
@@ -493,7 +500,7 @@ fn concat(shapes: &[&Vec<Sym>], a: i64) -> Option<Vec<Sym>> {
         .iter()
         .map(|s| s.get(a).cloned().unwrap_or(Sym::Unknown))
         .try_fold(0i64, |acc, d| match d {
-            Sym::Known(v) => Some(acc + v),
+            Sym::Known(v) => acc.checked_add(v),
             _ => None,
         })
         .map_or(Sym::Unknown, Sym::Known);
@@ -501,7 +508,7 @@ fn concat(shapes: &[&Vec<Sym>], a: i64) -> Option<Vec<Sym>> {
 }
 
 mod batch;
-pub use batch::separable_batch;
+pub use batch::{batch_refusal, separable_batch};
 
 #[cfg(test)]
 mod tests;
