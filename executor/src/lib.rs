@@ -13,6 +13,7 @@ pub mod error;
 pub mod gacer;
 pub mod graph;
 pub mod import;
+pub mod memory;
 pub mod npy;
 pub mod ops;
 pub mod passes;
