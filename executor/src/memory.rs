@@ -11,6 +11,9 @@
 //! learn its size.
 
 use crate::error::{OpError, RunError};
+use crate::graph::Dim;
+use crate::plan::Plan;
+use crate::tensor::checked_numel;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bytes of activations a plan's runs may hold at once.
@@ -117,6 +120,29 @@ impl Drop for Ledger<'_> {
     }
 }
 
+/// Bytes of `Plan::example_inputs(batch)`, from the declared shapes and without allocating
+/// them: what a trial run at `batch` starts by holding. `None` when a declared shape is past
+/// the executor's limit.
+pub fn example_input_bytes(plan: &Plan, batch: usize) -> Option<usize> {
+    plan.inputs.iter().try_fold(0usize, |total, input| {
+        let shape: Vec<usize> = input
+            .dims
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(k, d)| match d {
+                Dim::Fixed(v) => *v,
+                Dim::Symbol(_) if k == 0 => batch,
+                Dim::Symbol(_) => 1,
+            })
+            .collect();
+        let bytes = checked_numel(&shape)
+            .ok()?
+            .checked_mul(input.dtype.size())?;
+        total.checked_add(bytes)
+    })
+}
+
 /// Value sizes at `batch`, from those measured at batch 1 and 2: each taken as affine in the
 /// batch (`one + (batch - 1) * (two - one)`). Exact for every value whose shape scales with
 /// the batch alone; a model whose sizes grow faster is still held to its budget at run time.
@@ -164,6 +190,24 @@ mod tests {
         assert_eq!(budget.live(), 50);
         drop(a);
         assert_eq!(budget.live(), 0);
+    }
+
+    #[test]
+    fn example_inputs_are_priced_without_allocating() {
+        use crate::zoo::{self, ZooOptions};
+        use prost::Message;
+        let proto = zoo::build("squeezenet", &ZooOptions::default()).expect("zoo");
+        let model = crate::Model::from_bytes(&proto.encode_to_vec()).expect("imports");
+        for batch in [1, 3] {
+            let made: usize = model
+                .plan
+                .example_inputs(batch)
+                .iter()
+                .map(|(_, t)| t.bytes())
+                .sum();
+            assert_eq!(example_input_bytes(&model.plan, batch), Some(made));
+        }
+        assert_eq!(example_input_bytes(&model.plan, usize::MAX), None);
     }
 
     #[test]

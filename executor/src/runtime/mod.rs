@@ -556,7 +556,7 @@ fn compute(shared: &Shared, inst: &Instance, batch: &[Pending]) -> Outcome {
 }
 
 /// What a panic said, when it said it with a string.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<String>()
         .cloned()
