@@ -106,6 +106,8 @@ pub struct Options {
     pub co: Option<Arc<CoSchedule>>,
     /// Where the tenants compute (`--device`).
     pub device: Device,
+    /// Host memory each tenant's model may hold (`--tenant-memory-limit`).
+    pub tenant_memory_limit: u64,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -149,6 +151,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             threads: threads_per_tenant,
             co: options.co.clone(),
             device: options.device.clone(),
+            memory_limit: options.tenant_memory_limit,
         };
         tokio::task::spawn_blocking(move || {
             bring_up(&file, &registry, &scaler, share, policy, &runtime)
@@ -177,18 +180,20 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What one tenant gets of the agent: CPU threads, the co-schedule it joins, the device.
+/// What one tenant gets of the agent: CPU threads, the co-schedule it joins, the device, and
+/// host memory for its model.
 struct Share {
     threads: usize,
     co: Option<Arc<CoSchedule>>,
     device: Device,
+    memory_limit: u64,
 }
 
 /// Loads one tenant, marks it Ready (or Failed with the reason), then profiles it and hands it
 /// to the scaler with DNNScaler's chosen knobs.
 fn bring_up(
     file: &TenantFile,
-    registry: &Registry,
+    registry: &Arc<Registry>,
     scaler: &Mutex<Vec<dnnscaler::Controlled>>,
     share: Share,
     knob_policy: cotenant_policy::sim::Strategy,
@@ -223,9 +228,16 @@ fn bring_up(
         threads,
         co,
         device,
+        memory_limit,
     } = share;
+    let (bounds, slo_view) = cotenant_crds::policy_view::bounds_and_slo(spec);
     let config = load::config(&name, slo, spec.slo.percentile, 1, 1, threads, &device);
-    let loaded = bytes.and_then(|bytes| load::start(&bytes, config, co));
+    // Sized for the largest batch its bounds let the scaler choose.
+    let sizing = load::Sizing {
+        memory_limit,
+        largest_batch: bounds.max_batch.max(1) as usize,
+    };
+    let loaded = bytes.and_then(|bytes| load::start(&bytes, config, sizing, co));
     let loaded = match loaded {
         Ok(loaded) => loaded,
         Err(reason) => {
@@ -236,6 +248,16 @@ fn bring_up(
     };
     tracing::info!(tenant = %name, "ready");
     let tenant = loaded.tenant.clone();
+    if let Some(why) = tenant.batch_refusal() {
+        tracing::warn!(tenant = %name, %why, "batching refused: requests never share a batch");
+    }
+    // A model that crashes a worker is Failed from then on (standalone mode loads once).
+    let (failed, failed_name) = (registry.clone(), name.clone());
+    tenant.on_crash(Box::new(move |reason| {
+        let reason = format!("the model crashed while serving: {reason}");
+        tracing::error!(tenant = %failed_name, %reason, "failed");
+        failed.set_state(&failed_name, State::Failed(reason));
+    }));
     registry.set_state(
         &name,
         State::Ready {
@@ -244,7 +266,7 @@ fn bring_up(
             outputs: loaded.outputs,
         },
     );
-    let (bounds, slo) = cotenant_crds::policy_view::bounds_and_slo(spec);
+    let slo = slo_view;
     let profile = match dnnscaler::profile(&name, &tenant, &bounds, threads, PROFILE_POINT) {
         Ok(profile) => profile,
         Err(e) => {

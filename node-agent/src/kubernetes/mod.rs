@@ -34,6 +34,8 @@ pub struct Options {
     pub co: Option<Arc<CoSchedule>>,
     /// Where the tenants compute (`--device`).
     pub device: Device,
+    /// Host memory each tenant's model may hold (`--tenant-memory-limit`).
+    pub tenant_memory_limit: u64,
 }
 
 /// Serves until SIGTERM or Ctrl-C, then finishes the accepted requests.
@@ -94,6 +96,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         options.threads,
         options.co.clone(),
         options.device.clone(),
+        options.tenant_memory_limit,
         done_tx,
     );
     let reconciling = tokio::spawn(reconcile_loop(
