@@ -352,6 +352,24 @@ fn constant_bombs_are_priced_not_evaluated() {
     }
 }
 
+/// The shape pass tracks the elements of small integer vectors; a Concat naming one such
+/// vector a million times (3 MB of model) is neither copied per reference nor joined into a
+/// 64-million-element vector.
+#[test]
+fn the_shape_pass_copies_nothing_per_reference() {
+    let refs = vec!["v"; 1 << 20];
+    let bytes = graph(
+        vec![node("Concat", "bomb", &refs, vec![int("axis", 0)])],
+        vec![i64s("v", &[64], &[7; 64])],
+        vec![],
+        13,
+    );
+    let (model, largest) = largest_allocation(|| Model::from_bytes(&bytes));
+    let model = model.expect("imports");
+    assert_eq!(model.plan.steps.len(), 1, "a 512 MiB Concat is not folded");
+    assert!(largest < 64 << 20, "importing allocated {largest} bytes");
+}
+
 /// Ops whose output size comes from the request's data are held to the budget at run time:
 /// a hostile request fails with the budget error naming the node, a modest one runs.
 #[test]
