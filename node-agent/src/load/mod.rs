@@ -238,6 +238,14 @@ fn start_checked(
         .peak_activation_bytes(largest)
         .map_err(|e| format!("measuring its activations failed: {e}"))?
         .max(trial_inputs) as u64;
+    // Batch 2 measured too, so that the status can report any batch the knobs move to
+    // without running it (see `Plan::measured_peak_activation_bytes`).
+    if batchable {
+        model
+            .plan
+            .peak_activation_bytes(2)
+            .map_err(|e| format!("measuring its activations failed: {e}"))?;
+    }
     let needed = weights.saturating_add(peak);
     if needed > limit {
         return Err(over(format!(
