@@ -110,6 +110,9 @@ pub enum DeviceKind {
     /// The CPU backend (no usable GPU).
     #[serde(rename = "cpu")]
     Cpu,
+    /// The simulated GPU: the GPU path run on the CPU (`--device sim`, for tests).
+    #[serde(rename = "sim")]
+    Sim,
 }
 
 /// A tenant replica as the agent holds it.

@@ -20,10 +20,11 @@ pub use tenant::{
     Approach, ChosenApproach, ModelTenant, ModelTenantSpec, ModelTenantStatus, Observed, Profile,
     ProfilePoint, ReplicaPlacement, ScalerMemory, Scaling, TenantPhase,
 };
-pub use validate::FieldError;
+pub use validate::{FieldError, TENANT_NAME_RULE, validate_tenant_name};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+    ValidationRule,
 };
 use kube::core::CustomResourceExt;
 
@@ -33,10 +34,41 @@ pub const GROUP: &str = "cotenant.dev";
 /// Every CRD of the API with the file name it is written to in the chart's `crds/` folder.
 pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
-        ("modeltenants.yaml", kubernetes_formats(ModelTenant::crd())),
+        (
+            "modeltenants.yaml",
+            kubernetes_formats(with_service_name_rule(ModelTenant::crd())),
+        ),
         ("gpupools.yaml", kubernetes_formats(GpuPool::crd())),
         ("gpuagents.yaml", kubernetes_formats(GpuAgent::crd())),
     ]
+}
+
+/// Adds the rule that a tenant's name is a Service name (`validate_tenant_name`). CEL on the
+/// root is the only place that sees `metadata.name`. It runs on create only (names cannot
+/// change), so a tenant created before the rule still takes status writes.
+fn with_service_name_rule(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            schema
+                .x_kubernetes_validations
+                .get_or_insert_with(Vec::new)
+                .push(ValidationRule {
+                    rule: format!(
+                        "oldSelf.hasValue() || (size(self.metadata.name) <= {} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))",
+                        validate::MAX_TENANT_NAME
+                    ),
+                    message: Some(format!("metadata.name {TENANT_NAME_RULE}")),
+                    optional_old_self: Some(true),
+                    reason: Some("FieldValueInvalid".into()),
+                    ..Default::default()
+                });
+        }
+    }
+    crd
 }
 
 /// schemars names Rust's unsigned types (`uint32`), which the API server warns about; Kubernetes

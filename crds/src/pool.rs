@@ -101,7 +101,9 @@ pub struct AgentTemplate {
     /// PriorityClass of agent pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
-    /// CPU and memory of the agent container; the GPU request is added from gpusPerAgent.
+    /// CPU and memory of the agent container; the GPU request is added from gpusPerAgent. Every
+    /// agent gets a memory limit, so no tenant's model can take the node's memory: `limits.memory`
+    /// when set, else the memory request, else 16Gi.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 }

@@ -27,6 +27,30 @@ fn within(field: &str, value: f64, min: f64, max: f64) -> Result<(), FieldError>
     }
 }
 
+/// Longest tenant name: a Service name is an RFC 1035 label.
+pub const MAX_TENANT_NAME: usize = 63;
+
+/// A ModelTenant's name is also the name of its Service, so it must be an RFC 1035 label:
+/// lowercase letters, digits and `-`, starting with a letter, at most 63 characters (a valid
+/// object name such as `bert.large` or `3net` is not). The CRD's CEL rule says the same.
+pub fn validate_tenant_name(name: &str) -> Result<(), FieldError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_TENANT_NAME
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        fail("metadata.name", format!("{name:?} {TENANT_NAME_RULE}"))
+    }
+}
+
+/// What a tenant name must be, as the CEL rule's message says it.
+pub const TENANT_NAME_RULE: &str = "must be a Service name (RFC 1035 label): lowercase letters, digits and '-', starting with a letter and ending with a letter or digit, at most 63 characters; the tenant's Service takes this name";
+
 impl ModelTenantSpec {
     /// The first rule this spec breaks, if any.
     pub fn validate(&self) -> Result<(), FieldError> {

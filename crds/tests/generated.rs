@@ -89,3 +89,22 @@ fn standalone_validation_names_the_field() {
         assert_eq!(err.field, field, "{yaml}");
     }
 }
+
+#[test]
+fn tenant_names_must_be_service_names() {
+    for ok in ["bert", "bert-large", "b3", &"a".repeat(63)] {
+        assert!(cotenant_crds::validate_tenant_name(ok).is_ok(), "{ok}");
+    }
+    for bad in [
+        "bert.large",
+        "3net",
+        "-a",
+        "a-",
+        "Bert",
+        "",
+        &"a".repeat(64),
+    ] {
+        let err = cotenant_crds::validate_tenant_name(bad).expect_err(bad);
+        assert_eq!(err.field, "metadata.name");
+    }
+}

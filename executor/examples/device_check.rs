@@ -1,12 +1,18 @@
-//! The GPU check: CUDA backend vs CPU backend on fresh random inputs, per kernel family and per
-//! zoo model, then CUDA latency of resnet50 / mobilenet_v2 / bert at batch 1 and 8.
+//! The GPU check, one command on a GPU host (`cargo xtask device-check` bundles it): every kernel
+//! family and every zoo model on the GPU against the CPU backend; copies, launches and host waits
+//! counted per batch on the real device; latency of resnet50 / mobilenet_v2 / bert at batch 1 and
+//! 8; a tenant's memory budget refusing what does not fit while another tenant serves.
 //!
-//!     device_check --out results.md [--iters 20] [--skip-models] [--tf32]
+//!     device_check --out results.md [--iters 20] [--tf32] [--device cuda|sim] [--json latency.json]
 //!
-//! Exits 2 when there is no usable GPU (with the reason), 1 when a check failed, 0 otherwise.
-//! The markdown report is written either way once a GPU was found.
+//! `--device sim` runs the same checks on the simulated GPU (slowly), to try the check itself on
+//! a machine without one. Exits 2 when there is no usable GPU (with the reason), 1 when a check
+//! failed, 0 otherwise. The markdown report is written either way once a device was found.
 
-use cotenant_executor::cuda::{CudaBackend, CudaOptions};
+use cotenant_executor::device::Gpu;
+use cotenant_executor::gpu::api::DeviceApi;
+use cotenant_executor::gpu::{Alone, Budget, Call, Instance, Recorder, StepKind, Weights};
+use cotenant_executor::graph::{Graph, GraphInput, Node};
 use cotenant_executor::ops::Activation;
 use cotenant_executor::ops::Op;
 use cotenant_executor::ops::conv::{ConvAttrs, PointwiseDepthwise};
@@ -16,49 +22,14 @@ use cotenant_executor::ops::pool::PoolAttrs;
 use cotenant_executor::ops::reduce::{ReduceAttrs, ReduceKind};
 use cotenant_executor::ops::shape::ShapeOp;
 use cotenant_executor::zoo::{self, ZooOptions};
-use cotenant_executor::{Backend, CpuBackend, Model, OpError, Tensor};
+use cotenant_executor::{CpuBackend, DType, Device, DeviceRequest, Model, Plan, Tensor};
 use prost::Message;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Weights of 4 MiB on a tenant with a 1 MiB budget: that tenant gets a device error naming its
-/// budget, and `other` (unlimited) still takes the same weights and runs an op on the device.
-fn budget_isolation(other: &CudaBackend, tf32: bool) -> String {
-    let small = CudaBackend::new(CudaOptions {
-        tenant: "small".into(),
-        budget_bytes: 1 << 20,
-        tf32,
-        ..Default::default()
-    });
-    let weights = match Tensor::f32(vec![1 << 20], vec![0.5; 1 << 20]) {
-        Ok(t) => Arc::new(t),
-        Err(e) => return format!("Memory budget: FAIL ({e})"),
-    };
-    let refused = match small.map(|s| s.register_constants(std::slice::from_ref(&weights))) {
-        Ok(Err(OpError::Device(why))) if why.contains("over budget") => Ok(why),
-        other => Err(format!("expected over budget, got {other:?}")),
-    };
-    let relu = Op::Unary(Unary::Relu);
-    let x = Tensor::f32(vec![4], vec![-1.0, 0.0, 1.0, 2.0]).ok();
-    let still = other
-        .register_constants(&[weights])
-        .map_err(|e| e.to_string())
-        .and_then(|_| {
-            other
-                .execute_device(&relu, &[x.as_ref()])
-                .map_err(|e| e.to_string())
-        });
-    match (refused, still) {
-        (Ok(why), Ok(Some(_))) => {
-            format!("Memory budget: pass (the small tenant: \"{why}\"; the other ran)")
-        }
-        (r, s) => format!("Memory budget: FAIL (small tenant: {r:?}; other tenant: {s:?})"),
-    }
-}
-
-/// fp32 kernels vs the CPU: max |cuda - cpu| / max |cpu|.
+/// fp32 kernels vs the CPU: max |gpu - cpu| / max |cpu|.
 const KERNEL_TOL: f64 = 1e-4;
 const KERNEL_TOL_TF32: f64 = 1e-3;
 /// Whole models (dozens of layers, different summation orders) get a looser bound.
@@ -640,6 +611,123 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
     v
 }
 
+/// A model of the one node `op`: input 0 comes with the request, the others are constants (as
+/// weights and shape arguments are in real models).
+fn one_node(op: Op, inputs: &[Tensor]) -> Result<Arc<Model>, String> {
+    let mut g = Graph {
+        opset: 17,
+        ..Default::default()
+    };
+    let mut ids = Vec::new();
+    for (i, t) in inputs.iter().enumerate() {
+        let v = g.add_value(format!("in{i}"));
+        if i == 0 {
+            g.inputs.push(GraphInput {
+                value: v,
+                name: "in0".into(),
+                dtype: t.dtype(),
+                dims: None,
+            });
+        } else {
+            g.constants.insert(v, Arc::new(t.clone()));
+        }
+        ids.push(Some(v));
+    }
+    let out = g.add_value("out");
+    g.nodes.push(Node {
+        name: "node".into(),
+        op,
+        inputs: ids,
+        outputs: vec![out],
+    });
+    g.outputs.push(out);
+    let plan = Plan::build(&g).map_err(|e| e.to_string())?;
+    Ok(Arc::new(Model { plan }))
+}
+
+/// A device wrapped to count what each batch does.
+struct Counted {
+    rec: Arc<Recorder>,
+    api: Arc<dyn DeviceApi>,
+}
+
+fn counted(gpu: &Gpu) -> Counted {
+    let rec = Arc::new(Recorder::new(gpu.api.clone()));
+    let api: Arc<dyn DeviceApi> = rec.clone();
+    Counted { rec, api }
+}
+
+/// An instance of `model` on `api` with an unlimited budget.
+fn instance(api: &Arc<dyn DeviceApi>, name: &str, model: &Arc<Model>) -> Result<Instance, String> {
+    let budget = Budget::new(name, u64::MAX);
+    let w =
+        Weights::upload(api.clone(), &model.plan.constants, &budget).map_err(|e| e.to_string())?;
+    Instance::new(api.clone(), model.clone(), w, budget, None).map_err(|e| e.to_string())
+}
+
+fn zoo_inputs(m: &Model, batch: usize, r: &mut Lcg) -> Vec<(String, Tensor)> {
+    m.plan
+        .example_inputs(batch)
+        .into_iter()
+        .map(|(n, t)| {
+            let t = match t.dtype() {
+                DType::I64 => r.ids(&t.shape, 30522),
+                _ => r.tensor(&t.shape, -1.0, 1.0),
+            };
+            (n, t)
+        })
+        .collect()
+}
+
+/// One batch's calls, counted.
+struct Counts {
+    up: usize,
+    down: usize,
+    syncs: usize,
+    launches: usize,
+}
+
+fn counts(calls: &[Call]) -> Counts {
+    let n = |f: fn(&Call) -> bool| calls.iter().filter(|c| f(c)).count();
+    Counts {
+        up: n(|c| matches!(c, Call::CopyHtoD { .. })),
+        down: n(|c| matches!(c, Call::CopyDtoH { .. })),
+        syncs: n(|c| matches!(c, Call::Sync { .. })),
+        launches: n(|c| matches!(c, Call::Launch { .. } | Call::Gemm { .. })),
+    }
+}
+
+/// A tenant with a 1 MiB budget asked to hold 4 MiB of weights is refused with its budget named;
+/// another tenant then places the same weights and runs.
+fn budget_isolation(gpu: &Gpu) -> Result<String, String> {
+    let w = Tensor::f32(vec![1 << 20], vec![0.5; 1 << 20]).map_err(|e| e.to_string())?;
+    let x = Tensor::f32(vec![1 << 20], vec![1.0; 1 << 20]).map_err(|e| e.to_string())?;
+    let model = one_node(Op::Binary(Binary::Mul), &[x.clone(), w])?;
+    let small = Budget::new("small", 1 << 20);
+    let refused = match Weights::upload(gpu.api.clone(), &model.plan.constants, &small) {
+        Ok(_) => return Err("4 MiB of weights fit a 1 MiB budget".into()),
+        Err(e) => e.to_string(),
+    };
+    let mut other = instance(&gpu.api, "other", &model)?;
+    let out = other
+        .run(vec![("in0".into(), x)], &Alone)
+        .map_err(|e| e.to_string())?;
+    let ok = out[0]
+        .1
+        .as_f32()
+        .map_err(|e| e.to_string())?
+        .iter()
+        .all(|&v| v == 0.5);
+    if !ok {
+        return Err("the other tenant computed a wrong product".into());
+    }
+    Ok(format!("refused: {refused}; the other tenant ran"))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |f: &str| args.iter().any(|a| a == f);
@@ -650,7 +738,9 @@ fn main() -> ExitCode {
             .cloned()
     };
     let Some(out_path) = value("--out") else {
-        eprintln!("usage: device_check --out REPORT.md [--iters N] [--skip-models] [--tf32]");
+        eprintln!(
+            "usage: device_check --out REPORT.md [--iters N] [--tf32] [--device cuda|sim] [--json FILE]"
+        );
         return ExitCode::from(2);
     };
     let iters: usize = value("--iters")
@@ -658,227 +748,206 @@ fn main() -> ExitCode {
         .unwrap_or(20)
         .max(2);
     let tf32 = flag("--tf32");
+    let request: DeviceRequest = value("--device")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DeviceRequest::Cuda);
     let threads = std::thread::available_parallelism()
         .map_or(4, |n| n.get())
         .min(16);
-
     let started = Instant::now();
-    let cuda = match CudaBackend::new(CudaOptions {
-        tenant: "device-check".into(),
-        cpu_threads: threads,
-        tf32,
-        ..Default::default()
-    }) {
-        Ok(b) => b,
-        Err(why) => {
+    let gpu = match Device::choose(request, 0, u64::MAX, tf32) {
+        Ok((Device::Gpu(g), _)) => g,
+        Ok((Device::Cpu, why)) | Err(why) => {
             eprintln!("device_check: no usable GPU: {why}");
             return ExitCode::from(2);
         }
     };
     let cpu = CpuBackend::new(threads);
-    let info = cuda.info().clone();
     let mut md = String::new();
     let mut failed = 0usize;
     let _ = writeln!(md, "# cotenant device check\n");
     let _ = writeln!(
         md,
-        "Device: {} ({}, {} MiB), CPU reference: {} threads, TF32 {}. Started up (probe, NVRTC or PTX cache, cuBLAS) in {:.1} s.\n",
-        info.name,
-        info.arch(),
-        info.total_bytes >> 20,
-        threads,
+        "Device: {} ({}, {} SMs, {} MiB), CPU reference: {threads} threads, TF32 {}. Started up \
+         (probe, NVRTC or PTX cache, cuBLAS) in {:.1} s.\n",
+        gpu.name,
+        gpu.arch,
+        gpu.multiprocessors,
+        gpu.total_bytes >> 20,
         if tf32 { "on" } else { "off" },
         started.elapsed().as_secs_f64()
     );
     println!("{}", md.trim_end());
 
-    // (a) kernels
+    // (a) Kernel families: one-node models on the GPU vs the CPU op.
     let tol = if tf32 { KERNEL_TOL_TF32 } else { KERNEL_TOL };
     let mut r = Lcg(0x5eed);
-    let mut table = String::new();
-    let _ = writeln!(
-        table,
-        "## Kernels: CUDA vs CPU (max |cuda-cpu| / max |cpu|, pass ≤ {tol:.0e})\n"
-    );
-    let _ = writeln!(
-        table,
-        "| family | case | rel. error | result |\n|---|---|---|---|"
-    );
+    let _ = writeln!(md, "## Kernels vs the CPU backend (tolerance {tol:e})\n");
+    let _ = writeln!(md, "| family | case | max rel err | on device | ok |");
+    let _ = writeln!(md, "|---|---|---|---|---|");
     for (family, case, op, inputs) in kernel_cases(&mut r) {
-        let refs: Vec<Option<&Tensor>> = inputs.iter().map(Some).collect();
-        let want = cpu.execute(&op, &refs);
-        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            cuda.execute_device(&op, &refs)
-        }));
-        let (err, verdict) = match (got, want) {
-            (Ok(Ok(Some(g))), Ok(w)) => {
-                let e = rel_err(&g[0], &w[0]);
-                (format!("{e:.2e}"), if e <= tol { "pass" } else { "FAIL" })
-            }
-            (Ok(Ok(None)), _) => ("-".into(), "FAIL (declined: ran on no kernel)"),
-            (Ok(Err(e)), _) => (e.to_string(), "FAIL (device error)"),
-            (Err(_), _) => ("panic".into(), "FAIL (panic)"),
-            (_, Err(e)) => (format!("cpu: {e}"), "FAIL (cpu reference)"),
+        let line = (|| -> Result<(f64, bool), String> {
+            let model = one_node(op, &inputs)?;
+            let feed = vec![("in0".to_string(), inputs[0].clone())];
+            let want = model
+                .plan
+                .run(&cpu, feed.clone())
+                .map_err(|e| e.to_string())?;
+            let mut inst = instance(&gpu.api, "kernels", &model)?;
+            let layout = inst
+                .layout(&[inputs[0].shape.clone()])
+                .map_err(|e| e.to_string())?;
+            let on_device = layout.kinds.iter().all(|k| *k == StepKind::Device);
+            let got = inst.run(feed, &Alone).map_err(|e| e.to_string())?;
+            Ok((rel_err(&got[0].1, &want[0].1), on_device))
+        })();
+        let (err, on_device, ok) = match line {
+            Ok((e, d)) => (format!("{e:.2e}"), d, e <= tol && d),
+            Err(e) => (format!("error: {e}"), false, false),
         };
-        if verdict != "pass" {
-            failed += 1;
-        }
-        let line = format!("| {family} | {case} | {err} | {verdict} |");
-        println!("{line}");
-        let _ = writeln!(table, "{line}");
+        failed += usize::from(!ok);
+        let _ = writeln!(
+            md,
+            "| {family} | {case} | {err} | {} | {} |",
+            if on_device { "yes" } else { "no" },
+            if ok { "yes" } else { "**NO**" }
+        );
     }
-    md.push('\n');
-    md.push_str(&table);
+    let _ = writeln!(md);
 
-    // (a2) a tenant over its device memory budget fails alone
-    let line = format!("\n{}\n", budget_isolation(&cuda, tf32));
-    if !line.starts_with("\nMemory budget: pass") {
-        failed += 1;
-    }
-    println!("{}", line.trim());
-    md.push_str(&line);
-
-    // (b) and (c) models
-    if !flag("--skip-models") {
-        let mut acc = String::new();
-        let _ = writeln!(
-            acc,
-            "\n## Zoo models: CUDA vs CPU, batch 1 (pass ≤ {MODEL_TOL:.0e})\n"
-        );
-        let _ = writeln!(
-            acc,
-            "| model | outputs | rel. error | op kinds on the CPU so far | result |\n|---|---|---|---|---|"
-        );
-        let mut lat = String::new();
-        let _ = writeln!(
-            lat,
-            "\n## CUDA latency (ms; {iters} runs after 3 warm-ups; host tensors in and out per op)\n"
-        );
-        let _ = writeln!(
-            lat,
-            "| model | batch | p50 | p99 | mean |\n|---|---|---|---|---|"
-        );
-        for name in zoo::NAMES {
-            let t0 = Instant::now();
-            let model = match zoo::build(
-                name,
-                &ZooOptions {
-                    seed: 7,
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| e.to_string())
-            .and_then(|m| Model::from_bytes(&m.encode_to_vec()).map_err(|e| e.to_string()))
-            {
-                Ok(m) => m,
-                Err(e) => {
-                    failed += 1;
-                    let _ = writeln!(acc, "| {name} | - | {e} | - | FAIL (build) |");
-                    continue;
-                }
-            };
-            if let Err(e) = cuda.prepare(&model.plan) {
-                failed += 1;
-                let _ = writeln!(acc, "| {name} | - | {e} | - | FAIL (weights upload) |");
-                continue;
-            }
-            let input = |batch: usize, r: &mut Lcg| -> Vec<(String, Tensor)> {
-                if *name == "bert" {
-                    vec![("input_ids".into(), r.ids(&[batch, 128], 30522))]
-                } else {
-                    vec![("input".into(), r.tensor(&[batch, 3, 224, 224], -1.0, 1.0))]
-                }
-            };
-            let x = input(1, &mut r);
-            let got = model.plan.run(&cuda, x.clone());
-            let want = model.plan.run(&cpu, x);
-            let line = match (got, want) {
-                (Ok(g), Ok(w)) => {
-                    let e =
-                        g.iter()
-                            .zip(&w)
-                            .map(|(a, b)| rel_err(&a.1, &b.1))
-                            .fold(0.0f64, |m, e| {
-                                if e.is_nan() || m.is_nan() {
-                                    f64::NAN
-                                } else {
-                                    m.max(e)
-                                }
-                            });
-                    let ok = e <= MODEL_TOL;
-                    failed += (!ok) as usize;
-                    format!(
-                        "| {name} | {} | {e:.2e} | {} | {} |",
-                        g.len(),
-                        cuda.fallbacks().join(", "),
-                        if ok { "pass" } else { "FAIL" }
-                    )
-                }
-                (Err(e), _) => {
-                    failed += 1;
-                    format!("| {name} | - | cuda: {e} | - | FAIL |")
-                }
-                (_, Err(e)) => {
-                    failed += 1;
-                    format!("| {name} | - | cpu: {e} | - | FAIL |")
-                }
-            };
-            println!("{line}  ({:.1} s)", t0.elapsed().as_secs_f64());
-            let _ = writeln!(acc, "{line}");
-            if ["resnet50", "mobilenet_v2", "bert"].contains(name) {
-                for batch in [1usize, 8] {
-                    let x = input(batch, &mut r);
-                    let mut times = Vec::with_capacity(iters);
-                    let mut err = None;
-                    for i in 0..iters + 3 {
-                        let t = Instant::now();
-                        if let Err(e) = model.plan.run(&cuda, x.clone()) {
-                            err = Some(e.to_string());
-                            break;
-                        }
-                        if i >= 3 {
-                            times.push(t.elapsed().as_secs_f64() * 1e3);
-                        }
-                    }
-                    let line = match err {
-                        Some(e) => {
-                            failed += 1;
-                            format!("| {name} | {batch} | error: {e} | | |")
-                        }
-                        None => {
-                            times.sort_by(|a, b| a.total_cmp(b));
-                            let pct =
-                                |p: f64| times[((times.len() - 1) as f64 * p).round() as usize];
-                            let mean = times.iter().sum::<f64>() / times.len() as f64;
-                            format!(
-                                "| {name} | {batch} | {:.2} | {:.2} | {mean:.2} |",
-                                pct(0.5),
-                                pct(0.99)
-                            )
-                        }
-                    };
-                    println!("{line}");
-                    let _ = writeln!(lat, "{line}");
-                }
-            }
-            cuda.forget_constants();
-        }
-        md.push_str(&acc);
-        md.push_str(&lat);
-    }
-    let (_, _, peak, _) = cuda.memory();
+    // (b) Zoo models: accuracy and what one batch does on the device.
     let _ = writeln!(
         md,
-        "\n{} check(s) failed. Peak device memory held by the backend: {} MiB. Total {:.0} s.",
-        failed,
-        peak >> 20,
+        "## Zoo models vs the CPU backend, batch 2 (tolerance {MODEL_TOL:e}), and one batch's \
+         device calls\n"
+    );
+    let _ = writeln!(
+        md,
+        "| model | max rel err | host fallbacks | copies up | copies down | host waits | launches | arena MiB | ok |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    let c = counted(&gpu);
+    for name in zoo::NAMES {
+        let line = (|| -> Result<String, String> {
+            let bytes = zoo::build(name, &ZooOptions::default())
+                .map_err(|e| e.to_string())?
+                .encode_to_vec();
+            let model = Arc::new(Model::from_bytes(&bytes).map_err(|e| e.to_string())?);
+            let feed = zoo_inputs(&model, 2, &mut r);
+            let want = model
+                .plan
+                .run(&cpu, feed.clone())
+                .map_err(|e| e.to_string())?;
+            let mut inst = instance(&c.api, name, &model)?;
+            let shapes: Vec<Vec<usize>> = feed.iter().map(|(_, t)| t.shape.clone()).collect();
+            let layout = inst.layout(&shapes).map_err(|e| e.to_string())?;
+            let fallbacks = layout.fallbacks(&model.plan).len();
+            inst.run(feed.clone(), &Alone).map_err(|e| e.to_string())?;
+            c.rec.take();
+            let got = inst.run(feed.clone(), &Alone).map_err(|e| e.to_string())?;
+            let n = counts(&c.rec.take());
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|((_, a), (_, b))| rel_err(a, b))
+                .fold(0.0, f64::max);
+            let ok = err <= MODEL_TOL
+                && fallbacks == 0
+                && (n.up, n.down, n.syncs) == (feed.len(), want.len(), 1);
+            failed += usize::from(!ok);
+            Ok(format!(
+                "| {name} | {err:.2e} | {fallbacks} | {} | {} | {} | {} | {} | {} |",
+                n.up,
+                n.down,
+                n.syncs,
+                n.launches,
+                inst.arena_bytes() >> 20,
+                if ok { "yes" } else { "**NO**" }
+            ))
+        })();
+        let row = line.unwrap_or_else(|e| {
+            failed += 1;
+            format!("| {name} | error: {e} | | | | | | | **NO** |")
+        });
+        println!("{row}");
+        let _ = writeln!(md, "{row}");
+    }
+    let _ = writeln!(md);
+
+    // (c) Latency on the GPU, for the PyTorch eager comparison.
+    let _ = writeln!(
+        md,
+        "## Latency on the GPU (ms, {iters} batches after 3 warm-ups; host to host: copies up, \
+         all steps, copies down)\n"
+    );
+    let _ = writeln!(md, "| model | batch | p50 | p99 | mean | rows/s |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    let mut json = Vec::new();
+    for name in ["resnet50", "mobilenet_v2", "bert"] {
+        for batch in [1usize, 8] {
+            let line = (|| -> Result<String, String> {
+                let bytes = zoo::build(name, &ZooOptions::default())
+                    .map_err(|e| e.to_string())?
+                    .encode_to_vec();
+                let model = Arc::new(Model::from_bytes(&bytes).map_err(|e| e.to_string())?);
+                let feed = zoo_inputs(&model, batch, &mut r);
+                let mut inst = instance(&gpu.api, name, &model)?;
+                for _ in 0..3 {
+                    inst.run(feed.clone(), &Alone).map_err(|e| e.to_string())?;
+                }
+                let mut ms = Vec::with_capacity(iters);
+                for _ in 0..iters {
+                    let t = Instant::now();
+                    inst.run(feed.clone(), &Alone).map_err(|e| e.to_string())?;
+                    ms.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                ms.sort_by(f64::total_cmp);
+                let mean = ms.iter().sum::<f64>() / ms.len() as f64;
+                let (p50, p99) = (percentile(&ms, 0.5), percentile(&ms, 0.99));
+                json.push(format!(
+                    "{{\"model\":\"{name}\",\"batch\":{batch},\"p50\":{p50:.4},\"p99\":{p99:.4}}}"
+                ));
+                Ok(format!(
+                    "| {name} | {batch} | {p50:.2} | {p99:.2} | {mean:.2} | {:.1} |",
+                    batch as f64 * 1e3 / mean
+                ))
+            })();
+            let row = line.unwrap_or_else(|e| {
+                failed += 1;
+                format!("| {name} | {batch} | error: {e} | | | |")
+            });
+            println!("{row}");
+            let _ = writeln!(md, "{row}");
+        }
+    }
+    let _ = writeln!(md);
+
+    // (d) Memory isolation between tenants.
+    let _ = writeln!(md, "## Device memory budgets\n");
+    match budget_isolation(&gpu) {
+        Ok(s) => {
+            let _ = writeln!(md, "ok: {s}\n");
+        }
+        Err(e) => {
+            failed += 1;
+            let _ = writeln!(md, "**FAILED**: {e}\n");
+        }
+    }
+    let _ = writeln!(
+        md,
+        "{failed} check(s) failed; {:.0} s in all.",
         started.elapsed().as_secs_f64()
     );
+    if let Some(path) = value("--json")
+        && let Err(e) = std::fs::write(&path, format!("[{}]\n", json.join(",")))
+    {
+        eprintln!("device_check: writing {path}: {e}");
+    }
     if let Err(e) = std::fs::write(&out_path, &md) {
         eprintln!("device_check: writing {out_path}: {e}");
         return ExitCode::from(1);
     }
-    println!("\n{failed} check(s) failed; report written to {out_path}");
+    println!("{failed} check(s) failed");
     if failed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -11,7 +11,7 @@
 
 use cotenant_executor::gacer::{
     CoRunOptions, CoRunReport, DeviceShape, MixTenant, ModelProfile, Schedule, SearchOptions, Stop,
-    TenantWork, co_run, profile_model, search,
+    TenantWork, co_run, search,
 };
 use cotenant_executor::zoo::{self, ZooOptions};
 use cotenant_executor::{DType, Device, DeviceRequest, Model, Tensor};
@@ -100,15 +100,8 @@ fn profile(
         return Ok(p.clone());
     }
     let m = zoo.get(name)?;
-    let backend = device.backend_for(name, threads, &m.plan)?;
-    let p = Arc::new(profile_model(
-        name,
-        &m.plan,
-        backend.as_ref(),
-        &inputs(&m, batch, 7)?,
-        2,
-        &[2, 4],
-    )?);
+    let mut engine = device.place(name, &m)?.engine(threads, None)?;
+    let p = Arc::new(engine.profile(name, &inputs(&m, batch, 7)?, 2, &[2, 4])?);
     cache.insert((name, batch), p.clone());
     Ok(p)
 }

@@ -1,12 +1,17 @@
-//! Where a tenant's instances compute: the CPU backend, or (feature `cuda`) an NVIDIA GPU. An
-//! agent chooses once at start-up ([`Device::choose`]); each instance then gets a backend of its
-//! own ([`Device::backend`]): on the CPU a thread pool of its budget, on a GPU its own stream,
-//! cuBLAS handle and device memory pool (so instances overlap on the device, and one instance
-//! over its memory budget fails alone).
+//! Where a tenant's instances compute: the CPU backend, or a GPU — a CUDA device (feature `cuda`)
+//! or the simulated one, which runs the GPU path on the CPU for tests. An agent chooses once at
+//! start-up ([`Device::choose`]); a tenant is then placed on it ([`Device::place`]: on a GPU its
+//! weights become resident once, against its budget), and each instance gets an engine of its
+//! own ([`Placed::engine`]: on the CPU a thread pool of its budget, on a GPU its own stream,
+//! arena and staging).
 
-use crate::backend::{Backend, CpuBackend};
+use crate::backend::CpuBackend;
+use crate::engine::{Engine, GpuEngine, HostEngine};
 use crate::gacer::DeviceShape;
-use crate::plan::Plan;
+use crate::gpu::api::{DeviceApi, StreamId};
+use crate::gpu::{Budget, SimDevice, Weights};
+use crate::plan::Model;
+use std::sync::Arc;
 
 /// What the operator of the agent asked for (`--device`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +21,9 @@ pub enum DeviceRequest {
     Cpu,
     /// The GPU or nothing: no usable GPU is an error at start-up.
     Cuda,
+    /// The simulated GPU: the GPU path (streams, events, device-resident execution) run on the
+    /// CPU, for tests of that path on machines without a GPU. Slow.
+    Sim,
 }
 
 impl std::str::FromStr for DeviceRequest {
@@ -25,8 +33,9 @@ impl std::str::FromStr for DeviceRequest {
             "auto" => Ok(DeviceRequest::Auto),
             "cpu" => Ok(DeviceRequest::Cpu),
             "cuda" => Ok(DeviceRequest::Cuda),
+            "sim" => Ok(DeviceRequest::Sim),
             other => Err(format!(
-                "unknown device {other:?}: expected auto, cpu or cuda"
+                "unknown device {other:?}: expected auto, cpu, cuda or sim"
             )),
         }
     }
@@ -37,57 +46,95 @@ impl std::str::FromStr for DeviceRequest {
 pub enum Device {
     #[default]
     Cpu,
-    /// CUDA device `ordinal`, as probed when it was chosen.
-    Cuda(Gpu),
+    Gpu(Gpu),
 }
 
-/// A probed GPU and how instances use it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A GPU and how tenants use it.
+#[derive(Clone)]
 pub struct Gpu {
+    /// The device itself (CUDA, or simulated).
+    pub api: Arc<dyn DeviceApi>,
     pub ordinal: usize,
-    /// For example "NVIDIA H200".
+    /// For example "NVIDIA H200", or "simulated".
     pub name: String,
-    /// NVRTC architecture, for example "compute_90".
+    /// NVRTC architecture, for example "compute_90" (the simulated device says "sim").
     pub arch: String,
     pub total_bytes: u64,
     pub multiprocessors: usize,
-    /// Device memory one instance may hold (its weights, activations and scratch).
-    pub memory_per_instance: u64,
+    /// Device memory one tenant may hold: its weights once, plus each instance's arena.
+    pub memory_per_tenant: u64,
     /// TF32 tensor-core math in cuBLAS (off: exact fp32).
     pub tf32: bool,
 }
 
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .field("total_bytes", &self.total_bytes)
+            .field("multiprocessors", &self.multiprocessors)
+            .field("memory_per_tenant", &self.memory_per_tenant)
+            .field("tf32", &self.tf32)
+            .finish()
+    }
+}
+
+impl PartialEq for Gpu {
+    fn eq(&self, o: &Gpu) -> bool {
+        Arc::ptr_eq(&self.api, &o.api)
+            && (self.ordinal, &self.name, self.memory_per_tenant, self.tf32)
+                == (o.ordinal, &o.name, o.memory_per_tenant, o.tf32)
+    }
+}
+impl Eq for Gpu {}
+
 impl Gpu {
-    /// A GPU that no machine has (ordinal 4096): making a backend on it always fails, with or
-    /// without the `cuda` feature, so tests can see how a device failure is handled.
-    #[cfg(test)]
-    pub(crate) fn absent() -> Gpu {
+    /// The simulated GPU (H200-shaped: 132 SMs, 141 GB).
+    pub fn simulated(memory_per_tenant: u64) -> Gpu {
+        let api: Arc<dyn DeviceApi> = Arc::new(SimDevice::h200());
+        let props = api.props().clone();
         Gpu {
-            ordinal: 4096,
-            name: "absent".into(),
-            arch: "compute_90".into(),
-            total_bytes: 1 << 30,
-            multiprocessors: 1,
-            memory_per_instance: u64::MAX,
+            api,
+            ordinal: 0,
+            name: props.name,
+            arch: "sim".into(),
+            total_bytes: props.total_bytes,
+            multiprocessors: props.multiprocessors,
+            memory_per_tenant,
             tf32: false,
         }
+    }
+
+    pub fn is_simulated(&self) -> bool {
+        self.arch == "sim"
     }
 }
 
 impl Device {
-    /// The device for `request` and one line saying which and why. `memory_per_instance` caps
-    /// each GPU instance's pool (`u64::MAX`: no cap but the device's). Asking for `cuda` where
-    /// none is usable is an error with the reason; `auto` then gives the CPU.
+    /// The device for `request` and one line saying which and why. `memory_per_tenant` caps
+    /// each tenant's device memory (`u64::MAX`: no cap but the device's). Asking for `cuda`
+    /// where none is usable is an error with the reason; `auto` then gives the CPU.
     pub fn choose(
         request: DeviceRequest,
         ordinal: usize,
-        memory_per_instance: u64,
+        memory_per_tenant: u64,
         tf32: bool,
     ) -> Result<(Device, String), String> {
-        if request == DeviceRequest::Cpu {
-            return Ok((Device::Cpu, "cpu: asked for".into()));
+        match request {
+            DeviceRequest::Cpu => return Ok((Device::Cpu, "cpu: asked for".into())),
+            DeviceRequest::Sim => {
+                let gpu = Gpu::simulated(memory_per_tenant);
+                let why = format!(
+                    "sim: a simulated GPU ({} SMs) running the GPU path on the CPU",
+                    gpu.multiprocessors
+                );
+                return Ok((Device::Gpu(gpu), why));
+            }
+            DeviceRequest::Auto | DeviceRequest::Cuda => {}
         }
-        match probe_gpu(ordinal, memory_per_instance, tf32) {
+        match probe_gpu(ordinal, memory_per_tenant, tf32) {
             Ok(gpu) => {
                 let why = format!(
                     "cuda:{} {} ({}, {} SMs, {} MiB)",
@@ -97,37 +144,35 @@ impl Device {
                     gpu.multiprocessors,
                     gpu.total_bytes >> 20
                 );
-                Ok((Device::Cuda(gpu), why))
+                Ok((Device::Gpu(gpu), why))
             }
             Err(why) if request == DeviceRequest::Auto => Ok((Device::Cpu, format!("cpu: {why}"))),
             Err(why) => Err(format!("--device cuda: {why}")),
         }
     }
 
-    /// The backend of one instance of `tenant`. `threads` is the instance's CPU budget (on a
-    /// GPU, for the ops that run on the CPU). Errors say why the device cannot serve it.
-    pub fn backend(&self, tenant: &str, threads: usize) -> Result<Box<dyn Backend>, String> {
+    /// Places `tenant`'s model on the device: on a GPU its weights go up once, against its
+    /// budget. The error says why it cannot (over budget, a device failure).
+    pub fn place(&self, tenant: &str, model: &Arc<Model>) -> Result<Placed, String> {
         match self {
-            Device::Cpu => Ok(Box::new(CpuBackend::new(threads))),
-            Device::Cuda(gpu) => gpu_backend(gpu, tenant, threads),
+            Device::Cpu => Ok(Placed {
+                model: model.clone(),
+                on: On::Cpu,
+            }),
+            Device::Gpu(gpu) => {
+                let budget = Budget::new(tenant, gpu.memory_per_tenant);
+                let weights = Weights::upload(gpu.api.clone(), &model.plan.constants, &budget)
+                    .map_err(|e| format!("the weights cannot be placed on the device: {e}"))?;
+                Ok(Placed {
+                    model: model.clone(),
+                    on: On::Gpu {
+                        api: gpu.api.clone(),
+                        weights,
+                        budget,
+                    },
+                })
+            }
         }
-    }
-
-    /// [`Device::backend`] readied for `plan` (its weights resident on a GPU); the error says
-    /// which of the two failed.
-    pub fn backend_for(
-        &self,
-        tenant: &str,
-        threads: usize,
-        plan: &Plan,
-    ) -> Result<Box<dyn Backend>, String> {
-        let backend = self
-            .backend(tenant, threads)
-            .map_err(|e| format!("the device cannot serve it: {e}"))?;
-        backend
-            .prepare(plan)
-            .map_err(|e| format!("the weights cannot be placed on the device: {e}"))?;
-        Ok(backend)
     }
 
     /// The device's parallel resources, for the GACER cost model; `threads` is one stream's CPU
@@ -135,59 +180,101 @@ impl Device {
     pub fn shape(&self, cores: usize, threads: usize) -> DeviceShape {
         match self {
             Device::Cpu => DeviceShape::cpu(cores, threads),
-            Device::Cuda(gpu) => DeviceShape::gpu(&gpu.name, gpu.multiprocessors),
+            Device::Gpu(gpu) => DeviceShape::gpu(&gpu.name, gpu.multiprocessors),
         }
     }
 
     pub fn is_gpu(&self) -> bool {
-        matches!(self, Device::Cuda(_))
+        matches!(self, Device::Gpu(_))
+    }
+
+    /// The GPU's device API, when this is a GPU.
+    pub fn api(&self) -> Option<&Arc<dyn DeviceApi>> {
+        match self {
+            Device::Gpu(g) => Some(&g.api),
+            Device::Cpu => None,
+        }
+    }
+}
+
+/// One tenant's model placed on a device, from which its instances are made.
+pub struct Placed {
+    model: Arc<Model>,
+    on: On,
+}
+
+enum On {
+    Cpu,
+    Gpu {
+        api: Arc<dyn DeviceApi>,
+        weights: Arc<Weights>,
+        budget: Arc<Budget>,
+    },
+}
+
+impl Placed {
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// An engine for one instance: `threads` CPU threads on the CPU; on a GPU its own stream
+    /// (or `stream`, shared, under the sequential schedule), arena and staging. The error says
+    /// why the device cannot serve it.
+    pub fn engine(
+        &self,
+        threads: usize,
+        stream: Option<StreamId>,
+    ) -> Result<Box<dyn Engine>, String> {
+        match &self.on {
+            On::Cpu => Ok(Box::new(HostEngine::new(
+                self.model.clone(),
+                Box::new(CpuBackend::new(threads)),
+            ))),
+            On::Gpu {
+                api,
+                weights,
+                budget,
+            } => GpuEngine::new(
+                api.clone(),
+                self.model.clone(),
+                weights.clone(),
+                budget.clone(),
+                stream,
+            )
+            .map(|e| Box::new(e) as Box<dyn Engine>)
+            .map_err(|e| format!("the device cannot serve it: {e}")),
+        }
+    }
+
+    /// Device bytes the tenant holds now (weights plus its instances' arenas); 0 on the CPU.
+    pub fn device_bytes(&self) -> u64 {
+        match &self.on {
+            On::Cpu => 0,
+            On::Gpu { budget, .. } => budget.in_use(),
+        }
     }
 }
 
 #[cfg(feature = "cuda")]
-fn probe_gpu(ordinal: usize, memory_per_instance: u64, tf32: bool) -> Result<Gpu, String> {
-    use crate::cuda::{CudaBackend, CudaOptions};
-    // A whole backend, not just a probe: it compiles (and caches) the kernels and opens cuBLAS,
-    // so everything an instance needs is known to work before the first tenant loads.
-    let backend = CudaBackend::new(CudaOptions {
-        ordinal,
-        tf32,
-        ..Default::default()
-    })
-    .map_err(|e| e.to_string())?;
-    let info = backend.info();
+fn probe_gpu(ordinal: usize, memory_per_tenant: u64, tf32: bool) -> Result<Gpu, String> {
+    // The whole device, not just a probe: it compiles (and caches) the kernels and opens
+    // cuBLAS, so everything a tenant needs is known to work before the first one loads.
+    let dev = crate::cuda::CudaDevice::new(ordinal, tf32).map_err(|e| e.to_string())?;
+    let info = dev.info().clone();
     Ok(Gpu {
+        api: Arc::new(dev),
         ordinal,
         name: info.name.clone(),
         arch: info.arch(),
         total_bytes: info.total_bytes as u64,
         multiprocessors: info.multiprocessors,
-        memory_per_instance,
+        memory_per_tenant,
         tf32,
     })
 }
 
 #[cfg(not(feature = "cuda"))]
-fn probe_gpu(_ordinal: usize, _memory_per_instance: u64, _tf32: bool) -> Result<Gpu, String> {
-    Err("built without the cuda feature".into())
-}
-
-#[cfg(feature = "cuda")]
-fn gpu_backend(gpu: &Gpu, tenant: &str, threads: usize) -> Result<Box<dyn Backend>, String> {
-    use crate::cuda::{CudaBackend, CudaOptions};
-    let backend = CudaBackend::new(CudaOptions {
-        ordinal: gpu.ordinal,
-        tenant: tenant.to_string(),
-        budget_bytes: gpu.memory_per_instance,
-        cpu_threads: threads,
-        tf32: gpu.tf32,
-    })
-    .map_err(|e| e.to_string())?;
-    Ok(Box::new(backend))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn gpu_backend(_gpu: &Gpu, _tenant: &str, _threads: usize) -> Result<Box<dyn Backend>, String> {
+fn probe_gpu(_ordinal: usize, _memory_per_tenant: u64, _tf32: bool) -> Result<Gpu, String> {
     Err("built without the cuda feature".into())
 }
 
@@ -200,9 +287,10 @@ mod tests {
         assert_eq!("auto".parse(), Ok(DeviceRequest::Auto));
         assert_eq!("cpu".parse(), Ok(DeviceRequest::Cpu));
         assert_eq!("cuda".parse(), Ok(DeviceRequest::Cuda));
+        assert_eq!("sim".parse(), Ok(DeviceRequest::Sim));
         let e = "gpu".parse::<DeviceRequest>().unwrap_err();
         assert!(
-            e.contains("\"gpu\"") && e.contains("auto, cpu or cuda"),
+            e.contains("\"gpu\"") && e.contains("auto, cpu, cuda or sim"),
             "{e}"
         );
     }
@@ -220,18 +308,44 @@ mod tests {
                 let e = Device::choose(DeviceRequest::Cuda, 0, u64::MAX, false).unwrap_err();
                 assert_eq!(e, format!("--device cuda: {}", &why["cpu: ".len()..]));
             }
-            Device::Cuda(gpu) => {
+            Device::Gpu(gpu) => {
                 assert!(why.starts_with("cuda:") && why.contains(&gpu.name), "{why}")
             }
         }
         // A device that does not exist is never chosen.
         let e = Device::choose(DeviceRequest::Cuda, 4096, u64::MAX, false).unwrap_err();
         assert!(e.starts_with("--device cuda: "), "{e}");
-        // Whatever auto chose runs an op.
-        let b = auto.backend("t", 1).expect("a backend");
-        let x = crate::Tensor::f32(vec![2], vec![-1.0, 3.0]).unwrap();
-        let relu = crate::ops::Op::Unary(crate::ops::elementwise::Unary::Relu);
-        let out = b.execute(&relu, &[Some(&x)]).unwrap();
-        assert_eq!(out[0].as_f32().unwrap(), &[0.0, 3.0]);
+    }
+
+    /// Whatever the device, a placed tenant's engine runs its model.
+    #[test]
+    fn every_device_runs_a_placed_model() {
+        let bytes = crate::zoo::build("squeezenet", &Default::default())
+            .map(|m| prost::Message::encode_to_vec(&m))
+            .unwrap();
+        let model = Arc::new(Model::from_bytes(&bytes).unwrap());
+        let inputs = model.plan.example_inputs(1);
+        for request in [DeviceRequest::Cpu, DeviceRequest::Sim] {
+            let (device, _) = Device::choose(request, 0, u64::MAX, false).unwrap();
+            let placed = device.place("t", &model).unwrap();
+            let mut engine = placed.engine(1, None).unwrap();
+            let out = engine.run(inputs.clone()).unwrap();
+            assert_eq!(out[0].1.shape, [1, 1000], "{request:?}");
+        }
+    }
+
+    /// A tenant whose weights do not fit its budget is refused at placement, and the device
+    /// still places another.
+    #[test]
+    fn weights_over_the_budget_are_refused_at_placement() {
+        let bytes = crate::zoo::build("squeezenet", &Default::default())
+            .map(|m| prost::Message::encode_to_vec(&m))
+            .unwrap();
+        let model = Arc::new(Model::from_bytes(&bytes).unwrap());
+        let (device, _) = Device::choose(DeviceRequest::Sim, 0, 1 << 20, false).unwrap();
+        let e = device.place("small", &model).err().unwrap();
+        assert!(e.contains("over budget") && e.contains("\"small\""), "{e}");
+        let (roomy, _) = Device::choose(DeviceRequest::Sim, 0, 64 << 20, false).unwrap();
+        assert!(roomy.place("big", &model).is_ok());
     }
 }

@@ -9,8 +9,10 @@ pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod engine;
 pub mod error;
 pub mod gacer;
+pub mod gpu;
 pub mod graph;
 pub mod import;
 pub mod memory;
@@ -21,10 +23,12 @@ pub mod plan;
 pub mod proto;
 pub mod runtime;
 pub mod tensor;
+pub mod tensor_proto;
 pub mod zoo;
 
 pub use backend::{Backend, CpuBackend};
-pub use device::{Device, DeviceRequest};
+pub use device::{Device, DeviceRequest, Placed};
+pub use engine::Engine;
 pub use error::{ImportError, OpError, RunError};
 pub use plan::{Model, Plan};
 pub use tensor::{DType, Data, Tensor};

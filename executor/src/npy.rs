@@ -1,8 +1,8 @@
 //! A small reader and writer for NumPy `.npy` files (format 1.0–3.0, little-endian, C order):
 //! f32, f64, i64, i32, i8, u8 and bool.
 
-use crate::import::{from_le_bytes, to_le_bytes};
 use crate::tensor::{DType, Tensor, checked_numel};
+use crate::tensor_proto::{from_le_bytes, to_le_bytes};
 use thiserror::Error;
 
 #[derive(Debug, Error)]

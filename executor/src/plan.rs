@@ -324,7 +324,7 @@ impl Plan {
         if sizes.is_none()
             && let Some(rows) = self.lane_rows(lanes.len(), &inputs)
         {
-            return self.run_in_lanes(backend, lanes, inputs, &rows);
+            return self.run_in_lanes(backend, &lanes, inputs, &rows);
         }
         let mut values = self.check_inputs(inputs)?;
         if let Some(sz) = sizes.as_deref_mut() {
@@ -367,7 +367,7 @@ impl Plan {
     fn run_in_lanes(
         &self,
         backend: &dyn Backend,
-        lanes: &[CpuBackend],
+        lanes: &[&dyn Backend],
         inputs: Vec<(String, Tensor)>,
         rows: &[usize],
     ) -> Result<Vec<(String, Tensor)>, RunError> {
@@ -378,7 +378,7 @@ impl Plan {
                 results = parts
                     .into_par_iter()
                     .zip(lanes)
-                    .map(|(part, lane)| self.run_inner(lane, part, None))
+                    .map(|(part, lane)| self.run_inner(*lane, part, None))
                     .collect();
             }
         });
@@ -486,7 +486,9 @@ impl Plan {
                         .iter()
                         .map(|i| i.and_then(|src| self.get(values, &src)))
                         .collect();
-                    let shape = sh.reshape_target(&refs).map_err(node_err)?;
+                    let x = refs.first().copied().flatten().map(|t| t.shape.clone());
+                    let x = x.ok_or(RunError::MissingOutput(s.node.clone()))?;
+                    let shape = sh.reshape_target(&x, &refs).map_err(node_err)?;
                     let t = values[*v]
                         .take()
                         .ok_or(RunError::MissingOutput(s.node.clone()))?;

@@ -4,10 +4,10 @@
 
 mod common;
 
-use cotenant_executor::import::decode_tensor;
 use cotenant_executor::ops::SUPPORTED_OPS;
 use cotenant_executor::proto::{ModelProto, TensorProto};
 use cotenant_executor::tensor::{Data, Tensor};
+use cotenant_executor::tensor_proto::decode_tensor;
 use cotenant_executor::{CpuBackend, Model};
 use prost::Message;
 use std::collections::BTreeMap;

@@ -9,6 +9,7 @@ Needs no GPU and no CUDA toolkit: libnvrtc comes from the PyPI wheel `nvidia-cud
 
 Checks, each a failure with the tool's own log:
   * every .cu starts with a comment, and that comment names each of the file's kernels;
+  * `#include "x.cuh"` lines are replaced by that header (as the runtime does) before compiling;
   * NVRTC compiles it with no error and no warning (the same options the runtime will use);
   * kernel names are unique across all files (the launcher may load them into one namespace);
   * ptxas assembles the PTX for sm_<arch>;
@@ -100,6 +101,18 @@ class Nvrtc:
             return True, log, buf.value.decode()
         finally:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+INCLUDE_RE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.M)
+
+
+def resolve_includes(src, folder):
+    """Replaces each `#include "x.cuh"` line with that header from `folder`, as the runtime does
+    (kernels/src/cuda.rs): NVRTC then compiles one self-contained source."""
+    def header(m):
+        with open(os.path.join(folder, m.group(1))) as f:
+            return f.read()
+    return INCLUDE_RE.sub(header, src)
 
 
 KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)\s*\(')
@@ -200,7 +213,7 @@ def main():
                 failures.append(f"{fname}: kernel {k} is also defined in {seen[k]}")
             seen[k] = fname
 
-        ok, log, ptx = nvrtc.compile(src, fname, options)
+        ok, log, ptx = nvrtc.compile(resolve_includes(src, args.dir), fname, options)
         if not ok:
             failures.append(f"{fname}: NVRTC failed:\n{log}")
             continue

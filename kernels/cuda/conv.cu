@@ -18,28 +18,13 @@
 //                           stride_w, dil_h, dil_w, act, alpha, beta)
 //     groups == C, M = C*mult output channels; output channel m reads input channel m / mult,
 //     w is [M, 1, KH, KW]; one thread per output element, bias (may be NULL) and activation fused.
-// Activations (act), as in epilogue.cu: 0 none, 1 relu, 2 relu6, 3 leaky relu (alpha), 4 sigmoid,
-//     5 gelu (erf), 6 silu, 7 tanh, 8 hard swish, 9 clip [alpha, beta].
+// Activations (act): the codes of activation.cuh.
 //
 // Launch shape (all three): 1-D grid-stride loops over the output (col or y) elements, e.g.
 // blockDim.x = 256, gridDim.x = min(ceil(total / 256), 65535). Consecutive threads take consecutive
 // output pixels, so reads of x and writes are coalesced along a row.
 
-static __device__ __forceinline__ float activate(float x, int act, float alpha, float beta) {
-    switch (act) {
-    case 0: return x;
-    case 1: return fmaxf(x, 0.0f);
-    case 2: return fminf(fmaxf(x, 0.0f), 6.0f);
-    case 3: return x >= 0.0f ? x : alpha * x;
-    case 4: return 1.0f / (1.0f + expf(-x));
-    case 5: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case 6: return x / (1.0f + expf(-x));
-    case 7: return tanhf(x);
-    case 8: return x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f);
-    case 9: return fminf(fmaxf(x, alpha), beta);
-    default: return __int_as_float(0x7fc00000);
-    }
-}
+#include "activation.cuh"
 
 extern "C" __global__ void im2col_nchw_f32(const float* __restrict__ x, float* __restrict__ col, int N, int C, int H,
                                            int W, int KH, int KW, int OH, int OW, int pad_h, int pad_w, int stride_h,

@@ -9,7 +9,7 @@ use crate::gemm::{Mat, SharedOut, sgemm, sgemm_block};
 use rayon::prelude::*;
 
 /// Geometry of one 2-D convolution; the caller computes the output size (`oh`, `ow`).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Conv2d {
     pub n: usize,
     pub c: usize,
@@ -700,7 +700,7 @@ mod tests {
             m: p.c,
             oh: p.h,
             ow: p.w,
-            ..p.clone()
+            ..p
         };
         let mut ty = vec![0.0; x.len()];
         conv_transpose2d(&t, &y, &w, None, &mut ty, &mut Vec::new(), 2);

@@ -857,10 +857,7 @@ mod tests {
         let mut dw = vec![0.0; p.n * p.c * p.oh * p.ow];
         depthwise(&p, &x, &w, Some(&b), None, &mut dw, 2);
         // Grouped with 2 input channels per group: zero the cross-channel weights.
-        let g = Conv2d {
-            groups: 3,
-            ..p.clone()
-        };
+        let g = Conv2d { groups: 3, ..p };
         let mut wg = vec![0.0; p.c * 2 * 9];
         for co in 0..p.c {
             let ci = co % 2;

@@ -192,10 +192,7 @@ pub fn direct_conv(
     };
     for n0 in (0..p.n).step_by(group) {
         let n1 = (n0 + group).min(p.n);
-        let part = Conv2d {
-            n: n1 - n0,
-            ..p.clone()
-        };
+        let part = Conv2d { n: n1 - n0, ..*p };
         let epi = Epilogue {
             residual: epi
                 .residual
@@ -628,7 +625,7 @@ mod tests {
                 assert!(o.run(&p, epi, threads) == one, "{p:?} on {threads} threads");
             }
             // The last image alone.
-            let last = Conv2d { n: 1, ..p.clone() };
+            let last = Conv2d { n: 1, ..p };
             let (per_in, per_out) = (p.c * p.h * p.w, p.m * p.oh * p.ow);
             let alone = Operands {
                 x: o.x[(p.n - 1) * per_in..].to_vec(),

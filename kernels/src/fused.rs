@@ -187,7 +187,7 @@ pub(crate) mod tests {
             oh: out(p1.h),
             ow: out(p1.w),
             groups: p1.m,
-            ..p1.clone()
+            ..*p1
         }
     }
 

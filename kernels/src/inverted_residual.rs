@@ -182,7 +182,7 @@ unsafe fn row_range(
             h: hi - lo,
             pt: (lo + p2.pt).saturating_sub(a * p2.sh),
             oh: b - a,
-            ..p2.clone()
+            ..*p2
         };
         let planes = PlaneKernel::new(&sub, dw.epi.act);
         let (kk, band_px) = (p2.kh * p2.kw, (b - a) * ow);
@@ -321,11 +321,7 @@ mod tests {
                 1,
             );
             let run = |n: usize, x: &[f32], residual: Option<&[f32]>, threads: usize| {
-                let (p1, p2, p3) = (
-                    Conv2d { n, ..p1.clone() },
-                    Conv2d { n, ..p2.clone() },
-                    Conv2d { n, ..p3.clone() },
-                );
+                let (p1, p2, p3) = (Conv2d { n, ..p1 }, Conv2d { n, ..p2 }, Conv2d { n, ..p3 });
                 let mut got = vec![f32::NAN; n * m * p2.oh * p2.ow];
                 inverted_residual(
                     Stage {

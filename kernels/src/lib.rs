@@ -1,11 +1,13 @@
-//! Compute kernels. CPU kernels are plain Rust over slices; CUDA sources live in `cuda/*.cu` and are
-//! loaded by name behind the `cuda` feature. Kernels know nothing of graphs, tenants or scheduling.
+//! Compute kernels. CPU kernels are plain Rust over slices; CUDA sources live in `cuda/*.cu`, and
+//! [`cuda`] exports them with the typed names and codes of their entry points (no CUDA needed to
+//! build). Kernels know nothing of graphs, tenants or scheduling.
 //!
 //! Every CPU kernel takes a `threads` budget: the caller (one tenant's instance) decides how many
 //! cores it may use, and the kernel parallelises with rayon inside whatever pool the caller installed.
 
 pub mod activation;
 pub mod conv;
+pub mod cuda;
 pub mod dense;
 mod depthwise;
 mod depthwise_rows;

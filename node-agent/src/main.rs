@@ -99,9 +99,9 @@ enum Command {
             default_value = "cotenant.dev/agent-report"
         )]
         report_audience: String,
-        /// The only user allowed to read `/report`, e.g.
-        /// `system:serviceaccount:cotenant-system:cotenant-operator`; unset: a ServiceAccount
-        /// named `cotenant-operator` in any namespace.
+        /// The only user allowed to read `/report`, exactly, e.g.
+        /// `system:serviceaccount:cotenant-system:cotenant-operator`. Required: the operator sets
+        /// it on the agent pods it creates.
         #[arg(long, env = "COTENANT_REPORT_READER")]
         report_reader: Option<String>,
         /// Log as JSON lines instead of text.

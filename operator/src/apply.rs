@@ -1,17 +1,27 @@
 //! Writes a round's decisions to the API: GpuAgent assignments, agent pods, tenant Services and
 //! EndpointSlices, statuses, finalizers and Events. Every write compares with what exists first,
-//! so a round that changes nothing writes nothing.
+//! so a round that changes nothing writes nothing, and every API call passes the leader fence
+//! first (`crate::leader`), so a replica that lost its lease writes nothing more.
+//!
+//! The operator changes only what it owns: a Service or EndpointSlice of a tenant's name that
+//! is not controlled by that tenant is left alone, and the tenant says so in its Ready condition
+//! and an Event.
 
 use crate::decide::Route;
 use crate::decide::{PoolOutcome, TenantOutcome};
+use crate::leader::{Fence, FenceError};
 use crate::manifests::{self, DRAINING, TENANT_LABEL};
-use cotenant_crds::{GpuAgent, GpuPool, ModelTenant, ModelTenantStatus};
+use cotenant_crds::conditions::set_condition;
+use cotenant_crds::{
+    GpuAgent, GpuPool, GpuPoolStatus, ModelTenant, ModelTenantStatus, TenantPhase,
+};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,12 +39,48 @@ pub struct Writer {
     /// Routes last written per tenant UID, and when: unchanged routes are rewritten only every
     /// few minutes (to heal a hand-deleted Service), so a steady round costs no writes.
     pub written_routes: std::sync::Mutex<HashMap<String, (Vec<Route>, Instant)>>,
+    /// Every API call checks it first: only the leader writes.
+    pub fence: Arc<Fence>,
 }
 
 /// How often unchanged routes are written again anyway.
 const ROUTES_REFRESH: Duration = Duration::from_secs(300);
+/// Reason of the Ready condition and the Event when a tenant's Service name is taken.
+pub const SERVICE_CONFLICT: &str = "ServiceConflict";
 
-type Result<T = ()> = std::result::Result<T, kube::Error>;
+/// Why a write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error(transparent)]
+    Fence(#[from] FenceError),
+}
+
+impl WriteError {
+    /// The API server's status code, when it answered.
+    fn code(&self) -> Option<u16> {
+        match self {
+            WriteError::Api(kube::Error::Api(e)) => Some(e.code),
+            _ => None,
+        }
+    }
+}
+
+type Result<T = ()> = std::result::Result<T, WriteError>;
+
+/// Whether `object` is controlled by `tenant` (an owner reference to its UID).
+fn owned_by<K: Resource>(object: &K, tenant: &ModelTenant) -> bool {
+    let Some(uid) = tenant.meta().uid.as_deref() else {
+        return false;
+    };
+    object
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.uid == uid && o.controller == Some(true))
+}
 
 impl Writer {
     /// Applies `outcome` for `pool`, whose agents are `agents`.
@@ -53,8 +99,7 @@ impl Writer {
             };
             if &agent.spec.assignments != wanted {
                 let patch = serde_json::json!({ "spec": { "assignments": wanted } });
-                agent_api
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                self.fenced(agent_api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)))
                     .await?;
             }
         }
@@ -63,35 +108,34 @@ impl Writer {
                 let value = draining.then_some("true");
                 let patch =
                     serde_json::json!({ "metadata": { "annotations": { DRAINING: value } } });
-                agent_api
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                self.fenced(agent_api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)))
                     .await?;
             }
         }
         for name in &outcome.remove {
             tracing::info!(agent = %name, pool = %pool.name_any(), "removing agent");
-            ignore_missing(pod_api.delete(name, &DeleteParams::default()).await)?;
-            ignore_missing(agent_api.delete(name, &DeleteParams::default()).await)?;
+            ignore_missing(
+                self.fenced(pod_api.delete(name, &DeleteParams::default()))
+                    .await,
+            )?;
+            ignore_missing(
+                self.fenced(agent_api.delete(name, &DeleteParams::default()))
+                    .await,
+            )?;
         }
         for _ in 0..outcome.add_agents {
             let name = format!("{}-agent-{}", pool.name_any(), suffix());
             let pod = manifests::agent_pod(pool, &name, &self.report_reader, &self.report_audience);
-            let pod = pod_api.create(&PostParams::default(), &pod).await?;
+            let pod = self
+                .fenced(pod_api.create(&PostParams::default(), &pod))
+                .await?;
             tracing::info!(agent = %name, pool = %pool.name_any(), "created agent pod");
-            agent_api
-                .create(&PostParams::default(), &manifests::gpu_agent(pool, &pod))
-                .await?;
+            self.fenced(
+                agent_api.create(&PostParams::default(), &manifests::gpu_agent(pool, &pod)),
+            )
+            .await?;
         }
-        if pool.status.as_ref() != Some(&outcome.status) {
-            let patch = serde_json::json!({ "status": outcome.status });
-            Api::<GpuPool>::all(self.client.clone())
-                .patch_status(
-                    &pool.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await?;
-        }
+        self.pool_status(pool, &outcome.status).await?;
         for note in &outcome.notes {
             self.event(&pool.object_ref(&()), note.reason, &note.message)
                 .await;
@@ -99,15 +143,31 @@ impl Writer {
         Ok(())
     }
 
+    /// Writes `status` on `pool` when it differs.
+    pub async fn pool_status(&self, pool: &GpuPool, status: &GpuPoolStatus) -> Result {
+        if pool.status.as_ref() == Some(status) {
+            return Ok(());
+        }
+        let patch = serde_json::json!({ "status": status });
+        let pools = Api::<GpuPool>::all(self.client.clone());
+        self.fenced(pools.patch_status(
+            &pool.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        ))
+        .await?;
+        Ok(())
+    }
+
     /// The GpuAgent of an agent pod whose GpuAgent is missing (the operator stopped between the
     /// two creates).
     pub async fn adopt_pod(&self, pool: &GpuPool, pod: &Pod) -> Result {
         let api: Api<GpuAgent> = Api::namespaced(self.client.clone(), &pool.spec.agent_namespace);
-        match api
-            .create(&PostParams::default(), &manifests::gpu_agent(pool, pod))
+        match self
+            .fenced(api.create(&PostParams::default(), &manifests::gpu_agent(pool, pod)))
             .await
         {
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) if e.code() == Some(409) => Ok(()),
             other => other.map(|_| ()),
         }
     }
@@ -122,6 +182,7 @@ impl Writer {
             .unwrap_or_else(|e| e.into_inner())
             .get(&uid)
             .is_some_and(|(r, at)| r == &outcome.routes && at.elapsed() < ROUTES_REFRESH);
+        let mut conflict = None;
         if !fresh {
             let written = self.routes(t, &outcome.routes).await;
             let mut cache = self
@@ -129,14 +190,27 @@ impl Writer {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             match written {
-                Ok(()) => cache.insert(uid, (outcome.routes.clone(), Instant::now())),
+                Ok(None) => {
+                    cache.insert(uid, (outcome.routes.clone(), Instant::now()));
+                }
+                Ok(Some(why)) => {
+                    cache.remove(&uid);
+                    conflict = Some(why);
+                }
                 Err(e) => {
                     cache.remove(&uid);
                     return Err(e);
                 }
             };
         }
-        self.status(t, &outcome.status).await?;
+        let mut status = outcome.status.clone();
+        if let Some(why) = &conflict {
+            service_conflict(&mut status, t, why);
+            if !has_ready_reason(t, SERVICE_CONFLICT) {
+                self.event(&t.object_ref(&()), SERVICE_CONFLICT, why).await;
+            }
+        }
+        self.status(t, &status).await?;
         for note in &outcome.notes {
             self.event(&t.object_ref(&()), note.reason, &note.message)
                 .await;
@@ -144,39 +218,93 @@ impl Writer {
         Ok(())
     }
 
-    /// Keeps the tenant's Service and exactly the EndpointSlices for `routes`.
-    async fn routes(&self, t: &ModelTenant, routes: &[Route]) -> Result {
+    /// Keeps the tenant's Service and exactly the EndpointSlices for `routes`, among the objects
+    /// the tenant controls. `Ok(Some(why))` when an object of the same name belongs to someone
+    /// else: then nothing is written, and the slices already written are removed, so no endpoint
+    /// of the tenant is attached to a Service it does not own.
+    async fn routes(&self, t: &ModelTenant, routes: &[Route]) -> Result<Option<String>> {
         let ns = t.namespace().unwrap_or_default();
-        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let name = t.name_any();
         let services: Api<Service> = Api::namespaced(self.client.clone(), &ns);
-        services
-            .patch(
-                &t.name_any(),
-                &params,
-                &Patch::Apply(&manifests::service(t)),
-            )
-            .await?;
         let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
-        let wanted = manifests::endpoint_slices(t, routes);
-        let names: BTreeSet<String> = wanted.iter().map(|s| s.name_any()).collect();
+        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        let create = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let taken = |kind: &str, object: &str| {
+            format!(
+                "{kind} {ns}/{object} exists and is not controlled by this ModelTenant: the \
+                 operator leaves it alone; delete it, or give the tenant another name"
+            )
+        };
+        let service = manifests::service(t);
+        let conflict = match self.fenced(services.get_opt(&name)).await? {
+            Some(existing) if owned_by(&existing, t) => {
+                self.fenced(services.patch(&name, &apply, &Patch::Apply(&service)))
+                    .await?;
+                None
+            }
+            Some(_) => Some(taken("Service", &name)),
+            None => match self.fenced(services.create(&create, &service)).await {
+                Ok(_) => None,
+                Err(e) if e.code() == Some(409) => Some(taken("Service", &name)),
+                Err(e) => return Err(e),
+            },
+        };
+        let existing =
+            self.fenced(slices.list(
+                &ListParams::default().labels(&format!("kubernetes.io/service-name={name}")),
+            ))
+            .await?
+            .items;
+        let wanted = if conflict.is_some() {
+            Vec::new()
+        } else {
+            manifests::endpoint_slices(t, routes)
+        };
+        let mut conflict = conflict;
+        // The tenant's slices: those that existed, and those created now.
+        let mut ours: BTreeSet<String> = existing
+            .iter()
+            .filter(|s| owned_by(*s, t))
+            .map(|s| s.name_any())
+            .collect();
         for slice in &wanted {
-            slices
-                .patch(&slice.name_any(), &params, &Patch::Apply(slice))
-                .await?;
-        }
-        let existing = slices
-            .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={}", t.name_any())))
-            .await?;
-        for slice in existing {
-            if !names.contains(&slice.name_any()) {
-                ignore_missing(
-                    slices
-                        .delete(&slice.name_any(), &DeleteParams::default())
-                        .await,
-                )?;
+            let slice_name = slice.name_any();
+            match existing.iter().find(|s| s.name_any() == slice_name) {
+                Some(s) if owned_by(s, t) => {
+                    self.fenced(slices.patch(&slice_name, &apply, &Patch::Apply(slice)))
+                        .await?;
+                }
+                Some(_) => {
+                    conflict = Some(taken("EndpointSlice", &slice_name));
+                    break;
+                }
+                None => match self.fenced(slices.create(&create, slice)).await {
+                    Ok(_) => {
+                        ours.insert(slice_name);
+                    }
+                    Err(e) if e.code() == Some(409) => {
+                        conflict = Some(taken("EndpointSlice", &slice_name));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                },
             }
         }
-        Ok(())
+        let keep: BTreeSet<String> = if conflict.is_some() {
+            BTreeSet::new()
+        } else {
+            wanted.iter().map(|s| s.name_any()).collect()
+        };
+        for name in ours.difference(&keep) {
+            ignore_missing(
+                self.fenced(slices.delete(name, &DeleteParams::default()))
+                    .await,
+            )?;
+        }
+        Ok(conflict)
     }
 
     pub async fn status(&self, t: &ModelTenant, status: &ModelTenantStatus) -> Result {
@@ -186,11 +314,11 @@ impl Writer {
         let api: Api<ModelTenant> =
             Api::namespaced(self.client.clone(), &t.namespace().unwrap_or_default());
         let patch = serde_json::json!({ "status": status });
-        api.patch_status(
+        self.fenced(api.patch_status(
             &t.name_any(),
             &PatchParams::default(),
             &Patch::Merge(&patch),
-        )
+        ))
         .await?;
         Ok(())
     }
@@ -212,26 +340,25 @@ impl Writer {
         }
         let ns = t.namespace().unwrap_or_default();
         let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
-        let existing = slices
-            .list(&ListParams::default().labels(&format!("{TENANT_LABEL}={}", t.name_any())))
+        let existing = self
+            .fenced(
+                slices.list(
+                    &ListParams::default().labels(&format!("{TENANT_LABEL}={}", t.name_any())),
+                ),
+            )
             .await?;
-        for slice in existing {
+        for slice in existing.iter().filter(|s| owned_by(*s, t)) {
             ignore_missing(
-                slices
-                    .delete(&slice.name_any(), &DeleteParams::default())
+                self.fenced(slices.delete(&slice.name_any(), &DeleteParams::default()))
                     .await,
             )?;
         }
         let services: Api<Service> = Api::namespaced(self.client.clone(), &ns);
-        if let Some(svc) = services.get_opt(&t.name_any()).await?
-            && svc
-                .owner_references()
-                .iter()
-                .any(|o| Some(&o.uid) == t.uid().as_ref())
+        if let Some(svc) = self.fenced(services.get_opt(&t.name_any())).await?
+            && owned_by(&svc, t)
         {
             ignore_missing(
-                services
-                    .delete(&t.name_any(), &DeleteParams::default())
+                self.fenced(services.delete(&t.name_any(), &DeleteParams::default()))
                     .await,
             )?;
         }
@@ -257,22 +384,35 @@ impl Writer {
         let patch = serde_json::json!({
             "metadata": { "finalizers": finalizers, "resourceVersion": t.resource_version() }
         });
-        match api
-            .patch(
+        match self
+            .fenced(api.patch(
                 &t.name_any(),
                 &PatchParams::default(),
                 &Patch::Merge(&patch),
-            )
+            ))
             .await
         {
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+            Err(e) if matches!(e.code(), Some(404 | 409)) => Ok(()),
             other => other.map(|_| ()),
+        }
+    }
+
+    /// Runs one API call if this replica still leads, and abandons it once the write grace
+    /// after the end of its term has passed.
+    async fn fenced<T>(&self, call: impl Future<Output = kube::Result<T>>) -> Result<T> {
+        let deadline = self.fence.write_deadline(Instant::now())?;
+        match tokio::time::timeout_at(deadline.into(), call).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(FenceError::Abandoned.into()),
         }
     }
 
     async fn event(&self, reference: &ObjectReference, reason: &str, note: &str) {
         let event = Event {
-            type_: if matches!(reason, "LoadFailed" | "ModelTooLarge" | "AtMaxAgents") {
+            type_: if matches!(
+                reason,
+                "LoadFailed" | "ModelTooLarge" | "AtMaxAgents" | SERVICE_CONFLICT
+            ) {
                 EventType::Warning
             } else {
                 EventType::Normal
@@ -282,7 +422,7 @@ impl Writer {
             action: reason.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, reference).await {
+        if let Err(e) = self.fenced(self.recorder.publish(&event, reference)).await {
             tracing::warn!(error = %e, reason, "could not record an event");
         }
     }
@@ -291,9 +431,30 @@ impl Writer {
 fn ignore_missing<T>(r: Result<T>) -> Result {
     match r {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) if e.code() == Some(404) => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Whether the tenant's Ready condition already has `reason`.
+fn has_ready_reason(t: &ModelTenant, reason: &str) -> bool {
+    t.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.reason == reason)
+}
+
+/// Marks `status` as not routable: the tenant's Service name belongs to someone else.
+fn service_conflict(status: &mut ModelTenantStatus, t: &ModelTenant, why: &str) {
+    status.phase = Some(TenantPhase::Failed);
+    set_condition(
+        &mut status.conditions,
+        "Ready",
+        false,
+        SERVICE_CONFLICT,
+        why,
+        t.metadata.generation,
+    );
 }
 
 /// Five random lowercase characters, like a ReplicaSet's pod names.

@@ -1,12 +1,12 @@
 //! The leader's control loop: every round (a couple of seconds, sooner when something changes)
 //! it scrapes every agent's report, decides each pool (`crate::decide`) and writes the result
-//! (`crate::apply`). Tenants naming no existing pool, or with an invalid spec, get a status that
-//! says so.
+//! (`crate::apply`). Tenants naming no usable pool, or with an invalid spec or name, get a status
+//! that says so. Agents are reached at their Pod's IP, never at an address an agent wrote.
 
 use crate::apply::Writer;
 use crate::context::Context;
-use crate::decide::{self, AgentView, Memory, PodState};
-use crate::manifests::{DRAINING, POOL_LABEL};
+use crate::decide::{self, AgentView, Memory, PodState, split_address};
+use crate::manifests::{DRAINING, POOL_LABEL, host_port};
 use crate::report::Scraper;
 use crate::world::World;
 use cotenant_crds::conditions::set_condition;
@@ -14,7 +14,7 @@ use cotenant_crds::{GpuAgent, GpuPool, ModelTenant, ModelTenantStatus, TenantPha
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,8 @@ pub struct Controller {
     pub world: World,
     pub writer: Writer,
     pub scraper: Scraper,
+    /// Namespaces the operator may run agents in (it holds a Role there).
+    pub agent_namespaces: BTreeSet<String>,
     memory: Memory,
     /// Since when each agent's report has failed, by agent name.
     unreachable_since: HashMap<String, Instant>,
@@ -38,6 +40,7 @@ impl Controller {
         world: World,
         writer: Writer,
         scraper: Scraper,
+        agent_namespaces: BTreeSet<String>,
         tuning: decide::Tuning,
     ) -> Self {
         Controller {
@@ -45,6 +48,7 @@ impl Controller {
             world,
             writer,
             scraper,
+            agent_namespaces,
             memory: Memory::new(tuning),
             unreachable_since: HashMap::new(),
             started: Instant::now(),
@@ -57,6 +61,11 @@ impl Controller {
         self.unreachable_since.clear();
     }
 
+    /// Whether this replica may still write; a round stops at once when it may not.
+    fn leading(&self) -> bool {
+        self.writer.fence.current_term().is_some()
+    }
+
     /// One round over every pool and tenant.
     pub async fn round(&mut self) {
         let started = Instant::now();
@@ -67,12 +76,17 @@ impl Controller {
         let agents = self.world.agents.state();
         let pods = self.world.pods.state();
 
-        // Scrape every agent that says where its report is.
+        let pod_of = |a: &GpuAgent| {
+            pods.iter()
+                .find(|p| p.namespace() == a.namespace() && p.name_any() == a.name_any())
+        };
+        // Scrape every agent at its pod's IP, on the admin port it says it serves on.
         let targets: Vec<(String, String)> = agents
             .iter()
             .filter_map(|a| {
-                let address = a.status.as_ref()?.admin_address.clone()?;
-                Some((agent_key(a), address))
+                let (_, port) = split_address(a.status.as_ref()?.admin_address.as_deref()?)?;
+                let ip = pod_ip(pod_of(a)?)?;
+                Some((agent_key(a), host_port(&ip, port)))
             })
             .collect();
         let mut reports = self.scraper.scrape_all(targets).await;
@@ -98,9 +112,7 @@ impl Controller {
                 .unreachable_since
                 .get(&key)
                 .map_or(0.0, |since| since.elapsed().as_secs_f64());
-            let pod = pods
-                .iter()
-                .find(|p| p.namespace() == a.namespace() && p.name_any() == a.name_any());
+            let pod = pod_of(a);
             views_by_pool
                 .entry(a.spec.pool.clone())
                 .or_default()
@@ -109,6 +121,8 @@ impl Controller {
                     assignments: a.spec.assignments.clone(),
                     status: a.status.clone(),
                     pod: pod.map_or(PodState::Gone, |p| pod_state(p)),
+                    pod_ip: pod.and_then(|p| pod_ip(p)),
+                    node: pod.and_then(|p| p.spec.as_ref()?.node_name.clone()),
                     report,
                     unreachable_for_s,
                     draining: a.annotations().get(DRAINING).is_some_and(|v| v == "true"),
@@ -119,10 +133,22 @@ impl Controller {
 
         let mut failed = false;
         for pool in &pools {
+            if !self.leading() {
+                return;
+            }
             let name = pool.name_any();
+            if !self.agent_namespaces.contains(&pool.spec.agent_namespace) {
+                // Its tenants are told below; the pool itself says it here.
+                let status = unmanaged_pool_status(pool);
+                if let Err(e) = self.writer.pool_status(pool, &status).await {
+                    tracing::warn!(pool = %name, error = %e, "could not write the pool's status");
+                    failed = true;
+                }
+                continue;
+            }
             let pool_tenants: Vec<Arc<ModelTenant>> = tenants
                 .iter()
-                .filter(|t| t.spec.pool == name && t.spec.validate().is_ok())
+                .filter(|t| t.spec.pool == name && servable(t))
                 .cloned()
                 .collect();
             let pool_agents: Vec<Arc<GpuAgent>> = agents
@@ -150,10 +176,20 @@ impl Controller {
             if let Err(e) = self.writer.pool(pool, &pool_agents, &outcome).await {
                 tracing::warn!(pool = %name, error = %e, "could not apply the pool's decisions");
                 failed = true;
-                continue;
+                if !self.leading() {
+                    return;
+                }
+                // Say why on the pool (a refused agent pod, say), and still tell the tenants.
+                let status = apply_failed_status(pool, &outcome.status, &e.to_string());
+                if let Err(e) = self.writer.pool_status(pool, &status).await {
+                    tracing::warn!(pool = %name, error = %e, "could not write the pool's status");
+                }
             }
+            // Only pods this pool made: a labelled pod someone else created gets no GpuAgent,
+            // so no tenant is ever placed (and routed) to it.
             for pod in pods.iter().filter(|p| {
                 p.labels().get(POOL_LABEL) == Some(&name)
+                    && controlled_by(p, pool)
                     && p.metadata.deletion_timestamp.is_none()
                     && !pool_agents.iter().any(|a| a.name_any() == p.name_any())
             }) {
@@ -171,6 +207,9 @@ impl Controller {
 
         // Tenants outside every pool's round: deleting ones, missing pools, invalid specs.
         for t in &tenants {
+            if !self.leading() {
+                return;
+            }
             let result = if t.metadata.deletion_timestamp.is_some() {
                 // Its replicas were unassigned in its pool's round (or its pool is gone).
                 let still_assigned = agents.iter().any(|a| {
@@ -186,7 +225,7 @@ impl Controller {
                 }
             } else {
                 let mut result = self.writer.add_finalizer(t).await;
-                if let Some(status) = unplaceable(t, &pools) {
+                if let Some(status) = unplaceable(t, &pools, &self.agent_namespaces) {
                     result = result.and(self.writer.status(t, &status).await);
                 }
                 result
@@ -210,6 +249,69 @@ fn key_of(t: &ModelTenant) -> String {
     format!("{}/{}", t.namespace().unwrap_or_default(), t.name_any())
 }
 
+/// The pod's IP from its status, which the kubelet writes.
+fn pod_ip(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .pod_ip
+        .clone()
+        .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+}
+
+/// Whether `pod` is controlled by `pool` (created by the operator for it).
+fn controlled_by(pod: &Pod, pool: &GpuPool) -> bool {
+    let Some(uid) = pool.metadata.uid.as_deref() else {
+        return false;
+    };
+    pod.owner_references()
+        .iter()
+        .any(|o| o.uid == uid && o.controller == Some(true))
+}
+
+/// Whether a pool round may serve `t`: its spec and its name are valid.
+fn servable(t: &ModelTenant) -> bool {
+    t.spec.validate().is_ok() && cotenant_crds::validate_tenant_name(&t.name_any()).is_ok()
+}
+
+/// `decided` with Ready False because writing the round's decisions failed with `error`
+/// (for example, an agent pod that admission refused).
+fn apply_failed_status(
+    pool: &GpuPool,
+    decided: &cotenant_crds::GpuPoolStatus,
+    error: &str,
+) -> cotenant_crds::GpuPoolStatus {
+    let mut status = decided.clone();
+    let error: String = error.chars().take(1000).collect();
+    set_condition(
+        &mut status.conditions,
+        "Ready",
+        false,
+        "ApplyFailed",
+        &format!("the operator could not carry out this pool's decisions: {error}"),
+        pool.metadata.generation,
+    );
+    status
+}
+
+/// The status of a pool whose agent namespace the operator has no Role in.
+fn unmanaged_pool_status(pool: &GpuPool) -> cotenant_crds::GpuPoolStatus {
+    let mut status = pool.status.clone().unwrap_or_default();
+    set_condition(
+        &mut status.conditions,
+        "Ready",
+        false,
+        "NamespaceNotManaged",
+        &format!(
+            "the operator runs no agents in namespace {:?}: add it to the chart's \
+             agents.namespace (the operator's --agent-namespaces)",
+            pool.spec.agent_namespace
+        ),
+        pool.metadata.generation,
+    );
+    status.observed_generation = pool.metadata.generation;
+    status
+}
+
 fn pod_state(p: &Pod) -> PodState {
     if p.metadata.deletion_timestamp.is_some() {
         return PodState::Gone;
@@ -221,16 +323,33 @@ fn pod_state(p: &Pod) -> PodState {
     }
 }
 
-/// The status of a tenant that no pool's round covers: its pool is missing or its spec is
-/// invalid (admission normally rejects those; an older CRD version may not have).
-fn unplaceable(t: &ModelTenant, pools: &[Arc<GpuPool>]) -> Option<ModelTenantStatus> {
+/// The status of a tenant that no pool's round covers: its spec or name is invalid (admission
+/// normally rejects those; an older CRD version may not have), or its pool is missing or runs
+/// its agents where the operator may not.
+fn unplaceable(
+    t: &ModelTenant,
+    pools: &[Arc<GpuPool>],
+    agent_namespaces: &BTreeSet<String>,
+) -> Option<ModelTenantStatus> {
+    let pool = pools.iter().find(|p| p.name_any() == t.spec.pool);
     let (reason, message) = if let Err(e) = t.spec.validate() {
         ("InvalidSpec", e.to_string())
-    } else if !pools.iter().any(|p| p.name_any() == t.spec.pool) {
+    } else if let Err(e) = cotenant_crds::validate_tenant_name(&t.name_any()) {
+        ("InvalidName", e.to_string())
+    } else if pool.is_none() {
         (
             "PoolNotFound",
             format!(
                 "GpuPool {:?} does not exist: create it or set spec.pool",
+                t.spec.pool
+            ),
+        )
+    } else if pool.is_some_and(|p| !agent_namespaces.contains(&p.spec.agent_namespace)) {
+        (
+            "PoolNotManaged",
+            format!(
+                "GpuPool {:?} runs its agents in a namespace the operator does not manage; see \
+                 the pool's Ready condition",
                 t.spec.pool
             ),
         )
@@ -247,7 +366,7 @@ fn unplaceable(t: &ModelTenant, pools: &[Arc<GpuPool>]) -> Option<ModelTenantSta
         &message,
         generation,
     );
-    status.phase = Some(if reason == "InvalidSpec" {
+    status.phase = Some(if matches!(reason, "InvalidSpec" | "InvalidName") {
         TenantPhase::Failed
     } else {
         TenantPhase::Pending
@@ -262,6 +381,7 @@ fn unplaceable(t: &ModelTenant, pools: &[Arc<GpuPool>]) -> Option<ModelTenantSta
 mod tests {
     use super::*;
     use cotenant_crds::ModelTenantSpec;
+    use kube::Resource;
 
     fn tenant(pool: &str) -> ModelTenant {
         let spec: ModelTenantSpec = serde_json::from_value(serde_json::json!({
@@ -275,9 +395,21 @@ mod tests {
         tenant
     }
 
+    fn managed() -> BTreeSet<String> {
+        BTreeSet::from(["a".to_string()])
+    }
+
+    fn pools(agent_namespace: &str) -> Vec<Arc<GpuPool>> {
+        let pool: cotenant_crds::GpuPoolSpec = serde_json::from_value(serde_json::json!({
+            "agentNamespace": agent_namespace, "template": {"image": "i"}
+        }))
+        .expect("pool");
+        vec![Arc::new(GpuPool::new("gpus", pool))]
+    }
+
     #[test]
     fn a_missing_pool_is_named_in_the_ready_condition() {
-        let status = unplaceable(&tenant("gpus"), &[]).expect("unplaceable");
+        let status = unplaceable(&tenant("gpus"), &[], &managed()).expect("unplaceable");
         let ready = &status.conditions[0];
         assert_eq!(
             (ready.type_.as_str(), ready.status.as_str()),
@@ -290,11 +422,87 @@ mod tests {
 
     #[test]
     fn an_existing_pool_leaves_the_tenant_to_its_pool_round() {
-        let pool: cotenant_crds::GpuPoolSpec = serde_json::from_value(serde_json::json!({
-            "agentNamespace": "a", "template": {"image": "i"}
-        }))
-        .expect("pool");
-        let pools = vec![Arc::new(GpuPool::new("gpus", pool))];
-        assert_eq!(unplaceable(&tenant("gpus"), &pools), None);
+        assert_eq!(unplaceable(&tenant("gpus"), &pools("a"), &managed()), None);
+        assert!(servable(&tenant("gpus")));
+    }
+
+    #[test]
+    fn a_name_that_is_no_service_name_gets_a_status_and_no_replicas() {
+        for name in ["bert.large", "3net", &"a".repeat(64)] {
+            let mut t = tenant("gpus");
+            t.metadata.name = Some(name.to_string());
+            assert!(!servable(&t), "{name} must stay out of the pool round");
+            let status = unplaceable(&t, &pools("a"), &managed()).expect(name);
+            let ready = &status.conditions[0];
+            assert_eq!(
+                (ready.status.as_str(), ready.reason.as_str()),
+                ("False", "InvalidName")
+            );
+            assert!(ready.message.contains("metadata.name"), "{}", ready.message);
+            assert_eq!(status.phase, Some(TenantPhase::Failed));
+        }
+    }
+
+    #[test]
+    fn a_pool_in_an_unmanaged_namespace_says_so() {
+        let status =
+            unplaceable(&tenant("gpus"), &pools("elsewhere"), &managed()).expect("unplaceable");
+        assert_eq!(status.conditions[0].reason, "PoolNotManaged");
+        let pool = pools("elsewhere");
+        let status = unmanaged_pool_status(&pool[0]);
+        assert_eq!(status.conditions[0].reason, "NamespaceNotManaged");
+        assert!(status.conditions[0].message.contains("\"elsewhere\""));
+    }
+
+    #[test]
+    fn a_refused_write_is_named_on_the_pool() {
+        let pool = pools("a");
+        let refused = format!(
+            "pods \"x\" is forbidden: violates PodSecurity {}",
+            "x".repeat(5000)
+        );
+        let status = apply_failed_status(&pool[0], &Default::default(), &refused);
+        let ready = &status.conditions[0];
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "ApplyFailed")
+        );
+        assert!(ready.message.contains("violates PodSecurity"));
+        assert!(ready.message.len() < 1200);
+    }
+
+    #[test]
+    fn only_pods_the_pool_controls_are_adopted() {
+        let mut pool = pools("a")[0].as_ref().clone();
+        pool.metadata.uid = Some("pool-uid".into());
+        let mut pod = Pod::default();
+        assert!(!controlled_by(&pod, &pool));
+        pod.metadata.owner_references = pool.controller_owner_ref(&()).map(|o| vec![o]);
+        assert!(controlled_by(&pod, &pool));
+        // The same owner, but not as controller: someone else's pod naming the pool.
+        if let Some(o) = pod
+            .metadata
+            .owner_references
+            .as_mut()
+            .and_then(|o| o.first_mut())
+        {
+            o.controller = None;
+        }
+        assert!(!controlled_by(&pod, &pool));
+    }
+
+    #[test]
+    fn the_pod_ip_comes_from_the_pod_status_and_must_be_an_ip() {
+        let mut pod = Pod::default();
+        assert_eq!(pod_ip(&pod), None);
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            pod_ip: Some("10.1.2.3".into()),
+            ..Default::default()
+        });
+        assert_eq!(pod_ip(&pod).as_deref(), Some("10.1.2.3"));
+        if let Some(s) = pod.status.as_mut() {
+            s.pod_ip = Some("metadata.internal".into());
+        }
+        assert_eq!(pod_ip(&pod), None);
     }
 }

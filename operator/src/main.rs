@@ -14,6 +14,7 @@ mod world;
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use kube::runtime::events::{Recorder, Reporter};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,10 +36,15 @@ struct Args {
     /// Namespace the operator runs in: its leader Lease lives there.
     #[arg(long, env = "POD_NAMESPACE", default_value = "cotenant-system")]
     namespace: String,
+    /// Namespaces agents may run in (comma-separated), where the operator holds a Role for
+    /// pods and GpuAgents; a GpuPool naming another namespace is refused. Default: `--namespace`.
+    #[arg(long, env = "COTENANT_AGENT_NAMESPACES", value_delimiter = ',')]
+    agent_namespaces: Vec<String>,
     /// This replica's identity in leader election (the pod name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
-    /// The operator's ServiceAccount, the only reader agents allow on `/report`.
+    /// The operator's ServiceAccount (in `--namespace`), the only reader agents allow on
+    /// `/report`; the chart sets it.
     #[arg(
         long,
         env = "COTENANT_SERVICE_ACCOUNT",
@@ -87,9 +93,18 @@ async fn main() -> anyhow::Result<()> {
     // One TLS provider for the whole binary: ring, as kube uses.
     let _ = rustls::crypto::ring::default_provider().install_default();
 
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration: run in a pod or set KUBECONFIG")?;
+    let client =
+        kube::Client::try_from(config.clone()).context("cannot build a Kubernetes client")?;
+    // Writes get their own client that gives up on a silent API server: a write must end
+    // before a successor can lead (see `leader`).
+    let mut write_config = config;
+    write_config.read_timeout = Some(leader::WRITE_GRACE);
+    write_config.reset_reader_on_write = true;
+    let write_client =
+        kube::Client::try_from(write_config).context("cannot build a Kubernetes client")?;
     let context = Arc::new(context::Context::new());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -104,11 +119,23 @@ async fn main() -> anyhow::Result<()> {
             std::process::id()
         )
     });
-    let world = world::World::watch(&client);
+    let agent_namespaces: BTreeSet<String> = if args.agent_namespaces.is_empty() {
+        BTreeSet::from([args.namespace.clone()])
+    } else {
+        args.agent_namespaces
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect()
+    };
+    tracing::info!(?agent_namespaces, "agents may run in these namespaces");
+    let world = world::World::watch(&client, &agent_namespaces);
+    let fence = Arc::new(leader::Fence::default());
     let writer = apply::Writer {
-        client: client.clone(),
+        client: write_client.clone(),
+        fence: fence.clone(),
         recorder: Recorder::new(
-            client.clone(),
+            write_client.clone(),
             Reporter {
                 controller: "cotenant-operator".into(),
                 instance: Some(identity.clone()),
@@ -122,12 +149,17 @@ async fn main() -> anyhow::Result<()> {
         ),
     };
     let scraper = report::Scraper::new(args.report_token_file.clone(), Duration::from_secs(2))?;
-    let leadership = leader::Leadership::new(client, &args.namespace, identity);
+    let leadership = Arc::new(leader::Leadership::new(
+        write_client,
+        &args.namespace,
+        identity,
+    ));
     let mut controller = control::Controller::new(
         context.clone(),
         world,
         writer,
         scraper,
+        agent_namespaces,
         decide::Tuning {
             dead_after_s: args.agent_dead_after_seconds,
             replica_scale_down_s: args.replica_scale_down_seconds,
@@ -142,23 +174,21 @@ async fn main() -> anyhow::Result<()> {
     }
     context.set_ready();
     tracing::info!(identity = %leadership.identity, "watches synced; seeking leadership");
-    let mut leading = false;
+    let (elector, mut terms) = leader::spawn(leadership.clone(), fence.clone());
+    // The term this replica last acted in: a new term starts from the API, not from memory.
+    let mut acting_in: Option<u64> = None;
     loop {
-        match leadership.acquire_or_renew().await {
-            Ok(true) if !leading => {
-                tracing::info!("became the leader");
-                leading = true;
+        let term = fence.current_term();
+        if term != acting_in {
+            match term {
+                Some(_) => tracing::info!("became the leader"),
+                None => tracing::warn!("no longer the leader; standing by"),
             }
-            Ok(false) if leading => {
-                tracing::warn!("lost the leader lease; standing by");
-                leading = false;
-                controller.reset();
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "leader election failed; retrying"),
+            controller.reset();
+            acting_in = term;
         }
-        context.set_leader(leading);
-        if leading {
+        context.set_leader(term.is_some());
+        if term.is_some() {
             controller.round().await;
         }
         let changed = controller.world.changed.clone();
@@ -168,12 +198,13 @@ async fn main() -> anyhow::Result<()> {
                 // Let a burst of changes settle into one round.
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
+            _ = terms.changed() => {}
             _ = tokio::time::sleep(control::ROUND) => {}
         }
     }
-    if leading {
-        leadership.release().await;
-    }
+    elector.abort();
+    leadership.release(&fence).await;
+    context.set_leader(false);
     server.abort();
     tracing::info!("stopped");
     Ok(())

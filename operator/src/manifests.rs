@@ -4,13 +4,14 @@
 use crate::decide::Route;
 use cotenant_crds::{GpuAgent, GpuAgentSpec, GpuPool, ModelTenant};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod,
-    PodSpec, Probe, ResourceRequirements, SecurityContext, Service, ServicePort, ServiceSpec,
-    Toleration,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, Pod, PodSecurityContext, PodSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
+    Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
@@ -23,6 +24,29 @@ pub const DRAINING: &str = "cotenant.dev/draining";
 /// The port agents serve the Open Inference Protocol on.
 pub const HTTP_PORT: i32 = 8000;
 pub const ADMIN_PORT: i32 = 8002;
+/// Memory limit of an agent container whose pool sets neither a memory limit nor a request.
+pub const DEFAULT_AGENT_MEMORY_LIMIT: &str = "16Gi";
+/// The user the images run as (see the Dockerfile).
+const NONROOT_UID: i64 = 65532;
+
+/// `object` as the controlling owner, without `blockOwnerDeletion`: setting that needs
+/// `update` on the owner's `finalizers` subresource where OwnerReferencesPermissionEnforcement
+/// is on, a right the operator does not need otherwise (its own finalizer does the cleanup).
+fn owner<K: Resource<DynamicType = ()>>(object: &K) -> Option<Vec<OwnerReference>> {
+    object.controller_owner_ref(&()).map(|mut o| {
+        o.block_owner_deletion = None;
+        vec![o]
+    })
+}
+
+/// `ip:port`, with brackets around an IPv6 address.
+pub fn host_port(ip: &str, port: u16) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
@@ -45,22 +69,37 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// The agent container's resources: the template's, its GPUs, and a memory limit (the
+/// template's, else its memory request, else [`DEFAULT_AGENT_MEMORY_LIMIT`]), so a tenant's
+/// model cannot take the node's memory.
+fn agent_resources(pool: &GpuPool) -> ResourceRequirements {
+    let t = &pool.spec.template;
+    let mut resources: ResourceRequirements = t.resources.clone().unwrap_or_default();
+    let gpus = Quantity(t.gpus_per_agent.to_string());
+    let requests = resources.requests.get_or_insert_with(BTreeMap::new);
+    requests.insert("nvidia.com/gpu".into(), gpus.clone());
+    let memory = requests
+        .get("memory")
+        .cloned()
+        .unwrap_or_else(|| Quantity(DEFAULT_AGENT_MEMORY_LIMIT.into()));
+    let limits = resources.limits.get_or_insert_with(BTreeMap::new);
+    limits.insert("nvidia.com/gpu".into(), gpus);
+    limits.entry("memory".into()).or_insert(memory);
+    resources
+}
+
 /// An agent pod of `pool` named `name`, owned by the pool so deleting the pool removes it.
 /// `report_reader` is the operator's ServiceAccount user name, the only reader of `/report`,
-/// with tokens for `report_audience`.
+/// with tokens for `report_audience`. It meets the `restricted` Pod Security Standard.
 pub fn agent_pod(pool: &GpuPool, name: &str, report_reader: &str, report_audience: &str) -> Pod {
     let t = &pool.spec.template;
     let pool_name = pool.name_any();
-    let mut resources: ResourceRequirements = t.resources.clone().unwrap_or_default();
-    let gpus = Quantity(t.gpus_per_agent.to_string());
-    resources
-        .limits
-        .get_or_insert_with(BTreeMap::new)
-        .insert("nvidia.com/gpu".into(), gpus.clone());
-    resources
-        .requests
-        .get_or_insert_with(BTreeMap::new)
-        .insert("nvidia.com/gpu".into(), gpus);
+    let runtime_default = || {
+        Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        })
+    };
     let probe = |path: &str, period: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
@@ -79,11 +118,24 @@ pub fn agent_pod(pool: &GpuPool, name: &str, report_reader: &str, report_audienc
                 ("app.kubernetes.io/managed-by", MANAGED_BY),
                 (POOL_LABEL, &pool_name),
             ])),
-            owner_references: pool.controller_owner_ref(&()).map(|o| vec![o]),
+            owner_references: owner(pool),
             ..Default::default()
         },
         spec: Some(PodSpec {
             service_account_name: Some(t.service_account_name.clone()),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(NONROOT_UID),
+                run_as_group: Some(NONROOT_UID),
+                seccomp_profile: runtime_default(),
+                ..Default::default()
+            }),
+            // The root filesystem is read-only: scratch space (downloads, the PTX cache) is here.
+            volumes: Some(vec![Volume {
+                name: "tmp".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            }]),
             node_selector: (!t.node_selector.is_empty()).then(|| t.node_selector.clone()),
             tolerations: Some(gpu_tolerations(&t.tolerations)),
             runtime_class_name: t.runtime_class_name.clone(),
@@ -122,15 +174,26 @@ pub fn agent_pod(pool: &GpuPool, name: &str, report_reader: &str, report_audienc
                         ..Default::default()
                     },
                 ]),
-                resources: Some(resources),
+                resources: Some(agent_resources(pool)),
                 readiness_probe: Some(probe("/v2/health/ready", 5)),
                 liveness_probe: Some(probe("/v2/health/live", 10)),
                 security_context: Some(SecurityContext {
                     run_as_non_root: Some(true),
                     allow_privilege_escalation: Some(false),
+                    privileged: Some(false),
                     read_only_root_filesystem: Some(true),
+                    capabilities: Some(Capabilities {
+                        drop: Some(vec!["ALL".into()]),
+                        ..Default::default()
+                    }),
+                    seccomp_profile: runtime_default(),
                     ..Default::default()
                 }),
+                volume_mounts: Some(vec![VolumeMount {
+                    name: "tmp".into(),
+                    mount_path: "/tmp".into(),
+                    ..Default::default()
+                }]),
                 ..Default::default()
             }],
             ..Default::default()
@@ -172,7 +235,7 @@ pub fn gpu_agent(pool: &GpuPool, pod: &Pod) -> GpuAgent {
         ("app.kubernetes.io/managed-by", MANAGED_BY),
         (POOL_LABEL, &pool.name_any()),
     ]));
-    agent.metadata.owner_references = pod.controller_owner_ref(&()).map(|o| vec![o]);
+    agent.metadata.owner_references = owner(pod);
     agent
 }
 
@@ -186,7 +249,7 @@ pub fn service(tenant: &ModelTenant) -> Service {
                 ("app.kubernetes.io/managed-by", MANAGED_BY),
                 (TENANT_LABEL, &tenant.name_any()),
             ])),
-            owner_references: tenant.controller_owner_ref(&()).map(|o| vec![o]),
+            owner_references: owner(tenant),
             ..Default::default()
         },
         spec: Some(ServiceSpec {
@@ -223,7 +286,7 @@ pub fn endpoint_slices(tenant: &ModelTenant, routes: &[Route]) -> Vec<EndpointSl
                         ("endpointslice.kubernetes.io/managed-by", "cotenant.dev"),
                         (TENANT_LABEL, &tenant.name_any()),
                     ])),
-                    owner_references: tenant.controller_owner_ref(&()).map(|o| vec![o]),
+                    owner_references: owner(tenant),
                     ..Default::default()
                 },
                 address_type: if v6 { "IPv6" } else { "IPv4" }.into(),
@@ -250,4 +313,89 @@ pub fn endpoint_slices(tenant: &ModelTenant, routes: &[Route]) -> Vec<EndpointSl
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(template: serde_json::Value) -> GpuPool {
+        let spec = serde_json::from_value(serde_json::json!({
+            "agentNamespace": "agents", "template": template
+        }))
+        .expect("pool");
+        let mut pool = GpuPool::new("gpus", spec);
+        pool.metadata.uid = Some("pool-uid".into());
+        pool
+    }
+
+    fn container(pod: &Pod) -> &Container {
+        &pod.spec.as_ref().expect("spec").containers[0]
+    }
+
+    #[test]
+    fn an_agent_pod_meets_the_restricted_pod_security_standard() {
+        let pod = agent_pod(&pool(serde_json::json!({"image": "a"})), "a-1", "r", "aud");
+        let spec = pod.spec.as_ref().expect("spec");
+        let pod_security = spec.security_context.as_ref().expect("pod securityContext");
+        assert_eq!(pod_security.run_as_non_root, Some(true));
+        assert_eq!(
+            pod_security
+                .seccomp_profile
+                .as_ref()
+                .map(|p| p.type_.as_str()),
+            Some("RuntimeDefault")
+        );
+        let security = container(&pod)
+            .security_context
+            .as_ref()
+            .expect("securityContext");
+        assert_eq!(security.allow_privilege_escalation, Some(false));
+        assert_eq!(security.run_as_non_root, Some(true));
+        assert_eq!(security.privileged, Some(false));
+        assert_eq!(
+            security.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
+        assert_eq!(
+            security.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+            Some("RuntimeDefault")
+        );
+        assert!(spec.host_network.is_none() && spec.host_pid.is_none() && spec.host_ipc.is_none());
+        for volume in spec.volumes.iter().flatten() {
+            assert!(volume.host_path.is_none(), "{volume:?}");
+        }
+    }
+
+    fn memory_limit(template: serde_json::Value) -> Option<String> {
+        let pod = agent_pod(&pool(template), "a-1", "r", "aud");
+        let resources = container(&pod).resources.clone().expect("resources");
+        resources
+            .limits
+            .and_then(|l| l.get("memory").map(|q| q.0.clone()))
+    }
+
+    #[test]
+    fn an_agent_always_has_a_memory_limit() {
+        assert_eq!(
+            memory_limit(serde_json::json!({"image": "a"})).as_deref(),
+            Some(DEFAULT_AGENT_MEMORY_LIMIT)
+        );
+        let requested =
+            serde_json::json!({"image": "a", "resources": {"requests": {"memory": "8Gi"}}});
+        assert_eq!(memory_limit(requested).as_deref(), Some("8Gi"));
+        let limited = serde_json::json!({"image": "a", "resources": {
+            "requests": {"memory": "8Gi"}, "limits": {"memory": "24Gi"}}});
+        assert_eq!(memory_limit(limited).as_deref(), Some("24Gi"));
+    }
+
+    #[test]
+    fn owner_references_do_not_block_owner_deletion() {
+        let pool = pool(serde_json::json!({"image": "a"}));
+        let pod = agent_pod(&pool, "a-1", "r", "aud");
+        let refs = pod.metadata.owner_references.clone().expect("owned");
+        assert_eq!(refs[0].uid, "pool-uid");
+        assert_eq!(refs[0].controller, Some(true));
+        assert_eq!(refs[0].block_owner_deletion, None);
+    }
 }

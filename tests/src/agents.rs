@@ -1,7 +1,8 @@
 //! A kubelet stand-in for agent pods: for every agent pod kwok marks Running, it starts
-//! `cotenant-agent kubernetes` as a host process with the pod's downward-API identity and the
-//! agent ServiceAccount's credentials, advertising this host's address; when the pod goes, the
-//! process goes. A test can kill an agent (a crash the kubelet does not restart).
+//! `cotenant-agent kubernetes` as a host process with the pod's downward-API identity (its IP is
+//! this host's: see `cluster`) and a ServiceAccount token bound to the pod, as the kubelet
+//! projects one; when the pod goes, the process goes. A test can kill an agent (a crash the
+//! kubelet does not restart).
 
 use crate::cluster::{ControlPlane, free_port};
 use crate::process::{Lifetime, Process};
@@ -19,6 +20,7 @@ struct Hosted {
     agents: HashMap<String, Process>,
     /// Agents a test killed: not restarted.
     killed: HashSet<String>,
+    /// Kubeconfigs with pod-bound tokens, by `namespace/pod`.
     kubeconfigs: HashMap<String, PathBuf>,
     /// Why the last start failed, for test messages.
     errors: Vec<String>,
@@ -36,12 +38,11 @@ impl AgentHost {
     pub fn start(cp: &'static ControlPlane, agent: PathBuf, threads: usize) -> AgentHost {
         let hosted = Arc::new(Mutex::new(Hosted::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let ip = host_ip();
         let thread = {
             let (hosted, stop) = (hosted.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Err(e) = sync(cp, &agent, threads, &ip, &hosted) {
+                    if let Err(e) = sync(cp, &agent, threads, &hosted) {
                         lock(&hosted).errors.push(e);
                     }
                     std::thread::sleep(Duration::from_secs(1));
@@ -104,7 +105,6 @@ fn sync(
     cp: &'static ControlPlane,
     agent: &PathBuf,
     threads: usize,
-    ip: &str,
     hosted: &Mutex<Hosted>,
 ) -> Result<(), String> {
     let out = cp
@@ -133,13 +133,17 @@ fn sync(
         if h.agents.contains_key(&key) || h.killed.contains(&key) {
             continue;
         }
-        let kubeconfig = match h.kubeconfigs.get(namespace) {
+        let account = pod["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap_or("default");
+        let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+        let kubeconfig = match h.kubeconfigs.get(&key) {
             Some(k) => k.clone(),
             None => {
                 let k = cp
-                    .service_account_kubeconfig(namespace, "cotenant-agent")
+                    .pod_kubeconfig(namespace, account, name)
                     .map_err(|e| e.to_string())?;
-                h.kubeconfigs.insert(namespace.to_string(), k.clone());
+                h.kubeconfigs.insert(key.clone(), k.clone());
                 k
             }
         };
@@ -163,10 +167,6 @@ fn sync(
             &format!("0.0.0.0:{http}"),
             "--admin-listen",
             &format!("0.0.0.0:{admin}"),
-            "--advertise-address",
-            &format!("{ip}:{http}"),
-            "--admin-advertise-address",
-            &format!("{ip}:{admin}"),
             "--threads",
             &threads.to_string(),
         ])

@@ -118,13 +118,21 @@ impl ControlPlane {
         ]);
         cp.spawn("kube-scheduler", scheduler, &logs, options.lifetime)?;
 
+        // Pods live at this host's address, where their host processes listen (the operator
+        // routes to a pod's IP from the Pod object, as in a cluster).
+        let host_ip = crate::agents::host_ip();
+        let stages = dir.join("kwok-stages.yaml");
+        std::fs::write(
+            &stages,
+            pods_on_node_ip(&std::fs::read_to_string(&tools.kwok_stages)?)?,
+        )?;
         let mut kwok = Command::new(&tools.kwok);
         kwok.args([
             &kubeconfig_flag,
-            &format!("--config={}", tools.kwok_stages.display()),
+            &format!("--config={}", stages.display()),
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            "--node-ip=127.0.0.1",
+            &format!("--node-ip={host_ip}"),
             &format!("--server-address=127.0.0.1:{}", free_port()?),
         ]);
         cp.spawn("kwok", kwok, &logs, options.lifetime)?;
@@ -285,27 +293,59 @@ metadata:
         namespace: &str,
         name: &str,
     ) -> Result<PathBuf, Error> {
-        self.service_account_kubeconfig_via(namespace, name, &self.server)
+        self.service_account_kubeconfig_via(namespace, name, None, &self.server)
     }
 
-    /// Like [`ControlPlane::service_account_kubeconfig`], reaching the API server at `server`
-    /// (a proxy in front of it, whose address the serving certificate also covers).
+    /// Like [`ControlPlane::service_account_kubeconfig`], with a token bound to pod `pod` (as
+    /// the kubelet projects one into a pod): the API server then knows which pod is calling.
+    pub fn pod_kubeconfig(&self, namespace: &str, name: &str, pod: &str) -> Result<PathBuf, Error> {
+        self.service_account_kubeconfig_via(namespace, name, Some(pod), &self.server)
+    }
+
+    /// A ServiceAccount kubeconfig reaching the API server at `server` (a proxy in front of it,
+    /// whose address the serving certificate also covers), bound to `pod` when given.
     pub fn service_account_kubeconfig_via(
         &self,
         namespace: &str,
         name: &str,
+        pod: Option<&str>,
         server: &str,
     ) -> Result<PathBuf, Error> {
-        let token =
-            self.kubectl_ok(&["create", "token", name, "-n", namespace, "--duration=2h"])?;
+        let mut args = vec![
+            "create".to_string(),
+            "token".into(),
+            name.into(),
+            "-n".into(),
+            namespace.into(),
+            "--duration=2h".into(),
+        ];
+        if let Some(pod) = pod {
+            let uid = self.kubectl_ok(&[
+                "get",
+                "pod",
+                pod,
+                "-n",
+                namespace,
+                "-o",
+                "jsonpath={.metadata.uid}",
+            ])?;
+            args.extend([
+                "--bound-object-kind=Pod".to_string(),
+                format!("--bound-object-name={pod}"),
+                format!("--bound-object-uid={uid}"),
+            ]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let token = self.kubectl_ok(&args)?;
         let host = server
             .rsplit('/')
             .next()
             .unwrap_or(server)
             .replace(':', "-");
-        let path = self
-            .dir
-            .join(format!("{namespace}-{name}-{host}.kubeconfig"));
+        let path = self.dir.join(format!(
+            "{namespace}-{name}-{}{host}.kubeconfig",
+            pod.map(|p| format!("{p}-")).unwrap_or_default()
+        ));
         let ca = self.dir.join("pki/ca.crt");
         std::fs::write(
             &path,
@@ -342,6 +382,19 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// kwok's stages with every pod given its node's IP, as if on the host network: the test's host
+/// processes serve every pod, so a pod's IP must be this host's.
+fn pods_on_node_ip(stages: &str) -> Result<String, Error> {
+    const POD_NETWORK: &str = "( or .spec.hostNetwork false )";
+    if !stages.contains(POD_NETWORK) {
+        return Err(Error::Command {
+            what: "adapting kwok's pod-ready stage".into(),
+            stderr: format!("its pod IP template no longer contains {POD_NETWORK:?}"),
+        });
+    }
+    Ok(stages.replace(POD_NETWORK, "true"))
 }
 
 /// stdout of a finished command, or an error carrying its stderr.

@@ -1,89 +1,15 @@
-//! The kernels of `kernels/cuda/*.cu`, embedded in the binary, compiled with NVRTC for the
+//! The kernels of `kernels/cuda/*.cu` (embedded by the kernels crate), compiled with NVRTC for the
 //! device's architecture and cached on disk as PTX.
 //!
 //! Cache: `$COTENANT_PTX_CACHE`, else `$HOME/.cache/cotenant/ptx`; one file per source named by a
 //! hash of (source, architecture, NVRTC version, options). Each file ends with a checksum line;
 //! an entry whose checksum or kernel list does not match is compiled again and rewritten.
 
+use cotenant_kernels::cuda::{Kernel, SOURCES, Source};
 use std::path::{Path, PathBuf};
 
 /// NVRTC options besides the architecture; the same as `kernels/cuda/compile_check.py`.
 pub const NVRTC_OPTIONS: &[&str] = &["-default-device", "--std=c++17"];
-
-/// One `.cu` file and the kernels it defines.
-pub struct Source {
-    pub file: &'static str,
-    pub code: &'static str,
-    pub kernels: &'static [&'static str],
-}
-
-macro_rules! cu {
-    ($file:literal, [$($k:literal),* $(,)?]) => {
-        Source {
-            file: $file,
-            code: include_str!(concat!("../../../kernels/cuda/", $file)),
-            kernels: &[$($k),*],
-        }
-    };
-}
-
-/// Every kernel source with its entry points.
-pub const SOURCES: &[Source] = &[
-    cu!(
-        "conv.cu",
-        [
-            "im2col_nchw_f32",
-            "conv2d_direct_nchw_f32",
-            "depthwise_conv2d_nchw_f32"
-        ]
-    ),
-    cu!(
-        "copy.cu",
-        [
-            "strided_copy_f32",
-            "transpose2d_tiled_f32",
-            "gather_axis_i64_f32",
-            "gather_axis_i32_f32",
-            "fill_f32",
-            "pad_f32",
-        ]
-    ),
-    cu!(
-        "elementwise.cu",
-        [
-            "ew_binary_f32",
-            "ew_binary_bcast_f32",
-            "ew_scalar_f32",
-            "ew_unary_f32"
-        ]
-    ),
-    cu!(
-        "epilogue.cu",
-        [
-            "epilogue_bias_act_f32",
-            "epilogue_bias_residual_act_f32",
-            "epilogue_scale_shift_act_f32"
-        ]
-    ),
-    cu!(
-        "layernorm.cu",
-        ["layernorm_lastaxis_f32", "rmsnorm_lastaxis_f32"]
-    ),
-    cu!(
-        "pool.cu",
-        [
-            "maxpool2d_nchw_f32",
-            "avgpool2d_nchw_f32",
-            "global_avgpool_nchw_f32",
-            "global_maxpool_nchw_f32",
-        ]
-    ),
-    cu!("reduce.cu", ["reduce_axis_f32", "reduce_lastaxis_f32"]),
-    cu!(
-        "softmax.cu",
-        ["softmax_lastaxis_f32", "log_softmax_lastaxis_f32"]
-    ),
-];
 
 /// FNV-1a 64: a stable content hash without a dependency.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
@@ -192,7 +118,7 @@ pub fn nvrtc_version() -> Result<String, String> {
     Ok(format!("{major}.{minor}"))
 }
 
-/// Compiles one source to PTX text for `arch` (e.g. `compute_90`).
+/// Compiles one source (its headers resolved) to PTX text for `arch` (e.g. `compute_90`).
 pub fn compile(src: &Source, arch: &str) -> Result<String, String> {
     let mut options: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
     options.push(format!("--gpu-architecture={arch}"));
@@ -201,7 +127,7 @@ pub fn compile(src: &Source, arch: &str) -> Result<String, String> {
         name: Some(src.file.to_string()),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src.code, opts).map_err(|e| match e {
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src.code(), opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
             format!("{}: NVRTC: {}", src.file, log.to_string_lossy())
         }
@@ -224,8 +150,9 @@ pub enum Origin {
 /// The PTX of `src` for `arch`: from the cache when valid, else compiled (and cached).
 pub fn ptx_for(src: &Source, arch: &str, dir: &Path) -> Result<(String, Origin), String> {
     let version = nvrtc_version()?;
-    let path = cache_path(dir, src.file, arch, &cache_key(src.code, arch, &version));
-    if let Some(ptx) = read_cached(&path, src.kernels) {
+    let path = cache_path(dir, src.file, arch, &cache_key(&src.code(), arch, &version));
+    let names: Vec<&str> = src.kernels.iter().map(|k| k.name()).collect();
+    if let Some(ptx) = read_cached(&path, &names) {
         return Ok((ptx, Origin::Cache));
     }
     let ptx = compile(src, arch)?;
@@ -235,9 +162,9 @@ pub fn ptx_for(src: &Source, arch: &str, dir: &Path) -> Result<(String, Origin),
     Ok((ptx, Origin::Compiled))
 }
 
-/// Every kernel loaded into one context, looked up by name.
+/// Every kernel loaded into one context.
 pub struct Loaded {
-    functions: std::collections::HashMap<&'static str, cudarc::driver::CudaFunction>,
+    functions: std::collections::HashMap<Kernel, cudarc::driver::CudaFunction>,
     pub compiled: usize,
     pub cached: usize,
 }
@@ -262,8 +189,8 @@ impl Loaded {
                 .map_err(|e| format!("{}: loading PTX: {e}", src.file))?;
             for k in src.kernels {
                 let f = module
-                    .load_function(k)
-                    .map_err(|e| format!("{}: kernel {k}: {e}", src.file))?;
+                    .load_function(k.name())
+                    .map_err(|e| format!("{}: kernel {}: {e}", src.file, k.name()))?;
                 functions.insert(*k, f);
             }
         }
@@ -274,47 +201,16 @@ impl Loaded {
         })
     }
 
-    pub fn get(&self, name: &str) -> Result<&cudarc::driver::CudaFunction, String> {
+    pub fn get(&self, kernel: Kernel) -> Result<&cudarc::driver::CudaFunction, String> {
         self.functions
-            .get(name)
-            .ok_or_else(|| format!("kernel {name} is not loaded"))
+            .get(&kernel)
+            .ok_or_else(|| format!("kernel {} is not loaded", kernel.name()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_kernel_named_in_a_header_is_listed() {
-        for s in SOURCES {
-            for k in s.kernels {
-                assert!(
-                    s.code.contains(&format!("__global__ void {k}(")),
-                    "{}: no kernel {k}",
-                    s.file
-                );
-            }
-            let defined = s.code.matches("extern \"C\" __global__").count();
-            assert_eq!(
-                defined,
-                s.kernels.len(),
-                "{}: kernels missing from SOURCES",
-                s.file
-            );
-        }
-        let files: Vec<_> =
-            std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../kernels/cuda"))
-                .unwrap()
-                .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|f| f.ends_with(".cu"))
-                .collect();
-        assert_eq!(
-            files.len(),
-            SOURCES.len(),
-            "every .cu is embedded: {files:?}"
-        );
-    }
 
     #[test]
     fn cache_keys_change_with_source_arch_and_version() {
@@ -377,7 +273,11 @@ mod tests {
             let (ptx, origin) = ptx_for(src, "compute_90", &dir).unwrap();
             assert_eq!(origin, Origin::Compiled);
             for k in src.kernels {
-                assert!(ptx.contains(k), "{}: {k} missing from PTX", src.file);
+                assert!(
+                    ptx.contains(k.name()),
+                    "{}: {k:?} missing from PTX",
+                    src.file
+                );
             }
             let (again, origin) = ptx_for(src, "compute_90", &dir).unwrap();
             assert_eq!((again.as_str(), origin), (ptx.as_str(), Origin::Cache));
@@ -389,7 +289,7 @@ mod tests {
             &dir,
             s.file,
             "compute_90",
-            &cache_key(s.code, "compute_90", &version),
+            &cache_key(&s.code(), "compute_90", &version),
         );
         std::fs::write(&path, "corrupt").unwrap();
         assert_eq!(ptx_for(s, "compute_90", &dir).unwrap().1, Origin::Compiled);

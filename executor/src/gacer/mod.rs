@@ -7,13 +7,15 @@
 //! - [`search`]: greedy search with local improvement over splits and pointers;
 //! - [`cache`]: plans per tenant mix, searched in the background, swapped between batches;
 //! - [`schedule`] and [`run`]: the three interchangeable schedules (`sequential`,
-//!   `multi-stream`, `gacer`) and the CPU workers that execute them.
+//!   `multi-stream`, `gacer`) and the CPU workers that execute them; [`device_run`] executes
+//!   them on a GPU with streams and events.
 //!
 //! A caller profiles each tenant's model, searches (or asks the cache for) a plan, and runs the
 //! mix with [`co_run`] under any [`Schedule`].
 
 pub mod cache;
 pub mod cost;
+pub mod device_run;
 pub mod plan;
 pub mod profile;
 pub mod resize;

@@ -2,12 +2,17 @@
 //! time alone and its launch footprint (blocks, threads, shared memory, registers), which against
 //! a device's shape gives the share of the device the operator occupies.
 //!
-//! Times are measured on the backend at hand. Footprints are estimated from the operator's
-//! output size until a GPU backend reports its real launches.
+//! Times are measured where the tenants run: with host timers on the CPU backend, with events on
+//! a GPU. On a GPU the footprint is the real launch (grid and block from the lowering, registers
+//! and shared memory from the compiled kernel); cuBLAS's launches are estimated from the
+//! product's size. On the CPU it is estimated from the operator's output size.
 
 use super::resize::{self, split_rows};
 use crate::backend::Backend;
 use crate::error::RunError;
+use crate::gpu::api::{Gemm, KernelAttributes, Launch};
+use crate::gpu::lower::Work;
+use crate::gpu::{Coordination, Instance, StepKind};
 use crate::ops::Op;
 use crate::plan::Plan;
 use crate::tensor::Tensor;
@@ -110,6 +115,34 @@ impl LaunchFootprint {
                 registers_per_thread: 32,
             }
         }
+    }
+
+    /// A real kernel launch: its grid and block, and what the compiled kernel needs per thread
+    /// and block.
+    pub fn of_launch(l: &Launch, a: KernelAttributes) -> LaunchFootprint {
+        LaunchFootprint {
+            blocks: l.blocks() as usize,
+            threads_per_block: l.threads_per_block() as usize,
+            shared_mem_per_block: a.shared_mem_per_block + l.shared_mem as usize,
+            registers_per_thread: a.registers_per_thread,
+        }
+    }
+
+    /// A cuBLAS SGEMM, which picks its own kernel: estimated as output tiles of 128 x 128, each a
+    /// block of 256 threads with 128 registers and 48 KiB of shared memory, the usual shape of
+    /// cuBLAS's fp32 kernels on Hopper and Ampere.
+    pub fn of_gemm(g: &Gemm) -> LaunchFootprint {
+        LaunchFootprint {
+            blocks: (g.m.div_ceil(128) * g.n.div_ceil(128) * g.batch).max(1),
+            threads_per_block: 256,
+            shared_mem_per_block: 48 * 1024,
+            registers_per_thread: 128,
+        }
+    }
+
+    /// Threads it launches in all.
+    fn threads(&self) -> usize {
+        self.blocks * self.threads_per_block
     }
 
     /// One of `k` pieces of this launch.
@@ -321,6 +354,103 @@ pub fn profile_model(
                 .is_some_and(|r| r == k * p.split_rows[i].unwrap_or(0))
             {
                 s.piece_times.push((k, p.times[i]));
+            }
+        }
+    }
+    Ok(ModelProfile {
+        model: model.to_string(),
+        batch,
+        steps,
+    })
+}
+
+/// Runs every step in `k` pieces.
+struct Pieces(usize);
+impl Coordination for Pieces {
+    fn pieces(&self, _: usize) -> usize {
+        self.0
+    }
+}
+
+/// Profiles a model on a GPU instance at the batch of `inputs`: each step's time alone from
+/// timing events around it (median of `reps` runs after a warm-up), its footprint from the
+/// launches it makes, how far it can be resized, and for every factor in `factors` the time of
+/// one piece, measured by running every step in that many pieces.
+pub fn profile_on_device(
+    model: &str,
+    instance: &mut Instance,
+    inputs: &[(String, Tensor)],
+    reps: usize,
+    factors: &[usize],
+) -> Result<ModelProfile, RunError> {
+    let err = crate::engine::run_error;
+    let batch = inputs
+        .first()
+        .and_then(|(_, t)| t.shape.first().copied())
+        .unwrap_or(1);
+    let times =
+        |instance: &mut Instance, coord: &dyn Coordination| -> Result<Vec<Duration>, RunError> {
+            instance.run_timed(inputs.to_vec(), coord).map_err(err)?;
+            let mut samples: Vec<Vec<f32>> = Vec::new();
+            for _ in 0..reps.max(1) {
+                let (_, t) = instance.run_timed(inputs.to_vec(), coord).map_err(err)?;
+                samples.resize(t.spans.len(), Vec::new());
+                for (s, (a, b)) in samples.iter_mut().zip(t.spans) {
+                    s.push((b - a).max(0.0));
+                }
+            }
+            Ok(samples
+                .into_iter()
+                .map(|mut s| {
+                    s.sort_by(f32::total_cmp);
+                    Duration::from_secs_f64(f64::from(s[s.len() / 2]) / 1e3)
+                })
+                .collect())
+        };
+    let whole = times(instance, &Pieces(1))?;
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|(_, t)| t.shape.clone()).collect();
+    let layout = instance.layout(&shapes).map_err(err)?;
+    let names: Vec<String> = instance
+        .model()
+        .plan
+        .steps
+        .iter()
+        .map(|s| s.op.name())
+        .collect();
+    let mut steps = Vec::with_capacity(whole.len());
+    for (si, time) in whole.iter().enumerate() {
+        let work = match layout.kinds[si] {
+            StepKind::Device => instance.step_work(&layout, si, 1).map_err(err)?,
+            _ => Vec::new(),
+        };
+        let attrs = |l: &Launch| instance.kernel_attributes(l.kernel);
+        let footprint = work
+            .iter()
+            .flatten()
+            .map(|w| match w {
+                Work::Launch(l) => LaunchFootprint::of_launch(l, attrs(l)),
+                Work::Gemm(g) => LaunchFootprint::of_gemm(g),
+            })
+            .max_by_key(LaunchFootprint::threads)
+            .unwrap_or(LaunchFootprint {
+                blocks: 1,
+                threads_per_block: 1,
+                shared_mem_per_block: 0,
+                registers_per_thread: 1,
+            });
+        steps.push(StepProfile {
+            op: names[si].clone(),
+            time: *time,
+            footprint,
+            split_rows: Some(layout.max_pieces[si]).filter(|&p| p > 1),
+            piece_times: vec![],
+        });
+    }
+    for &k in factors.iter().filter(|&&k| k > 1) {
+        let split = times(instance, &Pieces(k))?;
+        for (s, t) in steps.iter_mut().zip(split) {
+            if s.can_split(k) {
+                s.piece_times.push((k, t / k as u32));
             }
         }
     }

@@ -1,14 +1,14 @@
-//! Runs a tenant mix under a schedule: one worker thread per stream, each with its own backend of
-//! the chosen device (its own CUDA stream on a GPU) and share of the CPU thread budget, running
-//! rounds (every tenant one batch) back to back. GACER's pointers are event waits between the
-//! workers; resized steps run their pieces one after another on their worker. Reports per-tenant
+//! Runs a tenant mix under a schedule. On the CPU: one worker thread per stream, each with its own
+//! backend and share of the thread budget, running rounds (every tenant one batch) back to back;
+//! GACER's pointers are waits between the workers, resized steps run their pieces one after
+//! another on their worker. On a GPU: `device_run.rs`, the device doing the waiting. Reports per-tenant
 //! latency and throughput, the last outputs, and optionally a trace of every step's start and
 //! finish.
 
 use super::plan::{PlanError, StepRef};
 use super::resize::execute_in_pieces;
 use super::schedule::{Schedule, stream_tasks};
-use crate::backend::Backend;
+use crate::backend::{Backend, CpuBackend};
 use crate::device::Device;
 use crate::error::RunError;
 use crate::ops::Op;
@@ -216,6 +216,9 @@ pub fn co_run(
     if let Schedule::Gacer(slot) = schedule {
         slot.current().validate(&step_counts)?;
     }
+    if let Device::Gpu(gpu) = &opts.device {
+        return super::device_run::co_run_on_gpu(gpu, tenants, schedule, opts);
+    }
     let streams = schedule.streams(tenants.len());
     let threads = (opts.threads / streams.len().max(1)).max(1);
     let shared = Shared {
@@ -241,11 +244,8 @@ pub fn co_run(
                     .name(format!("cotenant-stream-{i}"))
                     .spawn_scoped(s, move || {
                         let mut out = Err(CoRunError::Panicked);
-                        match stream_backend(shared, i, members, threads) {
-                            Ok(backend) => backend
-                                .scope(&mut || out = run_stream(shared, backend.as_ref(), members)),
-                            Err(e) => out = Err(e),
-                        }
+                        let backend = stream_backend(threads);
+                        backend.scope(&mut || out = run_stream(shared, backend.as_ref(), members));
                         shared.progress.exit(members);
                         out
                     })
@@ -284,29 +284,9 @@ pub fn co_run(
     })
 }
 
-/// Stream `i`'s backend, readied for the plans of its `members`.
-fn stream_backend(
-    sh: &Shared<'_>,
-    i: usize,
-    members: &[usize],
-    threads: usize,
-) -> Result<Box<dyn Backend>, CoRunError> {
-    let failed = |t: usize, why: String| CoRunError::Run {
-        tenant: sh.tenants[t].name.clone(),
-        source: RunError::Device(why),
-    };
-    let first = members.first().copied().unwrap_or(0);
-    let backend = sh
-        .opts
-        .device
-        .backend(&format!("stream-{i}"), threads)
-        .map_err(|why| failed(first, why))?;
-    for &t in members {
-        backend
-            .prepare(&sh.tenants[t].model.plan)
-            .map_err(|e| failed(t, e.to_string()))?;
-    }
-    Ok(backend)
+/// Stream `i`'s CPU backend with its share of the threads.
+fn stream_backend(threads: usize) -> Box<dyn Backend> {
+    Box::new(CpuBackend::new(threads))
 }
 
 /// One stream's loop over rounds; stops at `opts.stop`, or early when a step it waits for

@@ -336,8 +336,8 @@ proptest! {
 }
 
 /// Rounds in which every pointer of `plan` was honoured, per the trace.
-/// A stream whose device cannot serve (a GPU that does not exist) ends the co-run with a device
-/// error naming a tenant, under every schedule, and no stream waits forever on it.
+/// A stream whose device cannot serve (a GPU on which no weights fit) ends the co-run with a
+/// device error naming a tenant, under every schedule, and no stream waits forever on it.
 #[test]
 fn a_stream_without_a_device_fails_the_co_run_with_the_reason() {
     let r = Recipe::Mlp {
@@ -348,7 +348,7 @@ fn a_stream_without_a_device_fails_the_co_run_with_the_reason() {
     let tenants = [tenant(&r, 2, 1), tenant(&r, 1, 2)];
     let counts: Vec<usize> = tenants.iter().map(|t| t.model.plan.steps.len()).collect();
     let opts = CoRunOptions {
-        device: crate::Device::Cuda(crate::device::Gpu::absent()),
+        device: crate::Device::Gpu(crate::device::Gpu::simulated(0)),
         ..options()
     };
     for schedule in [

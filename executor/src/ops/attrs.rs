@@ -1,8 +1,8 @@
 //! Typed access to a node's attributes while parsing it into an [`Op`](super::Op).
 
-use crate::import::decode_tensor;
 use crate::proto::{AttributeProto, attribute_type as at};
 use crate::tensor::Tensor;
+use crate::tensor_proto::decode_tensor;
 
 pub struct Attrs<'a> {
     pub list: &'a [AttributeProto],

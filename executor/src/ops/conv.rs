@@ -63,7 +63,6 @@ impl ConvAttrs {
 }
 
 /// Spatial parameters resolved against the actual input, as 2-D (1-D convs get height 1).
-/// Shared with the CUDA backend.
 pub(crate) struct Geometry {
     pub k: [usize; 2],
     pub s: [usize; 2],
@@ -252,7 +251,8 @@ fn nchw(shape: &[usize], what: &str) -> OpResult<(usize, usize, [usize; 2])> {
     }
 }
 
-/// The kernel geometry and output shape of Conv `c` on input shape `x` with weight shape `w`.
+/// The kernel geometry and output shape of Conv `c` on input shape `x` with weight shape `w`:
+/// the one resolution of a convolution's window, used by the CPU op and the GPU lowering alike.
 pub(crate) fn conv_geometry(
     c: &ConvAttrs,
     x: &[usize],

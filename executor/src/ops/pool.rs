@@ -49,7 +49,8 @@ impl PoolAttrs {
 }
 
 /// The window of a 1-D or 2-D pooling over an input of shape `x` (kernel, strides, dilations,
-/// explicit or automatic padding, ceil mode) and the output shape. Shared with the CUDA backend.
+/// explicit or automatic padding, ceil mode) and the output shape: the one resolution of a
+/// pooling window, used by the CPU op and the GPU lowering alike.
 pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, Vec<usize>)> {
     let spatial = x.len().saturating_sub(2);
     if !(1..=2).contains(&spatial) {

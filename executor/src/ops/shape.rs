@@ -175,10 +175,12 @@ impl ShapeOp {
         )
     }
 
-    /// The output shape of a reshape-like op.
-    pub fn reshape_target(&self, inputs: &[Option<&Tensor>]) -> OpResult<Vec<usize>> {
-        let x = input(inputs, 0)?;
-        let rank = x.rank();
+    /// The output shape of a reshape-like op on an input of shape `x` (its data is never read,
+    /// so a device-resident input is reshaped from its shape alone); `inputs` are the op's
+    /// inputs, of which only the shape arguments (1 on) are read.
+    pub fn reshape_target(&self, x: &[usize], inputs: &[Option<&Tensor>]) -> OpResult<Vec<usize>> {
+        let rank = x.len();
+        let len: usize = x.iter().product();
         match self {
             ShapeOp::Reshape { allowzero } => {
                 let spec = input(inputs, 1)?.to_i64_vec()?;
@@ -186,8 +188,8 @@ impl ShapeOp {
                 let mut infer = None;
                 for (i, &d) in spec.iter().enumerate() {
                     out.push(match d {
-                        0 if !allowzero => *x.shape.get(i).ok_or_else(|| {
-                            OpError::Shape(format!("Reshape copies dim {i} of {:?}", x.shape))
+                        0 if !allowzero => *x.get(i).ok_or_else(|| {
+                            OpError::Shape(format!("Reshape copies dim {i} of {x:?}"))
                         })?,
                         -1 if infer.is_none() => {
                             infer = Some(i);
@@ -199,13 +201,13 @@ impl ShapeOp {
                 }
                 if let Some(i) = infer {
                     let known = checked_numel(&out)?;
-                    if known == 0 || x.len() % known != 0 {
-                        return shape_err(format!("cannot reshape {:?} to {spec:?}", x.shape));
+                    if known == 0 || !len.is_multiple_of(known) {
+                        return shape_err(format!("cannot reshape {x:?} to {spec:?}"));
                     }
-                    out[i] = x.len() / known;
+                    out[i] = len / known;
                 }
-                if checked_numel(&out)? != x.len() {
-                    return shape_err(format!("cannot reshape {:?} to {spec:?}", x.shape));
+                if checked_numel(&out)? != len {
+                    return shape_err(format!("cannot reshape {x:?} to {spec:?}"));
                 }
                 Ok(out)
             }
@@ -219,27 +221,23 @@ impl ShapeOp {
                     return shape_err(format!("Flatten axis {axis} for rank {rank}"));
                 }
                 let a = a as usize;
-                Ok(vec![
-                    checked_numel(&x.shape[..a])?,
-                    checked_numel(&x.shape[a..])?,
-                ])
+                Ok(vec![checked_numel(&x[..a])?, checked_numel(&x[a..])?])
             }
             ShapeOp::Squeeze { axes } => {
                 let axes = axes_of(axes, opt_input(inputs, 1))?;
                 let drop: Vec<usize> = match axes {
-                    None => (0..rank).filter(|&i| x.shape[i] == 1).collect(),
+                    None => (0..rank).filter(|&i| x[i] == 1).collect(),
                     Some(a) => a
                         .iter()
                         .map(|&v| axis_in(v, rank))
                         .collect::<OpResult<_>>()?,
                 };
                 for &d in &drop {
-                    if x.shape[d] != 1 {
-                        return shape_err(format!("Squeeze axis {d} of {:?} is not 1", x.shape));
+                    if x[d] != 1 {
+                        return shape_err(format!("Squeeze axis {d} of {:?} is not 1", x));
                     }
                 }
-                Ok(x.shape
-                    .iter()
+                Ok(x.iter()
                     .enumerate()
                     .filter(|(i, _)| !drop.contains(i))
                     .map(|(_, &d)| d)
@@ -257,7 +255,7 @@ impl ShapeOp {
                 if ins.len() != axes.len() {
                     return shape_err("Unsqueeze axes repeat");
                 }
-                let mut src = x.shape.iter();
+                let mut src = x.iter();
                 Ok((0..r)
                     .map(|i| {
                         if ins.contains(&i) {
@@ -276,7 +274,7 @@ impl ShapeOp {
         let one = |t: OpResult<Tensor>| t.map(|t| vec![t]);
         match self {
             s if s.is_reshape() => {
-                let shape = s.reshape_target(inputs)?;
+                let shape = s.reshape_target(&input(inputs, 0)?.shape, inputs)?;
                 one(input(inputs, 0)?.clone().reshaped(shape))
             }
             ShapeOp::Transpose { perm } => one(transpose(input(inputs, 0)?, perm.as_deref())),

@@ -9,12 +9,20 @@
 //!   step: an idle seat holds no one, and a seat starting its next batch releases the waiters
 //!   of the last one. A plan that does not fit the seats (the mix changed and no plan for the
 //!   new one is published yet) is not followed until one is; a plan takes over between batches.
+//!
+//! On a GPU the device does the waiting ([`Seat::run_on_device`]): a pointer is an event the
+//! named seat's stream records after that step and the waiter's stream waits on before its
+//! step — the most recent record issued, so an idle seat holds no one here either — and no host
+//! thread waits for a pointer. Under `sequential` every seat's instance issues onto one shared
+//! stream ([`CoSchedule::shared_stream`]), which runs one operator at a time.
 
 use crate::backend::Backend;
 use crate::error::RunError;
 use crate::gacer::plan::{GacerPlan, StepRef};
 use crate::gacer::resize::execute_in_pieces;
 use crate::gacer::{PlanSlot, Schedule};
+use crate::gpu::api::{DeviceApi, EventId, StreamId};
+use crate::gpu::{Coordination, Instance};
 use crate::ops::Op;
 use crate::plan::{Model, Plan};
 use crate::tensor::Tensor;
@@ -66,6 +74,32 @@ pub struct CoSchedule {
     schedule: Schedule,
     state: Mutex<State>,
     changed: Condvar,
+    /// On a GPU: the events standing for pointer targets, and the sequential schedule's stream.
+    device: Mutex<Option<DeviceSide>>,
+}
+
+struct DeviceSide {
+    api: Arc<dyn DeviceApi>,
+    events: std::collections::HashMap<StepRef, EventId>,
+    stream: Option<StreamId>,
+}
+
+impl Drop for CoSchedule {
+    fn drop(&mut self) {
+        let side = self
+            .device
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(d) = side {
+            for (_, e) in d.events {
+                d.api.free_event(e);
+            }
+            if let Some(s) = d.stream {
+                d.api.free_stream(s);
+            }
+        }
+    }
 }
 
 impl CoSchedule {
@@ -74,6 +108,7 @@ impl CoSchedule {
             schedule,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
+            device: Mutex::new(None),
         })
     }
 
@@ -90,6 +125,45 @@ impl CoSchedule {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The stream every seat on `api` issues onto under the sequential schedule (none under the
+    /// others: each instance has its own).
+    pub fn shared_stream(&self, api: &Arc<dyn DeviceApi>) -> Result<Option<StreamId>, RunError> {
+        if !matches!(self.schedule, Schedule::Sequential) {
+            return Ok(None);
+        }
+        let mut side = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        let d = side.get_or_insert_with(|| DeviceSide {
+            api: api.clone(),
+            events: Default::default(),
+            stream: None,
+        });
+        if d.stream.is_none() {
+            d.stream = Some(
+                api.new_stream()
+                    .map_err(|e| RunError::Device(e.to_string()))?,
+            );
+        }
+        Ok(d.stream)
+    }
+
+    /// The event standing for `step` on the device, made on first use.
+    fn event(&self, api: &Arc<dyn DeviceApi>, step: StepRef) -> Result<EventId, RunError> {
+        let mut side = self.device.lock().unwrap_or_else(|e| e.into_inner());
+        let d = side.get_or_insert_with(|| DeviceSide {
+            api: api.clone(),
+            events: Default::default(),
+            stream: None,
+        });
+        if let Some(e) = d.events.get(&step) {
+            return Ok(*e);
+        }
+        let e = api
+            .new_event(false)
+            .map_err(|e| RunError::Device(e.to_string()))?;
+        d.events.insert(step, e);
+        Ok(e)
     }
 
     /// Takes the lowest free seat for a worker running `model`; `label` names the model (plans
@@ -341,6 +415,76 @@ impl Seat {
         });
         result?;
         plan.collect_outputs(&values)
+    }
+}
+
+impl Seat {
+    /// Runs one batch on a GPU instance under the schedule: every step issued onto the
+    /// instance's stream at once, each in the plan's number of pieces, with the plan's pointers
+    /// as event waits and records between the seats' streams. The host waits once, for the
+    /// outputs.
+    pub fn run_on_device(
+        &self,
+        instance: &mut Instance,
+        inputs: Vec<(String, Tensor)>,
+        latency_bound: Option<Duration>,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let rows = inputs
+            .first()
+            .and_then(|(_, t)| t.shape.first().copied())
+            .unwrap_or(1);
+        let plan = self.co.fitting_plan();
+        let api = instance.device().clone();
+        // The events of this batch's pointers, looked up before anything is issued.
+        let mut waits = std::collections::HashMap::new();
+        let mut signals = std::collections::HashMap::new();
+        if let Some(p) = &plan {
+            for ptr in &p.pointers {
+                if ptr.waiter.tenant == self.index {
+                    let e = self.co.event(&api, ptr.after)?;
+                    waits
+                        .entry(ptr.waiter.step)
+                        .or_insert_with(Vec::new)
+                        .push(e);
+                }
+                if ptr.after.tenant == self.index {
+                    signals.insert(ptr.after.step, self.co.event(&api, ptr.after)?);
+                }
+            }
+        }
+        let coord = SeatEvents {
+            seat: self.index,
+            plan: plan.as_deref(),
+            waits,
+            signals,
+        };
+        let _running = Running::start(&self.co, self.index, (rows, latency_bound));
+        instance
+            .run(inputs, &coord)
+            .map_err(crate::engine::run_error)
+    }
+}
+
+/// A seat's pointers and pieces as device events.
+struct SeatEvents<'a> {
+    seat: usize,
+    plan: Option<&'a GacerPlan>,
+    waits: std::collections::HashMap<usize, Vec<EventId>>,
+    signals: std::collections::HashMap<usize, EventId>,
+}
+
+impl Coordination for SeatEvents<'_> {
+    fn waits(&self, step: usize) -> Vec<EventId> {
+        self.waits.get(&step).cloned().unwrap_or_default()
+    }
+    fn signal(&self, step: usize) -> Option<EventId> {
+        self.signals.get(&step).copied()
+    }
+    fn pieces(&self, step: usize) -> usize {
+        self.plan
+            .and_then(|p| p.splits.get(self.seat)?.get(step).copied())
+            .unwrap_or(1)
+            .max(1)
     }
 }
 

@@ -7,7 +7,7 @@ use crate::error::RunError;
 use crate::plan::Model;
 use crate::tensor::Tensor;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// What one measurement saw.
@@ -37,7 +37,7 @@ impl Measurement {
 #[allow(clippy::too_many_arguments)]
 pub fn measure(
     device: &Device,
-    model: &Model,
+    model: &Arc<Model>,
     inputs: &[(String, Tensor)],
     batch: usize,
     instances: usize,
@@ -57,7 +57,7 @@ pub fn measure(
 #[allow(clippy::too_many_arguments)]
 pub fn measure_within(
     device: &Device,
-    model: &Model,
+    model: &Arc<Model>,
     inputs: &[(String, Tensor)],
     batch: usize,
     instances: usize,
@@ -68,6 +68,9 @@ pub fn measure_within(
 ) -> Result<Measurement, RunError> {
     let instances = instances.max(1);
     let per_instance = (threads / instances).max(1);
+    // The weights are placed once for all the instances, as a serving tenant's are.
+    let placed = device.place("measure", model).map_err(RunError::Device)?;
+    let placed = &placed;
     let ready = Barrier::new(instances + 1);
     let mut started = Instant::now();
     let results: Vec<Result<Vec<f64>, RunError>> = std::thread::scope(|s| {
@@ -77,29 +80,28 @@ pub fn measure_within(
                 s.spawn(move || -> Result<Vec<f64>, RunError> {
                     // Caught, so that a panicking model cannot leave the others at the barrier.
                     let warmed = catch_unwind(AssertUnwindSafe(|| {
-                        let backend = device
-                            .backend_for("measure", per_instance, &model.plan)
+                        let mut engine = placed
+                            .engine(per_instance, None)
                             .map_err(RunError::Device)?;
                         for _ in 0..warmup {
                             if Instant::now() >= deadline {
                                 break;
                             }
-                            model.plan.run(backend.as_ref(), inputs.to_vec())?;
+                            engine.run(inputs.to_vec())?;
                         }
-                        Ok(backend)
+                        Ok(engine)
                     }))
                     .unwrap_or_else(|panic| Err(crashed(panic.as_ref())));
                     // Every thread reaches the barrier, failed or not, so none waits forever.
                     ready.wait();
-                    let backend = warmed?;
-                    let backend = backend.as_ref();
+                    let mut engine = warmed?;
                     let until = deadline.min(Instant::now() + duration);
                     let mut latencies = Vec::new();
                     while Instant::now() < until
                         || (latencies.is_empty() && Instant::now() < deadline)
                     {
                         let t0 = Instant::now();
-                        model.plan.run(backend, inputs.to_vec())?;
+                        engine.run(inputs.to_vec())?;
                         latencies.push(t0.elapsed().as_secs_f64() * 1e3);
                     }
                     if latencies.is_empty() {
@@ -152,7 +154,7 @@ mod tests {
     #[test]
     fn a_measurement_stops_at_its_deadline() {
         let proto = zoo::build("squeezenet", &ZooOptions::default()).expect("zoo");
-        let model = Model::from_bytes(&proto.encode_to_vec()).expect("imports");
+        let model = Arc::new(Model::from_bytes(&proto.encode_to_vec()).expect("imports"));
         let inputs = model.plan.example_inputs(1);
         let late = Instant::now();
         let e = measure_within(

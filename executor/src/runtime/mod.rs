@@ -21,8 +21,8 @@ pub use measure::{Measurement, measure, measure_within};
 pub use planner::Planner;
 pub use stats::{ShedReason, Stats, WindowSummary};
 
-use crate::backend::Backend;
-use crate::device::Device;
+use crate::device::{Device, Placed};
+use crate::engine::Engine;
 use crate::error::RunError;
 use crate::plan::Model;
 use crate::tensor::Tensor;
@@ -54,7 +54,7 @@ pub struct TenantConfig {
     pub slo_percentile: f64,
     /// Rows one request may carry.
     pub max_request_rows: usize,
-    /// Where the instances compute; each gets a backend of its own.
+    /// Where the instances compute; each gets an engine of its own.
     pub device: Device,
 }
 
@@ -112,6 +112,9 @@ struct Knobs {
 struct Shared {
     config: TenantConfig,
     model: Arc<Model>,
+    /// The model on the device (on a GPU its weights, resident once for every instance), or why
+    /// it could not be placed (every batch is then answered with that).
+    placed: Result<Placed, String>,
     /// The device's co-schedule this replica's workers take seats in, if any.
     co: Option<Arc<CoSchedule>>,
     batchable: bool,
@@ -161,6 +164,22 @@ impl Tenant {
         config: TenantConfig,
         co: Option<Arc<CoSchedule>>,
     ) -> Tenant {
+        let placed = config.device.place(&config.name, &model);
+        Tenant::start_placed(model, placed, config, co)
+    }
+
+    /// Starts serving a model already placed on `config.device` (its weights resident there).
+    pub fn start_on(placed: Placed, config: TenantConfig, co: Option<Arc<CoSchedule>>) -> Tenant {
+        let model = placed.model().clone();
+        Tenant::start_placed(model, Ok(placed), config, co)
+    }
+
+    fn start_placed(
+        model: Arc<Model>,
+        placed: Result<Placed, String>,
+        config: TenantConfig,
+        co: Option<Arc<CoSchedule>>,
+    ) -> Tenant {
         let batchable = batchable(&model.plan);
         let knobs = Knobs {
             max_batch: if batchable {
@@ -172,6 +191,7 @@ impl Tenant {
             max_queue_delay: config.max_queue_delay,
         };
         let shared = Arc::new(Shared {
+            placed,
             stats: Stats::new(config.slo),
             overrun: Mutex::new(Overrun::new(config.slo, config.slo_percentile)),
             config,
@@ -459,26 +479,32 @@ fn next_batch(shared: &Shared, stop: &AtomicBool) -> Option<(Vec<Pending>, Insta
     Some((taken, started))
 }
 
+/// The engine of one more instance of the replica: on a GPU its own stream (the co-schedule's
+/// shared one under `sequential`), arena and staging over the tenant's resident weights.
+fn instance_engine(shared: &Shared) -> Result<Box<dyn Engine>, String> {
+    let placed = shared.placed.as_ref().map_err(Clone::clone)?;
+    let stream = match (&shared.co, shared.config.device.api()) {
+        (Some(co), Some(api)) => co.shared_stream(api).map_err(|e| e.to_string())?,
+        _ => None,
+    };
+    placed.engine(shared.config.threads_per_instance, stream)
+}
+
 /// One instance: takes batches and runs them, in its seat of the co-schedule if it has one. An
-/// instance whose backend could not be made answers every batch with why.
+/// instance whose engine could not be made answers every batch with why.
 struct Instance {
-    backend: Result<Box<dyn Backend>, String>,
+    engine: Result<Box<dyn Engine>, String>,
     seat: Option<Seat>,
 }
 
 impl Instance {
     fn new(shared: &Shared) -> Instance {
-        let config = &shared.config;
-        let backend = config.device.backend_for(
-            &config.name,
-            config.threads_per_instance,
-            &shared.model.plan,
-        );
+        let engine = instance_engine(shared);
         let seat = shared
             .co
             .as_ref()
-            .map(|co| co.join(config.name.clone(), shared.model.clone()));
-        Instance { backend, seat }
+            .map(|co| co.join(shared.config.name.clone(), shared.model.clone()));
+        Instance { engine, seat }
     }
 }
 
@@ -488,7 +514,7 @@ fn worker_loop(shared: &Shared, stop: &AtomicBool) {
         if batch.is_empty() {
             continue;
         }
-        let outcome = compute(shared, &inst, &batch);
+        let outcome = compute(shared, &mut inst, &batch);
         // Done before the replies go out, so a caller that resubmits sees the instance free.
         let mut queue = lock(&shared.queue);
         if let Some(i) = queue.running.iter().position(|s| *s == started) {
@@ -528,7 +554,7 @@ pub mod faults {
 /// the model crashed the instance.
 type Outcome = Result<(Result<Vec<(String, Tensor)>, RunError>, Instant, Duration), String>;
 
-fn compute(shared: &Shared, inst: &Instance, batch: &[Pending]) -> Outcome {
+fn compute(shared: &Shared, inst: &mut Instance, batch: &[Pending]) -> Outcome {
     let plan = &shared.model.plan;
     let names = plan.inputs.iter().map(|i| i.name.clone());
     let started = Instant::now();
@@ -540,14 +566,14 @@ fn compute(shared: &Shared, inst: &Instance, batch: &[Pending]) -> Outcome {
         faults::check(&shared.config.name);
         stack(&refs).and_then(|stacked| {
             let inputs = names.zip(stacked).collect();
-            let backend = inst
-                .backend
-                .as_deref()
+            let engine = inst
+                .engine
+                .as_mut()
                 .map_err(|why| RunError::Device(why.clone()))?;
             match &inst.seat {
                 // Half the SLO for the batch itself, the other half for queueing and batching.
-                Some(seat) => seat.run(plan, backend, inputs, Some(shared.stats.slo() / 2)),
-                None => plan.run(backend, inputs),
+                Some(seat) => engine.run_seated(seat, inputs, Some(shared.stats.slo() / 2)),
+                None => engine.run(inputs),
             }
         })
     }))

@@ -8,7 +8,7 @@
 use super::cosched::{CoSchedule, SeatModel};
 use crate::device::Device;
 use crate::error::RunError;
-use crate::gacer::{MixTenant, ModelProfile, PlanCache, SearchOptions, profile_model};
+use crate::gacer::{MixTenant, ModelProfile, PlanCache, SearchOptions};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -71,15 +71,14 @@ impl Planner {
                     match self.profiles.get(&key) {
                         Some(p) => p.clone(),
                         None => {
-                            let backend = self
+                            let mut engine = self
                                 .device
-                                .backend_for(label, self.threads, &model.plan)
+                                .place(label, model)
+                                .and_then(|p| p.engine(self.threads, None))
                                 .map_err(|e| RunError::Device(format!("{label}: {e}")))?;
                             let inputs = model.plan.example_inputs(*rows);
-                            let p = profile_model(
+                            let p = engine.profile(
                                 label,
-                                &model.plan,
-                                backend.as_ref(),
                                 &inputs,
                                 PROFILE_REPS,
                                 &SearchOptions::default().split_factors,

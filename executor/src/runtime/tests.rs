@@ -414,14 +414,15 @@ fn the_planner_publishes_a_plan_for_the_seats_and_follows_the_mix() {
     assert!(published(&mut planner), "no plan after the SLO moved");
 }
 
-/// An instance whose device cannot serve (here a GPU that does not exist) answers each request
-/// with a device error; the tenant does not crash, and a tenant on the CPU beside it serves.
+/// An instance whose device cannot serve (here a GPU on which its weights do not fit) answers
+/// each request with a device error; the tenant does not crash, and a tenant on the CPU beside
+/// it serves.
 #[test]
 fn an_instance_without_a_device_fails_its_requests_with_the_reason() {
     let broken = Tenant::start(
         model(),
         TenantConfig {
-            device: Device::Cuda(crate::device::Gpu::absent()),
+            device: Device::Gpu(crate::device::Gpu::simulated(0)),
             ..config(4, 2, 1)
         },
     );

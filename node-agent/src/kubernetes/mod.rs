@@ -41,6 +41,16 @@ pub struct Options {
 /// Serves until SIGTERM or Ctrl-C, then finishes the accepted requests.
 pub async fn run(options: Options) -> anyhow::Result<()> {
     crate::load::install_crypto_provider();
+    // No default: trusting a ServiceAccount name from any namespace would let anyone who can
+    // create that account in their own namespace read every tenant's report.
+    let reader = options
+        .report_reader
+        .filter(|r| !r.trim().is_empty())
+        .context(
+            "COTENANT_REPORT_READER (--report-reader) is not set: the agent accepts /report \
+             only from one exact user, e.g. system:serviceaccount:cotenant-system:cotenant-operator, \
+             which the operator sets on the agent pods it creates",
+        )?;
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
@@ -58,10 +68,6 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("cannot build a Kubernetes client (in-cluster config or KUBECONFIG)")?;
-    let reader = match options.report_reader.filter(|r| !r.is_empty()) {
-        Some(user) => auth::Reader::User(user),
-        None => auth::Reader::ServiceAccountNamed(auth::OPERATOR_ACCOUNT.to_string()),
-    };
     tracing::info!(
         gpuagent = %format!("{}/{}", identity.namespace, identity.name),
         address = %identity.address,

@@ -36,8 +36,12 @@ pub struct Snapshot {
 /// The agent's device as its status reports it: the GPU, or the host's CPU.
 pub fn device(device: &cotenant_executor::Device, threads: usize) -> Device {
     match device {
-        cotenant_executor::Device::Cuda(gpu) => Device {
-            kind: DeviceKind::Cuda,
+        cotenant_executor::Device::Gpu(gpu) => Device {
+            kind: if gpu.is_simulated() {
+                DeviceKind::Sim
+            } else {
+                DeviceKind::Cuda
+            },
             name: gpu.name.clone(),
             memory_total_bytes: gpu.total_bytes,
             memory_used_bytes: 0,

@@ -215,15 +215,14 @@ fn start_checked(
     let trial_inputs = memory::example_input_bytes(&model.plan, 1)
         .filter(|&b| b <= activations)
         .ok_or_else(|| over("its declared inputs alone".into()))?;
-    // A trial on the tenant's device: it can make a backend, the weights fit its memory budget,
-    // and the model runs there; any of these failing fails this tenant alone, with the reason.
-    let trial =
-        config
-            .device
-            .backend_for(&config.name, config.threads_per_instance, &model.plan)?;
-    let outputs = model
-        .plan
-        .run(trial.as_ref(), model.plan.example_inputs(1))
+    let model = Arc::new(model);
+    // A trial on the tenant's device: its weights fit its memory budget, an instance can be
+    // made, and the model runs there; any of these failing fails this tenant alone, with the
+    // reason. The placed weights then serve.
+    let placed = config.device.place(&config.name, &model)?;
+    let mut trial = placed.engine(config.threads_per_instance, None)?;
+    let outputs = trial
+        .run(model.plan.example_inputs(1))
         .map_err(|e| format!("the model fails on a batch-1 example input: {e}"))?;
     drop(trial);
     // What it needs at the largest batch it may run (1 where requests never share a batch).
@@ -301,7 +300,7 @@ fn start_checked(
         tracing::info!(tenant = %config.name, %why, "requests will not share batches");
     }
     Ok(Loaded {
-        tenant: Arc::new(Tenant::start_in(Arc::new(model), config, co)),
+        tenant: Arc::new(Tenant::start_on(placed, config, co)),
         inputs,
         outputs,
     })

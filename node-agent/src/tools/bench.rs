@@ -57,19 +57,19 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     if a.batch == 0 || a.instances == 0 {
         bail!("--batch and --instances must be at least 1");
     }
-    let model = super::load_model(&a.model)?;
+    let model = std::sync::Arc::new(super::load_model(&a.model)?);
     let threads = a.threads.unwrap_or_else(super::default_threads);
     let per_instance = (threads / a.instances).max(1);
     let inputs = super::synthetic_inputs(&model, a.batch, 1);
     let device = a.device.choose()?;
     // Fail fast on a model that cannot run at all, with its error.
-    let probe = device
-        .backend_for("bench", per_instance, &model.plan)
+    let mut probe = device
+        .place("bench", &model)
+        .and_then(|p| p.engine(per_instance, None))
         .map_err(anyhow::Error::msg)?;
     let device_name = probe.name();
-    model
-        .plan
-        .run(probe.as_ref(), inputs.clone())
+    probe
+        .run(inputs.clone())
         .context("running the model once")?;
     drop(probe);
     let m = measure(

@@ -56,6 +56,11 @@ pub struct AgentView {
     pub assignments: Vec<Assignment>,
     pub status: Option<GpuAgentStatus>,
     pub pod: PodState,
+    /// The pod's IP as the Pod object says (the kubelet writes it, not the agent): the only
+    /// host the operator routes and scrapes to.
+    pub pod_ip: Option<String>,
+    /// The node the pod was scheduled to, from the Pod object (not the agent's status).
+    pub node: Option<String>,
     /// Its latest report, when the latest scrape succeeded.
     pub report: Option<AgentReport>,
     /// Seconds since its report last failed continuously (0 when the last one succeeded).
@@ -98,7 +103,7 @@ impl Memory {
     }
 }
 
-/// A tenant's routing target: an agent serving a ready replica.
+/// A tenant's routing target: an agent serving a ready replica, at its pod's IP.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Route {
     pub host: String,
@@ -376,14 +381,20 @@ pub fn decide_pool(
                 continue;
             };
             let ready = view.serves(&uid, &tuning);
-            let node = view.status.as_ref().and_then(|s| s.node.clone());
+            let node = view.node.clone();
             placements.push(cotenant_crds::ReplicaPlacement {
                 agent: agent.clone(),
                 node: node.clone(),
                 ready,
             });
-            let address = view.status.as_ref().and_then(|s| s.address.as_deref());
-            if let (true, Some((host, port))) = (ready, address.and_then(split_address)) {
+            // The agent chooses only the port, on its own pod's IP.
+            let port = view
+                .status
+                .as_ref()
+                .and_then(|s| s.address.as_deref())
+                .and_then(split_address)
+                .map(|(_, port)| port);
+            if let (true, Some(host), Some(port)) = (ready, view.pod_ip.clone(), port) {
                 routes.push(Route {
                     host,
                     port,

@@ -192,7 +192,7 @@ pub fn tenant_status(
 /// The SLO is held for the requests accepted, so a tenant can meet it while refusing most of its
 /// load; the condition says so instead of looking healthy.
 fn shed_note(a: &Aggregate) -> String {
-    let share = a.shed as f64 / (a.shed + a.completions).max(1) as f64;
+    let share = a.shed as f64 / a.shed.saturating_add(a.completions).max(1) as f64;
     if share < 0.01 {
         return String::new();
     }

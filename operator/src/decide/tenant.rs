@@ -75,8 +75,9 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
     };
     let mut attained = 0.0;
     for r in reports.iter().filter(|r| r.state == "Ready") {
+        // Counters come from agents: they saturate rather than overflow.
         a.replicas += 1;
-        a.queue_depth += r.queue_depth.unwrap_or(0);
+        a.queue_depth = a.queue_depth.saturating_add(r.queue_depth.unwrap_or(0));
         if let Some(l) = r.latency_at_percentile_millis.filter(|l| l.is_finite()) {
             a.latency_ms = if a.latency_ms.is_nan() {
                 l
@@ -90,8 +91,8 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
         if let Some(w) = &r.window {
             a.arrival_rate += w.arrival_rate_per_second;
             a.throughput += w.throughput_per_second;
-            a.completions += w.completions;
-            a.shed += w.shed;
+            a.completions = a.completions.saturating_add(w.completions);
+            a.shed = a.shed.saturating_add(w.shed);
             if let Some(s) = w.slo_attainment {
                 attained += s * w.completions as f64;
             }

@@ -38,6 +38,8 @@ fn agent(name: &str, port: u16) -> AgentView {
             ..Default::default()
         }),
         pod: PodState::Running,
+        pod_ip: Some("10.0.0.1".into()),
+        node: Some("node-1".into()),
         report: Some(AgentReport::default()),
         unreachable_for_s: 0.0,
         draining: false,
@@ -523,4 +525,89 @@ fn the_slo_condition_says_how_much_admission_refused() {
         message(300, 700),
         "p99 40.0 ms within 50 ms; 70% of requests refused by admission control"
     );
+}
+
+#[test]
+fn routes_go_to_the_pod_ip_not_to_the_address_an_agent_wrote() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let mut hostile = agent("agent-0", 8000);
+    // The agent claims to live at the cloud metadata address, on another node; only its port
+    // is taken.
+    if let Some(s) = hostile.status.as_mut() {
+        s.address = Some("169.254.169.254:8000".into());
+        s.node = Some("someone-elses-node".into());
+    }
+    hostile.pod_ip = Some("10.1.2.3".into());
+    let (mut agents, mut memory) = (vec![hostile], Memory::default());
+    let outcome = placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    assert_eq!(
+        outcome.tenants[0]
+            .routes
+            .iter()
+            .map(|r| (r.host.as_str(), r.port, r.node.as_deref()))
+            .collect::<Vec<_>>(),
+        vec![("10.1.2.3", 8000, Some("node-1"))]
+    );
+    let placements = &outcome.tenants[0].status.placements;
+    assert_eq!(placements[0].node.as_deref(), Some("node-1"));
+    // A pod without an IP yet gets no route, whatever its agent says.
+    agents[0].pod_ip = None;
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        4.0,
+    );
+    assert!(outcome.tenants[0].routes.is_empty());
+}
+
+#[test]
+fn counters_an_agent_reports_cannot_overflow_the_round() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let (mut agents, mut memory) = (
+        vec![agent("agent-0", 8000), agent("agent-1", 8001)],
+        Memory::default(),
+    );
+    let mut t_two = (*t).clone();
+    t_two.spec.scaling.min_replicas = 2;
+    t_two.spec.scaling.max_replicas = 2;
+    let t = Arc::new(t_two);
+    round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let huge = Window {
+        arrival_rate_per_second: 1.0,
+        throughput_per_second: 1.0,
+        completions: u64::MAX,
+        slo_attainment: Some(1.0),
+        shed: u64::MAX,
+    };
+    for a in agents.iter_mut() {
+        let mut report = serving(&t, 10.0, huge.clone());
+        report.tenants[0].queue_depth = Some(u64::MAX);
+        a.report = Some(report);
+    }
+    let reports: Vec<TenantReport> = agents
+        .iter()
+        .filter_map(|a| a.report.as_ref().map(|r| r.tenants[0].clone()))
+        .collect();
+    let a = super::tenant::aggregate(&reports.iter().collect::<Vec<_>>());
+    assert_eq!(
+        (a.completions, a.shed, a.queue_depth),
+        (u64::MAX, u64::MAX, u64::MAX)
+    );
+    // The whole round, statuses included, copes.
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        4.0,
+    );
+    assert_eq!(outcome.tenants.len(), 1);
 }

@@ -1,8 +1,8 @@
 //! The agent in Kubernetes mode as a host process with the chart's agent ServiceAccount identity
 //! (not admin): it serves its GpuAgent's assignments (file:// and http:// models), marks a broken
 //! one Failed, writes its status, follows knob changes and removals, profiles on request, lets
-//! only the operator's ServiceAccount read `/report`, and keeps serving through an API server
-//! outage.
+//! only the operator's ServiceAccount (exactly: namespace and name) read `/report`, and keeps
+//! serving through an API server outage.
 
 use cotenant_e2e::cluster::{checked, free_port};
 use cotenant_e2e::http::http_post_json;
@@ -173,11 +173,22 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     );
     cp.kubectl_apply(&manifest).expect("GpuAgent created");
 
+    // The agent's pod, which its token is bound to (the test runs the agent itself, so the pod
+    // asks for a node that does not exist and stays Pending).
+    cp.kubectl_apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: agent-0\n  namespace: {n}\nspec:\n  serviceAccountName: cotenant-agent\n  nodeSelector:\n    cotenant.dev/no-such-node: \"true\"\n  containers:\n  - name: agent\n    image: cotenant/agent:test\n"
+    ))
+    .expect("the agent's pod");
     // The agent reaches the API server through a proxy the test can cut.
     let upstream = cp.server.trim_start_matches("https://");
     let proxy = TcpProxy::start(upstream).expect("proxy");
     let kubeconfig = cp
-        .service_account_kubeconfig_via(n, "cotenant-agent", &format!("https://{}", proxy.addr))
+        .service_account_kubeconfig_via(
+            n,
+            "cotenant-agent",
+            Some("agent-0"),
+            &format!("https://{}", proxy.addr),
+        )
         .expect("token for the agent's ServiceAccount");
     let addr = format!("127.0.0.1:{}", free_port().expect("port"));
     let admin = format!("127.0.0.1:{}", free_port().expect("port"));
@@ -198,7 +209,38 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     .env("POD_IP", "127.0.0.1")
     .env("COTENANT_LOG", "info,cotenant_agent=debug")
     .env_remove("COTENANT_REPORT_AUDIENCE")
-    .env_remove("COTENANT_REPORT_READER");
+    .env(
+        "COTENANT_REPORT_READER",
+        format!("system:serviceaccount:{n}:cotenant-operator"),
+    );
+    // Without the one identity it trusts on /report, the agent refuses to start: there is no
+    // default that would trust an account of some name in any namespace.
+    let mut unconfigured = Command::new(&agent_bin);
+    unconfigured
+        .args(cmd.get_args())
+        .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .env_remove("COTENANT_REPORT_READER");
+    let mut refused = Process::spawn(
+        &format!("agent-{n}-no-reader"),
+        unconfigured,
+        &cp.dir.join("logs"),
+        Lifetime::WithParent,
+    )
+    .expect("agent spawns");
+    poll(
+        "the agent without a reader to exit",
+        Duration::from_secs(30),
+        || {
+            if refused.is_running() {
+                Err(refused.log_tail(5))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let said = std::fs::read_to_string(&refused.log).unwrap_or_default();
+    assert!(said.contains("COTENANT_REPORT_READER"), "{said}");
     let mut agent = Process::spawn(
         &format!("agent-{n}"),
         cmd,
@@ -290,6 +332,36 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         .kubectl_ok(&["create", "token", "cotenant-operator", "-n", n])
         .expect("operator token");
     let (code, body) = report(&admin, Some(&operator_no_audience));
+    assert_eq!(code, 401, "{body}");
+    // An account of the operator's name in another namespace is someone else.
+    let elsewhere = format!("{n}-elsewhere");
+    cp.kubectl_ok(&["create", "namespace", &elsewhere])
+        .expect("namespace");
+    cp.kubectl_ok(&[
+        "create",
+        "serviceaccount",
+        "cotenant-operator",
+        "-n",
+        &elsewhere,
+    ])
+    .expect("account");
+    let impostor = cp
+        .kubectl_ok(&[
+            "create",
+            "token",
+            "cotenant-operator",
+            "--audience",
+            "cotenant.dev/agent-report",
+            "-n",
+            &elsewhere,
+        ])
+        .expect("impostor token");
+    let (code, body) = report(&admin, Some(&impostor));
+    let _ = cp.kubectl_ok(&["delete", "namespace", &elsewhere, "--wait=false"]);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("may not read the report"), "{body}");
+    // Refused again without another review (the reason is remembered).
+    let (code, body) = report(&admin, Some(&impostor));
     assert_eq!(code, 401, "{body}");
     let operator = cp
         .kubectl_ok(&[

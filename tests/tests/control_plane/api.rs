@@ -56,6 +56,8 @@ fn cases() -> Vec<Case> {
         Case { rule: "minReplicas <= maxReplicas", manifest: scaling("    minReplicas: 5\n    maxReplicas: 2\n"), expect: &["spec.scaling.minReplicas", "minReplicas must be less than or equal to maxReplicas"] },
         Case { rule: "pool name", manifest: tenant((slo, &format!("{slo}  pool: Bad_Pool\n"))), expect: &["spec.pool"] },
         Case { rule: "unknown field (strict)", manifest: tenant((slo, &format!("{slo}  sloo: 5\n"))), expect: &["unknown field", "spec.sloo"] },
+        Case { rule: "name with a dot is no Service name", manifest: tenant(("name: t", "name: bert.large")), expect: &["metadata.name", "must be a Service name"] },
+        Case { rule: "name starting with a digit is no Service name", manifest: tenant(("name: t", "name: 3net")), expect: &["metadata.name", "must be a Service name"] },
         Case { rule: "malformed YAML", manifest: "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: t\nspec: [unclosed\n".to_string(), expect: &["yaml"] },
         Case { rule: "wrong apiVersion", manifest: VALID.replace("cotenant.dev/v1alpha1", "cotenant.dev/v1"), expect: &["ModelTenant", "cotenant.dev/v1"] },
         Case { rule: "minAgents <= maxAgents", manifest: pool("  agentNamespace: x\n  minAgents: 5\n  maxAgents: 2\n  template:\n    image: a\n"), expect: &["spec.minAgents", "minAgents must be less than or equal to maxAgents"] },

@@ -1,6 +1,9 @@
-//! The Helm chart on a real API server: install, upgrade, uninstall, and least-privilege RBAC.
+//! The Helm chart on a real API server: install (under the `restricted` Pod Security Standard),
+//! upgrade, uninstall, least-privilege RBAC asserted rule by rule, and agents kept to their own
+//! GpuAgent status by the chart's admission policy.
 
 use cotenant_e2e::{ControlPlane, TestNamespace, cluster::checked};
+use std::collections::BTreeSet;
 
 fn chart() -> String {
     TestNamespace::repo_root()
@@ -25,6 +28,16 @@ fn helm_install_upgrade_uninstall() {
     let ns = TestNamespace::new("helm");
     let cp = ns.control_plane();
     let n = ns.name.as_str();
+    // The operator's pods must meet the restricted Pod Security Standard to start at all.
+    kubectl(
+        cp,
+        &[
+            "label",
+            "namespace",
+            n,
+            "pod-security.kubernetes.io/enforce=restricted",
+        ],
+    );
     helm(
         cp,
         &[
@@ -98,6 +111,34 @@ fn helm_install_upgrade_uninstall() {
         kubectl(cp, &["get", kind, name, "-n", n]);
     }
     kubectl(cp, &["get", "clusterrole", "cotenant-operator"]);
+    kubectl(
+        cp,
+        &[
+            "get",
+            "validatingadmissionpolicy",
+            "cotenant-agent-own-status",
+        ],
+    );
+    let env = kubectl(
+        cp,
+        &[
+            "get",
+            "deployment",
+            "cotenant-operator",
+            "-n",
+            n,
+            "-o",
+            "jsonpath={range .spec.template.spec.containers[0].env[*]}{.name}={.value}{\"\\n\"}{end}",
+        ],
+    );
+    assert!(
+        env.contains("COTENANT_SERVICE_ACCOUNT=cotenant-operator"),
+        "{env}"
+    );
+    assert!(
+        env.contains(&format!("COTENANT_AGENT_NAMESPACES={n}")),
+        "{env}"
+    );
     let pool_ns = kubectl(
         cp,
         &[
@@ -193,6 +234,7 @@ fn helm_install_upgrade_uninstall() {
         ("deployment", "cotenant-operator"),
         ("serviceaccount", "cotenant-agent"),
         ("clusterrole", "cotenant-operator"),
+        ("validatingadmissionpolicy", "cotenant-agent-own-status"),
         ("gpupool", "default"),
     ] {
         let out = cp
@@ -207,6 +249,52 @@ fn helm_install_upgrade_uninstall() {
     }
     kubectl(cp, &["get", "crd", "modeltenants.cotenant.dev"]);
     kubectl(cp, &["get", "modeltenant", "keep", "-n", n]);
+}
+
+/// The resource rules `kubectl auth can-i --list` shows for the ServiceAccount whose kubeconfig
+/// is `kubeconfig`, in `namespace`: one `resource [names] [verbs]` line per rule, verbs sorted.
+/// Non-resource URLs (the API server's defaults for every user) must be read-only.
+fn rules(cp: &ControlPlane, kubeconfig: &std::path::Path, namespace: &str) -> BTreeSet<String> {
+    let mut cmd = cp.kubectl();
+    cmd.env("KUBECONFIG", kubeconfig)
+        .args(["auth", "can-i", "--list", "-n", namespace]);
+    let out = checked(cmd.output(), "kubectl auth can-i --list").unwrap_or_else(|e| panic!("{e}"));
+    let mut rules = BTreeSet::new();
+    for line in out.lines().skip(1) {
+        let resource = line[..line.find('[').unwrap_or(line.len())].trim();
+        let groups: Vec<&str> = line
+            .split('[')
+            .skip(1)
+            .map(|g| g.split(']').next().unwrap_or_default())
+            .collect();
+        let [urls, names, verbs] = groups[..] else {
+            panic!("unexpected line: {line:?}");
+        };
+        let mut verbs: Vec<&str> = verbs.split_whitespace().collect();
+        verbs.sort_unstable();
+        if resource.is_empty() {
+            assert_eq!(verbs, ["get"], "a non-resource URL beyond reading: {line}");
+            assert!(!urls.is_empty(), "{line}");
+            continue;
+        }
+        rules.insert(format!("{resource} [{names}] [{}]", verbs.join(" ")));
+    }
+    rules
+}
+
+/// What every authenticated user may do (reviews of itself).
+const EVERYONE: &[&str] = &[
+    "selfsubjectaccessreviews.authorization.k8s.io [] [create]",
+    "selfsubjectreviews.authentication.k8s.io [] [create]",
+    "selfsubjectrulesreviews.authorization.k8s.io [] [create]",
+];
+
+fn set(rules: &[&[&str]]) -> BTreeSet<String> {
+    rules
+        .iter()
+        .flat_map(|r| r.iter())
+        .map(|r| r.to_string())
+        .collect()
 }
 
 #[test]
@@ -228,132 +316,176 @@ fn rbac_is_least_privilege() {
             "defaultPool.enabled=false",
         ],
     );
-    let operator = format!("system:serviceaccount:{n}:cotenant-operator");
-    let agent = format!("system:serviceaccount:{n}:cotenant-agent");
-    let can = |who: &str, verb: &str, resource: &str, namespace: Option<&str>| -> bool {
-        let mut cmd = cp.kubectl();
-        cmd.args(["auth", "can-i", verb, "--as", who]);
-        match resource.split_once('/') {
-            Some((resource, subresource)) => cmd.args([resource, "--subresource", subresource]),
-            None => cmd.arg(resource),
-        };
-        match namespace {
-            Some(namespace) => cmd.args(["-n", namespace]),
-            None => cmd.arg("--all-namespaces"),
-        };
-        let out = cmd.output().expect("kubectl");
-        String::from_utf8_lossy(&out.stdout).trim() == "yes"
-    };
-    let other = Some("some-tenant-namespace");
-    let mine = Some(n);
-    let expectations: &[(&str, &str, &str, Option<&str>, bool)] = &[
-        ("operator", "watch", "modeltenants.cotenant.dev", None, true),
+    let operator = cp
+        .service_account_kubeconfig(n, "cotenant-operator")
+        .expect("operator token");
+    let agent = cp
+        .service_account_kubeconfig(n, "cotenant-agent")
+        .expect("agent token");
+    let tenants = "some-tenant-namespace";
+    // The operator anywhere (tenants live in any namespace).
+    let operator_everywhere: &[&str] = &[
+        "modeltenants.cotenant.dev [] [list patch watch]",
+        "modeltenants.cotenant.dev/status [] [patch]",
+        "gpupools.cotenant.dev [] [list watch]",
+        "gpupools.cotenant.dev/status [] [patch]",
+        "services [] [create delete get patch]",
+        "endpointslices.discovery.k8s.io [] [create delete list patch]",
+        "events.events.k8s.io [] [create patch]",
+        // Per-tenant credentials: a ModelTenant may name a Secret of bearer tokens, which the
+        // operator reads by name and hands to agents as SHA-256 hashes.
+        "secrets [] [get]",
+    ];
+    // The operator in its namespace, which is also the agents' here.
+    let operator_home: &[&str] = &[
+        "pods [] [create delete list watch]",
+        "gpuagents.cotenant.dev [] [create delete list patch watch]",
+        "leases.coordination.k8s.io [] [create]",
+        "leases.coordination.k8s.io [cotenant-operator] [get update]",
+    ];
+    let agent_everywhere: &[&str] = &["tokenreviews.authentication.k8s.io [] [create]"];
+    let agent_home: &[&str] = &[
+        "gpuagents.cotenant.dev [] [list watch]",
+        "gpuagents.cotenant.dev/status [] [patch]",
+    ];
+    let cases = [
         (
             "operator",
-            "patch",
-            "modeltenants.cotenant.dev/status",
-            other,
-            true,
+            &operator,
+            n,
+            set(&[EVERYONE, operator_everywhere, operator_home]),
         ),
         (
             "operator",
-            "update",
-            "modeltenants.cotenant.dev/finalizers",
-            other,
-            true,
-        ),
-        ("operator", "create", "gpuagents.cotenant.dev", mine, true),
-        (
-            "operator",
-            "patch",
-            "gpupools.cotenant.dev/status",
-            None,
-            true,
-        ),
-        ("operator", "create", "pods", mine, true),
-        ("operator", "delete", "pods", mine, true),
-        ("operator", "create", "services", other, true),
-        (
-            "operator",
-            "create",
-            "endpointslices.discovery.k8s.io",
-            other,
-            true,
-        ),
-        ("operator", "create", "events.events.k8s.io", other, true),
-        ("operator", "list", "nodes", None, true),
-        (
-            "operator",
-            "update",
-            "leases.coordination.k8s.io",
-            mine,
-            true,
-        ),
-        ("operator", "get", "secrets", other, false),
-        (
-            "operator",
-            "delete",
-            "modeltenants.cotenant.dev",
-            other,
-            false,
-        ),
-        ("operator", "create", "clusterrolebindings", None, false),
-        ("operator", "delete", "nodes", None, false),
-        (
-            "operator",
-            "update",
-            "leases.coordination.k8s.io",
-            other,
-            false,
-        ),
-        ("agent", "watch", "gpuagents.cotenant.dev", mine, true),
-        (
-            "agent",
-            "patch",
-            "gpuagents.cotenant.dev/status",
-            mine,
-            true,
+            &operator,
+            tenants,
+            set(&[EVERYONE, operator_everywhere]),
         ),
         (
             "agent",
-            "create",
-            "tokenreviews.authentication.k8s.io",
-            None,
-            true,
+            &agent,
+            n,
+            set(&[EVERYONE, agent_everywhere, agent_home]),
         ),
-        ("agent", "patch", "gpuagents.cotenant.dev", mine, false),
-        ("agent", "update", "gpuagents.cotenant.dev", mine, false),
-        ("agent", "create", "modeltenants.cotenant.dev", other, false),
-        ("agent", "patch", "modeltenants.cotenant.dev", mine, false),
-        (
-            "agent",
-            "patch",
-            "modeltenants.cotenant.dev/status",
-            mine,
-            false,
-        ),
-        ("agent", "create", "pods", mine, false),
-        ("agent", "delete", "pods", mine, false),
-        ("agent", "get", "secrets", mine, false),
-        ("agent", "list", "secrets", None, false),
-        ("agent", "create", "services", mine, false),
-        ("agent", "create", "rolebindings", mine, false),
-        ("agent", "create", "clusterroles", None, false),
-        ("agent", "watch", "gpuagents.cotenant.dev", other, false),
+        ("agent", &agent, tenants, set(&[EVERYONE, agent_everywhere])),
     ];
     let mut wrong = Vec::new();
-    for (who, verb, resource, namespace, allowed) in expectations {
-        let subject = if *who == "operator" {
-            &operator
-        } else {
-            &agent
-        };
-        if can(subject, verb, resource, *namespace) != *allowed {
-            wrong.push(format!(
-                "{who} {verb} {resource} in {namespace:?}: expected {allowed}"
-            ));
+    for (who, kubeconfig, namespace, expected) in &cases {
+        let actual = rules(cp, kubeconfig, namespace);
+        for extra in actual.difference(expected) {
+            wrong.push(format!("{who} in {namespace} may also: {extra}"));
+        }
+        for missing in expected.difference(&actual) {
+            wrong.push(format!("{who} in {namespace} lacks: {missing}"));
         }
     }
     helm(cp, &["uninstall", "rbac", "-n", n]);
     assert!(wrong.is_empty(), "RBAC differs:\n{}", wrong.join("\n"));
+}
+
+#[test]
+#[ignore = "needs the control plane: cargo xtask test"]
+fn an_agent_writes_only_its_own_gpuagent_status() {
+    let ns = TestNamespace::new("own-status");
+    let cp = ns.control_plane();
+    let n = ns.name.as_str();
+    helm(
+        cp,
+        &[
+            "install",
+            "own",
+            &chart(),
+            "-n",
+            n,
+            "--set",
+            "defaultPool.enabled=false",
+        ],
+    );
+    // Two agent pods (kwok runs them) and their GpuAgents.
+    for agent in ["agent-a", "agent-b"] {
+        cp.kubectl_apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {agent}\n  namespace: {n}\nspec:\n  serviceAccountName: cotenant-agent\n  containers:\n  - name: agent\n    image: cotenant/agent:test\n---\napiVersion: cotenant.dev/v1alpha1\nkind: GpuAgent\nmetadata:\n  name: {agent}\n  namespace: {n}\nspec:\n  pool: p\n"
+        ))
+        .expect("pod and GpuAgent");
+    }
+    let as_agent_a = cp
+        .pod_kubeconfig(n, "cotenant-agent", "agent-a")
+        .expect("a token bound to agent-a");
+    let unbound = cp
+        .service_account_kubeconfig(n, "cotenant-agent")
+        .expect("a token bound to no pod");
+    // What the agent does: a status write without reading first (server-side apply here).
+    let write_status = |kubeconfig: &std::path::Path, agent: &str, address: &str| {
+        let mut cmd = cp.kubectl();
+        cmd.env("KUBECONFIG", kubeconfig).args([
+            "apply",
+            "--server-side",
+            "--subresource=status",
+            "--field-manager=cotenant-agent",
+            "-f",
+            "-",
+        ]);
+        let manifest = format!(
+            "apiVersion: cotenant.dev/v1alpha1\nkind: GpuAgent\nmetadata:\n  name: {agent}\n  namespace: {n}\nstatus:\n  address: \"{address}\"\n"
+        );
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        if let Some(mut stdin) = child.stdin.take() {
+            std::io::Write::write_all(&mut stdin, manifest.as_bytes()).expect("stdin");
+        }
+        checked(
+            child.wait_with_output(),
+            "kubectl apply --subresource=status",
+        )
+    };
+    let address = |agent: &str| {
+        kubectl(
+            cp,
+            &[
+                "get",
+                "gpuagent",
+                agent,
+                "-n",
+                n,
+                "-o",
+                "jsonpath={.status.address}",
+            ],
+        )
+    };
+
+    write_status(&as_agent_a, "agent-a", "10.0.0.1:8000").expect("its own status");
+    assert_eq!(address("agent-a"), "10.0.0.1:8000");
+    let refused = write_status(&as_agent_a, "agent-b", "10.6.6.6:8000")
+        .expect_err("another agent's status is refused");
+    let refused = refused.to_string();
+    assert!(
+        refused.contains("Forbidden")
+            && refused.contains("only the status of the GpuAgent named after its own pod")
+            && refused.contains("bound to pod agent-a"),
+        "{refused}"
+    );
+    assert_eq!(address("agent-b"), "");
+    let refused = write_status(&unbound, "agent-a", "10.6.6.6:8000")
+        .expect_err("a token bound to no pod is refused");
+    assert!(refused.to_string().contains("bound to no pod"), "{refused}");
+    assert_eq!(address("agent-a"), "10.0.0.1:8000");
+    // RBAC keeps agents off the specs: no agent assigns itself (or another) a tenant.
+    let mut spec = cp.kubectl();
+    spec.env("KUBECONFIG", &as_agent_a).args([
+        "patch",
+        "gpuagent",
+        "agent-a",
+        "-n",
+        n,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"pool":"other"}}"#,
+    ]);
+    let refused = checked(spec.output(), "kubectl patch").expect_err("no spec writes");
+    assert!(refused.to_string().contains("Forbidden"), "{refused}");
+    helm(cp, &["uninstall", "own", "-n", n]);
 }

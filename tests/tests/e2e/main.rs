@@ -153,7 +153,11 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     c.step("assignments settled", 120, || c.settled());
     let before = c.assignments();
     c.restart_operator();
-    std::thread::sleep(std::time::Duration::from_secs(10));
+    // The new operator must have led and decided with every agent's report before the check
+    // means anything: it holds the Lease and has finished several rounds.
+    c.step("the restarted operator leads and acts", 120, || {
+        c.operator_leads_after(3)
+    });
     assert_eq!(
         before,
         c.assignments(),

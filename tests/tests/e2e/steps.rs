@@ -43,6 +43,9 @@ pub struct Cluster {
     pool: String,
     operator: Option<Process>,
     operator_addr: String,
+    /// The running operator's identity in leader election (its POD_NAME).
+    operator_identity: String,
+    operators_started: u32,
     agents: AgentHost,
     timings: std::cell::RefCell<Vec<(String, Duration)>>,
 }
@@ -73,6 +76,8 @@ impl Cluster {
             pool,
             operator: None,
             operator_addr: String::new(),
+            operator_identity: String::new(),
+            operators_started: 0,
             agents,
             timings: Default::default(),
         };
@@ -102,17 +107,19 @@ impl Cluster {
         let token_file = self.cp.dir.join(format!("{}-report.token", self.ns));
         std::fs::write(&token_file, token.trim()).expect("token file");
         self.operator_addr = format!("127.0.0.1:{}", free_port().expect("port"));
+        self.operators_started += 1;
+        self.operator_identity = format!("operator-{}", self.operators_started);
         let mut cmd = Command::new(workspace_binary("cotenant-operator"));
         cmd.args(["--listen", &self.operator_addr])
             .args(["--log-level", "info,cotenant_operator=debug"])
             .env("KUBECONFIG", &kubeconfig)
             .env("POD_NAMESPACE", &self.ns)
+            .env("POD_NAME", &self.operator_identity)
             .env("COTENANT_REPORT_TOKEN_FILE", &token_file)
             .env("COTENANT_AGENT_DEAD_AFTER", "10")
             .env("COTENANT_REPLICA_SCALE_DOWN_DELAY", "5");
-        let n = self.timings.borrow().len();
         let process = Process::spawn(
-            &format!("operator-{}-{n}", self.ns),
+            &format!("{}-{}", self.operator_identity, self.ns),
             cmd,
             &self.cp.dir.join("logs"),
             Lifetime::WithParent,
@@ -137,6 +144,33 @@ impl Cluster {
             p.stop();
         }
         self.start_operator();
+    }
+
+    /// The running operator holds the leader Lease and has finished `rounds` rounds without an
+    /// error since it started: it has acted on everything it sees.
+    pub fn operator_leads_after(&self, rounds: u64) -> Result<(), String> {
+        let holder = self.jsonpath("lease", "cotenant-operator", "{.spec.holderIdentity}");
+        if holder != self.operator_identity {
+            return Err(format!(
+                "the Lease is held by {holder:?}, not {:?}",
+                self.operator_identity
+            ));
+        }
+        let (_, metrics) = http_get(&self.operator_addr, "/metrics")?;
+        let counter = |line: &str| -> Option<u64> {
+            line.strip_prefix(
+                "cotenant_operator_reconciliations_total{controller=\"round\",result=\"ok\"} ",
+            )?
+            .trim()
+            .parse()
+            .ok()
+        };
+        let done = metrics.lines().find_map(counter).unwrap_or(0);
+        if done >= rounds {
+            Ok(())
+        } else {
+            Err(format!("{done} of {rounds} rounds done"))
+        }
     }
 
     pub fn logs(&self) -> String {

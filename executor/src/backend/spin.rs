@@ -1,147 +1,34 @@
-//! The `Backend` trait a plan executes on, and the CPU backend. The plan never branches on the
-//! device: it hands each step's op and inputs to the backend; the CUDA backend (`cuda`) implements
-//! the same trait.
+//! Spinning between operators: while a CPU instance runs a plan, its pool's other threads spin
+//! (taking any work its operators split off) instead of sleeping, as onnxruntime's intra-op
+//! threads do by default. Spinning stays inside the instance's thread budget and stops where it
+//! would take a core from other work. `COTENANT_SPIN=0` turns it off.
 
-use crate::error::OpError;
-use crate::ops::{Cx, Op};
-use crate::tensor::Tensor;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Executes ops of a plan on one device.
-pub trait Backend: Send + Sync {
-    /// Short name for logs and reports ("cpu", "cuda:0").
-    fn name(&self) -> String;
-    /// Runs `f` inside the backend's execution context (the thread pool on the CPU); every
-    /// `execute` of one plan run happens inside one `scope`.
-    fn scope(&self, f: &mut (dyn FnMut() + Send));
-    /// Runs one op.
-    fn execute(&self, op: &Op, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, OpError>;
-    /// Readies the backend for `plan` before its first run: a GPU uploads the plan's constants
-    /// once (over the instance's memory budget is an error); the CPU has nothing to do.
-    fn prepare(&self, plan: &crate::plan::Plan) -> Result<(), OpError> {
-        let _ = plan;
-        Ok(())
-    }
-    /// Takes back an activation the plan no longer needs, so its memory can serve a later
-    /// output (the memory plan's buffer reuse). Dropping it is always correct.
-    fn recycle(&self, t: Tensor) {
-        drop(t);
-    }
-    /// One-thread backends that may each run a part of a batch at the same time, inside this
-    /// backend's `scope`, where the plan's batch separates (see `Plan::run`); none by default.
-    fn batch_lanes(&self) -> &[CpuBackend] {
-        &[]
-    }
-}
-
-/// Most buffers the CPU backend keeps for reuse; beyond that the smallest is freed (the large
-/// ones are the expensive ones to get back: fresh pages, faulted in and zeroed, each run).
-const POOL_MAX_BUFFERS: usize = 12;
-
-/// The CPU backend: a private rayon pool sized to the caller's thread budget, so several tenants
-/// can share the cores without oversubscribing them.
-pub struct CpuBackend {
+/// Runs `f` on `pool` (inline without one) as one scope of a backend of `threads` threads whose
+/// running scopes `scopes` counts: with spinners when it is the pool's only scope and spinning
+/// pays, plainly otherwise.
+pub(super) fn run_scope(
+    pool: Option<&rayon::ThreadPool>,
     threads: usize,
-    pool: Option<rayon::ThreadPool>,
-    /// im2col scratch reused across convolutions of a run.
-    scratch: Mutex<Vec<f32>>,
-    /// Freed activation buffers, reused for new outputs.
-    buffers: Mutex<Vec<Vec<f32>>>,
-    /// One one-thread backend per thread of the pool (none without a pool), each with its own
-    /// scratch and buffers.
-    lanes: Vec<CpuBackend>,
-    /// Scopes running on the pool now: only one that runs alone gets spinners.
-    scopes: AtomicUsize,
-}
-
-impl CpuBackend {
-    /// A backend using at most `threads` threads (at least 1).
-    pub fn new(threads: usize) -> CpuBackend {
-        let threads = threads.max(1);
-        // One thread needs no pool: the caller's thread does the work.
-        let pool = if threads > 1 {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .thread_name(|i| format!("cotenant-cpu-{i}"))
-                .build()
-                .ok()
-        } else {
-            None
-        };
-        let threads = if pool.is_some() { threads } else { 1 };
-        let lanes = match pool {
-            Some(_) => (0..threads).map(|_| CpuBackend::new(1)).collect(),
-            None => Vec::new(),
-        };
-        CpuBackend {
-            threads,
-            pool,
-            scratch: Mutex::new(Vec::new()),
-            buffers: Mutex::new(Vec::new()),
-            lanes,
-            scopes: AtomicUsize::new(0),
-        }
-    }
-
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-}
-
-impl Backend for CpuBackend {
-    fn name(&self) -> String {
-        format!("cpu({} threads)", self.threads)
-    }
-
-    fn scope(&self, f: &mut (dyn FnMut() + Send)) {
-        // A scope inside another (a batch lane's) runs on threads already counted.
-        let _busy = rayon::current_thread_index()
-            .is_none()
-            .then(|| Count::enter(&BUSY, self.threads));
-        match &self.pool {
-            Some(p) => {
-                let scope = Count::enter(&self.scopes, 1);
-                match scope.before == 0 && spinning_allowed() && cores_free() {
-                    true => {
-                        p.install(|| with_spinners(self.threads, &Arc::default(), &cores_free, f))
-                    }
-                    false => p.install(f),
-                }
-            }
-            None => f(),
-        }
-    }
-
-    fn execute(&self, op: &Op, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, OpError> {
-        let cx = Cx::new(self.threads);
-        // A poisoned lock only means another run panicked mid-op; the scratch is still usable.
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        std::mem::swap(&mut *cx.scratch.borrow_mut(), &mut *guard);
-        std::mem::swap(&mut *cx.pool.borrow_mut(), &mut *buffers);
-        let res = op.eval(&cx, inputs);
-        std::mem::swap(&mut *cx.scratch.borrow_mut(), &mut *guard);
-        std::mem::swap(&mut *cx.pool.borrow_mut(), &mut *buffers);
-        res
-    }
-
-    fn batch_lanes(&self) -> &[CpuBackend] {
-        &self.lanes
-    }
-
-    fn recycle(&self, t: Tensor) {
-        if let crate::tensor::Data::F32(v) = t.data {
-            let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-            buffers.push(v);
-            if buffers.len() > POOL_MAX_BUFFERS {
-                let smallest = (0..buffers.len()).min_by_key(|&i| buffers[i].capacity());
-                if let Some(i) = smallest {
-                    buffers.swap_remove(i);
-                }
+    scopes: &AtomicUsize,
+    f: &mut (dyn FnMut() + Send),
+) {
+    // A scope inside another (a batch lane's) runs on threads already counted.
+    let _busy = rayon::current_thread_index()
+        .is_none()
+        .then(|| Count::enter(&BUSY, threads));
+    match pool {
+        Some(p) => {
+            let scope = Count::enter(scopes, 1);
+            match scope.before == 0 && spinning_allowed() && cores_free() {
+                true => p.install(|| with_spinners(threads, &Arc::default(), &cores_free, f)),
+                false => p.install(f),
             }
         }
+        None => f(),
     }
 }
 
@@ -378,9 +265,9 @@ mod tests {
             "the panic, after a spinner started"
         );
         assert!(stops(&live));
-        let backend = CpuBackend::new(3);
+        let backend = crate::backend::CpuBackend::new(3);
         let mut n = 0;
-        backend.scope(&mut || n = (0..100).into_par_iter().count());
+        crate::backend::Backend::scope(&backend, &mut || n = (0..100).into_par_iter().count());
         assert_eq!(n, 100);
     }
 

@@ -1,0 +1,218 @@
+//! TensorProto ↔ [`Tensor`]: decoding initializers and attribute tensors from whichever field holds
+//! their data (typed fields, raw little-endian bytes, or external data next to the model), and
+//! encoding tensors as raw data. Shared by the importer and attribute parsing.
+
+use crate::error::ImportError;
+use crate::proto::TensorProto;
+use crate::tensor::{DType, Data, Tensor, checked_numel};
+use std::path::Path;
+
+fn bad_tensor(t: &TensorProto, reason: impl Into<String>) -> ImportError {
+    ImportError::BadTensor {
+        name: t.name.clone(),
+        reason: reason.into(),
+    }
+}
+
+/// Decodes a TensorProto from whichever field holds its data.
+pub fn decode_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor, ImportError> {
+    let dtype = DType::from_onnx(t.data_type)
+        .ok_or_else(|| bad_tensor(t, format!("unsupported element type {}", t.data_type)))?;
+    let shape = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| bad_tensor(t, format!("negative dimension {d}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = checked_numel(&shape).map_err(|e| bad_tensor(t, e.to_string()))?;
+    let external;
+    let raw: Option<&[u8]> = if t.data_location == 1 {
+        external = read_external(t, base_dir, n * dtype.size())?;
+        Some(&external)
+    } else if !t.raw_data.is_empty()
+        || (n == 0 && t.raw_data.is_empty() && typed_len(t, dtype) == 0)
+    {
+        Some(&t.raw_data)
+    } else {
+        None
+    };
+    let data = match raw {
+        Some(raw) => {
+            if raw.len() != n * dtype.size() {
+                return Err(bad_tensor(
+                    t,
+                    format!(
+                        "raw data has {} bytes, shape {shape:?} needs {}",
+                        raw.len(),
+                        n * dtype.size()
+                    ),
+                ));
+            }
+            from_le_bytes(dtype, raw)
+        }
+        None => {
+            if typed_len(t, dtype) != n {
+                return Err(bad_tensor(
+                    t,
+                    format!(
+                        "holds {} values, shape {shape:?} needs {n}",
+                        typed_len(t, dtype)
+                    ),
+                ));
+            }
+            match dtype {
+                DType::F32 => Data::F32(t.float_data.clone()),
+                DType::F64 => Data::F64(t.double_data.clone()),
+                DType::I64 => Data::I64(t.int64_data.clone()),
+                DType::I32 => Data::I32(t.int32_data.clone()),
+                DType::I8 => Data::I8(t.int32_data.iter().map(|&v| v as i8).collect()),
+                DType::U8 => Data::U8(t.int32_data.iter().map(|&v| v as u8).collect()),
+                DType::Bool => Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect()),
+            }
+        }
+    };
+    Ok(Tensor { shape, data })
+}
+
+fn typed_len(t: &TensorProto, dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => t.float_data.len(),
+        DType::F64 => t.double_data.len(),
+        DType::I64 => t.int64_data.len(),
+        _ => t.int32_data.len(),
+    }
+}
+
+pub(crate) fn from_le_bytes(dtype: DType, raw: &[u8]) -> Data {
+    fn conv<T, const N: usize>(raw: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+        raw.chunks_exact(N)
+            .map(|c| f(c.try_into().unwrap_or([0; N])))
+            .collect()
+    }
+    match dtype {
+        DType::F32 => Data::F32(conv(raw, f32::from_le_bytes)),
+        DType::F64 => Data::F64(conv(raw, f64::from_le_bytes)),
+        DType::I64 => Data::I64(conv(raw, i64::from_le_bytes)),
+        DType::I32 => Data::I32(conv(raw, i32::from_le_bytes)),
+        DType::I8 => Data::I8(raw.iter().map(|&b| b as i8).collect()),
+        DType::U8 => Data::U8(raw.to_vec()),
+        DType::Bool => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
+    }
+}
+
+pub(crate) fn to_le_bytes(data: &Data) -> Vec<u8> {
+    match data {
+        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I8(v) => v.iter().map(|&x| x as u8).collect(),
+        Data::U8(v) => v.clone(),
+        Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+    }
+}
+
+/// Reads `len` bytes of an external-data tensor from a file next to the model.
+fn read_external(
+    t: &TensorProto,
+    base_dir: Option<&Path>,
+    len: usize,
+) -> Result<Vec<u8>, ImportError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let get = |k: &str| {
+        t.external_data
+            .iter()
+            .find(|e| e.key == k)
+            .map(|e| e.value.as_str())
+    };
+    let location =
+        get("location").ok_or_else(|| bad_tensor(t, "external data without a location"))?;
+    let num = |k: &str| -> Result<Option<u64>, ImportError> {
+        get(k)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| bad_tensor(t, format!("external data {k} {v:?} is not a number")))
+            })
+            .transpose()
+    };
+    let offset = num("offset")?.unwrap_or(0);
+    if let Some(l) = num("length")?
+        && l != len as u64
+    {
+        return Err(bad_tensor(
+            t,
+            format!("external data length {l} does not match the shape ({len} bytes)"),
+        ));
+    }
+    let rel = Path::new(location);
+    // The model must not make us read files outside its own folder.
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(bad_tensor(
+            t,
+            format!("external data location {location:?} leaves the model's folder"),
+        ));
+    }
+    let base = base_dir
+        .ok_or_else(|| bad_tensor(t, "external data, but the model was not loaded from a file"))?;
+    let path = base.join(rel);
+    let io = |source| ImportError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::File::open(&path).map_err(io)?;
+    let size = f.metadata().map_err(io)?.len();
+    if offset.saturating_add(len as u64) > size {
+        return Err(bad_tensor(
+            t,
+            format!(
+                "external data {location:?} is {size} bytes, needs {} at offset {offset}",
+                len
+            ),
+        ));
+    }
+    f.seek(SeekFrom::Start(offset)).map_err(io)?;
+    let mut buf = vec![0u8; len];
+    f.read_exact(&mut buf).map_err(io)?;
+    Ok(buf)
+}
+
+/// Encodes a tensor as a TensorProto with raw data (used by the zoo writer and the tests).
+pub fn encode_tensor(name: &str, t: &Tensor) -> TensorProto {
+    TensorProto {
+        dims: t.shape.iter().map(|&d| d as i64).collect(),
+        data_type: t.dtype().onnx(),
+        name: name.to_string(),
+        raw_data: to_le_bytes(&t.data).into(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_and_raw_initializers_decode_alike() {
+        let typed = TensorProto {
+            dims: vec![2],
+            data_type: 1,
+            float_data: vec![1.5, -2.0],
+            ..Default::default()
+        };
+        let raw = encode_tensor("r", &Tensor::f32(vec![2], vec![1.5, -2.0]).unwrap());
+        assert_eq!(
+            decode_tensor(&typed, None).unwrap(),
+            decode_tensor(&raw, None).unwrap()
+        );
+        let short = TensorProto {
+            dims: vec![3],
+            data_type: 1,
+            float_data: vec![1.0],
+            ..Default::default()
+        };
+        assert!(decode_tensor(&short, None).is_err());
+    }
+}
