@@ -5,7 +5,8 @@
 //!
 //! Requests share a batch only when the plan proves its batch separable (no sample sees
 //! another's data). A panic while running a batch is contained to it: its requests get an
-//! error, the instance is replaced, and the tenant's failure hook hears why.
+//! error, the instance is replaced, and the tenant's crash hook (`Tenant::on_crash`) hears
+//! why.
 
 mod admission;
 mod batch;
