@@ -53,6 +53,22 @@ pub struct Assignment {
     /// count, and report them; absent means no profiling is wanted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<Knobs>,
+    /// Who may call this replica, resolved by the operator from the tenant's credentials Secret;
+    /// absent means anyone may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<CallerTokens>,
+}
+
+/// The bearer tokens a tenant accepts, as their SHA-256 digests (the tokens themselves never
+/// leave the tenant's Secret).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CallerTokens {
+    /// Lowercase hex SHA-256 of each accepted token; empty: no caller is accepted (the Secret
+    /// could not be read or holds no usable token).
+    #[serde(default)]
+    #[schemars(length(max = 32), inner(regex(pattern = r"^[0-9a-f]{64}$")))]
+    pub token_sha256: Vec<String>,
 }
 
 /// What an agent reports about itself.

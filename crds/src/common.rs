@@ -7,11 +7,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelSource {
-    /// Location of the model file: `file://` (a path on the agent, or relative to the YAML file in
-    /// standalone mode), `http://` or `https://`.
+    /// Location of the model file: `file:///<path>` (an absolute path under one of the agent's
+    /// model volume roots; a relative path is read relative to the YAML file in standalone mode
+    /// only), `http://` or `https://` (which need `sha256`).
     #[schemars(length(min = 8, max = 2048), regex(pattern = r"^(file|https?)://\S+$"))]
     pub uri: String,
-    /// Expected SHA-256 of the model file as 64 hex characters; the agent refuses a file that differs.
+    /// Expected SHA-256 of the model file as 64 hex characters; the agent refuses a file that
+    /// differs. Required for http(s) sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9a-fA-F]{64}$"))]
     pub sha256: Option<String>,

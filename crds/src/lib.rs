@@ -5,20 +5,22 @@
 mod agent;
 mod common;
 pub mod conditions;
+pub mod credentials;
 pub mod policy_view;
 mod pool;
 mod tenant;
 mod validate;
 
 pub use agent::{
-    Assignment, Device, DeviceKind, GpuAgent, GpuAgentSpec, GpuAgentStatus, LoadedTenant,
-    ReplicaState,
+    Assignment, CallerTokens, Device, DeviceKind, GpuAgent, GpuAgentSpec, GpuAgentStatus,
+    LoadedTenant, ReplicaState,
 };
 pub use common::{Condition, Knobs, ModelFormat, ModelSource, Slo, TenantRef};
 pub use pool::{AgentTemplate, GpuPool, GpuPoolSpec, GpuPoolStatus, PullPolicy};
 pub use tenant::{
-    Approach, ChosenApproach, ModelTenant, ModelTenantSpec, ModelTenantStatus, Observed, Profile,
-    ProfilePoint, ReplicaPlacement, ScalerMemory, Scaling, TenantPhase,
+    Approach, ChosenApproach, Credentials, DEFAULT_TOKEN_KEY, ModelTenant, ModelTenantSpec,
+    ModelTenantStatus, Observed, Profile, ProfilePoint, ReplicaPlacement, ScalerMemory, Scaling,
+    TenantPhase, TokenSecretRef,
 };
 pub use validate::{FieldError, TENANT_NAME_RULE, validate_tenant_name};
 

@@ -34,6 +34,20 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!self.model.uri.startsWith('file://') || self.model.uri.startsWith('file:///')",
+        "message": "a relative file:// path is for standalone mode only: in a cluster name an absolute path under the pool's model volume (file:///...) or an http(s):// URL",
+        "fieldPath": ".model.uri",
+        "reason": "FieldValueInvalid"
+    },
+    {
+        "rule": "!(self.model.uri.startsWith('http://') || self.model.uri.startsWith('https://')) || has(self.model.sha256)",
+        "message": "an http(s):// model needs spec.model.sha256: the agent checks every download against it",
+        "fieldPath": ".model.sha256",
+        "reason": "FieldValueRequired"
+    }
+]))]
 pub struct ModelTenantSpec {
     /// The model to serve.
     pub model: ModelSource,
@@ -49,7 +63,46 @@ pub struct ModelTenantSpec {
         regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     )]
     pub pool: String,
+    /// Who may call the tenant. Without it any client that reaches an agent may call it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<Credentials>,
 }
+
+/// Bearer tokens a caller must present (`Authorization: Bearer <token>`) on every request to the
+/// tenant: inference, metadata and readiness.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Credentials {
+    /// A Secret in the tenant's namespace holding the tokens.
+    pub secret_ref: TokenSecretRef,
+}
+
+/// Where in a Secret the tokens are: one per line of one key's value, each at least 32
+/// characters (several lines let a new token be rolled out before the old one is removed).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenSecretRef {
+    /// Name of the Secret.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Key of the Secret's data holding the tokens (default `token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: Option<String>,
+}
+
+impl TokenSecretRef {
+    /// The key that holds the tokens.
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(DEFAULT_TOKEN_KEY)
+    }
+}
+
+/// The Secret key read when `credentials.secretRef.key` is not set.
+pub const DEFAULT_TOKEN_KEY: &str = "token";
 
 fn default_pool() -> String {
     "default".to_string()

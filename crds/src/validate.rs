@@ -69,6 +69,15 @@ impl ModelTenantSpec {
         {
             fail("spec.model.sha256", "must be 64 hex characters")?;
         }
+        // The API server also refuses a relative file:// path, which standalone mode reads
+        // relative to the tenant's file: the one rule this check leaves out.
+        let http = uri.starts_with("http://") || uri.starts_with("https://");
+        if http && self.model.sha256.is_none() {
+            fail(
+                "spec.model.sha256",
+                "an http(s):// model needs spec.model.sha256: the agent checks every download against it",
+            )?;
+        }
         let slo = &self.slo;
         if !(slo.latency_millis.is_finite()
             && slo.latency_millis > 0.0

@@ -55,6 +55,12 @@ fn standalone_validation_names_the_field() {
         serde_yaml::from_str(yaml).expect("parses")
     };
     assert!(spec(base).validate().is_ok());
+    let digest = "0".repeat(64);
+    let downloaded = base.replace(
+        "file://m.onnx",
+        &format!("https://models.example/m.onnx\n  sha256: {digest}"),
+    );
+    assert!(spec(&downloaded).validate().is_ok(), "{downloaded}");
     let cases = [
         (base.replace("50", "0"), "spec.slo.latencyMillis"),
         (
@@ -83,6 +89,10 @@ fn standalone_validation_names_the_field() {
             "spec.scaling.minReplicas",
         ),
         (format!("{base}pool: Bad_Pool\n"), "spec.pool"),
+        (
+            base.replace("file://m.onnx", "https://models.example/m.onnx"),
+            "spec.model.sha256",
+        ),
     ];
     for (yaml, field) in cases {
         let err = spec(&yaml).validate().expect_err(field);

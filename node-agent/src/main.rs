@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+mod credentials;
 mod device;
 mod dnnscaler;
 mod kubernetes;
@@ -55,6 +56,10 @@ enum Command {
         /// additive increase, ×0.9 decrease) or `static:<batch>x<instances>`.
         #[arg(long, default_value = "dnnscaler", value_parser = dnnscaler::parse_knob_policy)]
         knob_policy: cotenant_policy::sim::Strategy,
+        #[command(flatten)]
+        requests: serve::RequestArgs,
+        #[command(flatten)]
+        sources: SourceArgs,
         /// Log as JSON lines instead of text.
         #[arg(long)]
         log_json: bool,
@@ -104,6 +109,18 @@ enum Command {
         /// it on the agent pods it creates.
         #[arg(long, env = "COTENANT_REPORT_READER")]
         report_reader: Option<String>,
+        /// A directory whose files `file://` models may name (a model volume's mount point);
+        /// repeat it, or separate several with `:`. Without any, `file://` models are refused.
+        #[arg(
+            long = "model-root",
+            env = "COTENANT_MODEL_ROOTS",
+            value_delimiter = ':'
+        )]
+        model_roots: Vec<PathBuf>,
+        #[command(flatten)]
+        requests: serve::RequestArgs,
+        #[command(flatten)]
+        sources: SourceArgs,
         /// Log as JSON lines instead of text.
         #[arg(long)]
         log_json: bool,
@@ -128,6 +145,8 @@ fn main() -> anyhow::Result<()> {
             device,
             tenant_memory_limit,
             knob_policy,
+            requests,
+            sources,
             log_json,
         } => {
             init_logs(log_json);
@@ -150,6 +169,13 @@ fn main() -> anyhow::Result<()> {
                 threads,
                 report_token,
                 knob_policy,
+                budget: requests.budget(),
+                limits: requests.limits(),
+                connections: requests.connections(),
+                sources: load::Sources::standalone(
+                    sources.download_dir,
+                    sources.max_concurrent_loads as usize,
+                ),
                 co: schedule::start(schedule, threads, &device),
                 device,
                 tenant_memory_limit,
@@ -172,11 +198,20 @@ fn main() -> anyhow::Result<()> {
             tenant_memory_limit,
             report_audience,
             report_reader,
+            model_roots,
+            requests,
+            sources,
             log_json,
         } => {
             init_logs(log_json);
             let threads = threads.unwrap_or_else(tools::default_threads);
             let device = device.choose()?;
+            let sources = load::Sources::kubernetes(
+                &model_roots,
+                sources.download_dir,
+                sources.max_concurrent_loads as usize,
+            )
+            .map_err(anyhow::Error::msg)?;
             let options = kubernetes::Options {
                 listen,
                 admin_listen,
@@ -185,6 +220,10 @@ fn main() -> anyhow::Result<()> {
                 threads,
                 report_audience,
                 report_reader,
+                budget: requests.budget(),
+                limits: requests.limits(),
+                connections: requests.connections(),
+                sources,
                 co: schedule::start(schedule, threads, &device),
                 device,
                 tenant_memory_limit,
@@ -203,6 +242,18 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => tools::run::main(args),
         Command::Bench(args) => tools::bench::main(args),
     }
+}
+
+/// Where models are fetched to and how many at once.
+#[derive(clap::Args, Debug, Clone)]
+struct SourceArgs {
+    /// Directory for the temporary file of a model download (the file has no name and goes
+    /// when the download is done with).
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    download_dir: PathBuf,
+    /// Models fetched and loading at once; the others wait.
+    #[arg(long, default_value_t = load::DEFAULT_CONCURRENT_LOADS as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
+    max_concurrent_loads: u64,
 }
 
 fn init_logs(json: bool) {

@@ -2,8 +2,10 @@
 //! tenant keeps its reason and never disturbs the others. In Kubernetes mode a tenant is served
 //! as `<namespace>.<name>`, and its bare name resolves while it is the only one of that name.
 //! A tenant taken off the agent is remembered for a while: a request that a client's stale route
-//! still sends here is told to retry elsewhere, not that the model does not exist.
+//! still sends here is told to retry elsewhere, not that the model does not exist. A tenant
+//! may require callers to present one of its tokens.
 
+use crate::credentials::TenantTokens;
 use cotenant_executor::runtime::Tenant;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -61,6 +63,8 @@ pub struct Entry {
     pub profile: Option<cotenant_policy::Profile>,
     /// Whether the profile points are being measured now (the tenant serves meanwhile).
     pub profiling: bool,
+    /// The tokens a caller must present; `None`: the tenant is open to every caller.
+    pub tokens: Option<TenantTokens>,
 }
 
 impl Entry {
@@ -76,6 +80,7 @@ impl Entry {
             tenant_ref: None,
             profile: None,
             profiling: false,
+            tokens: None,
         }
     }
 }
@@ -91,8 +96,8 @@ pub struct Scaling {
 #[derive(Default)]
 pub struct Registry {
     entries: RwLock<BTreeMap<String, Arc<Entry>>>,
-    /// Served and bare names of removed tenants, and when they left.
-    departed: Mutex<BTreeMap<String, Instant>>,
+    /// Served and bare names of removed tenants, when they left and whether they required tokens.
+    departed: Mutex<BTreeMap<String, (Instant, bool)>>,
 }
 
 impl Registry {
@@ -144,10 +149,11 @@ impl Registry {
         if let Some(entry) = &removed {
             let now = Instant::now();
             let mut departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
-            departed.retain(|_, at| now.duration_since(*at) < DEPARTED_FOR);
-            departed.insert(entry.name.clone(), now);
+            departed.retain(|_, (at, _)| now.duration_since(*at) < DEPARTED_FOR);
+            let guarded = entry.tokens.is_some();
+            departed.insert(entry.name.clone(), (now, guarded));
             if let Some(t) = &entry.tenant_ref {
-                departed.insert(t.name.clone(), now);
+                departed.insert(t.name.clone(), (now, guarded));
             }
         }
         removed
@@ -160,8 +166,25 @@ impl Registry {
             return None;
         }
         let departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
-        let ago = departed.get(name)?.elapsed();
+        let ago = departed.get(name)?.0.elapsed();
         (ago < DEPARTED_FOR).then_some(ago)
+    }
+
+    /// Whether any tenant held here, or removed within [`DEPARTED_FOR`], requires tokens: then
+    /// a name that resolves to nothing must not be told apart from a guarded one.
+    pub fn guards_any(&self) -> bool {
+        let held = self
+            .entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|e| e.tokens.is_some());
+        held || self
+            .departed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|(at, guarded)| *guarded && at.elapsed() < DEPARTED_FOR)
     }
 
     /// Changes `name`'s entry with `f`, keeping the rest.

@@ -1,7 +1,10 @@
 //! Standalone mode: serve the ModelTenant YAML files of one directory on this machine, with no
 //! Kubernetes. A bad file is reported with its path and the offending field and skipped; a model
-//! that fails to load marks only its tenant Failed.
+//! that fails to load marks only its tenant Failed. A tenant file may name a token file
+//! (annotation `cotenant.dev/token-file`, relative to the tenant file): then only callers
+//! presenting one of its tokens may use the tenant.
 
+use crate::credentials::TenantTokens;
 use crate::registry::{Entry, Registry, Scaling, State};
 use crate::serve::{self, AppState, ReportAuth};
 use crate::{dnnscaler, load};
@@ -19,10 +22,18 @@ const PROFILE_POINT: Duration = Duration::from_secs(1);
 /// How often the scaler looks at each tenant's window.
 const SCALE_EVERY: Duration = Duration::from_secs(2);
 
+/// The annotation naming a tenant's token file: one bearer token per line.
+pub const TOKEN_FILE_ANNOTATION: &str = "cotenant.dev/token-file";
+
+/// The largest token file read (32 tokens of a few hundred characters fit easily).
+const TOKEN_FILE_LIMIT: u64 = 64 << 10;
+
 /// A tenant read from a file.
 pub struct TenantFile {
     pub path: PathBuf,
     pub tenant: ModelTenant,
+    /// The tokens its callers must present, from its token file; `None`: open to every caller.
+    pub tokens: Option<TenantTokens>,
 }
 
 /// Reads every `*.yaml`/`*.yml` in `dir` (not recursing). Documents of other kinds are skipped;
@@ -40,17 +51,14 @@ pub fn read_dir(dir: &Path) -> anyhow::Result<(Vec<TenantFile>, Vec<String>)> {
     let mut errors = Vec::new();
     for path in files {
         match read_file(&path) {
-            Ok(found) => tenants.extend(found.into_iter().map(|tenant| TenantFile {
-                path: path.clone(),
-                tenant,
-            })),
+            Ok(found) => tenants.extend(found),
             Err(e) => errors.push(format!("{}: {e}", path.display())),
         }
     }
     Ok((tenants, errors))
 }
 
-fn read_file(path: &Path) -> Result<Vec<ModelTenant>, String> {
+fn read_file(path: &Path) -> Result<Vec<TenantFile>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     let mut found = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(&text) {
@@ -87,9 +95,41 @@ fn read_file(path: &Path) -> Result<Vec<ModelTenant>, String> {
         {
             return Err("metadata.name: Required value".into());
         }
-        found.push(tenant);
+        let tokens = tokens_of(&tenant, path)?;
+        found.push(TenantFile {
+            path: path.to_path_buf(),
+            tenant,
+            tokens,
+        });
     }
     Ok(found)
+}
+
+/// The tokens a tenant file's token file holds. A tenant naming a Secret is refused: standalone
+/// mode cannot read Secrets, and serving it open would ignore what its author asked for.
+fn tokens_of(tenant: &ModelTenant, path: &Path) -> Result<Option<TenantTokens>, String> {
+    let file = tenant
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TOKEN_FILE_ANNOTATION));
+    let Some(file) = file else {
+        if tenant.spec.credentials.is_some() {
+            return Err(format!(
+                "spec.credentials names a Secret, which standalone mode cannot read: name a token file with the {TOKEN_FILE_ANNOTATION} annotation instead"
+            ));
+        }
+        return Ok(None);
+    };
+    let file = path.parent().unwrap_or(Path::new(".")).join(file);
+    // A regular file of a few tokens: never a device or a FIFO that would be read forever.
+    let bytes = load::read_regular(&file, TOKEN_FILE_LIMIT, false)
+        .map_err(|e| format!("{TOKEN_FILE_ANNOTATION}: {e}"))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("{TOKEN_FILE_ANNOTATION} {}: not UTF-8 text", file.display()))?;
+    TenantTokens::parse(&text)
+        .map(Some)
+        .map_err(|e| format!("{TOKEN_FILE_ANNOTATION} {}: {e}", file.display()))
 }
 
 use serde::Deserialize;
@@ -108,6 +148,12 @@ pub struct Options {
     pub device: Device,
     /// Host memory each tenant's model may hold (`--tenant-memory-limit`).
     pub tenant_memory_limit: u64,
+    /// Bytes requests may hold, and their deadlines.
+    pub budget: Arc<serve::budget::Budget>,
+    pub limits: serve::Limits,
+    pub connections: serve::ConnectionLimits,
+    /// Where models may come from.
+    pub sources: load::Sources,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -131,14 +177,18 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             continue;
         }
         let spec = &file.tenant.spec;
-        registry.put(Entry::loading(
-            &name,
-            &spec.model.uri,
-            spec.slo.latency_millis,
-            spec.slo.percentile,
-        ));
+        registry.put(Entry {
+            tokens: file.tokens.clone(),
+            ..Entry::loading(
+                &name,
+                &spec.model.uri,
+                spec.slo.latency_millis,
+                spec.slo.percentile,
+            )
+        });
     }
     let threads_per_tenant = (options.threads / names.len().max(1)).max(1);
+    let sources = Arc::new(options.sources);
     let scaler: Arc<Mutex<Vec<dnnscaler::Controlled>>> = Arc::default();
     tokio::spawn(scale_loop(scaler.clone()));
     for file in tenants {
@@ -152,6 +202,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             co: options.co.clone(),
             device: options.device.clone(),
             memory_limit: options.tenant_memory_limit,
+            sources: sources.clone(),
         };
         tokio::task::spawn_blocking(move || {
             bring_up(&file, &registry, &scaler, share, policy, &runtime)
@@ -162,15 +213,20 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         registry: registry.clone(),
         report_auth: ReportAuth::Token(options.report_token),
         initialised: AtomicBool::new(true),
+        budget: options.budget,
+        limits: options.limits,
     });
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
     tracing::info!(listen = %options.listen, tenants = names.len(), "serving the Open Inference Protocol");
-    axum::serve(listener, serve::router(app))
-        .with_graceful_shutdown(crate::shutdown_signal())
-        .await
-        .context("the server failed")?;
+    serve::serve(
+        listener,
+        serve::router(app),
+        options.connections,
+        crate::shutdown_signal(),
+    )
+    .await;
     // Finish what was accepted before exiting.
     for entry in registry.all() {
         if let State::Ready { tenant, .. } = &entry.state {
@@ -181,12 +237,13 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
 }
 
 /// What one tenant gets of the agent: CPU threads, the co-schedule it joins, the device, and
-/// host memory for its model.
+/// host memory for its model, and where that model may come from.
 struct Share {
     threads: usize,
     co: Option<Arc<CoSchedule>>,
     device: Device,
     memory_limit: u64,
+    sources: Arc<load::Sources>,
 }
 
 /// Loads one tenant, marks it Ready (or Failed with the reason), then profiles it and hands it
@@ -214,23 +271,23 @@ fn bring_up(
         .as_ref()
         .and_then(|a| a.get(load::ZOO_ANNOTATION));
     let sha256 = spec.model.sha256.as_deref();
-    let bytes = if load::is_http(&spec.model.uri) {
-        load::model_bytes(&spec.model.uri, sha256, None, runtime)
-    } else {
-        load::resolve_file(&spec.model.uri, Some(&base))
-            .and_then(|path| match zoo {
-                Some(zoo) => load::ensure_zoo_model(zoo, &path).map(|()| path),
-                None => Ok(path),
-            })
-            .and_then(|path| load::read_model(&path, sha256))
-    };
     let Share {
         threads,
         co,
         device,
         memory_limit,
+        sources,
     } = share;
     let (bounds, slo_view) = cotenant_crds::policy_view::bounds_and_slo(spec);
+    let uri = &spec.model.uri;
+    let zoo_written = match zoo {
+        Some(zoo) if !load::is_http(uri) => {
+            load::resolve_file(uri, Some(&base)).and_then(|path| load::ensure_zoo_model(zoo, &path))
+        }
+        _ => Ok(()),
+    };
+    let bytes =
+        zoo_written.and_then(|()| load::model_bytes(uri, sha256, Some(&base), &sources, runtime));
     let config = load::config(&name, slo, spec.slo.percentile, 1, 1, threads, &device);
     // Sized for the largest batch its bounds let the scaler choose.
     let sizing = load::Sizing {

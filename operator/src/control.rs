@@ -5,6 +5,7 @@
 
 use crate::apply::Writer;
 use crate::context::Context;
+use crate::credentials::Credentials;
 use crate::decide::{self, AgentView, Memory, PodState, split_address};
 use crate::manifests::{DRAINING, POOL_LABEL, host_port};
 use crate::report::Scraper;
@@ -28,6 +29,8 @@ pub struct Controller {
     pub scraper: Scraper,
     /// Namespaces the operator may run agents in (it holds a Role there).
     pub agent_namespaces: BTreeSet<String>,
+    /// Tenants' caller credentials, read from their Secrets.
+    credentials: Credentials,
     memory: Memory,
     /// Since when each agent's report has failed, by agent name.
     unreachable_since: HashMap<String, Instant>,
@@ -43,12 +46,14 @@ impl Controller {
         agent_namespaces: BTreeSet<String>,
         tuning: decide::Tuning,
     ) -> Self {
+        let credentials = Credentials::new(writer.client.clone());
         Controller {
             context,
             world,
             writer,
             scraper,
             agent_namespaces,
+            credentials,
             memory: Memory::new(tuning),
             unreachable_since: HashMap::new(),
             started: Instant::now(),
@@ -165,7 +170,7 @@ impl Controller {
                 .into_iter()
                 .filter(|v| pool_agents.iter().any(|a| a.name_any() == v.name))
                 .collect();
-            let outcome = decide::decide_pool(
+            let mut outcome = decide::decide_pool(
                 pool,
                 &pool_tenants,
                 &views,
@@ -173,6 +178,7 @@ impl Controller {
                 now_s,
                 &now_rfc3339,
             );
+            self.credentials.apply(&mut outcome).await;
             if let Err(e) = self.writer.pool(pool, &pool_agents, &outcome).await {
                 tracing::warn!(pool = %name, error = %e, "could not apply the pool's decisions");
                 failed = true;

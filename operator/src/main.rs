@@ -4,6 +4,7 @@
 mod apply;
 mod context;
 mod control;
+mod credentials;
 mod decide;
 mod http;
 mod leader;

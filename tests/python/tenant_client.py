@@ -2,7 +2,8 @@
 Triton/KServe client) against the address its EndpointSlice lists, compared with onnxruntime
 on the same model file.
 
-Usage: tenant_client.py --url HOST:PORT --model SERVED_NAME --file MODEL.onnx
+Usage: tenant_client.py --url HOST:PORT --model SERVED_NAME --file MODEL.onnx [--token TOKEN]
+(`--token`: the bearer token a guarded tenant requires, sent on every call.)
 """
 
 import argparse
@@ -17,10 +18,12 @@ def main():
     ap.add_argument("--url", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--file", required=True)
+    ap.add_argument("--token")
     args = ap.parse_args()
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else None
     client = httpclient.InferenceServerClient(url=args.url, network_timeout=120.0)
-    assert client.is_model_ready(args.model), f"{args.model} not ready at {args.url}"
-    meta = client.get_model_metadata(args.model)
+    assert client.is_model_ready(args.model, headers=headers), f"{args.model} not ready at {args.url}"
+    meta = client.get_model_metadata(args.model, headers=headers)
     rng = np.random.default_rng(7)
     feeds, inputs = {}, []
     for i in meta["inputs"]:
@@ -29,7 +32,7 @@ def main():
         t = httpclient.InferInput(i["name"], shape, i["datatype"])
         t.set_data_from_numpy(feeds[i["name"]], binary_data=True)
         inputs.append(t)
-    result = client.infer(args.model, inputs)
+    result = client.infer(args.model, inputs, headers=headers)
     session = ort.InferenceSession(args.file, providers=["CPUExecutionProvider"])
     for o, ref in zip(meta["outputs"], session.run(None, feeds)):
         ours = result.as_numpy(o["name"])

@@ -1,7 +1,8 @@
 //! A kubelet stand-in for agent pods: for every agent pod kwok marks Running, it starts
 //! `cotenant-agent kubernetes` as a host process with the pod's downward-API identity (its IP is
 //! this host's: see `cluster`) and a ServiceAccount token bound to the pod, as the kubelet
-//! projects one; when the pod goes, the process goes. A test can kill an agent (a crash the
+//! projects one, reading `file://` models under one directory (as a pod would under its model
+//! volume); when the pod goes, the process goes. A test can kill an agent (a crash the
 //! kubelet does not restart).
 
 use crate::cluster::{ControlPlane, free_port};
@@ -33,16 +34,21 @@ pub struct AgentHost {
 }
 
 impl AgentHost {
-    /// Starts watching agent pods (every second) with `agent` as the binary and `threads` CPU
-    /// threads per agent.
-    pub fn start(cp: &'static ControlPlane, agent: PathBuf, threads: usize) -> AgentHost {
+    /// Starts watching agent pods (every second) with `agent` as the binary, `threads` CPU
+    /// threads per agent and `model_root` as every agent's `--model-root`.
+    pub fn start(
+        cp: &'static ControlPlane,
+        agent: PathBuf,
+        threads: usize,
+        model_root: PathBuf,
+    ) -> AgentHost {
         let hosted = Arc::new(Mutex::new(Hosted::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (hosted, stop) = (hosted.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Err(e) = sync(cp, &agent, threads, &hosted) {
+                    if let Err(e) = sync(cp, &agent, threads, &model_root, &hosted) {
                         lock(&hosted).errors.push(e);
                     }
                     std::thread::sleep(Duration::from_secs(1));
@@ -105,6 +111,7 @@ fn sync(
     cp: &'static ControlPlane,
     agent: &PathBuf,
     threads: usize,
+    model_root: &PathBuf,
     hosted: &Mutex<Hosted>,
 ) -> Result<(), String> {
     let out = cp
@@ -170,6 +177,8 @@ fn sync(
             "--threads",
             &threads.to_string(),
         ])
+        .arg("--model-root")
+        .arg(model_root)
         .env("KUBECONFIG", &kubeconfig)
         .env("POD_NAME", name)
         .env("POD_NAMESPACE", namespace)

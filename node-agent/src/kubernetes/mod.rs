@@ -36,6 +36,12 @@ pub struct Options {
     pub device: Device,
     /// Host memory each tenant's model may hold (`--tenant-memory-limit`).
     pub tenant_memory_limit: u64,
+    /// Bytes requests may hold, and their deadlines.
+    pub budget: Arc<serve::budget::Budget>,
+    pub limits: serve::Limits,
+    pub connections: serve::ConnectionLimits,
+    /// Where models may come from (`--model-root`).
+    pub sources: crate::load::Sources,
 }
 
 /// Serves until SIGTERM or Ctrl-C, then finishes the accepted requests.
@@ -85,6 +91,8 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             reader,
         ))),
         initialised: AtomicBool::new(false),
+        budget: options.budget,
+        limits: options.limits,
     });
     let agents: Api<GpuAgent> = Api::namespaced(client, &identity.namespace);
 
@@ -103,6 +111,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         options.co.clone(),
         options.device.clone(),
         options.tenant_memory_limit,
+        Arc::new(options.sources),
         done_tx,
     );
     let reconciling = tokio::spawn(reconcile_loop(
@@ -128,13 +137,19 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let stopped = |mut stop: channel::Receiver<bool>| async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    let inference = axum::serve(listener, serve::inference_router(app.clone()))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
-    let admin = axum::serve(admin_listener, serve::admin_router(app))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
-    let (inference, admin) = tokio::join!(inference, admin);
-    inference.context("the inference server failed")?;
-    admin.context("the admin server failed")?;
+    let inference = serve::serve(
+        listener,
+        serve::inference_router(app.clone()),
+        options.connections,
+        stopped(stop_rx.clone()),
+    );
+    let admin = serve::serve(
+        admin_listener,
+        serve::admin_router(app),
+        options.connections,
+        stopped(stop_rx.clone()),
+    );
+    tokio::join!(inference, admin);
 
     // Every accepted request has its answer; finish what the tenants still hold and exit.
     let tenants = reconciling.await.unwrap_or_default();

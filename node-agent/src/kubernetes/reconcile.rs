@@ -6,6 +6,7 @@
 //! - removed assignment: out of the registry at once (new requests get 404), then drained
 //!   (queued and running requests finish) while the status says Unloading;
 //! - knobs or SLO changed: applied to the running replica, nothing dropped;
+//! - caller credentials changed: the new token digests apply to the next request;
 //! - model or tenant UID changed: the new model loads while the old one keeps serving, then
 //!   replaces it; when the new one fails the tenant is Failed and the old one is drained;
 //! - a load that fails is tried again after 10 s, doubling up to 5 min, while the tenant stays
@@ -17,6 +18,7 @@
 //!   the reason and drained, and loaded again like a failed load;
 //! - the status never runs a model: activation bytes come from the measurements the load made.
 
+use crate::credentials::TenantTokens;
 use crate::dnnscaler;
 use crate::load;
 use crate::registry::{Entry, Registry, State};
@@ -124,6 +126,28 @@ fn model_changed(old: &Assignment, new: &Assignment) -> bool {
     old.model != new.model || old.tenant.uid != new.tenant.uid
 }
 
+/// The tokens an assignment's callers must present. Digests that do not parse (the schema
+/// forbids them) admit nobody rather than everybody.
+fn tokens_of(a: &Assignment) -> Option<TenantTokens> {
+    let credentials = a.credentials.as_ref()?;
+    Some(
+        TenantTokens::from_hex(&credentials.token_sha256).unwrap_or_else(|e| {
+            tracing::error!(tenant = %a.tenant.key(), error = %e, "unusable caller credentials: refusing every caller");
+            TenantTokens::deny_all()
+        }),
+    )
+}
+
+/// A registry entry for `a` served as `name`, in `state`.
+fn entry_of(name: &str, a: &Assignment, state: State) -> Entry {
+    Entry {
+        state,
+        tenant_ref: Some(a.tenant.clone()),
+        tokens: tokens_of(a),
+        ..Entry::loading(name, &a.model.uri, a.slo.latency_millis, a.slo.percentile)
+    }
+}
+
 /// The agent's assignments and what became of them.
 pub struct Reconciler {
     registry: Arc<Registry>,
@@ -134,6 +158,8 @@ pub struct Reconciler {
     device: Device,
     /// Host memory each tenant's model may hold (`--tenant-memory-limit`).
     memory_limit: u64,
+    /// Where models may come from.
+    sources: Arc<load::Sources>,
     runtime: tokio::runtime::Handle,
     done: UnboundedSender<Done>,
     held: BTreeMap<String, Held>,
@@ -152,6 +178,7 @@ impl Reconciler {
         co: Option<Arc<CoSchedule>>,
         device: Device,
         memory_limit: u64,
+        sources: Arc<load::Sources>,
         done: UnboundedSender<Done>,
     ) -> Self {
         Reconciler {
@@ -160,6 +187,7 @@ impl Reconciler {
             co,
             device,
             memory_limit,
+            sources,
             runtime: tokio::runtime::Handle::current(),
             done,
             held: BTreeMap::new(),
@@ -222,6 +250,11 @@ impl Reconciler {
                             e.percentile = slo.percentile;
                         });
                     }
+                    if h.assignment.credentials != a.credentials {
+                        let tokens = tokens_of(&a);
+                        tracing::info!(tenant = %name, guarded = tokens.is_some(), "caller credentials changed");
+                        self.registry.update(&name, |e| e.tokens = tokens);
+                    }
                     h.assignment = a;
                 }
             }
@@ -236,10 +269,11 @@ impl Reconciler {
             None => None,
         };
         if serving.is_none() {
-            let mut entry =
-                Entry::loading(name, &a.model.uri, a.slo.latency_millis, a.slo.percentile);
-            entry.tenant_ref = Some(a.tenant.clone());
-            self.registry.put(entry);
+            self.registry.put(entry_of(name, &a, State::Loading));
+        } else {
+            // The old model serves until the new one is ready, to the new model's callers.
+            let tokens = tokens_of(&a);
+            self.registry.update(name, |e| e.tokens = tokens);
         }
         let attempt = self.spawn_load(name, &a, tenants);
         self.held.insert(
@@ -282,10 +316,11 @@ impl Reconciler {
         };
         let (uri, sha) = (a.model.uri.clone(), a.model.sha256.clone());
         let (done, runtime, name) = (self.done.clone(), self.runtime.clone(), name.to_string());
-        let co = self.co.clone();
+        let (co, sources) = (self.co.clone(), self.sources.clone());
         tracing::info!(tenant = %name, %uri, "loading");
         tokio::task::spawn_blocking(move || {
-            let result = load::model_bytes(&uri, sha.as_deref(), None, &runtime)
+            // The fetched bytes hold a load slot until the model is loaded.
+            let result = load::model_bytes(&uri, sha.as_deref(), None, &sources, &runtime)
                 .and_then(|bytes| load::start(&bytes, config, sizing, co));
             let _ = done.send(Done::Loaded {
                 name,
@@ -456,15 +491,15 @@ impl Reconciler {
                     });
                 }));
                 tracing::info!(tenant = %name, "ready");
-                self.registry.put(Entry {
-                    state: State::Ready {
+                self.registry.put(entry_of(
+                    name,
+                    a,
+                    State::Ready {
                         tenant: loaded.tenant.clone(),
                         inputs: loaded.inputs,
                         outputs: loaded.outputs,
                     },
-                    tenant_ref: Some(a.tenant.clone()),
-                    ..Entry::loading(name, &a.model.uri, a.slo.latency_millis, a.slo.percentile)
-                });
+                ));
                 h.phase = Phase::Ready;
                 h.serving.replace(loaded.tenant)
             }
@@ -486,12 +521,8 @@ impl Reconciler {
         let Some(h) = self.held.get_mut(name) else {
             return;
         };
-        let a = &h.assignment;
-        self.registry.put(Entry {
-            state: State::Failed(reason.clone()),
-            tenant_ref: Some(a.tenant.clone()),
-            ..Entry::loading(name, &a.model.uri, a.slo.latency_millis, a.slo.percentile)
-        });
+        self.registry
+            .put(entry_of(name, &h.assignment, State::Failed(reason.clone())));
         h.phase = Phase::Failed(reason);
         h.failures += 1;
         let delay = retry_delay(h.failures);
@@ -641,6 +672,7 @@ mod tests {
                 instances: 1,
             },
             profile: None,
+            credentials: Default::default(),
         }
     }
 
@@ -687,7 +719,19 @@ mod tests {
         std::fs::write(&mixing, crate::load::tests::batch_normalising_model()).expect("write");
         let registry = Arc::new(Registry::default());
         let (tx, mut jobs) = tokio::sync::mpsc::unbounded_channel();
-        let mut r = Reconciler::new(registry.clone(), 2, None, Device::Cpu, 1 << 30, tx);
+        // The models directory is the agent's model root, as a pool's volume would be.
+        let sources =
+            crate::load::Sources::kubernetes(std::slice::from_ref(&dir), dir.join("downloads"), 2)
+                .expect("model root");
+        let mut r = Reconciler::new(
+            registry.clone(),
+            2,
+            None,
+            Device::Cpu,
+            1 << 30,
+            Arc::new(sources),
+            tx,
+        );
         r.apply(Desired {
             exists: true,
             generation: Some(1),

@@ -1,17 +1,44 @@
-//! Model files over HTTP(S): one shared client, bounded size and time, and errors that name the
-//! URL and what the server said.
+//! Model files over HTTP(S), treating the URL as untrusted. A download:
+//!
+//! - connects only to addresses a model may come from: never unspecified, multicast, link-local
+//!   (where cloud metadata services live) or a known metadata address, and in Kubernetes mode
+//!   never loopback (the agent's own pod). The addresses a name resolves to are checked, not the
+//!   name, and the connection goes to the checked addresses only;
+//! - follows at most a few redirects, each to the same scheme and an address allowed as above;
+//! - ignores proxy settings (a proxy would resolve names where they cannot be checked);
+//! - has a connect deadline, a read deadline and a total deadline;
+//! - streams the body to an unnamed temporary file, hashing it on the way and stopping at
+//!   [`MAX_MODEL_BYTES`]; only a body whose SHA-256 matches is read back.
+//!
+//! Plain `http://` is allowed: the required SHA-256 guarantees the bytes are the ones the tenant
+//! named, whoever is on the path (it does not keep the model's weights secret on the wire).
 
-use std::sync::OnceLock;
+use super::source::{MAX_MODEL_BYTES, check_digest};
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use sha2::{Digest, Sha256};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// The largest model file the agent downloads.
-pub const MAX_MODEL_BYTES: u64 = 4 << 30;
 /// Connecting to the server.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Silence between two reads of the body.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// The whole download, body included.
 const TOTAL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Redirects followed before giving up.
+const MAX_REDIRECTS: usize = 5;
+
+/// What downloads may do on this agent.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Whether loopback addresses are allowed (standalone mode: a model server on this machine).
+    pub allow_loopback: bool,
+    /// Where the temporary file of a download is made.
+    pub dir: PathBuf,
+}
 
 /// Installs ring as the process's TLS crypto provider (reqwest is built without one, and ring is
 /// what kube uses). Calling it again does nothing.
@@ -20,16 +47,110 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn client() -> Result<&'static reqwest::Client, String> {
-    static CLIENT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
-    CLIENT
+/// Why `ip` may not be downloaded from, if it may not.
+pub fn refused_address(ip: IpAddr, allow_loopback: bool) -> Option<&'static str> {
+    // An IPv4 address written as IPv6 is judged as the IPv4 address it is.
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(a) if a.is_loopback() => (!allow_loopback).then_some("loopback"),
+        IpAddr::V4(a) if a.is_link_local() => Some("link-local (where cloud metadata lives)"),
+        IpAddr::V4(a) if a.is_unspecified() || a.octets()[0] == 0 => Some("unspecified"),
+        IpAddr::V4(a) if a.is_broadcast() || a.is_multicast() => Some("broadcast or multicast"),
+        IpAddr::V4(a) if a == Ipv4Addr::new(100, 100, 100, 200) => Some("a cloud metadata address"),
+        IpAddr::V6(a) if a.is_loopback() => (!allow_loopback).then_some("loopback"),
+        IpAddr::V6(a) if a.is_unspecified() => Some("unspecified"),
+        IpAddr::V6(a) if a.is_multicast() => Some("multicast"),
+        IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80 => {
+            Some("link-local (where cloud metadata lives)")
+        }
+        IpAddr::V6(a) if a == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) => {
+            Some("a cloud metadata address")
+        }
+        _ => None,
+    }
+}
+
+/// Why the host of `url` may not be downloaded from, when it is an address (names are checked
+/// when they resolve).
+fn refused_host(url: &reqwest::Url, allow_loopback: bool) -> Option<String> {
+    let host = url.host_str()?;
+    let ip: IpAddr = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()?;
+    refused_address(ip, allow_loopback)
+        .map(|why| format!("{ip} is {why}: models may not come from there"))
+}
+
+/// Resolves names and keeps only the addresses a model may come from.
+struct CheckedResolver {
+    allow_loopback: bool,
+}
+
+impl Resolve for CheckedResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        let allow_loopback = self.allow_loopback;
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let all: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let allowed: Vec<SocketAddr> = all
+                .iter()
+                .filter(|a| refused_address(a.ip(), allow_loopback).is_none())
+                .copied()
+                .collect();
+            if allowed.is_empty() {
+                let why: Vec<String> = all
+                    .iter()
+                    .filter_map(|a| {
+                        refused_address(a.ip(), allow_loopback).map(|w| format!("{} ({w})", a.ip()))
+                    })
+                    .collect();
+                return Err(format!(
+                    "{host} resolves only to addresses models may not come from: {}",
+                    why.join(", ")
+                )
+                .into());
+            }
+            Ok(Box::new(allowed.into_iter()) as Addrs)
+        })
+    }
+}
+
+fn client(allow_loopback: bool) -> Result<&'static reqwest::Client, String> {
+    static CLIENTS: [OnceLock<Result<reqwest::Client, String>>; 2] =
+        [OnceLock::new(), OnceLock::new()];
+    CLIENTS[usize::from(allow_loopback)]
         .get_or_init(|| {
             install_crypto_provider();
+            let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+                if attempt.previous().len() > MAX_REDIRECTS {
+                    return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+                }
+                let from = attempt.previous().first().map(|u| u.scheme().to_string());
+                let to = attempt.url().scheme().to_string();
+                if from.as_deref() != Some(to.as_str()) {
+                    return attempt.error(format!(
+                        "a redirect from {} to {to} changes the scheme",
+                        from.unwrap_or_default()
+                    ));
+                }
+                if let Some(why) = refused_host(attempt.url(), allow_loopback) {
+                    return attempt.error(format!("a redirect to {why}"));
+                }
+                attempt.follow()
+            });
             reqwest::Client::builder()
                 .user_agent(concat!("cotenant-agent/", env!("CARGO_PKG_VERSION")))
                 .connect_timeout(CONNECT_TIMEOUT)
                 .read_timeout(READ_TIMEOUT)
                 .timeout(TOTAL_TIMEOUT)
+                .redirect(redirects)
+                .no_proxy()
+                .dns_resolver(Arc::new(CheckedResolver { allow_loopback }))
                 .build()
                 .map_err(|e| format!("cannot build the HTTP client: {e}"))
         })
@@ -37,9 +158,16 @@ fn client() -> Result<&'static reqwest::Client, String> {
         .map_err(Clone::clone)
 }
 
-/// Downloads `url` into memory, refusing anything but a 2xx answer and bodies over
-/// [`MAX_MODEL_BYTES`].
-pub async fn get(url: &str) -> Result<Vec<u8>, String> {
+/// Downloads `url`, checks it against `sha256` and returns its bytes. Refuses anything but a
+/// 2xx answer, bodies over [`MAX_MODEL_BYTES`] and what `policy` forbids.
+pub async fn fetch(url: &str, sha256: &str, policy: &Policy) -> Result<Vec<u8>, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url}: not a URL: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("{url}: not an http(s) URL"));
+    }
+    if let Some(why) = refused_host(&parsed, policy.allow_loopback) {
+        return Err(format!("GET {url}: {why}"));
+    }
     let fail = |e: reqwest::Error| {
         let why = if e.is_timeout() {
             "timed out".to_string()
@@ -48,7 +176,11 @@ pub async fn get(url: &str) -> Result<Vec<u8>, String> {
         };
         format!("GET {url}: {why}")
     };
-    let mut response = client()?.get(url).send().await.map_err(fail)?;
+    let mut response = client(policy.allow_loopback)?
+        .get(parsed)
+        .send()
+        .await
+        .map_err(fail)?;
     let status = response.status();
     if !status.is_success() {
         return Err(format!("GET {url}: HTTP {status}"));
@@ -60,17 +192,33 @@ pub async fn get(url: &str) -> Result<Vec<u8>, String> {
             "GET {url}: the model is {length} bytes, more than the limit of {MAX_MODEL_BYTES}"
         ));
     }
-    let capacity = response.content_length().unwrap_or(0).min(MAX_MODEL_BYTES);
-    let mut body = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
+    // An unnamed file: nothing to clean up whatever happens, and no one else can open it. The
+    // writes block this thread, which is a blocking one (see `model_bytes`).
+    let mut file = tempfile::tempfile_in(&policy.dir).map_err(|e| {
+        format!(
+            "GET {url}: cannot make a temporary file in {}: {e}",
+            policy.dir.display()
+        )
+    })?;
+    let mut hasher = Sha256::new();
+    let mut size: u64 = 0;
     while let Some(chunk) = response.chunk().await.map_err(fail)? {
-        if (body.len() + chunk.len()) as u64 > MAX_MODEL_BYTES {
+        size += chunk.len() as u64;
+        if size > MAX_MODEL_BYTES {
             return Err(format!(
                 "GET {url}: the body exceeds the limit of {MAX_MODEL_BYTES} bytes"
             ));
         }
-        body.extend_from_slice(&chunk);
+        hasher.update(&chunk);
+        file.write_all(&chunk)
+            .map_err(|e| format!("GET {url}: cannot write the temporary file: {e}"))?;
     }
-    Ok(body)
+    check_digest(&hasher.finalize().into(), sha256, url)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    file.seek(SeekFrom::Start(0))
+        .and_then(|_| file.take(size).read_to_end(&mut bytes))
+        .map_err(|e| format!("GET {url}: cannot read the temporary file back: {e}"))?;
+    Ok(bytes)
 }
 
 /// An error with its causes, which is where reqwest keeps the useful part ("connection refused").
@@ -90,18 +238,53 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
 
-    /// Serves one canned HTTP response on loopback and returns its URL.
-    fn serve_once(response: &'static [u8]) -> String {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    /// Serves each canned response once, in order, on an address of this host; returns the
+    /// base URL (`http://<addr>`).
+    fn serve(ip: IpAddr, responses: Vec<Vec<u8>>) -> String {
+        let listener = std::net::TcpListener::bind((ip, 0)).expect("bind");
         let addr = listener.local_addr().expect("addr");
         std::thread::spawn(move || {
-            if let Ok((mut stream, _)) = listener.accept() {
-                let mut buf = [0u8; 1024];
-                let _ = stream.read(&mut buf);
-                let _ = stream.write_all(response);
+            for response in responses {
+                if let Ok((mut stream, _)) = listener.accept() {
+                    let mut buf = [0u8; 2048];
+                    let _ = stream.read(&mut buf);
+                    let _ = stream.write_all(&response);
+                }
             }
         });
-        format!("http://{addr}/model.onnx")
+        format!("http://{addr}")
+    }
+
+    fn local(responses: Vec<Vec<u8>>) -> String {
+        serve(IpAddr::V4(Ipv4Addr::LOCALHOST), responses)
+    }
+
+    fn ok(body: &[u8]) -> Vec<u8> {
+        let mut r = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        r.extend_from_slice(body);
+        r
+    }
+
+    fn redirect(to: &str) -> Vec<u8> {
+        format!(
+            "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .into_bytes()
+    }
+
+    fn sha(bytes: &[u8]) -> String {
+        crate::credentials::hex(&Sha256::digest(bytes).into())
+    }
+
+    fn policy(allow_loopback: bool) -> Policy {
+        Policy {
+            allow_loopback,
+            dir: std::env::temp_dir(),
+        }
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -111,27 +294,36 @@ mod tests {
             .expect("runtime")
     }
 
+    fn get(url: &str, sha256: &str, allow_loopback: bool) -> Result<Vec<u8>, String> {
+        runtime().block_on(fetch(url, sha256, &policy(allow_loopback)))
+    }
+
     #[test]
-    fn downloads_the_body() {
-        let url =
-            serve_once(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello");
-        assert_eq!(runtime().block_on(get(&url)).expect("body"), b"hello");
+    fn downloads_and_checks_the_body() {
+        let base = local(vec![ok(b"hello")]);
+        let url = format!("{base}/model.onnx");
+        assert_eq!(get(&url, &sha(b"hello"), true).expect("body"), b"hello");
+        let base = local(vec![ok(b"hellO")]);
+        let e = get(&format!("{base}/m.onnx"), &sha(b"hello"), true).expect_err("digest");
+        assert!(e.contains("sha256"), "{e}");
     }
 
     #[test]
     fn names_the_url_and_the_status() {
-        let url =
-            serve_once(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-        let e = runtime().block_on(get(&url)).expect_err("404");
+        let base = local(vec![
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
+        ]);
+        let url = format!("{base}/model.onnx");
+        let e = get(&url, &sha(b""), true).expect_err("404");
         assert!(e.contains(&url) && e.contains("404"), "{e}");
     }
 
     #[test]
     fn refuses_a_declared_size_over_the_limit() {
-        let url = serve_once(
-            b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\nConnection: close\r\n\r\n",
-        );
-        let e = runtime().block_on(get(&url)).expect_err("too big");
+        let base = local(vec![
+            b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\nConnection: close\r\n\r\n".to_vec(),
+        ]);
+        let e = get(&format!("{base}/m"), &sha(b""), true).expect_err("too big");
         assert!(e.contains("limit"), "{e}");
     }
 
@@ -143,7 +335,55 @@ mod tests {
             .expect("addr")
             .port();
         let url = format!("http://127.0.0.1:{port}/m.onnx");
-        let e = runtime().block_on(get(&url)).expect_err("refused");
+        let e = get(&url, &sha(b""), true).expect_err("refused");
         assert!(e.contains(&url), "{e}");
+    }
+
+    #[test]
+    fn metadata_link_local_and_loopback_addresses_are_refused() {
+        for (url, says) in [
+            ("http://169.254.169.254/latest/meta-data/", "link-local"),
+            ("http://[fe80::1]/m", "link-local"),
+            ("http://[fd00:ec2::254]/m", "metadata"),
+            ("http://100.100.100.200/m", "metadata"),
+            ("http://0.0.0.0/m", "unspecified"),
+            ("http://[::ffff:169.254.169.254]/m", "link-local"),
+            ("http://224.0.0.1/m", "multicast"),
+            // Other spellings of the metadata address are normalised before the check.
+            ("http://2852039166/m", "link-local"),
+            ("http://0xa9.0xfe.0xa9.0xfe/m", "link-local"),
+        ] {
+            let e = get(url, &sha(b""), true).expect_err(url);
+            assert!(e.contains(says), "{url}: {e}");
+        }
+        // Loopback only where the policy refuses it, by address and by name.
+        let base = local(vec![ok(b"x")]);
+        let e = get(&format!("{base}/m"), &sha(b"x"), false).expect_err("loopback");
+        assert!(e.contains("loopback"), "{e}");
+        let port = base.rsplit(':').next().unwrap_or_default();
+        let e = get(&format!("http://0x7f.1:{port}/m"), &sha(b"x"), false).expect_err("hex");
+        assert!(e.contains("loopback"), "{e}");
+        let e = get(&format!("http://localhost:{port}/m"), &sha(b"x"), false).expect_err("name");
+        assert!(e.contains("loopback"), "{e}");
+    }
+
+    #[test]
+    fn redirects_may_not_change_scheme_or_reach_refused_addresses() {
+        let base = local(vec![redirect("https://example.invalid/m")]);
+        let e = get(&format!("{base}/m"), &sha(b""), true).expect_err("scheme");
+        assert!(e.contains("changes the scheme"), "{e}");
+        let base = local(vec![redirect("http://169.254.169.254/latest/")]);
+        let e = get(&format!("{base}/m"), &sha(b""), true).expect_err("metadata");
+        assert!(
+            e.contains("169.254.169.254") && e.contains("link-local"),
+            "{e}"
+        );
+        // A redirect within the rules is followed.
+        let target = local(vec![ok(b"moved")]);
+        let base = local(vec![redirect(&format!("{target}/m"))]);
+        assert_eq!(
+            get(&format!("{base}/m"), &sha(b"moved"), true).expect("followed"),
+            b"moved"
+        );
     }
 }

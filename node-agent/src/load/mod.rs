@@ -5,8 +5,12 @@
 //! wrong; a panic in any of it fails that tenant alone.
 
 mod download;
+mod source;
 
 pub use download::install_crypto_provider;
+pub use source::{
+    DEFAULT_CONCURRENT_LOADS, Sources, is_http, model_bytes, read_regular, resolve_file,
+};
 
 use crate::registry::TensorMeta;
 use crate::serve::wire_name;
@@ -14,9 +18,8 @@ use cotenant_executor::graph::Dim;
 use cotenant_executor::memory::{self, MemoryBudget};
 use cotenant_executor::runtime::{self, CoSchedule, Tenant, TenantConfig, panic_message};
 use cotenant_executor::{Device, Model};
-use sha2::{Digest, Sha256};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,50 +28,6 @@ pub struct Loaded {
     pub tenant: Arc<Tenant>,
     pub inputs: Vec<TensorMeta>,
     pub outputs: Vec<TensorMeta>,
-}
-
-/// Where a `file://` URI points: absolute paths as they are, relative ones from `base` (none in
-/// Kubernetes mode, where a relative path names nothing).
-pub fn resolve_file(uri: &str, base: Option<&Path>) -> Result<PathBuf, String> {
-    let Some(path) = uri.strip_prefix("file://") else {
-        return Err(format!("{uri}: not a file:// URI"));
-    };
-    let path = Path::new(path);
-    if path.is_absolute() {
-        return Ok(path.to_path_buf());
-    }
-    match base {
-        Some(base) => Ok(base.join(path)),
-        None => Err(format!(
-            "{uri}: a relative file:// path means nothing to an agent pod; use an absolute path or http(s)://"
-        )),
-    }
-}
-
-/// Whether `uri` is fetched over HTTP.
-pub fn is_http(uri: &str) -> bool {
-    uri.starts_with("http://") || uri.starts_with("https://")
-}
-
-/// The model bytes behind `uri` (`file://` or `http(s)://`), checked against `sha256` when
-/// given. Blocking: call it off the async workers; `runtime` runs the download.
-pub fn model_bytes(
-    uri: &str,
-    sha256: Option<&str>,
-    base: Option<&Path>,
-    runtime: &tokio::runtime::Handle,
-) -> Result<Vec<u8>, String> {
-    if is_http(uri) {
-        let bytes = runtime.block_on(download::get(uri))?;
-        check_sha256(&bytes, sha256, uri)?;
-        Ok(bytes)
-    } else if uri.starts_with("file://") {
-        read_model(&resolve_file(uri, base)?, sha256)
-    } else {
-        Err(format!(
-            "{uri}: unsupported model URI (file://, http:// and https:// are)"
-        ))
-    }
 }
 
 /// The annotation that lets standalone mode write a missing model file from the model zoo.
@@ -92,31 +51,6 @@ pub fn ensure_zoo_model(name: &str, path: &Path) -> Result<(), String> {
     cotenant_executor::zoo::write(name, &options, path)
         .map(drop)
         .map_err(|e| format!("cannot write zoo model {name:?} to {}: {e}", path.display()))
-}
-
-/// Reads the model bytes and checks them against `sha256` when given.
-pub fn read_model(path: &Path, sha256: Option<&str>) -> Result<Vec<u8>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    check_sha256(&bytes, sha256, &path.display().to_string())?;
-    Ok(bytes)
-}
-
-/// Checks `bytes` against the expected SHA-256 (hex, any case), if there is one.
-pub fn check_sha256(bytes: &[u8], sha256: Option<&str>, what: &str) -> Result<(), String> {
-    let Some(expected) = sha256 else {
-        return Ok(());
-    };
-    let actual: String = Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    if actual.eq_ignore_ascii_case(expected) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what}: sha256 is {actual}, the tenant expects {expected}"
-        ))
-    }
 }
 
 /// What a tenant's model may hold in host memory, and the largest batch it must fit at.
@@ -500,38 +434,5 @@ pub(crate) mod tests {
             e.contains("crashed the agent while loading") && e.contains("injected fault"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn relative_file_uris_need_a_base() {
-        let base = Path::new("/tenants");
-        assert_eq!(
-            resolve_file("file://models/m.onnx", Some(base)),
-            Ok(PathBuf::from("/tenants/models/m.onnx"))
-        );
-        assert_eq!(
-            resolve_file("file:///srv/m.onnx", None),
-            Ok(PathBuf::from("/srv/m.onnx"))
-        );
-        let e = resolve_file("file://models/m.onnx", None).expect_err("no base");
-        assert!(e.contains("absolute"), "{e}");
-    }
-
-    #[test]
-    fn sha256_mismatch_names_both_digests() {
-        let empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-        assert_eq!(check_sha256(b"", Some(empty), "x"), Ok(()));
-        assert_eq!(check_sha256(b"", Some(&empty.to_uppercase()), "x"), Ok(()));
-        let e = check_sha256(b"a", Some(empty), "m.onnx").expect_err("differs");
-        assert!(e.contains(empty) && e.starts_with("m.onnx"), "{e}");
-    }
-
-    #[test]
-    fn other_schemes_are_refused() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
-        let e = model_bytes("s3://bucket/m.onnx", None, None, runtime.handle()).expect_err("s3");
-        assert!(e.contains("unsupported"), "{e}");
     }
 }

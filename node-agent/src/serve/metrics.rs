@@ -1,5 +1,6 @@
 //! `/metrics` in the Prometheus text format: per-tenant counters, queue depth, knobs, latency
-//! histograms by stage (queueing, compute, end to end), batch sizes and SLO attainment.
+//! histograms by stage (queueing, compute, end to end), batch sizes and SLO attainment, and the
+//! bytes requests hold.
 
 use super::AppState;
 use crate::registry::State as TenantState;
@@ -28,6 +29,16 @@ pub async fn render(State(app): State<Arc<AppState>>) -> impl IntoResponse {
 fn text(app: &AppState) -> String {
     let mut out = String::new();
     let entries = app.registry.all();
+    let _ = writeln!(
+        out,
+        "# HELP cotenant_agent_inflight_bytes Bytes requests hold now (bodies, decoded tensors), against --max-inflight-bytes."
+    );
+    let _ = writeln!(out, "# TYPE cotenant_agent_inflight_bytes gauge");
+    let _ = writeln!(
+        out,
+        "cotenant_agent_inflight_bytes {}",
+        app.budget.in_flight()
+    );
     let _ = writeln!(
         out,
         "# HELP cotenant_agent_tenant_state 1 for the state each tenant is in."

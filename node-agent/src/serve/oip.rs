@@ -1,21 +1,31 @@
 //! Open Inference Protocol handlers: health, metadata, readiness and inference.
+//!
+//! An inference request is checked in order, each step before anything is allocated for the
+//! next: the tenant and the caller's token, the declared lengths, then the body (read against
+//! the in-flight budget and its deadline), then the JSON header against the model's signature,
+//! and only then are tensors decoded. Decoding and encoding run on blocking threads, never on
+//! the async workers, and the answer has a deadline too.
 
-use super::codec::{self, InferRequest};
+use super::codec::{self, InferRequest, Signature};
 use super::error::ApiError;
-use super::{AppState, MAX_BODY_BYTES};
+use super::{AppState, MAX_BODY_BYTES, access, body};
 use crate::registry::{Entry, State as TenantState};
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use cotenant_executor::runtime::{Completed, Rejected};
+use cotenant_executor::runtime::{Completed, Rejected, Tenant};
 use cotenant_executor::{OpError, RunError};
 use serde_json::{Value, json};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
 type AppRef = State<Arc<AppState>>;
+type ModelPath = Result<Path<String>, PathRejection>;
+type VersionPath = Result<Path<(String, String)>, PathRejection>;
 
 pub async fn live() -> StatusCode {
     StatusCode::OK
@@ -41,21 +51,10 @@ pub async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
 }
 
-/// The tenant a request names. One that left this agent moments ago is 503 (a client's route to
-/// it is stale and will follow), one never held here 404.
-fn entry(app: &AppState, model: &str) -> Result<Arc<Entry>, ApiError> {
-    app.registry.resolve(model).map_err(|message| {
-        match app.registry.departed(model) {
-            Some(ago) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "model {model:?} moved off this agent {:.0} s ago; retry, the route is being updated",
-                    ago.as_secs_f64()
-                ),
-            ),
-            None => ApiError::new(StatusCode::NOT_FOUND, message),
-        }
-    })
+/// A path that does not decode (bad percent-encoding, not UTF-8) is the client's error.
+fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+    p.map(|Path(v)| v)
+        .map_err(|e| ApiError::bad_request(format!("bad request path: {}", e.body_text())))
 }
 
 /// This agent serves one version of each model, "1"; any other version is unknown.
@@ -72,9 +71,15 @@ fn check_version(model: &str, version: &str) -> Result<(), ApiError> {
 
 pub async fn model_metadata(
     State(app): AppRef,
-    Path(model): Path<String>,
+    model: ModelPath,
+    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let entry = entry(&app, &model)?;
+    let model = path(model)?;
+    metadata(&app, &model, &headers)
+}
+
+fn metadata(app: &AppState, model: &str, headers: &HeaderMap) -> Result<Json<Value>, ApiError> {
+    let entry = access::tenant(app, model, headers)?;
     let (inputs, outputs) = match &entry.state {
         TenantState::Ready {
             inputs, outputs, ..
@@ -92,18 +97,26 @@ pub async fn model_metadata(
 }
 
 pub async fn model_metadata_versioned(
-    state: AppRef,
-    Path((model, version)): Path<(String, String)>,
+    State(app): AppRef,
+    p: VersionPath,
+    headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
+    let (model, version) = path(p)?;
     check_version(&model, &version)?;
-    model_metadata(state, Path(model)).await
+    metadata(&app, &model, &headers)
 }
 
 pub async fn model_ready(
     State(app): AppRef,
-    Path(model): Path<String>,
+    model: ModelPath,
+    headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    let entry = entry(&app, &model)?;
+    let model = path(model)?;
+    readiness(&app, &model, &headers)
+}
+
+fn readiness(app: &AppState, model: &str, headers: &HeaderMap) -> Result<StatusCode, ApiError> {
+    let entry = access::tenant(app, model, headers)?;
     Ok(match entry.state {
         TenantState::Ready { .. } => StatusCode::OK,
         _ => StatusCode::SERVICE_UNAVAILABLE,
@@ -111,98 +124,192 @@ pub async fn model_ready(
 }
 
 pub async fn model_ready_versioned(
-    state: AppRef,
-    Path((model, version)): Path<(String, String)>,
+    State(app): AppRef,
+    p: VersionPath,
+    headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
+    let (model, version) = path(p)?;
     check_version(&model, &version)?;
-    model_ready(state, Path(model)).await
+    readiness(&app, &model, &headers)
 }
 
 pub async fn infer_versioned(
-    state: AppRef,
-    Path((model, version)): Path<(String, String)>,
+    State(app): AppRef,
+    p: VersionPath,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
+    let (model, version) = path(p)?;
     check_version(&model, &version)?;
-    infer(state, Path(model), headers, body).await
+    run(app, &model, headers, body).await
 }
 
 pub async fn infer(
     State(app): AppRef,
-    Path(model): Path<String>,
+    model: ModelPath,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|e| {
-        let status = e.status();
-        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!("request body exceeds {MAX_BODY_BYTES} bytes")
-        } else {
-            e.body_text()
-        };
-        ApiError::new(status, message)
-    })?;
-    let entry = entry(&app, &model)?;
-    let (tenant, outputs_meta) = match &entry.state {
-        TenantState::Ready {
-            tenant, outputs, ..
-        } => (tenant.clone(), outputs),
-        TenantState::Loading => {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("model {model:?} is loading"),
-            ));
-        }
-        TenantState::Failed(reason) => {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("model {model:?} failed to load: {reason}"),
-            ));
-        }
-    };
-    let header_len = headers
-        .get("inference-header-content-length")
-        .map(|v| v.to_str().unwrap_or("invalid"));
-    let (json_part, binary_part) = codec::split_body(&body, header_len)?;
-    let plan_inputs = &tenant.model().plan.inputs;
-    let request = codec::decode_request(json_part, binary_part, |name| {
-        plan_inputs.iter().find(|i| i.name == name).map(|i| i.dtype)
-    })?;
-    for (name, _) in &request.outputs {
-        if !outputs_meta.iter().any(|o| &o.name == name) {
-            return Err(ApiError::bad_request(format!(
-                "unknown output {name:?}; the model's outputs are {:?}",
-                outputs_meta.iter().map(|o| &o.name).collect::<Vec<_>>()
-            )));
-        }
+    let model = path(model)?;
+    run(app, &model, headers, body).await
+}
+
+/// The serving replica of a Ready tenant; other states say why there is none, without the
+/// load error itself (which names where the model lives: it is in the tenant's status).
+fn serving(entry: &Entry, model: &str) -> Result<Arc<Tenant>, ApiError> {
+    match &entry.state {
+        TenantState::Ready { tenant, .. } => Ok(tenant.clone()),
+        TenantState::Loading => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("model {model:?} is loading"),
+        )
+        .retry_after(1)),
+        TenantState::Failed(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "model {model:?} failed to load; the reason is in the tenant's status and the agent's log"
+            ),
+        )),
     }
+}
+
+async fn run(
+    app: Arc<AppState>,
+    model: &str,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let entry = access::tenant(&app, model, &headers)?;
+    let tenant = serving(&entry, model)?;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    let header_len = codec::header_length(
+        headers
+            .get("inference-header-content-length")
+            .map(HeaderValue::as_bytes),
+        declared,
+    )?;
+    let mut reservation = app.budget.open(&entry.name);
+    let body = body::read(
+        body,
+        declared,
+        MAX_BODY_BYTES,
+        started + app.limits.body_timeout,
+        &mut reservation,
+    )
+    .await?;
+
+    let decoding = entry.clone();
+    let (decoded, held) = tokio::task::spawn_blocking(move || {
+        let TenantState::Ready {
+            tenant, outputs, ..
+        } = &decoding.state
+        else {
+            return (
+                Err(ApiError::bad_request("the model is not ready")),
+                reservation,
+            );
+        };
+        let signature = Signature {
+            inputs: &tenant.model().plan.inputs,
+            outputs,
+        };
+        // The room reserved with the body becomes exactly the decoded tensors' bytes; once the
+        // body is gone, only those stay reserved.
+        let body_bytes = body.capacity() as u64;
+        let decoded = codec::decode_request(&body, header_len, &signature, |tensors| {
+            reservation.resize(body_bytes + tensors)
+        });
+        drop(body);
+        reservation.shrink(body_bytes);
+        (decoded, reservation)
+    })
+    .await
+    .map_err(|e| internal("decoding", &e))?;
     let InferRequest {
         id,
         inputs,
         outputs,
         all_binary,
-    } = request;
+    } = decoded?;
 
+    // The inputs' bytes stay reserved until the tenant has run them, even past this deadline.
     let (tx, rx) = tokio::sync::oneshot::channel::<Result<Completed, RunError>>();
     tenant
-        .submit(inputs, Box::new(move |result| drop(tx.send(result))))
+        .submit(
+            inputs,
+            Box::new(move |result| {
+                drop(held);
+                drop(tx.send(result));
+            }),
+        )
         .map_err(rejected)?;
-    let completed = rx
-        .await
-        .map_err(|_| {
-            ApiError::new(
+    let slo = Duration::from_secs_f64(entry.slo_millis.max(0.0) / 1e3);
+    let wait = app.limits.answer_timeout.max(slo.saturating_mul(2));
+    let completed = match tokio::time::timeout_at(started + wait, rx).await {
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("no answer within {} s", wait.as_secs()),
+            )
+            .retry_after(1));
+        }
+        Ok(Err(_)) => {
+            return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the tenant stopped before answering",
-            )
-        })?
-        .map_err(run_failed)?;
-    Ok(respond(&entry.name, id, completed, &outputs, all_binary))
+            ));
+        }
+        Ok(Ok(result)) => result.map_err(|e| run_failed(&entry.name, e))?,
+    };
+
+    let name = entry.name.clone();
+    let (bytes, header_len) = tokio::task::spawn_blocking(move || {
+        codec::encode_response(
+            &name,
+            id.as_deref(),
+            &completed.outputs,
+            &outputs,
+            all_binary,
+        )
+    })
+    .await
+    .map_err(|e| internal("encoding", &e))?
+    .map_err(|e| internal("encoding", &e))?;
+    let mut response = (StatusCode::OK, bytes).into_response();
+    let headers = response.headers_mut();
+    match header_len {
+        None => {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+        Some(len) => {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            headers.insert("inference-header-content-length", HeaderValue::from(len));
+        }
+    }
+    Ok(response)
 }
 
-/// A request that ran and failed: the device's fault is 503 (the instance cannot serve now),
-/// anything else is the request's (400).
-fn run_failed(e: RunError) -> ApiError {
+/// A failure of the agent itself: logged in full, answered without detail.
+fn internal(what: &str, e: &dyn std::fmt::Display) -> ApiError {
+    tracing::error!(error = %e, "{what} a request failed");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("{what} the request failed inside the agent"),
+    )
+}
+
+/// A request that ran and failed: the device's fault is 503 (the instance cannot serve now; the
+/// detail goes to the log), anything else is the request's (400).
+fn run_failed(tenant: &str, e: RunError) -> ApiError {
     let device = matches!(
         e,
         RunError::Device(_)
@@ -212,7 +319,12 @@ fn run_failed(e: RunError) -> ApiError {
             }
     );
     if device {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        tracing::warn!(tenant, error = %e, "the device failed a request");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the device could not run this request now; retry",
+        )
+        .retry_after(1)
     } else {
         ApiError::bad_request(e.to_string())
     }
@@ -225,60 +337,4 @@ fn rejected(r: Rejected) -> ApiError {
         Rejected::Closed => StatusCode::SERVICE_UNAVAILABLE,
     };
     ApiError::new(status, r.to_string())
-}
-
-fn respond(
-    model: &str,
-    id: Option<String>,
-    completed: Completed,
-    requested: &[(String, bool)],
-    all_binary: bool,
-) -> Response {
-    let mut outputs = Vec::new();
-    let mut tail: Vec<u8> = Vec::new();
-    for (name, tensor) in &completed.outputs {
-        let binary = if requested.is_empty() {
-            all_binary
-        } else {
-            match requested.iter().find(|(n, _)| n == name) {
-                Some((_, binary)) => *binary || all_binary,
-                None => continue,
-            }
-        };
-        let (json, bytes) = codec::encode_output(name, tensor, binary);
-        outputs.push(json);
-        if let Some(bytes) = bytes {
-            tail.extend(bytes);
-        }
-    }
-    let mut body = json!({ "model_name": model, "model_version": "1", "outputs": outputs });
-    if let Some(id) = id {
-        body["id"] = json!(id);
-    }
-    let header = body.to_string().into_bytes();
-    if tail.is_empty() {
-        return (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            header,
-        )
-            .into_response();
-    }
-    let header_len = header.len();
-    let mut bytes = header;
-    bytes.extend(tail);
-    let mut response = (StatusCode::OK, bytes).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    headers.insert(
-        "inference-header-content-length",
-        HeaderValue::from(header_len),
-    );
-    response
 }

@@ -5,6 +5,7 @@
 
 use super::error::ApiError;
 use super::{AppState, ReportAuth};
+use crate::credentials::constant_time_eq;
 use crate::registry::State as TenantState;
 use axum::Json;
 use axum::extract::State;
@@ -110,9 +111,4 @@ pub async fn render(
         })
         .collect();
     Ok(Json(json!({ "tenants": tenants })))
-}
-
-/// Compares without leaking where the first difference is.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

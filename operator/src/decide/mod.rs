@@ -277,6 +277,8 @@ pub fn decide_pool(
                 slo: t.spec.slo.clone(),
                 knobs: spec_knobs(*knobs),
                 profile: profile.map(spec_knobs),
+                // Resolved from the tenant's Secret after deciding (`crate::credentials`).
+                credentials: None,
             });
     }
     for p in &plan.hold_until_replaced {

@@ -1,9 +1,12 @@
 //! The agent in Kubernetes mode as a host process with the chart's agent ServiceAccount identity
-//! (not admin): it serves its GpuAgent's assignments (file:// and http:// models), marks a broken
-//! one Failed, writes its status, follows knob changes and removals, profiles on request, lets
-//! only the operator's ServiceAccount (exactly: namespace and name) read `/report`, and keeps
-//! serving through an API server outage.
+//! (not admin): it serves its GpuAgent's assignments (file:// under its model root and http://
+//! models), marks a broken one Failed, refuses models outside its root and downloads from
+//! loopback, writes its status, follows knob changes and removals, profiles on request, lets
+//! only the operator's ServiceAccount (exactly: namespace and name) read `/report`, serves
+//! `/metrics` on the admin port only, requires a guarded tenant's token (following its
+//! rotation), and keeps serving through an API server outage.
 
+use cotenant_e2e::agents::host_ip;
 use cotenant_e2e::cluster::{checked, free_port};
 use cotenant_e2e::http::http_post_json;
 use cotenant_e2e::process::{Lifetime, Process};
@@ -32,10 +35,10 @@ impl Drop for Release<'_> {
     }
 }
 
-/// Serves `file` to every GET on a loopback port, from a background thread; returns the URL.
-fn serve_file(file: &Path) -> String {
+/// Serves `file` to every GET on a port of `ip`, from a background thread; returns the URL.
+fn serve_file(file: &Path, ip: &str) -> String {
     let bytes = std::fs::read(file).expect("model file");
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let listener = std::net::TcpListener::bind((ip, 0)).expect("bind");
     let url = format!(
         "http://{}/models/bert.onnx",
         listener.local_addr().expect("addr")
@@ -160,16 +163,20 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         .status()
         .expect("zoo runs");
     assert!(zoo.success(), "zoo bert failed");
-    let url = serve_file(&model);
+    // Models come over a non-loopback address: a Kubernetes-mode agent refuses loopback.
+    let url = serve_file(&model, &host_ip());
+    let loopback_url = serve_file(&model, "127.0.0.1");
     let sha = sha256_hex(&model);
 
     let file_uri = format!("file://{}", model.display());
     let missing_uri = format!("file://{}", dir.join("missing.onnx").display());
     let manifest = format!(
-        "apiVersion: cotenant.dev/v1alpha1\nkind: GpuAgent\nmetadata:\n  name: agent-0\n  namespace: {n}\nspec:\n  pool: p\n  assignments:\n{}{}{}",
+        "apiVersion: cotenant.dev/v1alpha1\nkind: GpuAgent\nmetadata:\n  name: agent-0\n  namespace: {n}\nspec:\n  pool: p\n  assignments:\n{}{}{}{}{}",
         assignment(n, "bert", &file_uri, "") + "    profile: {batchSize: 2, instances: 2}\n",
         assignment(n, "broken", &missing_uri, ""),
         assignment(n, "web", &url, &format!(", sha256: \"{sha}\"")),
+        assignment(n, "escape", "file:///dev/zero", ""),
+        assignment(n, "loop", &loopback_url, &format!(", sha256: \"{sha}\"")),
     );
     cp.kubectl_apply(&manifest).expect("GpuAgent created");
 
@@ -202,6 +209,8 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         "--threads",
         "2",
     ])
+    .arg("--model-root")
+    .arg(&dir)
     .env("KUBECONFIG", &kubeconfig)
     .env("POD_NAME", "agent-0")
     .env("POD_NAMESPACE", n)
@@ -263,6 +272,8 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         if state("bert") == Some("Ready".into())
             && state("web") == Some("Ready".into())
             && state("broken") == Some("Failed".into())
+            && state("escape") == Some("Failed".into())
+            && state("loop") == Some("Failed".into())
             && ready == Some("True".into())
         {
             Ok(s)
@@ -286,6 +297,12 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     let broken = tenant(&status, n, "broken").expect("broken tenant");
     let error = broken["error"].as_str().unwrap_or_default();
     assert!(error.contains("missing.onnx"), "{broken}");
+    // Outside the model root, and a download from loopback: refused, with the reason.
+    for (name, says) in [("escape", "not under a model volume"), ("loop", "loopback")] {
+        let t = tenant(&status, n, name).expect("tenant");
+        let error = t["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{name}: {t}");
+    }
     let bert = tenant(&status, n, "bert").expect("bert tenant");
     assert_eq!(
         bert["knobs"],
@@ -318,6 +335,16 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     let (code, answer) =
         http_post_json(&addr, &format!("/v2/models/{n}.broken/infer"), request).expect("infer");
     assert_eq!(code, 503, "{answer}");
+    // The caller is not told where the model was looked for.
+    assert!(
+        !answer.contains("missing.onnx") && !answer.contains(&*dir.to_string_lossy()),
+        "{answer}"
+    );
+    // /metrics: on the admin port, which the chart's NetworkPolicy closes, not the inference one.
+    assert_eq!(http_get(&addr, "/metrics").expect("metrics").0, 404);
+    let (code, metrics) = http_get(&admin, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert!(metrics.contains("cotenant_agent_tenant_state"), "{metrics}");
     // The missing file appears: the agent's retries (10 s, 20 s, 40 s, ...) load it later.
     std::fs::copy(&model, dir.join("missing.onnx")).expect("copy the model");
 
@@ -606,6 +633,83 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         },
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+
+    // A guarded tenant: callers need one of the tokens whose digests its assignment carries,
+    // and a new digest list applies to the next request.
+    let token = "d3b07384d113edec49eaa6238ad5ff00d3b07384d113edec49eaa6238ad5ff00";
+    let next_token = "c157a79031e1c40f85931829bc5fc552c157a79031e1c40f85931829bc5fc552";
+    let digest = |t: &str| {
+        cotenant_crds::credentials::hex(&cotenant_crds::credentials::digest(t.as_bytes()))
+    };
+    patch(
+        cp,
+        n,
+        &format!(
+            r#"[{{"op":"add","path":"/spec/assignments/-","value":{{"tenant":{{"namespace":"{n}","name":"guarded","uid":"uid-guarded"}},"model":{{"uri":"{file_uri}"}},"slo":{{"latencyMillis":5000,"percentile":99}},"knobs":{{"batchSize":1,"instances":1}},"credentials":{{"tokenSha256":["{}"]}}}}}}]"#,
+            digest(token)
+        ),
+    );
+    let guarded = format!("/v2/models/{n}.guarded/infer");
+    let with = |t: &str| format!("Bearer {t}");
+    let infer_as = |bearer: Option<&str>| {
+        let headers: Vec<(&str, &str)> = bearer
+            .map(|b| vec![("Authorization", b)])
+            .unwrap_or_default();
+        cotenant_e2e::http::http_post(&addr, &guarded, &headers, request.as_bytes())
+            .expect("an answer")
+    };
+    poll(
+        "the guarded tenant serving its caller",
+        Duration::from_secs(120),
+        || match infer_as(Some(&with(token))) {
+            r if r.status == 200 => Ok(()),
+            r => Err(format!("{} {}", r.status, r.text())),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+    for bearer in [None, Some(with(next_token))] {
+        let r = infer_as(bearer.as_deref());
+        assert_eq!(r.status, 401, "{}", r.text());
+    }
+    let (code, _) = http_get(&addr, &format!("/v2/models/{n}.guarded")).expect("metadata");
+    assert_eq!(code, 401);
+    let names = cp
+        .kubectl_ok(&[
+            "get",
+            "gpuagent",
+            "agent-0",
+            "-n",
+            n,
+            "-o",
+            "jsonpath={.spec.assignments[*].tenant.name}",
+        ])
+        .expect("the assignments");
+    let index = names
+        .split_whitespace()
+        .position(|t| t == "guarded")
+        .expect("the guarded assignment");
+    patch(
+        cp,
+        n,
+        &format!(
+            r#"[{{"op":"replace","path":"/spec/assignments/{index}/credentials","value":{{"tokenSha256":["{}"]}}}}]"#,
+            digest(next_token)
+        ),
+    );
+    poll(
+        "the rotated token",
+        Duration::from_secs(60),
+        || match infer_as(Some(&with(next_token))) {
+            r if r.status == 200 => Ok(()),
+            r => Err(format!("{} {}", r.status, r.text())),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+    assert_eq!(
+        infer_as(Some(&with(token))).status,
+        401,
+        "the old token still works"
+    );
 
     // SIGTERM: the agent drains and exits.
     agent.stop();

@@ -1,5 +1,6 @@
-//! The API as the API server enforces it: examples accepted, invalid objects rejected with a
-//! message naming the field, docs in `kubectl explain`, and the printer columns.
+//! The API as the API server enforces it: examples accepted (their standalone-only relative
+//! model paths refused), invalid objects rejected with a message naming the field, docs in
+//! `kubectl explain`, and the printer columns.
 
 use cotenant_e2e::{TestNamespace, install_crds};
 
@@ -9,7 +10,7 @@ metadata:
   name: t
 spec:
   model:
-    uri: file://models/m.onnx
+    uri: file:///models/m.onnx
   slo:
     latencyMillis: 50
 ";
@@ -43,12 +44,18 @@ fn cases() -> Vec<Case> {
         Case { rule: "percentile >= 50", manifest: tenant(("latencyMillis: 50", "latencyMillis: 50\n    percentile: 30")), expect: &["spec.slo.percentile", "greater than or equal to 50"] },
         Case { rule: "percentile <= 99.99", manifest: tenant(("latencyMillis: 50", "latencyMillis: 50\n    percentile: 99.995")), expect: &["spec.slo.percentile", "percentile must be at most 99.99"] },
         Case { rule: "slo required", manifest: tenant((slo, "")), expect: &["spec.slo", "Required"] },
-        Case { rule: "uri required", manifest: tenant(("    uri: file://models/m.onnx\n", "    format: onnx\n")), expect: &["spec.model.uri", "Required"] },
-        Case { rule: "uri scheme ftp", manifest: tenant(("file://models/m.onnx", "ftp://host/m.onnx")), expect: &["spec.model.uri", "should match"] },
-        Case { rule: "uri scheme s3", manifest: tenant(("file://models/m.onnx", "s3://bucket/m.onnx")), expect: &["spec.model.uri"] },
-        Case { rule: "sha256 length", manifest: tenant(("    uri: file://models/m.onnx\n", "    uri: file://models/m.onnx\n    sha256: abc123\n")), expect: &["spec.model.sha256"] },
-        Case { rule: "sha256 hex", manifest: tenant(("    uri: file://models/m.onnx\n", &format!("    uri: file://models/m.onnx\n    sha256: {}\n", "z".repeat(64)))), expect: &["spec.model.sha256"] },
-        Case { rule: "format enum", manifest: tenant(("    uri: file://models/m.onnx\n", "    uri: file://models/m.onnx\n    format: tensorflow\n")), expect: &["spec.model.format", "Unsupported value"] },
+        Case { rule: "uri required", manifest: tenant(("    uri: file:///models/m.onnx\n", "    format: onnx\n")), expect: &["spec.model.uri", "Required"] },
+        Case { rule: "uri scheme ftp", manifest: tenant(("file:///models/m.onnx", "ftp://host/m.onnx")), expect: &["spec.model.uri", "should match"] },
+        Case { rule: "uri scheme s3", manifest: tenant(("file:///models/m.onnx", "s3://bucket/m.onnx")), expect: &["spec.model.uri"] },
+        Case { rule: "sha256 length", manifest: tenant(("    uri: file:///models/m.onnx\n", "    uri: file:///models/m.onnx\n    sha256: abc123\n")), expect: &["spec.model.sha256"] },
+        Case { rule: "sha256 hex", manifest: tenant(("    uri: file:///models/m.onnx\n", &format!("    uri: file:///models/m.onnx\n    sha256: {}\n", "z".repeat(64)))), expect: &["spec.model.sha256"] },
+        Case { rule: "format enum", manifest: tenant(("    uri: file:///models/m.onnx\n", "    uri: file:///models/m.onnx\n    format: tensorflow\n")), expect: &["spec.model.format", "Unsupported value"] },
+        Case { rule: "relative file:// in a cluster", manifest: tenant(("file:///models/m.onnx", "file://models/m.onnx")), expect: &["spec.model.uri", "standalone mode only"] },
+        Case { rule: "https without sha256", manifest: tenant(("file:///models/m.onnx", "https://models.example/m.onnx")), expect: &["spec.model.sha256", "needs spec.model.sha256"] },
+        Case { rule: "http without sha256", manifest: tenant(("file:///models/m.onnx", "http://models.example/m.onnx")), expect: &["spec.model.sha256", "needs spec.model.sha256"] },
+        Case { rule: "http with a null sha256", manifest: tenant(("    uri: file:///models/m.onnx\n", "    uri: http://models.example/m.onnx\n    sha256: null\n")), expect: &["spec.model.sha256"] },
+        Case { rule: "credentials Secret name", manifest: tenant((slo, &format!("{slo}  credentials:\n    secretRef:\n      name: Not_A_Name\n"))), expect: &["spec.credentials.secretRef.name"] },
+        Case { rule: "credentials without a Secret", manifest: tenant((slo, &format!("{slo}  credentials: {{}}\n"))), expect: &["spec.credentials.secretRef", "Required"] },
         Case { rule: "approach enum", manifest: scaling("    approach: Fastest\n"), expect: &["spec.scaling.approach", "Unsupported value"] },
         Case { rule: "maxBatchSize >= 1", manifest: scaling("    maxBatchSize: 0\n"), expect: &["spec.scaling.maxBatchSize"] },
         Case { rule: "maxBatchSize <= 1024", manifest: scaling("    maxBatchSize: 5000\n"), expect: &["spec.scaling.maxBatchSize"] },
@@ -115,18 +122,38 @@ fn examples_are_accepted_defaulted_and_shown() {
         .kubectl_ok(&[
             "apply",
             "--validate=strict",
-            "-R",
-            "-n",
-            &ns.name,
             "-f",
-            &examples.to_string_lossy(),
+            &examples.join("pools").to_string_lossy(),
         ])
-        .expect("examples are accepted");
+        .expect("the example pool is accepted");
+    assert!(out.contains("gpupool.cotenant.dev/h200"), "{out}");
+    // The example tenants name their models relative to their files, for standalone mode; a
+    // cluster refuses that, and takes them with the path under a model volume instead.
+    let mut out = String::new();
+    for name in ["resnet50", "mobilenet-v2", "bert-encoder"] {
+        let file = examples.join(format!("{name}.yaml"));
+        let text = std::fs::read_to_string(&file).expect("example");
+        assert!(text.contains("file://models/"), "{}", file.display());
+        let apply = ["apply", "--validate=strict", "-n", &ns.name, "-f", "-"];
+        let refused = cp.kubectl_stdin(&apply, &text).expect("kubectl runs");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && stderr.contains("spec.model.uri"),
+            "{name}: {stderr}"
+        );
+        let in_cluster = text.replace("file://models/", "file:///models/");
+        let accepted = cp.kubectl_stdin(&apply, &in_cluster).expect("kubectl runs");
+        assert!(
+            accepted.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&accepted.stderr)
+        );
+        out.push_str(&String::from_utf8_lossy(&accepted.stdout));
+    }
     assert!(
         out.contains("modeltenant.cotenant.dev/resnet50 created"),
         "{out}"
     );
-    assert!(out.contains("gpupool.cotenant.dev/h200"), "{out}");
 
     // The API server filled in the defaults.
     let percentile = cp

@@ -152,7 +152,7 @@ fn helm_install_upgrade_uninstall() {
     assert_eq!(pool_ns, n, "agents default to the release namespace");
 
     // A tenant created while installed must survive the uninstall (the CRDs stay).
-    let tenant = "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: keep\nspec:\n  model:\n    uri: https://models.example/m.onnx\n  slo:\n    latencyMillis: 20\n";
+    let tenant = "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: keep\nspec:\n  model:\n    uri: https://models.example/m.onnx\n    sha256: \"0000000000000000000000000000000000000000000000000000000000000000\"\n  slo:\n    latencyMillis: 20\n";
     let out = cp
         .kubectl_stdin(&["apply", "-n", n, "-f", "-"], tenant)
         .expect("kubectl");

@@ -1,7 +1,8 @@
 //! The mission end to end on the real control plane (`cargo xtask e2e`): `helm install`, tenants
 //! with SLOs become Ready and serve through their EndpointSlices, a tighter SLO under load grows
 //! the pool until a new GPU node joins, a looser one without load shrinks it, agents and the operator die and the
-//! system recovers, deletion cleans up, and bad references say why without disturbing others.
+//! system recovers, deletion cleans up, bad references say why without disturbing others, and
+//! a tenant's Secret decides who may call it.
 //!
 //! The operator runs as a host process with the chart's ServiceAccount identity (not admin);
 //! agents run as host processes for the pods kwok marks Running (`cotenant_e2e::agents`).
@@ -172,7 +173,13 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     let missing = steps::serve_404();
     let not_onnx = models.write_text("not-onnx.onnx", "this is not a model");
     c.apply_tenant_in_pool("lost", &models.uri("squeezenet"), 400.0, "", "no-such-pool");
-    c.apply_tenant("gone", &missing, 400.0, "");
+    // A download needs a sha256 (admission refuses one without); the URL answers 404 first.
+    c.apply_tenant(
+        "gone",
+        &format!("{missing}\n    sha256: \"{}\"", "0".repeat(64)),
+        400.0,
+        "",
+    );
     c.apply_tenant("text", &format!("file://{}", not_onnx.display()), 400.0, "");
     c.apply_tenant("huge", &models.uri("vgg16"), 4000.0, "");
     for (t, reason, says) in [
@@ -188,6 +195,52 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     c.all_ready(&["sq", "rn"])
         .expect("the good tenants kept serving");
     c.infer_through_slice("rn", &models.path("resnet18"));
+
+    // 7. A tenant whose callers need a token from its Secret: tritonclient with the token is
+    //    served, a caller without one gets 401; a rotated Secret applies within seconds, and a
+    //    deleted one shuts every caller out with an Event saying why.
+    let token = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    let rotated = "60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752";
+    c.set_token_secret("callers", &[token]);
+    c.apply_tenant(
+        "guarded",
+        &models.uri("squeezenet"),
+        400.0,
+        "  credentials:\n    secretRef:\n      name: callers\n",
+    );
+    c.step("guarded Ready", 240, || c.all_ready(&["guarded"]));
+    c.step("guarded answers its token", 60, || {
+        match c.metadata_status("guarded", Some(token))? {
+            200 => Ok(()),
+            code => Err(code.to_string()),
+        }
+    });
+    c.infer_through_slice_with_token("guarded", &models.path("squeezenet"), Some(token));
+    assert_eq!(c.metadata_status("guarded", None), Ok(401));
+    c.set_token_secret("callers", &[rotated]);
+    c.step(
+        "the rotated token accepted, the old one refused",
+        60,
+        || match (
+            c.metadata_status("guarded", Some(rotated))?,
+            c.metadata_status("guarded", Some(token))?,
+        ) {
+            (200, 401) => Ok(()),
+            codes => Err(format!("{codes:?}")),
+        },
+    );
+    c.delete_secret("callers");
+    c.step("every caller refused without the Secret", 60, || {
+        match c.metadata_status("guarded", Some(rotated))? {
+            401 => Ok(()),
+            code => Err(code.to_string()),
+        }
+    });
+    let events = c.events_of("guarded");
+    assert!(
+        events.contains("CredentialsUnavailable"),
+        "the tenant is told why:\n{events}"
+    );
     c.report_steps();
 }
 

@@ -68,7 +68,10 @@ impl Cluster {
             "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  minAgents: 0\n  maxAgents: 3\n  scaleDownDelaySeconds: 10\n  gpuMemoryMiB: {GPU_MEMORY_MIB}\n  template:\n    image: cotenant/agent:test\n    serviceAccountName: cotenant-agent\n"
         ))
         .expect("pool");
-        let agents = AgentHost::start(cp, workspace_binary("cotenant-agent"), 1);
+        // The agents' model volume: where `zoo` writes the models.
+        let model_root = cp.dir.join(format!("models-{ns}"));
+        std::fs::create_dir_all(&model_root).expect("models dir");
+        let agents = AgentHost::start(cp, workspace_binary("cotenant-agent"), 1, model_root);
         let mut c = Cluster {
             _namespace: test_ns,
             cp,
@@ -331,6 +334,44 @@ impl Cluster {
 
     /// Sends inference with tritonclient to the first address of the tenant's EndpointSlices.
     pub fn infer_through_slice(&self, tenant: &str, file: &Path) {
+        self.infer_through_slice_with_token(tenant, file, None)
+    }
+
+    /// Creates or replaces Secret `name` with `tokens` (one per line) under the key `token`.
+    pub fn set_token_secret(&self, name: &str, tokens: &[&str]) {
+        let value = tokens.join("\n");
+        self.cp
+            .kubectl_apply(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  namespace: {ns}\nstringData:\n  token: \"{value}\"\n",
+                ns = self.ns,
+                value = value.replace('\n', "\\n")
+            ))
+            .unwrap_or_else(|e| panic!("Secret {name}: {e}"));
+    }
+
+    pub fn delete_secret(&self, name: &str) {
+        self.cp
+            .kubectl_ok(&["delete", "secret", name, "-n", &self.ns])
+            .unwrap_or_else(|e| panic!("delete Secret {name}: {e}"));
+    }
+
+    /// The status code of the tenant's metadata through its EndpointSlice, presenting `token`.
+    pub fn metadata_status(&self, tenant: &str, token: Option<&str>) -> Result<u16, String> {
+        let addresses = slice_addresses(self.cp, &self.ns, tenant);
+        let address = addresses
+            .first()
+            .ok_or_else(|| format!("{tenant} has no EndpointSlice address"))?;
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = bearer
+            .as_deref()
+            .map(|b| vec![("Authorization", b)])
+            .unwrap_or_default();
+        let path = format!("/v2/models/{}.{tenant}", self.ns);
+        cotenant_e2e::http_get_with(address, &path, &headers).map(|(code, _)| code)
+    }
+
+    /// tritonclient through the tenant's EndpointSlice, presenting `token` when given.
+    pub fn infer_through_slice_with_token(&self, tenant: &str, file: &Path, token: Option<&str>) {
         let addresses = slice_addresses(self.cp, &self.ns, tenant);
         let Some(address) = addresses.first() else {
             panic!("{tenant} has no EndpointSlice address");
@@ -348,6 +389,7 @@ impl Cluster {
             ])
             .arg("--file")
             .arg(file)
+            .args(token.map(|t| ["--token", t]).into_iter().flatten())
             .output()
             .expect("python");
         assert!(
@@ -565,8 +607,9 @@ fn slice_addresses(cp: &ControlPlane, ns: &str, tenant: &str) -> Vec<String> {
     addresses
 }
 
+/// A URL that answers 404, on an address agents may download from (not loopback).
 pub fn serve_404() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let listener = std::net::TcpListener::bind((cotenant_e2e::agents::host_ip(), 0)).expect("bind");
     let url = format!(
         "http://{}/models/missing.onnx",
         listener.local_addr().expect("addr")

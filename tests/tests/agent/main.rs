@@ -1,5 +1,10 @@
 //! The standalone agent against real clients: tritonclient and onnxruntime (via
-//! `tests/python/oip_client.py`), bad requests, failed tenants, metrics and the report.
+//! `tests/python/oip_client.py`), bad requests, failed tenants, metrics and the report;
+//! hostile requests and memory under them (`requests`); who may call a tenant, what errors tell
+//! callers, and where models may come from (`access`).
+
+mod access;
+mod requests;
 
 use cotenant_e2e::cluster::free_port;
 use cotenant_e2e::process::{Lifetime, Process};
@@ -18,6 +23,26 @@ fn tenant_yaml(name: &str, uri: &str, extra: &str) -> String {
     format!(
         "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: {name}\nspec:\n  model:\n    uri: {uri}\n{extra}  slo:\n    latencyMillis: 5000\n"
     )
+}
+
+/// A fresh scratch directory for one test, with a `models` folder and the report `token`.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cotenant-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("models")).expect("scratch dir");
+    std::fs::write(dir.join("token"), "s3cret\n").expect("token");
+    dir
+}
+
+/// Writes `tests/python/wide_model.py`'s model (`x` FP32 [n, width] → `y` [n]) to `out`.
+fn wide_model(python: &Path, out: &Path, width: usize) {
+    let status = Command::new(python)
+        .arg(TestNamespace::repo_root().join("tests/python/wide_model.py"))
+        .arg(out)
+        .arg(width.to_string())
+        .status()
+        .expect("python runs");
+    assert!(status.success(), "wide_model.py failed");
 }
 
 fn zoo(agent: &Path, models: &Path, name: &str, file: &str, extra: &[&str]) {

@@ -1,0 +1,117 @@
+//! Tensors in and out of the Open Inference Protocol (KServe v2) REST encoding: JSON tensors
+//! (flat or nested row-major data) and the binary tensor extension (`binary_data_size`, with the
+//! JSON header length in `Inference-Header-Content-Length`). A request is checked against the
+//! model's signature before any tensor is decoded, and decoded straight into typed buffers.
+
+mod decode;
+mod encode;
+
+pub use decode::{InferRequest, Signature, decode_request, header_length};
+pub use encode::encode_response;
+
+use super::error::ApiError;
+use cotenant_executor::DType;
+
+/// Elements one tensor may have (256 Mi): a bound on what a request can make us allocate.
+pub const MAX_ELEMENTS: usize = 1 << 28;
+
+/// The wire datatypes this agent reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireType {
+    Bool,
+    U8,
+    I8,
+    I32,
+    I64,
+    F16,
+    F32,
+    F64,
+}
+
+impl WireType {
+    pub fn parse(s: &str) -> Result<WireType, ApiError> {
+        Ok(match s {
+            "BOOL" => WireType::Bool,
+            "UINT8" => WireType::U8,
+            "INT8" => WireType::I8,
+            "INT32" => WireType::I32,
+            "INT64" => WireType::I64,
+            "FP16" => WireType::F16,
+            "FP32" => WireType::F32,
+            "FP64" => WireType::F64,
+            "BYTES" | "BF16" | "UINT16" | "UINT32" | "UINT64" | "INT16" => {
+                return Err(ApiError::bad_request(format!(
+                    "datatype {s} is not supported by this server"
+                )));
+            }
+            other => return Err(ApiError::bad_request(format!("unknown datatype {other:?}"))),
+        })
+    }
+
+    /// Bytes of one element on the wire.
+    fn size(self) -> usize {
+        match self {
+            WireType::Bool | WireType::U8 | WireType::I8 => 1,
+            WireType::F16 => 2,
+            WireType::I32 | WireType::F32 => 4,
+            WireType::I64 | WireType::F64 => 8,
+        }
+    }
+
+    /// The executor dtype it decodes to (FP16 is widened to FP32, the only float the executor
+    /// computes in).
+    fn dtype(self) -> DType {
+        match self {
+            WireType::Bool => DType::Bool,
+            WireType::U8 => DType::U8,
+            WireType::I8 => DType::I8,
+            WireType::I32 => DType::I32,
+            WireType::I64 => DType::I64,
+            WireType::F16 | WireType::F32 => DType::F32,
+            WireType::F64 => DType::F64,
+        }
+    }
+}
+
+/// Bytes of one element of an executor dtype in memory.
+fn dtype_size(dtype: DType) -> usize {
+    match dtype {
+        DType::Bool | DType::U8 | DType::I8 => 1,
+        DType::I32 | DType::F32 => 4,
+        DType::I64 | DType::F64 => 8,
+    }
+}
+
+/// The wire name of an executor dtype.
+pub fn wire_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "FP32",
+        DType::F64 => "FP64",
+        DType::I64 => "INT64",
+        DType::I32 => "INT32",
+        DType::I8 => "INT8",
+        DType::U8 => "UINT8",
+        DType::Bool => "BOOL",
+    }
+}
+
+/// IEEE 754 half to single precision.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let frac = u32::from(h & 0x3ff);
+    let bits = match (exp, frac) {
+        (0, 0) => sign,
+        (0, f) => {
+            // Subnormal: normalise.
+            let shift = f.leading_zeros() - 21;
+            sign | ((127 - 15 - shift + 1) << 23) | ((f << shift) & 0x3ff) << 13
+        }
+        (0x1f, f) => sign | 0x7f80_0000 | (f << 13),
+        (e, f) => sign | ((e + 127 - 15) << 23) | (f << 13),
+    };
+    f32::from_bits(bits)
+}
+
+#[cfg(test)]
+mod tests;
