@@ -3,7 +3,7 @@
 torchvision resnet50 / mobilenet_v2 (weights=None) and a transformers BertModel (BertConfig
 defaults, random init, seq 128), fp32, batch 1 and 8. Prints a markdown table (ms).
 
-    python torch_eager.py [--iters 20] [--tf32]
+    python torch_eager.py [--iters 20] [--tf32] [--json FILE]
 
 Needs torch with CUDA, torchvision and transformers; no network (no weights are downloaded).
 Exits 2 when there is no CUDA device.
@@ -19,6 +19,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--tf32", action="store_true", help="allow TF32 matmuls/convolutions (off: fp32)")
+    ap.add_argument("--json", help="also write [{model, batch, p50, p99}] here (ms)")
     args = ap.parse_args()
 
     import torch
@@ -48,6 +49,7 @@ def main():
 
     print(f"## PyTorch eager on {torch.cuda.get_device_name(0)} (torch {torch.__version__}, "
           f"TF32 {'on' if args.tf32 else 'off'}; ms, {args.iters} runs after 3 warm-ups)\n")
+    rows = []
     print("| model | batch | p50 | p99 | mean |")
     print("|---|---|---|---|---|")
     for name, model, kind in models:
@@ -69,8 +71,14 @@ def main():
             times.sort()
             p = lambda q: times[round((len(times) - 1) * q)]
             print(f"| {name} | {batch} | {p(0.5):.2f} | {p(0.99):.2f} | {statistics.mean(times):.2f} |")
+            rows.append({"model": name, "batch": batch, "p50": p(0.5), "p99": p(0.99)})
         del model
         torch.cuda.empty_cache()
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(rows, f)
     return 0
 
 

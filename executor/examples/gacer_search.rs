@@ -6,9 +6,13 @@
 //! cargo run --release -p cotenant-executor --example gacer_search -- [--duration SECS] [--threads N] [--device cpu|auto|cuda]
 //! ```
 //!
-//! On a GPU the mixes are the ones `device-check` reports: resnet50 + bert + mobilenet_v2,
-//! vgg16 + resnet18 and 4 × mobilenet_v2, at batch 1.
+//! On a GPU the mixes are the ones `device-check` reports: resnet50 + bert + mobilenet_v2 at
+//! batch 1, 4 and 8, vgg16 + resnet18 and 4 × mobilenet_v2 at batch 1, each with the GPU's
+//! utilisation during every schedule (sampled through `nvidia-smi`, NVML's command-line client,
+//! where it exists) and the per-step timeline of one GACER round: which steps of one tenant ran
+//! while which steps of the others did. `--device sim` runs the GPU flow on the simulated device.
 
+use cotenant_executor::gacer::run::{TraceEvent, TraceKind};
 use cotenant_executor::gacer::{
     CoRunOptions, CoRunReport, DeviceShape, MixTenant, ModelProfile, Schedule, SearchOptions, Stop,
     TenantWork, co_run, search,
@@ -178,6 +182,86 @@ fn unregulated_makespan(mix: &[MixTenant], device: &DeviceShape) -> f64 {
         .map_or(f64::NAN, |p| p.makespan)
 }
 
+/// GPU utilisation sampled every 100 ms by `nvidia-smi` while a schedule runs.
+struct Utilisation {
+    child: Option<std::process::Child>,
+}
+
+impl Utilisation {
+    fn start(gpu: bool) -> Utilisation {
+        let child = gpu
+            .then(|| {
+                std::process::Command::new("nvidia-smi")
+                    .args([
+                        "--query-gpu=utilization.gpu",
+                        "--format=csv,noheader,nounits",
+                        "-lms",
+                        "100",
+                    ])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .ok()
+            })
+            .flatten();
+        Utilisation { child }
+    }
+
+    /// Mean utilisation in percent over the samples, if any were taken.
+    fn stop(self) -> Option<f64> {
+        let mut child = self.child?;
+        let _ = child.kill();
+        let out = child.wait_with_output().ok()?;
+        let samples: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        (!samples.is_empty()).then(|| samples.iter().sum::<f64>() / samples.len() as f64)
+    }
+}
+
+/// Which steps of each tenant ran while another tenant's steps ran, from one round's trace.
+fn print_timeline(trace: &[TraceEvent], tenants: &[TenantWork]) {
+    let mut running: Vec<(usize, usize)> = Vec::new();
+    // Per (tenant, step): the other tenants' steps seen running alongside it.
+    let mut alongside: std::collections::BTreeMap<(usize, usize), Vec<(usize, usize)>> =
+        Default::default();
+    for e in trace {
+        let me = (e.step.tenant, e.step.step);
+        match e.kind {
+            TraceKind::Start => {
+                for &other in &running {
+                    if other.0 != me.0 {
+                        alongside.entry(me).or_default().push(other);
+                        alongside.entry(other).or_default().push(me);
+                    }
+                }
+                running.push(me);
+            }
+            TraceKind::Finish => running.retain(|&r| r != me),
+        }
+    }
+    let steps: usize = tenants.iter().map(|t| t.model.plan.steps.len()).sum();
+    println!(
+        "Timeline of one GACER round: {} of {steps} steps ran alongside another tenant's.\n",
+        alongside.len()
+    );
+    println!("| tenant | step | op | ran alongside (tenant:step) |");
+    println!("|---|---|---|---|");
+    for ((t, s), others) in alongside.iter().take(40) {
+        let mut others = others.clone();
+        others.sort();
+        others.dedup();
+        let list: Vec<String> = others.iter().map(|(o, os)| format!("{o}:{os}")).collect();
+        println!(
+            "| {t} | {s} | {} | {} |",
+            tenants[*t].model.plan.steps[*s].op.name(),
+            list.join(" ")
+        );
+    }
+    println!();
+}
+
 fn compare(
     zoo: &mut Zoo,
     a: &Args,
@@ -248,8 +332,11 @@ fn compare(
         names.push("gacer-h200");
     }
     let mut reports: Vec<CoRunReport> = Vec::new();
+    let mut utilisation = Vec::new();
     for s in &schedules {
+        let sampler = Utilisation::start(a.device.is_gpu());
         reports.push(co_run(&tenants, s, &opts)?);
+        utilisation.push(sampler.stop());
     }
     print!("| tenant |");
     for n in &names {
@@ -278,6 +365,26 @@ fn compare(
         .map(|(n, r)| format!("{n} {:.2}x", r.throughput() / base))
         .collect();
     println!("\nThroughput vs multi-stream: {}.\n", ratios.join(", "));
+    if a.device.is_gpu() {
+        let util: Vec<String> = names
+            .iter()
+            .zip(&utilisation)
+            .map(|(n, u)| match u {
+                Some(u) => format!("{n} {u:.0}%"),
+                None => format!("{n} n/a"),
+            })
+            .collect();
+        println!("GPU utilisation (nvidia-smi): {}.\n", util.join(", "));
+        // One more GACER round, traced on the device.
+        let traced = CoRunOptions {
+            warmup_rounds: 1,
+            stop: Stop::Rounds(1),
+            trace: true,
+            ..opts.clone()
+        };
+        let report = co_run(&tenants, &schedules[2], &traced)?;
+        print_timeline(&report.trace, &tenants);
+    }
     Ok(())
 }
 
@@ -294,13 +401,15 @@ fn main() -> Result<()> {
     );
     if a.device.is_gpu() {
         let heterogeneous = ["resnet50", "bert", "mobilenet_v2"];
-        compare(
-            &mut zoo,
-            &a,
-            "resnet50 + bert + mobilenet_v2",
-            &heterogeneous,
-            1,
-        )?;
+        for batch in [1, 4, 8] {
+            compare(
+                &mut zoo,
+                &a,
+                "resnet50 + bert + mobilenet_v2",
+                &heterogeneous,
+                batch,
+            )?;
+        }
         compare(&mut zoo, &a, "vgg16 + resnet18", &["vgg16", "resnet18"], 1)?;
         compare(&mut zoo, &a, "4 × mobilenet_v2", &["mobilenet_v2"; 4], 1)?;
         return Ok(());

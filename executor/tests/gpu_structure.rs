@@ -5,6 +5,7 @@
 //! buffer, and every output equals the CPU backend's.
 
 use cotenant_executor::device::Gpu;
+use cotenant_executor::gacer::run::TraceKind;
 use cotenant_executor::gacer::{
     CoRunOptions, GacerPlan, Schedule, StepRef, Stop, SyncPointer, TenantWork, co_run,
 };
@@ -275,11 +276,25 @@ fn a_three_tenant_gacer_mix_waits_exactly_at_its_pointers_and_resizes_in_place()
         threads: 2,
         warmup_rounds: 0,
         stop: Stop::Rounds(1),
-        trace: false,
+        trace: true,
         device: Device::Gpu(gpu),
     };
     let report = co_run(&works, &Schedule::gacer(plan.clone()), &opts).expect("the mix runs");
     let calls = rec.take();
+    // The device timeline honours every pointer: the waiter starts after its target finished.
+    let at = |step: StepRef, kind: TraceKind| {
+        report
+            .trace
+            .iter()
+            .position(|e| e.step == step && e.kind == kind)
+            .unwrap_or_else(|| panic!("{step:?} {kind:?} missing from the trace"))
+    };
+    for p in &plan.pointers {
+        assert!(
+            at(p.after, TraceKind::Finish) < at(p.waiter, TraceKind::Start),
+            "{p:?} not honoured on the device"
+        );
+    }
     // Outputs equal each model's alone on the CPU.
     for (w, r) in works.iter().zip(&report.tenants) {
         let want = w
@@ -344,14 +359,20 @@ fn a_three_tenant_gacer_mix_waits_exactly_at_its_pointers_and_resizes_in_place()
         .collect();
     // Each stream's waits: exactly the pointers whose waiter it is, before the waiter step, on
     // the event the target stream records right after the target step.
+    // Events recorded right after a step's last work item (its timing end, its signal) belong to
+    // that step.
     let mut recorded_after: HashMap<EventId, (usize, usize)> = HashMap::new();
     for (t, log) in logs.iter().enumerate() {
-        for w in log.calls.windows(2) {
-            if let ((Call::Sync { event }, step), (Call::Record { event: e, .. }, _)) =
-                (&w[0], &w[1])
-                && event.0 == u32::MAX
-            {
-                recorded_after.insert(*e, (t, *step));
+        let mut after: Option<usize> = None;
+        for (c, step) in &log.calls {
+            match c {
+                Call::Sync { event } if event.0 == u32::MAX => after = Some(*step),
+                Call::Record { event, .. } => {
+                    if let Some(s) = after {
+                        recorded_after.insert(*event, (t, s));
+                    }
+                }
+                _ => after = None,
             }
         }
     }

@@ -205,7 +205,8 @@ fn main() -> anyhow::Result<()> {
         } => {
             init_logs(log_json);
             let threads = threads.unwrap_or_else(tools::default_threads);
-            let device = device.choose()?;
+            // A GPU that cannot be used is reported in the GpuAgent status before the agent exits.
+            let device = device.choose_or_why()?;
             let sources = load::Sources::kubernetes(
                 &model_roots,
                 sources.download_dir,
@@ -224,7 +225,10 @@ fn main() -> anyhow::Result<()> {
                 limits: requests.limits(),
                 connections: requests.connections(),
                 sources,
-                co: schedule::start(schedule, threads, &device),
+                co: device
+                    .as_ref()
+                    .ok()
+                    .and_then(|d| schedule::start(schedule, threads, d)),
                 device,
                 tenant_memory_limit,
             };

@@ -145,7 +145,13 @@ pub fn agent_pod(pool: &GpuPool, name: &str, report_reader: &str, report_audienc
                 name: "agent".into(),
                 image: Some(t.image.clone()),
                 image_pull_policy: t.image_pull_policy.map(|p| format!("{p:?}")),
-                args: Some(vec!["kubernetes".into(), "--log-json".into()]),
+                // A GPU pool's agent uses its GPU or fails loudly, never the CPU instead.
+                args: Some(vec![
+                    "kubernetes".into(),
+                    "--log-json".into(),
+                    "--device".into(),
+                    "cuda".into(),
+                ]),
                 env: Some(vec![
                     field_env("POD_NAME", "metadata.name"),
                     field_env("POD_NAMESPACE", "metadata.namespace"),

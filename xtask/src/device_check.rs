@@ -11,9 +11,11 @@ use std::process::Command;
 const MAX_BUNDLE_BYTES: u64 = 60 << 20;
 
 const RUN_SH: &str = r##"#!/usr/bin/env bash
-# cotenant device check on a GPU host: CUDA kernels and zoo models vs the CPU backend, CUDA
-# latency, PyTorch eager latency, tenant mixes under the three schedules. Writes $OUT/device-<date>.md (or ./device-out/ without $OUT)
-# and prints it. Finishes in well under 8 minutes (each step has its own timeout).
+# cotenant device check on a GPU host: CUDA kernels and zoo models vs the CPU backend with the
+# copies and host waits of one batch counted, GPU latency against PyTorch eager's, tenant mixes
+# under the three schedules at batch 1, 4 and 8 with GPU utilisation and a GACER timeline. Writes
+# $OUT/device-<date>.md (or ./device-out/ without $OUT) and prints it. Finishes in under 8 minutes
+# (each step has its own timeout: 200 + 90 + 150 s).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$PWD/device-out}"
@@ -48,7 +50,7 @@ export RUST_BACKTRACE=1
 } > "$report"
 
 echo "== device_check (CUDA vs CPU, CUDA latency)"
-timeout 270 "$here/device_check" --out "$out/rust.md" --iters "${ITERS:-20}" 2>&1 | tee "$out/rust.log"
+timeout 200 "$here/device_check" --out "$out/rust.md" --json "$out/gpu.json" --iters "${ITERS:-20}" 2>&1 | tee "$out/rust.log"
 rc=${PIPESTATUS[0]}
 if [ -f "$out/rust.md" ]; then cat "$out/rust.md" >> "$report"; else echo "device_check wrote no report (exit $rc)" >> "$report"; fi
 if [ "$rc" -ne 0 ]; then { echo; echo "device_check log (last 40 lines):"; echo '```'; tail -40 "$out/rust.log"; echo '```'; } >> "$report"; fi
@@ -56,9 +58,23 @@ echo >> "$report"
 
 echo "== torch_eager.py (PyTorch eager latency)"
 if [ -n "$py" ]; then
-  timeout 110 "$py" "$here/torch_eager.py" --iters "${ITERS:-20}" > "$out/torch.md" 2> "$out/torch.err"
+  timeout 90 "$py" "$here/torch_eager.py" --iters "${ITERS:-20}" --json "$out/torch.json" > "$out/torch.md" 2> "$out/torch.err"
   trc=$?
   cat "$out/torch.md" >> "$report"
+  if [ -f "$out/gpu.json" ] && [ -f "$out/torch.json" ]; then
+    "$py" - "$out/gpu.json" "$out/torch.json" >> "$report" <<'PY'
+import json, sys
+ours = {(r["model"], r["batch"]): r for r in json.load(open(sys.argv[1]))}
+torch = {(r["model"], r["batch"]): r for r in json.load(open(sys.argv[2]))}
+print("\n## cotenant on the GPU vs PyTorch eager (p50 latency ratio; target <= 1.2)\n")
+print("| model | batch | cotenant p50 ms | PyTorch p50 ms | ratio |")
+print("|---|---|---|---|---|")
+for key in sorted(ours):
+    if key in torch:
+        o, t = ours[key]["p50"], torch[key]["p50"]
+        print(f"| {key[0]} | {key[1]} | {o:.2f} | {t:.2f} | {o / t:.2f} |")
+PY
+  fi
   if [ "$trc" -ne 0 ]; then { echo; echo "torch_eager.py exit $trc:"; echo '```'; tail -20 "$out/torch.err"; echo '```'; } >> "$report"; fi
 else
   echo "no python on this host: PyTorch eager not measured" >> "$report"
@@ -66,7 +82,7 @@ fi
 echo >> "$report"
 
 echo "== gacer_search --device cuda (tenant mixes: sequential, multi-stream, gacer)"
-timeout 90 "$here/gacer_search" --device cuda --duration "${MIX_SECS:-3}" --threads 8 > "$out/mixes.md" 2> "$out/mixes.err"
+timeout 150 "$here/gacer_search" --device cuda --duration "${MIX_SECS:-2}" --threads 8 > "$out/mixes.md" 2> "$out/mixes.err"
 grc=$?
 cat "$out/mixes.md" >> "$report"
 if [ "$grc" -ne 0 ]; then { echo; echo "gacer_search exit $grc:"; echo '```'; tail -20 "$out/mixes.err"; echo '```'; } >> "$report"; fi

@@ -217,7 +217,8 @@ pub trait DeviceApi: Send + Sync {
     /// Blocks the host until the most recent record of `event` has completed, or fails with the
     /// error of the stream it was recorded on.
     fn sync_event(&self, event: EventId) -> DeviceResult<()>;
-    /// Milliseconds between the completions of two timing events' latest records.
+    /// Milliseconds between the completions of two timing events' latest records (negative when
+    /// `end` completed first, as on different streams it may).
     fn elapsed_ms(&self, start: EventId, end: EventId) -> DeviceResult<f32>;
 
     /// What `kernel`'s compiled code needs per thread and block.

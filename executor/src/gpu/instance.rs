@@ -272,7 +272,7 @@ impl Instance {
         let base = self.arena_base()?;
         let dev = self.device.clone();
         let timing = match timed {
-            true => self.timing_events(plan.steps.len() + 1)?,
+            true => self.timing_events(2 * plan.steps.len() + 1)?,
             false => Vec::new(),
         };
         dev.record(self.stream, self.start)?;
@@ -327,6 +327,10 @@ impl Instance {
         for e in coord.waits(si) {
             dev.wait(self.stream, e)?;
         }
+        // A step starts once its waits are over: its start is timed after them.
+        if let Some(&t) = b.timing.get(1 + 2 * si) {
+            dev.record(self.stream, t)?;
+        }
         let fail = |why: String| GpuError::Step {
             node: step.node.clone(),
             op: step.op.name(),
@@ -364,11 +368,12 @@ impl Instance {
                 other => fail(other.to_string()),
             })?,
         }
+        // The step's end is timed before its signal, so a waiter never starts before it ends.
+        if let Some(&t) = b.timing.get(2 + 2 * si) {
+            dev.record(self.stream, t)?;
+        }
         if let Some(e) = coord.signal(si) {
             dev.record(self.stream, e)?;
-        }
-        if let Some(&t) = b.timing.get(si + 1) {
-            dev.record(self.stream, t)?;
         }
         b.next += 1;
         Ok(b.next < model.plan.steps.len())
@@ -438,8 +443,8 @@ impl Instance {
         if !b.timing.is_empty() {
             times.spans = (0..plan.steps.len())
                 .map(|s| {
-                    let a = dev.elapsed_ms(b.timing[0], b.timing[s])?;
-                    let e = dev.elapsed_ms(b.timing[0], b.timing[s + 1])?;
+                    let a = dev.elapsed_ms(b.timing[0], b.timing[1 + 2 * s])?;
+                    let e = dev.elapsed_ms(b.timing[0], b.timing[2 + 2 * s])?;
                     Ok((a, e))
                 })
                 .collect::<Result<_, DeviceError>>()?;

@@ -233,6 +233,12 @@ impl Tenant {
         &self.shared.config.device
     }
 
+    /// Device bytes the replica holds: on a GPU its weights once plus its instances' arenas;
+    /// 0 on the CPU or when it could not be placed.
+    pub fn device_bytes(&self) -> u64 {
+        self.shared.placed.as_ref().map_or(0, Placed::device_bytes)
+    }
+
     /// Current (max batch, instances).
     pub fn knobs(&self) -> (usize, usize) {
         let k = lock(&self.shared.knobs);

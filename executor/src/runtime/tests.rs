@@ -440,6 +440,98 @@ fn an_instance_without_a_device_fails_its_requests_with_the_reason() {
     assert_eq!(broken.stats().totals().errors, 3);
 }
 
+/// y = x · W with 256 KiB of weights and small activations.
+fn wide_model() -> Arc<Model> {
+    let mut b = Builder::new(9, false);
+    let w = b.normal("w", &[1024, 64], 0.1);
+    let y = b.node("MatMul", &["x", &w], vec![]);
+    b.node_rename_last(&y, "y");
+    let proto: ModelProto = b.finish(
+        "wide",
+        13,
+        vec![value_info("x", DType::F32, &[None, Some(1024)])],
+        vec![value_info("y", DType::F32, &[None, Some(64)])],
+    );
+    Arc::new(Model::from_bytes(&proto.encode_to_vec()).expect("wide model imports"))
+}
+
+/// On a (simulated) GPU, the instances of a replica share one copy of its weights: two instances
+/// hold the weights once plus two small arenas, and every batch is computed on the device as the
+/// CPU computes it. A budget too small for the weights fails the replica's requests with the
+/// numbers while a CPU replica beside it serves.
+#[test]
+fn gpu_instances_share_one_copy_of_the_weights() {
+    let m = wide_model();
+    let x = |i: usize| {
+        let v: Vec<f32> = (0..1024)
+            .map(|j| ((i * 31 + j) % 17) as f32 * 0.1 - 0.8)
+            .collect();
+        vec![(
+            "x".to_string(),
+            Tensor::f32(vec![1, 1024], v).expect("tensor"),
+        )]
+    };
+    let tenant = Tenant::start(
+        m.clone(),
+        TenantConfig {
+            device: Device::Gpu(crate::device::Gpu::simulated(u64::MAX)),
+            ..config(4, 2, 1)
+        },
+    );
+    let pending: Vec<_> = (0..12)
+        .map(|i| {
+            let (tx, rx) = mpsc::channel();
+            tenant
+                .submit(x(i), Box::new(move |r| drop(tx.send(r))))
+                .expect("accepted");
+            rx
+        })
+        .collect();
+    for (i, rx) in pending.into_iter().enumerate() {
+        let done = rx.recv_timeout(Duration::from_secs(30)).expect("answered");
+        let out = done.expect("served on the device");
+        let want = m.plan.run(&CpuBackend::new(1), x(i)).expect("cpu");
+        let (got, want) = (
+            out.outputs[0].1.as_f32().expect("f32"),
+            want[0].1.as_f32().expect("f32"),
+        );
+        assert!(
+            got.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-4),
+            "request {i}"
+        );
+    }
+    let weights = 1024 * 64 * 4u64;
+    let held = tenant.device_bytes();
+    assert!(
+        held > weights && held - weights < weights,
+        "{held} bytes for {weights} of weights: one copy plus two arenas, not two copies"
+    );
+    let starved = Tenant::start(
+        m.clone(),
+        TenantConfig {
+            device: Device::Gpu(crate::device::Gpu::simulated(weights / 2)),
+            ..config(4, 1, 1)
+        },
+    );
+    let (tx, rx) = mpsc::channel();
+    starved
+        .submit(x(0), Box::new(move |r| drop(tx.send(r))))
+        .expect("accepted");
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Err(RunError::Device(why))) => assert!(why.contains("over budget"), "{why}"),
+        other => panic!("expected an over-budget device error, got {other:?}"),
+    }
+    let fine = Tenant::start(m, config(4, 1, 1));
+    let (tx, rx) = mpsc::channel();
+    fine.submit(x(1), Box::new(move |r| drop(tx.send(r))))
+        .expect("accepted");
+    assert!(
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("answered")
+            .is_ok()
+    );
+}
+
 /// A model whose batches panic (an injected fault: no real model is known to trigger one)
 /// fails the requests each crashed batch held, with a device error (a 5xx), tells the crash
 /// hook once with the reason, and replaces the instance: once the fault is gone the same

@@ -32,8 +32,8 @@ pub struct Options {
     pub report_reader: Option<String>,
     /// The co-schedule every tenant joins (`--schedule`), if any.
     pub co: Option<Arc<CoSchedule>>,
-    /// Where the tenants compute (`--device`).
-    pub device: Device,
+    /// Where the tenants compute (`--device`), or why the GPU asked for cannot be used.
+    pub device: Result<Device, String>,
     /// Host memory each tenant's model may hold (`--tenant-memory-limit`).
     pub tenant_memory_limit: u64,
     /// Bytes requests may hold, and their deadlines.
@@ -95,6 +95,20 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         limits: options.limits,
     });
     let agents: Api<GpuAgent> = Api::namespaced(client, &identity.namespace);
+    // A pod given a GPU that cannot use it fails loudly: not Ready with the reason in its status
+    // (the operator turns it into an Event on the pool), then a non-zero exit, never serving on
+    // the CPU in the GPU's place.
+    let device = match options.device {
+        Ok(d) => d,
+        Err(why) => {
+            tracing::error!(reason = %why, "the GPU this agent was started for cannot be used");
+            let s = status::device_unavailable(&identity, &why);
+            if let Err(e) = status::write_once(agents, &identity, &s).await {
+                tracing::warn!(error = %e, "cannot write the GpuAgent status");
+            }
+            anyhow::bail!("{why}");
+        }
+    };
 
     let (stop_tx, stop_rx) = channel::channel(false);
     let (desired_tx, desired_rx) = channel::channel(None);
@@ -109,7 +123,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         registry,
         options.threads,
         options.co.clone(),
-        options.device.clone(),
+        device.clone(),
         options.tenant_memory_limit,
         Arc::new(options.sources),
         done_tx,
@@ -125,7 +139,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let writing = tokio::spawn(status::write_loop(
         agents,
         identity.clone(),
-        status::device(&options.device, options.threads),
+        status::device(&device, options.threads),
         snapshot_rx,
         stop_rx.clone(),
     ));

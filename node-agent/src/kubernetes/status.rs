@@ -220,6 +220,50 @@ pub async fn write_loop(
     }
 }
 
+/// The Ready condition's reason when the GPU the agent was started for cannot be used.
+pub const DEVICE_UNAVAILABLE: &str = "DeviceUnavailable";
+
+/// The status of an agent whose GPU cannot be used: not Ready, and why (the agent then exits
+/// rather than serve on the CPU a pod asked a GPU for).
+pub fn device_unavailable(identity: &Identity, why: &str) -> GpuAgentStatus {
+    let mut conditions = Vec::new();
+    set_condition(
+        &mut conditions,
+        "Ready",
+        false,
+        DEVICE_UNAVAILABLE,
+        why,
+        None,
+    );
+    GpuAgentStatus {
+        address: Some(identity.address.clone()),
+        admin_address: Some(identity.admin_address.clone()),
+        node: identity.node.clone(),
+        device: None,
+        tenants: Vec::new(),
+        heartbeat_time: None,
+        conditions,
+        observed_generation: None,
+    }
+}
+
+/// Writes `status` once (the retries are the pod's restarts).
+pub async fn write_once(
+    api: Api<GpuAgent>,
+    identity: &Identity,
+    status: &GpuAgentStatus,
+) -> Result<(), String> {
+    let writer = Writer {
+        api,
+        params: PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..Default::default()
+        },
+        name: identity.name.clone(),
+    };
+    writer.write(status, WRITE_TIMEOUT).await
+}
+
 /// Longest a status write may take before it counts as failed.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest the last write on shutdown may hold up the exit.
@@ -259,6 +303,25 @@ mod tests {
         let meminfo = "MemTotal:       16337248 kB\nMemFree:         1234 kB\n";
         assert_eq!(parse_mem_total(meminfo), Some(16337248 * 1024));
         assert_eq!(parse_mem_total("nothing"), None);
+    }
+
+    #[test]
+    fn an_unusable_gpu_is_not_ready_and_says_why() {
+        let identity = Identity {
+            namespace: "ns".into(),
+            name: "agent-0".into(),
+            address: "10.0.0.1:8000".into(),
+            admin_address: "10.0.0.1:8002".into(),
+            node: Some("n".into()),
+        };
+        let s = device_unavailable(&identity, "--device cuda: no libcuda.so found");
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", DEVICE_UNAVAILABLE)
+        );
+        assert!(ready.message.contains("no libcuda"), "{}", ready.message);
+        assert_eq!((s.device, s.tenants.len()), (None, 0));
     }
 
     #[test]

@@ -355,6 +355,21 @@ pub fn decide_pool(
             ),
         });
     }
+    // An agent started for a GPU it cannot use says so in its status and exits: the pool says
+    // so too, since the agent itself may not record Events.
+    for a in agents {
+        let unusable = a
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .filter(|c| c.status == "False" && c.reason == "DeviceUnavailable");
+        if let Some(c) = unusable {
+            notes.push(Note {
+                reason: "AgentDeviceUnavailable",
+                message: format!("agent {} cannot use its GPU: {}", a.name, c.message),
+            });
+        }
+    }
     if !sizing.remove.is_empty() {
         notes.push(Note {
             reason: "ScaledDown",

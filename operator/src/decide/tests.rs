@@ -611,3 +611,32 @@ fn counters_an_agent_reports_cannot_overflow_the_round() {
     );
     assert_eq!(outcome.tenants.len(), 1);
 }
+
+#[test]
+fn an_agent_that_cannot_use_its_gpu_is_named_in_a_pool_event() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let mut agents = vec![agent("agent-0", 8000), agent("agent-1", 8001)];
+    if let Some(s) = agents[1].status.as_mut() {
+        cotenant_crds::conditions::set_condition(
+            &mut s.conditions,
+            "Ready",
+            false,
+            "DeviceUnavailable",
+            "--device cuda: no libcuda.so found (no NVIDIA driver)",
+            None,
+        );
+    }
+    let outcome = round(&pool, &[t], &mut agents, &mut Memory::default(), 0.0);
+    let notes: Vec<(&str, &str)> = outcome
+        .notes
+        .iter()
+        .map(|n| (n.reason, n.message.as_str()))
+        .collect();
+    assert_eq!(
+        notes,
+        vec![(
+            "AgentDeviceUnavailable",
+            "agent agent-1 cannot use its GPU: --device cuda: no libcuda.so found (no NVIDIA driver)"
+        )]
+    );
+}

@@ -326,6 +326,60 @@ fn co_scheduled_tenants_serve_real_clients() {
     }
 }
 
+/// The GPU path served end to end on the simulated device (`--device sim`, which runs on any
+/// machine): two tenants under the GACER schedule answer tritonclient with onnxruntime's numbers,
+/// and the agent says where it computes.
+#[test]
+#[ignore = "needs COTENANT_PYTHON and the agent binary: cargo xtask test"]
+fn the_gpu_path_serves_real_clients_on_the_simulated_device() {
+    let python = python();
+    let agent = workspace_binary("cotenant-agent");
+    let dir = scratch("agent-sim");
+    let models = dir.join("models");
+    zoo(&agent, &models, "squeezenet", "squeezenet.onnx", &[]);
+    zoo(&agent, &models, "mobilenet_v2", "mobilenet.onnx", &[]);
+    for name in ["squeezenet", "mobilenet"] {
+        let uri = format!("file://models/{name}.onnx");
+        std::fs::write(
+            dir.join(format!("{name}.yaml")),
+            tenant_yaml(name, &uri, ""),
+        )
+        .expect("write tenant");
+    }
+    let (mut server, addr) = serve(
+        &agent,
+        &dir,
+        &[
+            "--device",
+            "sim",
+            "--schedule",
+            "gacer",
+            "--knob-policy",
+            "static:2x1",
+        ],
+    );
+    for name in ["squeezenet", "mobilenet"] {
+        let file = models.join(format!("{name}.onnx"));
+        run_script(
+            &python,
+            &server,
+            "tenant_client.py",
+            &[
+                "--url",
+                &addr,
+                "--model",
+                name,
+                "--file",
+                &file.to_string_lossy(),
+            ],
+        );
+    }
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    assert!(log.contains("sim: a simulated GPU"), "{log}");
+    server.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `--device`: a typo names the choices, `cuda` where no GPU can be used (this build has no
 /// `cuda` feature, and this machine no GPU) stops at start-up with the reason, and a zero memory
 /// budget is refused; none of them gets as far as reading the tenants.
@@ -335,10 +389,10 @@ fn device_choices_are_checked_at_start_up() {
     let agent = workspace_binary("cotenant-agent");
     let missing = std::env::temp_dir().join(format!("cotenant-no-tenants-{}", std::process::id()));
     for (args, says) in [
-        (&["--device", "gpu"][..], "auto, cpu or cuda"),
+        (&["--device", "gpu"][..], "auto, cpu, cuda or sim"),
         (&["--device", "cuda"][..], "--device cuda: "),
         (
-            &["--device-memory-per-instance-mib", "0"][..],
+            &["--device-memory-per-tenant-mib", "0"][..],
             "must be at least 1",
         ),
     ] {

@@ -569,7 +569,11 @@ impl DeviceApi for SimDevice {
                 .ok_or_else(|| DeviceError::Invalid(format!("event {} has not completed", e.0)))
         };
         let (a, b) = (at(start)?, at(end)?);
-        Ok(b.saturating_duration_since(a).as_secs_f32() * 1e3)
+        // Signed, as cuEventElapsedTime's: events on different streams may have run either way.
+        Ok(match b.checked_duration_since(a) {
+            Some(d) => d.as_secs_f32() * 1e3,
+            None => -(a.duration_since(b).as_secs_f32() * 1e3),
+        })
     }
 
     fn kernel_attributes(&self, kernel: Kernel) -> KernelAttributes {
