@@ -76,9 +76,23 @@ pub enum RunError {
     },
     #[error("output {0:?} was not produced")]
     MissingOutput(String),
+    /// A step would take the run's live activations past the memory budget of its plan on its
+    /// own (see `memory`); refused before anything was allocated.
+    #[error(
+        "node {node:?} ({op}) needs {needed} bytes of activations with what this run holds, over the memory budget of {limit} bytes"
+    )]
+    MemoryBudget {
+        node: String,
+        op: String,
+        needed: usize,
+        limit: usize,
+    },
     /// The device cannot run this instance (no stream, weights over its memory budget).
     #[error("device: {0}")]
     Device(String),
+    /// A measurement ran out of time.
+    #[error("deadline: {0}")]
+    Deadline(String),
 }
 
 pub type OpResult<T> = Result<T, OpError>;

@@ -15,6 +15,7 @@ pub mod gacer;
 pub mod gpu;
 pub mod graph;
 pub mod import;
+pub mod memory;
 pub mod npy;
 pub mod ops;
 pub mod passes;

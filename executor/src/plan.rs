@@ -5,6 +5,7 @@
 use crate::backend::{Backend, CpuBackend};
 use crate::error::{ImportError, RunError};
 use crate::graph::{Dim, Graph, GraphInput};
+use crate::memory::{Ledger, MemoryBudget};
 use crate::ops::Op;
 use crate::tensor::{DType, Tensor};
 use rayon::prelude::*;
@@ -48,9 +49,15 @@ pub struct Plan {
     /// The batch symbol, where every sample is computed from that sample alone (see
     /// `passes::separable_batch`): a batch can then run in parts, one per lane of the backend.
     pub separable_batch: Option<String>,
+    /// Why requests must not share a batch although every input starts with a symbolic
+    /// dimension (see `passes::batch_refusal`).
+    pub batch_refusal: Option<String>,
     n_values: usize,
     profile: Option<Profile>,
-    peak_cache: Mutex<HashMap<usize, usize>>,
+    /// Bytes of every value at batch 1 and 2, measured once (see `peak_activation_bytes`).
+    value_bytes: Mutex<HashMap<usize, Arc<Vec<usize>>>>,
+    /// What this plan's runs may hold at once (see `memory`); none: unlimited.
+    budget: Option<Arc<MemoryBudget>>,
 }
 
 impl Plan {
@@ -126,9 +133,11 @@ impl Plan {
             inputs: g.inputs.clone(),
             outputs,
             separable_batch: crate::passes::separable_batch(g),
+            batch_refusal: crate::passes::batch_refusal(g),
             n_values: g.value_names.len(),
             profile,
-            peak_cache: Mutex::new(HashMap::new()),
+            value_bytes: Mutex::new(HashMap::new()),
+            budget: None,
         })
     }
 
@@ -175,38 +184,75 @@ impl Plan {
             .collect()
     }
 
+    /// Holds every later run of this plan to `budget` (see `memory`).
+    pub fn set_memory_budget(&mut self, budget: Arc<MemoryBudget>) {
+        self.budget = Some(budget);
+    }
+
+    pub fn memory_budget(&self) -> Option<&MemoryBudget> {
+        self.budget.as_deref()
+    }
+
     /// Peak bytes of live activations during one run at `batch`, under the plan's liveness
-    /// (every value freed after its last reader). Measured once per batch size by a run on zeros,
-    /// since shapes can depend on values; cached afterwards.
+    /// (every value freed after its last reader). Value sizes are measured by runs on zeros at
+    /// batch 1 and 2 (held to the plan's memory budget) and extrapolated to `batch`
+    /// (`memory::extrapolate`): a large batch is never run to learn its size.
     pub fn peak_activation_bytes(&self, batch: usize) -> Result<usize, RunError> {
+        let one = self.value_bytes(1)?;
+        if batch <= 1 {
+            return Ok(self.peak_of(&one));
+        }
+        let two = self.value_bytes(2)?;
+        Ok(self.peak_of(&crate::memory::extrapolate(&one, &two, batch)))
+    }
+
+    /// [`Plan::peak_activation_bytes`] when its measurements are already made; never runs.
+    pub fn measured_peak_activation_bytes(&self, batch: usize) -> Option<usize> {
+        let measured = self.value_bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let one = measured.get(&1)?;
+        if batch <= 1 {
+            return Some(self.peak_of(one));
+        }
+        let two = measured.get(&2)?;
+        Some(self.peak_of(&crate::memory::extrapolate(one, two, batch)))
+    }
+
+    /// Bytes of every value in one run on zeros at `batch`, measured once.
+    fn value_bytes(&self, batch: usize) -> Result<Arc<Vec<usize>>, RunError> {
         if let Some(v) = self
-            .peak_cache
+            .value_bytes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&batch)
         {
-            return Ok(*v);
+            return Ok(v.clone());
         }
         let backend = CpuBackend::new(1);
         let mut sizes = vec![0usize; self.n_values];
         self.run_inner(&backend, self.example_inputs(batch), Some(&mut sizes))?;
+        let sizes = Arc::new(sizes);
+        self.value_bytes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(batch, sizes.clone());
+        Ok(sizes)
+    }
+
+    /// The peak of live bytes over the steps, for values of `sizes` bytes.
+    fn peak_of(&self, sizes: &[usize]) -> usize {
         let mut live = 0usize;
         let mut peak = 0usize;
         // Inputs are live from the start.
         for i in &self.inputs {
-            live += sizes[i.value];
+            live = live.saturating_add(sizes[i.value]);
         }
         for s in &self.steps {
-            live += s.outputs.iter().map(|&o| sizes[o]).sum::<usize>();
+            let sum = |vs: &[usize]| vs.iter().fold(0usize, |a, &v| a.saturating_add(sizes[v]));
+            live = live.saturating_add(sum(&s.outputs));
             peak = peak.max(live);
-            live -= s.frees.iter().map(|&v| sizes[v]).sum::<usize>();
+            live = live.saturating_sub(sum(&s.frees));
         }
-        peak = peak.max(live);
-        self.peak_cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(batch, peak);
-        Ok(peak)
+        peak.max(live)
     }
 
     /// Runs the plan on named inputs; returns the outputs in the model's order.
@@ -375,9 +421,12 @@ impl Plan {
         values: &mut [Option<Tensor>],
         mut sizes: Option<&mut Vec<usize>>,
     ) -> Result<(), RunError> {
+        let mut ledger = Ledger::new(self.memory_budget());
+        let inputs = values.iter().flatten().map(Tensor::bytes).sum();
+        ledger.take(inputs, "inputs", "the request's tensors")?;
         for s in &self.steps {
             let exec = |op: &Op, refs: &[Option<&Tensor>]| backend.execute(op, refs);
-            self.run_one(backend, &exec, values, s, sizes.as_deref_mut())?;
+            self.run_one(backend, &exec, values, s, sizes.as_deref_mut(), &mut ledger)?;
         }
         Ok(())
     }
@@ -406,7 +455,9 @@ impl Plan {
             .steps
             .get(index)
             .ok_or_else(|| RunError::MissingOutput(format!("step {index} of the plan")))?;
-        self.run_one(backend, exec, values, s, None)
+        // Held to the budget for its own allocations only; the schedule owns the value table.
+        let mut ledger = Ledger::new(self.memory_budget());
+        self.run_one(backend, exec, values, s, None, &mut ledger)
     }
 
     fn run_one(
@@ -416,6 +467,7 @@ impl Plan {
         values: &mut [Option<Tensor>],
         s: &Step,
         mut sizes: Option<&mut Vec<usize>>,
+        ledger: &mut Ledger<'_>,
     ) -> Result<(), RunError> {
         {
             let started = self.profile.as_ref().map(|_| Instant::now());
@@ -440,6 +492,8 @@ impl Plan {
                     let t = values[*v]
                         .take()
                         .ok_or(RunError::MissingOutput(s.node.clone()))?;
+                    // The same buffer comes back as the output and is held again below.
+                    ledger.give(t.bytes());
                     Some(vec![t.reshaped(shape).map_err(node_err)?])
                 }
                 _ => None,
@@ -458,9 +512,19 @@ impl Plan {
                             }
                         }
                     }
-                    exec(&s.op, &refs).map_err(node_err)?
+                    // What the op is about to allocate, reserved before it does.
+                    let op = s.op.name();
+                    let reserve = crate::ops::size::allocation(&s.op, &refs)
+                        .map_err(node_err)?
+                        .unwrap_or(0);
+                    ledger.take(reserve, &s.node, &op)?;
+                    let outs = exec(&s.op, &refs).map_err(node_err);
+                    ledger.give(reserve);
+                    outs?
                 }
             };
+            let made = outs.iter().take(s.outputs.len()).map(Tensor::bytes).sum();
+            ledger.take(made, &s.node, &s.op.name())?;
             for (k, t) in outs.into_iter().enumerate() {
                 if let Some(&o) = s.outputs.get(k) {
                     if let Some(sz) = sizes.as_deref_mut() {
@@ -471,6 +535,7 @@ impl Plan {
             }
             for &f in &s.frees {
                 if let Some(t) = values[f].take() {
+                    ledger.give(t.bytes());
                     backend.recycle(t);
                 }
             }

@@ -188,20 +188,26 @@ pub fn split_rows(named: Vec<(String, Tensor)>, rows: &[usize]) -> Vec<Vec<(Stri
     parts
 }
 
+/// Element count of `shape`; saturates instead of overflowing (callers check sizes with
+/// [`checked_numel`]).
 pub fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
+    shape.iter().fold(1usize, |n, &d| n.saturating_mul(d))
 }
 
-/// Element count of `shape`, refusing overflow and anything above [`MAX_ELEMENTS`].
+/// Element count of `shape`, refusing overflow and anything above [`MAX_ELEMENTS`]. An empty
+/// tensor's other dimensions are held to the same limit, so that strides and partial products
+/// of any accepted shape fit in a `usize`.
 pub fn checked_numel(shape: &[usize]) -> OpResult<usize> {
-    let mut n: usize = 1;
-    for &d in shape {
-        n = n.checked_mul(d).ok_or(OpError::TooLarge(usize::MAX))?;
+    let mut nonzero: usize = 1;
+    for &d in shape.iter().filter(|&&d| d != 0) {
+        nonzero = nonzero
+            .checked_mul(d)
+            .ok_or(OpError::TooLarge(usize::MAX))?;
     }
-    if n > MAX_ELEMENTS {
-        return Err(OpError::TooLarge(n));
+    if nonzero > MAX_ELEMENTS {
+        return Err(OpError::TooLarge(nonzero));
     }
-    Ok(n)
+    Ok(if shape.contains(&0) { 0 } else { nonzero })
 }
 
 impl Tensor {
@@ -339,7 +345,7 @@ impl Tensor {
         }
     }
     pub fn reshaped(mut self, shape: Vec<usize>) -> OpResult<Tensor> {
-        if numel(&shape) != self.len() {
+        if checked_numel(&shape)? != self.len() {
             return Err(OpError::Shape(format!(
                 "cannot reshape {:?} to {shape:?}",
                 self.shape
@@ -357,6 +363,15 @@ pub fn strides(shape: &[usize]) -> Vec<usize> {
         s[i] = s[i + 1] * shape[i + 1];
     }
     s
+}
+
+/// Normalises a possibly negative axis against `rank`, which must have that axis (unlike
+/// [`norm_axis`], a scalar has none): for ops that index the shape with it.
+pub fn axis_in(axis: i64, rank: usize) -> OpResult<usize> {
+    match norm_axis(axis, rank)? {
+        a if a < rank => Ok(a),
+        _ => Err(OpError::Shape(format!("axis {axis} of a scalar"))),
+    }
 }
 
 /// Normalises a possibly negative axis against `rank`.

@@ -5,14 +5,19 @@
 //! decisions are `cotenant-policy`'s, the same code the operator runs.
 
 use cotenant_executor::RunError;
-use cotenant_executor::runtime::{Tenant, measure};
+use cotenant_executor::runtime::{Tenant, batchable, measure_within};
 use cotenant_policy as policy;
 use policy::sim::{Controller, Strategy};
 use policy::{Bounds, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig, Slo};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Measures the three profile points (k = 4, within the bounds), each for `per_point`.
+/// How long a whole profile may take: no run starts after it (a model slow at a large batch
+/// costs one run past it, never an unbounded profile).
+pub const PROFILE_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Measures the three profile points (k = 4, within the bounds), each for `per_point`, within
+/// [`PROFILE_DEADLINE`]. Blocking: call it off the async workers.
 pub fn profile(
     name: &str,
     tenant: &Tenant,
@@ -28,11 +33,14 @@ pub fn profile(
         bounds.max_instances.min(k),
         threads,
         per_point,
+        Instant::now() + PROFILE_DEADLINE,
     )
 }
 
 /// Measures (batch 1, 1 instance), (batch `k_batch`, 1 instance) and (batch 1, `k_instances`
-/// instances), each for `per_point`; repeated settings are measured once.
+/// instances), each for `per_point`, starting no run after `deadline`; repeated settings are
+/// measured once. A model whose requests never share a batch is measured at batch 1 only (its
+/// batch knob cannot move). Blocking: call it off the async workers.
 pub fn profile_points(
     name: &str,
     tenant: &Tenant,
@@ -40,8 +48,10 @@ pub fn profile_points(
     k_instances: u32,
     threads: usize,
     per_point: Duration,
+    deadline: Instant,
 ) -> Result<Profile, RunError> {
     let model = tenant.model();
+    let k_batch = if batchable(&model.plan) { k_batch } else { 1 };
     let mut settings: Vec<Knobs> = Vec::new();
     for knobs in [
         Knobs::new(1, 1),
@@ -56,7 +66,7 @@ pub fn profile_points(
     for knobs in settings {
         let batch = knobs.batch as usize;
         let inputs = model.plan.example_inputs(batch);
-        let m = measure(
+        let m = measure_within(
             tenant.device(),
             model,
             &inputs,
@@ -65,6 +75,7 @@ pub fn profile_points(
             threads,
             per_point,
             1,
+            deadline,
         )?;
         points.push(ProfilePoint {
             batch: knobs.batch,
@@ -174,4 +185,52 @@ impl Controlled {
 fn apply(tenant: &Tenant, knobs: Knobs, slo: &Slo) {
     let delay = Duration::from_secs_f64(slo.latency_ms / 1e3 / 10.0);
     tenant.set_knobs(knobs.batch as usize, knobs.instances as usize, delay);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load;
+    use cotenant_executor::Device;
+    use std::time::Duration;
+
+    fn tenant(model: &[u8]) -> Tenant {
+        let config = load::config(
+            "profiled",
+            Duration::from_secs(5),
+            99.0,
+            1,
+            1,
+            1,
+            &Device::Cpu,
+        );
+        let sizing = load::Sizing {
+            memory_limit: 1 << 30,
+            largest_batch: 4,
+        };
+        let loaded = load::start(model, config, sizing, None).expect("loads");
+        Arc::try_unwrap(loaded.tenant).unwrap_or_else(|_| panic!("one owner"))
+    }
+
+    /// A profile past its deadline stops before measuring and says so.
+    #[test]
+    fn a_profile_stops_at_its_deadline() {
+        let t = tenant(&load::tests::squeezenet());
+        let e = profile_points("p", &t, 4, 2, 1, Duration::from_secs(60), Instant::now())
+            .expect_err("past its deadline");
+        assert!(matches!(e, RunError::Deadline(_)), "{e}");
+    }
+
+    /// A model whose requests never share a batch is profiled at batch 1 only: its batch knob
+    /// cannot move, so DNNScaler must not be shown what batching would gain.
+    #[test]
+    fn a_model_that_mixes_rows_is_profiled_without_batching() {
+        let t = tenant(&load::tests::batch_normalising_model());
+        assert!(t.batch_refusal().is_some());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let p = profile_points("p", &t, 4, 2, 1, Duration::from_millis(20), deadline)
+            .expect("profiled");
+        let knobs: Vec<(u32, u32)> = p.points.iter().map(|q| (q.batch, q.instances)).collect();
+        assert_eq!(knobs, vec![(1, 1), (1, 2)]);
+    }
 }

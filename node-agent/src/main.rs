@@ -46,6 +46,12 @@ enum Command {
         schedule: schedule::ScheduleKind,
         #[command(flatten)]
         device: device::DeviceArgs,
+        /// Host memory one tenant's model may hold: its weights plus the activations of the
+        /// largest batch it may run (bytes, or with a suffix: 512Mi, 4Gi). A model that needs
+        /// more is refused at load with the numbers; a request that would take it further
+        /// fails alone (400).
+        #[arg(long, env = "COTENANT_TENANT_MEMORY_LIMIT", default_value = load::DEFAULT_TENANT_MEMORY_LIMIT, value_parser = load::parse_memory)]
+        tenant_memory_limit: u64,
         /// What moves the knobs: `dnnscaler`, or a peer to compare with: `aimd` (Clipper's
         /// additive increase, ×0.9 decrease) or `static:<batch>x<instances>`.
         #[arg(long, default_value = "dnnscaler", value_parser = dnnscaler::parse_knob_policy)]
@@ -85,6 +91,12 @@ enum Command {
         schedule: schedule::ScheduleKind,
         #[command(flatten)]
         device: device::DeviceArgs,
+        /// Host memory one tenant's model may hold: its weights plus the activations of the
+        /// largest batch it may run (bytes, or with a suffix: 512Mi, 4Gi). A model that needs
+        /// more is refused at load with the numbers; a request that would take it further
+        /// fails alone (400).
+        #[arg(long, env = "COTENANT_TENANT_MEMORY_LIMIT", default_value = load::DEFAULT_TENANT_MEMORY_LIMIT, value_parser = load::parse_memory)]
+        tenant_memory_limit: u64,
         /// Audience a `/report` token must be issued for.
         #[arg(
             long,
@@ -131,6 +143,7 @@ fn main() -> anyhow::Result<()> {
             report_token_file,
             schedule,
             device,
+            tenant_memory_limit,
             knob_policy,
             requests,
             sources,
@@ -165,6 +178,7 @@ fn main() -> anyhow::Result<()> {
                 ),
                 co: schedule::start(schedule, threads, &device),
                 device,
+                tenant_memory_limit,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -181,6 +195,7 @@ fn main() -> anyhow::Result<()> {
             threads,
             schedule,
             device,
+            tenant_memory_limit,
             report_audience,
             report_reader,
             model_roots,
@@ -215,6 +230,7 @@ fn main() -> anyhow::Result<()> {
                     .ok()
                     .and_then(|d| schedule::start(schedule, threads, d)),
                 device,
+                tenant_memory_limit,
             };
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -146,6 +146,8 @@ pub struct Options {
     pub co: Option<Arc<CoSchedule>>,
     /// Where the tenants compute (`--device`).
     pub device: Device,
+    /// Host memory each tenant's model may hold (`--tenant-memory-limit`).
+    pub tenant_memory_limit: u64,
     /// Bytes requests may hold, and their deadlines.
     pub budget: Arc<serve::budget::Budget>,
     pub limits: serve::Limits,
@@ -199,6 +201,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             threads: threads_per_tenant,
             co: options.co.clone(),
             device: options.device.clone(),
+            memory_limit: options.tenant_memory_limit,
             sources: sources.clone(),
         };
         tokio::task::spawn_blocking(move || {
@@ -234,11 +237,12 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
 }
 
 /// What one tenant gets of the agent: CPU threads, the co-schedule it joins, the device, and
-/// where its model may come from.
+/// host memory for its model, and where that model may come from.
 struct Share {
     threads: usize,
     co: Option<Arc<CoSchedule>>,
     device: Device,
+    memory_limit: u64,
     sources: Arc<load::Sources>,
 }
 
@@ -246,7 +250,7 @@ struct Share {
 /// to the scaler with DNNScaler's chosen knobs.
 fn bring_up(
     file: &TenantFile,
-    registry: &Registry,
+    registry: &Arc<Registry>,
     scaler: &Mutex<Vec<dnnscaler::Controlled>>,
     share: Share,
     knob_policy: cotenant_policy::sim::Strategy,
@@ -271,8 +275,10 @@ fn bring_up(
         threads,
         co,
         device,
+        memory_limit,
         sources,
     } = share;
+    let (bounds, slo_view) = cotenant_crds::policy_view::bounds_and_slo(spec);
     let uri = &spec.model.uri;
     let zoo_written = match zoo {
         Some(zoo) if !load::is_http(uri) => {
@@ -283,7 +289,12 @@ fn bring_up(
     let bytes =
         zoo_written.and_then(|()| load::model_bytes(uri, sha256, Some(&base), &sources, runtime));
     let config = load::config(&name, slo, spec.slo.percentile, 1, 1, threads, &device);
-    let loaded = bytes.and_then(|bytes| load::start(&bytes, config, co));
+    // Sized for the largest batch its bounds let the scaler choose.
+    let sizing = load::Sizing {
+        memory_limit,
+        largest_batch: bounds.max_batch.max(1) as usize,
+    };
+    let loaded = bytes.and_then(|bytes| load::start(&bytes, config, sizing, co));
     let loaded = match loaded {
         Ok(loaded) => loaded,
         Err(reason) => {
@@ -294,6 +305,16 @@ fn bring_up(
     };
     tracing::info!(tenant = %name, "ready");
     let tenant = loaded.tenant.clone();
+    if let Some(why) = tenant.batch_refusal() {
+        tracing::warn!(tenant = %name, %why, "batching refused: requests never share a batch");
+    }
+    // A model that crashes a worker is Failed from then on (standalone mode loads once).
+    let (failed, failed_name) = (registry.clone(), name.clone());
+    tenant.on_crash(Box::new(move |reason| {
+        let reason = format!("the model crashed while serving: {reason}");
+        tracing::error!(tenant = %failed_name, %reason, "failed");
+        failed.set_state(&failed_name, State::Failed(reason));
+    }));
     registry.set_state(
         &name,
         State::Ready {
@@ -302,7 +323,7 @@ fn bring_up(
             outputs: loaded.outputs,
         },
     );
-    let (bounds, slo) = cotenant_crds::policy_view::bounds_and_slo(spec);
+    let slo = slo_view;
     let profile = match dnnscaler::profile(&name, &tenant, &bounds, threads, PROFILE_POINT) {
         Ok(profile) => profile,
         Err(e) => {

@@ -5,7 +5,7 @@ use super::elementwise::{Binary, binary};
 use super::{Activation, Cx, input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Tensor, checked_numel};
+use crate::tensor::{MAX_ELEMENTS, Tensor, checked_numel};
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv_transpose2d, conv2d};
 use cotenant_kernels::direct_conv::{self, PackedFilter, direct_conv};
 use cotenant_kernels::fused::{self, Stage};
@@ -183,7 +183,9 @@ pub(crate) fn geometry(
         mode @ ("SAME_UPPER" | "SAME_LOWER") if !transpose => {
             for i in 0..2 {
                 let out = input[i].div_ceil(s[i]);
-                let total = ((out.saturating_sub(1)) * s[i] + (k[i] - 1) * d[i] + 1)
+                let total = (out.saturating_sub(1))
+                    .saturating_mul(s[i])
+                    .saturating_add(span(k[i], d[i])?)
                     .saturating_sub(input[i]);
                 let small = total / 2;
                 (begin[i], end[i]) = if mode == "SAME_UPPER" {
@@ -196,6 +198,20 @@ pub(crate) fn geometry(
         "SAME_UPPER" | "SAME_LOWER" => {}
         other => return Err(OpError::Unsupported(format!("auto_pad {other:?}"))),
     }
+    // A stride, dilation or pad past any tensor's size means nothing a model needs, and past
+    // `isize` the kernels' index arithmetic would overflow.
+    for (name, v) in [
+        ("strides", s),
+        ("dilations", d),
+        ("pads", begin),
+        ("pads", end),
+    ] {
+        if v.iter().any(|&v| v > MAX_ELEMENTS) {
+            return shape_err(format!(
+                "{name} {v:?} past the executor's limit of {MAX_ELEMENTS}"
+            ));
+        }
+    }
     Ok(Geometry {
         k,
         s,
@@ -203,6 +219,21 @@ pub(crate) fn geometry(
         begin,
         end,
     })
+}
+
+/// How far a kernel of `k` taps `d` apart reaches: `(k - 1) * d + 1`; a kernel with no taps or
+/// a reach past `usize` is a shape error.
+pub(crate) fn span(k: usize, d: usize) -> OpResult<usize> {
+    k.checked_sub(1)
+        .and_then(|k| k.checked_mul(d)?.checked_add(1))
+        .ok_or_else(|| OpError::Shape(format!("kernel of {k} taps with dilation {d}")))
+}
+
+/// `a + b + c`, refusing overflow.
+fn sum3(a: usize, b: usize, c: usize) -> OpResult<usize> {
+    a.checked_add(b)
+        .and_then(|s| s.checked_add(c))
+        .ok_or(OpError::TooLarge(usize::MAX))
 }
 
 /// Splits `[N, C, spatial...]` into (n, c, [h, w]) with 1-D as height 1.
@@ -233,7 +264,7 @@ pub(crate) fn conv_geometry(
         return shape_err(format!("Conv weight {w:?} does not match input {x:?}"));
     }
     let (m, cg) = (w[0], w[1]);
-    if cg * c.group != ch || m % c.group != 0 {
+    if cg.checked_mul(c.group) != Some(ch) || !m.is_multiple_of(c.group) {
         return shape_err(format!(
             "Conv: input channels {ch}, weight {w:?}, group {}",
             c.group
@@ -242,8 +273,8 @@ pub(crate) fn conv_geometry(
     let g = geometry(c, spatial, &w[2..], hw, false)?;
     let mut out_hw = [0; 2];
     for i in 0..2 {
-        let eff = (g.k[i] - 1) * g.d[i] + 1;
-        let padded = hw[i] + g.begin[i] + g.end[i];
+        let eff = span(g.k[i], g.d[i])?;
+        let padded = sum3(hw[i], g.begin[i], g.end[i])?;
         if padded < eff {
             return shape_err(format!(
                 "Conv kernel {eff} larger than padded input {padded}"
@@ -252,13 +283,19 @@ pub(crate) fn conv_geometry(
         out_hw[i] = (padded - eff) / g.s[i] + 1;
     }
     let p = g.conv2d(n, ch, hw, m, out_hw, c.group);
-    Ok((p, output_shape(n, m, out_hw, spatial)))
+    let shape = output_shape(n, m, out_hw, spatial);
+    checked_numel(&shape)?;
+    Ok((p, shape))
 }
 
 pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
     let (p, shape) = conv_geometry(c, &x.shape, &w.shape)?;
     let bias = bias(b, p.m, "Conv")?;
+    // Nothing to compute (a batch of 0, no output channels); the kernels assume work.
+    if checked_numel(&shape)? == 0 {
+        return Tensor::f32(shape, Vec::new());
+    }
     // A fused residual of another shape (a broadcast Add) is added the general way afterwards.
     let residual = opt_input(inputs, 3).filter(|_| c.residual);
     let (in_place, later) = match residual {
@@ -273,8 +310,11 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
         act: if later.is_some() { None } else { c.act },
     };
     let (x, scratch) = (x.as_f32()?, &mut cx.scratch.borrow_mut());
+    // The direct convolution splits the input into strides² phase planes: past the kernel's
+    // size a stride only skips input, and a hostile one (2^40) would ask for 2^40 planes.
+    let sane_strides = p.sh <= p.kh && p.sw <= p.kw;
     match &c.packed {
-        Some(f) if direct_conv::applies(&p) && f.fits(&p) => {
+        Some(f) if sane_strides && direct_conv::applies(&p) && f.fits(&p) => {
             direct_conv(&p, x, f, epi, &mut out, scratch, cx.threads)
         }
         _ => conv2d(&p, x, w.as_f32()?, epi, &mut out, scratch, cx.threads),
@@ -337,6 +377,24 @@ pub fn pointwise_depthwise(
     let (w2, b2) = (input(inputs, 3)?, opt_input(inputs, 4));
     let (p1, mid) = conv_geometry(&f.pointwise, &x.shape, &w1.shape)?;
     let (p2, shape) = conv_geometry(&f.depthwise, &mid, &w2.shape)?;
+    if checked_numel(&mid)? == 0 || checked_numel(&shape)? == 0 {
+        // Nothing for the fused kernels to do; the plain path handles empty tensors.
+        let y = conv(cx, &f.pointwise, &[Some(x), Some(w1), b1])?;
+        let y = conv(cx, &f.depthwise, &[Some(&y), Some(w2), b2])?;
+        return match &f.project {
+            Some(pr) => conv(
+                cx,
+                pr,
+                &[
+                    Some(&y),
+                    Some(input(inputs, 5)?),
+                    opt_input(inputs, 6),
+                    opt_input(inputs, 7).filter(|_| pr.residual),
+                ],
+            ),
+            None => Ok(y),
+        };
+    }
     let fusable = p1.is_pointwise() && p1.groups == 1 && p2.is_depthwise() && p1.c > 0;
     let Some(pr) = &f.project else {
         if !fusable {
@@ -400,23 +458,32 @@ fn stage<'a>(
     })
 }
 
-pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
-    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
-    let (n, ch, hw) = nchw(&x.shape, "ConvTranspose")?;
-    let spatial = x.rank() - 2;
-    if w.rank() != x.rank() || w.shape[0] != ch {
+/// The kernel geometry and output shape of ConvTranspose `c` on input shape `x` with weight
+/// shape `w`.
+pub(crate) fn conv_transpose_geometry(
+    c: &ConvAttrs,
+    x: &[usize],
+    w: &[usize],
+) -> OpResult<(Conv2d, Vec<usize>)> {
+    let (n, ch, hw) = nchw(x, "ConvTranspose")?;
+    let spatial = x.len() - 2;
+    if w.len() != x.len() || w[0] != ch {
         return shape_err(format!(
-            "ConvTranspose weight {:?} does not match input {:?}",
-            w.shape, x.shape
+            "ConvTranspose weight {w:?} does not match input {x:?}"
         ));
     }
-    let m = w.shape[1] * c.group;
-    if ch % c.group != 0 {
+    let m = w[1]
+        .checked_mul(c.group)
+        .ok_or(OpError::TooLarge(usize::MAX))?;
+    if !ch.is_multiple_of(c.group) {
         return shape_err(format!("ConvTranspose: {ch} channels, group {}", c.group));
     }
-    let mut g = geometry(c, spatial, &w.shape[2..], hw, true)?;
+    let mut g = geometry(c, spatial, &w[2..], hw, true)?;
     let op = match &c.output_padding {
         Some(v) if v.len() != spatial => return shape_err("output_padding length"),
+        Some(v) if v.iter().any(|&p| p > MAX_ELEMENTS) => {
+            return shape_err(format!("output_padding {v:?} past the executor's limit"));
+        }
         Some(v) => two(v, spatial, 0),
         None => [0, 0],
     };
@@ -424,11 +491,17 @@ pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpR
     let target = match &c.output_shape {
         Some(v) if v.len() >= spatial => Some(two(&v[v.len() - spatial..], spatial, 1)),
         Some(_) => return shape_err("output_shape length"),
-        None if c.auto_pad.starts_with("SAME") => Some([hw[0] * g.s[0], hw[1] * g.s[1]]),
+        None if c.auto_pad.starts_with("SAME") => {
+            Some([hw[0].saturating_mul(g.s[0]), hw[1].saturating_mul(g.s[1])])
+        }
         None => None,
     };
     for i in 0..2 {
-        let full = (hw[i].saturating_sub(1)) * g.s[i] + op[i] + (g.k[i] - 1) * g.d[i] + 1;
+        let full = sum3(
+            hw[i].saturating_sub(1).saturating_mul(g.s[i]),
+            op[i],
+            span(g.k[i], g.d[i])?,
+        )?;
         match target {
             Some(t) => {
                 let total = full.saturating_sub(t[i]);
@@ -440,16 +513,27 @@ pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpR
                 out_hw[i] = t[i];
             }
             None => {
-                if full < g.begin[i] + g.end[i] {
+                let pads = g.begin[i].saturating_add(g.end[i]);
+                if full < pads {
                     return shape_err("ConvTranspose pads exceed the output");
                 }
-                out_hw[i] = full - g.begin[i] - g.end[i];
+                out_hw[i] = full - pads;
             }
         }
     }
-    let bias = bias(b, m, "ConvTranspose")?;
     let p = g.conv2d(n, ch, hw, m, out_hw, c.group);
     let shape = output_shape(n, m, out_hw, spatial);
+    checked_numel(&shape)?;
+    Ok((p, shape))
+}
+
+pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
+    let (p, shape) = conv_transpose_geometry(c, &x.shape, &w.shape)?;
+    let bias = bias(b, p.m, "ConvTranspose")?;
+    if checked_numel(&shape)? == 0 {
+        return Tensor::f32(shape, Vec::new());
+    }
     let mut out = cx.take_f32(checked_numel(&shape)?);
     let mut scratch = cx.scratch.borrow_mut();
     conv_transpose2d(

@@ -522,6 +522,12 @@ pub fn where_(c: &Tensor, x: &Tensor, y: &Tensor) -> OpResult<Tensor> {
     let out = broadcast_shape(&broadcast_shape(&c.shape, &x.shape)?, &y.shape)?;
     // Broadcast all three to `out` through index maps, then pick.
     let n = checked_numel(&out)?;
+    if n == 0 {
+        return Ok(Tensor {
+            data: Data::with_capacity(x.dtype(), 0),
+            shape: out,
+        });
+    }
     let idx = |shape: &[usize]| -> Vec<usize> {
         let iota: Vec<usize> = (0..shape.iter().product()).collect();
         let zeros = vec![0usize; n];

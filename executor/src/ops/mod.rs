@@ -11,6 +11,7 @@ pub mod pool;
 pub mod reduce;
 pub mod resize;
 pub mod shape;
+pub mod size;
 
 use crate::error::{OpError, OpResult};
 use crate::tensor::{DType, Tensor};

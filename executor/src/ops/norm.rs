@@ -1,6 +1,6 @@
 //! Normalisations: BatchNormalization (inference), LRN, Softmax/LogSoftmax, LayerNormalization.
 
-use super::elementwise::broadcast_map;
+use super::elementwise::{broadcast_map, broadcast_shape};
 use super::{Cx, input, opt_input};
 use crate::error::{OpResult, shape_err};
 use crate::tensor::{Tensor, norm_axis};
@@ -82,8 +82,15 @@ pub fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> OpResul
 }
 
 pub fn softmax(cx: &Cx, x: &Tensor, axis: i64, log: bool, legacy: bool) -> OpResult<Tensor> {
+    if x.rank() == 0 {
+        return shape_err("Softmax of a scalar");
+    }
     let axis = norm_axis(axis, x.rank())?;
     let mut out = x.as_f32()?.to_vec();
+    // No rows to normalise (and rows of length 0 would split nothing).
+    if out.is_empty() {
+        return Tensor::f32(x.shape.clone(), out);
+    }
     let inner: usize = x.shape[axis + 1..].iter().product();
     if legacy || inner == 1 {
         // Before opset 13 the input is coerced to 2-D at `axis`; otherwise the axis is last.
@@ -120,6 +127,12 @@ pub fn layer_norm(
     let len: usize = norm_shape.iter().product();
     let expand = |t: &Tensor| -> OpResult<Vec<f32>> {
         let v = t.as_f32()?;
+        if broadcast_shape(&t.shape, norm_shape)? != norm_shape {
+            return shape_err(format!(
+                "LayerNormalization scale or bias {:?} does not broadcast to {norm_shape:?}",
+                t.shape
+            ));
+        }
         if v.len() == len {
             Ok(v.to_vec())
         } else {
@@ -137,7 +150,10 @@ pub fn layer_norm(
     let beta = opt_input(inputs, 2).map(expand).transpose()?;
     let src = x.as_f32()?;
     let mut out = src.to_vec();
-    layer_norm_rows(cx.threads, &mut out, len, &gamma, beta.as_deref(), eps);
+    // Rows of length 0 would split nothing; there is nothing to normalise.
+    if len > 0 {
+        layer_norm_rows(cx.threads, &mut out, len, &gamma, beta.as_deref(), eps);
+    }
     if !stats {
         return Ok(vec![Tensor::f32(x.shape.clone(), out)?]);
     }

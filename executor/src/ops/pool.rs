@@ -85,15 +85,27 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
     let s = lift(&listed(&p.strides, spatial, 1)?, 1);
     let d = lift(&listed(&p.dilations, spatial, 1)?, 1);
     let pads = listed(&p.pads, 2 * spatial, 0)?;
+    // Past any tensor's size these mean nothing, and past `isize` the kernels would overflow.
+    let limit = crate::tensor::MAX_ELEMENTS;
+    if [&k[..], &s[..], &d[..], &pads[..]]
+        .iter()
+        .any(|v| v.iter().any(|&v| v > limit))
+    {
+        return shape_err(format!(
+            "pooling kernel, strides, dilations or pads past the executor's limit of {limit}"
+        ));
+    }
     let (mut b, mut e) = (lift(&pads[..spatial], 0), lift(&pads[spatial..], 0));
     let hw = lift(&x[2..], 1);
     let mut out = [0; 2];
     for i in 0..2 {
-        let eff = (k[i] - 1) * d[i] + 1;
+        let eff = super::conv::span(k[i], d[i])?;
         match p.auto_pad.as_str() {
             "SAME_UPPER" | "SAME_LOWER" => {
                 out[i] = hw[i].div_ceil(s[i]);
-                let total = (out[i].saturating_sub(1) * s[i] + eff).saturating_sub(hw[i]);
+                let total = (out[i].saturating_sub(1).saturating_mul(s[i]))
+                    .saturating_add(eff)
+                    .saturating_sub(hw[i]);
                 let small = total / 2;
                 (b[i], e[i]) = if p.auto_pad == "SAME_UPPER" {
                     (small, total - small)
@@ -106,7 +118,10 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
             "NOTSET" | "" => {}
             other => return Err(OpError::Unsupported(format!("auto_pad {other:?}"))),
         }
-        let padded = hw[i] + b[i] + e[i];
+        let padded = hw[i]
+            .checked_add(b[i])
+            .and_then(|p| p.checked_add(e[i]))
+            .ok_or(OpError::TooLarge(usize::MAX))?;
         if padded < eff {
             return shape_err(format!(
                 "pooling window {eff} larger than padded input {padded}"
@@ -118,11 +133,13 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
             (padded - eff) / s[i] + 1
         };
         // The last window must start inside the input or its leading padding.
-        if p.ceil_mode && (out[i] - 1) * s[i] >= hw[i] + b[i] {
+        if p.ceil_mode && (out[i] - 1).saturating_mul(s[i]) >= hw[i] + b[i] {
             out[i] -= 1;
         }
     }
-    let planes = x[0] * x[1];
+    let planes = x[0]
+        .checked_mul(x[1])
+        .ok_or(OpError::TooLarge(usize::MAX))?;
     let g = Pool2d {
         planes,
         h: hw[0],
@@ -142,12 +159,16 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
     };
     let mut shape = x[..2].to_vec();
     shape.extend(if spatial == 1 { &out[1..] } else { &out[..] });
+    checked_numel(&shape)?;
     Ok((g, shape))
 }
 
 pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
     let (g, shape) = pool2d_geometry(p, &x.shape)?;
     let mut y = vec![0.0; checked_numel(&shape)?];
+    if y.is_empty() {
+        return Ok(vec![Tensor::f32(shape, y)?]);
+    }
     if p.max {
         max_pool2d(&g, x.as_f32()?, &mut y, cx.threads);
     } else {

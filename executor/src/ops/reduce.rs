@@ -3,7 +3,7 @@
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Data, Tensor, norm_axis, strides};
+use crate::tensor::{Data, Tensor, axis_in, strides};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ReduceKind {
@@ -61,7 +61,7 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let rank = x.rank();
     let mut red = vec![axes.is_empty(); rank];
     for a in &axes {
-        red[norm_axis(*a, rank)?] = true;
+        red[axis_in(*a, rank)?] = true;
     }
     let out_full: Vec<usize> = x
         .shape

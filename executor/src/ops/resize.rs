@@ -46,7 +46,11 @@ impl ResizeAttrs {
     }
 }
 
-pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+/// The output shape of Resize/Upsample on `inputs`, and the scale of every axis.
+pub(crate) fn resize_shape(
+    r: &ResizeAttrs,
+    inputs: &[Option<&Tensor>],
+) -> OpResult<(Vec<usize>, Vec<f32>)> {
     let x = input(inputs, 0)?;
     let rank = x.rank();
     // Input layouts: Upsample-9 (X, scales), Resize-10 (X, scales), Resize-11+ (X, roi, scales, sizes).
@@ -55,11 +59,10 @@ pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     } else {
         (opt_input(inputs, 2), opt_input(inputs, 3))
     };
-    let legacy = r.legacy || inputs.len() == 2;
     let axes: Vec<usize> = match &r.axes {
         Some(a) => a
             .iter()
-            .map(|&v| crate::tensor::norm_axis(v, rank))
+            .map(|&v| crate::tensor::axis_in(v, rank))
             .collect::<OpResult<_>>()?,
         None => (0..rank).collect(),
     };
@@ -94,12 +97,27 @@ pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
                     return shape_err(format!("invalid scale {s}"));
                 }
                 scales[ax] = s;
+                // A float-to-int cast saturates: an absurd scale becomes a size refused below.
                 out[ax] = (x.shape[ax] as f32 * s).floor() as usize;
             }
         }
         (None, None) => return shape_err("Resize needs scales or sizes"),
     }
     checked_numel(&out)?;
+    if (0..rank).any(|ax| x.shape[ax] == 0 && out[ax] > 0) {
+        return shape_err(format!(
+            "Resize of {:?} to {out:?}: an empty axis has nothing to sample",
+            x.shape
+        ));
+    }
+    Ok((out, scales))
+}
+
+pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let rank = x.rank();
+    let legacy = r.legacy || inputs.len() == 2;
+    let (out, scales) = resize_shape(r, inputs)?;
     let mut cur = x.as_f32()?.to_vec();
     let mut shape = x.shape.clone();
     for ax in 0..rank {

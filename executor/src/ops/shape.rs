@@ -7,7 +7,7 @@ use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::map_data;
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Data, Tensor, checked_numel, norm_axis, strides};
+use crate::tensor::{Data, Tensor, axis_in, checked_numel, norm_axis, strides};
 
 /// Slice before opset 10: starts, ends and optional axes as attributes.
 pub type SliceAttrs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>);
@@ -93,9 +93,15 @@ impl ShapeOp {
             "Split" => ShapeOp::Split {
                 axis: a.int_or("axis", 0)?,
                 split: a.ints("split")?,
-                outputs: a
-                    .int("num_outputs")?
-                    .map_or(n_outputs, |n| n.max(0) as usize),
+                outputs: match a.int("num_outputs")? {
+                    // More parts than outputs would only allocate parts nobody reads.
+                    Some(n) if usize::try_from(n).ok() != Some(n_outputs) => {
+                        return Err(format!(
+                            "num_outputs {n} for a node with {n_outputs} outputs"
+                        ));
+                    }
+                    _ => n_outputs,
+                },
             },
             "Slice" => ShapeOp::Slice {
                 attrs: if opset < 10 {
@@ -194,13 +200,13 @@ impl ShapeOp {
                     });
                 }
                 if let Some(i) = infer {
-                    let known: usize = out.iter().product();
+                    let known = checked_numel(&out)?;
                     if known == 0 || !len.is_multiple_of(known) {
                         return shape_err(format!("cannot reshape {x:?} to {spec:?}"));
                     }
                     out[i] = len / known;
                 }
-                if out.iter().product::<usize>() != len {
+                if checked_numel(&out)? != len {
                     return shape_err(format!("cannot reshape {x:?} to {spec:?}"));
                 }
                 Ok(out)
@@ -215,7 +221,7 @@ impl ShapeOp {
                     return shape_err(format!("Flatten axis {axis} for rank {rank}"));
                 }
                 let a = a as usize;
-                Ok(vec![x[..a].iter().product(), x[a..].iter().product()])
+                Ok(vec![checked_numel(&x[..a])?, checked_numel(&x[a..])?])
             }
             ShapeOp::Squeeze { axes } => {
                 let axes = axes_of(axes, opt_input(inputs, 1))?;
@@ -223,7 +229,7 @@ impl ShapeOp {
                     None => (0..rank).filter(|&i| x[i] == 1).collect(),
                     Some(a) => a
                         .iter()
-                        .map(|&v| norm_axis(v, rank))
+                        .map(|&v| axis_in(v, rank))
                         .collect::<OpResult<_>>()?,
                 };
                 for &d in &drop {
@@ -274,8 +280,7 @@ impl ShapeOp {
             ShapeOp::Transpose { perm } => one(transpose(input(inputs, 0)?, perm.as_deref())),
             ShapeOp::Expand => {
                 let x = input(inputs, 0)?;
-                let target = to_dims(&input(inputs, 1)?.to_i64_vec()?)?;
-                let out = broadcast_shape(&x.shape, &target)?;
+                let out = expand_shape(&x.shape, input(inputs, 1)?)?;
                 one(Ok(Tensor {
                     data: x.data.gather(&broadcast_index(&x.shape, &out)),
                     shape: out,
@@ -325,7 +330,12 @@ fn axes_of(attr: &Option<Vec<i64>>, inp: Option<&Tensor>) -> OpResult<Option<Vec
     }
 }
 
-fn to_dims(v: &[i64]) -> OpResult<Vec<usize>> {
+/// The output shape of Expand: `x` broadcast with the target shape tensor `target`.
+pub(crate) fn expand_shape(x: &[usize], target: &Tensor) -> OpResult<Vec<usize>> {
+    broadcast_shape(x, &to_dims(&target.to_i64_vec()?)?)
+}
+
+pub(crate) fn to_dims(v: &[i64]) -> OpResult<Vec<usize>> {
     let d = v
         .iter()
         .map(|&x| usize::try_from(x).map_err(|_| OpError::Shape(format!("negative dimension {x}"))))
@@ -395,12 +405,22 @@ fn permute<T: Copy>(src: &[T], out: &[usize], pst: &[usize]) -> Vec<T> {
     dst
 }
 
-fn tile(x: &Tensor, reps: &[i64]) -> OpResult<Tensor> {
-    if reps.len() != x.rank() {
-        return shape_err(format!("Tile repeats {reps:?} for rank {}", x.rank()));
+/// The output shape of Tile: every dimension times its repeat count.
+pub(crate) fn tile_shape(x: &[usize], reps: &[i64]) -> OpResult<Vec<usize>> {
+    if reps.len() != x.len() {
+        return shape_err(format!("Tile repeats {reps:?} for rank {}", x.len()));
     }
-    let reps = to_dims(reps)?;
-    let out: Vec<usize> = x.shape.iter().zip(&reps).map(|(d, r)| d * r).collect();
+    let out = x
+        .iter()
+        .zip(to_dims(reps)?)
+        .map(|(d, r)| d.checked_mul(r).ok_or(OpError::TooLarge(usize::MAX)))
+        .collect::<OpResult<Vec<usize>>>()?;
+    checked_numel(&out)?;
+    Ok(out)
+}
+
+fn tile(x: &Tensor, reps: &[i64]) -> OpResult<Tensor> {
+    let out = tile_shape(&x.shape, reps)?;
     let n = checked_numel(&out)?;
     let st = strides(&x.shape);
     let ost = strides(&out);
@@ -421,6 +441,9 @@ fn concat(inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> {
     let ts: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
     let first = *ts.first().ok_or(OpError::MissingInput(0))?;
     let r = first.rank();
+    if r == 0 {
+        return shape_err("Concat of scalars");
+    }
     let axis = norm_axis(axis, r)?;
     let mut out = first.shape.clone();
     out[axis] = 0;
@@ -434,7 +457,9 @@ fn concat(inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> {
                 first.shape, t.shape
             ));
         }
-        out[axis] += t.shape[axis];
+        out[axis] = out[axis]
+            .checked_add(t.shape[axis])
+            .ok_or(OpError::TooLarge(usize::MAX))?;
     }
     let outer: usize = out[..axis].iter().product();
     let mut data = Data::with_capacity(first.dtype(), checked_numel(&out)?);
@@ -454,6 +479,9 @@ fn split_op(
     outputs: usize,
 ) -> OpResult<Vec<Tensor>> {
     let x = input(inputs, 0)?;
+    if x.rank() == 0 {
+        return shape_err("Split of a scalar");
+    }
     let axis = norm_axis(axis, x.rank())?;
     let d = x.shape[axis];
     let parts: Vec<usize> = match split
@@ -469,7 +497,7 @@ fn split_op(
                 .collect()
         }
     };
-    if parts.iter().sum::<usize>() != d {
+    if parts.iter().try_fold(0usize, |a, &p| a.checked_add(p)) != Some(d) {
         return shape_err(format!("Split {parts:?} of dimension {d}"));
     }
     let mut res = Vec::with_capacity(parts.len());
@@ -506,7 +534,7 @@ pub(crate) fn slice_plan(
     let mut step = vec![1i64; r];
     let mut out = shape.to_vec();
     for i in 0..starts.len() {
-        let a = norm_axis(axes[i], r)?;
+        let a = axis_in(axes[i], r)?;
         let d = shape[a] as i64;
         let st = steps[i];
         if st == 0 {
@@ -525,12 +553,10 @@ pub(crate) fn slice_plan(
                 e = 0;
             }
         }
-        let len = if st > 0 {
-            (e - s).max(0) + st - 1
-        } else {
-            (s - e).max(0) - st - 1
-        };
-        out[a] = (len / st.abs()).max(0) as usize;
+        // In i128: a step of i64::MIN or MAX must not overflow the ceiling division.
+        let (span, st128) = (if st > 0 { e - s } else { s - e }, i128::from(st));
+        let len = (i128::from(span.max(0)) + st128.abs() - 1) / st128.abs();
+        out[a] = usize::try_from(len).unwrap_or(0);
         start[a] = s;
         step[a] = st;
     }
@@ -568,7 +594,21 @@ fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Ten
     })
 }
 
+/// The output shape of Gather: `x`'s axes before `axis`, the indices' axes, `x`'s after it.
+pub(crate) fn gather_shape(x: &[usize], ind: &[usize], axis: i64) -> OpResult<Vec<usize>> {
+    let axis = norm_axis(axis, x.len())?;
+    if x.is_empty() {
+        return shape_err("Gather from a scalar");
+    }
+    let mut out = x[..axis].to_vec();
+    out.extend(ind);
+    out.extend(&x[axis + 1..]);
+    checked_numel(&out)?;
+    Ok(out)
+}
+
 fn gather(x: &Tensor, ind: &Tensor, axis: i64) -> OpResult<Tensor> {
+    let out = gather_shape(&x.shape, &ind.shape, axis)?;
     let axis = norm_axis(axis, x.rank())?;
     let d = x.shape[axis] as i64;
     let ids = ind.to_i64_vec()?;
@@ -582,9 +622,6 @@ fn gather(x: &Tensor, ind: &Tensor, axis: i64) -> OpResult<Tensor> {
     }
     let outer: usize = x.shape[..axis].iter().product();
     let inner: usize = x.shape[axis + 1..].iter().product();
-    let mut out = x.shape[..axis].to_vec();
-    out.extend(&ind.shape);
-    out.extend(&x.shape[axis + 1..]);
     let n = checked_numel(&out)?;
     let mut idx = Vec::with_capacity(n);
     for o in 0..outer {
@@ -599,26 +636,23 @@ fn gather(x: &Tensor, ind: &Tensor, axis: i64) -> OpResult<Tensor> {
     })
 }
 
-fn pad(
+/// The padding before each axis and the output shape of Pad (pads from the attribute or input
+/// 1, restricted to the axes of input 3), with every sum checked.
+pub(crate) fn pad_shape(
+    x: &[usize],
     inputs: &[Option<&Tensor>],
-    mode: &str,
     pads_attr: Option<&[i64]>,
-    value_attr: f32,
-) -> OpResult<Tensor> {
-    let x = input(inputs, 0)?;
-    let r = x.rank();
+) -> OpResult<(Vec<i64>, Vec<usize>)> {
+    let r = x.len();
     let pads_in = match pads_attr {
         Some(p) => p.to_vec(),
         None => input(inputs, 1)?.to_i64_vec()?,
     };
-    let value = opt_input(inputs, 2)
-        .filter(|t| !t.is_empty())
-        .map_or(value_attr as f64, |t| t.to_f64_vec()[0]);
     let axes: Vec<usize> = match opt_input(inputs, 3) {
         Some(t) => t
             .to_i64_vec()?
             .iter()
-            .map(|&a| norm_axis(a, r))
+            .map(|&a| axis_in(a, r))
             .collect::<OpResult<_>>()?,
         None => (0..r).collect(),
     };
@@ -635,19 +669,39 @@ fn pad(
         e[a] = pads_in[i + axes.len()];
     }
     let mut out = vec![0usize; r];
+    for a in 0..r {
+        let o = i64::try_from(x[a])
+            .ok()
+            .and_then(|d| d.checked_add(b[a])?.checked_add(e[a]))
+            .ok_or(OpError::TooLarge(usize::MAX))?;
+        out[a] = usize::try_from(o)
+            .map_err(|_| OpError::Shape("Pad crops more than the input".into()))?;
+        checked_numel(&out[..=a])?;
+    }
+    Ok((b, out))
+}
+
+fn pad(
+    inputs: &[Option<&Tensor>],
+    mode: &str,
+    pads_attr: Option<&[i64]>,
+    value_attr: f32,
+) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let r = x.rank();
+    let value = opt_input(inputs, 2)
+        .filter(|t| !t.is_empty())
+        .map_or(value_attr as f64, |t| t.to_f64_vec()[0]);
+    let (b, out) = pad_shape(&x.shape, inputs, pads_attr)?;
     // Per axis: the source index for every output position (None: fill with the constant).
     let mut maps: Vec<Vec<Option<usize>>> = Vec::with_capacity(r);
     for a in 0..r {
         let d = x.shape[a] as i64;
-        let o = d + b[a] + e[a];
-        if o < 0 {
-            return shape_err("Pad crops more than the input");
-        }
-        out[a] = o as usize;
-        checked_numel(&out[..=a])?;
+        let o = out[a] as i64;
         let map = (0..o)
             .map(|i| {
-                let s = i - b[a];
+                // Saturating: a pad of i64::MIN before is legal when as much follows.
+                let s = i.saturating_sub(b[a]);
                 if (0..d).contains(&s) {
                     return Some(s as usize);
                 }
@@ -696,30 +750,57 @@ fn pad(
     Tensor::new(out, data)
 }
 
-fn range(start: &Tensor, limit: &Tensor, delta: &Tensor) -> OpResult<Tensor> {
-    let g = |t: &Tensor| {
-        t.to_f64_vec()
-            .first()
-            .copied()
-            .ok_or(OpError::Shape("Range needs scalars".into()))
-    };
-    let (s, l, d) = (g(start)?, g(limit)?, g(delta)?);
+/// The element count of Range: `ceil((limit - start) / delta)`, at least 0.
+pub(crate) fn range_len(start: &Tensor, limit: &Tensor, delta: &Tensor) -> OpResult<usize> {
+    let (s, l, d) = (
+        range_scalar(start)?,
+        range_scalar(limit)?,
+        range_scalar(delta)?,
+    );
     if d == 0.0 {
         return shape_err("Range delta 0");
     }
     let n = ((l - s) / d).ceil().max(0.0);
-    if n > crate::tensor::MAX_ELEMENTS as f64 {
+    // NaN (infinite bounds) is refused too.
+    if n.is_nan() || n > crate::tensor::MAX_ELEMENTS as f64 {
         return Err(OpError::TooLarge(usize::MAX));
     }
-    let n = n as usize;
+    Ok(n as usize)
+}
+
+fn range_scalar(t: &Tensor) -> OpResult<f64> {
+    t.to_f64_vec()
+        .first()
+        .copied()
+        .ok_or(OpError::Shape("Range needs scalars".into()))
+}
+
+fn range(start: &Tensor, limit: &Tensor, delta: &Tensor) -> OpResult<Tensor> {
+    let n = range_len(start, limit, delta)?;
+    let (s, d) = (range_scalar(start)?, range_scalar(delta)?);
     let data = match start.data {
         Data::F32(_) => {
             let (s, d) = (s as f32, d as f32);
             Data::F32((0..n).map(|i| s + i as f32 * d).collect())
         }
         Data::F64(_) => Data::F64((0..n).map(|i| s + i as f64 * d).collect()),
-        Data::I64(_) => Data::I64((0..n).map(|i| s as i64 + i as i64 * d as i64).collect()),
-        Data::I32(_) => Data::I32((0..n).map(|i| s as i32 + i as i32 * d as i32).collect()),
+        // Wrapping, as integer tensors do elsewhere: hostile bounds must not panic.
+        Data::I64(_) => {
+            let (s, d) = (s as i64, d as i64);
+            Data::I64(
+                (0..n)
+                    .map(|i| s.wrapping_add((i as i64).wrapping_mul(d)))
+                    .collect(),
+            )
+        }
+        Data::I32(_) => {
+            let (s, d) = (s as i32, d as i32);
+            Data::I32(
+                (0..n)
+                    .map(|i| s.wrapping_add((i as i32).wrapping_mul(d)))
+                    .collect(),
+            )
+        }
         _ => return Err(OpError::DType("Range type".into())),
     };
     Tensor::new(vec![n], data)

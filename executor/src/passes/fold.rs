@@ -5,7 +5,9 @@ use crate::ops::{Cx, Op};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
-/// Folded results larger than this stay as nodes: folding must not bloat the model.
+/// Folded results larger than this stay as nodes: folding must not bloat the model. It is
+/// checked before a node is evaluated (`ops::size`), so a node asking for more is never run
+/// here; at run time the tenant's memory budget decides.
 const MAX_FOLDED_BYTES: usize = 64 << 20;
 
 pub fn fold_constants(g: &mut Graph) {
@@ -24,7 +26,12 @@ pub fn fold_constants(g: &mut Graph) {
                 .iter()
                 .map(|i| i.and_then(|v| g.constants.get(&v).map(|t| &**t)))
                 .collect();
-            if let Ok(outs) = node.op.eval(&cx, &refs)
+            let affordable = matches!(
+                crate::ops::size::allocation(&node.op, &refs),
+                Ok(None) | Ok(Some(0..=MAX_FOLDED_BYTES))
+            );
+            if affordable
+                && let Ok(outs) = node.op.eval(&cx, &refs)
                 && outs.len() >= node.outputs.len()
                 && outs.iter().map(Tensor::bytes).sum::<usize>() <= MAX_FOLDED_BYTES
             {

@@ -23,7 +23,7 @@ pub use fuse::fuse_activations;
 pub use gelu::fuse_gelu;
 pub use pointwise_depthwise::fuse_pointwise_depthwise;
 pub use residual::fuse_residual_add;
-pub use shapes::{fold_shapes, separable_batch};
+pub use shapes::{batch_refusal, fold_shapes, separable_batch};
 
 use crate::graph::Graph;
 

@@ -26,6 +26,16 @@ enum Sym {
     Unknown,
 }
 
+/// Most elements tracked for one shape tensor: shapes are short, and a Concat naming one
+/// vector a million times must not make a million-element copy per node.
+const MAX_TRACKED: usize = 64;
+
+/// What is known about a value nothing is known about.
+static UNKNOWN: Known = Known {
+    shape: None,
+    elements: None,
+};
+
 /// What is known about one value.
 #[derive(Clone, Debug, Default)]
 struct Known {
@@ -99,7 +109,7 @@ fn infer(g: &Graph) -> HashMap<ValueId, Known> {
     }
     for (&v, t) in &g.constants {
         let elements = match (&t.data, t.rank()) {
-            (Data::I64(values), 0 | 1) if values.len() <= 64 => {
+            (Data::I64(values), 0 | 1) if values.len() <= MAX_TRACKED => {
                 Some(values.iter().map(|&x| Sym::Known(x)).collect())
             }
             _ => None,
@@ -108,10 +118,11 @@ fn infer(g: &Graph) -> HashMap<ValueId, Known> {
         known.insert(v, Known { shape, elements });
     }
     for node in &g.nodes {
-        let ins: Vec<Known> = node
+        // Borrowed: a node may name one value very many times.
+        let ins: Vec<&Known> = node
             .inputs
             .iter()
-            .map(|i| i.and_then(|v| known.get(&v).cloned()).unwrap_or_default())
+            .map(|i| i.and_then(|v| known.get(&v)).unwrap_or(&UNKNOWN))
             .collect();
         let consts: Vec<Option<&Tensor>> = node
             .inputs
@@ -126,11 +137,11 @@ fn infer(g: &Graph) -> HashMap<ValueId, Known> {
     known
 }
 
-fn shape_of(ins: &[Known], i: usize) -> Option<&Vec<Sym>> {
+fn shape_of<'a>(ins: &[&'a Known], i: usize) -> Option<&'a Vec<Sym>> {
     ins.get(i).and_then(|k| k.shape.as_ref())
 }
 
-fn elements_of(ins: &[Known], i: usize) -> Option<&Vec<Sym>> {
+fn elements_of<'a>(ins: &[&'a Known], i: usize) -> Option<&'a Vec<Sym>> {
     ins.get(i).and_then(|k| k.elements.as_ref())
 }
 
@@ -148,7 +159,7 @@ fn axis(a: i64, rank: usize) -> Option<usize> {
     (0..r).contains(&a).then_some(a as usize)
 }
 
-fn infer_node(op: &Op, ins: &[Known], consts: &[Option<&Tensor>], n_out: usize) -> Vec<Known> {
+fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize) -> Vec<Known> {
     let same = || vec![shape_only(shape_of(ins, 0).cloned())];
     let unknown = || vec![Known::default(); n_out];
     let mut out = match op {
@@ -194,13 +205,16 @@ fn infer_node(op: &Op, ins: &[Known], consts: &[Option<&Tensor>], n_out: usize) 
                 _ => 1,
             };
             let (x, w) = (shape_of(ins, 0), shape_of(ins, w_at));
-            vec![shape_only(x.zip(w).filter(|(x, _)| x.len() >= 3).map(
-                |(x, w)| {
-                    let mut s = vec![x[0].clone(), w[0].clone()];
-                    s.resize(x.len(), Sym::Unknown);
-                    s
-                },
-            ))]
+            // A weight of rank 0 is malformed: the op itself reports it at run time.
+            vec![shape_only(
+                x.zip(w.and_then(|w| w.first()))
+                    .filter(|(x, _)| x.len() >= 3)
+                    .map(|(x, m)| {
+                        let mut s = vec![x[0].clone(), m.clone()];
+                        s.resize(x.len(), Sym::Unknown);
+                        s
+                    }),
+            )]
         }
         Op::Pool(_) => vec![shape_only(shape_of(ins, 0).filter(|x| x.len() >= 3).map(
             |x| {
@@ -223,7 +237,7 @@ fn infer_node(op: &Op, ins: &[Known], consts: &[Option<&Tensor>], n_out: usize) 
     out
 }
 
-fn infer_shape_op(op: &ShapeOp, ins: &[Known], consts: &[Option<&Tensor>]) -> Vec<Known> {
+fn infer_shape_op(op: &ShapeOp, ins: &[&Known], consts: &[Option<&Tensor>]) -> Vec<Known> {
     let x = shape_of(ins, 0);
     let const_ints = |i: usize| {
         consts
@@ -257,7 +271,7 @@ fn infer_shape_op(op: &ShapeOp, ins: &[Known], consts: &[Option<&Tensor>]) -> Ve
             shape.extend(idx.iter().cloned());
             shape.extend(x[a + 1..].iter().cloned());
             let elements = match (elements_of(ins, 0), const_ints(1)) {
-                (Some(e), Some(picks)) if x.len() == 1 => picks
+                (Some(e), Some(picks)) if x.len() == 1 && picks.len() <= MAX_TRACKED => picks
                     .iter()
                     .map(|&p| axis(p, e.len()).map(|p| e[p].clone()))
                     .collect(),
@@ -310,7 +324,9 @@ fn infer_shape_op(op: &ShapeOp, ins: &[Known], consts: &[Option<&Tensor>]) -> Ve
             let elements = if shape.as_ref().is_some_and(|s| s.len() == 1) {
                 let parts: Option<Vec<&Vec<Sym>>> =
                     (0..ins.len()).map(|i| elements_of(ins, i)).collect();
-                parts.map(|p| p.into_iter().flatten().cloned().collect())
+                parts
+                    .filter(|p| p.iter().map(|e| e.len()).sum::<usize>() <= MAX_TRACKED)
+                    .map(|p| p.into_iter().flatten().cloned().collect())
             } else {
                 None
             };
@@ -339,12 +355,16 @@ fn infer_shape_op(op: &ShapeOp, ins: &[Known], consts: &[Option<&Tensor>]) -> Ve
             };
             let axes = const_ints(3).unwrap_or_else(|| vec![0]);
             let steps = const_ints(4).unwrap_or_else(|| vec![1]);
+            // One slice of a vector only (empty or longer starts are the op's to refuse).
+            let (&[start], &[end]) = (starts.as_slice(), ends.as_slice()) else {
+                return vec![Known::default()];
+            };
             if axes.as_slice() != [0] && axes.as_slice() != [-1] || steps.as_slice() != [1] {
                 return vec![Known::default()];
             }
             let n = e.len() as i64;
-            let clamp = |v: i64| (if v < 0 { v + n } else { v }).clamp(0, n) as usize;
-            let (s, t) = (clamp(starts[0]), clamp(ends[0]));
+            let clamp = |v: i64| (if v < 0 { v.saturating_add(n) } else { v }).clamp(0, n) as usize;
+            let (s, t) = (clamp(start), clamp(end));
             let elements = e[s..t.max(s)].to_vec();
             vec![Known {
                 shape: Some(vec![Sym::Known(elements.len() as i64)]),
@@ -399,7 +419,7 @@ fn reshape(x: &[Sym], target: &[Sym], allowzero: bool) -> Vec<Sym> {
                 }
             }
             out[free] = match nx.as_slice() {
-                [] if kr > 0 && kx % kr == 0 => Sym::Known(kx / kr),
+                [] if kr > 0 && kx.checked_rem(kr) == Some(0) => Sym::Known(kx / kr),
                 [one] if kr == kx => Sym::Named(one.clone()),
                 _ => Sym::Unknown,
             };
@@ -493,7 +513,7 @@ fn concat(shapes: &[&Vec<Sym>], a: i64) -> Option<Vec<Sym>> {
         .iter()
         .map(|s| s.get(a).cloned().unwrap_or(Sym::Unknown))
         .try_fold(0i64, |acc, d| match d {
-            Sym::Known(v) => Some(acc + v),
+            Sym::Known(v) => acc.checked_add(v),
             _ => None,
         })
         .map_or(Sym::Unknown, Sym::Known);
@@ -501,7 +521,7 @@ fn concat(shapes: &[&Vec<Sym>], a: i64) -> Option<Vec<Sym>> {
 }
 
 mod batch;
-pub use batch::separable_batch;
+pub use batch::{batch_refusal, separable_batch};
 
 #[cfg(test)]
 mod tests;

@@ -3,6 +3,7 @@
 
 use crate::error::RunError;
 use crate::graph::{Dim, GraphInput};
+use crate::plan::Plan;
 use crate::tensor::Tensor;
 
 /// One request's inputs, in the model's input order, checked against the model.
@@ -23,15 +24,12 @@ impl Rows {
     }
 }
 
-/// Whether every input has a symbolic first dimension, so requests can be stacked.
-pub fn batchable(inputs: &[GraphInput]) -> bool {
-    !inputs.is_empty()
-        && inputs.iter().all(|i| {
-            i.dims
-                .as_ref()
-                .and_then(|d| d.first())
-                .is_some_and(|d| matches!(d, Dim::Symbol(_)))
-        })
+/// Whether requests may be stacked into one batch: only where the plan proves every sample is
+/// computed from itself alone (`Plan::separable_batch`). A model whose rows meet (a reduction
+/// or normalisation over the batch, a reshape folding it) would show each request the others'
+/// data; its requests run one at a time (see `Plan::batch_refusal` for why).
+pub fn batchable(plan: &Plan) -> bool {
+    plan.separable_batch.is_some()
 }
 
 /// Orders and checks named inputs against the model: every input present once, nothing unknown,
@@ -178,7 +176,6 @@ mod tests {
     #[test]
     fn stack_then_split_round_trips() {
         let inputs = [decl("x", vec![Dim::Symbol("batch".into()), Dim::Fixed(2)])];
-        assert!(batchable(&inputs));
         let a = check(&inputs, vec![x(1, 1.0)], true).expect("ok");
         let b = check(&inputs, vec![x(3, 2.0)], true).expect("ok");
         assert_eq!(a.key(), b.key());

@@ -2,6 +2,11 @@
 //! batcher, and `instances` workers that each run batches of up to `batch` rows with their own
 //! thread budget. Knobs change while serving without dropping queued requests. No HTTP here: the
 //! agent submits requests and gets a callback.
+//!
+//! Requests share a batch only when the plan proves its batch separable (no sample sees
+//! another's data). A panic while running a batch is contained to it: its requests get an
+//! error, the instance is replaced, and the tenant's crash hook (`Tenant::on_crash`) hears
+//! why.
 
 mod admission;
 mod batch;
@@ -13,7 +18,7 @@ pub mod stats;
 pub use admission::{BatchTimes, Overrun, predicted_latency};
 pub use batch::{Rows, batchable, check, stack};
 pub use cosched::{CoSchedule, Seat};
-pub use measure::{Measurement, measure};
+pub use measure::{Measurement, measure, measure_within};
 pub use planner::Planner;
 pub use stats::{ShedReason, Stats, WindowSummary};
 
@@ -23,6 +28,7 @@ use crate::error::RunError;
 use crate::plan::Model;
 use crate::tensor::Tensor;
 use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -121,7 +127,14 @@ struct Shared {
     /// How far requests overran admission's predictions.
     overrun: Mutex<Overrun>,
     stats: Stats,
+    /// Why the model crashed a worker, once it has.
+    crashed: Mutex<Option<String>>,
+    /// Told once, from the worker, when the model first crashes one.
+    on_crash: Mutex<Option<CrashHook>>,
 }
+
+/// Called with the reason when a tenant's model crashes a worker (see [`Tenant::on_crash`]).
+pub type CrashHook = Box<dyn FnOnce(String) + Send>;
 
 struct Worker {
     stop: Arc<AtomicBool>,
@@ -168,7 +181,7 @@ impl Tenant {
         config: TenantConfig,
         co: Option<Arc<CoSchedule>>,
     ) -> Tenant {
-        let batchable = batchable(&model.plan.inputs);
+        let batchable = batchable(&model.plan);
         let knobs = Knobs {
             max_batch: if batchable {
                 config.max_batch.max(1)
@@ -195,6 +208,8 @@ impl Tenant {
             wake: Condvar::new(),
             knobs: Mutex::new(knobs),
             batch_times: Mutex::new(BatchTimes::default()),
+            crashed: Mutex::new(None),
+            on_crash: Mutex::new(None),
         });
         let tenant = Tenant {
             shared,
@@ -228,6 +243,28 @@ impl Tenant {
     pub fn knobs(&self) -> (usize, usize) {
         let k = lock(&self.shared.knobs);
         (k.max_batch, k.instances)
+    }
+
+    /// Why requests are never batched together although the model's inputs have a batch
+    /// dimension (see `passes::batch_refusal`); `None` when they are, or cannot be.
+    pub fn batch_refusal(&self) -> Option<&str> {
+        self.shared.model.plan.batch_refusal.as_deref()
+    }
+
+    /// Why the model crashed a worker, if it ever did.
+    pub fn crashed(&self) -> Option<String> {
+        lock(&self.shared.crashed).clone()
+    }
+
+    /// Calls `hook` with the reason the first time the model crashes a worker (at once, if it
+    /// already has). The crashed batch's requests get an error and the worker is replaced
+    /// either way; the hook is for whoever must mark the tenant failed.
+    pub fn on_crash(&self, hook: CrashHook) {
+        let crashed = lock(&self.shared.crashed).clone();
+        match crashed {
+            Some(why) => hook(why),
+            None => *lock(&self.shared.on_crash) = Some(hook),
+        }
     }
 
     /// Requests waiting.
@@ -282,14 +319,9 @@ impl Tenant {
             let shared = self.shared.clone();
             let flag = stop.clone();
             let name = format!("{}-{}", self.shared.config.name, workers.len());
-            let spawned = std::thread::Builder::new().name(name).spawn(move || {
-                let engine = instance_engine(&shared);
-                let seat = shared
-                    .co
-                    .as_ref()
-                    .map(|co| co.join(shared.config.name.clone(), shared.model.clone()));
-                worker_loop(&shared, &flag, engine, seat)
-            });
+            let spawned = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || worker_loop(&shared, &flag));
             match spawned {
                 Ok(handle) => workers.push(Worker { stop, handle }),
                 // Out of threads: serve with what exists rather than fail the tenant.
@@ -472,13 +504,19 @@ struct Instance {
     seat: Option<Seat>,
 }
 
-fn worker_loop(
-    shared: &Shared,
-    stop: &AtomicBool,
-    engine: Result<Box<dyn Engine>, String>,
-    seat: Option<Seat>,
-) {
-    let mut inst = Instance { engine, seat };
+impl Instance {
+    fn new(shared: &Shared) -> Instance {
+        let engine = instance_engine(shared);
+        let seat = shared
+            .co
+            .as_ref()
+            .map(|co| co.join(shared.config.name.clone(), shared.model.clone()));
+        Instance { engine, seat }
+    }
+}
+
+fn worker_loop(shared: &Shared, stop: &AtomicBool) {
+    let mut inst = Instance::new(shared);
     while let Some((batch, started)) = next_batch(shared, stop) {
         if batch.is_empty() {
             continue;
@@ -494,34 +532,103 @@ fn worker_loop(
     }
 }
 
-/// One batch's outputs, and how long computing them took.
-type Outcome = (Result<Vec<(String, Tensor)>, RunError>, Instant, Duration);
+/// Test-only fault injection (feature `fault-injection`, always on in this crate's tests):
+/// every batch of a named tenant panics, so that tests can watch a crash being contained
+/// where no real model triggers one.
+#[cfg(any(test, feature = "fault-injection"))]
+pub mod faults {
+    use std::sync::Mutex;
+
+    static PANICKING: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    /// From now on, every batch of tenant `name` panics (`false`: stops doing so).
+    pub fn panic_in_batches_of(name: &str, on: bool) {
+        let mut names = super::lock(&PANICKING);
+        names.retain(|n| n != name);
+        if on {
+            names.push(name.to_string());
+        }
+    }
+
+    pub(crate) fn check(name: &str) {
+        if super::lock(&PANICKING).iter().any(|n| n == name) {
+            panic!("injected fault: every batch of {name:?} panics");
+        }
+    }
+}
+
+/// One batch's outputs, and how long computing them took; `Err` with the panic's message when
+/// the model crashed the instance.
+type Outcome = Result<(Result<Vec<(String, Tensor)>, RunError>, Instant, Duration), String>;
 
 fn compute(shared: &Shared, inst: &mut Instance, batch: &[Pending]) -> Outcome {
     let plan = &shared.model.plan;
     let names = plan.inputs.iter().map(|i| i.name.clone());
     let started = Instant::now();
     let refs: Vec<&Rows> = batch.iter().map(|p| &p.rows).collect();
-    let result = stack(&refs).and_then(|stacked| {
-        let inputs = names.zip(stacked).collect();
-        let engine = inst
-            .engine
-            .as_mut()
-            .map_err(|why| RunError::Device(why.clone()))?;
-        match &inst.seat {
-            // Half the SLO for the batch itself, the other half for queueing and batching.
-            Some(seat) => engine.run_seated(seat, inputs, Some(shared.stats.slo() / 2)),
-            None => engine.run(inputs),
+    // A panic is contained to this batch: nothing it touched is shared with other batches but
+    // the instance, which the caller replaces.
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        #[cfg(any(test, feature = "fault-injection"))]
+        faults::check(&shared.config.name);
+        stack(&refs).and_then(|stacked| {
+            let inputs = names.zip(stacked).collect();
+            let engine = inst
+                .engine
+                .as_mut()
+                .map_err(|why| RunError::Device(why.clone()))?;
+            match &inst.seat {
+                // Half the SLO for the batch itself, the other half for queueing and batching.
+                Some(seat) => engine.run_seated(seat, inputs, Some(shared.stats.slo() / 2)),
+                None => engine.run(inputs),
+            }
+        })
+    }))
+    .map_err(|panic| panic_message(panic.as_ref()))?;
+    Ok((result, started, started.elapsed()))
+}
+
+/// What a panic said, when it said it with a string.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+impl Shared {
+    /// Records that the model crashed a worker and tells the hook, the first time.
+    fn crashed(&self, why: &str) {
+        let first = {
+            let mut crashed = lock(&self.crashed);
+            let first = crashed.is_none();
+            crashed.get_or_insert_with(|| why.to_string());
+            first
+        };
+        if first && let Some(hook) = lock(&self.on_crash).take() {
+            hook(why.to_string());
         }
-    });
-    (result, started, started.elapsed())
+    }
 }
 
 fn reply(shared: &Shared, inst: &mut Instance, batch: Vec<Pending>, outcome: Outcome) {
     let rows: Vec<usize> = batch.iter().map(|p| p.rows.rows).collect();
     let total: usize = rows.iter().sum();
     match outcome {
-        (Ok(outputs), started, compute_time) => {
+        // The instance may be left in any state: a fresh one takes its place, and every request
+        // of the batch is told (a 5xx: the tenant's fault, not the caller's).
+        Err(why) => {
+            *inst = Instance::new(shared);
+            shared.crashed(&why);
+            for pending in batch {
+                shared.stats.error();
+                (pending.reply)(Err(RunError::Device(format!(
+                    "the model crashed while running this request's batch ({why}); its worker was replaced"
+                ))));
+            }
+        }
+        Ok((Ok(outputs), started, compute_time)) => {
             shared.stats.batch(total);
             lock(&shared.batch_times).record(compute_time);
             {
@@ -549,14 +656,14 @@ fn reply(shared: &Shared, inst: &mut Instance, batch: Vec<Pending>, outcome: Out
             }
         }
         // One bad request must not fail its batch-mates: run each alone to find it.
-        (Err(_), ..) if batch.len() > 1 => {
+        Ok((Err(_), ..)) if batch.len() > 1 => {
             for pending in batch {
                 let alone = std::slice::from_ref(&pending);
                 let outcome = compute(shared, inst, alone);
                 reply(shared, inst, vec![pending], outcome);
             }
         }
-        (Err(e), ..) => {
+        Ok((Err(e), ..)) => {
             shared.stats.error();
             if let Some(pending) = batch.into_iter().next() {
                 (pending.reply)(Err(e));

@@ -531,3 +531,170 @@ fn gpu_instances_share_one_copy_of_the_weights() {
             .is_ok()
     );
 }
+
+/// A model whose batches panic (an injected fault: no real model is known to trigger one)
+/// fails the requests each crashed batch held, with a device error (a 5xx), tells the crash
+/// hook once with the reason, and replaces the instance: once the fault is gone the same
+/// tenant serves again, and a tenant beside it serves throughout.
+#[test]
+fn a_crashing_batch_fails_its_requests_and_the_instance_is_replaced() {
+    let name = "crashing";
+    let crashing = Tenant::start(
+        model(),
+        TenantConfig {
+            name: name.into(),
+            ..config(4, 2, 1)
+        },
+    );
+    let fine = Tenant::start(model(), config(4, 1, 1));
+    let (heard, hears) = mpsc::channel();
+    crashing.on_crash(Box::new(move |why| drop(heard.send(why))));
+    faults::panic_in_batches_of(name, true);
+    let m = model();
+    for i in 0..4 {
+        match submit(&crashing, i).recv_timeout(Duration::from_secs(10)) {
+            Ok(Err(RunError::Device(why))) => {
+                assert!(
+                    why.contains("crashed") && why.contains("injected fault"),
+                    "{why}"
+                )
+            }
+            other => panic!("expected the crash as a device error, got {other:?}"),
+        }
+        let out = submit(&fine, i).recv_timeout(Duration::from_secs(10));
+        assert_eq!(
+            out.expect("answered").expect("served").outputs[0]
+                .1
+                .as_f32()
+                .expect("f32"),
+            alone(&m, i)
+        );
+    }
+    let why = hears.recv_timeout(Duration::from_secs(10)).expect("told");
+    assert!(why.contains("injected fault"), "{why}");
+    assert!(hears.try_recv().is_err(), "the hook is told once");
+    assert!(crashing.crashed().is_some_and(|c| c == why));
+    assert_eq!(crashing.stats().totals().errors, 4);
+    // The replaced instances serve once the model stops crashing them.
+    faults::panic_in_batches_of(name, false);
+    let out = submit(&crashing, 5).recv_timeout(Duration::from_secs(10));
+    assert_eq!(
+        out.expect("answered").expect("served").outputs[0]
+            .1
+            .as_f32()
+            .expect("f32"),
+        alone(&m, 5)
+    );
+    // A hook set after the crash hears of it at once.
+    let (late, hears_late) = mpsc::channel();
+    crashing.on_crash(Box::new(move |why| drop(late.send(why))));
+    assert!(hears_late.try_recv().is_ok_and(|w| w == why));
+}
+
+/// A real ONNX model over x: [batch, 4] built by `body` (which returns its output's name).
+fn over_x(body: impl FnOnce(&mut Builder) -> String) -> Arc<Model> {
+    let mut b = Builder::new(3, false);
+    let y = body(&mut b);
+    b.node_rename_last(&y, "y");
+    let proto: ModelProto = b.finish(
+        "mixing",
+        13,
+        vec![value_info("x", DType::F32, &[None, Some(4)])],
+        vec![value_info("y", DType::F32, &[None, Some(4)])],
+    );
+    Arc::new(Model::from_bytes(&proto.encode_to_vec()).expect("imports"))
+}
+
+/// Models whose rows meet: each request would see the others' data if they shared a batch. The
+/// runtime never batches them (every request runs alone and gets what it gets alone), and
+/// says why; a per-row model beside them still batches.
+#[test]
+fn models_whose_rows_meet_never_batch_requests_together() {
+    use crate::zoo::builder::{attr_int, attr_ints};
+    let mixing: Vec<(&str, Arc<Model>)> = vec![
+        // x minus the mean over the batch (a normalisation across requests).
+        (
+            "ReduceMean",
+            over_x(|b| {
+                let mean = b.node(
+                    "ReduceMean",
+                    &["x"],
+                    vec![attr_ints("axes", &[0]), attr_int("keepdims", 1)],
+                );
+                b.node("Sub", &["x", &mean], vec![])
+            }),
+        ),
+        // A softmax down the batch axis.
+        (
+            "Softmax",
+            over_x(|b| b.node("Softmax", &["x"], vec![attr_int("axis", 0)])),
+        ),
+        // The batch folded into one row, mixed by a weight, and unfolded.
+        (
+            "Flatten",
+            over_x(|b| {
+                let flat = b.node("Flatten", &["x"], vec![attr_int("axis", 0)]);
+                let w = b.normal("w", &[1, 1], 1.0);
+                let mixed = b.node("Mul", &[&flat, &w], vec![]);
+                let rolled = b.node("Add", &[&mixed, &flat], vec![]);
+                let shape = b.const_i64("shape", &[-1, 4]);
+                let back = b.node("Reshape", &[&rolled, &shape], vec![]);
+                let total = b.node("ReduceSum", &[&flat], vec![attr_int("keepdims", 1)]);
+                b.node("Add", &[&back, &total], vec![])
+            }),
+        ),
+    ];
+    let rows = |i: usize| -> Vec<(String, Tensor)> {
+        let v: Vec<f32> = (0..4).map(|j| (i * 4 + j) as f32 - 3.0).collect();
+        vec![("x".into(), Tensor::f32(vec![1, 4], v).expect("t"))]
+    };
+    for (what, model) in mixing {
+        // Two requests stacked give each something other than it gets alone: the model does mix.
+        let alone: Vec<Vec<f32>> = (0..2)
+            .map(|i| {
+                let out = model.plan.run(&CpuBackend::new(1), rows(i)).expect("runs");
+                out[0].1.as_f32().expect("f32").to_vec()
+            })
+            .collect();
+        let mut both = rows(0);
+        both[0].1 = Tensor::cat_rows(&[&rows(0)[0].1, &rows(1)[0].1]).expect("cat");
+        let together = model.plan.run(&CpuBackend::new(1), both).expect("runs");
+        assert_ne!(
+            &together[0].1.as_f32().expect("f32")[..4],
+            alone[0].as_slice(),
+            "{what}: the model must mix rows for this test to mean anything"
+        );
+        let tenant = Tenant::start(model.clone(), config(8, 1, 200));
+        let why = tenant.batch_refusal().map(str::to_string);
+        assert!(
+            why.as_deref().is_some_and(|w| w.contains("node")),
+            "{what}: {why:?}"
+        );
+        assert_eq!(tenant.knobs().0, 1, "{what}");
+        tenant.set_knobs(8, 1, Duration::from_millis(200));
+        assert_eq!(tenant.knobs().0, 1, "{what}: knobs cannot turn batching on");
+        let pending: Vec<_> = (0..6)
+            .map(|i| {
+                let (tx, rx) = mpsc::channel();
+                tenant
+                    .submit(rows(i), Box::new(move |r| drop(tx.send(r))))
+                    .expect("accepted");
+                rx
+            })
+            .collect();
+        for (i, rx) in pending.into_iter().enumerate() {
+            let done = rx.recv().expect("reply").expect("ok");
+            assert_eq!(done.batch_rows, 1, "{what}: request {i} shared a batch");
+            let expected = model.plan.run(&CpuBackend::new(1), rows(i)).expect("runs");
+            assert_eq!(
+                done.outputs[0].1.as_f32().expect("f32"),
+                expected[0].1.as_f32().expect("f32"),
+                "{what}: request {i}"
+            );
+        }
+    }
+    // The per-row model beside them still batches.
+    let tenant = Tenant::start(model(), config(8, 1, 200));
+    assert_eq!(tenant.batch_refusal(), None);
+    assert_eq!(tenant.knobs().0, 8);
+}

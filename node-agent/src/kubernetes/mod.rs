@@ -34,6 +34,8 @@ pub struct Options {
     pub co: Option<Arc<CoSchedule>>,
     /// Where the tenants compute (`--device`), or why the GPU asked for cannot be used.
     pub device: Result<Device, String>,
+    /// Host memory each tenant's model may hold (`--tenant-memory-limit`).
+    pub tenant_memory_limit: u64,
     /// Bytes requests may hold, and their deadlines.
     pub budget: Arc<serve::budget::Budget>,
     pub limits: serve::Limits,
@@ -122,6 +124,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         options.threads,
         options.co.clone(),
         device.clone(),
+        options.tenant_memory_limit,
         Arc::new(options.sources),
         done_tx,
     );

@@ -12,7 +12,11 @@
 //! - a load that fails is tried again after 10 s, doubling up to 5 min, while the tenant stays
 //!   Failed with the latest reason;
 //! - `profile` set: the DNNScaler points are measured once per (UID, model, profile knobs), while
-//!   the tenant keeps serving (so the points include the interference of live traffic).
+//!   the tenant keeps serving (so the points include the interference of live traffic), on a
+//!   blocking thread and within `dnnscaler::PROFILE_DEADLINE`;
+//! - a model that crashes a worker (a panic while running a batch): the tenant is Failed with
+//!   the reason and drained, and loaded again like a failed load;
+//! - the status never runs a model: activation bytes come from the measurements the load made.
 
 use crate::credentials::TenantTokens;
 use crate::dnnscaler;
@@ -55,6 +59,12 @@ pub enum Done {
     Unloaded {
         name: String,
         attempt: u64,
+    },
+    /// The serving replica's model crashed a worker.
+    Crashed {
+        name: String,
+        attempt: u64,
+        reason: String,
     },
     /// Time to load a Failed tenant again.
     Retry {
@@ -146,6 +156,8 @@ pub struct Reconciler {
     co: Option<Arc<CoSchedule>>,
     /// Where the replicas compute.
     device: Device,
+    /// Host memory each tenant's model may hold (`--tenant-memory-limit`).
+    memory_limit: u64,
     /// Where models may come from.
     sources: Arc<load::Sources>,
     runtime: tokio::runtime::Handle,
@@ -165,6 +177,7 @@ impl Reconciler {
         threads: usize,
         co: Option<Arc<CoSchedule>>,
         device: Device,
+        memory_limit: u64,
         sources: Arc<load::Sources>,
         done: UnboundedSender<Done>,
     ) -> Self {
@@ -173,6 +186,7 @@ impl Reconciler {
             threads: threads.max(1),
             co,
             device,
+            memory_limit,
             sources,
             runtime: tokio::runtime::Handle::current(),
             done,
@@ -291,6 +305,15 @@ impl Reconciler {
             (per_tenant / a.knobs.instances.max(1) as usize).max(1),
             &self.device,
         );
+        // Sized for the largest batch it is assigned or asked to profile.
+        let sizing = load::Sizing {
+            memory_limit: self.memory_limit,
+            largest_batch: a
+                .profile
+                .map_or(0, |k| k.batch_size)
+                .max(a.knobs.batch_size)
+                .max(1) as usize,
+        };
         let (uri, sha) = (a.model.uri.clone(), a.model.sha256.clone());
         let (done, runtime, name) = (self.done.clone(), self.runtime.clone(), name.to_string());
         let (co, sources) = (self.co.clone(), self.sources.clone());
@@ -298,7 +321,7 @@ impl Reconciler {
         tokio::task::spawn_blocking(move || {
             // The fetched bytes hold a load slot until the model is loaded.
             let result = load::model_bytes(&uri, sha.as_deref(), None, &sources, &runtime)
-                .and_then(|bytes| load::start(&bytes, config, co));
+                .and_then(|bytes| load::start(&bytes, config, sizing, co));
             let _ = done.send(Done::Loaded {
                 name,
                 attempt,
@@ -366,6 +389,7 @@ impl Reconciler {
         let (tenant, done, attempt) = (tenant.clone(), self.done.clone(), h.attempt);
         let (name, threads) = (name.to_string(), self.threads);
         tracing::info!(tenant = %name, batch = knobs.batch_size, instances = knobs.instances, "profiling");
+        let deadline = std::time::Instant::now() + dnnscaler::PROFILE_DEADLINE;
         tokio::task::spawn_blocking(move || {
             let result = dnnscaler::profile_points(
                 &name,
@@ -374,6 +398,7 @@ impl Reconciler {
                 knobs.instances,
                 threads,
                 PROFILE_POINT,
+                deadline,
             )
             .map_err(|e| e.to_string());
             let _ = done.send(Done::Profiled {
@@ -422,6 +447,21 @@ impl Reconciler {
                 self.maybe_profile(&name);
             }
             Done::Retry { name, attempt } => self.retry(&name, attempt),
+            Done::Crashed {
+                name,
+                attempt,
+                reason,
+            } => {
+                let serving = self
+                    .held
+                    .get(&name)
+                    .is_some_and(|h| h.attempt == attempt && matches!(h.phase, Phase::Ready));
+                if serving {
+                    let reason = format!("the model crashed while serving: {reason}");
+                    tracing::error!(tenant = %name, %reason, "failed");
+                    self.fail(&name, attempt, reason);
+                }
+            }
             Done::Unloaded { name, attempt } => {
                 tracing::info!(tenant = %name, "drained and unloaded");
                 self.unloading.remove(&(name, attempt));
@@ -441,6 +481,15 @@ impl Reconciler {
         let replaced = match result {
             Ok(loaded) => {
                 apply_knobs(&loaded.tenant, a);
+                // A crash while serving comes back as a job, to be handled like a failed load.
+                let (done, crashed) = (self.done.clone(), name.to_string());
+                loaded.tenant.on_crash(Box::new(move |reason| {
+                    let _ = done.send(Done::Crashed {
+                        name: crashed,
+                        attempt,
+                        reason,
+                    });
+                }));
                 tracing::info!(tenant = %name, "ready");
                 self.registry.put(entry_of(
                     name,
@@ -456,24 +505,39 @@ impl Reconciler {
             }
             Err(reason) => {
                 tracing::error!(tenant = %name, %reason, "failed to load");
-                self.registry
-                    .put(entry_of(name, a, State::Failed(reason.clone())));
-                h.phase = Phase::Failed(reason);
-                h.failures += 1;
-                let delay = retry_delay(h.failures);
-                tracing::info!(tenant = %name, retry_in = ?delay, "will load it again");
-                let (done, name) = (self.done.clone(), name.to_string());
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let _ = done.send(Done::Retry { name, attempt });
-                });
-                h.serving.take()
+                self.fail(name, attempt, reason);
+                return;
             }
         };
         if let Some(old) = replaced {
             drain(old);
         }
         self.maybe_profile(name);
+    }
+
+    /// Marks `name` Failed with `reason`, drains what it served, and loads it again after the
+    /// backoff.
+    fn fail(&mut self, name: &str, attempt: u64, reason: String) {
+        let Some(h) = self.held.get_mut(name) else {
+            return;
+        };
+        self.registry
+            .put(entry_of(name, &h.assignment, State::Failed(reason.clone())));
+        h.phase = Phase::Failed(reason);
+        h.failures += 1;
+        let delay = retry_delay(h.failures);
+        tracing::info!(tenant = %name, retry_in = ?delay, "will load it again");
+        let (done, retried) = (self.done.clone(), name.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = done.send(Done::Retry {
+                name: retried,
+                attempt,
+            });
+        });
+        if let Some(old) = h.serving.take() {
+            drain(old);
+        }
     }
 
     /// Every assignment Ready or Failed (none loading or profiling).
@@ -495,9 +559,19 @@ impl Reconciler {
                     (Phase::Ready, Some(_)) => ReplicaState::Profiling,
                     (Phase::Ready, None) => ReplicaState::Ready,
                 };
+                // A serving replica's notes: a failed profile, and why requests never share a
+                // batch where the model's inputs look batchable.
+                let batching = h
+                    .serving
+                    .as_ref()
+                    .and_then(|t| t.batch_refusal())
+                    .map(|why| format!("batching refused: {why}"));
                 let error = match &h.phase {
                     Phase::Failed(reason) => Some(reason.clone()),
-                    _ => h.profile_error.clone(),
+                    _ => match (h.profile_error.clone(), batching) {
+                        (Some(p), Some(b)) => Some(format!("{p}; {b}")),
+                        (p, b) => p.or(b),
+                    },
                 };
                 let mut t = LoadedTenant {
                     tenant: h.assignment.tenant.clone(),
@@ -515,7 +589,9 @@ impl Reconciler {
                         instances: u32::try_from(instances).unwrap_or(u32::MAX),
                     });
                     t.weight_bytes = Some(plan.weight_bytes() as u64);
-                    t.activation_bytes = plan.peak_activation_bytes(batch).ok().map(|b| b as u64);
+                    // Never a run here (this is the async runtime): what the load measured.
+                    t.activation_bytes =
+                        plan.measured_peak_activation_bytes(batch).map(|b| b as u64);
                 }
                 t
             })
@@ -569,6 +645,171 @@ fn drain(tenant: Arc<Tenant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cotenant_crds::{ModelSource, Slo};
+    use cotenant_executor::runtime::{Completed, faults};
+    use cotenant_executor::{RunError, Tensor};
+    use std::path::Path;
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    fn assignment(name: &str, file: &Path) -> Assignment {
+        Assignment {
+            tenant: TenantRef {
+                namespace: "team".into(),
+                name: name.into(),
+                uid: format!("uid-{name}"),
+            },
+            model: ModelSource {
+                uri: format!("file://{}", file.display()),
+                sha256: None,
+                format: Default::default(),
+            },
+            slo: Slo {
+                latency_millis: 5000.0,
+                percentile: 99.0,
+            },
+            knobs: Knobs {
+                batch_size: 4,
+                instances: 1,
+            },
+            profile: None,
+            credentials: Default::default(),
+        }
+    }
+
+    /// Feeds finished jobs back until `done` holds.
+    async fn drive(
+        r: &mut Reconciler,
+        jobs: &mut UnboundedReceiver<Done>,
+        done: impl Fn(&Reconciler) -> bool,
+    ) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        while !done(r) {
+            let job = tokio::time::timeout_at(deadline, jobs.recv()).await;
+            r.on_done(job.expect("in time").expect("a job"));
+        }
+    }
+
+    async fn infer(registry: &Registry, name: &str) -> Result<Completed, RunError> {
+        let entry = registry.resolve(name).expect("held");
+        let State::Ready { tenant, .. } = &entry.state else {
+            panic!("{name} is {}", entry.state.word());
+        };
+        let x = Tensor::f32(vec![1, 3, 224, 224], vec![0.5; 3 * 224 * 224]).expect("x");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tenant
+            .submit(
+                vec![("input".into(), x)],
+                Box::new(move |r| drop(tx.send(r))),
+            )
+            .expect("accepted");
+        rx.await.expect("answered")
+    }
+
+    /// The agent's reconciler with three tenants on one agent: a model that crashes its worker
+    /// (an injected fault: no real model is known to) is Failed in the status with the reason,
+    /// its request answered with a device error (a 5xx), while the tenant beside it keeps
+    /// serving; a model whose rows meet is Ready with batching refused, and the status says why.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crashing_model_fails_its_tenant_alone_and_refused_batching_is_reported() {
+        let dir = std::env::temp_dir().join(format!("cotenant-reconcile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let squeezenet = dir.join("squeezenet.onnx");
+        std::fs::write(&squeezenet, crate::load::tests::squeezenet()).expect("write");
+        let mixing = dir.join("mixing.onnx");
+        std::fs::write(&mixing, crate::load::tests::batch_normalising_model()).expect("write");
+        let registry = Arc::new(Registry::default());
+        let (tx, mut jobs) = tokio::sync::mpsc::unbounded_channel();
+        // The models directory is the agent's model root, as a pool's volume would be.
+        let sources =
+            crate::load::Sources::kubernetes(std::slice::from_ref(&dir), dir.join("downloads"), 2)
+                .expect("model root");
+        let mut r = Reconciler::new(
+            registry.clone(),
+            2,
+            None,
+            Device::Cpu,
+            1 << 30,
+            Arc::new(sources),
+            tx,
+        );
+        r.apply(Desired {
+            exists: true,
+            generation: Some(1),
+            assignments: vec![
+                assignment("crashes", &squeezenet),
+                assignment("fine", &squeezenet),
+                assignment("mixes", &mixing),
+            ],
+        });
+        drive(&mut r, &mut jobs, Reconciler::settled).await;
+        let state = |r: &Reconciler, name: &str| {
+            r.tenants()
+                .into_iter()
+                .find(|t| t.tenant.name == name)
+                .expect("reported")
+        };
+        for name in ["crashes", "fine", "mixes"] {
+            assert_eq!(state(&r, name).state, ReplicaState::Ready, "{name}");
+        }
+        let mixes = state(&r, "mixes");
+        let note = mixes.error.unwrap_or_default();
+        assert!(
+            note.starts_with("batching refused:") && note.contains("batch_mean"),
+            "{note}"
+        );
+        assert_eq!(mixes.knobs.map(|k| k.batch_size), Some(1));
+        assert!(state(&r, "fine").error.is_none());
+        let at_batch_4 = state(&r, "fine").activation_bytes.expect("measured");
+        // Knobs far past what was ever run: the status reports the memory plan at that batch
+        // without running it (it is written from the async runtime).
+        let mut bigger = assignment("fine", &squeezenet);
+        bigger.knobs.batch_size = 1024;
+        r.apply(Desired {
+            exists: true,
+            generation: Some(2),
+            assignments: vec![
+                assignment("crashes", &squeezenet),
+                bigger,
+                assignment("mixes", &mixing),
+            ],
+        });
+        let at_1024 = state(&r, "fine");
+        assert_eq!(at_1024.knobs.map(|k| k.batch_size), Some(1024));
+        assert!(
+            at_1024
+                .activation_bytes
+                .is_some_and(|b| b > 200 * at_batch_4),
+            "{:?} vs {at_batch_4} at batch 4",
+            at_1024.activation_bytes
+        );
+
+        faults::panic_in_batches_of("team.crashes", true);
+        match infer(&registry, "team.crashes").await {
+            Err(RunError::Device(why)) => assert!(why.contains("crashed"), "{why}"),
+            other => panic!("expected the crash as a device error, got {other:?}"),
+        }
+        drive(&mut r, &mut jobs, |r| {
+            state(r, "crashes").state == ReplicaState::Failed
+        })
+        .await;
+        let crashed = state(&r, "crashes");
+        let why = crashed.error.unwrap_or_default();
+        assert!(
+            why.contains("crashed while serving") && why.contains("injected fault"),
+            "{why}"
+        );
+        assert!(matches!(
+            registry.resolve("team.crashes").map(|e| e.state.word()),
+            Ok("Failed")
+        ));
+        assert!(infer(&registry, "team.fine").await.is_ok());
+        assert_eq!(state(&r, "fine").state, ReplicaState::Ready);
+        faults::panic_in_batches_of("team.crashes", false);
+        for tenant in r.take_all() {
+            tenant.shutdown();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn retries_back_off_to_five_minutes() {

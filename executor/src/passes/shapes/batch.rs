@@ -19,32 +19,63 @@ use std::collections::{HashMap, HashSet};
 
 /// The symbol of the graph's separable batch axis, if it has one.
 pub fn separable_batch(g: &Graph) -> Option<String> {
-    let sym = match g.inputs.first()?.dims.as_ref()?.first()? {
-        Dim::Symbol(s) => s.clone(),
-        Dim::Fixed(_) => return None,
-    };
-    let batch_first = |dims: &[Dim]| {
-        dims.first() == Some(&Dim::Symbol(sym.clone()))
-            && !dims[1..].contains(&Dim::Symbol(sym.clone()))
-    };
-    if !g
+    batch_separation(g).ok()
+}
+
+/// Why a graph whose inputs all start with a symbolic dimension (so that requests could be
+/// stacked along it) must not run two requests in one batch; `None` when the batch separates
+/// or the inputs have no such dimension to batch along.
+pub fn batch_refusal(g: &Graph) -> Option<String> {
+    let stackable = !g.inputs.is_empty()
+        && g.inputs.iter().all(|i| {
+            i.dims
+                .as_ref()
+                .and_then(|d| d.first())
+                .is_some_and(|d| matches!(d, Dim::Symbol(_)))
+        });
+    batch_separation(g).err().filter(|_| stackable)
+}
+
+/// The batch symbol, or why the batch does not separate.
+fn batch_separation(g: &Graph) -> Result<String, String> {
+    let first = g
         .inputs
-        .iter()
-        .all(|i| i.dims.as_deref().is_some_and(batch_first))
-    {
-        return None;
+        .first()
+        .ok_or("the model has no inputs")?
+        .dims
+        .as_ref()
+        .and_then(|d| d.first());
+    let sym = match first {
+        Some(Dim::Symbol(s)) => s.clone(),
+        _ => return Err("the first input has no symbolic first dimension".into()),
+    };
+    for i in &g.inputs {
+        let dims = i.dims.as_deref().unwrap_or_default();
+        if dims.first() != Some(&Dim::Symbol(sym.clone())) {
+            return Err(format!(
+                "input {:?} does not start with the batch dimension {sym:?}",
+                i.name
+            ));
+        }
+        if dims[1..].contains(&Dim::Symbol(sym.clone())) {
+            return Err(format!(
+                "input {:?} has the batch dimension {sym:?} past its first axis",
+                i.name
+            ));
+        }
     }
     let check = Check {
         known: infer(g),
         sym: Sym::Named(sym.clone()),
     };
+    let node_says = |n: &Node, what: &str| format!("node {:?} ({}) {what}", n.name, n.op.name());
     // Values whose contents depend on the batch size.
     let mut sized: HashSet<ValueId> = HashSet::new();
     for node in &g.nodes {
         let reads_size = node.inputs.iter().flatten().any(|v| sized.contains(v));
         if reads_size {
             if !check.shape_arithmetic(node, &sized) {
-                return None;
+                return Err(node_says(node, "computes with the batch size"));
             }
             if !matches!(node.op, Op::Shape(ShapeOp::Reshape { .. })) {
                 sized.extend(node.outputs.iter().copied());
@@ -55,15 +86,24 @@ pub fn separable_batch(g: &Graph) -> Option<String> {
             Op::Shape(ShapeOp::Shape { .. }) => {
                 sized.extend(node.outputs.iter().copied());
             }
-            _ if !check.separates(node) => return None,
+            _ if !check.separates(node) => {
+                return Err(node_says(
+                    node,
+                    "is not proven to keep the samples of a batch apart",
+                ));
+            }
             _ => {}
         }
     }
-    let outputs_batched = g
-        .outputs
-        .iter()
-        .all(|v| check.batched(*v) && !sized.contains(v));
-    outputs_batched.then_some(sym)
+    for &v in &g.outputs {
+        if !check.batched(v) || sized.contains(&v) {
+            return Err(format!(
+                "output {:?} does not keep the batch as its first axis",
+                g.value_names[v]
+            ));
+        }
+    }
+    Ok(sym)
 }
 
 struct Check {

@@ -1,0 +1,322 @@
+//! What an op is about to allocate, worked out from its inputs' shapes (and the small integer
+//! tensors that give shapes, repeats, pads or sizes) before it runs. Constant folding and the
+//! memory budget of a run refuse a node on this number instead of finding out by allocating:
+//! a few hundred bytes of `ConstantOfShape`, `Tile` or `Resize` may ask for gigabytes.
+//!
+//! Only the ops whose outputs can be far larger than their inputs have an estimate; every other
+//! op allocates at most a small multiple of what it reads, which is already counted.
+
+use super::shape::{ShapeOp, expand_shape, gather_shape, pad_shape, range_len, slice_plan};
+use super::{Op, input, opt_input};
+use crate::error::{OpError, OpResult, shape_err};
+use crate::ops::elementwise::broadcast_shape;
+use crate::tensor::{Tensor, checked_numel};
+
+/// Bytes per element of the index vectors the gather-based ops build beside their output.
+const INDEX: usize = std::mem::size_of::<usize>();
+
+/// Bytes `op` allocates on `inputs` (outputs and working buffers together), or `None` when it
+/// allocates no more than a small multiple of its inputs. An error is the error the op itself
+/// would give for these shapes (too large, or inconsistent).
+pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>> {
+    let x = || input(inputs, 0);
+    let bytes = match op {
+        Op::Shape(s) => return shape_op(s, inputs),
+        Op::Binary(_) => {
+            let out = broadcast_shape(&x()?.shape, &input(inputs, 1)?.shape)?;
+            elements(&out, dsize(x()?))?
+        }
+        Op::LegacyBroadcast(_, axis) => {
+            let (a, b) = (x()?, input(inputs, 1)?);
+            let mut aligned = b.shape.clone();
+            if let Some(axis) = axis {
+                let axis = crate::tensor::norm_axis(*axis, a.rank())?;
+                if axis + b.rank() > a.rank() {
+                    return shape_err("legacy broadcast past the first operand's axes");
+                }
+                aligned = vec![1; axis];
+                aligned.extend(&b.shape);
+                aligned.resize(a.rank(), 1);
+            }
+            elements(&broadcast_shape(&a.shape, &aligned)?, dsize(a))?
+        }
+        // Operands are joined pairwise, each partial result a new tensor of the broadcast shape.
+        Op::Variadic(..) => {
+            let mut out = x()?.shape.clone();
+            for t in inputs.iter().skip(1).flatten() {
+                out = broadcast_shape(&out, &t.shape)?;
+            }
+            times(elements(&out, dsize(x()?))?, 2)?
+        }
+        // Where gathers through three index vectors and an iota.
+        Op::Where => {
+            let (c, a, b) = (x()?, input(inputs, 1)?, input(inputs, 2)?);
+            let out = broadcast_shape(&broadcast_shape(&c.shape, &a.shape)?, &b.shape)?;
+            elements(&out, dsize(a) + 4 * INDEX)?
+        }
+        Op::MatMul { .. } => matmul(x()?, input(inputs, 1)?)?,
+        Op::Gemm(g) => {
+            let (a, b) = (x()?, input(inputs, 1)?);
+            if a.rank() != 2 || b.rank() != 2 {
+                return shape_err("Gemm needs 2-D operands");
+            }
+            let m = if g.trans_a { a.shape[1] } else { a.shape[0] };
+            let n = if g.trans_b { b.shape[0] } else { b.shape[1] };
+            // The output and a broadcast copy of C.
+            elements(&[m, n], 2 * 4)?
+        }
+        Op::Conv(c) => {
+            let w = input(inputs, 1)?;
+            let (p, out) = super::conv::conv_geometry(c, &x()?.shape, &w.shape)?;
+            plus(elements(&out, 4)?, im2col(&p)?)?
+        }
+        // The GEMM's columns before col2im: kernel taps times output channels per input pixel.
+        Op::ConvTranspose(c) => {
+            let w = input(inputs, 1)?;
+            let (p, out) = super::conv::conv_transpose_geometry(c, &x()?.shape, &w.shape)?;
+            let columns = elements(&[p.m / p.groups, p.kh, p.kw, p.h, p.w], 4)?;
+            plus(elements(&out, 4)?, columns)?
+        }
+        Op::PointwiseDepthwise(f) => {
+            let conv = super::conv::conv_geometry;
+            let (p1, mid) = conv(&f.pointwise, &x()?.shape, &input(inputs, 1)?.shape)?;
+            let (p2, out) = conv(&f.depthwise, &mid, &input(inputs, 3)?.shape)?;
+            let mut total = plus(elements(&mid, 4)?, elements(&out, 4)?)?;
+            total = plus(total, im2col(&p1)?.max(im2col(&p2)?))?;
+            if let Some(pr) = &f.project {
+                let (p3, last) = conv(pr, &out, &input(inputs, 5)?.shape)?;
+                total = plus(total, elements(&last, 4)?)?;
+                total = plus(total, im2col(&p3)?)?;
+            }
+            total
+        }
+        Op::Pool(p) => {
+            let (_, out) = super::pool::pool2d_geometry(p, &x()?.shape)?;
+            elements(&out, 4)?
+        }
+        // The resampled tensor and one intermediate of at most its size, plus the taps.
+        Op::Resize(r) => {
+            let (out, _) = super::resize::resize_shape(r, inputs)?;
+            let taps = out.iter().try_fold(0usize, |a, &d| plus(a, d))?;
+            plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?
+        }
+        Op::Cast { to } => elements(&x()?.shape, to.size())?,
+        _ => return Ok(None),
+    };
+    Ok(Some(bytes))
+}
+
+fn shape_op(op: &ShapeOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>> {
+    let x = || input(inputs, 0);
+    let bytes = match op {
+        ShapeOp::ConstantOfShape { value } => {
+            let shape = super::shape::to_dims(&x()?.to_i64_vec()?)?;
+            elements(&shape, value.dtype().size())?
+        }
+        // Expand and Tile gather through an index per output element.
+        ShapeOp::Expand => {
+            let out = expand_shape(&x()?.shape, input(inputs, 1)?)?;
+            plus(
+                elements(&out, dsize(x()?) + INDEX)?,
+                times(x()?.len(), INDEX)?,
+            )?
+        }
+        ShapeOp::Tile => {
+            let out = super::shape::tile_shape(&x()?.shape, &input(inputs, 1)?.to_i64_vec()?)?;
+            elements(&out, dsize(x()?) + INDEX)?
+        }
+        ShapeOp::Range => {
+            let n = range_len(x()?, input(inputs, 1)?, input(inputs, 2)?)?;
+            times(n, dsize(x()?))?
+        }
+        // Pad keeps an optional source index and a gather index per output element.
+        ShapeOp::Pad { pads, .. } => {
+            let (_, out) = pad_shape(&x()?.shape, inputs, pads.as_deref())?;
+            elements(&out, dsize(x()?) + 3 * INDEX)?
+        }
+        // The inputs joined: a node may name the same value many times.
+        ShapeOp::Concat { .. } => inputs
+            .iter()
+            .flatten()
+            .try_fold(0usize, |a, t| plus(a, t.bytes()))?,
+        ShapeOp::Gather { axis } => {
+            let out = gather_shape(&x()?.shape, &input(inputs, 1)?.shape, *axis)?;
+            elements(&out, dsize(x()?) + INDEX)?
+        }
+        ShapeOp::Slice { attrs } => {
+            let x = x()?;
+            let (starts, ends, axes, steps) = match attrs {
+                Some((s, e, a)) => (s.clone(), e.clone(), a.clone(), None),
+                None => (
+                    input(inputs, 1)?.to_i64_vec()?,
+                    input(inputs, 2)?.to_i64_vec()?,
+                    opt_input(inputs, 3).map(|t| t.to_i64_vec()).transpose()?,
+                    opt_input(inputs, 4).map(|t| t.to_i64_vec()).transpose()?,
+                ),
+            };
+            let (out, _, _) = slice_plan(&x.shape, &starts, &ends, axes, steps)?;
+            elements(&out, dsize(x) + INDEX)?
+        }
+        // The parts together are the input, each gathered through its own indices.
+        ShapeOp::Split { .. } => times(x()?.len(), dsize(x()?) + INDEX)?,
+        _ => return Ok(None),
+    };
+    Ok(Some(bytes))
+}
+
+/// MatMul's output (batch axes broadcast), and the per-product operand indices.
+fn matmul(a: &Tensor, b: &Tensor) -> OpResult<usize> {
+    if a.rank() == 0 || b.rank() == 0 {
+        return shape_err("MatMul operands must have rank >= 1");
+    }
+    let ash = if a.rank() == 1 {
+        vec![1, a.shape[0]]
+    } else {
+        a.shape.clone()
+    };
+    let bsh = if b.rank() == 1 {
+        vec![b.shape[0], 1]
+    } else {
+        b.shape.clone()
+    };
+    let (m, n) = (ash[ash.len() - 2], bsh[bsh.len() - 1]);
+    let batch = broadcast_shape(&ash[..ash.len() - 2], &bsh[..bsh.len() - 2])?;
+    let mut out = batch.clone();
+    out.extend([m, n]);
+    plus(elements(&out, 4)?, elements(&batch, 2 * INDEX)?)
+}
+
+/// Bytes of a convolution's im2col scratch (`Conv2d::scratch_len`, with every product checked).
+fn im2col(p: &cotenant_kernels::conv::Conv2d) -> OpResult<usize> {
+    if p.is_pointwise() || p.is_depthwise() {
+        return Ok(0);
+    }
+    elements(&[p.c / p.groups.max(1), p.kh, p.kw, p.oh, p.ow], 4)
+}
+
+fn dsize(t: &Tensor) -> usize {
+    t.dtype().size()
+}
+
+/// Bytes of `shape` at `per_element` bytes each; a shape past the executor's limit is an error.
+fn elements(shape: &[usize], per_element: usize) -> OpResult<usize> {
+    times(checked_numel(shape)?, per_element)
+}
+
+fn times(n: usize, k: usize) -> OpResult<usize> {
+    n.checked_mul(k).ok_or(OpError::TooLarge(usize::MAX))
+}
+
+fn plus(a: usize, b: usize) -> OpResult<usize> {
+    a.checked_add(b).ok_or(OpError::TooLarge(usize::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::Cx;
+    use crate::tensor::{DType, Data};
+
+    fn ints(v: &[i64]) -> Tensor {
+        Tensor::i64(vec![v.len()], v.to_vec()).expect("ints")
+    }
+
+    fn f32s(shape: &[usize]) -> Tensor {
+        Tensor::zeros(DType::F32, shape.to_vec()).expect("zeros")
+    }
+
+    /// A few hundred bytes of input that ask for gigabytes are priced before anything is
+    /// allocated.
+    #[test]
+    fn amplifying_ops_are_priced_from_their_inputs() {
+        let giga = 1usize << 30;
+        let of_shape = Op::Shape(ShapeOp::ConstantOfShape {
+            value: Tensor::scalar_f32(1.0),
+        });
+        let shape = ints(&[1 << 15, 1 << 14]);
+        assert_eq!(allocation(&of_shape, &[Some(&shape)]), Ok(Some(2 * giga)));
+        let tile = Op::Shape(ShapeOp::Tile);
+        let (x, reps) = (f32s(&[4]), ints(&[1 << 27]));
+        let bytes = allocation(&tile, &[Some(&x), Some(&reps)])
+            .unwrap()
+            .unwrap();
+        assert!(bytes >= 2 * giga, "{bytes}");
+        let expand = Op::Shape(ShapeOp::Expand);
+        let target = ints(&[1 << 20, 1 << 10]);
+        let (x, one) = (f32s(&[1, 1]), Some(&target));
+        assert!(allocation(&expand, &[Some(&x), one]).unwrap().unwrap() >= 4 * giga);
+        let range = Op::Shape(ShapeOp::Range);
+        let (s, l, d) = (
+            Tensor::scalar_f32(0.0),
+            Tensor::scalar_f32(1e9),
+            Tensor::scalar_f32(1.0),
+        );
+        assert_eq!(
+            allocation(&range, &[Some(&s), Some(&l), Some(&d)]),
+            Ok(Some(4_000_000_000))
+        );
+        // Past the executor's per-tensor limit, or overflowing, is the op's own error.
+        let huge = ints(&[1 << 40, 1 << 40]);
+        assert!(matches!(
+            allocation(&of_shape, &[Some(&huge)]),
+            Err(OpError::TooLarge(_))
+        ));
+        let inf = Tensor::scalar_f32(f32::INFINITY);
+        assert!(matches!(
+            allocation(&range, &[Some(&s), Some(&inf), Some(&d)]),
+            Err(OpError::TooLarge(_))
+        ));
+        // Broadcasting [N, 1] against [1, N]: N^2 from 2N.
+        let (a, b) = (f32s(&[1 << 15, 1]), f32s(&[1, 1 << 15]));
+        let add = Op::Binary(crate::ops::elementwise::Binary::Add);
+        assert_eq!(allocation(&add, &[Some(&a), Some(&b)]), Ok(Some(4 * giga)));
+        // One value named many times by a Concat.
+        let concat = Op::Shape(ShapeOp::Concat { axis: 0 });
+        let x = f32s(&[1 << 10]);
+        let many: Vec<Option<&Tensor>> = vec![Some(&x); 1 << 12];
+        assert_eq!(allocation(&concat, &many), Ok(Some(16 << 20)));
+        // Ops that read as much as they write have no estimate.
+        let relu = Op::Unary(crate::ops::elementwise::Unary::Relu);
+        assert_eq!(allocation(&relu, &[Some(&x)]), Ok(None));
+    }
+
+    /// Where an op has an estimate, it covers what the op returns.
+    #[test]
+    fn estimates_cover_what_the_ops_return() {
+        let cx = Cx::new(1);
+        let x = Tensor::new(vec![2, 3], Data::F32((0..6).map(|v| v as f32).collect())).unwrap();
+        let cases: Vec<(Op, Vec<Tensor>)> = vec![
+            (Op::Shape(ShapeOp::Tile), vec![x.clone(), ints(&[3, 2])]),
+            (
+                Op::Shape(ShapeOp::Expand),
+                vec![x.clone(), ints(&[4, 2, 3])],
+            ),
+            (
+                Op::Shape(ShapeOp::Pad {
+                    mode: "reflect".into(),
+                    pads: Some(vec![1, 2, 1, 2]),
+                    value: 0.0,
+                }),
+                vec![x.clone()],
+            ),
+            (
+                Op::Shape(ShapeOp::Gather { axis: 1 }),
+                vec![x.clone(), ints(&[0, 2, 2, 1])],
+            ),
+            (
+                Op::Shape(ShapeOp::Concat { axis: 1 }),
+                vec![x.clone(), x.clone(), x.clone()],
+            ),
+            (
+                Op::MatMul { act: None },
+                vec![f32s(&[5, 1, 2, 3]), f32s(&[4, 3, 7])],
+            ),
+        ];
+        for (op, ins) in cases {
+            let refs: Vec<Option<&Tensor>> = ins.iter().map(Some).collect();
+            let estimate = allocation(&op, &refs).unwrap().unwrap();
+            let out: usize = op.eval(&cx, &refs).unwrap().iter().map(Tensor::bytes).sum();
+            assert!(estimate >= out, "{}: {estimate} < {out}", op.name());
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! Structural fuzzing of the importer, the passes and planning: zoo models with mutated
+//! attributes, dimensions, element types, initializers, wiring and opsets, and one-node graphs
+//! of every supported operator with hostile attributes and inputs. Each must import, plan and
+//! run under a memory budget or fail with an error; none may panic or allocate past the budget.
+//! Crashes this found are kept as named regression tests in `hostile_models.rs`.
+
+use cotenant_executor::memory::MemoryBudget;
+use cotenant_executor::ops::SUPPORTED_OPS;
+use cotenant_executor::proto::{
+    AttributeProto, DimValue, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    TensorProto, TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto, attribute_type,
+};
+use cotenant_executor::zoo::{self, BertOptions, ZooOptions};
+use cotenant_executor::{CpuBackend, Model};
+use proptest::prelude::*;
+use prost::Message;
+use std::sync::{Arc, OnceLock};
+
+/// What every run may hold: far below what a bomb asks for, far above what these models need.
+const BUDGET: usize = 64 << 20;
+
+/// Integers that find the edges: zero, signs, powers of two past `u32` and `i64`, and the
+/// small values shapes are made of.
+const EDGES: &[i64] = &[
+    0,
+    1,
+    -1,
+    2,
+    -2,
+    3,
+    4,
+    7,
+    64,
+    1 << 20,
+    1 << 31,
+    1 << 40,
+    i64::MAX,
+    i64::MIN,
+    i64::MAX / 2,
+];
+
+/// ONNX element types, supported and not.
+const DTYPES: &[i32] = &[0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 16, 99];
+
+const OPSETS: &[i64] = &[1, 5, 6, 7, 9, 10, 11, 12, 13, 17, 18, 21, 27];
+
+/// Imports, plans (under the budget) and runs at batch 1 and 2; any step may fail, none panic.
+fn import_plan_run(bytes: &[u8]) {
+    let Ok(mut m) = Model::from_bytes(bytes) else {
+        return;
+    };
+    m.plan
+        .set_memory_budget(Arc::new(MemoryBudget::new(BUDGET)));
+    let _ = m.plan.peak_activation_bytes(8);
+    let backend = CpuBackend::new(1);
+    let _ = m.plan.run(&backend, m.plan.example_inputs(1));
+    let _ = m.plan.run(&backend, m.plan.example_inputs(2));
+}
+
+/// The zoo models the mutations start from, small enough to run hundreds of times: CNN images
+/// of 64x64 instead of 224x224, and a two-layer BERT.
+fn seeds() -> &'static [ModelProto] {
+    static SEEDS: OnceLock<Vec<ModelProto>> = OnceLock::new();
+    SEEDS.get_or_init(|| {
+        let o = ZooOptions {
+            seed: 2,
+            bert: BertOptions {
+                layers: 2,
+                hidden: 16,
+                heads: 2,
+                seq: 8,
+                vocab: 20,
+            },
+        };
+        ["squeezenet", "mobilenet_v2", "resnet18", "bert"]
+            .into_iter()
+            .map(|name| {
+                let mut m = zoo::build(name, &o).expect("zoo model");
+                if name != "bert" {
+                    let input = &mut m.graph.as_mut().expect("graph").input[0];
+                    let shape = input
+                        .r#type
+                        .as_mut()
+                        .and_then(|t| t.tensor_type.as_mut())
+                        .and_then(|t| t.shape.as_mut())
+                        .expect("input shape");
+                    for d in &mut shape.dim[2..] {
+                        d.value = Some(DimValue::DimValue(64));
+                    }
+                }
+                m
+            })
+            .collect()
+    })
+}
+
+/// One mutation: a kind and two numbers that pick what and how.
+type Mutation = (u8, u64, u64);
+
+fn edge(k: u64) -> i64 {
+    EDGES[k as usize % EDGES.len()]
+}
+
+/// The names of every value defined before node `n` (initializers, inputs, earlier outputs).
+fn defined_before(g: &GraphProto, n: usize) -> Vec<String> {
+    let mut names: Vec<String> = g.initializer.iter().map(|t| t.name.clone()).collect();
+    names.extend(g.input.iter().map(|i| i.name.clone()));
+    for node in &g.node[..n] {
+        names.extend(node.output.iter().cloned());
+    }
+    names
+}
+
+fn int_attr(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::INT,
+        i: v,
+        ..Default::default()
+    }
+}
+
+fn ints_attr(name: &str, v: Vec<i64>) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::INTS,
+        ints: v,
+        ..Default::default()
+    }
+}
+
+/// Attribute names the supported ops read.
+const ATTRS: &[&str] = &[
+    "axis",
+    "axes",
+    "perm",
+    "pads",
+    "kernel_shape",
+    "strides",
+    "dilations",
+    "group",
+    "to",
+    "starts",
+    "ends",
+    "split",
+    "num_outputs",
+    "keepdims",
+    "broadcast",
+    "transA",
+    "transB",
+    "allowzero",
+    "start",
+    "end",
+    "output_padding",
+    "output_shape",
+    "ceil_mode",
+    "size",
+    "noop_with_empty_axes",
+];
+
+fn mutate(m: &mut ModelProto, muts: &[Mutation]) {
+    for &(kind, a, b) in muts {
+        if kind % 13 == 9 {
+            let v = OPSETS[b as usize % OPSETS.len()];
+            m.opset_import = vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: v,
+            }];
+            continue;
+        }
+        let Some(g) = m.graph.as_mut() else { return };
+        let nodes = g.node.len().max(1);
+        let n = a as usize % nodes;
+        match kind % 13 {
+            // An existing attribute's value(s) set to an edge.
+            0 => {
+                if let Some(node) = g.node.get_mut(n)
+                    && !node.attribute.is_empty()
+                {
+                    let k = (b >> 8) as usize % node.attribute.len();
+                    let at = &mut node.attribute[k];
+                    at.i = edge(b);
+                    if !at.ints.is_empty() {
+                        let i = (b >> 16) as usize % at.ints.len();
+                        at.ints[i] = edge(b >> 24);
+                    }
+                    at.f = [0.0, -1.0, f32::NAN, f32::INFINITY, 1e30][b as usize % 5];
+                }
+            }
+            1 => {
+                if let Some(node) = g.node.get_mut(n)
+                    && !node.attribute.is_empty()
+                {
+                    let k = b as usize % node.attribute.len();
+                    node.attribute.remove(k);
+                }
+            }
+            // An initializer's dimensions: one set to an edge, or the tensor made a scalar, or
+            // one more axis of 1.
+            2 => {
+                let t = b as usize % g.initializer.len().max(1);
+                if let Some(t) = g.initializer.get_mut(t) {
+                    match (b >> 8) % 3 {
+                        0 if !t.dims.is_empty() => {
+                            let i = (b >> 16) as usize % t.dims.len();
+                            t.dims[i] = edge(b >> 24);
+                        }
+                        1 => t.dims.clear(),
+                        _ => t.dims.insert(0, 1),
+                    }
+                }
+            }
+            3 => {
+                let t = b as usize % g.initializer.len().max(1);
+                if let Some(t) = g.initializer.get_mut(t) {
+                    t.data_type = DTYPES[(b >> 8) as usize % DTYPES.len()];
+                }
+            }
+            4 => {
+                let t = b as usize % g.initializer.len().max(1);
+                if let Some(t) = g.initializer.get_mut(t) {
+                    let keep = (b >> 8) as usize;
+                    t.raw_data = t.raw_data.slice(..keep % (t.raw_data.len() + 1));
+                    t.float_data.truncate(keep % (t.float_data.len() + 1));
+                    t.int64_data.truncate(keep % (t.int64_data.len() + 1));
+                }
+            }
+            // An input of a node rewired to another value defined before it, or omitted.
+            5 => {
+                let names = defined_before(g, n.min(g.node.len()));
+                if let Some(node) = g.node.get_mut(n)
+                    && !node.input.is_empty()
+                {
+                    let i = (b >> 32) as usize % node.input.len();
+                    node.input[i] = if b % 7 == 0 || names.is_empty() {
+                        String::new()
+                    } else {
+                        names[b as usize % names.len()].clone()
+                    };
+                }
+            }
+            6 => {
+                if let Some(node) = g.node.get_mut(n) {
+                    match b % 3 {
+                        0 => {
+                            node.input.pop();
+                        }
+                        1 => {
+                            if let Some(first) = node.input.first().cloned() {
+                                node.input.push(first);
+                            }
+                        }
+                        _ => node.input.push(String::new()),
+                    }
+                }
+            }
+            // A graph input's dimension fixed to an edge, or made symbolic.
+            7 => {
+                let i = b as usize % g.input.len().max(1);
+                if let Some(dims) = g
+                    .input
+                    .get_mut(i)
+                    .and_then(|v| v.r#type.as_mut())
+                    .and_then(|t| t.tensor_type.as_mut())
+                    .and_then(|t| t.shape.as_mut())
+                    && !dims.dim.is_empty()
+                {
+                    let d = (b >> 8) as usize % dims.dim.len();
+                    dims.dim[d].value = Some(match (b >> 16) % 4 {
+                        0 => DimValue::DimParam("batch".into()),
+                        1 => DimValue::DimParam(String::new()),
+                        _ => DimValue::DimValue(edge(b >> 24).clamp(-1, 9)),
+                    });
+                }
+            }
+            8 => {
+                let i = b as usize % g.input.len().max(1);
+                if let Some(t) = g
+                    .input
+                    .get_mut(i)
+                    .and_then(|v| v.r#type.as_mut())
+                    .and_then(|t| t.tensor_type.as_mut())
+                {
+                    t.elem_type = DTYPES[(b >> 8) as usize % DTYPES.len()];
+                }
+            }
+            10 => {
+                if let Some(node) = g.node.get_mut(n) {
+                    node.op_type = SUPPORTED_OPS[b as usize % SUPPORTED_OPS.len()].into();
+                }
+            }
+            11 => {
+                if let Some(node) = g.node.get_mut(n) {
+                    let name = ATTRS[b as usize % ATTRS.len()];
+                    node.attribute.retain(|a| a.name != name);
+                    node.attribute.push(if (b >> 8) % 2 == 0 {
+                        int_attr(name, edge(b >> 16))
+                    } else {
+                        let len = (b >> 16) as usize % 5;
+                        ints_attr(name, (0..len).map(|i| edge(b >> (20 + 4 * i))).collect())
+                    });
+                }
+            }
+            // An initializer replaced by a small int64 vector of edges (a shape, repeats, pads).
+            _ => {
+                let t = b as usize % g.initializer.len().max(1);
+                if let Some(t) = g.initializer.get_mut(t) {
+                    let len = (b >> 8) as usize % 5;
+                    let values: Vec<i64> = (0..len).map(|i| edge(b >> (12 + 4 * i))).collect();
+                    *t = TensorProto {
+                        name: t.name.clone(),
+                        dims: vec![values.len() as i64],
+                        data_type: 7,
+                        int64_data: values,
+                        ..Default::default()
+                    };
+                }
+            }
+        }
+    }
+}
+
+fn value_info(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            tensor_type: Some(TypeProtoTensor {
+                elem_type: elem,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| Dimension {
+                            value: Some(if d < 0 {
+                                DimValue::DimParam("batch".into())
+                            } else {
+                                DimValue::DimValue(d)
+                            }),
+                            denotation: String::new(),
+                        })
+                        .collect(),
+                }),
+            }),
+            denotation: String::new(),
+        }),
+        doc_string: String::new(),
+    }
+}
+
+/// An int64 initializer of edge values, or a small float one, as operand `i` of a one-node graph.
+fn operand(name: &str, b: u64) -> TensorProto {
+    if b.is_multiple_of(2) {
+        let len = (b >> 4) as usize % 5;
+        let values: Vec<i64> = (0..len).map(|i| edge(b >> (8 + 5 * i))).collect();
+        TensorProto {
+            name: name.into(),
+            dims: if (b >> 1).is_multiple_of(3) && len == 1 {
+                vec![]
+            } else {
+                vec![len as i64]
+            },
+            data_type: 7,
+            int64_data: values,
+            ..Default::default()
+        }
+    } else {
+        let dims: Vec<i64> = (0..(b >> 4) as usize % 4)
+            .map(|i| ((b >> (8 + 2 * i)) % 3) as i64 + 1)
+            .collect();
+        let n: i64 = dims.iter().product();
+        TensorProto {
+            name: name.into(),
+            dims,
+            data_type: 1,
+            float_data: (0..n).map(|i| i as f32 - 1.5).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The graph input of a one-node graph: rank 0 to 5, small or empty dimensions, the first one
+/// often the batch; float most of the time.
+fn graph_input(k: u64) -> ValueInfoProto {
+    let rank = (k % 6) as usize;
+    let dims: Vec<i64> = (0..rank)
+        .map(|i| match (k >> (4 + 3 * i)) % 8 {
+            0 if i == 0 => -1,
+            0 | 1 => 1,
+            2 => 0,
+            3 => 2,
+            4 => 5,
+            _ => 3,
+        })
+        .collect();
+    let elem = [1, 1, 1, 7, 9, 6, 11, 2][(k >> 40) as usize % 8];
+    value_info("x", elem, &dims)
+}
+
+/// A one-node graph of `op` reading the input `x` (see `graph_input`) and `extra` constant
+/// operands, with `attrs`.
+fn one_node(op: &str, x: u64, extra: &[u64], attrs: Vec<AttributeProto>, opset: i64) -> ModelProto {
+    let mut inputs = vec!["x".to_string()];
+    let mut initializer = Vec::new();
+    for (i, &b) in extra.iter().enumerate() {
+        let name = format!("c{i}");
+        initializer.push(operand(&name, b));
+        inputs.push(name);
+    }
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: opset,
+        }],
+        graph: Some(GraphProto {
+            node: vec![NodeProto {
+                input: inputs,
+                output: vec!["y".into(), "y2".into()],
+                name: "n".into(),
+                op_type: op.into(),
+                attribute: attrs,
+                ..Default::default()
+            }],
+            initializer,
+            input: vec![graph_input(x)],
+            output: vec![value_info("y", 1, &[])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+proptest! {
+    // No persistence file: every crash found is kept by hand, named, in `hostile_models.rs`.
+    #![proptest_config(ProptestConfig {
+        // More with COTENANT_FUZZ_CASES, for a longer hunt than CI's.
+        cases: std::env::var("COTENANT_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(160),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn mutated_zoo_models_never_panic(
+        seed in 0usize..4,
+        muts in proptest::collection::vec((any::<u8>(), any::<u64>(), any::<u64>()), 1..6),
+    ) {
+        let mut m = seeds()[seed].clone();
+        mutate(&mut m, &muts);
+        import_plan_run(&m.encode_to_vec());
+    }
+
+    #[test]
+    fn hostile_single_operators_never_panic(
+        op in 0usize..SUPPORTED_OPS.len(),
+        x in any::<u64>(),
+        extra in proptest::collection::vec(any::<u64>(), 0..5),
+        attrs in proptest::collection::vec((0usize..ATTRS.len(), any::<u64>()), 0..4),
+        opset in 0usize..OPSETS.len(),
+    ) {
+        let attrs = attrs
+            .into_iter()
+            .map(|(k, b)| {
+                if b.is_multiple_of(2) {
+                    int_attr(ATTRS[k], edge(b >> 8))
+                } else {
+                    let len = (b >> 8) as usize % 5;
+                    ints_attr(ATTRS[k], (0..len).map(|i| edge(b >> (12 + 5 * i))).collect())
+                }
+            })
+            .collect();
+        let m = one_node(SUPPORTED_OPS[op], x, &extra, attrs, OPSETS[opset]);
+        import_plan_run(&m.encode_to_vec());
+    }
+}

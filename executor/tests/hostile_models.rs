@@ -1,0 +1,774 @@
+//! Hostile models: memory bombs in constant subgraphs and behind request data, the two known
+//! panics of the shape pass, and every crash structural fuzzing (`fuzz.rs`) found, each kept
+//! as a model that must be refused with an error naming what is wrong.
+//!
+//! This test binary's allocator refuses any single allocation over 1 GiB (the process then
+//! aborts: a loud failure that takes nothing from the machine) and records the largest one
+//! each thread made, so a test can show that a bomb was priced, not allocated.
+
+use cotenant_executor::memory::MemoryBudget;
+use cotenant_executor::proto::{
+    AttributeProto, DimValue, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+    TensorProto, TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto, attribute_type,
+};
+use cotenant_executor::zoo::{self, ZooOptions};
+use cotenant_executor::{CpuBackend, Data, Model, RunError, Tensor};
+use prost::Message;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+
+struct Capped;
+
+const CAP: usize = 1 << 30;
+
+thread_local! {
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(size: usize) {
+    let _ = LARGEST.try_with(|c| c.set(c.get().max(size)));
+}
+
+// SAFETY: every call is passed on to the system allocator unchanged, or refused with null.
+unsafe impl GlobalAlloc for Capped {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() > CAP {
+            return std::ptr::null_mut();
+        }
+        note(layout.size());
+        // SAFETY: the caller's layout is passed on as it came.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.size() > CAP {
+            return std::ptr::null_mut();
+        }
+        note(layout.size());
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size > CAP {
+            return std::ptr::null_mut();
+        }
+        note(new_size);
+        // SAFETY: `ptr` came from `System` with this layout.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Capped = Capped;
+
+/// The largest single allocation this thread made while `f` ran.
+fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    LARGEST.with(|c| c.set(0));
+    let out = f();
+    (out, LARGEST.with(Cell::get))
+}
+
+fn value_info(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            tensor_type: Some(TypeProtoTensor {
+                elem_type: elem,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| Dimension {
+                            value: Some(if d < 0 {
+                                DimValue::DimParam("batch".into())
+                            } else {
+                                DimValue::DimValue(d)
+                            }),
+                            denotation: String::new(),
+                        })
+                        .collect(),
+                }),
+            }),
+            denotation: String::new(),
+        }),
+        doc_string: String::new(),
+    }
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![name.to_string()],
+        name: name.into(),
+        op_type: op.into(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::INT,
+        i: v,
+        ..Default::default()
+    }
+}
+
+fn ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::INTS,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn i64s(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn f32s(name: &str, dims: &[i64]) -> TensorProto {
+    let n: i64 = dims.iter().product();
+    TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: 1,
+        float_data: (0..n).map(|i| i as f32 * 0.5).collect(),
+        ..Default::default()
+    }
+}
+
+/// A model of `nodes` over `initializer`, with graph inputs `inputs` and the last node's output
+/// as its only output.
+fn graph(
+    nodes: Vec<NodeProto>,
+    initializer: Vec<TensorProto>,
+    inputs: Vec<ValueInfoProto>,
+    opset: i64,
+) -> Vec<u8> {
+    let out = nodes
+        .last()
+        .map(|n| n.output[0].clone())
+        .unwrap_or_default();
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: opset,
+        }],
+        graph: Some(GraphProto {
+            node: nodes,
+            initializer,
+            input: inputs,
+            output: vec![value_info(&out, 1, &[])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// The node a run failure names, and why.
+fn failed_node(e: &RunError) -> Option<(&str, String)> {
+    match e {
+        RunError::MemoryBudget { node, .. } => Some((node, e.to_string())),
+        RunError::Node { node, source, .. } => Some((node, source.to_string())),
+        _ => None,
+    }
+}
+
+/// Constant subgraphs of a few hundred bytes to a few MiB that ask for 2 to 4 GiB each.
+fn constant_bombs() -> Vec<(&'static str, Vec<u8>)> {
+    let one = |op: &str, inputs: &[&str], attrs, inits, opset| {
+        graph(vec![node(op, "bomb", inputs, attrs)], inits, vec![], opset)
+    };
+    let two_gib = [1 << 15, 1 << 14];
+    vec![
+        (
+            "ConstantOfShape",
+            one(
+                "ConstantOfShape",
+                &["shape"],
+                vec![],
+                vec![i64s("shape", &[2], &two_gib)],
+                13,
+            ),
+        ),
+        (
+            "Tile",
+            one(
+                "Tile",
+                &["x", "reps"],
+                vec![],
+                vec![f32s("x", &[4]), i64s("reps", &[1], &[1 << 28])],
+                13,
+            ),
+        ),
+        (
+            "Expand",
+            one(
+                "Expand",
+                &["x", "shape"],
+                vec![],
+                vec![f32s("x", &[1, 1]), i64s("shape", &[2], &[1 << 15, 1 << 15])],
+                13,
+            ),
+        ),
+        (
+            "Range",
+            one(
+                "Range",
+                &["start", "limit", "delta"],
+                vec![],
+                vec![
+                    f32s("start", &[]),
+                    TensorProto {
+                        float_data: vec![6e8],
+                        ..f32s("limit", &[])
+                    },
+                    TensorProto {
+                        float_data: vec![1.0],
+                        ..f32s("delta", &[])
+                    },
+                ],
+                13,
+            ),
+        ),
+        (
+            "Pad",
+            one(
+                "Pad",
+                &["x", "pads"],
+                vec![],
+                vec![
+                    f32s("x", &[1, 1]),
+                    i64s("pads", &[4], &[0, 0, 1 << 15, 1 << 14]),
+                ],
+                13,
+            ),
+        ),
+        (
+            "Resize",
+            one(
+                "Resize",
+                &["x", "", "scales"],
+                vec![],
+                vec![
+                    f32s("x", &[1, 1, 2, 2]),
+                    TensorProto {
+                        float_data: vec![1.0, 1.0, 16384.0, 16384.0],
+                        ..f32s("scales", &[4])
+                    },
+                ],
+                13,
+            ),
+        ),
+        (
+            "Concat",
+            one(
+                "Concat",
+                &["x"; 1024],
+                vec![int("axis", 0)],
+                vec![f32s("x", &[1 << 20])],
+                13,
+            ),
+        ),
+        (
+            "Add",
+            one(
+                "Add",
+                &["a", "b"],
+                vec![],
+                vec![f32s("a", &[1 << 15, 1]), f32s("b", &[1, 1 << 15])],
+                13,
+            ),
+        ),
+        (
+            "MatMul",
+            one(
+                "MatMul",
+                &["a", "b"],
+                vec![],
+                vec![f32s("a", &[1 << 15, 1]), f32s("b", &[1, 1 << 15])],
+                13,
+            ),
+        ),
+        (
+            "Gather",
+            one(
+                "Gather",
+                &["x", "idx"],
+                vec![int("axis", 0)],
+                vec![
+                    f32s("x", &[1, 1 << 16]),
+                    i64s("idx", &[1 << 14], &[0; 1 << 14]),
+                ],
+                13,
+            ),
+        ),
+    ]
+}
+
+/// Each bomb imports without being evaluated (folding prices it first and leaves the node),
+/// and a run under a memory budget fails naming the node, before allocating: no allocation
+/// anywhere near the gigabytes asked for.
+#[test]
+fn constant_bombs_are_priced_not_evaluated() {
+    let budget = 256 << 20;
+    for (what, bytes) in constant_bombs() {
+        let (model, largest) = largest_allocation(|| Model::from_bytes(&bytes));
+        let mut model = model.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            largest < 80 << 20,
+            "{what}: importing allocated {largest} bytes"
+        );
+        assert_eq!(model.plan.steps.len(), 1, "{what} was folded");
+        model
+            .plan
+            .set_memory_budget(Arc::new(MemoryBudget::new(budget)));
+        let (result, largest) = largest_allocation(|| model.plan.run(&CpuBackend::new(1), vec![]));
+        let e = result.expect_err(what);
+        assert!(
+            largest < budget,
+            "{what}: running allocated {largest} bytes"
+        );
+        let (node, why) = failed_node(&e).unwrap_or_else(|| panic!("{what}: {e}"));
+        assert_eq!(node, "bomb", "{what}: {e}");
+        assert!(
+            matches!(e, RunError::MemoryBudget { limit, .. } if limit == budget),
+            "{what}: {why}"
+        );
+        assert!(e.to_string().contains(&budget.to_string()), "{e}");
+    }
+}
+
+/// The shape pass tracks the elements of small integer vectors; a Concat naming one such
+/// vector a million times (3 MB of model) is neither copied per reference nor joined into a
+/// 64-million-element vector.
+#[test]
+fn the_shape_pass_copies_nothing_per_reference() {
+    let refs = vec!["v"; 1 << 20];
+    let bytes = graph(
+        vec![node("Concat", "bomb", &refs, vec![int("axis", 0)])],
+        vec![i64s("v", &[64], &[7; 64])],
+        vec![],
+        13,
+    );
+    let (model, largest) = largest_allocation(|| Model::from_bytes(&bytes));
+    let model = model.expect("imports");
+    assert_eq!(model.plan.steps.len(), 1, "a 512 MiB Concat is not folded");
+    assert!(largest < 64 << 20, "importing allocated {largest} bytes");
+}
+
+/// Ops whose output size comes from the request's data are held to the budget at run time:
+/// a hostile request fails with the budget error naming the node, a modest one runs.
+#[test]
+fn sizes_from_request_data_are_held_to_the_budget() {
+    let ints_input = |name: &str, n: i64| value_info(name, 7, &[n]);
+    type Inputs = Vec<(String, Tensor)>;
+    let cases: Vec<(&str, Vec<u8>, Inputs, Inputs)> = vec![
+        (
+            "ConstantOfShape",
+            graph(
+                vec![node("ConstantOfShape", "bomb", &["shape"], vec![])],
+                vec![],
+                vec![ints_input("shape", 2)],
+                13,
+            ),
+            vec![(
+                "shape".into(),
+                Tensor::i64(vec![2], vec![1 << 15, 1 << 15]).unwrap(),
+            )],
+            vec![("shape".into(), Tensor::i64(vec![2], vec![3, 5]).unwrap())],
+        ),
+        (
+            "Tile",
+            graph(
+                vec![node("Tile", "bomb", &["x", "reps"], vec![])],
+                vec![f32s("x", &[2, 2])],
+                vec![ints_input("reps", 2)],
+                13,
+            ),
+            vec![(
+                "reps".into(),
+                Tensor::i64(vec![2], vec![1 << 14, 1 << 14]).unwrap(),
+            )],
+            vec![("reps".into(), Tensor::i64(vec![2], vec![2, 3]).unwrap())],
+        ),
+        (
+            "Expand",
+            graph(
+                vec![node("Expand", "bomb", &["x", "shape"], vec![])],
+                vec![f32s("x", &[1, 1])],
+                vec![ints_input("shape", 2)],
+                13,
+            ),
+            vec![(
+                "shape".into(),
+                Tensor::i64(vec![2], vec![1 << 15, 1 << 15]).unwrap(),
+            )],
+            vec![("shape".into(), Tensor::i64(vec![2], vec![4, 4]).unwrap())],
+        ),
+        (
+            "Resize",
+            graph(
+                vec![node("Resize", "bomb", &["x", "", "", "sizes"], vec![])],
+                vec![f32s("x", &[1, 1, 2, 2])],
+                vec![ints_input("sizes", 4)],
+                13,
+            ),
+            vec![(
+                "sizes".into(),
+                Tensor::i64(vec![4], vec![1, 1, 1 << 15, 1 << 15]).unwrap(),
+            )],
+            vec![(
+                "sizes".into(),
+                Tensor::i64(vec![4], vec![1, 1, 4, 4]).unwrap(),
+            )],
+        ),
+    ];
+    let budget = 64 << 20;
+    for (what, bytes, hostile, modest) in cases {
+        let mut model = Model::from_bytes(&bytes).unwrap_or_else(|e| panic!("{what}: {e}"));
+        model
+            .plan
+            .set_memory_budget(Arc::new(MemoryBudget::new(budget)));
+        let backend = CpuBackend::new(1);
+        let (result, largest) = largest_allocation(|| model.plan.run(&backend, hostile));
+        let e = result.expect_err(what);
+        assert!(largest < budget, "{what}: allocated {largest} bytes");
+        assert!(
+            matches!(&e, RunError::MemoryBudget { node, .. } if node == "bomb"),
+            "{what}: {e}"
+        );
+        model
+            .plan
+            .run(&backend, modest)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(model.plan.memory_budget().map(|b| b.live()), Some(0));
+    }
+}
+
+/// What a tenant needs at a large batch is worked out from runs at batch 1 and 2, never by
+/// running the large batch; and it grows with the batch.
+#[test]
+fn the_memory_plan_at_a_large_batch_runs_no_large_batch() {
+    let proto = zoo::build("squeezenet", &ZooOptions::default()).expect("zoo");
+    let model = Model::from_bytes(&proto.encode_to_vec()).expect("imports");
+    let one = model.plan.peak_activation_bytes(1).expect("batch 1");
+    assert_eq!(model.plan.measured_peak_activation_bytes(1), Some(one));
+    assert_eq!(model.plan.measured_peak_activation_bytes(2), None);
+    let (big, largest) = largest_allocation(|| model.plan.peak_activation_bytes(512));
+    let big = big.expect("batch 512");
+    // Squeezenet holds about 6 MB of activations per image.
+    assert!(big > 256 * one, "{big} vs {one} at batch 1");
+    assert!(largest < 4 * one, "measuring allocated {largest} bytes");
+    assert_eq!(model.plan.measured_peak_activation_bytes(512), Some(big));
+}
+
+/// A model that must fail with an error (at import or at run) mentioning `why`, not panic.
+fn refused(what: &str, bytes: &[u8], inputs: Option<Vec<(String, Tensor)>>, why: &str) {
+    let model = match Model::from_bytes(bytes) {
+        Err(e) => {
+            let e = e.to_string();
+            assert!(
+                e.contains(why),
+                "{what}: refused at import for another reason: {e}"
+            );
+            return;
+        }
+        Ok(m) => m,
+    };
+    let inputs = inputs.unwrap_or_else(|| model.plan.example_inputs(1));
+    let e = model
+        .plan
+        .run(&CpuBackend::new(1), inputs)
+        .expect_err(what)
+        .to_string();
+    assert!(e.contains(why), "{what}: failed for another reason: {e}");
+}
+
+fn x_input(dims: &[i64]) -> Vec<ValueInfoProto> {
+    vec![value_info("x", 1, dims)]
+}
+
+/// The two panics of the shape pass that were known: a Conv whose weight is a scalar, and a
+/// Slice of a shape with empty `starts`.
+#[test]
+fn the_known_shape_pass_panics_are_errors() {
+    let conv = graph(
+        vec![node("Conv", "conv", &["x", "w"], vec![])],
+        vec![f32s("w", &[])],
+        x_input(&[-1, 3, 8, 8]),
+        13,
+    );
+    refused("a Conv with a rank-0 weight", &conv, None, "does not match");
+    let slice = graph(
+        vec![
+            node("Shape", "shape", &["x"], vec![]),
+            node("Slice", "slice", &["shape", "starts", "ends"], vec![]),
+            node("Reshape", "reshape", &["x", "slice"], vec![]),
+        ],
+        vec![i64s("starts", &[0], &[]), i64s("ends", &[0], &[])],
+        x_input(&[-1, 3, 8, 8]),
+        13,
+    );
+    // An empty Slice keeps the whole shape; the model is then valid and runs.
+    let model = Model::from_bytes(&slice).expect("imports");
+    let out = model
+        .plan
+        .run(&CpuBackend::new(1), model.plan.example_inputs(2))
+        .expect("runs");
+    assert_eq!(out[0].1.shape, vec![2, 3, 8, 8]);
+}
+
+/// Every crash structural fuzzing found (and the same overflows in neighbouring ops): a panic
+/// inside an op, a kernel or the passes on a model that imports, each now an error naming the
+/// problem, or a run giving an empty result where the model is valid.
+#[test]
+fn crashes_found_by_fuzzing_are_errors() {
+    let one = |op: &str, inputs: &[&str], attrs: Vec<AttributeProto>, inits, dims: &[i64]| {
+        graph(vec![node(op, "n", inputs, attrs)], inits, x_input(dims), 17)
+    };
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "LayerNormalization whose scale does not broadcast",
+            one(
+                "LayerNormalization",
+                &["x", "scale"],
+                vec![int("axis", -1)],
+                vec![f32s("scale", &[2, 3, 7])],
+                &[-1, 3, 5],
+            ),
+            "broadcast",
+        ),
+        (
+            "Conv with a stride of 2^40 (the direct convolution's phase planes)",
+            one(
+                "Conv",
+                &["x", "w"],
+                vec![ints("strides", &[1, 1 << 40])],
+                vec![f32s("w", &[4, 3, 3, 3])],
+                &[-1, 3, 8, 8],
+            ),
+            "limit",
+        ),
+        (
+            "Conv with a stride of i64::MAX (the im2col ranges)",
+            one(
+                "Conv",
+                &["x", "w"],
+                vec![ints("strides", &[i64::MAX, 1])],
+                vec![f32s("w", &[4, 3, 3, 3])],
+                &[-1, 3, 8, 8],
+            ),
+            "limit",
+        ),
+        (
+            "depthwise Conv with a stride of i64::MAX",
+            one(
+                "Conv",
+                &["x", "w"],
+                vec![ints("strides", &[i64::MAX, 1]), int("group", 3)],
+                vec![f32s("w", &[3, 1, 3, 3])],
+                &[-1, 3, 8, 8],
+            ),
+            "limit",
+        ),
+        (
+            "MaxPool with pads past usize",
+            one(
+                "MaxPool",
+                &["x"],
+                vec![
+                    ints("kernel_shape", &[2, 2]),
+                    ints("pads", &[0, i64::MAX, 0, i64::MAX]),
+                ],
+                vec![],
+                &[-1, 3, 8, 8],
+            ),
+            "limit",
+        ),
+        (
+            "Conv with pads past usize",
+            one(
+                "Conv",
+                &["x", "w"],
+                vec![ints("pads", &[0, i64::MAX, 0, i64::MAX])],
+                vec![f32s("w", &[4, 3, 3, 3])],
+                &[-1, 3, 8, 8],
+            ),
+            "limit",
+        ),
+        (
+            "Conv with a kernel of no taps",
+            one(
+                "Conv",
+                &["x", "w"],
+                vec![],
+                vec![f32s("w", &[4, 3, 0, 3])],
+                &[-1, 3, 8, 8],
+            ),
+            "taps",
+        ),
+        (
+            "Where with an empty output",
+            graph(
+                vec![
+                    node("Cast", "c", &["x"], vec![int("to", 9)]),
+                    node("Where", "n", &["c", "x", "x"], vec![]),
+                ],
+                vec![],
+                x_input(&[-1, 0, 3]),
+                17,
+            ),
+            "",
+        ),
+        (
+            "ReduceMean over axis 0 of a scalar",
+            graph(
+                vec![node("ReduceMean", "n", &["s"], vec![ints("axes", &[0])])],
+                vec![f32s("s", &[])],
+                vec![],
+                13,
+            ),
+            "scalar",
+        ),
+        (
+            "Slice of a scalar",
+            graph(
+                vec![node("Slice", "n", &["s", "st", "en", "ax"], vec![])],
+                vec![
+                    f32s("s", &[]),
+                    i64s("st", &[1], &[0]),
+                    i64s("en", &[1], &[1]),
+                    i64s("ax", &[1], &[0]),
+                ],
+                vec![],
+                13,
+            ),
+            "scalar",
+        ),
+        (
+            "Split into i64::MAX outputs",
+            one(
+                "Split",
+                &["x"],
+                vec![int("num_outputs", i64::MAX)],
+                vec![],
+                &[-1, 4],
+            ),
+            "num_outputs",
+        ),
+        (
+            "Pad of i64::MIN before and i64::MAX after",
+            graph(
+                vec![node(
+                    "Pad",
+                    "n",
+                    &["s", "pads"],
+                    vec![ints("pads", &[i64::MIN, i64::MAX])],
+                )],
+                vec![f32s("s", &[2]), i64s("pads", &[2], &[i64::MIN, i64::MAX])],
+                vec![],
+                13,
+            ),
+            "",
+        ),
+        (
+            "Range of int64 overflowing its step",
+            graph(
+                vec![node("Range", "n", &["a", "b", "d"], vec![])],
+                vec![
+                    i64s("a", &[], &[i64::MIN]),
+                    i64s("b", &[], &[i64::MAX]),
+                    i64s("d", &[], &[1 << 62]),
+                ],
+                vec![],
+                13,
+            ),
+            "",
+        ),
+        (
+            "Softmax of an empty tensor",
+            one("Softmax", &["x"], vec![int("axis", 1)], vec![], &[-1, 0, 4]),
+            "",
+        ),
+        (
+            "Reshape of an empty tensor to dimensions overflowing usize",
+            one(
+                "Reshape",
+                &["x", "shape"],
+                vec![int("allowzero", 1)],
+                vec![i64s("shape", &[3], &[1 << 40, 1 << 40, 0])],
+                &[-1, 0],
+            ),
+            "exceeds",
+        ),
+        (
+            "Concat of scalars",
+            graph(
+                vec![node("Concat", "n", &["s", "s"], vec![int("axis", 0)])],
+                vec![f32s("s", &[])],
+                vec![],
+                13,
+            ),
+            "scalar",
+        ),
+        (
+            "Resize of an empty axis",
+            one(
+                "Resize",
+                &["x", "", "", "sizes"],
+                vec![],
+                vec![i64s("sizes", &[3], &[1, 4, 4])],
+                &[-1, 0, 2],
+            ),
+            "empty axis",
+        ),
+    ];
+    for (what, bytes, why) in cases {
+        // Some are valid models (empty outputs): those must run; the rest fail with `why`.
+        match Model::from_bytes(&bytes) {
+            Err(e) => assert!(e.to_string().contains(why), "{what}: {e}"),
+            Ok(model) => match model
+                .plan
+                .run(&CpuBackend::new(1), model.plan.example_inputs(1))
+            {
+                Ok(_) => assert!(why.is_empty(), "{what} ran"),
+                Err(e) => assert!(
+                    !why.is_empty() && e.to_string().contains(why),
+                    "{what}: {e}"
+                ),
+            },
+        }
+    }
+}
+
+/// A convolution over a batch of 0 (the direct convolution assumed work) gives an empty batch.
+#[test]
+fn a_batch_of_zero_runs_empty() {
+    let conv = graph(
+        vec![node("Conv", "conv", &["x", "w"], vec![])],
+        vec![f32s("w", &[4, 3, 3, 3])],
+        x_input(&[0, 3, 8, 8]),
+        13,
+    );
+    let model = Model::from_bytes(&conv).expect("imports");
+    let out = model
+        .plan
+        .run(&CpuBackend::new(1), model.plan.example_inputs(1))
+        .expect("runs");
+    assert_eq!(out[0].1.shape, vec![0, 4, 6, 6]);
+    assert_eq!(out[0].1.data, Data::F32(vec![]));
+}
