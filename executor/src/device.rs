@@ -246,6 +246,28 @@ impl Placed {
         }
     }
 
+    /// On a GPU, the steps that run on the host between a copy down and up at `batch`, as
+    /// "node (op): why"; none on the CPU, where everything does.
+    pub fn host_fallbacks(&self, batch: usize) -> Result<Vec<String>, String> {
+        if matches!(self.on, On::Cpu) {
+            return Ok(Vec::new());
+        }
+        let shapes: Vec<Vec<usize>> = self
+            .model
+            .plan
+            .example_inputs(batch)
+            .into_iter()
+            .map(|(_, t)| t.shape)
+            .collect();
+        let layout =
+            crate::gpu::layout::build(&self.model.plan, &shapes).map_err(|e| e.to_string())?;
+        Ok(layout
+            .fallbacks(&self.model.plan)
+            .into_iter()
+            .map(|(node, op, why)| format!("{node} ({op}): {why}"))
+            .collect())
+    }
+
     /// Device bytes the tenant holds now (weights plus its instances' arenas); 0 on the CPU.
     pub fn device_bytes(&self) -> u64 {
         match &self.on {

@@ -1,9 +1,11 @@
 //! Structural fuzzing of the importer, the passes and planning: zoo models with mutated
 //! attributes, dimensions, element types, initializers, wiring and opsets, and one-node graphs
 //! of every supported operator with hostile attributes and inputs. Each must import, plan and
-//! run under a memory budget or fail with an error; none may panic or allocate past the budget.
+//! run under a memory budget — on the CPU and on the simulated GPU (lowering, memory plan,
+//! kernels) — or fail with an error; none may panic or allocate past the budget.
 //! Crashes this found are kept as named regression tests in `hostile_models.rs`.
 
+use cotenant_executor::device::Gpu;
 use cotenant_executor::memory::MemoryBudget;
 use cotenant_executor::ops::SUPPORTED_OPS;
 use cotenant_executor::proto::{
@@ -11,7 +13,7 @@ use cotenant_executor::proto::{
     TensorProto, TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto, attribute_type,
 };
 use cotenant_executor::zoo::{self, BertOptions, ZooOptions};
-use cotenant_executor::{CpuBackend, Model};
+use cotenant_executor::{CpuBackend, Device, Model};
 use proptest::prelude::*;
 use prost::Message;
 use std::sync::{Arc, OnceLock};
@@ -55,6 +57,13 @@ fn import_plan_run(bytes: &[u8]) {
     let backend = CpuBackend::new(1);
     let _ = m.plan.run(&backend, m.plan.example_inputs(1));
     let _ = m.plan.run(&backend, m.plan.example_inputs(2));
+    // The GPU path, on one simulated device shared by every case.
+    static GPU: OnceLock<Device> = OnceLock::new();
+    let gpu = GPU.get_or_init(|| Device::Gpu(Gpu::simulated(BUDGET as u64)));
+    let m = Arc::new(m);
+    if let Ok(mut engine) = gpu.place("fuzz", &m).and_then(|p| p.engine(1, None)) {
+        let _ = engine.run(m.plan.example_inputs(1));
+    }
 }
 
 /// The zoo models the mutations start from, small enough to run hundreds of times: CNN images

@@ -159,6 +159,19 @@ fn start_checked(
         .run(model.plan.example_inputs(1))
         .map_err(|e| format!("the model fails on a batch-1 example input: {e}"))?;
     drop(trial);
+    if config.device.is_gpu() {
+        // What the GPU cannot run: each such step costs a copy down, a host wait and a copy up.
+        let fallbacks = placed.host_fallbacks(1)?;
+        tracing::info!(
+            tenant = %config.name,
+            host_fallbacks = fallbacks.len(),
+            steps = model.plan.steps.len(),
+            "GPU coverage"
+        );
+        for f in &fallbacks {
+            tracing::info!(tenant = %config.name, step = %f, "runs on the host");
+        }
+    }
     // What it needs at the largest batch it may run (1 where requests never share a batch).
     let batchable = runtime::batchable(&model.plan);
     let largest = if batchable {

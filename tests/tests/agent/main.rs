@@ -328,7 +328,7 @@ fn co_scheduled_tenants_serve_real_clients() {
 
 /// The GPU path served end to end on the simulated device (`--device sim`, which runs on any
 /// machine): two tenants under the GACER schedule answer tritonclient with onnxruntime's numbers,
-/// and the agent says where it computes.
+/// and the agent says where it computes and that no step falls back to the host.
 #[test]
 #[ignore = "needs COTENANT_PYTHON and the agent binary: cargo xtask test"]
 fn the_gpu_path_serves_real_clients_on_the_simulated_device() {
@@ -376,6 +376,13 @@ fn the_gpu_path_serves_real_clients_on_the_simulated_device() {
     }
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     assert!(log.contains("sim: a simulated GPU"), "{log}");
+    // The zoo models run wholly on the device: the coverage logged at load names no fallback.
+    let coverage: Vec<&str> = log.lines().filter(|l| l.contains("GPU coverage")).collect();
+    assert_eq!(coverage.len(), 2, "{log}");
+    assert!(
+        coverage.iter().all(|l| l.contains("host_fallbacks=0")),
+        "{coverage:?}"
+    );
     server.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,7 @@ use super::{Cx, Decline, Lowered, Operand, decline, f32_in, host_ints, host_scal
 use crate::gpu::api::{Dims6, Kernel};
 use crate::gpu::launch::{Builder, grid_1d, grid_transpose};
 use crate::ops::shape::{SliceAttrs, slice_plan};
-use crate::tensor::{DType, norm_axis, strides};
+use crate::tensor::{DType, axis_in, norm_axis, strides};
 use cotenant_kernels::cuda::PadMode;
 
 fn contiguous(shape: &[usize]) -> Vec<i64> {
@@ -184,7 +184,7 @@ pub fn slice(
 pub fn gather(axis: i64, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowered<()> {
     let (x, px) = f32_in(ins, 0)?;
     let ind = input(ins, 1)?;
-    let axis = norm_axis(axis, x.rank()).map_err(|e| Decline(e.to_string()))?;
+    let axis = axis_in(axis, x.rank()).map_err(|e| Decline(e.to_string()))?;
     let len = x.shape[axis];
     let kernel = match ind.dtype {
         DType::I64 => Kernel::GatherI64,
@@ -259,10 +259,11 @@ pub fn pad(
     };
     let mut out = Vec::with_capacity(r);
     for a in 0..r {
-        let o = x.shape[a] as i64 + pads[a] + pads[a + r];
-        if o < 0 {
-            return decline("padding crops past the input");
-        }
+        let o = (x.shape[a] as i64)
+            .checked_add(pads[a])
+            .and_then(|v| v.checked_add(pads[a + r]))
+            .filter(|&o| o >= 0)
+            .ok_or_else(|| Decline("padding overflows or crops past the input".into()))?;
         out.push(o as usize);
     }
     let n = numel(&out)?;

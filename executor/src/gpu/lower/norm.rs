@@ -6,7 +6,7 @@ use super::{Cx, Decline, Lowered, Operand, decline, f32_in, host_ints, opt_f32_i
 use crate::gpu::api::Kernel;
 use crate::gpu::launch::{Builder, grid_1d, grid_rows};
 use crate::ops::reduce::ReduceAttrs;
-use crate::tensor::{DType, norm_axis};
+use crate::tensor::{DType, axis_in, norm_axis};
 
 pub fn softmax(
     axis: i64,
@@ -16,7 +16,7 @@ pub fn softmax(
     cx: &mut Cx<'_>,
 ) -> Lowered<()> {
     let (x, px) = f32_in(ins, 0)?;
-    let axis = norm_axis(axis, x.rank()).map_err(|e| Decline(e.to_string()))?;
+    let axis = axis_in(axis, x.rank()).map_err(|e| Decline(e.to_string()))?;
     let inner: usize = x.shape[axis + 1..].iter().product();
     // Opset 13 softmax over an inner axis would need a transpose; legacy flattens from axis.
     if !(legacy || inner == 1) {
@@ -56,7 +56,7 @@ pub fn layer_norm(
     cx: &mut Cx<'_>,
 ) -> Lowered<()> {
     let (x, px) = f32_in(ins, 0)?;
-    let axis = norm_axis(axis, x.rank()).map_err(|e| Decline(e.to_string()))?;
+    let axis = axis_in(axis, x.rank()).map_err(|e| Decline(e.to_string()))?;
     let cols: usize = x.shape[axis..].iter().product();
     let (gamma, pg) = f32_in(ins, 1)?;
     let beta = opt_f32_in(ins, 2)?;

@@ -496,3 +496,52 @@ fn gather_with_request_indices_is_checked_on_the_host() {
         .unwrap_err();
     assert!(e.to_string().contains("out of range"), "{e}");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// For random convolutions of every kind and random matrix products, at batch 1 (channel,
+    /// row or column splits) and above (image or member splits), every split computes what the
+    /// whole step does (`check` runs 1, 2, 3 and 5 pieces).
+    #[test]
+    fn every_split_kind_computes_what_the_whole_step_does(
+        n in 1usize..4,
+        cin_unit in 1usize..4,
+        kind in 0usize..3,
+        k in proptest::sample::select(vec![1usize, 3]),
+        stride in 1usize..3,
+        (m, kk, nn) in (1usize..9, 1usize..9, 1usize..9),
+        trans in proptest::prelude::any::<(bool, bool)>(),
+    ) {
+        // Conv: plain, depthwise (multiplier 2) or grouped (2 groups).
+        let (cin, cout, group) = match kind {
+            0 => (cin_unit * 2, cin_unit * 3, 1),
+            1 => (cin_unit * 2, cin_unit * 4, cin_unit * 2),
+            _ => (cin_unit * 2, 4, 2),
+        };
+        let shape = [n, cin, 7, 6];
+        let conv = single(
+            "Conv",
+            &[("x", &shape)],
+            |b| vec![b.normal("w", &[cout, cin / group, k, k], 0.3), b.normal("b", &[cout], 0.1)],
+            conv_attrs(k, stride, k / 2, group),
+            13,
+        );
+        check(&conv, &[x(&shape)]);
+        // Gemm of m rows (one row: columns split), transposes at random.
+        let a_shape = if trans.0 { [kk, m] } else { [m, kk] };
+        let b_shape = if trans.1 { [nn, kk] } else { [kk, nn] };
+        let gemm = single(
+            "Gemm",
+            &[("x", &a_shape)],
+            |b| vec![b.normal("w", &b_shape, 0.5), b.normal("c", &[nn], 0.5)],
+            vec![attr_int("transA", trans.0 as i64), attr_int("transB", trans.1 as i64)],
+            13,
+        );
+        check(&gemm, &[x(&a_shape)]);
+        // Batched MatMul of n members (one member: rows split).
+        let a3 = [n, m, kk];
+        let mm = single("MatMul", &[("x", &a3), ("z", &[n, kk, nn])], |_| vec![], vec![], 13);
+        check(&mm, &[x(&a3), ("z", random(&[n, kk, nn], 9))]);
+    }
+}
