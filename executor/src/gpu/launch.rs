@@ -109,6 +109,23 @@ impl Builder {
             }
         }
     }
+    /// The arguments epilogue.cu's kernels share after their pointers: `n` elements of
+    /// `channels` channels repeating every `inner`, and the activation (act, alpha, beta).
+    pub fn epilogue(
+        self,
+        n: usize,
+        channels: usize,
+        inner: usize,
+        act: (i32, f32, f32),
+    ) -> Builder {
+        self.long(n)
+            .int(channels)
+            .long(inner)
+            .code(act.0)
+            .float(act.1)
+            .float(act.2)
+    }
+
     pub fn finish(self) -> Option<Launch> {
         self.fits.then_some(self.launch)
     }

@@ -345,12 +345,7 @@ fn finish(
                 .ptr(y)
                 .opt(bias)
                 .ptr(r.at(at, 4))
-                .long(len)
-                .int(chans)
-                .long(inner)
-                .code(act as i32)
-                .float(al)
-                .float(be)
+                .epilogue(len, chans, inner, (act as i32, al, be))
                 .finish(),
         )?;
     } else if !fused && (bias.is_some() || act != ActCode::None) {
@@ -358,12 +353,7 @@ fn finish(
             Builder::new(Kernel::EpilogueBiasAct, grid_1d(len as u64))
                 .ptr(y)
                 .opt(bias)
-                .long(len)
-                .int(chans)
-                .long(inner)
-                .code(act as i32)
-                .float(al)
-                .float(be)
+                .epilogue(len, chans, inner, (act as i32, al, be))
                 .finish(),
         )?;
     }

@@ -268,12 +268,7 @@ fn batch_norm(ins: &[Option<Operand<'_>>], eps: f32, cx: &mut Cx<'_>) -> Lowered
                 .ptr(y.at(at, 4))
                 .ptr(psc.at(c0, 4))
                 .ptr(psh.at(c0, 4))
-                .long(len)
-                .int(chans)
-                .long(inner.max(1))
-                .code(ActCode::None as i32)
-                .float(0.0)
-                .float(0.0)
+                .epilogue(len, chans, inner.max(1), (ActCode::None as i32, 0.0, 0.0))
                 .finish(),
         )?;
     }

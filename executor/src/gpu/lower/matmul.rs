@@ -14,6 +14,21 @@ use crate::ops::matmul::GemmAttrs;
 use crate::tensor::DType;
 use cotenant_kernels::cuda::{ActCode, UnaryCode};
 
+/// Piece `r` of a product's rows (`by_rows`) or of the columns of its single row: the rows and
+/// columns of C it covers, and the product restricted to them.
+fn part(
+    p: &RowMajor,
+    n: usize,
+    r: std::ops::Range<usize>,
+    by_rows: bool,
+) -> (std::ops::Range<usize>, std::ops::Range<usize>, RowMajor) {
+    if by_rows {
+        (r.clone(), 0..n, p.rows(r.start, r.end))
+    } else {
+        (0..1, r.clone(), p.cols(r.start, r.end))
+    }
+}
+
 /// A per-column or per-row bias added after the product.
 #[derive(Clone, Copy)]
 struct Bias {
@@ -53,12 +68,7 @@ fn epilogue(
             Builder::new(Kernel::EpilogueBiasAct, grid_1d(len as u64))
                 .ptr(y)
                 .opt(bias_at)
-                .long(len)
-                .int(channels)
-                .long(inner)
-                .code(act_code as i32)
-                .float(al)
-                .float(be)
+                .epilogue(len, channels, inner, (act_code as i32, al, be))
                 .finish(),
         )?;
     }
@@ -135,11 +145,7 @@ pub fn gemm(g: &GemmAttrs, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowe
     let extent = if by_rows { m } else { n };
     for r in cx.ranges(extent) {
         cx.piece();
-        let (rows, cols) = if by_rows {
-            (r.clone(), 0..n)
-        } else {
-            (0..1, r.clone())
-        };
+        let (rows, cols, piece) = part(&p, n, r, by_rows);
         if let Some(c) = full {
             // C into the output first; the product then adds to it (beta).
             let (at, len) = (
@@ -156,12 +162,7 @@ pub fn gemm(g: &GemmAttrs, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowe
                 0.0,
             )?;
         }
-        let part = if by_rows {
-            p.rows(rows.start, rows.end)
-        } else {
-            p.cols(cols.start, cols.end)
-        };
-        cx.gemm(part.gemm());
+        cx.gemm(piece.gemm());
         epilogue(cx, y, n, rows, cols, bias, act)?;
     }
     Ok(())
@@ -207,17 +208,8 @@ pub fn matmul(
         };
         for r in cx.ranges(extent) {
             cx.piece();
-            let (rows, cols) = if by_rows {
-                (r.clone(), 0..n)
-            } else {
-                (0..1, r.clone())
-            };
-            let part = if by_rows {
-                tall.rows(rows.start, rows.end)
-            } else {
-                tall.cols(cols.start, cols.end)
-            };
-            cx.gemm(part.gemm());
+            let (rows, cols, piece) = part(&tall, n, r, by_rows);
+            cx.gemm(piece.gemm());
             epilogue(cx, y, n, rows, cols, bias, act)?;
         }
         return Ok(());
