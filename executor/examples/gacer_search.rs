@@ -252,7 +252,22 @@ fn print_timeline(trace: &[TraceEvent], tenants: &[TenantWork]) {
         let mut others = others.clone();
         others.sort();
         others.dedup();
-        let list: Vec<String> = others.iter().map(|(o, os)| format!("{o}:{os}")).collect();
+        // Runs of consecutive steps of one tenant as "tenant:first-last".
+        let mut list: Vec<String> = Vec::new();
+        let mut i = 0;
+        while i < others.len() {
+            let (o, first) = others[i];
+            let mut last = first;
+            while i + 1 < others.len() && others[i + 1] == (o, last + 1) {
+                i += 1;
+                last += 1;
+            }
+            list.push(match last == first {
+                true => format!("{o}:{first}"),
+                false => format!("{o}:{first}-{last}"),
+            });
+            i += 1;
+        }
         println!(
             "| {t} | {s} | {} | {} |",
             tenants[*t].model.plan.steps[*s].op.name(),

@@ -15,7 +15,8 @@ const RUN_SH: &str = r##"#!/usr/bin/env bash
 # copies and host waits of one batch counted, GPU latency against PyTorch eager's, tenant mixes
 # under the three schedules at batch 1, 4 and 8 with GPU utilisation and a GACER timeline. Writes
 # $OUT/device-<date>.md (or ./device-out/ without $OUT) and prints it. Finishes in under 8 minutes
-# (each step has its own timeout: 200 + 90 + 150 s).
+# (each step has its own timeout: 200 + 90 + 150 s). DEVICE=sim tries the whole flow on the
+# simulated GPU of a machine without one.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$PWD/device-out}"
@@ -50,7 +51,7 @@ export RUST_BACKTRACE=1
 } > "$report"
 
 echo "== device_check (CUDA vs CPU, CUDA latency)"
-timeout 200 "$here/device_check" --out "$out/rust.md" --json "$out/gpu.json" --iters "${ITERS:-20}" 2>&1 | tee "$out/rust.log"
+timeout 200 "$here/device_check" --device "${DEVICE:-cuda}" --out "$out/rust.md" --json "$out/gpu.json" --iters "${ITERS:-20}" 2>&1 | tee "$out/rust.log"
 rc=${PIPESTATUS[0]}
 if [ -f "$out/rust.md" ]; then cat "$out/rust.md" >> "$report"; else echo "device_check wrote no report (exit $rc)" >> "$report"; fi
 if [ "$rc" -ne 0 ]; then { echo; echo "device_check log (last 40 lines):"; echo '```'; tail -40 "$out/rust.log"; echo '```'; } >> "$report"; fi
@@ -82,7 +83,7 @@ fi
 echo >> "$report"
 
 echo "== gacer_search --device cuda (tenant mixes: sequential, multi-stream, gacer)"
-timeout 150 "$here/gacer_search" --device cuda --duration "${MIX_SECS:-2}" --threads 8 > "$out/mixes.md" 2> "$out/mixes.err"
+timeout 150 "$here/gacer_search" --device "${DEVICE:-cuda}" --duration "${MIX_SECS:-2}" --threads 8 > "$out/mixes.md" 2> "$out/mixes.err"
 grc=$?
 cat "$out/mixes.md" >> "$report"
 if [ "$grc" -ne 0 ]; then { echo; echo "gacer_search exit $grc:"; echo '```'; tail -20 "$out/mixes.err"; echo '```'; } >> "$report"; fi
