@@ -63,7 +63,7 @@ class Agent:
         self.url = f"127.0.0.1:{free_port()}"
         self.log = open(os.path.join(workdir, f"agent-{name}-{policy.replace(':', '-')}.log"), "w")
         self.proc = subprocess.Popen(
-            [agent, "standalone", "--tenants", tenants, "--listen", self.url, "--threads", str(threads),
+            [agent, "standalone", "--tenants", tenants, "--listen", self.url, "--grpc-listen", "127.0.0.1:0", "--threads", str(threads),
              "--report-token-file", token, "--knob-policy", policy],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.name = name

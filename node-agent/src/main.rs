@@ -33,6 +33,9 @@ enum Command {
         /// Address to serve the Open Inference Protocol (HTTP) on.
         #[arg(long, default_value = "127.0.0.1:8000")]
         listen: String,
+        /// Address to serve the Open Inference Protocol over gRPC on (port 0: any free port).
+        #[arg(long, default_value = "127.0.0.1:8001")]
+        grpc_listen: String,
         /// CPU threads shared by all tenants (default: every core).
         #[arg(long)]
         threads: Option<usize>,
@@ -72,6 +75,9 @@ enum Command {
         /// Address to serve the Open Inference Protocol (HTTP) on.
         #[arg(long, default_value = "0.0.0.0:8000")]
         listen: String,
+        /// Address to serve the Open Inference Protocol over gRPC on.
+        #[arg(long, default_value = "0.0.0.0:8001")]
+        grpc_listen: String,
         /// Address to serve `/metrics` and `/report` on.
         #[arg(long, default_value = "0.0.0.0:8002")]
         admin_listen: String,
@@ -139,6 +145,7 @@ fn main() -> anyhow::Result<()> {
         Command::Standalone {
             tenants,
             listen,
+            grpc_listen,
             threads,
             report_token_file,
             schedule,
@@ -166,6 +173,7 @@ fn main() -> anyhow::Result<()> {
             let options = standalone::Options {
                 tenants,
                 listen,
+                grpc_listen,
                 threads,
                 report_token,
                 knob_policy,
@@ -189,6 +197,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Kubernetes {
             listen,
+            grpc_listen,
             admin_listen,
             advertise_address,
             admin_advertise_address,
@@ -215,6 +224,7 @@ fn main() -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?;
             let options = kubernetes::Options {
                 listen,
+                grpc_listen,
                 admin_listen,
                 advertise_address,
                 admin_advertise_address,
@@ -290,4 +300,12 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {},
     }
     tracing::info!("shutting down: finishing accepted requests");
+}
+
+/// A listener on `addr`, or an error naming it.
+async fn bind(addr: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    use anyhow::Context;
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
 }

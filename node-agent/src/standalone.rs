@@ -138,6 +138,8 @@ use serde::Deserialize;
 pub struct Options {
     pub tenants: PathBuf,
     pub listen: String,
+    /// Where gRPC is served.
+    pub grpc_listen: String,
     pub threads: usize,
     pub report_token: Option<String>,
     /// What moves each tenant's knobs (DNNScaler unless comparing).
@@ -216,17 +218,38 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         budget: options.budget,
         limits: options.limits,
     });
-    let listener = tokio::net::TcpListener::bind(&options.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", options.listen))?;
-    tracing::info!(listen = %options.listen, tenants = names.len(), "serving the Open Inference Protocol");
-    serve::serve(
-        listener,
-        serve::router(app),
-        options.connections,
-        crate::shutdown_signal(),
-    )
-    .await;
+    let listener = crate::bind(&options.listen).await?;
+    let grpc_listener = crate::bind(&options.grpc_listen).await?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        grpc_listen = %grpc_listener.local_addr()?,
+        tenants = names.len(),
+        "serving the Open Inference Protocol"
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        crate::shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    tokio::join!(
+        serve::serve(
+            listener,
+            serve::router(app.clone()),
+            options.connections,
+            serve::Protocol::Http1,
+            stopped(stop_rx.clone()),
+        ),
+        serve::serve(
+            grpc_listener,
+            serve::grpc_router(app),
+            options.connections,
+            serve::Protocol::Http2,
+            stopped(stop_rx),
+        ),
+    );
     // Finish what was accepted before exiting.
     for entry in registry.all() {
         if let State::Ready { tenant, .. } = &entry.state {

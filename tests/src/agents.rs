@@ -163,7 +163,8 @@ fn sync(
                 .and_then(|e| e["value"].as_str())
                 .map(str::to_string)
         };
-        let (http, admin) = (
+        let (http, grpc, admin) = (
+            free_port().map_err(|e| e.to_string())?,
             free_port().map_err(|e| e.to_string())?,
             free_port().map_err(|e| e.to_string())?,
         );
@@ -172,6 +173,8 @@ fn sync(
             "kubernetes",
             "--listen",
             &format!("0.0.0.0:{http}"),
+            "--grpc-listen",
+            &format!("0.0.0.0:{grpc}"),
             "--admin-listen",
             &format!("0.0.0.0:{admin}"),
             "--threads",

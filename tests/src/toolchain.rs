@@ -1,6 +1,7 @@
-//! Builds the control plane's binaries from their Go modules and caches them outside the
-//! repository, keyed by component and version: `<cache>/bin/<component>-<version>/`. A directory
-//! counts only once its `.complete` marker exists, so an interrupted build is redone.
+//! Builds the control plane's binaries from their Go modules, and sets up the load generators the
+//! tests drive (`oha` built with cargo, Triton's prebuilt `perf_analyzer`), caching them outside
+//! the repository, keyed by component and version: `<cache>/bin/<component>-<version>/`. A
+//! directory counts only once its `.complete` marker exists, so an interrupted build is redone.
 
 use crate::{Error, versions};
 use std::fs;
@@ -24,6 +25,9 @@ pub struct Tools {
     pub path_dir: PathBuf,
     /// The `oha` HTTP load generator (built with cargo, not Go).
     pub oha: PathBuf,
+    /// Triton's `perf_analyzer` (HTTP and gRPC): a wrapper script that runs the prebuilt binary
+    /// with the libraries it needs.
+    pub perf_analyzer: PathBuf,
 }
 
 /// The cache root: `$COTENANT_CACHE`, else `$XDG_CACHE_HOME/cotenant`, else `~/.cache/cotenant`.
@@ -49,6 +53,16 @@ pub fn ensure() -> Result<Tools, Error> {
     let helm = component(&bin, "helm", versions::HELM, build_helm)?;
     let kwok = component(&bin, "kwok", versions::KWOK, build_kwok)?;
     let oha = component(&bin, "oha", versions::OHA, build_oha)?;
+    let perf_analyzer = component(
+        &bin,
+        "perf_analyzer",
+        &format!(
+            "{}-cudart{}",
+            versions::PERF_ANALYZER,
+            versions::CUDA_RUNTIME
+        ),
+        build_perf_analyzer,
+    )?;
 
     let path_dir = bin.join(format!("path-{}-{}", versions::KUBERNETES, versions::HELM));
     if !path_dir.join("helm").exists() {
@@ -70,6 +84,7 @@ pub fn ensure() -> Result<Tools, Error> {
         kwok_stages: kwok.join("stages.yaml"),
         path_dir,
         oha: oha.join("bin/oha"),
+        perf_analyzer: perf_analyzer.join("bin/perf_analyzer"),
     })
 }
 
@@ -85,7 +100,7 @@ fn component(
         return Ok(out);
     }
     eprintln!(
-        "cotenant: building {name} {version} from source (cached in {})",
+        "cotenant: building {name} {version} (cached in {})",
         out.display()
     );
     let started = Instant::now();
@@ -290,6 +305,209 @@ fn build_oha(out: &Path) -> Result<(), Error> {
     run(cmd, "oha")?;
     let _ = fs::remove_dir_all(&build);
     Ok(())
+}
+
+/// Triton's `perf_analyzer`, prebuilt, without installing anything on the system: pip and apt
+/// only download. The binary comes from the pinned `tritonclient` wheel, `libcudart.so.12` from the
+/// `nvidia-cuda-runtime-cu12` wheel (no GPU is needed) and `libb64.so.0d` from Debian's
+/// `libb64-0d`; `bin/perf_analyzer` is a wrapper that puts `lib/` on `LD_LIBRARY_PATH` and runs
+/// `libexec/perf_analyzer`.
+fn build_perf_analyzer(out: &Path) -> Result<(), Error> {
+    let v = versions::PERF_ANALYZER;
+    let work = out.join("download");
+    let (bin, lib, libexec) = (out.join("bin"), out.join("lib"), out.join("libexec"));
+    for dir in [&work, &bin, &lib, &libexec] {
+        fs::create_dir_all(dir)?;
+    }
+    let python = python3()?;
+    let mut pip = Command::new(&python);
+    pip.args([
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--dest",
+    ])
+    .arg(&work)
+    .arg(format!("tritonclient=={v}"))
+    .arg(format!(
+        "nvidia-cuda-runtime-cu12=={}",
+        versions::CUDA_RUNTIME
+    ));
+    run(pip, "pip download")?;
+    let real = libexec.join("perf_analyzer");
+    unzip(
+        &python,
+        &find_file(&work, "tritonclient-", ".whl")?,
+        &format!("tritonclient-{v}.data/data/bin/perf_analyzer"),
+        &real,
+    )?;
+    unzip(
+        &python,
+        &find_file(&work, "nvidia_cuda_runtime_cu12-", ".whl")?,
+        "nvidia/cuda_runtime/lib/libcudart.so.12",
+        &lib.join("libcudart.so.12"),
+    )?;
+    libb64(&work, &lib)?;
+    let wrapper = bin.join("perf_analyzer");
+    fs::write(
+        &wrapper,
+        format!(
+            r#"#!/bin/sh
+# Triton's perf_analyzer {v} (the tritonclient wheel's), with the libraries it needs.
+root=$(dirname "$(dirname "$(readlink -f "$0")")")
+LD_LIBRARY_PATH="$root/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+export LD_LIBRARY_PATH
+exec "$root/libexec/perf_analyzer" "$@"
+"#
+        ),
+    )?;
+    for exe in [&real, &wrapper] {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(exe, fs::Permissions::from_mode(0o755))?;
+    }
+    // A missing library shows here as the loader's error, not in the middle of a test.
+    let version = Command::new(&wrapper)
+        .arg("--version")
+        .output()
+        .map_err(|e| Error::Spawn {
+            what: wrapper.display().to_string(),
+            source: e,
+        })?;
+    // It prints its version on stderr.
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&version.stdout),
+        String::from_utf8_lossy(&version.stderr)
+    );
+    if !version.status.success() || !printed.contains(&format!("Version {v}")) {
+        return Err(Error::Build {
+            what: "perf_analyzer".into(),
+            detail: format!(
+                "`perf_analyzer --version` ({}) printed:\n{printed}",
+                version.status
+            ),
+        });
+    }
+    let _ = fs::remove_dir_all(&work);
+    Ok(())
+}
+
+/// Copies `libb64.so.0d` out of Debian's `libb64-0d` package into `lib`. `apt-get download` only
+/// fetches the `.deb`; when the system's package lists do not know it (a fresh container has
+/// none), lists are fetched into `work` instead, leaving the system's as they are.
+fn libb64(work: &Path, lib: &Path) -> Result<(), Error> {
+    let debs = work.join("debs");
+    fs::create_dir_all(&debs)?;
+    let mut download = Command::new("apt-get");
+    download
+        .args(["-q", "download", "libb64-0d"])
+        .current_dir(&debs);
+    if let Err(system) = run(download, "apt-get download libb64-0d") {
+        let lists = work.join("apt/lists");
+        let cache = work.join("apt/cache");
+        fs::create_dir_all(lists.join("partial"))?;
+        fs::create_dir_all(cache.join("archives/partial"))?;
+        let private = |args: &[&str]| {
+            let mut cmd = Command::new("apt-get");
+            cmd.arg("-q")
+                .arg("-o")
+                .arg(format!("Dir::State::Lists={}", lists.display()))
+                .arg("-o")
+                .arg(format!("Dir::Cache={}", cache.display()))
+                .args(args)
+                .current_dir(&debs);
+            cmd
+        };
+        run(
+            private(&["update"]),
+            "apt-get update (into a private folder)",
+        )
+        .and_then(|_| run(private(&["download", "libb64-0d"]), "apt-get download"))
+        .map_err(|e| Error::Build {
+            what: "libb64-0d".into(),
+            detail: format!("with the system's package lists: {system}\nwith fresh ones: {e}"),
+        })?;
+    }
+    let unpacked = work.join("libb64");
+    let mut extract = Command::new("dpkg-deb");
+    extract
+        .arg("-x")
+        .arg(find_file(&debs, "libb64-0d_", ".deb")?)
+        .arg(&unpacked);
+    run(extract, "dpkg-deb -x")?;
+    let so = find_named(&unpacked, "libb64.so.0d")?.ok_or_else(|| Error::Build {
+        what: "libb64-0d".into(),
+        detail: "the package holds no libb64.so.0d".into(),
+    })?;
+    fs::copy(so, lib.join("libb64.so.0d"))?;
+    Ok(())
+}
+
+/// The one file in `dir` named `<prefix>…<suffix>`.
+fn find_file(dir: &Path, prefix: &str, suffix: &str) -> Result<PathBuf, Error> {
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if name.starts_with(prefix) && name.ends_with(suffix) {
+            return Ok(path);
+        }
+    }
+    Err(Error::Build {
+        what: format!("{prefix}*{suffix}"),
+        detail: format!("not downloaded into {}", dir.display()),
+    })
+}
+
+/// The first file called `name` anywhere under `dir`.
+fn find_named(dir: &Path, name: &str) -> Result<Option<PathBuf>, Error> {
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            if let Some(found) = find_named(&path, name)? {
+                return Ok(Some(found));
+            }
+        } else if path.file_name().is_some_and(|n| n == name) {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
+}
+
+/// Extracts `member` of the zip archive (wheel) `archive` to `dest`, with Python's `zipfile`.
+fn unzip(python: &Path, archive: &Path, member: &str, dest: &Path) -> Result<(), Error> {
+    const SCRIPT: &str = r#"
+import shutil, sys, zipfile
+archive, member, dest = sys.argv[1:]
+with zipfile.ZipFile(archive) as z:
+    if member not in z.namelist():
+        sys.exit(f"{archive} holds no {member}")
+    with z.open(member) as src, open(dest, "wb") as out:
+        shutil.copyfileobj(src, out)
+"#;
+    let mut cmd = Command::new(python);
+    cmd.args(["-c", SCRIPT]).arg(archive).arg(member).arg(dest);
+    run(cmd, "unzip").map(drop)
+}
+
+/// `python3` (else `python`) from `PATH`.
+fn python3() -> Result<PathBuf, Error> {
+    ["python3", "python"]
+        .into_iter()
+        .find(|p| {
+            Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .map(PathBuf::from)
+        .ok_or_else(|| Error::Build {
+            what: "perf_analyzer".into(),
+            detail: "no python3 on PATH (pip downloads its wheels)".into(),
+        })
 }
 
 fn source_dir(out: &Path, name: &str, version: &str) -> Result<PathBuf, Error> {

@@ -11,3 +11,9 @@ pub const HELM: &str = "v3.21.4";
 pub const KWOK: &str = "v0.8.0";
 /// `oha` (crates.io), the HTTP load generator of the standalone agent's overload test.
 pub const OHA: &str = "1.16.0";
+/// Triton's `perf_analyzer`, taken prebuilt from the `tritonclient` wheel of this version (from
+/// 2.53 on the wheels need glibc 2.38; Debian 12 has 2.36).
+pub const PERF_ANALYZER: &str = "2.41.0";
+/// The `nvidia-cuda-runtime-cu12` wheel whose `libcudart.so.12` `perf_analyzer` links against
+/// (it needs no GPU).
+pub const CUDA_RUNTIME: &str = "12.9.79";

@@ -55,6 +55,7 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
         .args(extra)
         .env("COTENANT_PYTHON", &python)
         .env("COTENANT_OHA", &tools.oha)
+        .env("COTENANT_PERF_ANALYZER", &tools.perf_analyzer)
         .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
     crate::run(test)?;
 

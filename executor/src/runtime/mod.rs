@@ -245,6 +245,16 @@ impl Tenant {
         (k.max_batch, k.instances)
     }
 
+    /// Whether requests are batched together along their first dimension.
+    pub fn batchable(&self) -> bool {
+        self.shared.batchable
+    }
+
+    /// Rows one request may carry.
+    pub fn max_request_rows(&self) -> usize {
+        self.shared.config.max_request_rows
+    }
+
     /// Why requests are never batched together although the model's inputs have a batch
     /// dimension (see `passes::batch_refusal`); `None` when they are, or cannot be.
     pub fn batch_refusal(&self) -> Option<&str> {

@@ -3,7 +3,8 @@
 //! one-second buckets in a ring, each with log-spaced latency histograms.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Seconds of history the window keeps.
 pub const WINDOW_SECS: usize = 30;
@@ -179,6 +180,8 @@ pub struct Stats {
     started: Instant,
     slo: Mutex<Duration>,
     inner: Mutex<Inner>,
+    /// Milliseconds since the Unix epoch when a request last finished; 0 before the first.
+    last_completion_ms: AtomicU64,
 }
 
 /// A summary of the window, what reports and the scaler consume.
@@ -220,6 +223,7 @@ impl Stats {
                     .collect(),
                 totals: Counts::default(),
             }),
+            last_completion_ms: AtomicU64::new(0),
         }
     }
 
@@ -276,6 +280,17 @@ impl Stats {
             c.compute.record(compute);
             c.end_to_end.record(total);
         });
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
+        self.last_completion_ms.store(ms, Ordering::Release);
+    }
+
+    /// When a request last finished, in milliseconds since the Unix epoch (`None` before the
+    /// first).
+    pub fn last_completion_ms(&self) -> Option<u64> {
+        Some(self.last_completion_ms.load(Ordering::Acquire)).filter(|ms| *ms > 0)
     }
 
     /// Everything since start (Prometheus counters and histograms).

@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, watch as channel};
 /// Options of `cotenant-agent kubernetes`.
 pub struct Options {
     pub listen: String,
+    pub grpc_listen: String,
     pub admin_listen: String,
     pub advertise_address: Option<String>,
     pub admin_advertise_address: Option<String>,
@@ -57,12 +58,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
              only from one exact user, e.g. system:serviceaccount:cotenant-system:cotenant-operator, \
              which the operator sets on the agent pods it creates",
         )?;
-    let listener = tokio::net::TcpListener::bind(&options.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", options.listen))?;
-    let admin_listener = tokio::net::TcpListener::bind(&options.admin_listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", options.admin_listen))?;
+    let listener = crate::bind(&options.listen).await?;
+    let grpc_listener = crate::bind(&options.grpc_listen).await?;
+    let admin_listener = crate::bind(&options.admin_listen).await?;
     let identity = identity::from_env(
         |key| std::env::var(key).ok(),
         listener.local_addr()?,
@@ -155,15 +153,24 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         listener,
         serve::inference_router(app.clone()),
         options.connections,
+        serve::Protocol::Http1,
+        stopped(stop_rx.clone()),
+    );
+    let grpc = serve::serve(
+        grpc_listener,
+        serve::grpc_router(app.clone()),
+        options.connections,
+        serve::Protocol::Http2,
         stopped(stop_rx.clone()),
     );
     let admin = serve::serve(
         admin_listener,
         serve::admin_router(app),
         options.connections,
+        serve::Protocol::Http1,
         stopped(stop_rx.clone()),
     );
-    tokio::join!(inference, admin);
+    tokio::join!(inference, grpc, admin);
 
     // Every accepted request has its answer; finish what the tenants still hold and exit.
     let tenants = reconciling.await.unwrap_or_default();

@@ -58,6 +58,16 @@ impl Budget {
         }
     }
 
+    /// An empty reservation counted against the agent's cap alone (and the tenant cap as the
+    /// most one request may hold), for bytes that arrive before the request names its tenant.
+    pub fn open_unattributed(self: &Arc<Budget>) -> Reservation {
+        Reservation {
+            budget: self.clone(),
+            tenant: Arc::default(),
+            bytes: 0,
+        }
+    }
+
     /// Bytes reserved now by the whole agent.
     pub fn in_flight(&self) -> u64 {
         self.agent.load(Ordering::Acquire)

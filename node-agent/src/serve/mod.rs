@@ -10,12 +10,15 @@ pub mod budget;
 mod codec;
 mod connections;
 mod error;
+mod grpc;
 pub mod metrics;
 mod oip;
 pub mod report;
+mod triton;
 
 pub use codec::wire_name;
-pub use connections::{ConnectionLimits, serve};
+pub use connections::{ConnectionLimits, Protocol, serve};
+pub use grpc::router as grpc_router;
 
 use crate::registry::Registry;
 use axum::Router;
@@ -163,6 +166,17 @@ fn oip_routes() -> Router<Arc<AppState>> {
         .route(
             "/v2/models/{model}/versions/{version}/ready",
             get(oip::model_ready_versioned),
+        )
+        .route("/v2/models/stats", get(triton::all_stats))
+        .route("/v2/models/{model}/config", get(triton::config))
+        .route(
+            "/v2/models/{model}/versions/{version}/config",
+            get(triton::config_versioned),
+        )
+        .route("/v2/models/{model}/stats", get(triton::stats))
+        .route(
+            "/v2/models/{model}/versions/{version}/stats",
+            get(triton::stats_versioned),
         )
         .route("/v2/models/{model}/infer", post(oip::infer))
         .route(

@@ -6,10 +6,11 @@
 //! and only then are tensors decoded. Decoding and encoding run on blocking threads, never on
 //! the async workers, and the answer has a deadline too.
 
+use super::budget::Reservation;
 use super::codec::{self, InferRequest, Signature};
 use super::error::ApiError;
 use super::{AppState, MAX_BODY_BYTES, access, body};
-use crate::registry::{Entry, State as TenantState};
+use crate::registry::{Entry, State as TenantState, TensorMeta};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
@@ -31,19 +32,27 @@ pub async fn live() -> StatusCode {
     StatusCode::OK
 }
 
+/// Whether the agent knows its tenants and has tried to load each.
+pub(super) fn agent_ready(app: &AppState) -> bool {
+    app.initialised.load(std::sync::atomic::Ordering::Acquire) && app.registry.settled()
+}
+
 pub async fn ready(State(app): AppRef) -> StatusCode {
-    if app.initialised.load(std::sync::atomic::Ordering::Acquire) && app.registry.settled() {
+    if agent_ready(&app) {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     }
 }
 
+/// The protocol extensions this agent serves, on REST and gRPC alike.
+pub const EXTENSIONS: [&str; 3] = ["binary_tensor_data", "model_configuration", "statistics"];
+
 pub async fn server_metadata() -> Json<Value> {
     Json(json!({
         "name": "cotenant",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data", "model_repository", "statistics"],
+        "extensions": EXTENSIONS,
     }))
 }
 
@@ -52,13 +61,13 @@ pub async fn not_found() -> ApiError {
 }
 
 /// A path that does not decode (bad percent-encoding, not UTF-8) is the client's error.
-fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+pub(super) fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
     p.map(|Path(v)| v)
         .map_err(|e| ApiError::bad_request(format!("bad request path: {}", e.body_text())))
 }
 
 /// This agent serves one version of each model, "1"; any other version is unknown.
-fn check_version(model: &str, version: &str) -> Result<(), ApiError> {
+pub(super) fn check_version(model: &str, version: &str) -> Result<(), ApiError> {
     if version == "1" {
         Ok(())
     } else {
@@ -80,20 +89,28 @@ pub async fn model_metadata(
 
 fn metadata(app: &AppState, model: &str, headers: &HeaderMap) -> Result<Json<Value>, ApiError> {
     let entry = access::tenant(app, model, headers)?;
-    let (inputs, outputs) = match &entry.state {
-        TenantState::Ready {
-            inputs, outputs, ..
-        } => (json!(inputs), json!(outputs)),
-        _ => (json!([]), json!([])),
-    };
+    let (inputs, outputs) = signature(&entry);
     Ok(Json(json!({
         "name": entry.name,
         "versions": ["1"],
-        "platform": "onnx",
+        "platform": PLATFORM,
         "state": entry.state.word(),
         "inputs": inputs,
         "outputs": outputs,
     })))
+}
+
+/// What model metadata names as every tenant's platform.
+pub const PLATFORM: &str = "onnx";
+
+/// A tenant's inputs and outputs; none until it is Ready.
+pub(super) fn signature(entry: &Entry) -> (&[TensorMeta], &[TensorMeta]) {
+    match &entry.state {
+        TenantState::Ready {
+            inputs, outputs, ..
+        } => (inputs, outputs),
+        _ => (&[], &[]),
+    }
 }
 
 pub async fn model_metadata_versioned(
@@ -156,7 +173,7 @@ pub async fn infer(
 
 /// The serving replica of a Ready tenant; other states say why there is none, without the
 /// load error itself (which names where the model lives: it is in the tenant's status).
-fn serving(entry: &Entry, model: &str) -> Result<Arc<Tenant>, ApiError> {
+pub(super) fn serving(entry: &Entry, model: &str) -> Result<Arc<Tenant>, ApiError> {
     match &entry.state {
         TenantState::Ready { tenant, .. } => Ok(tenant.clone()),
         TenantState::Loading => Err(ApiError::new(
@@ -235,35 +252,7 @@ async fn run(
         all_binary,
     } = decoded?;
 
-    // The inputs' bytes stay reserved until the tenant has run them, even past this deadline.
-    let (tx, rx) = tokio::sync::oneshot::channel::<Result<Completed, RunError>>();
-    tenant
-        .submit(
-            inputs,
-            Box::new(move |result| {
-                drop(held);
-                drop(tx.send(result));
-            }),
-        )
-        .map_err(rejected)?;
-    let slo = Duration::from_secs_f64(entry.slo_millis.max(0.0) / 1e3);
-    let wait = app.limits.answer_timeout.max(slo.saturating_mul(2));
-    let completed = match tokio::time::timeout_at(started + wait, rx).await {
-        Err(_) => {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("no answer within {} s", wait.as_secs()),
-            )
-            .retry_after(1));
-        }
-        Ok(Err(_)) => {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the tenant stopped before answering",
-            ));
-        }
-        Ok(Ok(result)) => result.map_err(|e| run_failed(&entry.name, e))?,
-    };
+    let completed = answer(&app, &entry, &tenant, inputs, held, started).await?;
 
     let name = entry.name.clone();
     let (bytes, header_len) = tokio::task::spawn_blocking(move || {
@@ -298,8 +287,45 @@ async fn run(
     Ok(response)
 }
 
+/// Queues `inputs` on `tenant` and waits for the answer until the request's deadline (at least
+/// twice the tenant's SLO after `started`). `held` (the inputs' bytes) stays reserved until the
+/// tenant has run them, even past the deadline.
+pub(super) async fn answer(
+    app: &AppState,
+    entry: &Entry,
+    tenant: &Tenant,
+    inputs: Vec<(String, cotenant_executor::Tensor)>,
+    held: Reservation,
+    started: Instant,
+) -> Result<Completed, ApiError> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<Completed, RunError>>();
+    tenant
+        .submit(
+            inputs,
+            Box::new(move |result| {
+                drop(held);
+                drop(tx.send(result));
+            }),
+        )
+        .map_err(rejected)?;
+    let slo = Duration::from_secs_f64(entry.slo_millis.max(0.0) / 1e3);
+    let wait = app.limits.answer_timeout.max(slo.saturating_mul(2));
+    match tokio::time::timeout_at(started + wait, rx).await {
+        Err(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no answer within {} s", wait.as_secs()),
+        )
+        .retry_after(1)),
+        Ok(Err(_)) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the tenant stopped before answering",
+        )),
+        Ok(Ok(result)) => result.map_err(|e| run_failed(&entry.name, e)),
+    }
+}
+
 /// A failure of the agent itself: logged in full, answered without detail.
-fn internal(what: &str, e: &dyn std::fmt::Display) -> ApiError {
+pub(super) fn internal(what: &str, e: &dyn std::fmt::Display) -> ApiError {
     tracing::error!(error = %e, "{what} a request failed");
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,

@@ -4,6 +4,7 @@
 //! callers, and where models may come from (`access`).
 
 mod access;
+mod perf;
 mod requests;
 
 use cotenant_e2e::cluster::free_port;
@@ -65,6 +66,10 @@ fn serve(agent: &Path, dir: &Path, extra: &[&str]) -> (Process, String) {
         .args(["--listen", &addr, "--threads", "2", "--report-token-file"])
         .arg(dir.join("token"))
         .args(extra);
+    if !extra.contains(&"--grpc-listen") {
+        // Any free port: tests that speak gRPC pass their own.
+        cmd.args(["--grpc-listen", "127.0.0.1:0"]);
+    }
     let mut server = Process::spawn("agent", cmd, dir, Lifetime::WithParent).expect("agent starts");
     let ready = poll("agent readiness", Duration::from_secs(120), || {
         if !server.is_running() {
@@ -169,7 +174,8 @@ fn standalone_agent_serves_real_clients() {
     }
     std::fs::write(dir.join("token"), "s3cret\n").expect("token");
 
-    let (mut server, addr) = serve(&agent, &dir, &[]);
+    let grpc = format!("127.0.0.1:{}", free_port().expect("port"));
+    let (mut server, addr) = serve(&agent, &dir, &["--grpc-listen", &grpc]);
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     assert!(
         log.contains("invalid.yaml") && log.contains("spec.model.uri"),
@@ -193,6 +199,24 @@ fn standalone_agent_serves_real_clients() {
             "garbage,missing,wrong-sha",
             "--report-token",
             "s3cret",
+        ],
+    );
+    // The same tenants over gRPC: tritonclient.grpc, typed contents, malformed messages.
+    run_script(
+        &python,
+        &server,
+        "grpc_client.py",
+        &[
+            "--url",
+            &grpc,
+            "--rest",
+            &addr,
+            "--models",
+            &models_arg,
+            "--good",
+            "squeezenet,bert",
+            "--failed",
+            "garbage,missing,wrong-sha",
         ],
     );
     // DNNScaler profiled each good tenant and chose an approach, reported to the operator.

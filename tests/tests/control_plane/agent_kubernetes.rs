@@ -204,6 +204,8 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         "kubernetes",
         "--listen",
         &addr,
+        "--grpc-listen",
+        "127.0.0.1:0",
         "--admin-listen",
         &admin,
         "--threads",

@@ -252,53 +252,12 @@ fn check_input<'a>(
     binary: &'a [u8],
     offset: &mut usize,
 ) -> Result<Checked<'a>, ApiError> {
-    let Some(decl) = sig.inputs.iter().find(|i| i.name == input.name) else {
-        return Err(ApiError::bad_request(format!(
-            "unknown input; the model's inputs are {:?}",
-            sig.inputs.iter().map(|i| &i.name).collect::<Vec<_>>()
-        )));
-    };
-    let wire = WireType::parse(&input.datatype)?;
-    if wire.dtype() != decl.dtype {
-        return Err(ApiError::bad_request(format!(
-            "datatype {} given, the model expects {}",
-            input.datatype,
-            wire_name(decl.dtype)
-        )));
-    }
+    let TensorCheck {
+        wire,
+        shape,
+        elements,
+    } = check_tensor(&input.name, &input.datatype, &input.shape.0, sig)?;
     let dims = &input.shape.0;
-    let mut shape = Vec::with_capacity(dims.len());
-    let mut elements: usize = 1;
-    for &d in dims {
-        let d = usize::try_from(d).map_err(|_| {
-            ApiError::bad_request(format!("negative dimension {d} in shape {dims:?}"))
-        })?;
-        elements = elements.checked_mul(d).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "shape {dims:?} has more elements than this machine can count"
-            ))
-        })?;
-        shape.push(d);
-    }
-    if elements > MAX_ELEMENTS {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("shape {dims:?} exceeds {MAX_ELEMENTS} elements"),
-        ));
-    }
-    if let Some(model_dims) = &decl.dims {
-        let fits = model_dims.len() == shape.len()
-            && model_dims
-                .iter()
-                .zip(&shape)
-                .all(|(m, &n)| !matches!(m, Dim::Fixed(f) if *f != n));
-        if !fits {
-            return Err(ApiError::bad_request(format!(
-                "shape {dims:?} does not fit the model's {}",
-                show(model_dims)
-            )));
-        }
-    }
     let source = match (input.parameters.binary_data_size, input.data) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request("has both data and binary_data_size"));
@@ -351,6 +310,79 @@ fn check_input<'a>(
     })
 }
 
+/// An input's datatype and shape, checked against the model.
+pub struct TensorCheck {
+    pub wire: WireType,
+    pub shape: Vec<usize>,
+    pub elements: usize,
+}
+
+/// Checks an input's name, datatype and shape against the model's signature, refusing shapes
+/// whose element count overflows or passes [`MAX_ELEMENTS`]; allocates nothing for its data.
+pub fn check_tensor(
+    name: &str,
+    datatype: &str,
+    dims: &[i64],
+    sig: &Signature,
+) -> Result<TensorCheck, ApiError> {
+    let Some(decl) = sig.inputs.iter().find(|i| i.name == name) else {
+        return Err(ApiError::bad_request(format!(
+            "unknown input; the model's inputs are {:?}",
+            sig.inputs.iter().map(|i| &i.name).collect::<Vec<_>>()
+        )));
+    };
+    let wire = WireType::parse(datatype)?;
+    if wire.dtype() != decl.dtype {
+        return Err(ApiError::bad_request(format!(
+            "datatype {datatype} given, the model expects {}",
+            wire_name(decl.dtype)
+        )));
+    }
+    if dims.len() > MAX_RANK {
+        return Err(ApiError::bad_request(format!(
+            "shape has {} dimensions, more than {MAX_RANK}",
+            dims.len()
+        )));
+    }
+    let mut shape = Vec::with_capacity(dims.len());
+    let mut elements: usize = 1;
+    for &d in dims {
+        let d = usize::try_from(d).map_err(|_| {
+            ApiError::bad_request(format!("negative dimension {d} in shape {dims:?}"))
+        })?;
+        elements = elements.checked_mul(d).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "shape {dims:?} has more elements than this machine can count"
+            ))
+        })?;
+        shape.push(d);
+    }
+    if elements > MAX_ELEMENTS {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("shape {dims:?} exceeds {MAX_ELEMENTS} elements"),
+        ));
+    }
+    if let Some(model_dims) = &decl.dims {
+        let fits = model_dims.len() == shape.len()
+            && model_dims
+                .iter()
+                .zip(&shape)
+                .all(|(m, &n)| !matches!(m, Dim::Fixed(f) if *f != n));
+        if !fits {
+            return Err(ApiError::bad_request(format!(
+                "shape {dims:?} does not fit the model's {}",
+                show(model_dims)
+            )));
+        }
+    }
+    Ok(TensorCheck {
+        wire,
+        shape,
+        elements,
+    })
+}
+
 fn show(dims: &[Dim]) -> String {
     let parts: Vec<String> = dims
         .iter()
@@ -363,7 +395,7 @@ fn show(dims: &[Dim]) -> String {
 }
 
 /// Little-endian elements of `wire` from exactly as many bytes as they need.
-fn from_bytes(wire: WireType, b: &[u8]) -> Data {
+pub fn from_bytes(wire: WireType, b: &[u8]) -> Data {
     fn le<const N: usize, T>(b: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
         b.chunks_exact(N)
             .map(|c| {

@@ -107,7 +107,7 @@ fn element_bytes(data: &Data) -> usize {
 
 /// Appends the raw little-endian bytes of `data`: one copy where the host is little-endian
 /// (BERT's hidden states are 384 KiB per sequence).
-fn append_bytes(out: &mut Vec<u8>, data: &Data) {
+pub fn append_bytes(out: &mut Vec<u8>, data: &Data) {
     fn le<const N: usize, T: bytemuck::Pod>(out: &mut Vec<u8>, v: &[T], f: fn(&T) -> [u8; N]) {
         if cfg!(target_endian = "little") {
             out.extend_from_slice(bytemuck::cast_slice(v));

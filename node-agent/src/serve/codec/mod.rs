@@ -6,8 +6,10 @@
 mod decode;
 mod encode;
 
-pub use decode::{InferRequest, Signature, decode_request, header_length};
-pub use encode::encode_response;
+pub use decode::{
+    InferRequest, Signature, TensorCheck, check_tensor, decode_request, from_bytes, header_length,
+};
+pub use encode::{append_bytes, encode_response};
 
 use super::error::ApiError;
 use cotenant_executor::DType;
@@ -49,7 +51,7 @@ impl WireType {
     }
 
     /// Bytes of one element on the wire.
-    fn size(self) -> usize {
+    pub fn size(self) -> usize {
         match self {
             WireType::Bool | WireType::U8 | WireType::I8 => 1,
             WireType::F16 => 2,
@@ -60,7 +62,7 @@ impl WireType {
 
     /// The executor dtype it decodes to (FP16 is widened to FP32, the only float the executor
     /// computes in).
-    fn dtype(self) -> DType {
+    pub fn dtype(self) -> DType {
         match self {
             WireType::Bool => DType::Bool,
             WireType::U8 => DType::U8,
@@ -74,7 +76,7 @@ impl WireType {
 }
 
 /// Bytes of one element of an executor dtype in memory.
-fn dtype_size(dtype: DType) -> usize {
+pub fn dtype_size(dtype: DType) -> usize {
     match dtype {
         DType::Bool | DType::U8 | DType::I8 => 1,
         DType::I32 | DType::F32 => 4,
