@@ -25,6 +25,8 @@ commands:
   bench executor       this executor vs onnxruntime on the CPU (ratio table)
   bench agent          goodput within the SLO under static b=1 m=1, DNNScaler and Clipper
                        AIMD on a standalone agent, and the HTTP overhead (tables)
+  bench triton         Triton's perf_analyzer over HTTP and gRPC against a standalone agent,
+                       next to the executor alone (table)
   device-check         build the CUDA device check (release, --features cuda) into
                        target/device-bundle/ with run.sh for a GPU host
   setup                only build/cache the tools and the Python venv";
@@ -39,6 +41,7 @@ fn main() -> anyhow::Result<()> {
         ["cluster", "down"] => cluster::down(),
         ["bench", "executor", rest @ ..] => bench_executor(rest),
         ["bench", "agent", rest @ ..] => bench_agent(rest),
+        ["bench", "triton", rest @ ..] => bench_triton(rest),
         ["device-check", rest @ ..] => device_check::run(rest),
         ["setup"] => {
             python::venv()?;
@@ -95,6 +98,14 @@ fn bench_executor(args: &[&str]) -> anyhow::Result<()> {
 
 fn bench_agent(args: &[&str]) -> anyhow::Result<()> {
     bench_script("node-agent/bench/agent_bench.py", args)
+}
+
+fn bench_triton(args: &[&str]) -> anyhow::Result<()> {
+    let perf_analyzer = cotenant_e2e::toolchain::ensure()?.perf_analyzer;
+    let perf_analyzer = perf_analyzer.to_string_lossy();
+    let mut all = vec!["--perf-analyzer", &perf_analyzer];
+    all.extend_from_slice(args);
+    bench_script("node-agent/bench/triton_perf.py", &all)
 }
 
 /// Builds the agent in release and runs a benchmark script with the reference venv's Python.

@@ -66,6 +66,13 @@ pub(super) fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> 
         .map_err(|e| ApiError::bad_request(format!("bad request path: {}", e.body_text())))
 }
 
+/// The model a versioned path names, once its version is checked.
+pub(super) fn versioned(p: VersionPath) -> Result<String, ApiError> {
+    let (model, version) = path(p)?;
+    check_version(&model, &version)?;
+    Ok(model)
+}
+
 /// This agent serves one version of each model, "1"; any other version is unknown.
 pub(super) fn check_version(model: &str, version: &str) -> Result<(), ApiError> {
     if version == "1" {
@@ -118,8 +125,7 @@ pub async fn model_metadata_versioned(
     p: VersionPath,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let (model, version) = path(p)?;
-    check_version(&model, &version)?;
+    let model = versioned(p)?;
     metadata(&app, &model, &headers)
 }
 
@@ -145,8 +151,7 @@ pub async fn model_ready_versioned(
     p: VersionPath,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    let (model, version) = path(p)?;
-    check_version(&model, &version)?;
+    let model = versioned(p)?;
     readiness(&app, &model, &headers)
 }
 
@@ -156,8 +161,7 @@ pub async fn infer_versioned(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (model, version) = path(p)?;
-    check_version(&model, &version)?;
+    let model = versioned(p)?;
     run(app, &model, headers, body).await
 }
 
@@ -218,33 +222,19 @@ async fn run(
     )
     .await?;
 
-    let decoding = entry.clone();
-    let (decoded, held) = tokio::task::spawn_blocking(move || {
-        let TenantState::Ready {
-            tenant, outputs, ..
-        } = &decoding.state
-        else {
-            return (
-                Err(ApiError::bad_request("the model is not ready")),
-                reservation,
-            );
-        };
-        let signature = Signature {
-            inputs: &tenant.model().plan.inputs,
-            outputs,
-        };
-        // The room reserved with the body becomes exactly the decoded tensors' bytes; once the
-        // body is gone, only those stay reserved.
-        let body_bytes = body.capacity() as u64;
-        let decoded = codec::decode_request(&body, header_len, &signature, |tensors| {
-            reservation.resize(body_bytes + tensors)
-        });
-        drop(body);
-        reservation.shrink(body_bytes);
-        (decoded, reservation)
-    })
-    .await
-    .map_err(|e| internal("decoding", &e))?;
+    let (decoded, held) =
+        decode_blocking(entry.clone(), reservation, move |signature, reservation| {
+            // The room reserved with the body becomes exactly the decoded tensors' bytes; once the
+            // body is gone, only those stay reserved.
+            let body_bytes = body.capacity() as u64;
+            let decoded = codec::decode_request(&body, header_len, signature, |tensors| {
+                reservation.resize(body_bytes + tensors)
+            });
+            drop(body);
+            reservation.shrink(body_bytes);
+            decoded
+        })
+        .await?;
     let InferRequest {
         id,
         inputs,
@@ -285,6 +275,32 @@ async fn run(
         }
     }
     Ok(response)
+}
+
+/// Runs `decode` on a blocking thread with the Ready tenant's signature and the request's
+/// reservation, and hands the reservation back with what it decoded.
+pub(super) async fn decode_blocking<T: Send + 'static>(
+    entry: Arc<Entry>,
+    mut reservation: Reservation,
+    decode: impl FnOnce(&Signature, &mut Reservation) -> Result<T, ApiError> + Send + 'static,
+) -> Result<(Result<T, ApiError>, Reservation), ApiError> {
+    tokio::task::spawn_blocking(move || {
+        let TenantState::Ready {
+            tenant, outputs, ..
+        } = &entry.state
+        else {
+            let refused = Err(ApiError::bad_request("the model is not ready"));
+            return (refused, reservation);
+        };
+        let signature = Signature {
+            inputs: &tenant.model().plan.inputs,
+            outputs,
+        };
+        let decoded = decode(&signature, &mut reservation);
+        (decoded, reservation)
+    })
+    .await
+    .map_err(|e| internal("decoding", &e))
 }
 
 /// Queues `inputs` on `tenant` and waits for the answer until the request's deadline (at least

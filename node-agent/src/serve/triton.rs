@@ -263,9 +263,7 @@ pub async fn config(
     model: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let model = path(model)?;
-    let entry = access::tenant(&app, &model, &headers)?;
-    Ok(Json(ModelConfig::of(&entry)?.to_json()))
+    config_of(&app, &path(model)?, &headers)
 }
 
 pub async fn config_versioned(
@@ -273,14 +271,23 @@ pub async fn config_versioned(
     p: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let (model, version) = path(p)?;
-    oip::check_version(&model, &version)?;
-    let entry = access::tenant(&app, &model, &headers)?;
+    config_of(&app, &oip::versioned(p)?, &headers)
+}
+
+fn config_of(app: &AppState, model: &str, headers: &HeaderMap) -> Result<Json<Value>, ApiError> {
+    let entry = access::tenant(app, model, headers)?;
     Ok(Json(ModelConfig::of(&entry)?.to_json()))
 }
 
-fn stats_json(stats: Vec<ModelStatistics>) -> Json<Value> {
-    Json(json!({"model_stats": stats.iter().map(ModelStatistics::to_json).collect::<Vec<_>>()}))
+fn stats_of(
+    app: &AppState,
+    model: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let stats = statistics(app, model, headers)?;
+    Ok(Json(
+        json!({"model_stats": stats.iter().map(ModelStatistics::to_json).collect::<Vec<_>>()}),
+    ))
 }
 
 pub async fn stats(
@@ -288,8 +295,7 @@ pub async fn stats(
     model: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let model = path(model)?;
-    Ok(stats_json(statistics(&app, Some(&model), &headers)?))
+    stats_of(&app, Some(&path(model)?), &headers)
 }
 
 pub async fn stats_versioned(
@@ -297,11 +303,9 @@ pub async fn stats_versioned(
     p: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let (model, version) = path(p)?;
-    oip::check_version(&model, &version)?;
-    Ok(stats_json(statistics(&app, Some(&model), &headers)?))
+    stats_of(&app, Some(&oip::versioned(p)?), &headers)
 }
 
 pub async fn all_stats(State(app): AppRef, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    Ok(stats_json(statistics(&app, None, &headers)?))
+    stats_of(&app, None, &headers)
 }

@@ -13,7 +13,6 @@ pub mod pb {
     tonic::include_proto!("inference");
 }
 
-use super::codec::Signature;
 use super::error::ApiError;
 use super::oip::{self, EXTENSIONS, PLATFORM};
 use super::triton::{self, ModelConfig, ModelStatistics};
@@ -190,27 +189,14 @@ impl GrpcInferenceService for Service {
         let entry = access::tenant(&self.app, &model, &headers).map_err(status)?;
         let tenant = oip::serving(&entry, &model).map_err(status)?;
 
-        let mut reservation = self.app.budget.open(&entry.name);
-        let decoding = entry.clone();
-        let (decoded, held) = tokio::task::spawn_blocking(move || {
-            let TenantState::Ready {
-                tenant, outputs, ..
-            } = &decoding.state
-            else {
-                return (
-                    Err(ApiError::bad_request("the model is not ready")),
-                    reservation,
-                );
-            };
-            let signature = Signature {
-                inputs: &tenant.model().plan.inputs,
-                outputs,
-            };
-            let decoded = tensors::decode(&request, &signature, |n| reservation.grow(n));
-            (decoded.map(|d| (d, request.id)), reservation)
-        })
-        .await
-        .map_err(|e| status(oip::internal("decoding", &e)))?;
+        let reservation = self.app.budget.open(&entry.name);
+        let (decoded, held) =
+            oip::decode_blocking(entry.clone(), reservation, move |signature, reservation| {
+                let decoded = tensors::decode(&request, signature, |n| reservation.grow(n))?;
+                Ok((decoded, request.id))
+            })
+            .await
+            .map_err(status)?;
         let (decoded, id) = decoded.map_err(status)?;
 
         let completed = oip::answer(&self.app, &entry, &tenant, decoded.inputs, held, started)
