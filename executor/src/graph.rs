@@ -25,6 +25,23 @@ pub struct GraphInput {
     pub dims: Option<Vec<Dim>>,
 }
 
+impl GraphInput {
+    /// The shape of an example of this input at `batch`: the first symbolic dimension is the
+    /// batch, other symbolic ones are 1 (empty when no shape is declared).
+    pub fn example_shape(&self, batch: usize) -> Vec<usize> {
+        self.dims
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(k, d)| match d {
+                Dim::Fixed(v) => *v,
+                Dim::Symbol(_) if k == 0 => batch,
+                Dim::Symbol(_) => 1,
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Node {
     pub name: String,

@@ -11,7 +11,6 @@
 //! learn its size.
 
 use crate::error::{OpError, RunError};
-use crate::graph::Dim;
 use crate::plan::Plan;
 use crate::tensor::checked_numel;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -125,17 +124,7 @@ impl Drop for Ledger<'_> {
 /// the executor's limit.
 pub fn example_input_bytes(plan: &Plan, batch: usize) -> Option<usize> {
     plan.inputs.iter().try_fold(0usize, |total, input| {
-        let shape: Vec<usize> = input
-            .dims
-            .iter()
-            .flatten()
-            .enumerate()
-            .map(|(k, d)| match d {
-                Dim::Fixed(v) => *v,
-                Dim::Symbol(_) if k == 0 => batch,
-                Dim::Symbol(_) => 1,
-            })
-            .collect();
+        let shape = input.example_shape(batch);
         let bytes = checked_numel(&shape)
             .ok()?
             .checked_mul(input.dtype.size())?;

@@ -167,18 +167,8 @@ impl Plan {
         self.inputs
             .iter()
             .map(|i| {
-                let shape: Vec<usize> = i
-                    .dims
-                    .iter()
-                    .flatten()
-                    .enumerate()
-                    .map(|(k, d)| match d {
-                        Dim::Fixed(v) => *v,
-                        Dim::Symbol(_) if k == 0 => batch,
-                        Dim::Symbol(_) => 1,
-                    })
-                    .collect();
-                let t = Tensor::zeros(i.dtype, shape).unwrap_or_else(|_| Tensor::scalar_f32(0.0));
+                let t = Tensor::zeros(i.dtype, i.example_shape(batch))
+                    .unwrap_or_else(|_| Tensor::scalar_f32(0.0));
                 (i.name.clone(), t)
             })
             .collect()

@@ -5,12 +5,15 @@
 //! kernels) — or fail with an error; none may panic or allocate past the budget.
 //! Crashes this found are kept as named regression tests in `hostile_models.rs`.
 
+mod common;
+
+use common::proto::value_info;
 use cotenant_executor::device::Gpu;
 use cotenant_executor::memory::MemoryBudget;
 use cotenant_executor::ops::SUPPORTED_OPS;
 use cotenant_executor::proto::{
-    AttributeProto, DimValue, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    TensorProto, TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto, attribute_type,
+    AttributeProto, DimValue, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    ValueInfoProto, attribute_type,
 };
 use cotenant_executor::zoo::{self, BertOptions, ZooOptions};
 use cotenant_executor::{CpuBackend, Device, Model};
@@ -326,32 +329,6 @@ fn mutate(m: &mut ModelProto, muts: &[Mutation]) {
                 }
             }
         }
-    }
-}
-
-fn value_info(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            tensor_type: Some(TypeProtoTensor {
-                elem_type: elem,
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| Dimension {
-                            value: Some(if d < 0 {
-                                DimValue::DimParam("batch".into())
-                            } else {
-                                DimValue::DimValue(d)
-                            }),
-                            denotation: String::new(),
-                        })
-                        .collect(),
-                }),
-            }),
-            denotation: String::new(),
-        }),
-        doc_string: String::new(),
     }
 }
 

@@ -6,10 +6,13 @@
 //! aborts: a loud failure that takes nothing from the machine) and records the largest one
 //! each thread made, so a test can show that a bomb was priced, not allocated.
 
+mod common;
+
+use common::proto::value_info;
 use cotenant_executor::memory::MemoryBudget;
 use cotenant_executor::proto::{
-    AttributeProto, DimValue, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    TensorProto, TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto, attribute_type,
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    ValueInfoProto, attribute_type,
 };
 use cotenant_executor::zoo::{self, ZooOptions};
 use cotenant_executor::{CpuBackend, Data, Model, RunError, Tensor};
@@ -70,32 +73,6 @@ fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
     LARGEST.with(|c| c.set(0));
     let out = f();
     (out, LARGEST.with(Cell::get))
-}
-
-fn value_info(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            tensor_type: Some(TypeProtoTensor {
-                elem_type: elem,
-                shape: Some(TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|&d| Dimension {
-                            value: Some(if d < 0 {
-                                DimValue::DimParam("batch".into())
-                            } else {
-                                DimValue::DimValue(d)
-                            }),
-                            denotation: String::new(),
-                        })
-                        .collect(),
-                }),
-            }),
-            denotation: String::new(),
-        }),
-        doc_string: String::new(),
-    }
 }
 
 fn node(op: &str, name: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {

@@ -563,9 +563,13 @@ pub(crate) fn slice_plan(
     Ok((out, start, step))
 }
 
-fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Tensor> {
-    let x = input(inputs, 0)?;
-    let r = x.rank();
+/// [`slice_plan`] for a Slice node: its starts, ends, axes and steps from its attributes
+/// (opset 1) or from its inputs 1–4 (opset 10 on).
+pub(crate) fn slice_of(
+    shape: &[usize],
+    inputs: &[Option<&Tensor>],
+    attrs: Option<&SliceAttrs>,
+) -> OpResult<(Vec<usize>, Vec<i64>, Vec<i64>)> {
     let (starts, ends, axes, steps) = match attrs {
         Some((s, e, a)) => (s.clone(), e.clone(), a.clone(), None),
         None => (
@@ -575,7 +579,13 @@ fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Ten
             opt_input(inputs, 4).map(|t| t.to_i64_vec()).transpose()?,
         ),
     };
-    let (out, start, step) = slice_plan(&x.shape, &starts, &ends, axes, steps)?;
+    slice_plan(shape, &starts, &ends, axes, steps)
+}
+
+fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let r = x.rank();
+    let (out, start, step) = slice_of(&x.shape, inputs, attrs)?;
     let n = checked_numel(&out)?;
     let xs = strides(&x.shape);
     let os = strides(&out);

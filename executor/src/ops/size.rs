@@ -6,8 +6,8 @@
 //! Only the ops whose outputs can be far larger than their inputs have an estimate; every other
 //! op allocates at most a small multiple of what it reads, which is already counted.
 
-use super::shape::{ShapeOp, expand_shape, gather_shape, pad_shape, range_len, slice_plan};
-use super::{Op, input, opt_input};
+use super::shape::{ShapeOp, expand_shape, gather_shape, pad_shape, range_len, slice_of};
+use super::{Op, input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::elementwise::broadcast_shape;
 use crate::tensor::{Tensor, checked_numel};
@@ -145,16 +145,7 @@ fn shape_op(op: &ShapeOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>>
         }
         ShapeOp::Slice { attrs } => {
             let x = x()?;
-            let (starts, ends, axes, steps) = match attrs {
-                Some((s, e, a)) => (s.clone(), e.clone(), a.clone(), None),
-                None => (
-                    input(inputs, 1)?.to_i64_vec()?,
-                    input(inputs, 2)?.to_i64_vec()?,
-                    opt_input(inputs, 3).map(|t| t.to_i64_vec()).transpose()?,
-                    opt_input(inputs, 4).map(|t| t.to_i64_vec()).transpose()?,
-                ),
-            };
-            let (out, _, _) = slice_plan(&x.shape, &starts, &ends, axes, steps)?;
+            let (out, _, _) = slice_of(&x.shape, inputs, attrs.as_ref())?;
             elements(&out, dsize(x) + INDEX)?
         }
         // The parts together are the input, each gathered through its own indices.

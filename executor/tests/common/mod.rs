@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod proto;
+
 use std::path::PathBuf;
 use std::process::Command;
 
