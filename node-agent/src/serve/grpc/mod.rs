@@ -17,11 +17,11 @@ use super::error::ApiError;
 use super::oip::{self, EXTENSIONS, PLATFORM};
 use super::triton::{self, ModelConfig, ModelStatistics};
 use super::{AppState, MAX_BODY_BYTES, access, body};
-use crate::registry::{State as TenantState, TensorMeta};
+use crate::registry::{Entry, State as TenantState, TensorMeta};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use pb::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
@@ -93,15 +93,6 @@ pub fn status(e: ApiError) -> Status {
     status
 }
 
-/// The model version a call names: empty or "1", the one version each tenant has.
-fn version(model: &str, version: &str) -> Result<(), Status> {
-    if version.is_empty() {
-        Ok(())
-    } else {
-        oip::check_version(model, version).map_err(status)
-    }
-}
-
 fn tensor_metadata(tensors: &[TensorMeta]) -> Vec<pb::model_metadata_response::TensorMetadata> {
     tensors
         .iter()
@@ -115,6 +106,21 @@ fn tensor_metadata(tensors: &[TensorMeta]) -> Vec<pb::model_metadata_response::T
 
 struct Service {
     app: Arc<AppState>,
+}
+
+impl Service {
+    /// The tenant a call names, if the caller may use it and the version is its one.
+    fn tenant(
+        &self,
+        headers: &HeaderMap,
+        model: &str,
+        version: &str,
+    ) -> Result<Arc<Entry>, Status> {
+        if !version.is_empty() {
+            oip::check_version(model, version).map_err(status)?;
+        }
+        access::tenant(&self.app, model, headers).map_err(status)
+    }
 }
 
 type Answer<T> = Result<tonic::Response<T>, Status>;
@@ -142,8 +148,7 @@ impl GrpcInferenceService for Service {
     ) -> Answer<pb::ModelReadyResponse> {
         let headers = request.metadata().clone().into_headers();
         let request = request.into_inner();
-        version(&request.name, &request.version)?;
-        let entry = access::tenant(&self.app, &request.name, &headers).map_err(status)?;
+        let entry = self.tenant(&headers, &request.name, &request.version)?;
         let ready = matches!(entry.state, TenantState::Ready { .. });
         Ok(tonic::Response::new(pb::ModelReadyResponse { ready }))
     }
@@ -165,8 +170,7 @@ impl GrpcInferenceService for Service {
     ) -> Answer<pb::ModelMetadataResponse> {
         let headers = request.metadata().clone().into_headers();
         let request = request.into_inner();
-        version(&request.name, &request.version)?;
-        let entry = access::tenant(&self.app, &request.name, &headers).map_err(status)?;
+        let entry = self.tenant(&headers, &request.name, &request.version)?;
         let (inputs, outputs) = oip::signature(&entry);
         Ok(tonic::Response::new(pb::ModelMetadataResponse {
             name: entry.name.clone(),
@@ -185,8 +189,7 @@ impl GrpcInferenceService for Service {
         let headers = request.metadata().clone().into_headers();
         let request = request.into_inner();
         let model = request.model_name.clone();
-        version(&model, &request.model_version)?;
-        let entry = access::tenant(&self.app, &model, &headers).map_err(status)?;
+        let entry = self.tenant(&headers, &model, &request.model_version)?;
         let tenant = oip::serving(&entry, &model).map_err(status)?;
 
         let reservation = self.app.budget.open(&entry.name);
@@ -223,8 +226,7 @@ impl GrpcInferenceService for Service {
     ) -> Answer<pb::ModelConfigResponse> {
         let headers = request.metadata().clone().into_headers();
         let request = request.into_inner();
-        version(&request.name, &request.version)?;
-        let entry = access::tenant(&self.app, &request.name, &headers).map_err(status)?;
+        let entry = self.tenant(&headers, &request.name, &request.version)?;
         let config = ModelConfig::of(&entry).map_err(status)?;
         Ok(tonic::Response::new(pb::ModelConfigResponse {
             config: Some(config_proto(&config)),
@@ -238,8 +240,10 @@ impl GrpcInferenceService for Service {
         let headers = request.metadata().clone().into_headers();
         let request = request.into_inner();
         let model = Some(request.name.as_str()).filter(|n| !n.is_empty());
-        if let Some(model) = model {
-            version(model, &request.version)?;
+        if let Some(model) = model
+            && !request.version.is_empty()
+        {
+            oip::check_version(model, &request.version).map_err(status)?;
         }
         let stats = triton::statistics(&self.app, model, &headers).map_err(status)?;
         Ok(tonic::Response::new(pb::ModelStatisticsResponse {
