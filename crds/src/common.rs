@@ -9,17 +9,41 @@ use serde::{Deserialize, Serialize};
 pub struct ModelSource {
     /// Location of the model file: `file:///<path>` (an absolute path under one of the agent's
     /// model volume roots; a relative path is read relative to the YAML file in standalone mode
-    /// only), `http://` or `https://` (which need `sha256`).
-    #[schemars(length(min = 8, max = 2048), regex(pattern = r"^(file|https?)://\S+$"))]
+    /// only), `http://` or `https://`, or an object in a bucket: `s3://<bucket>/<key>`,
+    /// `gs://<bucket>/<key>` or `az://<container>/<blob>`. All but `file://` need `sha256`.
+    #[schemars(
+        length(min = 8, max = 2048),
+        regex(pattern = r"^((file|https?)://\S+|(s3|gs|az)://[^/\s]+/\S+)$")
+    )]
     pub uri: String,
     /// Expected SHA-256 of the model file as 64 hex characters; the agent refuses a file that
-    /// differs. Required for http(s) sources.
+    /// differs. Required for every source but `file://`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[0-9a-fA-F]{64}$"))]
     pub sha256: Option<String>,
     /// Encoding of the model file.
     #[serde(default)]
     pub format: ModelFormat,
+    /// The Secret with the credentials and endpoint settings of an `s3://`, `gs://` or `az://`
+    /// model (keys as the object store's environment variables: `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, `GOOGLE_SERVICE_ACCOUNT_KEY`,
+    /// `AZURE_STORAGE_ACCOUNT_NAME`, ...). In a ModelTenant, a Secret in the tenant's namespace;
+    /// in a GpuAgent's assignment, the operator's copy of it in the agent's namespace. Without
+    /// it the bucket is read anonymously.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<SecretName>,
+}
+
+/// A Secret named in the same namespace as the object naming it.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretName {
+    /// Name of the Secret.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub name: String,
 }
 
 /// Encoding of a model file.

@@ -8,6 +8,7 @@ pub mod conditions;
 pub mod credentials;
 pub mod policy_view;
 mod pool;
+pub mod storage;
 mod tenant;
 mod validate;
 
@@ -15,7 +16,7 @@ pub use agent::{
     Assignment, CallerTokens, Device, DeviceKind, GpuAgent, GpuAgentSpec, GpuAgentStatus,
     LoadedTenant, ReplicaState,
 };
-pub use common::{Condition, Knobs, ModelFormat, ModelSource, Slo, TenantRef};
+pub use common::{Condition, Knobs, ModelFormat, ModelSource, SecretName, Slo, TenantRef};
 pub use pool::{AgentTemplate, GpuPool, GpuPoolSpec, GpuPoolStatus, PullPolicy};
 pub use tenant::{
     Approach, ChosenApproach, Credentials, DEFAULT_TOKEN_KEY, ModelTenant, ModelTenantSpec,

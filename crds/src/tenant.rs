@@ -37,15 +37,21 @@ use serde::{Deserialize, Serialize};
 #[schemars(extend("x-kubernetes-validations" = [
     {
         "rule": "!self.model.uri.startsWith('file://') || self.model.uri.startsWith('file:///')",
-        "message": "a relative file:// path is for standalone mode only: in a cluster name an absolute path under the pool's model volume (file:///...) or an http(s):// URL",
+        "message": "a relative file:// path is for standalone mode only: in a cluster name an absolute path under the pool's model volume (file:///...), an http(s):// URL or an s3://, gs:// or az:// object",
         "fieldPath": ".model.uri",
         "reason": "FieldValueInvalid"
     },
     {
-        "rule": "!(self.model.uri.startsWith('http://') || self.model.uri.startsWith('https://')) || has(self.model.sha256)",
-        "message": "an http(s):// model needs spec.model.sha256: the agent checks every download against it",
+        "rule": "self.model.uri.startsWith('file://') || has(self.model.sha256)",
+        "message": "an http(s)://, s3://, gs:// or az:// model needs spec.model.sha256: the agent checks every download against it",
         "fieldPath": ".model.sha256",
         "reason": "FieldValueRequired"
+    },
+    {
+        "rule": "!has(self.model.credentialsSecret) || self.model.uri.matches('^(s3|gs|az)://')",
+        "message": "spec.model.credentialsSecret is for s3://, gs:// and az:// models only",
+        "fieldPath": ".model.credentialsSecret",
+        "reason": "FieldValueForbidden"
     }
 ]))]
 pub struct ModelTenantSpec {

@@ -27,6 +27,17 @@ fn within(field: &str, value: f64, min: f64, max: f64) -> Result<(), FieldError>
     }
 }
 
+/// Whether `name` is a lowercase DNS subdomain name (the names of pools and Secrets).
+fn dns_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && !name.starts_with(['-', '.'])
+        && !name.ends_with(['-', '.'])
+}
+
 /// Longest tenant name: a Service name is an RFC 1035 label.
 pub const MAX_TENANT_NAME: usize = 63;
 
@@ -55,13 +66,20 @@ impl ModelTenantSpec {
     /// The first rule this spec breaks, if any.
     pub fn validate(&self) -> Result<(), FieldError> {
         let uri = &self.model.uri;
-        let scheme_ok = ["file://", "http://", "https://"]
+        let store = crate::storage::Store::of_uri(uri);
+        let plain_ok = ["file://", "http://", "https://"]
             .iter()
             .any(|s| uri.starts_with(s) && uri.len() > s.len());
-        if !scheme_ok || uri.len() > 2048 || uri.chars().any(char::is_whitespace) {
+        let uri_ok = match store {
+            Some(_) => crate::storage::bucket_and_key(uri).is_some(),
+            None => plain_ok,
+        };
+        if !uri_ok || uri.len() > 2048 || uri.chars().any(char::is_whitespace) {
             fail(
                 "spec.model.uri",
-                format!("{uri:?} must be a file://, http:// or https:// URI"),
+                format!(
+                    "{uri:?} must be a file://, http:// or https:// URI, or s3://, gs:// or az:// with a bucket and a key"
+                ),
             )?;
         }
         if let Some(sha) = &self.model.sha256
@@ -71,12 +89,25 @@ impl ModelTenantSpec {
         }
         // The API server also refuses a relative file:// path, which standalone mode reads
         // relative to the tenant's file: the one rule this check leaves out.
-        let http = uri.starts_with("http://") || uri.starts_with("https://");
-        if http && self.model.sha256.is_none() {
+        if !uri.starts_with("file://") && self.model.sha256.is_none() {
             fail(
                 "spec.model.sha256",
-                "an http(s):// model needs spec.model.sha256: the agent checks every download against it",
+                "an http(s)://, s3://, gs:// or az:// model needs spec.model.sha256: the agent checks every download against it",
             )?;
+        }
+        if let Some(secret) = &self.model.credentials_secret {
+            if store.is_none() {
+                fail(
+                    "spec.model.credentialsSecret",
+                    "spec.model.credentialsSecret is for s3://, gs:// and az:// models only",
+                )?;
+            }
+            if !dns_name(&secret.name) {
+                fail(
+                    "spec.model.credentialsSecret.name",
+                    format!("{:?} must be a Secret name", secret.name),
+                )?;
+            }
         }
         let slo = &self.slo;
         if !(slo.latency_millis.is_finite()
@@ -120,15 +151,7 @@ impl ModelTenantSpec {
                 "minReplicas must be less than or equal to maxReplicas",
             )?;
         }
-        let pool_ok = !self.pool.is_empty()
-            && self.pool.len() <= 253
-            && self
-                .pool
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-            && !self.pool.starts_with(['-', '.'])
-            && !self.pool.ends_with(['-', '.']);
-        if !pool_ok {
+        if !dns_name(&self.pool) {
             fail(
                 "spec.pool",
                 format!("{:?} must be a lowercase DNS name", self.pool),

@@ -61,6 +61,11 @@ fn standalone_validation_names_the_field() {
         &format!("https://models.example/m.onnx\n  sha256: {digest}"),
     );
     assert!(spec(&downloaded).validate().is_ok(), "{downloaded}");
+    let in_a_bucket = base.replace(
+        "file://m.onnx",
+        &format!("s3://models/m.onnx\n  sha256: {digest}\n  credentialsSecret:\n    name: s3-reader"),
+    );
+    assert!(spec(&in_a_bucket).validate().is_ok(), "{in_a_bucket}");
     let cases = [
         (base.replace("50", "0"), "spec.slo.latencyMillis"),
         (
@@ -92,6 +97,26 @@ fn standalone_validation_names_the_field() {
         (
             base.replace("file://m.onnx", "https://models.example/m.onnx"),
             "spec.model.sha256",
+        ),
+        (
+            base.replace("file://m.onnx", "s3://models/m.onnx"),
+            "spec.model.sha256",
+        ),
+        (
+            base.replace("file://m.onnx", &format!("gs://models\n  sha256: {digest}")),
+            "spec.model.uri",
+        ),
+        (
+            in_a_bucket.replace("s3://models/m.onnx", "az:///m.onnx"),
+            "spec.model.uri",
+        ),
+        (
+            in_a_bucket.replace("s3://models/m.onnx", "https://models.example/m.onnx"),
+            "spec.model.credentialsSecret",
+        ),
+        (
+            in_a_bucket.replace("s3-reader", "S3_Reader"),
+            "spec.model.credentialsSecret.name",
         ),
     ];
     for (yaml, field) in cases {
