@@ -52,6 +52,14 @@ pub const AZURE_KEYS: &[&str] = &[
     "AZURE_ALLOW_HTTP",
 ];
 
+/// Label of the operator's copies of tenants' credentialsSecrets in the agents' namespace.
+pub const COPY_LABEL: &str = "cotenant.dev/model-credentials";
+/// Annotation of such a copy: the tenant's Secret it was copied from, `<namespace>/<name>`.
+pub const COPY_SOURCE_ANNOTATION: &str = "cotenant.dev/source-secret";
+/// Annotation of such a copy when the tenant's Secret cannot be used: why (the copy then holds
+/// no data), so the agent fails the tenant with the reason.
+pub const COPY_PROBLEM_ANNOTATION: &str = "cotenant.dev/problem";
+
 /// Longest value of one setting (a service account key is a few KiB).
 pub const MAX_VALUE_BYTES: usize = 16 << 10;
 
@@ -209,7 +217,13 @@ mod tests {
             bucket_and_key("az://c/m.onnx"),
             Some((Store::Azure, "c", "m.onnx"))
         );
-        for bad in ["s3://bucket", "s3://bucket/", "s3:///key", "ftp://b/k", "s3://b/a b"] {
+        for bad in [
+            "s3://bucket",
+            "s3://bucket/",
+            "s3:///key",
+            "ftp://b/k",
+            "s3://b/a b",
+        ] {
             assert_eq!(bucket_and_key(bad), None, "{bad}");
         }
     }
@@ -226,7 +240,11 @@ mod tests {
         let settings = settings_from(Store::S3, &secret, "Secret t/s").expect("usable");
         assert_eq!(
             settings.keys().collect::<Vec<_>>(),
-            ["AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL", "AWS_SECRET_ACCESS_KEY"]
+            [
+                "AWS_ACCESS_KEY_ID",
+                "AWS_ENDPOINT_URL",
+                "AWS_SECRET_ACCESS_KEY"
+            ]
         );
         assert_eq!(settings["AWS_ACCESS_KEY_ID"], "id");
         assert!(has_credentials(Store::S3, &settings));
@@ -237,8 +255,12 @@ mod tests {
 
     #[test]
     fn incomplete_credentials_name_what_is_missing() {
-        let e = settings_from(Store::S3, &data(&[("AWS_ACCESS_KEY_ID", "id")]), "Secret t/s")
-            .expect_err("no secret key");
+        let e = settings_from(
+            Store::S3,
+            &data(&[("AWS_ACCESS_KEY_ID", "id")]),
+            "Secret t/s",
+        )
+        .expect_err("no secret key");
         assert!(
             e.starts_with("Secret t/s: ") && e.contains("AWS_SECRET_ACCESS_KEY is missing"),
             "{e}"
@@ -246,8 +268,12 @@ mod tests {
         let e = settings_from(Store::S3, &data(&[("AWS_SESSION_TOKEN", "t")]), "x")
             .expect_err("token alone");
         assert!(e.contains("AWS_SESSION_TOKEN"), "{e}");
-        let e = settings_from(Store::Azure, &data(&[("AZURE_STORAGE_ACCOUNT_KEY", "k")]), "x")
-            .expect_err("no account");
+        let e = settings_from(
+            Store::Azure,
+            &data(&[("AZURE_STORAGE_ACCOUNT_KEY", "k")]),
+            "x",
+        )
+        .expect_err("no account");
         assert!(e.contains("AZURE_STORAGE_ACCOUNT_NAME is missing"), "{e}");
         let e = settings_from(Store::S3, &data(&[("AWS_REGION", "\u{0}")]), "x");
         assert!(e.is_ok(), "text is text");

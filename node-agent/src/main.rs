@@ -180,10 +180,8 @@ fn main() -> anyhow::Result<()> {
                 budget: requests.budget(),
                 limits: requests.limits(),
                 connections: requests.connections(),
-                sources: load::Sources::standalone(
-                    sources.download_dir,
-                    sources.max_concurrent_loads as usize,
-                ),
+                sources: load::Sources::standalone(&sources.downloads()?)
+                    .map_err(anyhow::Error::msg)?,
                 co: schedule::start(schedule, threads, &device),
                 device,
                 tenant_memory_limit,
@@ -216,12 +214,8 @@ fn main() -> anyhow::Result<()> {
             let threads = threads.unwrap_or_else(tools::default_threads);
             // A GPU that cannot be used is reported in the GpuAgent status before the agent exits.
             let device = device.choose_or_why()?;
-            let sources = load::Sources::kubernetes(
-                &model_roots,
-                sources.download_dir,
-                sources.max_concurrent_loads as usize,
-            )
-            .map_err(anyhow::Error::msg)?;
+            let sources = load::Sources::kubernetes(&model_roots, &sources.downloads()?)
+                .map_err(anyhow::Error::msg)?;
             let options = kubernetes::Options {
                 listen,
                 grpc_listen,
@@ -261,13 +255,41 @@ fn main() -> anyhow::Result<()> {
 /// Where models are fetched to and how many at once.
 #[derive(clap::Args, Debug, Clone)]
 struct SourceArgs {
-    /// Directory for the temporary file of a model download (the file has no name and goes
-    /// when the download is done with).
+    /// Directory under which the model cache lives when --model-cache-dir is not given.
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     download_dir: PathBuf,
+    /// The model cache: every downloaded model (http(s)://, s3://, gs://, az://) of every
+    /// tenant, kept once checked against its sha256 and shared by the tenants that name the
+    /// same model at the same place with the same credentials [default: DOWNLOAD_DIR/cotenant-models].
+    #[arg(long)]
+    model_cache_dir: Option<PathBuf>,
+    /// Bytes the model cache may hold (e.g. 16Gi); the least recently used models go first.
+    #[arg(long, default_value = load::DEFAULT_MODEL_CACHE_MAX_BYTES, value_parser = load::parse_memory)]
+    model_cache_max_bytes: u64,
+    /// Seconds of silence in a model download before it fails.
+    #[arg(long, default_value_t = load::DEFAULT_READ_TIMEOUT.as_secs_f64())]
+    download_read_timeout: f64,
     /// Models fetched and loading at once; the others wait.
     #[arg(long, default_value_t = load::DEFAULT_CONCURRENT_LOADS as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
     max_concurrent_loads: u64,
+}
+
+impl SourceArgs {
+    fn downloads(&self) -> anyhow::Result<load::Downloads> {
+        let timeout = self.download_read_timeout;
+        if !(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0) {
+            anyhow::bail!("--download-read-timeout {timeout}: use seconds in (0, 3600]");
+        }
+        Ok(load::Downloads {
+            cache_dir: self
+                .model_cache_dir
+                .clone()
+                .unwrap_or_else(|| self.download_dir.join("cotenant-models")),
+            cache_max_bytes: self.model_cache_max_bytes,
+            read_timeout: std::time::Duration::from_secs_f64(timeout),
+            concurrent_loads: self.max_concurrent_loads as usize,
+        })
+    }
 }
 
 fn init_logs(json: bool) {

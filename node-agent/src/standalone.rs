@@ -293,7 +293,6 @@ fn bring_up(
         .annotations
         .as_ref()
         .and_then(|a| a.get(load::ZOO_ANNOTATION));
-    let sha256 = spec.model.sha256.as_deref();
     let Share {
         threads,
         co,
@@ -304,13 +303,13 @@ fn bring_up(
     let (bounds, slo_view) = cotenant_crds::policy_view::bounds_and_slo(spec);
     let uri = &spec.model.uri;
     let zoo_written = match zoo {
-        Some(zoo) if !load::is_http(uri) => {
+        Some(zoo) if uri.starts_with("file://") => {
             load::resolve_file(uri, Some(&base)).and_then(|path| load::ensure_zoo_model(zoo, &path))
         }
         _ => Ok(()),
     };
     let bytes =
-        zoo_written.and_then(|()| load::model_bytes(uri, sha256, Some(&base), &sources, runtime));
+        zoo_written.and_then(|()| load::model_bytes(&spec.model, Some(&base), &sources, runtime));
     let config = load::config(&name, slo, spec.slo.percentile, 1, 1, threads, &device);
     // Sized for the largest batch its bounds let the scaler choose.
     let sizing = load::Sizing {

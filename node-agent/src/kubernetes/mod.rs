@@ -5,6 +5,7 @@
 pub mod auth;
 mod identity;
 mod reconcile;
+mod secrets;
 mod status;
 mod watch;
 
@@ -41,7 +42,7 @@ pub struct Options {
     pub budget: Arc<serve::budget::Budget>,
     pub limits: serve::Limits,
     pub connections: serve::ConnectionLimits,
-    /// Where models may come from (`--model-root`).
+    /// Where models may come from (`--model-root`, the model cache).
     pub sources: crate::load::Sources,
 }
 
@@ -92,6 +93,10 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         budget: options.budget,
         limits: options.limits,
     });
+    let sources = options.sources.with_secrets(Arc::new(secrets::Reader {
+        api: Api::namespaced(client.clone(), &identity.namespace),
+        namespace: identity.namespace.clone(),
+    }));
     let agents: Api<GpuAgent> = Api::namespaced(client, &identity.namespace);
     // A pod given a GPU that cannot use it fails loudly: not Ready with the reason in its status
     // (the operator turns it into an Event on the pool), then a non-zero exit, never serving on
@@ -123,7 +128,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         options.co.clone(),
         device.clone(),
         options.tenant_memory_limit,
-        Arc::new(options.sources),
+        Arc::new(sources),
         done_tx,
     );
     let reconciling = tokio::spawn(reconcile_loop(

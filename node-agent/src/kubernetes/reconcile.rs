@@ -314,13 +314,13 @@ impl Reconciler {
                 .max(a.knobs.batch_size)
                 .max(1) as usize,
         };
-        let (uri, sha) = (a.model.uri.clone(), a.model.sha256.clone());
+        let (uri, model) = (a.model.uri.clone(), a.model.clone());
         let (done, runtime, name) = (self.done.clone(), self.runtime.clone(), name.to_string());
         let (co, sources) = (self.co.clone(), self.sources.clone());
         tracing::info!(tenant = %name, %uri, "loading");
         tokio::task::spawn_blocking(move || {
             // The fetched bytes hold a load slot until the model is loaded.
-            let result = load::model_bytes(&uri, sha.as_deref(), None, &sources, &runtime)
+            let result = load::model_bytes(&model, None, &sources, &runtime)
                 .and_then(|bytes| load::start(&bytes, config, sizing, co));
             let _ = done.send(Done::Loaded {
                 name,
@@ -662,6 +662,7 @@ mod tests {
                 uri: format!("file://{}", file.display()),
                 sha256: None,
                 format: Default::default(),
+                credentials_secret: None,
             },
             slo: Slo {
                 latency_millis: 5000.0,
@@ -720,9 +721,14 @@ mod tests {
         let registry = Arc::new(Registry::default());
         let (tx, mut jobs) = tokio::sync::mpsc::unbounded_channel();
         // The models directory is the agent's model root, as a pool's volume would be.
-        let sources =
-            crate::load::Sources::kubernetes(std::slice::from_ref(&dir), dir.join("downloads"), 2)
-                .expect("model root");
+        let downloads = crate::load::Downloads {
+            cache_dir: dir.join("cache"),
+            cache_max_bytes: 1 << 30,
+            read_timeout: crate::load::DEFAULT_READ_TIMEOUT,
+            concurrent_loads: 2,
+        };
+        let sources = crate::load::Sources::kubernetes(std::slice::from_ref(&dir), &downloads)
+            .expect("model root");
         let mut r = Reconciler::new(
             registry.clone(),
             2,

@@ -6,38 +6,60 @@
 //!   name, and the connection goes to the checked addresses only;
 //! - follows at most a few redirects, each to the same scheme and an address allowed as above;
 //! - ignores proxy settings (a proxy would resolve names where they cannot be checked);
-//! - has a connect deadline, a read deadline and a total deadline;
-//! - streams the body to an unnamed temporary file, hashing it on the way and stopping at
-//!   [`MAX_MODEL_BYTES`]; only a body whose SHA-256 matches is read back.
+//! - has a connect deadline, a read deadline (`--download-read-timeout`) and a total deadline;
+//! - streams the body into a file of the model cache, hashing it on the way and stopping at
+//!   [`MAX_MODEL_BYTES`]; a body shorter than its declared length is an error. The cache keeps
+//!   the file only when the digest matches (see `cache`).
+//!
+//! Object stores (`store`) go through the same client, so the same rules hold for them.
 //!
 //! Plain `http://` is allowed: the required SHA-256 guarantees the bytes are the ones the tenant
 //! named, whoever is on the path (it does not keep the model's weights secret on the wire).
 
-use super::source::{MAX_MODEL_BYTES, check_digest};
+use super::source::MAX_MODEL_BYTES;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use sha2::{Digest, Sha256};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::fs::File;
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Connecting to the server.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Silence between two reads of the body.
-const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// The default silence allowed between two reads of a body (`--download-read-timeout`).
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// The whole download, body included.
 const TOTAL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Redirects followed before giving up.
 const MAX_REDIRECTS: usize = 5;
 
-/// What downloads may do on this agent.
-#[derive(Clone, Debug)]
+/// What downloads may do on this agent, and the HTTP client that does them.
+#[derive(Debug)]
 pub struct Policy {
     /// Whether loopback addresses are allowed (standalone mode: a model server on this machine).
     pub allow_loopback: bool,
-    /// Where the temporary file of a download is made.
-    pub dir: PathBuf,
+    /// Silence allowed between two reads of a body.
+    pub read_timeout: Duration,
+    client: OnceLock<Result<reqwest::Client, String>>,
+}
+
+impl Policy {
+    pub fn new(allow_loopback: bool, read_timeout: Duration) -> Policy {
+        Policy {
+            allow_loopback,
+            read_timeout,
+            client: OnceLock::new(),
+        }
+    }
+
+    /// The client every download of this agent goes through (built on first use).
+    pub fn client(&self) -> Result<&reqwest::Client, String> {
+        self.client
+            .get_or_init(|| build_client(self.allow_loopback, self.read_timeout))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
 }
 
 /// Installs ring as the process's TLS crypto provider (reqwest is built without one, and ring is
@@ -75,7 +97,7 @@ pub fn refused_address(ip: IpAddr, allow_loopback: bool) -> Option<&'static str>
 
 /// Why the host of `url` may not be downloaded from, when it is an address (names are checked
 /// when they resolve).
-fn refused_host(url: &reqwest::Url, allow_loopback: bool) -> Option<String> {
+pub fn refused_host(url: &reqwest::Url, allow_loopback: bool) -> Option<String> {
     let host = url.host_str()?;
     let ip: IpAddr = host
         .trim_start_matches('[')
@@ -120,47 +142,52 @@ impl Resolve for CheckedResolver {
     }
 }
 
-fn client(allow_loopback: bool) -> Result<&'static reqwest::Client, String> {
-    static CLIENTS: [OnceLock<Result<reqwest::Client, String>>; 2] =
-        [OnceLock::new(), OnceLock::new()];
-    CLIENTS[usize::from(allow_loopback)]
-        .get_or_init(|| {
-            install_crypto_provider();
-            let redirects = reqwest::redirect::Policy::custom(move |attempt| {
-                if attempt.previous().len() > MAX_REDIRECTS {
-                    return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
-                }
-                let from = attempt.previous().first().map(|u| u.scheme().to_string());
-                let to = attempt.url().scheme().to_string();
-                if from.as_deref() != Some(to.as_str()) {
-                    return attempt.error(format!(
-                        "a redirect from {} to {to} changes the scheme",
-                        from.unwrap_or_default()
-                    ));
-                }
-                if let Some(why) = refused_host(attempt.url(), allow_loopback) {
-                    return attempt.error(format!("a redirect to {why}"));
-                }
-                attempt.follow()
-            });
-            reqwest::Client::builder()
-                .user_agent(concat!("cotenant-agent/", env!("CARGO_PKG_VERSION")))
-                .connect_timeout(CONNECT_TIMEOUT)
-                .read_timeout(READ_TIMEOUT)
-                .timeout(TOTAL_TIMEOUT)
-                .redirect(redirects)
-                .no_proxy()
-                .dns_resolver(Arc::new(CheckedResolver { allow_loopback }))
-                .build()
-                .map_err(|e| format!("cannot build the HTTP client: {e}"))
-        })
-        .as_ref()
-        .map_err(Clone::clone)
+fn build_client(allow_loopback: bool, read_timeout: Duration) -> Result<reqwest::Client, String> {
+    install_crypto_provider();
+    let redirects = reqwest::redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() > MAX_REDIRECTS {
+            return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+        }
+        let from = attempt.previous().first().map(|u| u.scheme().to_string());
+        let to = attempt.url().scheme().to_string();
+        if from.as_deref() != Some(to.as_str()) {
+            return attempt.error(format!(
+                "a redirect from {} to {to} changes the scheme",
+                from.unwrap_or_default()
+            ));
+        }
+        if let Some(why) = refused_host(attempt.url(), allow_loopback) {
+            return attempt.error(format!("a redirect to {why}"));
+        }
+        attempt.follow()
+    });
+    reqwest::Client::builder()
+        .user_agent(concat!("cotenant-agent/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(CONNECT_TIMEOUT)
+        .read_timeout(read_timeout)
+        .timeout(TOTAL_TIMEOUT)
+        .redirect(redirects)
+        .no_proxy()
+        .dns_resolver(Arc::new(CheckedResolver { allow_loopback }))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
 }
 
-/// Downloads `url`, checks it against `sha256` and returns its bytes. Refuses anything but a
-/// 2xx answer, bodies over [`MAX_MODEL_BYTES`] and what `policy` forbids.
-pub async fn fetch(url: &str, sha256: &str, policy: &Policy) -> Result<Vec<u8>, String> {
+/// Why a transfer failed, in words: "timed out" first when a deadline passed, then the error's
+/// causes.
+pub fn transfer_error(e: &dyn std::error::Error) -> String {
+    let text = error_chain(e);
+    if text.contains("timed out") || text.contains("deadline has elapsed") {
+        format!("timed out: {text}")
+    } else {
+        text
+    }
+}
+
+/// Downloads `url` into `file` and returns the SHA-256 of what it wrote. Refuses anything but a
+/// 2xx answer, bodies over [`MAX_MODEL_BYTES`], bodies shorter than their declared length and
+/// what `policy` forbids. Blocking writes: run it where blocking is allowed.
+pub async fn fetch_into(url: &str, policy: &Policy, mut file: File) -> Result<[u8; 32], String> {
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url}: not a URL: {e}"))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(format!("{url}: not an http(s) URL"));
@@ -172,37 +199,31 @@ pub async fn fetch(url: &str, sha256: &str, policy: &Policy) -> Result<Vec<u8>, 
         let why = if e.is_timeout() {
             "timed out".to_string()
         } else {
-            error_chain(&e)
+            transfer_error(&e)
         };
         format!("GET {url}: {why}")
     };
-    let mut response = client(policy.allow_loopback)?
-        .get(parsed)
-        .send()
-        .await
-        .map_err(fail)?;
+    let mut response = policy.client()?.get(parsed).send().await.map_err(fail)?;
     let status = response.status();
     if !status.is_success() {
         return Err(format!("GET {url}: HTTP {status}"));
     }
-    if let Some(length) = response.content_length()
+    let declared = response.content_length();
+    if let Some(length) = declared
         && length > MAX_MODEL_BYTES
     {
         return Err(format!(
             "GET {url}: the model is {length} bytes, more than the limit of {MAX_MODEL_BYTES}"
         ));
     }
-    // An unnamed file: nothing to clean up whatever happens, and no one else can open it. The
-    // writes block this thread, which is a blocking one (see `model_bytes`).
-    let mut file = tempfile::tempfile_in(&policy.dir).map_err(|e| {
-        format!(
-            "GET {url}: cannot make a temporary file in {}: {e}",
-            policy.dir.display()
-        )
-    })?;
     let mut hasher = Sha256::new();
     let mut size: u64 = 0;
-    while let Some(chunk) = response.chunk().await.map_err(fail)? {
+    loop {
+        let chunk = response
+            .chunk()
+            .await
+            .map_err(|e| format!("{} (the transfer stopped after {size} bytes)", fail(e)))?;
+        let Some(chunk) = chunk else { break };
         size += chunk.len() as u64;
         if size > MAX_MODEL_BYTES {
             return Err(format!(
@@ -211,18 +232,20 @@ pub async fn fetch(url: &str, sha256: &str, policy: &Policy) -> Result<Vec<u8>, 
         }
         hasher.update(&chunk);
         file.write_all(&chunk)
-            .map_err(|e| format!("GET {url}: cannot write the temporary file: {e}"))?;
+            .map_err(|e| format!("GET {url}: cannot write the model cache file: {e}"))?;
     }
-    check_digest(&hasher.finalize().into(), sha256, url)?;
-    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    file.seek(SeekFrom::Start(0))
-        .and_then(|_| file.take(size).read_to_end(&mut bytes))
-        .map_err(|e| format!("GET {url}: cannot read the temporary file back: {e}"))?;
-    Ok(bytes)
+    if let Some(length) = declared
+        && size != length
+    {
+        return Err(format!(
+            "GET {url}: truncated: the body ended after {size} of {length} bytes"
+        ));
+    }
+    Ok(hasher.finalize().into())
 }
 
 /// An error with its causes, which is where reqwest keeps the useful part ("connection refused").
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {
@@ -281,10 +304,7 @@ mod tests {
     }
 
     fn policy(allow_loopback: bool) -> Policy {
-        Policy {
-            allow_loopback,
-            dir: std::env::temp_dir(),
-        }
+        Policy::new(allow_loopback, DEFAULT_READ_TIMEOUT)
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -294,8 +314,17 @@ mod tests {
             .expect("runtime")
     }
 
+    /// Downloads into a scratch file, checks the digest and reads the file back.
     fn get(url: &str, sha256: &str, allow_loopback: bool) -> Result<Vec<u8>, String> {
-        runtime().block_on(fetch(url, sha256, &policy(allow_loopback)))
+        use std::io::Seek;
+        let mut file = tempfile::tempfile().expect("scratch file");
+        let writer = file.try_clone().expect("clone");
+        let digest = runtime().block_on(fetch_into(url, &policy(allow_loopback), writer))?;
+        crate::load::source::check_digest(&digest, sha256, url)?;
+        let mut bytes = Vec::new();
+        file.rewind().expect("rewind");
+        file.read_to_end(&mut bytes).expect("read back");
+        Ok(bytes)
     }
 
     #[test]
@@ -316,6 +345,45 @@ mod tests {
         let url = format!("{base}/model.onnx");
         let e = get(&url, &sha(b""), true).expect_err("404");
         assert!(e.contains(&url) && e.contains("404"), "{e}");
+    }
+
+    #[test]
+    fn a_body_shorter_than_declared_is_an_error() {
+        let base = local(vec![
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\nonly this"
+                .to_vec(),
+        ]);
+        let e = get(&format!("{base}/m"), &sha(b""), true).expect_err("cut");
+        assert!(
+            e.contains("after 9 bytes") || e.contains("after 9 of 100"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_stalled_body_times_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            if let Ok((mut stream, _)) = listener.accept() {
+                let mut buf = [0u8; 2048];
+                let _ = stream.read(&mut buf);
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\nsome",
+                );
+                // Then nothing more, with the connection open.
+                std::thread::sleep(Duration::from_secs(5));
+            }
+        });
+        let policy = Policy::new(true, Duration::from_millis(300));
+        let file = tempfile::tempfile().expect("scratch");
+        let e = runtime()
+            .block_on(fetch_into(&format!("http://{addr}/m"), &policy, file))
+            .expect_err("stalled");
+        assert!(
+            e.contains("timed out") && e.contains("after 4 bytes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,16 +1,21 @@
-//! Turning a tenant's model source into a running `Tenant`: resolve the URI, check the SHA-256,
+//! Turning a tenant's model source into a running `Tenant`: fetch it (a file, an HTTP(S) URL or
+//! an object store, downloads through the agent's model cache), check the SHA-256,
 //! import and plan the model, hold it to the tenant's memory limit (weights plus activations at
 //! the largest batch it may run), run it once (which also yields the output signature), and
 //! start the serving runtime. Every failure is a message naming the tenant's model and what went
 //! wrong; a panic in any of it fails that tenant alone.
 
+mod cache;
 mod download;
 mod source;
+mod store;
 
-pub use download::install_crypto_provider;
+pub use download::{DEFAULT_READ_TIMEOUT, install_crypto_provider};
 pub use source::{
-    DEFAULT_CONCURRENT_LOADS, Sources, is_http, model_bytes, read_regular, resolve_file,
+    DEFAULT_CONCURRENT_LOADS, DEFAULT_MODEL_CACHE_MAX_BYTES, Downloads, Sources, model_bytes,
+    read_regular, resolve_file,
 };
+pub use store::SecretReader;
 
 use crate::registry::TensorMeta;
 use crate::serve::wire_name;

@@ -6,16 +6,24 @@
 //!   (never a device, a FIFO or a directory), and at most [`MAX_MODEL_BYTES`] of it. Standalone
 //!   mode reads paths as given (relative ones from the tenant file's folder), with the same
 //!   regular-file and size checks.
-//! - `http(s)://` needs a SHA-256; see `download` for what a download may and may not do.
+//! - `http(s)://` (see `download`) and `s3://`, `gs://`, `az://` (see `store`) need a SHA-256;
+//!   they are downloaded into the agent's model cache (see `cache`) and read from there.
 //! - At most a few models are fetched (and held in memory while they load) at once.
 
+use super::cache::ModelCache;
 use super::download;
+use super::store::{self, Credentials, SecretReader};
+use cotenant_crds::ModelSource;
+use cotenant_crds::storage::Store;
 use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::future::Future;
 use std::io::Read;
 use std::ops::Deref;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The largest model file the agent reads or downloads.
@@ -24,6 +32,9 @@ pub const MAX_MODEL_BYTES: u64 = 4 << 30;
 /// Default number of models fetched and loading at once.
 pub const DEFAULT_CONCURRENT_LOADS: usize = 2;
 
+/// The default bound of the model cache (`--model-cache-max-bytes`): four of the largest models.
+pub const DEFAULT_MODEL_CACHE_MAX_BYTES: &str = "16Gi";
+
 /// A directory models may be read from, as given and as resolved.
 #[derive(Clone, Debug)]
 struct Root {
@@ -31,21 +42,34 @@ struct Root {
     resolved: PathBuf,
 }
 
+/// How this agent downloads models.
+#[derive(Clone, Debug)]
+pub struct Downloads {
+    /// The model cache folder (`--model-cache-dir`).
+    pub cache_dir: PathBuf,
+    /// Bytes the cache may hold (`--model-cache-max-bytes`).
+    pub cache_max_bytes: u64,
+    /// Silence allowed between two reads of a body (`--download-read-timeout`).
+    pub read_timeout: Duration,
+    /// Models fetched and loading at once (`--max-concurrent-loads`).
+    pub concurrent_loads: usize,
+}
+
 /// Where this agent may take models from, and how many it fetches at once.
 pub struct Sources {
     /// `Some`: Kubernetes mode, `file://` only under these; `None`: standalone, any path.
     roots: Option<Vec<Root>>,
     download: download::Policy,
+    cache: Arc<ModelCache>,
+    credentials: Credentials,
     loads: Arc<Semaphore>,
 }
 
 impl Sources {
-    /// Kubernetes mode: `file://` under `roots` only; downloads may not reach loopback.
-    pub fn kubernetes(
-        roots: &[PathBuf],
-        download_dir: PathBuf,
-        concurrent_loads: usize,
-    ) -> Result<Sources, String> {
+    /// Kubernetes mode: `file://` under `roots` only; downloads may not reach loopback; object
+    /// stores are read anonymously until [`Sources::with_secrets`] gives a way to read the
+    /// Secrets assignments name.
+    pub fn kubernetes(roots: &[PathBuf], downloads: &Downloads) -> Result<Sources, String> {
         let roots = roots
             .iter()
             .map(|given| {
@@ -60,27 +84,42 @@ impl Sources {
                 })
             })
             .collect::<Result<_, String>>()?;
-        Ok(Sources {
-            roots: Some(roots),
-            download: download::Policy {
-                allow_loopback: false,
-                dir: download_dir,
-            },
-            loads: Arc::new(Semaphore::new(concurrent_loads.max(1))),
-        })
+        Sources::new(Some(roots), false, Credentials::Secrets(None), downloads)
     }
 
     /// Standalone mode: `file://` paths as given (this machine's user wrote the tenant files),
-    /// downloads from loopback allowed (a model server on the same machine).
-    pub fn standalone(download_dir: PathBuf, concurrent_loads: usize) -> Sources {
-        Sources {
-            roots: None,
-            download: download::Policy {
-                allow_loopback: true,
-                dir: download_dir,
-            },
-            loads: Arc::new(Semaphore::new(concurrent_loads.max(1))),
-        }
+    /// downloads from loopback allowed (a model server on the same machine), object-store
+    /// settings from the agent's environment.
+    pub fn standalone(downloads: &Downloads) -> Result<Sources, String> {
+        Sources::new(None, true, Credentials::Environment, downloads)
+    }
+
+    fn new(
+        roots: Option<Vec<Root>>,
+        allow_loopback: bool,
+        credentials: Credentials,
+        downloads: &Downloads,
+    ) -> Result<Sources, String> {
+        let cache = ModelCache::open(&downloads.cache_dir, downloads.cache_max_bytes)?;
+        tracing::info!(
+            dir = %cache.dir().display(),
+            cached_bytes = cache.total_bytes(),
+            max_bytes = downloads.cache_max_bytes,
+            "model cache"
+        );
+        Ok(Sources {
+            roots,
+            download: download::Policy::new(allow_loopback, downloads.read_timeout),
+            cache: Arc::new(cache),
+            credentials,
+            loads: Arc::new(Semaphore::new(downloads.concurrent_loads.max(1))),
+        })
+    }
+
+    /// Reads the Secrets that assignments name (`credentialsSecret`) with `reader`.
+    pub fn with_secrets(mut self, reader: Arc<dyn SecretReader>) -> Sources {
+        self.credentials = Credentials::Secrets(Some(reader));
+        self
     }
 }
 
@@ -152,30 +191,48 @@ fn resolve_under(uri: &str, roots: &[Root]) -> Result<PathBuf, String> {
 }
 
 /// Whether `uri` is fetched over HTTP.
-pub fn is_http(uri: &str) -> bool {
+fn is_http(uri: &str) -> bool {
     uri.starts_with("http://") || uri.starts_with("https://")
 }
 
-/// The model bytes behind `uri` (`file://` or `http(s)://`), checked against `sha256` (which
-/// http(s) needs). Blocking: call it off the async workers; `runtime` runs the download. Waits
-/// for a free load slot first.
+/// The model bytes behind `model` (`file://`, `http(s)://`, `s3://`, `gs://` or `az://`),
+/// checked against its `sha256` (which all but `file://` need). Blocking: call it off the async
+/// workers; `runtime` runs the downloads. Waits for a free load slot first.
 pub fn model_bytes(
-    uri: &str,
-    sha256: Option<&str>,
+    model: &ModelSource,
     base: Option<&Path>,
     sources: &Sources,
     runtime: &tokio::runtime::Handle,
 ) -> Result<Fetched, String> {
+    let uri = model.uri.as_str();
+    let sha256 = model.sha256.as_deref();
     let slot = runtime
         .block_on(sources.loads.clone().acquire_owned())
         .map_err(|_| "the agent is shutting down".to_string())?;
-    let bytes = if is_http(uri) {
-        let Some(sha256) = sha256 else {
-            return Err(format!(
-                "{uri}: an http(s) model needs a sha256 to check the download against"
-            ));
-        };
-        runtime.block_on(download::fetch(uri, sha256, &sources.download))?
+    let pinned = |what: &str| {
+        sha256.ok_or_else(|| {
+            format!("{uri}: {what} model needs a sha256 to check the download against")
+        })
+    };
+    let bytes = if let Some(store) = Store::of_uri(uri) {
+        let sha256 = pinned("an object-store")?;
+        let secret = model.credentials_secret.as_ref().map(|s| s.name.as_str());
+        let settings = runtime
+            .block_on(store::settings(store, secret, &sources.credentials))
+            .map_err(|e| format!("{uri}: {e}"))?;
+        // Whoever reads the object with other settings downloads it for themselves.
+        let source: String = std::iter::once(uri.to_string())
+            .chain(settings.iter().map(|(k, v)| format!("{k}={v}")))
+            .collect::<Vec<_>>()
+            .join("\n");
+        cached(uri, sha256, &source, sources, runtime, |file| {
+            store::fetch_into(uri, &settings, &sources.download, file)
+        })?
+    } else if is_http(uri) {
+        let sha256 = pinned("an http(s)")?;
+        cached(uri, sha256, uri, sources, runtime, |file| {
+            download::fetch_into(uri, &sources.download, file)
+        })?
     } else if uri.starts_with("file://") {
         match &sources.roots {
             Some(roots) => read_file(&resolve_under(uri, roots)?, sha256, true)?,
@@ -183,10 +240,39 @@ pub fn model_bytes(
         }
     } else {
         return Err(format!(
-            "{uri}: unsupported model URI (file://, http:// and https:// are)"
+            "{uri}: unsupported model URI (file://, http(s)://, s3://, gs:// and az:// are)"
         ));
     };
     Ok(Fetched { bytes, _slot: slot })
+}
+
+/// The bytes of the model `sha256` from `source` through the cache, downloaded by `fill` when
+/// not cached; a cached file that no longer matches is dropped and downloaded once more.
+fn cached<F, Fut>(
+    uri: &str,
+    sha256: &str,
+    source: &str,
+    sources: &Sources,
+    runtime: &tokio::runtime::Handle,
+    fill: F,
+) -> Result<Vec<u8>, String>
+where
+    F: Fn(File) -> Fut,
+    Fut: Future<Output = Result<[u8; 32], String>>,
+{
+    let mut tries = 2;
+    loop {
+        tries -= 1;
+        let file = runtime.block_on(sources.cache.get_or_fill(sha256, source, uri, &fill))?;
+        match read_file(file.path(), Some(sha256), true) {
+            Ok(bytes) => return Ok(bytes),
+            Err(e) if tries > 0 => {
+                tracing::warn!(model = %uri, error = %e, "a cached model no longer matches its digest: downloading it again");
+                file.discard();
+            }
+            Err(e) => return Err(format!("{uri}: the model cache: {e}")),
+        }
+    }
 }
 
 /// Reads the model file at `path`: a regular file of at most [`MAX_MODEL_BYTES`], checked
@@ -260,7 +346,7 @@ pub fn check_digest(actual: &[u8; 32], expected: &str, what: &str) -> Result<(),
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
+    pub(crate) fn scratch(name: &str) -> PathBuf {
         let dir =
             std::env::temp_dir().join(format!("cotenant-source-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -275,12 +361,37 @@ mod tests {
             .expect("runtime")
     }
 
+    /// Downloads into a cache in a scratch folder of its own.
+    pub(crate) fn downloads(name: &str, concurrent_loads: usize) -> Downloads {
+        static CACHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = CACHES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Downloads {
+            cache_dir: scratch(&format!("{name}-cache-{n}")),
+            cache_max_bytes: 1 << 30,
+            read_timeout: download::DEFAULT_READ_TIMEOUT,
+            concurrent_loads,
+        }
+    }
+
     fn in_cluster(roots: &[PathBuf]) -> Sources {
-        Sources::kubernetes(roots, std::env::temp_dir(), 2).expect("roots exist")
+        Sources::kubernetes(roots, &downloads("cluster", 2)).expect("roots exist")
+    }
+
+    fn standalone(concurrent_loads: usize) -> Sources {
+        Sources::standalone(&downloads("standalone", concurrent_loads)).expect("cache")
+    }
+
+    fn source(uri: &str, sha256: Option<&str>) -> ModelSource {
+        ModelSource {
+            uri: uri.to_string(),
+            sha256: sha256.map(str::to_string),
+            format: Default::default(),
+            credentials_secret: None,
+        }
     }
 
     fn fetch(uri: &str, sources: &Sources) -> Result<Vec<u8>, String> {
-        model_bytes(uri, None, None, sources, runtime().handle()).map(|f| f.to_vec())
+        model_bytes(&source(uri, None), None, sources, runtime().handle()).map(|f| f.to_vec())
     }
 
     #[test]
@@ -309,11 +420,95 @@ mod tests {
 
     #[test]
     fn other_schemes_and_unpinned_downloads_are_refused() {
-        let sources = Sources::standalone(std::env::temp_dir(), 1);
-        let e = fetch("s3://bucket/m.onnx", &sources).expect_err("s3");
+        let sources = standalone(1);
+        let e = fetch("ftp://host/m.onnx", &sources).expect_err("ftp");
         assert!(e.contains("unsupported"), "{e}");
-        let e = fetch("http://127.0.0.1:9/m.onnx", &sources).expect_err("no sha256");
-        assert!(e.contains("sha256"), "{e}");
+        for uri in [
+            "http://127.0.0.1:9/m.onnx",
+            "s3://bucket/m.onnx",
+            "gs://b/m",
+            "az://c/m",
+        ] {
+            let e = fetch(uri, &sources).expect_err("no sha256");
+            assert!(e.starts_with(uri) && e.contains("needs a sha256"), "{e}");
+        }
+    }
+
+    /// A tenant naming a Secret on an agent that cannot read Secrets fails, naming it; the
+    /// message names the model.
+    #[test]
+    fn a_credentials_secret_needs_a_way_to_read_it() {
+        let sources = in_cluster(&[]);
+        let mut model = source("s3://bucket/m.onnx", Some(&"0".repeat(64)));
+        model.credentials_secret = Some(cotenant_crds::SecretName {
+            name: "s3-reader".into(),
+        });
+        let e = model_bytes(&model, None, &sources, runtime().handle())
+            .err()
+            .expect("no reader");
+        assert!(
+            e.starts_with("s3://bucket/m.onnx: ") && e.contains("\"s3-reader\""),
+            "{e}"
+        );
+    }
+
+    /// http(s) downloads go through the cache: the second tenant of a model reads the file the
+    /// first one downloaded, and a file changed on disk is downloaded again.
+    #[test]
+    fn downloads_are_cached_and_a_changed_file_is_fetched_again() {
+        use std::io::Write;
+        let body = b"model bytes".to_vec();
+        let digest = crate::credentials::hex(&Sha256::digest(&body).into());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = served.clone();
+        let response = body.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut buf = [0u8; 2048];
+                let _ = stream.read(&mut buf);
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    response.len()
+                );
+                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(&response);
+            }
+        });
+        let sources = standalone(2);
+        let model = source(&format!("http://{addr}/m.onnx"), Some(&digest));
+        // Downloads need a runtime whose I/O runs without this thread.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let get = || {
+            model_bytes(&model, None, &sources, rt.handle())
+                .map(|f| f.to_vec())
+                .expect("model")
+        };
+        assert_eq!(get(), body);
+        assert_eq!(get(), body);
+        assert_eq!(
+            served.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one download"
+        );
+        let file = sources
+            .cache
+            .dir()
+            .join(super::super::cache::file_name(&digest, &model.uri));
+        std::fs::write(&file, b"tampered").expect("tamper");
+        assert_eq!(get(), body);
+        assert_eq!(
+            served.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "downloaded again"
+        );
     }
 
     #[test]
@@ -363,7 +558,7 @@ mod tests {
 
     #[test]
     fn standalone_reads_any_path_but_only_regular_files() {
-        let sources = Sources::standalone(std::env::temp_dir(), 1);
+        let sources = standalone(1);
         let e = fetch("file:///dev/zero", &sources).expect_err("a device");
         assert!(e.contains("not a regular file"), "{e}");
         let e = fetch("file:///", &sources).expect_err("a directory");
@@ -372,7 +567,7 @@ mod tests {
 
     #[test]
     fn a_missing_root_is_an_error_at_start_up() {
-        let e = Sources::kubernetes(&[PathBuf::from("/no/such/root")], std::env::temp_dir(), 1)
+        let e = Sources::kubernetes(&[PathBuf::from("/no/such/root")], &downloads("missing", 1))
             .err()
             .expect("missing root");
         assert!(e.contains("/no/such/root"), "{e}");
@@ -382,10 +577,10 @@ mod tests {
     fn loads_wait_for_a_free_slot() {
         let dir = scratch("slots");
         std::fs::write(dir.join("m.onnx"), b"model").expect("model");
-        let sources = Sources::standalone(std::env::temp_dir(), 1);
+        let sources = standalone(1);
         let rt = runtime();
         let uri = format!("file://{}", dir.join("m.onnx").display());
-        let held = model_bytes(&uri, None, None, &sources, rt.handle()).expect("first");
+        let held = model_bytes(&source(&uri, None), None, &sources, rt.handle()).expect("first");
         assert_eq!(sources.loads.available_permits(), 0);
         drop(held);
         assert_eq!(sources.loads.available_permits(), 1);
