@@ -63,7 +63,9 @@ fn standalone_validation_names_the_field() {
     assert!(spec(&downloaded).validate().is_ok(), "{downloaded}");
     let in_a_bucket = base.replace(
         "file://m.onnx",
-        &format!("s3://models/m.onnx\n  sha256: {digest}\n  credentialsSecret:\n    name: s3-reader"),
+        &format!(
+            "s3://models/m.onnx\n  sha256: {digest}\n  credentialsSecret:\n    name: s3-reader"
+        ),
     );
     assert!(spec(&in_a_bucket).validate().is_ok(), "{in_a_bucket}");
     let cases = [
