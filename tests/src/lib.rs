@@ -10,6 +10,7 @@ pub mod load;
 pub mod pki;
 pub mod process;
 pub mod proxy;
+pub mod s3;
 pub mod shared;
 pub mod toolchain;
 pub mod versions;

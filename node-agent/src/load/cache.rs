@@ -7,7 +7,7 @@
 //!
 //! - A download streams into a temporary file in the cache folder (`.part-*`), which is renamed
 //!   only once the model's SHA-256 is checked; a failed or cut-off download leaves nothing
-//!   behind (and `.part-*` files left by a crash are removed when the cache opens).
+//!   behind (and stale `.part-*` files left by a crash are removed when the cache opens).
 //! - Concurrent requests for the same file wait for one download.
 //! - The cache holds at most `max_bytes`; the least recently used files go first, never one
 //!   being read. Files being read may take it over the bound until they are let go.
@@ -16,7 +16,8 @@
 //!   Hashing is cheap next to planning the model, and it catches a disk that went bad or a file
 //!   someone changed.
 //!
-//! One agent process owns a cache folder.
+//! A cache folder is meant for one agent. Another agent sharing it costs downloads, not
+//! correctness: each bounds what it knows of, and a file the other removed is downloaded again.
 
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -29,6 +30,8 @@ use std::time::SystemTime;
 
 /// Prefix of the temporary files of downloads in progress.
 const PART_PREFIX: &str = ".part-";
+/// A temporary file this old belongs to no download (a download lasts at most 30 minutes).
+const STALE_PART: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A cached model file.
 #[derive(Debug)]
@@ -125,8 +128,16 @@ impl ModelCache {
             let Ok(entry) = entry else { continue };
             let name = entry.file_name().to_string_lossy().into_owned();
             let Ok(meta) = entry.metadata() else { continue };
+            let age = meta
+                .modified()
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .unwrap_or_default();
             if name.starts_with(PART_PREFIX) {
-                let _ = std::fs::remove_file(entry.path());
+                // Older than any download may last: left by a crash, not another agent's.
+                if age > STALE_PART {
+                    let _ = std::fs::remove_file(entry.path());
+                }
             } else if is_digest(&name) && meta.is_file() {
                 let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
                 found.push((modified, name, meta.len()));
@@ -454,14 +465,24 @@ mod tests {
     }
 
     #[test]
-    fn unfinished_downloads_are_removed_and_other_files_left_alone_on_open() {
+    fn stale_unfinished_downloads_are_removed_and_other_files_left_alone_on_open() {
         let dir = scratch("open");
         std::fs::create_dir_all(&dir).expect("dir");
         std::fs::write(dir.join(".part-abc"), b"half").expect("part");
+        let long_ago = SystemTime::now() - std::time::Duration::from_secs(2 * 3600);
+        File::options()
+            .write(true)
+            .open(dir.join(".part-abc"))
+            .and_then(|f| f.set_modified(long_ago))
+            .expect("age the part");
+        std::fs::write(dir.join(".part-now"), b"another agent's").expect("part");
         std::fs::write(dir.join("notes.txt"), b"mine").expect("other");
         std::fs::write(dir.join(sha(b"m")), b"m").expect("cached");
         let cache = ModelCache::open(&dir, 100).expect("open");
-        assert_eq!(files(&dir), vec![sha(b"m"), "notes.txt".to_string()]);
+        assert_eq!(
+            files(&dir),
+            vec![".part-now".to_string(), sha(b"m"), "notes.txt".to_string()]
+        );
         assert_eq!(cache.total_bytes(), 1);
         let mode = std::fs::metadata(&dir).expect("meta").permissions().mode();
         assert_eq!(mode & 0o777, 0o700);

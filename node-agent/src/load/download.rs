@@ -244,16 +244,21 @@ pub async fn fetch_into(url: &str, policy: &Policy, mut file: File) -> Result<[u
     Ok(hasher.finalize().into())
 }
 
-/// An error with its causes, which is where reqwest keeps the useful part ("connection refused").
+/// An error with its causes, which is where reqwest keeps the useful part ("connection refused"),
+/// on one line.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        // Some errors already print their causes.
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
-    text
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! The standalone agent against real clients: tritonclient and onnxruntime (via
 //! `tests/python/oip_client.py`), bad requests, failed tenants, metrics and the report;
 //! hostile requests and memory under them (`requests`); who may call a tenant, what errors tell
-//! callers, and where models may come from (`access`).
+//! callers, and where models may come from (`access`); models in an S3-compatible object
+//! store and the model cache (`object_store`).
 
 mod access;
+mod object_store;
 mod perf;
 mod requests;
 
@@ -59,8 +61,14 @@ fn zoo(agent: &Path, models: &Path, name: &str, file: &str, extra: &[&str]) {
 /// Starts `cotenant-agent standalone` on the tenants in `dir` (2 threads, `dir/token` as the
 /// report token) and waits until it is ready; returns it and its address.
 fn serve(agent: &Path, dir: &Path, extra: &[&str]) -> (Process, String) {
+    serve_with(agent, dir, extra, &[])
+}
+
+/// [`serve`] with environment variables for the agent.
+fn serve_with(agent: &Path, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Process, String) {
     let addr = format!("127.0.0.1:{}", free_port().expect("port"));
     let mut cmd = Command::new(agent);
+    cmd.envs(env.iter().copied());
     cmd.args(["standalone", "--tenants"])
         .arg(dir)
         .args(["--listen", &addr, "--threads", "2", "--report-token-file"])
