@@ -1,5 +1,6 @@
-//! Writes a round's decisions to the API: GpuAgent assignments, agent pods, tenant Services and
-//! EndpointSlices, statuses, finalizers and Events. Every write compares with what exists first,
+//! Writes a round's decisions to the API: GpuAgent assignments, agent pods, the copies of
+//! tenants' model credentials the assignments name, tenant Services and EndpointSlices,
+//! statuses, finalizers and Events. Every write compares with what exists first,
 //! so a round that changes nothing writes nothing, and every API call passes the leader fence
 //! first (`crate::leader`), so a replica that lost its lease writes nothing more.
 //!
@@ -7,15 +8,17 @@
 //! is not controlled by that tenant is left alone, and the tenant says so in its Ready condition
 //! and an Event.
 
+use crate::credentials::MODEL_CREDENTIALS_REASON;
 use crate::decide::Route;
 use crate::decide::{PoolOutcome, TenantOutcome};
 use crate::leader::{Fence, FenceError};
-use crate::manifests::{self, DRAINING, TENANT_LABEL};
+use crate::manifests::{self, DRAINING, POOL_LABEL, TENANT_LABEL};
 use cotenant_crds::conditions::set_condition;
+use cotenant_crds::storage::COPY_LABEL;
 use cotenant_crds::{
     GpuAgent, GpuPool, GpuPoolStatus, ModelTenant, ModelTenantStatus, TenantPhase,
 };
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -83,16 +86,38 @@ fn owned_by<K: Resource>(object: &K, tenant: &ModelTenant) -> bool {
 }
 
 impl Writer {
-    /// Applies `outcome` for `pool`, whose agents are `agents`.
+    /// Applies `outcome` for `pool`, whose agents are `agents`; `model_copies` are the copies of
+    /// tenants' model credentials its assignments name (`crate::credentials`).
     pub async fn pool(
         &self,
         pool: &GpuPool,
         agents: &[Arc<GpuAgent>],
         outcome: &PoolOutcome,
+        model_copies: &[Secret],
     ) -> Result {
         let ns = &pool.spec.agent_namespace;
         let agent_api: Api<GpuAgent> = Api::namespaced(self.client.clone(), ns);
         let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        // The copies exist before an assignment names them, and go once none does.
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let selector = format!("{COPY_LABEL}=true,{POOL_LABEL}={}", pool.name_any());
+        let existing = self
+            .fenced(secrets.list(&ListParams::default().labels(&selector).match_any()))
+            .await?
+            .items;
+        for copy in model_copies {
+            let same = existing.iter().any(|e| {
+                e.name_any() == copy.name_any()
+                    && e.data == copy.data
+                    && e.annotations() == copy.annotations()
+                    && e.labels() == copy.labels()
+            });
+            if !same {
+                let apply = PatchParams::apply(FIELD_MANAGER).force();
+                self.fenced(secrets.patch(&copy.name_any(), &apply, &Patch::Apply(copy)))
+                    .await?;
+            }
+        }
         for (name, wanted) in &outcome.assignments {
             let Some(agent) = agents.iter().find(|a| &a.name_any() == name) else {
                 continue;
@@ -102,6 +127,15 @@ impl Writer {
                 self.fenced(agent_api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)))
                     .await?;
             }
+        }
+        for stale in existing
+            .iter()
+            .filter(|e| !model_copies.iter().any(|c| c.name_any() == e.name_any()))
+        {
+            ignore_missing(
+                self.fenced(secrets.delete(&stale.name_any(), &DeleteParams::default()))
+                    .await,
+            )?;
         }
         for (names, draining) in [(&outcome.drain, true), (&outcome.undrain, false)] {
             for name in names {
@@ -411,7 +445,11 @@ impl Writer {
         let event = Event {
             type_: if matches!(
                 reason,
-                "LoadFailed" | "ModelTooLarge" | "AtMaxAgents" | SERVICE_CONFLICT
+                "LoadFailed"
+                    | "ModelTooLarge"
+                    | "AtMaxAgents"
+                    | SERVICE_CONFLICT
+                    | MODEL_CREDENTIALS_REASON
             ) {
                 EventType::Warning
             } else {

@@ -179,7 +179,12 @@ impl Controller {
                 &now_rfc3339,
             );
             self.credentials.apply(&mut outcome).await;
-            if let Err(e) = self.writer.pool(pool, &pool_agents, &outcome).await {
+            let model_copies = self.credentials.model_copies(pool, &mut outcome).await;
+            if let Err(e) = self
+                .writer
+                .pool(pool, &pool_agents, &outcome, &model_copies)
+                .await
+            {
                 tracing::warn!(pool = %name, error = %e, "could not apply the pool's decisions");
                 failed = true;
                 if !self.leading() {

@@ -42,13 +42,25 @@ impl AgentHost {
         threads: usize,
         model_root: PathBuf,
     ) -> AgentHost {
+        AgentHost::start_in(cp, agent, threads, model_root, None)
+    }
+
+    /// [`AgentHost::start`] for the agent pods of `namespace` only (all with `None`), so a test
+    /// runs agents for its own pods and no other test's.
+    pub fn start_in(
+        cp: &'static ControlPlane,
+        agent: PathBuf,
+        threads: usize,
+        model_root: PathBuf,
+        namespace: Option<String>,
+    ) -> AgentHost {
         let hosted = Arc::new(Mutex::new(Hosted::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (hosted, stop) = (hosted.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Err(e) = sync(cp, &agent, threads, &model_root, &hosted) {
+                    if let Err(e) = sync(cp, &agent, threads, &model_root, &namespace, &hosted) {
                         lock(&hosted).errors.push(e);
                     }
                     std::thread::sleep(Duration::from_secs(1));
@@ -112,19 +124,17 @@ fn sync(
     agent: &PathBuf,
     threads: usize,
     model_root: &PathBuf,
+    only: &Option<String>,
     hosted: &Mutex<Hosted>,
 ) -> Result<(), String> {
-    let out = cp
-        .kubectl_ok(&[
-            "get",
-            "pods",
-            "-A",
-            "-l",
-            "app.kubernetes.io/name=cotenant-agent",
-            "-o",
-            "json",
-        ])
-        .map_err(|e| e.to_string())?;
+    let scope = match only {
+        Some(namespace) => ["-n", namespace.as_str()],
+        None => ["-A", ""],
+    };
+    let mut args = vec!["get", "pods"];
+    args.extend(scope.iter().copied().filter(|a| !a.is_empty()));
+    args.extend(["-l", "app.kubernetes.io/name=cotenant-agent", "-o", "json"]);
+    let out = cp.kubectl_ok(&args).map_err(|e| e.to_string())?;
     let pods: Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
     let mut running = HashSet::new();
     for pod in pods["items"].as_array().into_iter().flatten() {

@@ -10,9 +10,9 @@ use std::process::Command;
 use std::time::Duration;
 
 pub struct S3Server {
-    /// `127.0.0.1:<port>`.
+    /// `<ip>:<port>`.
     pub addr: String,
-    /// `http://127.0.0.1:<port>`, for `AWS_ENDPOINT_URL`.
+    /// `http://<ip>:<port>`, for `AWS_ENDPOINT_URL`.
     pub endpoint: String,
     /// The key of the user that may read the bucket.
     pub access_key_id: String,
@@ -21,19 +21,30 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Starts moto (`moto_server` beside `python`) on a free port, logging to `dir`, and puts
-    /// `objects` (key, file) into `bucket`.
+    /// Starts moto (`moto_server` beside `python`) on a free loopback port, logging to `dir`,
+    /// and puts `objects` (key, file) into `bucket`.
     pub fn start(
         python: &Path,
         dir: &Path,
         bucket: &str,
         objects: &[(&str, &Path)],
     ) -> Result<S3Server, String> {
+        S3Server::start_on(python, dir, "127.0.0.1", bucket, objects)
+    }
+
+    /// [`S3Server::start`] listening on `ip` (an agent in Kubernetes mode refuses loopback).
+    pub fn start_on(
+        python: &Path,
+        dir: &Path,
+        ip: &str,
+        bucket: &str,
+        objects: &[(&str, &Path)],
+    ) -> Result<S3Server, String> {
         let port = free_port().map_err(|e| e.to_string())?;
-        let addr = format!("127.0.0.1:{port}");
+        let addr = format!("{ip}:{port}");
         let server = python.with_file_name("moto_server");
         let mut cmd = Command::new(&server);
-        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        cmd.args(["-H", ip, "-p", &port.to_string()])
             // The setup script's three IAM calls are the only unsigned requests served; every
             // later one needs a key the server issued.
             .env("INITIAL_NO_AUTH_ACTION_COUNT", "3");
