@@ -90,6 +90,11 @@ enum Command {
         /// CPU threads shared by all tenants (default: every core).
         #[arg(long)]
         threads: Option<usize>,
+        /// Seconds the agent keeps serving after SIGTERM while it reports itself not ready, so
+        /// its tenants' endpoints drop it before it stops accepting (keep it under the pod's
+        /// terminationGracePeriodSeconds, 30).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=300))]
+        drain_seconds: u64,
         /// How the tenants share the device: `multi-stream` (every instance issues freely),
         /// `sequential` (one operator at a time across tenants) or `gacer` (operators resized
         /// and ordered by a plan searched for the tenants loaded).
@@ -202,6 +207,7 @@ fn main() -> anyhow::Result<()> {
             advertise_address,
             admin_advertise_address,
             threads,
+            drain_seconds,
             schedule,
             device,
             tenant_memory_limit,
@@ -229,6 +235,7 @@ fn main() -> anyhow::Result<()> {
                 advertise_address,
                 admin_advertise_address,
                 threads,
+                drain: std::time::Duration::from_secs(drain_seconds),
                 report_audience,
                 report_reader,
                 budget: requests.budget(),

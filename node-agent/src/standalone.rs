@@ -215,6 +215,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         registry: registry.clone(),
         report_auth: ReportAuth::Token(options.report_token),
         initialised: AtomicBool::new(true),
+        draining: AtomicBool::new(false),
         budget: options.budget,
         limits: options.limits,
     });

@@ -32,9 +32,12 @@ pub async fn live() -> StatusCode {
     StatusCode::OK
 }
 
-/// Whether the agent knows its tenants and has tried to load each.
+/// Whether the agent knows its tenants, has tried to load each, and is not stopping.
 pub(super) fn agent_ready(app: &AppState) -> bool {
-    app.initialised.load(std::sync::atomic::Ordering::Acquire) && app.registry.settled()
+    use std::sync::atomic::Ordering;
+    app.initialised.load(Ordering::Acquire)
+        && !app.draining.load(Ordering::Acquire)
+        && app.registry.settled()
 }
 
 pub async fn ready(State(app): AppRef) -> StatusCode {

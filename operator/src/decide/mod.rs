@@ -107,7 +107,10 @@ impl Memory {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Route {
     pub host: String,
+    /// The agent's Open Inference Protocol port (HTTP).
     pub port: u16,
+    /// Its gRPC port, when the agent reports one.
+    pub grpc_port: Option<u16>,
     pub node: Option<String>,
     pub agent: String,
 }
@@ -404,17 +407,18 @@ pub fn decide_pool(
                 node: node.clone(),
                 ready,
             });
-            // The agent chooses only the port, on its own pod's IP.
-            let port = view
-                .status
-                .as_ref()
-                .and_then(|s| s.address.as_deref())
-                .and_then(split_address)
-                .map(|(_, port)| port);
+            // The agent chooses only the ports, on its own pod's IP.
+            let port_of = |address: Option<&String>| {
+                address.and_then(|a| split_address(a)).map(|(_, port)| port)
+            };
+            let status = view.status.as_ref();
+            let port = port_of(status.and_then(|s| s.address.as_ref()));
+            let grpc_port = port_of(status.and_then(|s| s.grpc_address.as_ref()));
             if let (true, Some(host), Some(port)) = (ready, view.pod_ip.clone(), port) {
                 routes.push(Route {
                     host,
                     port,
+                    grpc_port,
                     node,
                     agent: agent.clone(),
                 });

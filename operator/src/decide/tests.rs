@@ -34,6 +34,7 @@ fn agent(name: &str, port: u16) -> AgentView {
         assignments: Vec::new(),
         status: Some(GpuAgentStatus {
             address: Some(format!("10.0.0.1:{port}")),
+            grpc_address: Some(format!("10.0.0.1:{}", port + 1)),
             node: Some("node-1".into()),
             ..Default::default()
         }),
@@ -178,6 +179,7 @@ fn a_measured_profile_chooses_knobs_and_routes_to_the_ready_replica() {
         vec![Route {
             host: "10.0.0.1".into(),
             port: 8000,
+            grpc_port: Some(8001),
             node: Some("node-1".into()),
             agent: "agent-0".into()
         }]

@@ -241,6 +241,32 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
         events.contains("CredentialsUnavailable"),
         "the tenant is told why:\n{events}"
     );
+
+    // 8. A CPU-only pool with typed agent settings: its agent asks for no GPU, lands on the
+    //    node without GPUs, runs with the pool's schedule, and its tenant serves.
+    let cpu_pool = c.apply_cpu_pool("  agent:\n    schedule: sequential\n    threads: 1\n");
+    c.apply_tenant_in_pool("oncpu", &models.uri("squeezenet"), 2000.0, "", &cpu_pool);
+    c.step("oncpu Ready on the CPU pool", 240, || {
+        c.all_ready(&["oncpu"])
+    });
+    let agent = c.agent_of("oncpu");
+    let pod = c.agent_pod(&agent);
+    assert_eq!(pod["spec"]["nodeName"], "cpu-0", "{pod}");
+    let container = &pod["spec"]["containers"][0];
+    assert!(
+        container["resources"]["limits"]["nvidia.com/gpu"].is_null(),
+        "{container}"
+    );
+    let args = container["args"].to_string();
+    assert!(
+        args.contains(r#""--device","cpu","--schedule","sequential","--threads","1""#),
+        "{args}"
+    );
+    assert_eq!(
+        c.jsonpath("gpuagent", &agent, "{.status.device.kind}"),
+        "cpu"
+    );
+    c.infer_through_slice("oncpu", &models.path("squeezenet"));
     c.report_steps();
 }
 

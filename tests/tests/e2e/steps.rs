@@ -65,7 +65,7 @@ impl Cluster {
         checked(install.output(), "helm install").expect("chart installs");
         let pool = format!("pool-{ns}");
         cp.kubectl_apply(&format!(
-            "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  minAgents: 0\n  maxAgents: 3\n  scaleDownDelaySeconds: 10\n  gpuMemoryMiB: {GPU_MEMORY_MIB}\n  template:\n    image: cotenant/agent:test\n    serviceAccountName: cotenant-agent\n"
+            "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  minAgents: 0\n  maxAgents: 3\n  scaleDownDelaySeconds: 10\n  gpuMemoryMiB: {GPU_MEMORY_MIB}\n  template:\n    image: cotenant/agent:test\n    serviceAccountName: cotenant-agent\n  agent:\n    drainSeconds: 2\n"
         ))
         .expect("pool");
         // The agents' model volume: where `zoo` writes the models.
@@ -263,6 +263,24 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("delete {name}: {e}"));
     }
 
+    /// Creates a CPU-only pool (agents in this namespace, no GPUs) with `agent` lines as its
+    /// agent settings; returns its name.
+    pub fn apply_cpu_pool(&self, agent: &str) -> String {
+        let pool = format!("cpu-{}", self.ns);
+        self.cp
+            .kubectl_apply(&format!(
+                "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  maxAgents: 1\n  scaleDownDelaySeconds: 10\n  template:\n    image: cotenant/agent-cpu:test\n    serviceAccountName: cotenant-agent\n    gpusPerAgent: 0\n{agent}    drainSeconds: 2\n",
+                ns = self.ns
+            ))
+            .unwrap_or_else(|e| panic!("pool {pool}: {e}"));
+        pool
+    }
+
+    /// The agent pod `name` as JSON.
+    pub fn agent_pod(&self, name: &str) -> Value {
+        self.json(&["pod", name])
+    }
+
     pub fn add_gpu_node(&self, name: &str) {
         self.cp.add_node(name, 1).expect("add node");
     }
@@ -370,11 +388,16 @@ impl Cluster {
         cotenant_e2e::http_get_with(address, &path, &headers).map(|(code, _)| code)
     }
 
-    /// tritonclient through the tenant's EndpointSlice, presenting `token` when given.
+    /// tritonclient through the tenant's EndpointSlice, over REST and over gRPC, presenting
+    /// `token` when given.
     pub fn infer_through_slice_with_token(&self, tenant: &str, file: &Path, token: Option<&str>) {
         let addresses = slice_addresses(self.cp, &self.ns, tenant);
         let Some(address) = addresses.first() else {
             panic!("{tenant} has no EndpointSlice address");
+        };
+        let grpc_addresses = slice_addresses_on(self.cp, &self.ns, tenant, "grpc");
+        let Some(grpc_address) = grpc_addresses.first() else {
+            panic!("{tenant} has no EndpointSlice address for gRPC");
         };
         let python =
             std::env::var_os("COTENANT_PYTHON").expect("COTENANT_PYTHON: run cargo xtask test");
@@ -384,6 +407,8 @@ impl Cluster {
             .args([
                 "--url",
                 address,
+                "--grpc-url",
+                grpc_address,
                 "--model",
                 &format!("{}.{tenant}", self.ns),
             ])
@@ -572,7 +597,13 @@ impl Drop for Cluster {
 
 /// A URL on loopback that answers every request with 404.
 /// `host:port` of every ready endpoint in `tenant`'s EndpointSlices.
+/// `host:port` of every ready endpoint of the tenant's EndpointSlices, for its REST port.
 fn slice_addresses(cp: &ControlPlane, ns: &str, tenant: &str) -> Vec<String> {
+    slice_addresses_on(cp, ns, tenant, "http")
+}
+
+/// `host:port` of every ready endpoint of the tenant's EndpointSlices, for the port named `port`.
+fn slice_addresses_on(cp: &ControlPlane, ns: &str, tenant: &str, port: &str) -> Vec<String> {
     let selector = format!("kubernetes.io/service-name={tenant}");
     let out = cp
         .kubectl_ok(&[
@@ -589,7 +620,11 @@ fn slice_addresses(cp: &ControlPlane, ns: &str, tenant: &str) -> Vec<String> {
     let slices: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
     let mut addresses = Vec::new();
     for slice in slices["items"].as_array().into_iter().flatten() {
-        let Some(port) = slice["ports"][0]["port"].as_u64() else {
+        let ports = slice["ports"].as_array().into_iter().flatten();
+        let Some(port) = ports
+            .filter(|p| p["name"] == port)
+            .find_map(|p| p["port"].as_u64())
+        else {
             continue;
         };
         for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
