@@ -9,6 +9,7 @@ mod device;
 mod dnnscaler;
 mod kubernetes;
 mod load;
+mod nvml;
 mod registry;
 mod schedule;
 mod serve;

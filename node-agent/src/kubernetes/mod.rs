@@ -117,6 +117,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             anyhow::bail!("{why}");
         }
     };
+    crate::nvml::start_for(&device);
 
     let (draining_tx, draining_rx) = channel::channel(false);
     let (stop_tx, stop_rx) = channel::channel(false);
