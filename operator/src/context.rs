@@ -1,5 +1,6 @@
 //! What the control loop and the health server share: the metrics, readiness and leadership.
 
+use crate::metrics::{Published, Snapshot};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -13,6 +14,8 @@ pub struct Context {
     ready: AtomicBool,
     /// 1 while this replica leads.
     leader: prometheus_client::metrics::gauge::Gauge,
+    /// The tenants and pools as the leader's latest round decided them.
+    published: Published,
 }
 
 impl Context {
@@ -30,8 +33,11 @@ impl Context {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let published = Published::default();
+        registry.register_collector(Box::new(published.clone()));
         Context {
             leader,
+            published,
             registry,
             reconciliations,
             ready: AtomicBool::new(false),
@@ -52,8 +58,17 @@ impl Context {
         self.ready.store(true, Ordering::Relaxed);
     }
 
+    /// A follower publishes no tenant or pool series: only the leader's rounds are current.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+        if !leading {
+            self.published.replace(Snapshot::default());
+        }
+    }
+
+    /// Replaces the tenants and pools `/metrics` shows with what a round just decided.
+    pub fn publish(&self, snapshot: Snapshot) {
+        self.published.replace(snapshot);
     }
 
     pub fn is_ready(&self) -> bool {

@@ -2,12 +2,14 @@
 //! it scrapes every agent's report, decides each pool (`crate::decide`) and writes the result
 //! (`crate::apply`). Tenants naming no usable pool, or with an invalid spec or name, get a status
 //! that says so. Agents are reached at their Pod's IP, never at an address an agent wrote.
+//! A round that completes while leading publishes what it decided as gauges (`crate::metrics`).
 
 use crate::apply::Writer;
 use crate::context::Context;
 use crate::credentials::Credentials;
 use crate::decide::{self, AgentView, Memory, PodState, split_address};
 use crate::manifests::{DRAINING, POOL_LABEL, host_port};
+use crate::metrics::{PoolGauges, Snapshot, TenantGauges};
 use crate::report::Scraper;
 use crate::world::World;
 use cotenant_crds::conditions::set_condition;
@@ -137,6 +139,7 @@ impl Controller {
             .retain(|k, _| agents.iter().any(|a| &agent_key(a) == k));
 
         let mut failed = false;
+        let mut snapshot = Snapshot::default();
         for pool in &pools {
             if !self.leading() {
                 return;
@@ -145,6 +148,7 @@ impl Controller {
             if !self.agent_namespaces.contains(&pool.spec.agent_namespace) {
                 // Its tenants are told below; the pool itself says it here.
                 let status = unmanaged_pool_status(pool);
+                snapshot.pools.push(PoolGauges::new(pool, &status));
                 if let Err(e) = self.writer.pool_status(pool, &status).await {
                     tracing::warn!(pool = %name, error = %e, "could not write the pool's status");
                     failed = true;
@@ -179,6 +183,13 @@ impl Controller {
                 &now_rfc3339,
             );
             self.credentials.apply(&mut outcome).await;
+            snapshot.pools.push(PoolGauges::new(pool, &outcome.status));
+            snapshot.tenants.extend(
+                outcome
+                    .tenants
+                    .iter()
+                    .map(|t| TenantGauges::new(&t.tenant, &t.status)),
+            );
             if let Err(e) = self.writer.pool(pool, &pool_agents, &outcome).await {
                 tracing::warn!(pool = %name, error = %e, "could not apply the pool's decisions");
                 failed = true;
@@ -216,6 +227,10 @@ impl Controller {
             if !self.leading() {
                 return;
             }
+            let decided = snapshot
+                .tenants
+                .iter()
+                .any(|g| Some(&g.namespace) == t.namespace().as_ref() && g.name == t.name_any());
             let result = if t.metadata.deletion_timestamp.is_some() {
                 // Its replicas were unassigned in its pool's round (or its pool is gone).
                 let still_assigned = agents.iter().any(|a| {
@@ -232,7 +247,12 @@ impl Controller {
             } else {
                 let mut result = self.writer.add_finalizer(t).await;
                 if let Some(status) = unplaceable(t, &pools, &self.agent_namespaces) {
+                    snapshot.tenants.push(TenantGauges::new(t, &status));
                     result = result.and(self.writer.status(t, &status).await);
+                } else if !decided {
+                    snapshot
+                        .tenants
+                        .push(TenantGauges::new(t, &t.status.clone().unwrap_or_default()));
                 }
                 result
             };
@@ -243,6 +263,9 @@ impl Controller {
         }
         self.context
             .count("round", if failed { "error" } else { "ok" });
+        if self.leading() {
+            self.context.publish(snapshot);
+        }
         tracing::debug!(elapsed = ?started.elapsed(), "round done");
     }
 }

@@ -9,6 +9,7 @@ mod decide;
 mod http;
 mod leader;
 mod manifests;
+mod metrics;
 mod report;
 mod world;
 
