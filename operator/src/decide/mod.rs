@@ -92,6 +92,8 @@ pub struct Memory {
     pub tuning: Tuning,
     pub tenants: HashMap<String, TenantMemory>,
     idle_since: HashMap<String, f64>,
+    /// Replicas leaving an agent, by `(agent, tenant uid)`: when their route was taken away.
+    retiring: HashMap<(String, String), f64>,
 }
 
 impl Memory {
@@ -137,6 +139,62 @@ pub struct PoolOutcome {
     pub remove: Vec<String>,
     pub status: GpuPoolStatus,
     pub notes: Vec<Note>,
+}
+
+/// Seconds a replica that a round removes keeps serving without a route before it is
+/// unassigned: time for the EndpointSlice change to reach kube-proxy and clients, so no request
+/// meets an agent that no longer holds the tenant.
+pub const ROUTE_DRAIN_S: f64 = 5.0;
+
+/// Route first, replica second: a Ready replica that this round removes from a healthy agent,
+/// while another Ready replica of its tenant stays routed, is kept assigned (serving whatever
+/// still reaches it) but loses its route, for [`ROUTE_DRAIN_S`]; then it goes. Returns the
+/// `(agent, tenant uid)` pairs kept this way, which get no route.
+fn retire_routes_first(
+    agents: &[AgentView],
+    assignments: &mut BTreeMap<String, Vec<Assignment>>,
+    memory: &mut Memory,
+    now_s: f64,
+) -> BTreeSet<(String, String)> {
+    let tuning = memory.tuning;
+    let wanted = |agent: &str, uid: &str| {
+        assignments
+            .get(agent)
+            .is_some_and(|l| l.iter().any(|x| x.tenant.uid == uid))
+    };
+    // Every replica an agent holds that the round no longer wants.
+    let leaving: Vec<(&AgentView, &Assignment)> = agents
+        .iter()
+        .flat_map(|a| a.assignments.iter().map(move |x| (a, x)))
+        .filter(|(a, x)| !wanted(&a.name, &x.tenant.uid))
+        .collect();
+    // Remembered until the agent no longer holds it, so a slow watch cannot restart its clock.
+    memory.retiring.retain(|(agent, uid), _| {
+        leaving
+            .iter()
+            .any(|(a, x)| &a.name == agent && &x.tenant.uid == uid)
+    });
+    let mut kept = Vec::new();
+    for (a, x) in leaving {
+        let uid = &x.tenant.uid;
+        let stays_routed = agents
+            .iter()
+            .any(|other| other.serves(uid, &tuning) && wanted(&other.name, uid));
+        if !a.serves(uid, &tuning) || !stays_routed {
+            continue;
+        }
+        let key = (a.name.clone(), uid.clone());
+        let since = *memory.retiring.entry(key.clone()).or_insert(now_s);
+        if now_s - since < ROUTE_DRAIN_S {
+            kept.push((key, x.clone()));
+        }
+    }
+    kept.into_iter()
+        .map(|((agent, uid), x)| {
+            assignments.entry(agent.clone()).or_default().push(x);
+            (agent, uid)
+        })
+        .collect()
 }
 
 /// The served model name of a tenant on an agent.
@@ -296,6 +354,7 @@ pub fn decide_pool(
                 .push(x.clone());
         }
     }
+    let retiring = retire_routes_first(agents, &mut assignments, memory, now_s);
     for list in assignments.values_mut() {
         list.sort_by(|x, y| x.tenant.cmp(&y.tenant));
     }
@@ -394,7 +453,9 @@ pub fn decide_pool(
         let mut routes = Vec::new();
         let mut placements = Vec::new();
         for (agent, list) in &assignments {
-            if !list.iter().any(|x| x.tenant.uid == uid) {
+            if !list.iter().any(|x| x.tenant.uid == uid)
+                || retiring.contains(&(agent.clone(), uid.clone()))
+            {
                 continue;
             }
             let Some(view) = agents.iter().find(|a| &a.name == agent) else {

@@ -642,3 +642,85 @@ fn an_agent_that_cannot_use_its_gpu_is_named_in_a_pool_event() {
         )]
     );
 }
+
+#[test]
+fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
+    let pool = pool(1024, 4);
+    let (mut agents, mut memory) = (
+        vec![agent("agent-0", 8000), agent("agent-1", 8001)],
+        Memory::default(),
+    );
+    let replicas = |n: u32| {
+        let mut t = ModelTenant::clone(&tenant("a", 50.0));
+        t.spec.scaling.min_replicas = n;
+        t.spec.scaling.max_replicas = n;
+        Arc::new(t)
+    };
+    let two = replicas(2);
+    round(
+        &pool,
+        std::slice::from_ref(&two),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let mut now = 2.0;
+    loop {
+        assert!(now < 60.0, "two replicas never served");
+        for a in agents.iter_mut() {
+            let mut report = serving(&two, 10.0, Window::default());
+            report.tenants[0].profile = Some(profile());
+            a.report = Some(report);
+        }
+        let outcome = round(
+            &pool,
+            std::slice::from_ref(&two),
+            &mut agents,
+            &mut memory,
+            now,
+        );
+        now += 2.0;
+        if outcome.tenants[0].routes.len() == 2 {
+            break;
+        }
+    }
+
+    let one = replicas(1);
+    let holders =
+        |agents: &[AgentView]| agents.iter().filter(|a| !a.assignments.is_empty()).count();
+    let retired_at = loop {
+        assert!(now < 600.0, "the second replica never went");
+        let outcome = round(
+            &pool,
+            std::slice::from_ref(&one),
+            &mut agents,
+            &mut memory,
+            now,
+        );
+        let routes = outcome.tenants[0].routes.len();
+        if routes == 1 {
+            assert_eq!(holders(&agents), 2, "the route goes before the replica");
+            break now;
+        }
+        now += 2.0;
+    };
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&one),
+        &mut agents,
+        &mut memory,
+        retired_at + 2.0,
+    );
+    assert_eq!(outcome.tenants[0].routes.len(), 1);
+    assert_eq!(holders(&agents), 2, "still serving what reaches it");
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&one),
+        &mut agents,
+        &mut memory,
+        retired_at + ROUTE_DRAIN_S + 0.5,
+    );
+    assert_eq!(outcome.tenants[0].routes.len(), 1);
+    assert_eq!(holders(&agents), 1, "then it goes");
+    assert_eq!(outcome.tenants[0].status.placements.len(), 1);
+}

@@ -122,9 +122,11 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     );
     expect_only_served_or_shed(&answers);
 
-    // 3. The load is gone and the SLO looser again: replicas consolidate, idle agents drain and
-    //    the pool shrinks.
+    // 3. The load falls to an eighth of the peak and the SLO loosens: replicas consolidate, idle
+    //    agents drain and the pool shrinks, and no request fails meanwhile: a replica loses its
+    //    route before it goes, and an agent leaves its endpoints before it stops.
     let agents_at_peak = c.pool_agents();
+    let steady = c.load_image_model("rn", rate / 32.0);
     c.patch_tenant("rn", r#"{"spec":{"slo":{"latencyMillis":2000}}}"#);
     c.step("one rn replica", 180, || {
         c.expect_jsonpath("mt", "rn", "{.status.replicas}", "1")
@@ -137,6 +139,12 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
             Err(format!("{now} agents (peak {agents_at_peak})"))
         }
     });
+    let answers = steady.stop();
+    eprintln!("e2e: rn while the pool shrank: answers {answers:?}");
+    assert!(
+        answers.keys().all(|k| k == "200") && answers.get("200").is_some_and(|n| *n > 0),
+        "a scale-down under steady load fails no request: {answers:?}"
+    );
 
     // 4. An agent dies: its replicas move and the tenant recovers. The operator dies: a
     //    restarted one changes nothing that was correct.
