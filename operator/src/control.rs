@@ -8,7 +8,7 @@ use crate::apply::Writer;
 use crate::context::Context;
 use crate::credentials::Credentials;
 use crate::decide::{self, AgentView, Memory, PodState, split_address};
-use crate::manifests::{DRAINING, POOL_LABEL, host_port};
+use crate::manifests::{DRAINING, POOL_LABEL, TEMPLATE_HASH, host_port, template_hash};
 use crate::metrics::{PoolGauges, Snapshot, TenantGauges};
 use crate::report::Scraper;
 use crate::world::World;
@@ -97,6 +97,10 @@ impl Controller {
             })
             .collect();
         let mut reports = self.scraper.scrape_all(targets).await;
+        let templates: HashMap<String, String> = pools
+            .iter()
+            .map(|p| (p.name_any(), template_hash(p)))
+            .collect();
         let mut views_by_pool: BTreeMap<String, Vec<AgentView>> = BTreeMap::new();
         for a in &agents {
             let key = agent_key(a);
@@ -133,6 +137,9 @@ impl Controller {
                     report,
                     unreachable_for_s,
                     draining: a.annotations().get(DRAINING).is_some_and(|v| v == "true"),
+                    outdated: pod.is_some_and(|p| {
+                        p.annotations().get(TEMPLATE_HASH) != templates.get(&a.spec.pool)
+                    }),
                 });
         }
         self.unreachable_since

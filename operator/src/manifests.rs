@@ -24,6 +24,9 @@ pub const TENANT_LABEL: &str = "cotenant.dev/tenant";
 pub const MANAGED_BY: &str = "cotenant-operator";
 /// Annotation on a GpuAgent that the operator is draining it.
 pub const DRAINING: &str = "cotenant.dev/draining";
+/// Annotation on an agent pod: the version of its pool's template and agent settings it was
+/// made from ([`template_hash`]). A pod whose value differs from the pool's is replaced.
+pub const TEMPLATE_HASH: &str = "cotenant.dev/template-hash";
 /// The port agents serve the Open Inference Protocol on.
 pub const HTTP_PORT: i32 = 8000;
 /// The port agents serve the Open Inference Protocol over gRPC on.
@@ -219,6 +222,21 @@ fn agent_mounts(pool: &GpuPool) -> Vec<VolumeMount> {
     mounts
 }
 
+/// A digest of what an agent pod is made from: the pool's template and agent settings.
+pub fn template_hash(pool: &GpuPool) -> String {
+    use sha2::{Digest, Sha256};
+    let made_from = serde_json::json!({ "template": pool.spec.template, "agent": pool.spec.agent });
+    let digest = Sha256::digest(made_from.to_string().as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The pod's annotations: the template's, then the version of the template it is made from.
+fn agent_annotations(pool: &GpuPool) -> BTreeMap<String, String> {
+    let mut all = pool.spec.template.pod_annotations.clone();
+    all.insert(TEMPLATE_HASH.into(), template_hash(pool));
+    all
+}
+
 /// The pod's labels: the template's, then the operator's, which win.
 fn agent_labels(pool: &GpuPool) -> BTreeMap<String, String> {
     let pool_name = pool.name_any();
@@ -263,7 +281,7 @@ pub fn agent_pod(pool: &GpuPool, name: &str, report_reader: &str, report_audienc
             name: Some(name.into()),
             namespace: Some(pool.spec.agent_namespace.clone()),
             labels: Some(agent_labels(pool)),
-            annotations: (!t.pod_annotations.is_empty()).then(|| t.pod_annotations.clone()),
+            annotations: Some(agent_annotations(pool)),
             owner_references: owner(pool),
             ..Default::default()
         },
@@ -703,6 +721,20 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_pod_records_the_version_of_the_template_it_was_made_from() {
+        let mut p = pool(serde_json::json!({"image": "a"}));
+        let before = template_hash(&p);
+        let pod = agent_pod(&p, "a-1", "r", "aud");
+        let annotations = pod.metadata.annotations.clone().expect("annotations");
+        assert_eq!(annotations.get(TEMPLATE_HASH), Some(&before));
+        p.spec.agent.threads = Some(4);
+        assert_ne!(template_hash(&p), before, "agent settings are part of it");
+        p.spec.agent.threads = None;
+        p.spec.max_agents += 1;
+        assert_eq!(template_hash(&p), before, "the pool's size is not");
     }
 
     #[test]

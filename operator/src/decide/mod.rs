@@ -66,6 +66,8 @@ pub struct AgentView {
     /// Seconds since its report last failed continuously (0 when the last one succeeded).
     pub unreachable_for_s: f64,
     pub draining: bool,
+    /// Its pod was made from an older version of the pool's template or agent settings.
+    pub outdated: bool,
 }
 
 impl AgentView {
@@ -197,6 +199,27 @@ fn retire_routes_first(
         .collect()
 }
 
+/// The agents replaced this round, one holding replicas at a time: those already draining that
+/// run an outdated template, else the first healthy one that does; outdated agents with nothing
+/// to move (empty, or not running) go at once.
+fn replacing(agents: &[AgentView], tuning: &Tuning) -> BTreeSet<String> {
+    let outdated = || agents.iter().filter(|a| a.outdated);
+    let mut chosen: BTreeSet<String> = outdated()
+        .filter(|a| a.draining || a.assignments.is_empty() || a.pod != PodState::Running)
+        .map(|a| a.name.clone())
+        .collect();
+    let one_moving = outdated().any(|a| a.draining && !a.assignments.is_empty());
+    if !one_moving
+        && let Some(next) = outdated()
+            .filter(|a| a.healthy(tuning) && !a.assignments.is_empty())
+            .map(|a| &a.name)
+            .min()
+    {
+        chosen.insert(next.clone());
+    }
+    chosen
+}
+
 /// The served model name of a tenant on an agent.
 pub fn served_name(namespace: &str, name: &str) -> String {
     format!("{namespace}.{name}")
@@ -299,6 +322,7 @@ pub fn decide_pool(
         decisions.push((Arc::clone(t), d, too_big));
     }
 
+    let replacing = replacing(agents, &tuning);
     let capacities: Vec<AgentCapacity> = agents
         .iter()
         .filter(|a| a.healthy(&tuning))
@@ -306,7 +330,7 @@ pub fn decide_pool(
             agent: a.name.clone(),
             memory_bytes: memory_of(a),
             compute: 1.0,
-            schedulable: !a.draining,
+            schedulable: !a.draining && !replacing.contains(&a.name),
         })
         .collect();
     let plan = place(&capacities, &demands, &current);
@@ -382,7 +406,8 @@ pub fn decide_pool(
             PoolAgent {
                 agent: a.name.clone(),
                 ready: a.healthy(&tuning),
-                draining: a.draining,
+                draining: a.draining || replacing.contains(&a.name),
+                replacing: replacing.contains(&a.name),
                 replicas,
                 idle_since,
             }
@@ -407,6 +432,19 @@ pub fn decide_pool(
                 plan.unplaced.iter().map(|u| u.replicas).sum::<u32>()
             ),
         });
+    }
+    let mut drain = sizing.drain.clone();
+    for a in agents {
+        if replacing.contains(&a.name) && !a.draining && a.pod == PodState::Running {
+            drain.push(a.name.clone());
+            notes.push(Note {
+                reason: "Replacing",
+                message: format!(
+                    "agent {} runs an older version of the pool's template: moving its replicas, then replacing it",
+                    a.name
+                ),
+            });
+        }
     }
     for a in &sizing.drain {
         notes.push(Note {
@@ -569,7 +607,7 @@ pub fn decide_pool(
         assignments,
         tenants: outcomes,
         add_agents: sizing.add,
-        drain: sizing.drain,
+        drain,
         undrain: sizing.undrain,
         remove,
         status: pool_status,

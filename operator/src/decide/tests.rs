@@ -44,6 +44,7 @@ fn agent(name: &str, port: u16) -> AgentView {
         report: Some(AgentReport::default()),
         unreachable_for_s: 0.0,
         draining: false,
+        outdated: false,
     }
 }
 
@@ -723,4 +724,76 @@ fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
     assert_eq!(outcome.tenants[0].routes.len(), 1);
     assert_eq!(holders(&agents), 1, "then it goes");
     assert_eq!(outcome.tenants[0].status.placements.len(), 1);
+}
+
+#[test]
+fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
+    let (pool, t) = (pool(1024, 1), tenant("a", 50.0));
+    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
+    placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    agents[0].report = Some(serving(&t, 10.0, Window::default()));
+
+    // The pool's template changed: its one agent drains, a replacement starts past maxAgents,
+    // and the replica keeps serving where it is until the replacement's is ready.
+    agents[0].outdated = true;
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        10.0,
+    );
+    assert_eq!(outcome.drain, vec!["agent-0".to_string()]);
+    assert_eq!(outcome.add_agents, 1);
+    assert_eq!(
+        outcome.assignments["agent-0"].len(),
+        1,
+        "held until replaced"
+    );
+    assert_eq!(outcome.tenants[0].routes.len(), 1);
+    assert!(outcome.notes.iter().any(|n| n.reason == "Replacing"));
+
+    agents[0].draining = true;
+    let mut new = agent("agent-1", 8002);
+    new.pod = PodState::Running;
+    agents.push(new);
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        12.0,
+    );
+    assert!(outcome.undrain.is_empty(), "never undrained");
+    assert_eq!(
+        outcome.assignments["agent-1"].len(),
+        1,
+        "the replacement starts"
+    );
+    agents[1].report = Some(serving(&t, 10.0, Window::default()));
+    let mut now = 14.0;
+    while !agents[0].assignments.is_empty() {
+        assert!(now < 60.0, "the old replica never stopped");
+        round(
+            &pool,
+            std::slice::from_ref(&t),
+            &mut agents,
+            &mut memory,
+            now,
+        );
+        now += 2.0;
+    }
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        now,
+    );
+    assert_eq!(
+        outcome.remove,
+        vec!["agent-0".to_string()],
+        "empty, it goes"
+    );
+    assert_eq!(outcome.add_agents, 0);
 }

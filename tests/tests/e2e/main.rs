@@ -250,7 +250,38 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
         "the tenant is told why:\n{events}"
     );
 
-    // 8. A CPU-only pool with typed agent settings: its agent asks for no GPU, lands on the
+    // 8. The pool's agent settings change: its agents are replaced one at a time, each after its
+    //    replicas have moved, and rn serves throughout (the test plays the cluster autoscaler,
+    //    adding the node the surge agent needs).
+    c.add_gpu_node("gpu-surge");
+    let before = c.pool_agent_names();
+    let steady = c.load_image_model("rn", rate / 32.0);
+    c.patch_pool(r#"{"spec":{"agent":{"schedule":"sequential"}}}"#);
+    c.step("every agent of the pool replaced", 420, || {
+        let now = c.pool_agent_names();
+        let left: Vec<&String> = now.iter().filter(|a| before.contains(a)).collect();
+        match (left.is_empty(), now.is_empty()) {
+            (true, false) => Ok(()),
+            _ => Err(format!("agents {now:?}; of the old ones {left:?} remain")),
+        }
+    });
+    c.step("rn Ready after the rollout", 120, || c.all_ready(&["rn"]));
+    let answers = steady.stop();
+    eprintln!("e2e: rn while its pool's agents were replaced: answers {answers:?}");
+    assert!(
+        answers.keys().all(|k| k == "200") && answers.get("200").is_some_and(|n| *n > 0),
+        "a rollout under steady load fails no request: {answers:?}"
+    );
+    for agent in c.pool_agent_names() {
+        let args = c.agent_pod(&agent)["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            args.contains(r#""--schedule","sequential""#),
+            "{agent}: {args}"
+        );
+    }
+    c.infer_through_slice("rn", &models.path("resnet18"));
+
+    // 9. A CPU-only pool with typed agent settings: its agent asks for no GPU, lands on the
     //    node without GPUs, runs with the pool's schedule, and its tenant serves.
     let cpu_pool = c.apply_cpu_pool("  agent:\n    schedule: sequential\n    threads: 1\n");
     c.apply_tenant_in_pool("oncpu", &models.uri("squeezenet"), 2000.0, "", &cpu_pool);

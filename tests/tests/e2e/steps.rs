@@ -494,6 +494,29 @@ impl Cluster {
         agents["items"].as_array().map_or(0, Vec::len)
     }
 
+    /// The names of the main pool's agents.
+    pub fn pool_agent_names(&self) -> Vec<String> {
+        let agents = self.json(&["gpuagents"]);
+        let mut names: Vec<String> = agents["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["spec"]["pool"] == self.pool.as_str())
+            .filter_map(|a| a["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Merge-patches the main pool.
+    pub fn patch_pool(&self, patch: &str) {
+        self.cp
+            .kubectl_ok(&[
+                "patch", "gpupool", &self.pool, "--type", "merge", "-p", patch,
+            ])
+            .unwrap_or_else(|e| panic!("patch pool: {e}"));
+    }
+
     /// The agent hosting `tenant`'s first replica.
     pub fn agent_of(&self, tenant: &str) -> String {
         self.jsonpath("mt", tenant, "{.status.placements[0].agent}")
