@@ -4,4 +4,5 @@
 mod agent_kubernetes;
 mod api;
 mod chart;
+mod observability;
 mod operator;
