@@ -142,10 +142,10 @@ pub struct AgentTemplate {
     #[serde(default = "default_service_account")]
     #[schemars(length(min = 1, max = 253))]
     pub service_account_name: String,
-    /// GPUs (`nvidia.com/gpu`) each agent pod requests, in [0, 16]. 0 makes a CPU-only pool:
-    /// no GPU is requested or tolerated, and the agents compute on the CPU.
+    /// GPUs (`nvidia.com/gpu`) each agent pod requests: 1, or 0 for a CPU-only pool, whose agents
+    /// request and tolerate no GPU and compute on the CPU. An agent computes on one GPU.
     #[serde(default = "default_gpus_per_agent")]
-    #[schemars(range(min = 0, max = 16))]
+    #[schemars(range(min = 0, max = 1))]
     pub gpus_per_agent: u32,
     /// Node labels an agent pod requires, typically those of GPU nodes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -92,8 +92,8 @@ enum Command {
         #[arg(long)]
         threads: Option<usize>,
         /// Seconds the agent keeps serving after SIGTERM while it reports itself not ready, so
-        /// its tenants' endpoints drop it before it stops accepting (keep it under the pod's
-        /// terminationGracePeriodSeconds, 30).
+        /// its tenants' endpoints drop it before it stops accepting (the operator gives its pods
+        /// a termination grace period of this plus 20 s).
         #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=300))]
         drain_seconds: u64,
         /// How the tenants share the device: `multi-stream` (every instance issues freely),

@@ -80,7 +80,7 @@ fn cases() -> Vec<Case> {
         Case { rule: "malformed YAML", manifest: "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: t\nspec: [unclosed\n".to_string(), expect: &["yaml"] },
         Case { rule: "wrong apiVersion", manifest: VALID.replace("cotenant.dev/v1alpha1", "cotenant.dev/v1"), expect: &["ModelTenant", "cotenant.dev/v1"] },
         Case { rule: "minAgents <= maxAgents", manifest: pool("  agentNamespace: x\n  minAgents: 5\n  maxAgents: 2\n  template:\n    image: a\n"), expect: &["spec.minAgents", "minAgents must be less than or equal to maxAgents"] },
-        Case { rule: "gpusPerAgent <= 16", manifest: pool("  agentNamespace: x\n  template:\n    image: a\n    gpusPerAgent: 17\n"), expect: &["spec.template.gpusPerAgent"] },
+        Case { rule: "one GPU per agent at most", manifest: pool("  agentNamespace: x\n  template:\n    image: a\n    gpusPerAgent: 2\n"), expect: &["spec.template.gpusPerAgent"] },
         Case { rule: "cuda needs a GPU", manifest: agent_pool("    gpusPerAgent: 0\n", "    device: cuda\n"), expect: &["spec.agent.device", "cuda needs a GPU"] },
         Case { rule: "cpu holds no GPU", manifest: agent_pool("", "    device: cpu\n"), expect: &["spec.agent.device", "gpusPerAgent to 0"] },
         Case { rule: "device enum", manifest: agent_pool("", "    device: tpu\n"), expect: &["spec.agent.device", "Unsupported value"] },
