@@ -74,6 +74,7 @@ impl Controller {
     }
 
     /// One round over every pool and tenant.
+    #[tracing::instrument(name = "round", skip_all)]
     pub async fn round(&mut self) {
         let started = Instant::now();
         let now_s = self.started.elapsed().as_secs_f64();

@@ -197,6 +197,7 @@ pub(super) fn serving(entry: &Entry, model: &str) -> Result<Arc<Tenant>, ApiErro
     }
 }
 
+#[tracing::instrument(name = "infer", skip_all, fields(model = %model, protocol = "http"))]
 async fn run(
     app: Arc<AppState>,
     model: &str,

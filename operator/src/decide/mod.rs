@@ -235,6 +235,7 @@ fn tenant_ref(t: &ModelTenant) -> TenantRef {
 
 /// Decides one round for `pool`. `tenants` are those naming the pool, deleting ones included
 /// (they get no replicas); `agents` are the pool's agents.
+#[tracing::instrument(name = "decide_pool", skip_all, fields(pool = %pool.name_any()))]
 pub fn decide_pool(
     pool: &GpuPool,
     tenants: &[Arc<ModelTenant>],

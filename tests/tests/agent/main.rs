@@ -1,11 +1,12 @@
 //! The standalone agent against real clients: tritonclient and onnxruntime (via
 //! `tests/python/oip_client.py`), bad requests, failed tenants, metrics and the report;
 //! hostile requests and memory under them (`requests`); who may call a tenant, what errors tell
-//! callers, and where models may come from (`access`).
+//! callers, and where models may come from (`access`); spans to a collector (`telemetry`).
 
 mod access;
 mod perf;
 mod requests;
+mod telemetry;
 
 use cotenant_e2e::cluster::free_port;
 use cotenant_e2e::process::{Lifetime, Process};
