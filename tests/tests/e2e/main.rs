@@ -306,6 +306,18 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
         "cpu"
     );
     c.infer_through_slice("oncpu", &models.path("squeezenet"));
+
+    // 9. The operator publishes each tenant's and pool's gauges, a deleted tenant's no more, and
+    //    the chart's Grafana dashboard and alerts query only metrics that the operator and the
+    //    agents really export.
+    c.step("the operator's tenant and pool gauges", 30, || {
+        c.operator_publishes(&[("oncpu", 1), ("lost", 0)], &["mn"])
+    });
+    c.step(
+        "the dashboard and alerts query exported metrics",
+        30,
+        || c.monitoring_queries_exported(),
+    );
     c.report_steps();
 }
 

@@ -682,3 +682,89 @@ pub fn serve_404() -> String {
     });
     url
 }
+
+// Shared with the control-plane test, which uses the rendered objects as well as the queries.
+#[allow(dead_code)]
+#[path = "../common/monitoring.rs"]
+mod monitoring;
+
+impl Cluster {
+    /// Every metric the chart's dashboard and alerts query is exported by the running operator
+    /// or by an agent (its admin `/metrics`, which needs no token), by the `# TYPE` lines of
+    /// their `/metrics` pages; the error names each one missing and where it is queried.
+    pub fn monitoring_queries_exported(&self) -> Result<(), String> {
+        let queried = monitoring::render_monitoring(self.cp.helm(), &self.ns)?.queried_metrics()?;
+        let (code, operator) = http_get(&self.operator_addr, "/metrics")?;
+        if code != 200 {
+            return Err(format!("operator /metrics: {code}"));
+        }
+        let agents = self.json(&["gpuagents"]);
+        let admin = agents["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|a| a["status"]["adminAddress"].as_str())
+            .ok_or("no agent reports an admin address")?;
+        let (code, agent) = http_get(admin, "/metrics")?;
+        if code != 200 {
+            return Err(format!("agent {admin} /metrics: {code}"));
+        }
+        let mut exported = monitoring::exported(&operator);
+        exported.extend(monitoring::exported(&agent));
+        let missing: Vec<String> = queried
+            .iter()
+            .filter(|(name, _)| !exported.contains(*name))
+            .map(|(name, places)| format!("{name} (in {places:?})"))
+            .collect();
+        if missing.is_empty() {
+            eprintln!(
+                "e2e: the dashboard and alerts query {} metrics, all exported",
+                queried.len()
+            );
+            Ok(())
+        } else {
+            Err(format!(
+                "queried but exported by neither the operator nor agent {admin}:\n{}",
+                missing.join("\n")
+            ))
+        }
+    }
+}
+
+impl Cluster {
+    /// The operator's `cotenant_operator_tenant_ready` is `ready` for each tenant named there,
+    /// absent for each of `deleted`, and its pool gauges cover the test's pool.
+    pub fn operator_publishes(&self, ready: &[(&str, u8)], deleted: &[&str]) -> Result<(), String> {
+        let (_, metrics) = http_get(&self.operator_addr, "/metrics")?;
+        let ns = &self.ns;
+        let mut want: Vec<String> = ready
+            .iter()
+            .map(|(t, v)| {
+                format!(r#"cotenant_operator_tenant_ready{{namespace="{ns}",tenant="{t}"}} {v}"#)
+            })
+            .collect();
+        want.push(format!(
+            r#"cotenant_operator_pool_max_agents{{pool="{}"}} 3"#,
+            self.pool
+        ));
+        for line in want {
+            if !metrics.lines().any(|l| l == line) {
+                return Err(format!("no {line} in the operator's /metrics:\n{metrics}"));
+            }
+        }
+        let total = format!(
+            r#"cotenant_operator_pool_agents{{pool="{}",state="total"}} "#,
+            self.pool
+        );
+        if !metrics.lines().any(|l| l.starts_with(&total)) {
+            return Err(format!("no {total} in the operator's /metrics"));
+        }
+        for t in deleted {
+            let label = format!(r#"namespace="{ns}",tenant="{t}""#);
+            if let Some(line) = metrics.lines().find(|l| l.contains(&label)) {
+                return Err(format!("deleted tenant {t} still published: {line}"));
+            }
+        }
+        Ok(())
+    }
+}
