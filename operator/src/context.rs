@@ -75,3 +75,36 @@ impl Context {
         self.ready.load(Ordering::Relaxed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::PoolGauges;
+
+    fn encoded(context: &Context) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &context.registry).expect("encode");
+        out
+    }
+
+    #[test]
+    fn a_follower_publishes_no_tenant_or_pool_series() {
+        let context = Context::new();
+        context.set_leader(true);
+        context.publish(Snapshot {
+            tenants: vec![],
+            pools: vec![PoolGauges {
+                name: "gpus".into(),
+                agents: 1,
+                ready_agents: 1,
+                pending_agents: 0,
+                max_agents: 2,
+            }],
+        });
+        assert!(encoded(&context).contains(r#"cotenant_operator_pool_max_agents{pool="gpus"} 2"#));
+        context.set_leader(false);
+        let out = encoded(&context);
+        assert!(!out.contains("pool=\"gpus\""), "{out}");
+        assert!(out.contains("cotenant_operator_leader 0"), "{out}");
+    }
+}
