@@ -318,6 +318,19 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
         30,
         || c.monitoring_queries_exported(),
     );
+
+    // 10. Uninstall in the README's order: the tenants first, while the operator runs, which
+    //     leaves no route, assignment or finalizer behind; then the chart; then the pools, whose
+    //     agent pods and GpuAgents the garbage collector removes.
+    c.delete_all_tenants();
+    c.step("every tenant gone, routes and assignments too", 180, || {
+        c.no_tenant_left()
+    });
+    c.uninstall_chart();
+    c.delete_pools(&[&cpu_pool]);
+    c.step("every agent pod and GpuAgent gone", 180, || {
+        c.no_agent_left()
+    });
     c.report_steps();
 }
 

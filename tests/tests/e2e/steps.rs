@@ -597,6 +597,59 @@ impl Cluster {
         }
     }
 
+    /// `kubectl delete mt --all`, without waiting: the operator's finalizer does the rest.
+    pub fn delete_all_tenants(&self) {
+        self.cp
+            .kubectl_ok(&["delete", "mt", "--all", "-n", &self.ns, "--wait=false"])
+            .unwrap_or_else(|e| panic!("delete tenants: {e}"));
+    }
+
+    /// No tenant, tenant Service, EndpointSlice or assignment is left in the namespace.
+    pub fn no_tenant_left(&self) -> Result<(), String> {
+        let count = |args: &[&str]| self.json(args)["items"].as_array().map_or(0, Vec::len);
+        let tenants = count(&["mt"]);
+        let services = count(&["services", "-l", "cotenant.dev/tenant"]);
+        let slices = count(&["endpointslices", "-l", "cotenant.dev/tenant"]);
+        let assigned: usize = self.assignments().values().map(Vec::len).sum();
+        match (tenants, services, slices, assigned) {
+            (0, 0, 0, 0) => Ok(()),
+            left => Err(format!(
+                "(tenants, services, slices, assignments) left: {left:?}\n{}",
+                self.tenants_table()
+            )),
+        }
+    }
+
+    /// Stops the operator (the chart's Deployment would go with the release) and uninstalls.
+    pub fn uninstall_chart(&mut self) {
+        if let Some(mut p) = self.operator.take() {
+            p.stop();
+        }
+        let mut uninstall = self.cp.helm();
+        uninstall.args(["uninstall", RELEASE, "-n", &self.ns]);
+        checked(uninstall.output(), "helm uninstall").expect("the chart uninstalls");
+    }
+
+    /// Deletes the main pool and `others`.
+    pub fn delete_pools(&self, others: &[&str]) {
+        for pool in std::iter::once(self.pool.as_str()).chain(others.iter().copied()) {
+            self.cp
+                .kubectl_ok(&["delete", "gpupool", pool, "--wait=false"])
+                .unwrap_or_else(|e| panic!("delete pool {pool}: {e}"));
+        }
+    }
+
+    /// No agent pod or GpuAgent is left in the namespace.
+    pub fn no_agent_left(&self) -> Result<(), String> {
+        let pods = self.json(&["pods", "-l", "app.kubernetes.io/name=cotenant-agent"]);
+        let agents = self.json(&["gpuagents"]);
+        let count = |v: &Value| v["items"].as_array().map_or(0, Vec::len);
+        match (count(&pods), count(&agents)) {
+            (0, 0) => Ok(()),
+            left => Err(format!("(agent pods, GpuAgents) left: {left:?}")),
+        }
+    }
+
     fn tenants_table(&self) -> String {
         self.cp
             .kubectl_ok(&["get", "mt,gpuagents,pods", "-n", &self.ns, "-o", "wide"])
