@@ -443,3 +443,37 @@ fn device_choices_are_checked_at_start_up() {
         );
     }
 }
+
+/// The cluster examples name the zoo models by the digests `cotenant-agent zoo` writes them with
+/// (seed 0), so a model volume filled with `zoo` serves them as they are.
+#[test]
+#[ignore = "needs the agent binary: cargo xtask test"]
+fn cluster_examples_name_the_zoo_models_by_their_digests() {
+    let agent = workspace_binary("cotenant-agent");
+    let dir = scratch("cluster-examples");
+    let examples = TestNamespace::repo_root().join("examples/cluster");
+    for (example, model) in [
+        ("resnet50", "resnet50"),
+        ("mobilenet-v2", "mobilenet_v2"),
+        ("bert-encoder", "bert"),
+    ] {
+        let text =
+            std::fs::read_to_string(examples.join(format!("{example}.yaml"))).expect("example");
+        let tenant: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+        let uri = tenant["spec"]["model"]["uri"].as_str().expect("uri");
+        let file = uri.rsplit('/').next().expect("file name");
+        zoo(&agent, &dir.join("models"), model, file, &[]);
+        let out = Command::new("sha256sum")
+            .arg(dir.join("models").join(file))
+            .output()
+            .expect("sha256sum");
+        let digest = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            tenant["spec"]["model"]["sha256"].as_str(),
+            digest.split_whitespace().next(),
+            "{example}"
+        );
+    }
+    // Half a gigabyte of models: not left behind.
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -184,6 +184,25 @@ fn examples_are_accepted_defaulted_and_shown() {
         out.contains("modeltenant.cotenant.dev/resnet50 created"),
         "{out}"
     );
+    // The cluster examples are accepted as they are: absolute paths under a model volume, with
+    // their digests.
+    let cluster = TestNamespace::new("examples-cluster");
+    let out = cp
+        .kubectl_ok(&[
+            "apply",
+            "--validate=strict",
+            "-n",
+            &cluster.name,
+            "-f",
+            &examples.join("cluster").to_string_lossy(),
+        ])
+        .expect("the cluster examples are accepted");
+    for name in ["resnet50", "mobilenet-v2", "bert-encoder"] {
+        assert!(
+            out.contains(&format!("modeltenant.cotenant.dev/{name} created")),
+            "{out}"
+        );
+    }
 
     // The API server filled in the defaults.
     let percentile = cp
