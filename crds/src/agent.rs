@@ -78,6 +78,9 @@ pub struct GpuAgentStatus {
     /// `host:port` of the agent's Open Inference Protocol endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// `host:port` of the agent's Open Inference Protocol endpoint over gRPC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_address: Option<String>,
     /// `host:port` of the agent's admin endpoint: `/metrics`, and `/report`, which only the
     /// operator may read.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -17,7 +17,10 @@ pub use agent::{
     LoadedTenant, ReplicaState,
 };
 pub use common::{Condition, Knobs, ModelFormat, ModelSource, SecretName, Slo, TenantRef};
-pub use pool::{AgentTemplate, GpuPool, GpuPoolSpec, GpuPoolStatus, PullPolicy};
+pub use pool::{
+    AgentDevice, AgentSchedule, AgentSettings, AgentTemplate, GpuPool, GpuPoolSpec, GpuPoolStatus,
+    PullPolicy, RESERVED_ENV, RESERVED_LABELS, SCRATCH_PATH, SCRATCH_VOLUME,
+};
 pub use tenant::{
     Approach, ChosenApproach, Credentials, DEFAULT_TOKEN_KEY, ModelTenant, ModelTenantSpec,
     ModelTenantStatus, Observed, Profile, ProfilePoint, ReplicaPlacement, ScalerMemory, Scaling,

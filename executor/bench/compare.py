@@ -92,6 +92,7 @@ def main() -> None:
     p.add_argument("--models", default="resnet50,mobilenet_v2,bert")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--workdir", default=None, help="where to write the zoo models (default: a temp dir)")
+    p.add_argument("--plot", help="write the ratio chart to this SVG or PNG")
     a = p.parse_args()
     work = a.workdir or tempfile.mkdtemp(prefix="cotenant-bench-")
     os.makedirs(work, exist_ok=True)
@@ -115,6 +116,32 @@ def main() -> None:
             f"{o['p50_ms'] / r['p50_ms']:.2f} ({o['p99_ms'] / r['p99_ms']:.2f}) | {o['throughput_per_s']:.1f} / {r['throughput_per_s']:.1f} | "
             f"{o['throughput_per_s'] / r['throughput_per_s']:.2f} | {orss:.0f} / {rrss:.0f} | {orss / rrss:.2f} |"
         )
+    if a.plot:
+        plot(a.plot, rows, a.threads)
+        print(f"\nplot: {a.plot}")
+
+
+def plot(path, rows, threads):
+    """Throughput and peak-RSS ratios against onnxruntime per model and batch (1.0 = parity)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{model}\nbatch {batch}" for model, batch, *_ in rows]
+    throughput = [o["throughput_per_s"] / r["throughput_per_s"] for _, _, o, r, _, _ in rows]
+    rss = [orss / rrss for *_, orss, rrss in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(rows) + 2), 4.5))
+    ax.bar([i - 0.2 for i in x], throughput, width=0.4, label="throughput, ours / onnxruntime (higher is better)")
+    ax.bar([i + 0.2 for i in x], rss, width=0.4, label="peak RSS, ours / onnxruntime (lower is better)")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("ratio")
+    ax.set_title(f"cotenant executor vs onnxruntime on the CPU, {threads} threads", fontsize="medium")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 if __name__ == "__main__":

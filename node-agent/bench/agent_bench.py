@@ -4,7 +4,7 @@ three knob policies, measured in the same run on the same machine, plus the HTTP
 For each zoo model: the SLO is fixed at --slo-factor x the executor's own batch-1 p50 (measured
 first with `cotenant-agent bench`). Each policy (static b=1 m=1, DNNScaler, Clipper-style AIMD)
 then gets a fresh agent (`standalone --knob-policy ...`) and the same open-loop Poisson overload
-(--load-factor x the batch-1 capacity): --warmup seconds to settle, then the agent's 30 s report
+(--load-factors x the batch-1 capacity): --warmup seconds to settle, then the agent's 30 s report
 window is read. Goodput = completions per second within the SLO (throughput x SLO attainment, as
 the agent measures them, queueing included). Overload is shed with 429, so goodput is what a
 policy gets out of the hardware at that SLO. Ratios are against static b=1 m=1.
@@ -12,7 +12,11 @@ policy gets out of the hardware at that SLO. Ratios are against static b=1 m=1.
 HTTP overhead: one request at a time to a static b=1 m=1 agent before its overload (client p50, and
 the agent's own end-to-end vs compute p50), against the executor alone at batch 1.
 
+With --load-factors A,B,... every policy runs at each offered load, and --plot FILE draws SLO
+attainment and goodput against the offered load, one panel per model (matplotlib).
+
 Usage: agent_bench.py --agent BIN [--models squeezenet,mobilenet_v2,resnet18] [--threads 2]
+                      [--load-factors 3] [--plot attainment.svg]
 """
 
 import argparse
@@ -114,24 +118,27 @@ def main():
     ap.add_argument("--models", default="squeezenet,mobilenet_v2,resnet18")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slo-factor", type=float, default=5.0)
-    ap.add_argument("--load-factor", type=float, default=3.0)
+    ap.add_argument("--load-factors", default="3", help="offered loads, x batch-1 capacity (comma-separated)")
     ap.add_argument("--warmup", type=float, default=20.0)
+    ap.add_argument("--plot", help="write attainment and goodput against load to this SVG or PNG")
     args = ap.parse_args()
+    loads = [float(f) for f in args.load_factors.split(",")]
     workdir = tempfile.mkdtemp(prefix="cotenant-agent-bench-")
-    rows, overhead = [], []
+    rows, overhead, points = [], [], []
     for name in args.models.split(","):
         model = os.path.join(workdir, f"{name}.onnx")
         subprocess.run([args.agent, "zoo", name, "--out", model, "--seed", "1"], check=True, capture_output=True)
         p50 = executor_p50(args.agent, model, args.threads, 5)
         slo = args.slo_factor * p50
-        rate = args.load_factor * 1000.0 / p50
-        base = None
-        for label, policy in POLICIES:
+        for load, (label, policy) in [(load, p) for load in loads for p in POLICIES]:
+            rate = load * 1000.0 / p50
+            if policy == POLICIES[0][1]:
+                base = None
             agent = Agent(args.agent, workdir, name.replace("_", "-"), model, slo, args.threads, policy)
             try:
                 agent.wait_controlled()
                 body, headers = body_for(agent.url, agent.name)
-                if policy == "static:1x1":
+                if policy == "static:1x1" and load == loads[0]:
                     # Before the overload, so that neither the agent's window nor the host's
                     # state still holds it (the window falls out of the report below).
                     client_p50, n = sequential_p50(agent.url, agent.name, body, headers, 10.0)
@@ -145,16 +152,18 @@ def main():
                 goodput = w["throughputPerSecond"] * w["sloAttainment"]
                 base = goodput if base is None else base
                 knobs = t.get("knobs", {})
-                rows.append((name, f"{slo:.0f}", label, f"{knobs.get('batchSize')}x{knobs.get('instances')}",
+                points.append({"model": name, "policy": label, "load": load,
+                               "attainment": w["sloAttainment"], "goodput": goodput})
+                rows.append((name, f"{slo:.0f}", f"{load:g}", label, f"{knobs.get('batchSize')}x{knobs.get('instances')}",
                              f"{goodput:.1f}", f"{goodput / base:.2f}" if base else "-",
                              f"{w['latencyP99Millis']:.0f}", f"{w['sloAttainment']:.3f}",
                              f"{statuses.get(429, 0) + statuses.get(503, 0)}/{sum(statuses.values())}"))
             finally:
                 agent.stop()
     print(f"\nthroughput within the SLO (threads {args.threads}, SLO = {args.slo_factor} x batch-1 p50, "
-          f"offered {args.load_factor} x batch-1 capacity, report window 30 s after {args.warmup:.0f} s warm-up)\n")
-    print("| model | SLO ms | policy | knobs at end (b x m) | goodput /s | vs b=1 m=1 | p99 ms | attainment | shed / offered |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"offered load in x batch-1 capacity, report window 30 s after {args.warmup:.0f} s warm-up)\n")
+    print("| model | SLO ms | load | policy | knobs at end (b x m) | goodput /s | vs b=1 m=1 | p99 ms | attainment | shed / offered |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
     print("\nHTTP overhead at batch 1 (one request at a time)\n")
@@ -162,6 +171,33 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for r in overhead:
         print("| " + " | ".join(r) + " |")
+    if args.plot:
+        plot(args.plot, points)
+        print(f"\nplot: {args.plot}")
+
+
+def plot(path, points):
+    """SLO attainment (top) and goodput (bottom) against offered load, one column per model."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(p["model"] for p in points))
+    fig, axes = plt.subplots(2, len(models), figsize=(4.5 * len(models), 6.5), squeeze=False, sharex="col")
+    for col, model in enumerate(models):
+        for label, _ in POLICIES:
+            mine = sorted((p["load"], p["attainment"], p["goodput"]) for p in points
+                          if p["model"] == model and p["policy"] == label)
+            x = [m[0] for m in mine]
+            axes[0][col].plot(x, [m[1] for m in mine], marker="o", label=label)
+            axes[1][col].plot(x, [m[2] for m in mine], marker="o", label=label)
+        axes[0][col].set(title=model, ylabel="SLO attainment", ylim=(0, 1.05))
+        axes[1][col].set(xlabel="offered load (x batch-1 capacity)", ylabel="goodput within the SLO (/s)")
+        for ax in axes[:, col]:
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ mod device;
 mod dnnscaler;
 mod kubernetes;
 mod load;
+mod nvml;
 mod registry;
 mod schedule;
 mod serve;
@@ -66,6 +67,10 @@ enum Command {
         /// Log as JSON lines instead of text.
         #[arg(long)]
         log_json: bool,
+        /// Send spans (loads, requests) to this OpenTelemetry collector over OTLP/HTTP, e.g.
+        /// `http://otel-collector:4318`; without it, no spans leave the process.
+        #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+        otlp_endpoint: Option<String>,
     },
     /// Run inside Kubernetes as an agent pod: watch this pod's GpuAgent and serve its assignments.
     ///
@@ -90,6 +95,11 @@ enum Command {
         /// CPU threads shared by all tenants (default: every core).
         #[arg(long)]
         threads: Option<usize>,
+        /// Seconds the agent keeps serving after SIGTERM while it reports itself not ready, so
+        /// its tenants' endpoints drop it before it stops accepting (the operator gives its pods
+        /// a termination grace period of this plus 20 s).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=300))]
+        drain_seconds: u64,
         /// How the tenants share the device: `multi-stream` (every instance issues freely),
         /// `sequential` (one operator at a time across tenants) or `gacer` (operators resized
         /// and ordered by a plan searched for the tenants loaded).
@@ -130,6 +140,10 @@ enum Command {
         /// Log as JSON lines instead of text.
         #[arg(long)]
         log_json: bool,
+        /// Send spans (loads, requests) to this OpenTelemetry collector over OTLP/HTTP, e.g.
+        /// `http://otel-collector:4318`; without it, no spans leave the process.
+        #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+        otlp_endpoint: Option<String>,
     },
     /// Write a model-zoo architecture as an ONNX file with seeded weights, or list the zoo.
     Zoo(tools::zoo::ZooArgs),
@@ -155,8 +169,9 @@ fn main() -> anyhow::Result<()> {
             requests,
             sources,
             log_json,
+            otlp_endpoint,
         } => {
-            init_logs(log_json);
+            let _telemetry = init_logs(log_json, otlp_endpoint.as_deref())?;
             let report_token = match report_token_file {
                 Some(path) => Some(
                     std::fs::read_to_string(&path)
@@ -200,6 +215,7 @@ fn main() -> anyhow::Result<()> {
             advertise_address,
             admin_advertise_address,
             threads,
+            drain_seconds,
             schedule,
             device,
             tenant_memory_limit,
@@ -209,8 +225,9 @@ fn main() -> anyhow::Result<()> {
             requests,
             sources,
             log_json,
+            otlp_endpoint,
         } => {
-            init_logs(log_json);
+            let _telemetry = init_logs(log_json, otlp_endpoint.as_deref())?;
             let threads = threads.unwrap_or_else(tools::default_threads);
             // A GPU that cannot be used is reported in the GpuAgent status before the agent exits.
             let device = device.choose_or_why()?;
@@ -223,6 +240,7 @@ fn main() -> anyhow::Result<()> {
                 advertise_address,
                 admin_advertise_address,
                 threads,
+                drain: std::time::Duration::from_secs(drain_seconds),
                 report_audience,
                 report_reader,
                 budget: requests.budget(),
@@ -292,19 +310,19 @@ impl SourceArgs {
     }
 }
 
-fn init_logs(json: bool) {
+/// Logs to stdout (and spans to a collector, with `otlp_endpoint`) until the guard is dropped.
+fn init_logs(json: bool, otlp_endpoint: Option<&str>) -> anyhow::Result<cotenant_telemetry::Guard> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("COTENANT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only on a terminal: a pod's or a test's log file gets plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    if json {
-        logs.json().init();
-    } else {
-        logs.init();
-    }
+    load::install_crypto_provider();
+    cotenant_telemetry::init(cotenant_telemetry::Settings {
+        service: "cotenant-agent",
+        filter,
+        json,
+        // Colours only on a terminal: a pod's or a test's log file gets plain text.
+        ansi: std::io::IsTerminal::is_terminal(&std::io::stdout()),
+        otlp_endpoint,
+    })
 }
 
 /// Resolves on SIGTERM (the kubelet stopping the pod) or Ctrl-C.

@@ -193,6 +193,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let sources = Arc::new(options.sources);
     let scaler: Arc<Mutex<Vec<dnnscaler::Controlled>>> = Arc::default();
     tokio::spawn(scale_loop(scaler.clone()));
+    crate::nvml::start_for(&options.device);
     for file in tenants {
         let registry = registry.clone();
         let scaler = scaler.clone();
@@ -215,6 +216,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         registry: registry.clone(),
         report_auth: ReportAuth::Token(options.report_token),
         initialised: AtomicBool::new(true),
+        draining: AtomicBool::new(false),
         budget: options.budget,
         limits: options.limits,
     });

@@ -88,6 +88,7 @@ fn owned_by<K: Resource>(object: &K, tenant: &ModelTenant) -> bool {
 impl Writer {
     /// Applies `outcome` for `pool`, whose agents are `agents`; `model_copies` are the copies of
     /// tenants' model credentials its assignments name (`crate::credentials`).
+    #[tracing::instrument(name = "apply_pool", skip_all, fields(pool = %pool.name_any()))]
     pub async fn pool(
         &self,
         pool: &GpuPool,
@@ -207,6 +208,11 @@ impl Writer {
     }
 
     /// Writes one tenant's routes, status and Events.
+    #[tracing::instrument(
+        name = "apply_tenant",
+        skip_all,
+        fields(tenant = %outcome.tenant.name_any())
+    )]
     pub async fn tenant(&self, outcome: &TenantOutcome) -> Result {
         let t = &outcome.tenant;
         let uid = t.uid().unwrap_or_default();

@@ -2,12 +2,14 @@
 //! it scrapes every agent's report, decides each pool (`crate::decide`) and writes the result
 //! (`crate::apply`). Tenants naming no usable pool, or with an invalid spec or name, get a status
 //! that says so. Agents are reached at their Pod's IP, never at an address an agent wrote.
+//! A round that completes while leading publishes what it decided as gauges (`crate::metrics`).
 
 use crate::apply::Writer;
 use crate::context::Context;
 use crate::credentials::Credentials;
 use crate::decide::{self, AgentView, Memory, PodState, split_address};
-use crate::manifests::{DRAINING, POOL_LABEL, host_port};
+use crate::manifests::{DRAINING, POOL_LABEL, TEMPLATE_HASH, host_port, template_hash};
+use crate::metrics::{PoolGauges, Snapshot, TenantGauges};
 use crate::report::Scraper;
 use crate::world::World;
 use cotenant_crds::conditions::set_condition;
@@ -72,6 +74,7 @@ impl Controller {
     }
 
     /// One round over every pool and tenant.
+    #[tracing::instrument(name = "round", skip_all)]
     pub async fn round(&mut self) {
         let started = Instant::now();
         let now_s = self.started.elapsed().as_secs_f64();
@@ -95,6 +98,10 @@ impl Controller {
             })
             .collect();
         let mut reports = self.scraper.scrape_all(targets).await;
+        let templates: HashMap<String, String> = pools
+            .iter()
+            .map(|p| (p.name_any(), template_hash(p)))
+            .collect();
         let mut views_by_pool: BTreeMap<String, Vec<AgentView>> = BTreeMap::new();
         for a in &agents {
             let key = agent_key(a);
@@ -131,12 +138,16 @@ impl Controller {
                     report,
                     unreachable_for_s,
                     draining: a.annotations().get(DRAINING).is_some_and(|v| v == "true"),
+                    outdated: pod.is_some_and(|p| {
+                        p.annotations().get(TEMPLATE_HASH) != templates.get(&a.spec.pool)
+                    }),
                 });
         }
         self.unreachable_since
             .retain(|k, _| agents.iter().any(|a| &agent_key(a) == k));
 
         let mut failed = false;
+        let mut snapshot = Snapshot::default();
         for pool in &pools {
             if !self.leading() {
                 return;
@@ -145,6 +156,7 @@ impl Controller {
             if !self.agent_namespaces.contains(&pool.spec.agent_namespace) {
                 // Its tenants are told below; the pool itself says it here.
                 let status = unmanaged_pool_status(pool);
+                snapshot.pools.push(PoolGauges::new(pool, &status));
                 if let Err(e) = self.writer.pool_status(pool, &status).await {
                     tracing::warn!(pool = %name, error = %e, "could not write the pool's status");
                     failed = true;
@@ -180,6 +192,13 @@ impl Controller {
             );
             self.credentials.apply(&mut outcome).await;
             let model_copies = self.credentials.model_copies(pool, &mut outcome).await;
+            snapshot.pools.push(PoolGauges::new(pool, &outcome.status));
+            snapshot.tenants.extend(
+                outcome
+                    .tenants
+                    .iter()
+                    .map(|t| TenantGauges::new(&t.tenant, &t.status)),
+            );
             if let Err(e) = self
                 .writer
                 .pool(pool, &pool_agents, &outcome, &model_copies)
@@ -221,6 +240,10 @@ impl Controller {
             if !self.leading() {
                 return;
             }
+            let decided = snapshot
+                .tenants
+                .iter()
+                .any(|g| Some(&g.namespace) == t.namespace().as_ref() && g.name == t.name_any());
             let result = if t.metadata.deletion_timestamp.is_some() {
                 // Its replicas were unassigned in its pool's round (or its pool is gone).
                 let still_assigned = agents.iter().any(|a| {
@@ -237,7 +260,12 @@ impl Controller {
             } else {
                 let mut result = self.writer.add_finalizer(t).await;
                 if let Some(status) = unplaceable(t, &pools, &self.agent_namespaces) {
+                    snapshot.tenants.push(TenantGauges::new(t, &status));
                     result = result.and(self.writer.status(t, &status).await);
+                } else if !decided {
+                    snapshot
+                        .tenants
+                        .push(TenantGauges::new(t, &t.status.clone().unwrap_or_default()));
                 }
                 result
             };
@@ -248,6 +276,9 @@ impl Controller {
         }
         self.context
             .count("round", if failed { "error" } else { "ok" });
+        if self.leading() {
+            self.context.publish(snapshot);
+        }
         tracing::debug!(elapsed = ?started.elapsed(), "round done");
     }
 }

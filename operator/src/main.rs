@@ -9,6 +9,7 @@ mod decide;
 mod http;
 mod leader;
 mod manifests;
+mod metrics;
 mod report;
 mod world;
 
@@ -34,6 +35,10 @@ struct Args {
     /// Log filter, e.g. `info` or `cotenant_operator=debug,kube=info`.
     #[arg(long, default_value = "info", env = "COTENANT_LOG_LEVEL")]
     log_level: String,
+    /// Send spans (rounds, writes) to this OpenTelemetry collector over OTLP/HTTP, e.g.
+    /// `http://otel-collector:4318`; without it, no spans leave the process.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Namespace the operator runs in: its leader Lease lives there.
     #[arg(long, env = "POD_NAMESPACE", default_value = "cotenant-system")]
     namespace: String,
@@ -86,13 +91,15 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .with_context(|| format!("invalid --log-level {:?}", args.log_level))?;
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
-    match args.log_format {
-        LogFormat::Json => logs.json().init(),
-        LogFormat::Text => logs.init(),
-    }
-    // One TLS provider for the whole binary: ring, as kube uses.
+    // One TLS provider for the whole binary: ring, as kube uses (the span exporter too).
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let _telemetry = cotenant_telemetry::init(cotenant_telemetry::Settings {
+        service: "cotenant-operator",
+        filter,
+        json: matches!(args.log_format, LogFormat::Json),
+        ansi: std::io::IsTerminal::is_terminal(&std::io::stdout()),
+        otlp_endpoint: args.otlp_endpoint.as_deref(),
+    })?;
 
     let config = kube::Config::infer()
         .await

@@ -156,6 +156,7 @@ fn decision_loop(table: &ProfileTable, tenants: usize, agents: usize) {
                     agent: a.agent.clone(),
                     ready: true,
                     draining: false,
+                    replacing: false,
                     replicas: n,
                     idle_since: (n == 0).then_some(0.0),
                 }

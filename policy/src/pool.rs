@@ -23,6 +23,10 @@ pub struct PoolAgent {
     /// False while its pod is still pending (e.g. waiting for a node).
     pub ready: bool,
     pub draining: bool,
+    /// Runs an outdated pod template and is being replaced: it drains, it is never undrained,
+    /// it is removed once empty even at the pool's minimum, and it does not count against
+    /// `max_agents`, so its replacement can start first.
+    pub replacing: bool,
     /// Replicas it runs or holds.
     pub replicas: u32,
     /// Since when it has run no replica; `None` while it runs some.
@@ -98,25 +102,35 @@ pub fn size_pool(
         too_big,
         ..PoolDecision::default()
     };
-    let total = agents.len() as u32;
+    // Agents being replaced leave once empty; their replacements may start meanwhile.
+    let total = agents.iter().filter(|a| !a.replacing).count() as u32;
     if need > 0 {
-        for a in agents.iter().filter(|a| a.draining) {
+        for a in agents.iter().filter(|a| a.draining && !a.replacing) {
             if need == 0 {
                 break;
             }
             d.undrain.push(a.agent.clone());
             need -= 1;
         }
-        let pending = agents.iter().filter(|a| !a.ready).count() as u32;
+        let pending = agents.iter().filter(|a| !a.ready && !a.replacing).count() as u32;
         d.add = need.saturating_sub(pending).min(max.saturating_sub(total));
     }
     d.add = d.add.max(min.saturating_sub(total));
+    d.remove.extend(
+        agents
+            .iter()
+            .filter(|a| a.replacing && a.replicas == 0)
+            .map(|a| a.agent.clone()),
+    );
     if need > 0 || !unplaced.is_empty() && d.too_big.len() < unplaced.len() {
         return d;
     }
     // Phase two first: drained agents that emptied go, as long as the pool keeps its minimum.
     let mut remaining = total;
-    for a in agents.iter().filter(|a| a.draining && a.replicas == 0) {
+    for a in agents
+        .iter()
+        .filter(|a| a.draining && !a.replacing && a.replicas == 0)
+    {
         if remaining <= min {
             break;
         }
@@ -161,9 +175,37 @@ mod tests {
             agent: name.into(),
             ready: true,
             draining: false,
+            replacing: false,
             replicas,
             idle_since,
         }
+    }
+
+    #[test]
+    fn an_agent_being_replaced_is_never_undrained_and_goes_once_empty_even_at_the_minimum() {
+        let cfg = PoolConfig {
+            min_agents: 1,
+            max_agents: 1,
+            ..cfg()
+        };
+        let old = PoolAgent {
+            draining: true,
+            replacing: true,
+            ..agent("old", 1, None)
+        };
+        // Its replica needs a place: the replacement starts beside it, past maxAgents.
+        let d = size_pool(
+            std::slice::from_ref(&old),
+            &[unplaced("x", 1, 5)],
+            &cfg,
+            0.0,
+        );
+        assert_eq!((d.add, d.undrain.len(), d.remove.len()), (1, 0, 0));
+        // Empty: it goes, though the pool is at its minimum; the new agent keeps the minimum.
+        let empty = PoolAgent { replicas: 0, ..old };
+        let d = size_pool(&[empty, agent("new", 1, None)], &[], &cfg, 10.0);
+        assert_eq!(d.remove, vec!["old".to_string()]);
+        assert_eq!(d.add, 0);
     }
 
     fn unplaced(tenant: &str, replicas: u32, memory_bytes: u64) -> Unplaced {
@@ -238,6 +280,7 @@ mod props {
                     agent: format!("a{i}"),
                     ready,
                     draining,
+                    replacing: false,
                     replicas,
                     idle_since: if replicas == 0 { idle } else { None },
                 })

@@ -9,6 +9,7 @@ Exits non-zero on the first failed check; prints a table of what it checked.
 import argparse
 import http.client
 import json
+import re
 import select
 import struct
 import sys
@@ -167,8 +168,19 @@ def main():
 
     status, text = request(a.url, "/metrics")
     metrics = text.decode()
-    assert status == 200 and f'cotenant_agent_completions_total{{tenant="{good[0]}"}}' in metrics, metrics[:500]
-    assert 'cotenant_agent_request_duration_seconds_bucket{tenant="' in metrics
+    assert status == 200 and metrics.rstrip().endswith("# EOF"), metrics[-200:]
+    labels = f'model="{good[0]}",namespace=""'
+    assert f"cotenant_agent_completions_total{{{labels}}}" in metrics, metrics[:500]
+    assert f'cotenant_agent_request_duration_seconds_bucket{{le="+Inf",{labels},stage="end_to_end"}}' in metrics
+    # Triton's names, so queries written for Triton work unchanged.
+    served = re.search(rf'^nv_inference_request_success{{{labels},version="1"}} (\d+)$', metrics, re.M)
+    assert served and int(served.group(1)) > 0, metrics[:800]
+    for series in [f'nv_inference_request_failure{{{labels},version="1",reason="REJECTED"}}',
+                   f'nv_inference_exec_count{{{labels},version="1"}}', f'nv_inference_queue_duration_us{{{labels},version="1"}}']:
+        assert series in metrics, series
+    # The GPU families are described on every agent; without a GPU they have no samples.
+    assert "# TYPE nv_gpu_utilization gauge" in metrics and "nv_gpu_utilization{" not in metrics
+    rows.append(("-", "metrics", f"{served.group(0)}"))
     for label, headers, want in [("report without a token", {}, 401), ("report with a wrong token", {"Authorization": "Bearer wrong"}, 401),
                                  ("report with the token", {"Authorization": f"Bearer {a.report_token}"}, 200)]:
         status, text = request(a.url, "/report", headers=headers)

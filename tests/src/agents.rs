@@ -1,9 +1,11 @@
 //! A kubelet stand-in for agent pods: for every agent pod kwok marks Running, it starts
-//! `cotenant-agent kubernetes` as a host process with the pod's downward-API identity (its IP is
-//! this host's: see `cluster`) and a ServiceAccount token bound to the pod, as the kubelet
-//! projects one, reading `file://` models under one directory (as a pod would under its model
-//! volume); when the pod goes, the process goes. A test can kill an agent (a crash the
-//! kubelet does not restart).
+//! `cotenant-agent` as a host process with the pod's container arguments and plain environment
+//! variables, its downward-API identity (its IP is this host's: see `cluster`) and a
+//! ServiceAccount token bound to the pod, as the kubelet projects one. What a host process
+//! cannot take from the pod is replaced, and only that: the listen addresses (free ports of this
+//! host), the model roots (one directory standing for the pod's model volumes) and `--device
+//! cuda` (this host has no GPU: such an agent computes on the CPU). When the pod goes, the
+//! process goes. A test can kill an agent (a crash the kubelet does not restart).
 
 use crate::cluster::{ControlPlane, free_port};
 use crate::process::{Lifetime, Process};
@@ -164,48 +166,47 @@ fn sync(
                 k
             }
         };
-        let env_of = |var: &str| {
-            pod["spec"]["containers"][0]["env"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|e| e["name"] == var)
-                .and_then(|e| e["value"].as_str())
-                .map(str::to_string)
-        };
+        let container = &pod["spec"]["containers"][0];
+        let pod_args: Vec<String> = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect();
         let (http, grpc, admin) = (
             free_port().map_err(|e| e.to_string())?,
             free_port().map_err(|e| e.to_string())?,
             free_port().map_err(|e| e.to_string())?,
         );
         let mut cmd = Command::new(agent);
-        cmd.args([
-            "kubernetes",
-            "--listen",
-            &format!("0.0.0.0:{http}"),
-            "--grpc-listen",
-            &format!("0.0.0.0:{grpc}"),
-            "--admin-listen",
-            &format!("0.0.0.0:{admin}"),
-            "--threads",
-            &threads.to_string(),
-        ])
-        .arg("--model-root")
-        .arg(model_root)
-        .env("KUBECONFIG", &kubeconfig)
-        .env("POD_NAME", name)
-        .env("POD_NAMESPACE", namespace)
-        .env(
-            "NODE_NAME",
-            pod["spec"]["nodeName"].as_str().unwrap_or_default(),
-        )
-        .env("POD_IP", ip)
-        .env("COTENANT_LOG", "info,cotenant_agent=debug");
-        for var in ["COTENANT_REPORT_READER", "COTENANT_REPORT_AUDIENCE"] {
-            if let Some(v) = env_of(var) {
-                cmd.env(var, v);
+        cmd.args(host_args(&pod_args))
+            .args([
+                "--listen",
+                &format!("0.0.0.0:{http}"),
+                "--grpc-listen",
+                &format!("0.0.0.0:{grpc}"),
+                "--admin-listen",
+                &format!("0.0.0.0:{admin}"),
+            ])
+            .arg("--model-root")
+            .arg(model_root);
+        if !pod_args.iter().any(|a| a == "--threads") {
+            cmd.args(["--threads", &threads.to_string()]);
+        }
+        cmd.env("COTENANT_LOG", "info,cotenant_agent=debug");
+        for var in container["env"].as_array().into_iter().flatten() {
+            if let (Some(name), Some(value)) = (var["name"].as_str(), var["value"].as_str()) {
+                cmd.env(name, value);
             }
         }
+        cmd.env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAME", name)
+            .env("POD_NAMESPACE", namespace)
+            .env(
+                "NODE_NAME",
+                pod["spec"]["nodeName"].as_str().unwrap_or_default(),
+            )
+            .env("POD_IP", ip);
         let process = Process::spawn(
             &format!("agent-{namespace}-{name}"),
             cmd,
@@ -228,6 +229,31 @@ fn sync(
         }
     }
     Ok(())
+}
+
+/// The pod's agent arguments less what a host process must choose itself: listen addresses and
+/// model roots are dropped, and `--device cuda` becomes `--device cpu` (no GPU here).
+fn host_args(pod_args: &[String]) -> Vec<String> {
+    const HOST_CHOSEN: [&str; 4] = [
+        "--listen",
+        "--grpc-listen",
+        "--admin-listen",
+        "--model-root",
+    ];
+    let mut out = Vec::new();
+    let mut args = pod_args.iter();
+    while let Some(arg) = args.next() {
+        if HOST_CHOSEN.contains(&arg.as_str()) {
+            args.next();
+        } else if arg == "--device" {
+            let device = args.next().map(String::as_str).unwrap_or("auto");
+            out.push(arg.clone());
+            out.push(if device == "cuda" { "cpu" } else { device }.to_string());
+        } else {
+            out.push(arg.clone());
+        }
+    }
+    out
 }
 
 /// An IPv4 address of this host that is not loopback: EndpointSlices reject 127.0.0.0/8, so

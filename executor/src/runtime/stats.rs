@@ -130,6 +130,8 @@ pub struct Counts {
     pub completions: u64,
     pub errors: u64,
     pub within_slo: u64,
+    /// Rows run in batches (one request may carry several).
+    pub rows: u64,
     pub shed: [u64; 3],
     pub queue: Histogram,
     pub compute: Histogram,
@@ -143,6 +145,7 @@ impl Counts {
         self.completions += other.completions;
         self.errors += other.errors;
         self.within_slo += other.within_slo;
+        self.rows += other.rows;
         for (a, b) in self.shed.iter_mut().zip(other.shed) {
             *a += b;
         }
@@ -162,6 +165,7 @@ impl Counts {
             self.batch_sizes.resize(BATCH_BINS, 0);
         }
         self.batch_sizes[rows.clamp(1, BATCH_BINS) - 1] += 1;
+        self.rows += rows as u64;
     }
 }
 

@@ -12,16 +12,25 @@ pub struct Identity {
     pub node: Option<String>,
     /// `host:port` of the Open Inference Protocol endpoint.
     pub address: String,
+    /// `host:port` of the Open Inference Protocol over gRPC: the host of `address`.
+    pub grpc_address: String,
     /// `host:port` of `/metrics` and `/report`.
     pub admin_address: String,
+}
+
+/// The sockets the agent bound.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    pub listen: SocketAddr,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
 }
 
 /// Reads the identity with `env` (a lookup such as `std::env::var`), for the ports actually
 /// bound; explicit advertise addresses win over `$POD_IP:<port>`.
 pub fn from_env(
     env: impl Fn(&str) -> Option<String>,
-    listen: SocketAddr,
-    admin: SocketAddr,
+    bound: Bound,
     advertise: Option<String>,
     admin_advertise: Option<String>,
 ) -> Result<Identity, String> {
@@ -41,13 +50,27 @@ pub fn from_env(
             "POD_IP is not set and {flag} is not given: the agent cannot say where it serves"
         )),
     };
+    let address = at(bound.listen.port(), advertise, "--advertise-address")?;
     Ok(Identity {
-        address: at(listen.port(), advertise, "--advertise-address")?,
-        admin_address: at(admin.port(), admin_advertise, "--admin-advertise-address")?,
+        grpc_address: with_port(&address, bound.grpc.port()),
+        address,
+        admin_address: at(
+            bound.admin.port(),
+            admin_advertise,
+            "--admin-advertise-address",
+        )?,
         name,
         namespace,
         node,
     })
+}
+
+/// `address` (`host:port`) with its port replaced by `port`.
+fn with_port(address: &str, port: u16) -> String {
+    match address.rsplit_once(':') {
+        Some((host, _)) => format!("{host}:{port}"),
+        None => format!("{address}:{port}"),
+    }
 }
 
 /// `ip:port`, with brackets around an IPv6 address.
@@ -71,8 +94,14 @@ mod tests {
         move |key| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
     }
 
-    fn addr(s: &str) -> SocketAddr {
-        s.parse().expect("address")
+    /// HTTP on `listen`, admin on `admin`, gRPC on port 8001 of `listen`'s address.
+    fn bound(listen: &str, admin: &str) -> Bound {
+        let listen: SocketAddr = listen.parse().expect("address");
+        Bound {
+            listen,
+            grpc: SocketAddr::new(listen.ip(), 8001),
+            admin: admin.parse().expect("address"),
+        }
     }
 
     #[test]
@@ -84,13 +113,13 @@ mod tests {
                 ("NODE_NAME", "n1"),
                 ("POD_IP", "10.0.0.7"),
             ]),
-            addr("0.0.0.0:8000"),
-            addr("0.0.0.0:8002"),
+            bound("0.0.0.0:8000", "0.0.0.0:8002"),
             None,
             None,
         )
         .expect("identity");
         assert_eq!(id.address, "10.0.0.7:8000");
+        assert_eq!(id.grpc_address, "10.0.0.7:8001");
         assert_eq!(id.admin_address, "10.0.0.7:8002");
         assert_eq!(id.node.as_deref(), Some("n1"));
     }
@@ -103,13 +132,13 @@ mod tests {
                 ("POD_NAMESPACE", "b"),
                 ("POD_IP", "fd00::1"),
             ]),
-            addr("[::]:8000"),
-            addr("[::]:8002"),
+            bound("[::]:8000", "[::]:8002"),
             None,
             Some("agent.example:9".into()),
         )
         .expect("identity");
         assert_eq!(id.address, "[fd00::1]:8000");
+        assert_eq!(id.grpc_address, "[fd00::1]:8001");
         assert_eq!(id.admin_address, "agent.example:9");
         assert_eq!(id.node, None);
     }
@@ -118,8 +147,7 @@ mod tests {
     fn missing_downward_api_values_are_named() {
         let e = from_env(
             env(&[("POD_NAME", "a")]),
-            addr("0.0.0.0:1"),
-            addr("0.0.0.0:2"),
+            bound("0.0.0.0:1", "0.0.0.0:2"),
             None,
             None,
         )
@@ -127,8 +155,7 @@ mod tests {
         assert!(e.contains("POD_NAMESPACE"), "{e}");
         let e = from_env(
             env(&[("POD_NAME", "a"), ("POD_NAMESPACE", "b")]),
-            addr("0.0.0.0:1"),
-            addr("0.0.0.0:2"),
+            bound("0.0.0.0:1", "0.0.0.0:2"),
             None,
             None,
         )

@@ -30,6 +30,9 @@ pub struct Options {
     pub advertise_address: Option<String>,
     pub admin_advertise_address: Option<String>,
     pub threads: usize,
+    /// How long the agent keeps serving after SIGTERM while not ready, so the operator takes it
+    /// out of its tenants' EndpointSlices before it stops accepting.
+    pub drain: std::time::Duration,
     pub report_audience: String,
     pub report_reader: Option<String>,
     /// The co-schedule every tenant joins (`--schedule`), if any.
@@ -46,7 +49,9 @@ pub struct Options {
     pub sources: crate::load::Sources,
 }
 
-/// Serves until SIGTERM or Ctrl-C, then finishes the accepted requests.
+/// Serves until SIGTERM or Ctrl-C; then drains: reports itself not ready (its readiness probe and
+/// its GpuAgent status) while serving on for `drain`, so the operator and kube-proxy stop sending
+/// it requests first; then stops accepting, finishes the accepted requests and exits.
 pub async fn run(options: Options) -> anyhow::Result<()> {
     crate::load::install_crypto_provider();
     // No default: trusting a ServiceAccount name from any namespace would let anyone who can
@@ -64,8 +69,11 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let admin_listener = crate::bind(&options.admin_listen).await?;
     let identity = identity::from_env(
         |key| std::env::var(key).ok(),
-        listener.local_addr()?,
-        admin_listener.local_addr()?,
+        identity::Bound {
+            listen: listener.local_addr()?,
+            grpc: grpc_listener.local_addr()?,
+            admin: admin_listener.local_addr()?,
+        },
         options.advertise_address,
         options.admin_advertise_address,
     )
@@ -76,6 +84,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     tracing::info!(
         gpuagent = %format!("{}/{}", identity.namespace, identity.name),
         address = %identity.address,
+        grpc_address = %identity.grpc_address,
         admin_address = %identity.admin_address,
         audience = %options.report_audience,
         reader = ?reader,
@@ -90,6 +99,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             reader,
         ))),
         initialised: AtomicBool::new(false),
+        draining: AtomicBool::new(false),
         budget: options.budget,
         limits: options.limits,
     });
@@ -112,7 +122,9 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
             anyhow::bail!("{why}");
         }
     };
+    crate::nvml::start_for(&device);
 
+    let (draining_tx, draining_rx) = channel::channel(false);
     let (stop_tx, stop_rx) = channel::channel(false);
     let (desired_tx, desired_rx) = channel::channel(None);
     let (snapshot_tx, snapshot_rx) = channel::channel(Snapshot::default());
@@ -144,11 +156,19 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         identity.clone(),
         status::device(&device, options.threads),
         snapshot_rx,
-        stop_rx.clone(),
+        draining_rx,
     ));
 
+    let (signalled, drain) = (app.clone(), options.drain);
     tokio::spawn(async move {
         crate::shutdown_signal().await;
+        signalled.draining.store(true, Ordering::Release);
+        let _ = draining_tx.send(true);
+        tracing::info!(
+            seconds = drain.as_secs_f64(),
+            "draining: not ready, serving until the endpoints drop this agent"
+        );
+        tokio::time::sleep(drain).await;
         let _ = stop_tx.send(true);
     });
     let stopped = |mut stop: channel::Receiver<bool>| async move {

@@ -122,6 +122,7 @@ pub fn status(
     );
     GpuAgentStatus {
         address: Some(identity.address.clone()),
+        grpc_address: Some(identity.grpc_address.clone()),
         admin_address: Some(identity.admin_address.clone()),
         node: identity.node.clone(),
         device: Some(Device {
@@ -237,6 +238,7 @@ pub fn device_unavailable(identity: &Identity, why: &str) -> GpuAgentStatus {
     );
     GpuAgentStatus {
         address: Some(identity.address.clone()),
+        grpc_address: Some(identity.grpc_address.clone()),
         admin_address: Some(identity.admin_address.clone()),
         node: identity.node.clone(),
         device: None,
@@ -311,6 +313,7 @@ mod tests {
             namespace: "ns".into(),
             name: "agent-0".into(),
             address: "10.0.0.1:8000".into(),
+            grpc_address: "10.0.0.1:8001".into(),
             admin_address: "10.0.0.1:8002".into(),
             node: Some("n".into()),
         };

@@ -97,6 +97,9 @@ pub struct AppState {
     /// Whether the agent knows its tenants (Kubernetes mode: its GpuAgent has been read);
     /// `/v2/health/ready` waits for it.
     pub initialised: AtomicBool,
+    /// Whether the agent is stopping: not ready, so it leaves its tenants' endpoints, while it
+    /// still serves whoever has not noticed yet.
+    pub draining: AtomicBool,
     /// Bytes requests hold, per tenant and in all.
     pub budget: Arc<Budget>,
     pub limits: Limits,

@@ -32,9 +32,12 @@ pub async fn live() -> StatusCode {
     StatusCode::OK
 }
 
-/// Whether the agent knows its tenants and has tried to load each.
+/// Whether the agent knows its tenants, has tried to load each, and is not stopping.
 pub(super) fn agent_ready(app: &AppState) -> bool {
-    app.initialised.load(std::sync::atomic::Ordering::Acquire) && app.registry.settled()
+    use std::sync::atomic::Ordering;
+    app.initialised.load(Ordering::Acquire)
+        && !app.draining.load(Ordering::Acquire)
+        && app.registry.settled()
 }
 
 pub async fn ready(State(app): AppRef) -> StatusCode {
@@ -194,6 +197,7 @@ pub(super) fn serving(entry: &Entry, model: &str) -> Result<Arc<Tenant>, ApiErro
     }
 }
 
+#[tracing::instrument(name = "infer", skip_all, fields(model = %model, protocol = "http"))]
 async fn run(
     app: Arc<AppState>,
     model: &str,
@@ -309,12 +313,13 @@ pub(super) async fn decode_blocking<T: Send + 'static>(
 pub(super) async fn answer(
     app: &AppState,
     entry: &Entry,
-    tenant: &Tenant,
+    tenant: &Arc<Tenant>,
     inputs: Vec<(String, cotenant_executor::Tensor)>,
     held: Reservation,
     started: Instant,
 ) -> Result<Completed, ApiError> {
     let (tx, rx) = tokio::sync::oneshot::channel::<Result<Completed, RunError>>();
+    let tenant = current_replica(app, entry, tenant);
     tenant
         .submit(
             inputs,
@@ -337,6 +342,25 @@ pub(super) async fn answer(
             "the tenant stopped before answering",
         )),
         Ok(Ok(result)) => result.map_err(|e| run_failed(&entry.name, e)),
+    }
+}
+
+/// The replica to queue on: the one the request resolved, unless the tenant has been given a
+/// new replica since (a new model, new knobs) that takes the same inputs. A replica being
+/// replaced takes no new requests, and reading and decoding a request can take long enough to
+/// meet a swap.
+fn current_replica(app: &AppState, entry: &Entry, resolved: &Arc<Tenant>) -> Arc<Tenant> {
+    let now = app.registry.resolve(&entry.name).ok();
+    let same_inputs = |tenant: &Tenant| {
+        let (a, b) = (&tenant.model().plan.inputs, &resolved.model().plan.inputs);
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.name == y.name && x.dtype == y.dtype && x.dims == y.dims)
+    };
+    match now.as_deref().map(|e| &e.state) {
+        Some(TenantState::Ready { tenant, .. }) if same_inputs(tenant) => tenant.clone(),
+        _ => resolved.clone(),
     }
 }
 
@@ -378,5 +402,10 @@ fn rejected(r: Rejected) -> ApiError {
         Rejected::QueueFull(_) | Rejected::WouldMissSlo { .. } => StatusCode::TOO_MANY_REQUESTS,
         Rejected::Closed => StatusCode::SERVICE_UNAVAILABLE,
     };
-    ApiError::new(status, r.to_string())
+    let error = ApiError::new(status, r.to_string());
+    match r {
+        // A replica stopping: another one (here or on another agent) is about to take over.
+        Rejected::Closed => error.retry_after(1),
+        _ => error,
+    }
 }

@@ -20,6 +20,7 @@ fn app(entries: Vec<Entry>) -> Arc<AppState> {
         registry,
         report_auth: ReportAuth::Token(Some("report-token".into())),
         initialised: AtomicBool::new(true),
+        draining: AtomicBool::new(false),
         budget: Budget::new(64 << 20, 32 << 20),
         limits: Limits {
             body_timeout: Duration::from_secs(5),

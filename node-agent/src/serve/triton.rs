@@ -179,11 +179,8 @@ impl ModelStatistics {
         };
         let totals = tenant.stats().totals();
         stats.last_inference = tenant.stats().last_completion_ms().unwrap_or(0);
-        // Batches by rows: exact up to the last bin, which counts 64 rows or more as 64.
-        for (i, batches) in totals.batch_sizes.iter().enumerate() {
-            stats.execution_count += batches;
-            stats.inference_count += batches * (i as u64 + 1);
-        }
+        stats.execution_count = totals.batch_sizes.iter().sum();
+        stats.inference_count = totals.rows;
         let completions = totals.completions;
         stats.success = Duration {
             count: completions,

@@ -66,6 +66,8 @@ pub struct AgentView {
     /// Seconds since its report last failed continuously (0 when the last one succeeded).
     pub unreachable_for_s: f64,
     pub draining: bool,
+    /// Its pod was made from an older version of the pool's template or agent settings.
+    pub outdated: bool,
 }
 
 impl AgentView {
@@ -92,6 +94,8 @@ pub struct Memory {
     pub tuning: Tuning,
     pub tenants: HashMap<String, TenantMemory>,
     idle_since: HashMap<String, f64>,
+    /// Replicas leaving an agent, by `(agent, tenant uid)`: when their route was taken away.
+    retiring: HashMap<(String, String), f64>,
 }
 
 impl Memory {
@@ -107,7 +111,10 @@ impl Memory {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Route {
     pub host: String,
+    /// The agent's Open Inference Protocol port (HTTP).
     pub port: u16,
+    /// Its gRPC port, when the agent reports one.
+    pub grpc_port: Option<u16>,
     pub node: Option<String>,
     pub agent: String,
 }
@@ -136,6 +143,83 @@ pub struct PoolOutcome {
     pub notes: Vec<Note>,
 }
 
+/// Seconds a replica that a round removes keeps serving without a route before it is
+/// unassigned: time for the EndpointSlice change to reach kube-proxy and clients, so no request
+/// meets an agent that no longer holds the tenant.
+pub const ROUTE_DRAIN_S: f64 = 5.0;
+
+/// Route first, replica second: a Ready replica that this round removes from a healthy agent,
+/// while another Ready replica of its tenant stays routed, is kept assigned (serving whatever
+/// still reaches it) but loses its route, for [`ROUTE_DRAIN_S`]; then it goes. Returns the
+/// `(agent, tenant uid)` pairs kept this way, which get no route.
+fn retire_routes_first(
+    agents: &[AgentView],
+    assignments: &mut BTreeMap<String, Vec<Assignment>>,
+    memory: &mut Memory,
+    now_s: f64,
+) -> BTreeSet<(String, String)> {
+    let tuning = memory.tuning;
+    let wanted = |agent: &str, uid: &str| {
+        assignments
+            .get(agent)
+            .is_some_and(|l| l.iter().any(|x| x.tenant.uid == uid))
+    };
+    // Every replica an agent holds that the round no longer wants.
+    let leaving: Vec<(&AgentView, &Assignment)> = agents
+        .iter()
+        .flat_map(|a| a.assignments.iter().map(move |x| (a, x)))
+        .filter(|(a, x)| !wanted(&a.name, &x.tenant.uid))
+        .collect();
+    // Remembered until the agent no longer holds it, so a slow watch cannot restart its clock.
+    memory.retiring.retain(|(agent, uid), _| {
+        leaving
+            .iter()
+            .any(|(a, x)| &a.name == agent && &x.tenant.uid == uid)
+    });
+    let mut kept = Vec::new();
+    for (a, x) in leaving {
+        let uid = &x.tenant.uid;
+        let stays_routed = agents
+            .iter()
+            .any(|other| other.serves(uid, &tuning) && wanted(&other.name, uid));
+        if !a.serves(uid, &tuning) || !stays_routed {
+            continue;
+        }
+        let key = (a.name.clone(), uid.clone());
+        let since = *memory.retiring.entry(key.clone()).or_insert(now_s);
+        if now_s - since < ROUTE_DRAIN_S {
+            kept.push((key, x.clone()));
+        }
+    }
+    kept.into_iter()
+        .map(|((agent, uid), x)| {
+            assignments.entry(agent.clone()).or_default().push(x);
+            (agent, uid)
+        })
+        .collect()
+}
+
+/// The agents replaced this round, one holding replicas at a time: those already draining that
+/// run an outdated template, else the first healthy one that does; outdated agents with nothing
+/// to move (empty, or not running) go at once.
+fn replacing(agents: &[AgentView], tuning: &Tuning) -> BTreeSet<String> {
+    let outdated = || agents.iter().filter(|a| a.outdated);
+    let mut chosen: BTreeSet<String> = outdated()
+        .filter(|a| a.draining || a.assignments.is_empty() || a.pod != PodState::Running)
+        .map(|a| a.name.clone())
+        .collect();
+    let one_moving = outdated().any(|a| a.draining && !a.assignments.is_empty());
+    if !one_moving
+        && let Some(next) = outdated()
+            .filter(|a| a.healthy(tuning) && !a.assignments.is_empty())
+            .map(|a| &a.name)
+            .min()
+    {
+        chosen.insert(next.clone());
+    }
+    chosen
+}
+
 /// The served model name of a tenant on an agent.
 pub fn served_name(namespace: &str, name: &str) -> String {
     format!("{namespace}.{name}")
@@ -151,6 +235,7 @@ fn tenant_ref(t: &ModelTenant) -> TenantRef {
 
 /// Decides one round for `pool`. `tenants` are those naming the pool, deleting ones included
 /// (they get no replicas); `agents` are the pool's agents.
+#[tracing::instrument(name = "decide_pool", skip_all, fields(pool = %pool.name_any()))]
 pub fn decide_pool(
     pool: &GpuPool,
     tenants: &[Arc<ModelTenant>],
@@ -238,6 +323,7 @@ pub fn decide_pool(
         decisions.push((Arc::clone(t), d, too_big));
     }
 
+    let replacing = replacing(agents, &tuning);
     let capacities: Vec<AgentCapacity> = agents
         .iter()
         .filter(|a| a.healthy(&tuning))
@@ -245,7 +331,7 @@ pub fn decide_pool(
             agent: a.name.clone(),
             memory_bytes: memory_of(a),
             compute: 1.0,
-            schedulable: !a.draining,
+            schedulable: !a.draining && !replacing.contains(&a.name),
         })
         .collect();
     let plan = place(&capacities, &demands, &current);
@@ -293,6 +379,7 @@ pub fn decide_pool(
                 .push(x.clone());
         }
     }
+    let retiring = retire_routes_first(agents, &mut assignments, memory, now_s);
     for list in assignments.values_mut() {
         list.sort_by(|x, y| x.tenant.cmp(&y.tenant));
     }
@@ -320,7 +407,8 @@ pub fn decide_pool(
             PoolAgent {
                 agent: a.name.clone(),
                 ready: a.healthy(&tuning),
-                draining: a.draining,
+                draining: a.draining || replacing.contains(&a.name),
+                replacing: replacing.contains(&a.name),
                 replicas,
                 idle_since,
             }
@@ -345,6 +433,19 @@ pub fn decide_pool(
                 plan.unplaced.iter().map(|u| u.replicas).sum::<u32>()
             ),
         });
+    }
+    let mut drain = sizing.drain.clone();
+    for a in agents {
+        if replacing.contains(&a.name) && !a.draining && a.pod == PodState::Running {
+            drain.push(a.name.clone());
+            notes.push(Note {
+                reason: "Replacing",
+                message: format!(
+                    "agent {} runs an older version of the pool's template: moving its replicas, then replacing it",
+                    a.name
+                ),
+            });
+        }
     }
     for a in &sizing.drain {
         notes.push(Note {
@@ -391,7 +492,9 @@ pub fn decide_pool(
         let mut routes = Vec::new();
         let mut placements = Vec::new();
         for (agent, list) in &assignments {
-            if !list.iter().any(|x| x.tenant.uid == uid) {
+            if !list.iter().any(|x| x.tenant.uid == uid)
+                || retiring.contains(&(agent.clone(), uid.clone()))
+            {
                 continue;
             }
             let Some(view) = agents.iter().find(|a| &a.name == agent) else {
@@ -404,17 +507,18 @@ pub fn decide_pool(
                 node: node.clone(),
                 ready,
             });
-            // The agent chooses only the port, on its own pod's IP.
-            let port = view
-                .status
-                .as_ref()
-                .and_then(|s| s.address.as_deref())
-                .and_then(split_address)
-                .map(|(_, port)| port);
+            // The agent chooses only the ports, on its own pod's IP.
+            let port_of = |address: Option<&String>| {
+                address.and_then(|a| split_address(a)).map(|(_, port)| port)
+            };
+            let status = view.status.as_ref();
+            let port = port_of(status.and_then(|s| s.address.as_ref()));
+            let grpc_port = port_of(status.and_then(|s| s.grpc_address.as_ref()));
             if let (true, Some(host), Some(port)) = (ready, view.pod_ip.clone(), port) {
                 routes.push(Route {
                     host,
                     port,
+                    grpc_port,
                     node,
                     agent: agent.clone(),
                 });
@@ -504,7 +608,7 @@ pub fn decide_pool(
         assignments,
         tenants: outcomes,
         add_agents: sizing.add,
-        drain: sizing.drain,
+        drain,
         undrain: sizing.undrain,
         remove,
         status: pool_status,

@@ -34,6 +34,7 @@ fn agent(name: &str, port: u16) -> AgentView {
         assignments: Vec::new(),
         status: Some(GpuAgentStatus {
             address: Some(format!("10.0.0.1:{port}")),
+            grpc_address: Some(format!("10.0.0.1:{}", port + 1)),
             node: Some("node-1".into()),
             ..Default::default()
         }),
@@ -43,6 +44,7 @@ fn agent(name: &str, port: u16) -> AgentView {
         report: Some(AgentReport::default()),
         unreachable_for_s: 0.0,
         draining: false,
+        outdated: false,
     }
 }
 
@@ -178,6 +180,7 @@ fn a_measured_profile_chooses_knobs_and_routes_to_the_ready_replica() {
         vec![Route {
             host: "10.0.0.1".into(),
             port: 8000,
+            grpc_port: Some(8001),
             node: Some("node-1".into()),
             agent: "agent-0".into()
         }]
@@ -639,4 +642,158 @@ fn an_agent_that_cannot_use_its_gpu_is_named_in_a_pool_event() {
             "agent agent-1 cannot use its GPU: --device cuda: no libcuda.so found (no NVIDIA driver)"
         )]
     );
+}
+
+#[test]
+fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
+    let pool = pool(1024, 4);
+    let (mut agents, mut memory) = (
+        vec![agent("agent-0", 8000), agent("agent-1", 8001)],
+        Memory::default(),
+    );
+    let replicas = |n: u32| {
+        let mut t = ModelTenant::clone(&tenant("a", 50.0));
+        t.spec.scaling.min_replicas = n;
+        t.spec.scaling.max_replicas = n;
+        Arc::new(t)
+    };
+    let two = replicas(2);
+    round(
+        &pool,
+        std::slice::from_ref(&two),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let mut now = 2.0;
+    loop {
+        assert!(now < 60.0, "two replicas never served");
+        for a in agents.iter_mut() {
+            let mut report = serving(&two, 10.0, Window::default());
+            report.tenants[0].profile = Some(profile());
+            a.report = Some(report);
+        }
+        let outcome = round(
+            &pool,
+            std::slice::from_ref(&two),
+            &mut agents,
+            &mut memory,
+            now,
+        );
+        now += 2.0;
+        if outcome.tenants[0].routes.len() == 2 {
+            break;
+        }
+    }
+
+    let one = replicas(1);
+    let holders =
+        |agents: &[AgentView]| agents.iter().filter(|a| !a.assignments.is_empty()).count();
+    let retired_at = loop {
+        assert!(now < 600.0, "the second replica never went");
+        let outcome = round(
+            &pool,
+            std::slice::from_ref(&one),
+            &mut agents,
+            &mut memory,
+            now,
+        );
+        let routes = outcome.tenants[0].routes.len();
+        if routes == 1 {
+            assert_eq!(holders(&agents), 2, "the route goes before the replica");
+            break now;
+        }
+        now += 2.0;
+    };
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&one),
+        &mut agents,
+        &mut memory,
+        retired_at + 2.0,
+    );
+    assert_eq!(outcome.tenants[0].routes.len(), 1);
+    assert_eq!(holders(&agents), 2, "still serving what reaches it");
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&one),
+        &mut agents,
+        &mut memory,
+        retired_at + ROUTE_DRAIN_S + 0.5,
+    );
+    assert_eq!(outcome.tenants[0].routes.len(), 1);
+    assert_eq!(holders(&agents), 1, "then it goes");
+    assert_eq!(outcome.tenants[0].status.placements.len(), 1);
+}
+
+#[test]
+fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
+    let (pool, t) = (pool(1024, 1), tenant("a", 50.0));
+    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
+    placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    agents[0].report = Some(serving(&t, 10.0, Window::default()));
+
+    // The pool's template changed: its one agent drains, a replacement starts past maxAgents,
+    // and the replica keeps serving where it is until the replacement's is ready.
+    agents[0].outdated = true;
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        10.0,
+    );
+    assert_eq!(outcome.drain, vec!["agent-0".to_string()]);
+    assert_eq!(outcome.add_agents, 1);
+    assert_eq!(
+        outcome.assignments["agent-0"].len(),
+        1,
+        "held until replaced"
+    );
+    assert_eq!(outcome.tenants[0].routes.len(), 1);
+    assert!(outcome.notes.iter().any(|n| n.reason == "Replacing"));
+
+    agents[0].draining = true;
+    let mut new = agent("agent-1", 8002);
+    new.pod = PodState::Running;
+    agents.push(new);
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        12.0,
+    );
+    assert!(outcome.undrain.is_empty(), "never undrained");
+    assert_eq!(
+        outcome.assignments["agent-1"].len(),
+        1,
+        "the replacement starts"
+    );
+    agents[1].report = Some(serving(&t, 10.0, Window::default()));
+    let mut now = 14.0;
+    while !agents[0].assignments.is_empty() {
+        assert!(now < 60.0, "the old replica never stopped");
+        round(
+            &pool,
+            std::slice::from_ref(&t),
+            &mut agents,
+            &mut memory,
+            now,
+        );
+        now += 2.0;
+    }
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        now,
+    );
+    assert_eq!(
+        outcome.remove,
+        vec!["agent-0".to_string()],
+        "empty, it goes"
+    );
+    assert_eq!(outcome.add_agents, 0);
 }

@@ -590,6 +590,7 @@ impl Sim<'_> {
                 agent: a.name.clone(),
                 ready: a.ready,
                 draining: a.draining,
+                replacing: false,
                 replicas: hosted[i],
                 idle_since: a.idle_since,
             });

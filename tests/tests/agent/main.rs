@@ -2,12 +2,13 @@
 //! `tests/python/oip_client.py`), bad requests, failed tenants, metrics and the report;
 //! hostile requests and memory under them (`requests`); who may call a tenant, what errors tell
 //! callers, and where models may come from (`access`); models in an S3-compatible object
-//! store and the model cache (`object_store`).
+//! store and the model cache (`object_store`); spans to a collector (`telemetry`).
 
 mod access;
 mod object_store;
 mod perf;
 mod requests;
+mod telemetry;
 
 use cotenant_e2e::cluster::free_port;
 use cotenant_e2e::process::{Lifetime, Process};
@@ -449,4 +450,38 @@ fn device_choices_are_checked_at_start_up() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+/// The cluster examples name the zoo models by the digests `cotenant-agent zoo` writes them with
+/// (seed 0), so a model volume filled with `zoo` serves them as they are.
+#[test]
+#[ignore = "needs the agent binary: cargo xtask test"]
+fn cluster_examples_name_the_zoo_models_by_their_digests() {
+    let agent = workspace_binary("cotenant-agent");
+    let dir = scratch("cluster-examples");
+    let examples = TestNamespace::repo_root().join("examples/cluster");
+    for (example, model) in [
+        ("resnet50", "resnet50"),
+        ("mobilenet-v2", "mobilenet_v2"),
+        ("bert-encoder", "bert"),
+    ] {
+        let text =
+            std::fs::read_to_string(examples.join(format!("{example}.yaml"))).expect("example");
+        let tenant: serde_yaml::Value = serde_yaml::from_str(&text).expect("YAML");
+        let uri = tenant["spec"]["model"]["uri"].as_str().expect("uri");
+        let file = uri.rsplit('/').next().expect("file name");
+        zoo(&agent, &dir.join("models"), model, file, &[]);
+        let out = Command::new("sha256sum")
+            .arg(dir.join("models").join(file))
+            .output()
+            .expect("sha256sum");
+        let digest = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            tenant["spec"]["model"]["sha256"].as_str(),
+            digest.split_whitespace().next(),
+            "{example}"
+        );
+    }
+    // Half a gigabyte of models: not left behind.
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -210,6 +210,8 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         &admin,
         "--threads",
         "2",
+        "--drain-seconds",
+        "3",
     ])
     .arg("--model-root")
     .arg(&dir)
@@ -713,16 +715,56 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         "the old token still works"
     );
 
-    // SIGTERM: the agent drains and exits.
-    agent.stop();
+    // SIGTERM: the agent drains. It says at once that it is not ready (probe and status), so its
+    // endpoints drop it, and serves on meanwhile; then it finishes and exits.
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(agent.pid as i32, libc::SIGTERM) };
+    poll(
+        "not ready while draining",
+        Duration::from_secs(2),
+        || match http_get(&addr, "/v2/health/ready") {
+            Ok((503, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+    let served = infer_as(Some(&with(next_token)));
+    assert_eq!(
+        served.status,
+        200,
+        "served while draining: {}",
+        served.text()
+    );
+    poll("ShuttingDown in the status", Duration::from_secs(3), || {
+        let s = agent_status(cp, n)?;
+        let ready = s["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+            .cloned()
+            .unwrap_or_default();
+        if ready["status"] == "False" && ready["reason"] == "ShuttingDown" {
+            Ok(())
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
+    poll(
+        "the agent exits after draining",
+        Duration::from_secs(15),
+        || {
+            if agent.is_running() {
+                Err("still running".into())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_tail(20)));
     let log = std::fs::read_to_string(&agent.log).unwrap_or_default();
-    assert!(log.contains("stopped"), "{}", agent.log_tail(20));
-    let s = agent_status(cp, n).expect("status");
-    let ready = s["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(ready["status"], "False", "{s}");
-    assert_eq!(ready["reason"], "ShuttingDown", "{s}");
+    assert!(
+        log.contains("draining") && log.contains("stopped"),
+        "{}",
+        agent.log_tail(20)
+    );
 }

@@ -33,6 +33,18 @@ fn pool(spec: &str) -> String {
     )
 }
 
+/// A pool with `template` lines added to its template and `agent` lines as its agent settings.
+fn agent_pool(template: &str, agent: &str) -> String {
+    let agent = if agent.is_empty() {
+        String::new()
+    } else {
+        format!("  agent:\n{agent}")
+    };
+    pool(&format!(
+        "  agentNamespace: x\n  template:\n    image: a\n{template}{agent}"
+    ))
+}
+
 fn cases() -> Vec<Case> {
     let slo = "  slo:\n    latencyMillis: 50\n";
     let scaling = |s: &str| tenant((slo, &format!("{slo}  scaling:\n{s}")));
@@ -71,7 +83,20 @@ fn cases() -> Vec<Case> {
         Case { rule: "malformed YAML", manifest: "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: t\nspec: [unclosed\n".to_string(), expect: &["yaml"] },
         Case { rule: "wrong apiVersion", manifest: VALID.replace("cotenant.dev/v1alpha1", "cotenant.dev/v1"), expect: &["ModelTenant", "cotenant.dev/v1"] },
         Case { rule: "minAgents <= maxAgents", manifest: pool("  agentNamespace: x\n  minAgents: 5\n  maxAgents: 2\n  template:\n    image: a\n"), expect: &["spec.minAgents", "minAgents must be less than or equal to maxAgents"] },
-        Case { rule: "gpusPerAgent >= 1", manifest: pool("  agentNamespace: x\n  template:\n    image: a\n    gpusPerAgent: 0\n"), expect: &["spec.template.gpusPerAgent"] },
+        Case { rule: "one GPU per agent at most", manifest: pool("  agentNamespace: x\n  template:\n    image: a\n    gpusPerAgent: 2\n"), expect: &["spec.template.gpusPerAgent"] },
+        Case { rule: "cuda needs a GPU", manifest: agent_pool("    gpusPerAgent: 0\n", "    device: cuda\n"), expect: &["spec.agent.device", "cuda needs a GPU"] },
+        Case { rule: "cpu holds no GPU", manifest: agent_pool("", "    device: cpu\n"), expect: &["spec.agent.device", "gpusPerAgent to 0"] },
+        Case { rule: "device enum", manifest: agent_pool("", "    device: tpu\n"), expect: &["spec.agent.device", "Unsupported value"] },
+        Case { rule: "schedule enum", manifest: agent_pool("", "    schedule: fastest\n"), expect: &["spec.agent.schedule", "Unsupported value"] },
+        Case { rule: "threads >= 1", manifest: agent_pool("", "    threads: 0\n"), expect: &["spec.agent.threads"] },
+        Case { rule: "tenantMemoryLimit is a size", manifest: agent_pool("", "    tenantMemoryLimit: lots\n"), expect: &["spec.agent.tenantMemoryLimit"] },
+        Case { rule: "env the operator sets", manifest: agent_pool("    env:\n    - {name: POD_IP, value: 169.254.169.254}\n", ""), expect: &["spec.template.env", "the operator sets them"] },
+        Case { rule: "hostPath volume", manifest: agent_pool("    volumes:\n    - {name: root, hostPath: {path: /}}\n", ""), expect: &["spec.template.volumes", "hostPath volumes are not allowed"] },
+        Case { rule: "scratch volume name", manifest: agent_pool("    volumes:\n    - {name: tmp, emptyDir: {}}\n", ""), expect: &["spec.template.volumes", "scratch space"] },
+        Case { rule: "mount of no volume", manifest: agent_pool("    volumeMounts:\n    - {name: certs, mountPath: /certs}\n", ""), expect: &["spec.template.volumeMounts", "must name a volume"] },
+        Case { rule: "model mount of no volume", manifest: agent_pool("    modelMounts:\n    - {name: models, mountPath: /models}\n", ""), expect: &["spec.template.modelMounts", "must name a volume"] },
+        Case { rule: "model mount on /", manifest: agent_pool("    volumes:\n    - {name: models, persistentVolumeClaim: {claimName: m}}\n    modelMounts:\n    - {name: models, mountPath: /}\n", ""), expect: &["spec.template.modelMounts", "must be absolute, not / or /tmp"] },
+        Case { rule: "pod labels the operator selects by", manifest: agent_pool("    podLabels: {cotenant.dev/pool: other}\n", ""), expect: &["spec.template.podLabels", "the operator selects agent pods by them"] },
         Case { rule: "agent image required", manifest: pool("  agentNamespace: x\n  template:\n    gpusPerAgent: 1\n"), expect: &["spec.template.image", "Required"] },
         Case { rule: "agent knobs >= 1", manifest: "apiVersion: cotenant.dev/v1alpha1\nkind: GpuAgent\nmetadata:\n  name: a\nspec:\n  pool: default\n  assignments:\n  - tenant: {namespace: ns, name: t, uid: u}\n    model: {uri: file://m.onnx}\n    slo: {latencyMillis: 10}\n    knobs: {batchSize: 0, instances: 1}\n".to_string(), expect: &["spec.assignments[0].knobs.batchSize"] },
     ]
@@ -129,7 +154,12 @@ fn examples_are_accepted_defaulted_and_shown() {
             &examples.join("pools").to_string_lossy(),
         ])
         .expect("the example pool is accepted");
-    assert!(out.contains("gpupool.cotenant.dev/h200"), "{out}");
+    for pool in ["h200", "cpu"] {
+        assert!(
+            out.contains(&format!("gpupool.cotenant.dev/{pool}")),
+            "{out}"
+        );
+    }
     // The example tenants name their models relative to their files, for standalone mode; a
     // cluster refuses that, and takes them with the path under a model volume instead.
     let mut out = String::new();
@@ -157,6 +187,25 @@ fn examples_are_accepted_defaulted_and_shown() {
         out.contains("modeltenant.cotenant.dev/resnet50 created"),
         "{out}"
     );
+    // The cluster examples are accepted as they are: absolute paths under a model volume, with
+    // their digests.
+    let cluster = TestNamespace::new("examples-cluster");
+    let out = cp
+        .kubectl_ok(&[
+            "apply",
+            "--validate=strict",
+            "-n",
+            &cluster.name,
+            "-f",
+            &examples.join("cluster").to_string_lossy(),
+        ])
+        .expect("the cluster examples are accepted");
+    for name in ["resnet50", "mobilenet-v2", "bert-encoder"] {
+        assert!(
+            out.contains(&format!("modeltenant.cotenant.dev/{name} created")),
+            "{out}"
+        );
+    }
 
     // The API server filled in the defaults.
     let percentile = cp

@@ -5,4 +5,5 @@ mod agent_kubernetes;
 mod api;
 mod chart;
 mod model_credentials;
+mod observability;
 mod operator;

@@ -122,9 +122,11 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     );
     expect_only_served_or_shed(&answers);
 
-    // 3. The load is gone and the SLO looser again: replicas consolidate, idle agents drain and
-    //    the pool shrinks.
+    // 3. The load falls to an eighth of the peak and the SLO loosens: replicas consolidate, idle
+    //    agents drain and the pool shrinks, and no request fails meanwhile: a replica loses its
+    //    route before it goes, and an agent leaves its endpoints before it stops.
     let agents_at_peak = c.pool_agents();
+    let steady = c.load_image_model("rn", rate / 32.0);
     c.patch_tenant("rn", r#"{"spec":{"slo":{"latencyMillis":2000}}}"#);
     c.step("one rn replica", 180, || {
         c.expect_jsonpath("mt", "rn", "{.status.replicas}", "1")
@@ -137,6 +139,12 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
             Err(format!("{now} agents (peak {agents_at_peak})"))
         }
     });
+    let answers = steady.stop();
+    eprintln!("e2e: rn while the pool shrank: answers {answers:?}");
+    assert!(
+        answers.keys().all(|k| k == "200") && answers.get("200").is_some_and(|n| *n > 0),
+        "a scale-down under steady load fails no request: {answers:?}"
+    );
 
     // 4. An agent dies: its replicas move and the tenant recovers. The operator dies: a
     //    restarted one changes nothing that was correct.
@@ -241,6 +249,88 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
         events.contains("CredentialsUnavailable"),
         "the tenant is told why:\n{events}"
     );
+
+    // 8. The pool's agent settings change: its agents are replaced one at a time, each after its
+    //    replicas have moved, and rn serves throughout (the test plays the cluster autoscaler,
+    //    adding the node the surge agent needs).
+    c.add_gpu_node("gpu-surge");
+    let before = c.pool_agent_names();
+    let steady = c.load_image_model("rn", rate / 32.0);
+    c.patch_pool(r#"{"spec":{"agent":{"schedule":"sequential"}}}"#);
+    c.step("every agent of the pool replaced", 420, || {
+        let now = c.pool_agent_names();
+        let left: Vec<&String> = now.iter().filter(|a| before.contains(a)).collect();
+        match (left.is_empty(), now.is_empty()) {
+            (true, false) => Ok(()),
+            _ => Err(format!("agents {now:?}; of the old ones {left:?} remain")),
+        }
+    });
+    c.step("rn Ready after the rollout", 120, || c.all_ready(&["rn"]));
+    let answers = steady.stop();
+    eprintln!("e2e: rn while its pool's agents were replaced: answers {answers:?}");
+    assert!(
+        answers.keys().all(|k| k == "200") && answers.get("200").is_some_and(|n| *n > 0),
+        "a rollout under steady load fails no request: {answers:?}"
+    );
+    for agent in c.pool_agent_names() {
+        let args = c.agent_pod(&agent)["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            args.contains(r#""--schedule","sequential""#),
+            "{agent}: {args}"
+        );
+    }
+    c.infer_through_slice("rn", &models.path("resnet18"));
+
+    // 9. A CPU-only pool with typed agent settings: its agent asks for no GPU, lands on the
+    //    node without GPUs, runs with the pool's schedule, and its tenant serves.
+    let cpu_pool = c.apply_cpu_pool("  agent:\n    schedule: sequential\n    threads: 1\n");
+    c.apply_tenant_in_pool("oncpu", &models.uri("squeezenet"), 2000.0, "", &cpu_pool);
+    c.step("oncpu Ready on the CPU pool", 240, || {
+        c.all_ready(&["oncpu"])
+    });
+    let agent = c.agent_of("oncpu");
+    let pod = c.agent_pod(&agent);
+    assert_eq!(pod["spec"]["nodeName"], "cpu-0", "{pod}");
+    let container = &pod["spec"]["containers"][0];
+    assert!(
+        container["resources"]["limits"]["nvidia.com/gpu"].is_null(),
+        "{container}"
+    );
+    let args = container["args"].to_string();
+    assert!(
+        args.contains(r#""--device","cpu","--schedule","sequential","--threads","1""#),
+        "{args}"
+    );
+    assert_eq!(
+        c.jsonpath("gpuagent", &agent, "{.status.device.kind}"),
+        "cpu"
+    );
+    c.infer_through_slice("oncpu", &models.path("squeezenet"));
+
+    // 9. The operator publishes each tenant's and pool's gauges, a deleted tenant's no more, and
+    //    the chart's Grafana dashboard and alerts query only metrics that the operator and the
+    //    agents really export.
+    c.step("the operator's tenant and pool gauges", 30, || {
+        c.operator_publishes(&[("oncpu", 1), ("lost", 0)], &["mn"])
+    });
+    c.step(
+        "the dashboard and alerts query exported metrics",
+        30,
+        || c.monitoring_queries_exported(),
+    );
+
+    // 10. Uninstall in the README's order: the tenants first, while the operator runs, which
+    //     leaves no route, assignment or finalizer behind; then the chart; then the pools, whose
+    //     agent pods and GpuAgents the garbage collector removes.
+    c.delete_all_tenants();
+    c.step("every tenant gone, routes and assignments too", 180, || {
+        c.no_tenant_left()
+    });
+    c.uninstall_chart();
+    c.delete_pools(&[&cpu_pool]);
+    c.step("every agent pod and GpuAgent gone", 180, || {
+        c.no_agent_left()
+    });
     c.report_steps();
 }
 

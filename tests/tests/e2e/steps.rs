@@ -65,7 +65,7 @@ impl Cluster {
         checked(install.output(), "helm install").expect("chart installs");
         let pool = format!("pool-{ns}");
         cp.kubectl_apply(&format!(
-            "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  minAgents: 0\n  maxAgents: 3\n  scaleDownDelaySeconds: 10\n  gpuMemoryMiB: {GPU_MEMORY_MIB}\n  template:\n    image: cotenant/agent:test\n    serviceAccountName: cotenant-agent\n"
+            "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  minAgents: 0\n  maxAgents: 3\n  scaleDownDelaySeconds: 10\n  gpuMemoryMiB: {GPU_MEMORY_MIB}\n  template:\n    image: cotenant/agent:test\n    serviceAccountName: cotenant-agent\n  agent:\n    drainSeconds: 2\n"
         ))
         .expect("pool");
         // The agents' model volume: where `zoo` writes the models.
@@ -263,6 +263,24 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("delete {name}: {e}"));
     }
 
+    /// Creates a CPU-only pool (agents in this namespace, no GPUs) with `agent` lines as its
+    /// agent settings; returns its name.
+    pub fn apply_cpu_pool(&self, agent: &str) -> String {
+        let pool = format!("cpu-{}", self.ns);
+        self.cp
+            .kubectl_apply(&format!(
+                "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  maxAgents: 1\n  scaleDownDelaySeconds: 10\n  template:\n    image: cotenant/agent-cpu:test\n    serviceAccountName: cotenant-agent\n    gpusPerAgent: 0\n{agent}    drainSeconds: 2\n",
+                ns = self.ns
+            ))
+            .unwrap_or_else(|e| panic!("pool {pool}: {e}"));
+        pool
+    }
+
+    /// The agent pod `name` as JSON.
+    pub fn agent_pod(&self, name: &str) -> Value {
+        self.json(&["pod", name])
+    }
+
     pub fn add_gpu_node(&self, name: &str) {
         self.cp.add_node(name, 1).expect("add node");
     }
@@ -370,11 +388,16 @@ impl Cluster {
         cotenant_e2e::http_get_with(address, &path, &headers).map(|(code, _)| code)
     }
 
-    /// tritonclient through the tenant's EndpointSlice, presenting `token` when given.
+    /// tritonclient through the tenant's EndpointSlice, over REST and over gRPC, presenting
+    /// `token` when given.
     pub fn infer_through_slice_with_token(&self, tenant: &str, file: &Path, token: Option<&str>) {
         let addresses = slice_addresses(self.cp, &self.ns, tenant);
         let Some(address) = addresses.first() else {
             panic!("{tenant} has no EndpointSlice address");
+        };
+        let grpc_addresses = slice_addresses_on(self.cp, &self.ns, tenant, "grpc");
+        let Some(grpc_address) = grpc_addresses.first() else {
+            panic!("{tenant} has no EndpointSlice address for gRPC");
         };
         let python =
             std::env::var_os("COTENANT_PYTHON").expect("COTENANT_PYTHON: run cargo xtask test");
@@ -384,6 +407,8 @@ impl Cluster {
             .args([
                 "--url",
                 address,
+                "--grpc-url",
+                grpc_address,
                 "--model",
                 &format!("{}.{tenant}", self.ns),
             ])
@@ -469,6 +494,29 @@ impl Cluster {
         agents["items"].as_array().map_or(0, Vec::len)
     }
 
+    /// The names of the main pool's agents.
+    pub fn pool_agent_names(&self) -> Vec<String> {
+        let agents = self.json(&["gpuagents"]);
+        let mut names: Vec<String> = agents["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["spec"]["pool"] == self.pool.as_str())
+            .filter_map(|a| a["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Merge-patches the main pool.
+    pub fn patch_pool(&self, patch: &str) {
+        self.cp
+            .kubectl_ok(&[
+                "patch", "gpupool", &self.pool, "--type", "merge", "-p", patch,
+            ])
+            .unwrap_or_else(|e| panic!("patch pool: {e}"));
+    }
+
     /// The agent hosting `tenant`'s first replica.
     pub fn agent_of(&self, tenant: &str) -> String {
         self.jsonpath("mt", tenant, "{.status.placements[0].agent}")
@@ -549,6 +597,59 @@ impl Cluster {
         }
     }
 
+    /// `kubectl delete mt --all`, without waiting: the operator's finalizer does the rest.
+    pub fn delete_all_tenants(&self) {
+        self.cp
+            .kubectl_ok(&["delete", "mt", "--all", "-n", &self.ns, "--wait=false"])
+            .unwrap_or_else(|e| panic!("delete tenants: {e}"));
+    }
+
+    /// No tenant, tenant Service, EndpointSlice or assignment is left in the namespace.
+    pub fn no_tenant_left(&self) -> Result<(), String> {
+        let count = |args: &[&str]| self.json(args)["items"].as_array().map_or(0, Vec::len);
+        let tenants = count(&["mt"]);
+        let services = count(&["services", "-l", "cotenant.dev/tenant"]);
+        let slices = count(&["endpointslices", "-l", "cotenant.dev/tenant"]);
+        let assigned: usize = self.assignments().values().map(Vec::len).sum();
+        match (tenants, services, slices, assigned) {
+            (0, 0, 0, 0) => Ok(()),
+            left => Err(format!(
+                "(tenants, services, slices, assignments) left: {left:?}\n{}",
+                self.tenants_table()
+            )),
+        }
+    }
+
+    /// Stops the operator (the chart's Deployment would go with the release) and uninstalls.
+    pub fn uninstall_chart(&mut self) {
+        if let Some(mut p) = self.operator.take() {
+            p.stop();
+        }
+        let mut uninstall = self.cp.helm();
+        uninstall.args(["uninstall", RELEASE, "-n", &self.ns]);
+        checked(uninstall.output(), "helm uninstall").expect("the chart uninstalls");
+    }
+
+    /// Deletes the main pool and `others`.
+    pub fn delete_pools(&self, others: &[&str]) {
+        for pool in std::iter::once(self.pool.as_str()).chain(others.iter().copied()) {
+            self.cp
+                .kubectl_ok(&["delete", "gpupool", pool, "--wait=false"])
+                .unwrap_or_else(|e| panic!("delete pool {pool}: {e}"));
+        }
+    }
+
+    /// No agent pod or GpuAgent is left in the namespace.
+    pub fn no_agent_left(&self) -> Result<(), String> {
+        let pods = self.json(&["pods", "-l", "app.kubernetes.io/name=cotenant-agent"]);
+        let agents = self.json(&["gpuagents"]);
+        let count = |v: &Value| v["items"].as_array().map_or(0, Vec::len);
+        match (count(&pods), count(&agents)) {
+            (0, 0) => Ok(()),
+            left => Err(format!("(agent pods, GpuAgents) left: {left:?}")),
+        }
+    }
+
     fn tenants_table(&self) -> String {
         self.cp
             .kubectl_ok(&["get", "mt,gpuagents,pods", "-n", &self.ns, "-o", "wide"])
@@ -572,7 +673,13 @@ impl Drop for Cluster {
 
 /// A URL on loopback that answers every request with 404.
 /// `host:port` of every ready endpoint in `tenant`'s EndpointSlices.
+/// `host:port` of every ready endpoint of the tenant's EndpointSlices, for its REST port.
 fn slice_addresses(cp: &ControlPlane, ns: &str, tenant: &str) -> Vec<String> {
+    slice_addresses_on(cp, ns, tenant, "http")
+}
+
+/// `host:port` of every ready endpoint of the tenant's EndpointSlices, for the port named `port`.
+fn slice_addresses_on(cp: &ControlPlane, ns: &str, tenant: &str, port: &str) -> Vec<String> {
     let selector = format!("kubernetes.io/service-name={tenant}");
     let out = cp
         .kubectl_ok(&[
@@ -589,7 +696,11 @@ fn slice_addresses(cp: &ControlPlane, ns: &str, tenant: &str) -> Vec<String> {
     let slices: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
     let mut addresses = Vec::new();
     for slice in slices["items"].as_array().into_iter().flatten() {
-        let Some(port) = slice["ports"][0]["port"].as_u64() else {
+        let ports = slice["ports"].as_array().into_iter().flatten();
+        let Some(port) = ports
+            .filter(|p| p["name"] == port)
+            .find_map(|p| p["port"].as_u64())
+        else {
             continue;
         };
         for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
@@ -623,4 +734,90 @@ pub fn serve_404() -> String {
         }
     });
     url
+}
+
+// Shared with the control-plane test, which uses the rendered objects as well as the queries.
+#[allow(dead_code)]
+#[path = "../common/monitoring.rs"]
+mod monitoring;
+
+impl Cluster {
+    /// Every metric the chart's dashboard and alerts query is exported by the running operator
+    /// or by an agent (its admin `/metrics`, which needs no token), by the `# TYPE` lines of
+    /// their `/metrics` pages; the error names each one missing and where it is queried.
+    pub fn monitoring_queries_exported(&self) -> Result<(), String> {
+        let queried = monitoring::render_monitoring(self.cp.helm(), &self.ns)?.queried_metrics()?;
+        let (code, operator) = http_get(&self.operator_addr, "/metrics")?;
+        if code != 200 {
+            return Err(format!("operator /metrics: {code}"));
+        }
+        let agents = self.json(&["gpuagents"]);
+        let admin = agents["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|a| a["status"]["adminAddress"].as_str())
+            .ok_or("no agent reports an admin address")?;
+        let (code, agent) = http_get(admin, "/metrics")?;
+        if code != 200 {
+            return Err(format!("agent {admin} /metrics: {code}"));
+        }
+        let mut exported = monitoring::exported(&operator);
+        exported.extend(monitoring::exported(&agent));
+        let missing: Vec<String> = queried
+            .iter()
+            .filter(|(name, _)| !exported.contains(*name))
+            .map(|(name, places)| format!("{name} (in {places:?})"))
+            .collect();
+        if missing.is_empty() {
+            eprintln!(
+                "e2e: the dashboard and alerts query {} metrics, all exported",
+                queried.len()
+            );
+            Ok(())
+        } else {
+            Err(format!(
+                "queried but exported by neither the operator nor agent {admin}:\n{}",
+                missing.join("\n")
+            ))
+        }
+    }
+}
+
+impl Cluster {
+    /// The operator's `cotenant_operator_tenant_ready` is `ready` for each tenant named there,
+    /// absent for each of `deleted`, and its pool gauges cover the test's pool.
+    pub fn operator_publishes(&self, ready: &[(&str, u8)], deleted: &[&str]) -> Result<(), String> {
+        let (_, metrics) = http_get(&self.operator_addr, "/metrics")?;
+        let ns = &self.ns;
+        let mut want: Vec<String> = ready
+            .iter()
+            .map(|(t, v)| {
+                format!(r#"cotenant_operator_tenant_ready{{namespace="{ns}",tenant="{t}"}} {v}"#)
+            })
+            .collect();
+        want.push(format!(
+            r#"cotenant_operator_pool_max_agents{{pool="{}"}} 3"#,
+            self.pool
+        ));
+        for line in want {
+            if !metrics.lines().any(|l| l == line) {
+                return Err(format!("no {line} in the operator's /metrics:\n{metrics}"));
+            }
+        }
+        let total = format!(
+            r#"cotenant_operator_pool_agents{{pool="{}",state="total"}} "#,
+            self.pool
+        );
+        if !metrics.lines().any(|l| l.starts_with(&total)) {
+            return Err(format!("no {total} in the operator's /metrics"));
+        }
+        for t in deleted {
+            let label = format!(r#"namespace="{ns}",tenant="{t}""#);
+            if let Some(line) = metrics.lines().find(|l| l.contains(&label)) {
+                return Err(format!("deleted tenant {t} still published: {line}"));
+            }
+        }
+        Ok(())
+    }
 }

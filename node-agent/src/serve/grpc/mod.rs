@@ -181,6 +181,11 @@ impl GrpcInferenceService for Service {
         }))
     }
 
+    #[tracing::instrument(
+        name = "infer",
+        skip_all,
+        fields(model = %request.get_ref().model_name, protocol = "grpc")
+    )]
     async fn model_infer(
         &self,
         request: tonic::Request<pb::ModelInferRequest>,
