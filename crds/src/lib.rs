@@ -1,6 +1,7 @@
 //! The `cotenant.dev/v1alpha1` API: `ModelTenant` (a model with a latency SLO), `GpuPool` (a class
 //! of GPU agents) and `GpuAgent` (the operator↔agent hand-off). Validation lives in the schema and
 //! in CEL rules so the API server itself rejects bad objects; `crdgen` writes the CRD YAML.
+//! [`report`] is the other contract between agent and operator: the body of an agent's `/report`.
 
 mod agent;
 mod common;
@@ -8,6 +9,7 @@ pub mod conditions;
 pub mod credentials;
 pub mod policy_view;
 mod pool;
+pub mod report;
 pub mod storage;
 mod tenant;
 mod validate;

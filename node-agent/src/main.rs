@@ -117,7 +117,7 @@ enum Command {
         #[arg(
             long,
             env = "COTENANT_REPORT_AUDIENCE",
-            default_value = "cotenant.dev/agent-report"
+            default_value = cotenant_crds::report::REPORT_AUDIENCE
         )]
         report_audience: String,
         /// The only user allowed to read `/report`, exactly, e.g.

@@ -50,6 +50,8 @@ pub struct Writer {
 const ROUTES_REFRESH: Duration = Duration::from_secs(300);
 /// Reason of the Ready condition and the Event when a tenant's Service name is taken.
 pub const SERVICE_CONFLICT: &str = "ServiceConflict";
+/// Reason of the Event on a GpuAgent whose report is of another version than the operator's.
+pub const REPORT_VERSION_MISMATCH: &str = "ReportVersionMismatch";
 
 /// Why a write failed.
 #[derive(Debug, thiserror::Error)]
@@ -447,6 +449,12 @@ impl Writer {
         }
     }
 
+    /// Says on `agent` that its report is of another version, so the operator does not use it.
+    pub async fn report_version_mismatch(&self, agent: &GpuAgent, message: &str) {
+        self.event(&agent.object_ref(&()), REPORT_VERSION_MISMATCH, message)
+            .await;
+    }
+
     async fn event(&self, reference: &ObjectReference, reason: &str, note: &str) {
         let event = Event {
             type_: if matches!(
@@ -456,6 +464,7 @@ impl Writer {
                     | "AtMaxAgents"
                     | SERVICE_CONFLICT
                     | MODEL_CREDENTIALS_REASON
+                    | REPORT_VERSION_MISMATCH
             ) {
                 EventType::Warning
             } else {

@@ -1,7 +1,9 @@
 //! The leader's control loop: every round (a couple of seconds, sooner when something changes)
 //! it scrapes every agent's report, decides each pool (`crate::decide`) and writes the result
 //! (`crate::apply`). Tenants naming no usable pool, or with an invalid spec or name, get a status
-//! that says so. Agents are reached at their Pod's IP, never at an address an agent wrote.
+//! that says so. Agents are reached at their Pod's IP, never at an address an agent wrote. An
+//! agent whose report is of another version is named in an Event on its GpuAgent, and its
+//! report is not used.
 //! A round that completes while leading publishes what it decided as gauges (`crate::metrics`).
 
 use crate::apply::Writer;
@@ -10,7 +12,7 @@ use crate::credentials::Credentials;
 use crate::decide::{self, AgentView, Memory, PodState, split_address};
 use crate::manifests::{DRAINING, POOL_LABEL, TEMPLATE_HASH, host_port, template_hash};
 use crate::metrics::{PoolGauges, Snapshot, TenantGauges};
-use crate::report::Scraper;
+use crate::report::{OtherVersions, ScrapeError, Scraper};
 use crate::world::World;
 use cotenant_crds::conditions::set_condition;
 use cotenant_crds::{GpuAgent, GpuPool, ModelTenant, ModelTenantStatus, TenantPhase};
@@ -36,6 +38,8 @@ pub struct Controller {
     memory: Memory,
     /// Since when each agent's report has failed, by agent name.
     unreachable_since: HashMap<String, Instant>,
+    /// Agents that answer with a report of another version.
+    other_versions: OtherVersions,
     started: Instant,
 }
 
@@ -58,6 +62,7 @@ impl Controller {
             credentials,
             memory: Memory::new(tuning),
             unreachable_since: HashMap::new(),
+            other_versions: OtherVersions::default(),
             started: Instant::now(),
         }
     }
@@ -66,6 +71,7 @@ impl Controller {
     pub fn reset(&mut self) {
         self.memory = Memory::new(self.memory.tuning);
         self.unreachable_since.clear();
+        self.other_versions = OtherVersions::default();
     }
 
     /// Whether this replica may still write; a round stops at once when it may not.
@@ -103,14 +109,25 @@ impl Controller {
             .map(|p| (p.name_any(), template_hash(p)))
             .collect();
         let mut views_by_pool: BTreeMap<String, Vec<AgentView>> = BTreeMap::new();
+        let mut other_version = Vec::new();
         for a in &agents {
             let key = agent_key(a);
-            let report = match reports.remove(&key) {
+            let scraped = reports.remove(&key);
+            if let Some(message) = self.other_versions.saw(&key, scraped.as_ref()) {
+                tracing::warn!(agent = %key, %message, "report of another version");
+                other_version.push((Arc::clone(a), message));
+            }
+            let report = match scraped {
                 Some(Ok(r)) => {
                     self.unreachable_since.remove(&key);
                     Some(r)
                 }
-                Some(Err(e)) => {
+                // It answers, so it is alive and stays; what it says is not used.
+                Some(Err(ScrapeError::OtherVersion(_))) => {
+                    self.unreachable_since.remove(&key);
+                    None
+                }
+                Some(Err(ScrapeError::Failed(e))) => {
                     tracing::debug!(agent = %key, error = %e, "report unavailable");
                     self.unreachable_since.entry(key.clone()).or_insert(started);
                     None
@@ -145,6 +162,14 @@ impl Controller {
         }
         self.unreachable_since
             .retain(|k, _| agents.iter().any(|a| &agent_key(a) == k));
+        self.other_versions
+            .retain(|k| agents.iter().any(|a| agent_key(a) == k));
+        for (agent, message) in &other_version {
+            if !self.leading() {
+                return;
+            }
+            self.writer.report_version_mismatch(agent, message).await;
+        }
 
         let mut failed = false;
         let mut snapshot = Snapshot::default();

@@ -65,7 +65,7 @@ struct Args {
     #[arg(
         long,
         env = "COTENANT_REPORT_TOKEN_AUDIENCE",
-        default_value = "cotenant.dev/agent-report"
+        default_value = cotenant_crds::report::REPORT_AUDIENCE
     )]
     report_audience: String,
     /// Seconds an agent may fail its report while its pod runs before it is replaced.

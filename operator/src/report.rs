@@ -1,14 +1,16 @@
-//! Agent reports: what each agent's `/report` endpoint says about its tenants, scraped by the
-//! leader concurrently with a timeout, authenticated with the operator's ServiceAccount token.
+//! Agent reports: what each agent's `/report` endpoint says about its tenants
+//! ([`cotenant_crds::report`]), scraped by the leader concurrently with a timeout,
+//! authenticated with the operator's ServiceAccount token.
 //!
 //! A report is what one agent says, and an agent runs other teams' models: the operator reads at
-//! most [`MAX_REPORT_BYTES`] of it, counters saturate instead of failing or overflowing, and
-//! [`AgentReport::sanitize`] drops or bounds values the rest of the operator (and the API server,
-//! when they reach a status) would choke on.
+//! most [`MAX_REPORT_BYTES`] of it, uses it only when it is of the operator's own version, and
+//! [`sanitize`] drops or bounds values the rest of the operator (and the API server, when they
+//! reach a status) would choke on. An agent of another version answers, so it is alive, but
+//! what it says is not used: [`OtherVersions`] says so once per agent.
 
+use cotenant_crds::report::{AgentReport, REPORT_VERSION, ReportError, State};
 use cotenant_policy::Profile;
-use serde::{Deserialize, Deserializer};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -22,94 +24,8 @@ const MAX_PROFILE_POINTS: usize = 64;
 const MAX_ERROR_CHARS: usize = 1024;
 /// Largest rate or latency believed, per second or in milliseconds.
 const MAX_MEASURE: f64 = 1e9;
-/// Counters and byte sizes saturate here: the API server stores integers as int64.
-const MAX_COUNT: u64 = i64::MAX as u64;
-
-/// One agent's report.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-pub struct AgentReport {
-    #[serde(default)]
-    pub tenants: Vec<TenantReport>,
-}
-
-/// One tenant replica as its agent reports it.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct TenantReport {
-    /// `namespace`, `name` and `uid` of the ModelTenant (Kubernetes mode).
-    #[serde(default)]
-    pub tenant: Option<ReportedTenant>,
-    /// `Loading`, `Profiling`, `Ready` or `Failed`.
-    pub state: String,
-    #[serde(default)]
-    pub error: Option<String>,
-    #[serde(default)]
-    pub knobs: Option<ReportedKnobs>,
-    #[serde(default, deserialize_with = "saturating_opt")]
-    pub queue_depth: Option<u64>,
-    #[serde(default)]
-    pub latency_at_percentile_millis: Option<f64>,
-    /// Compute time (the request's batch, no queueing) at the SLO's percentile; older agents
-    /// do not send it.
-    #[serde(default)]
-    pub compute_at_percentile_millis: Option<f64>,
-    #[serde(default)]
-    pub window: Option<Window>,
-    #[serde(default, deserialize_with = "saturating_opt")]
-    pub weight_bytes: Option<u64>,
-    #[serde(default)]
-    pub profile: Option<Profile>,
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ReportedTenant {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ReportedKnobs {
-    pub batch_size: u32,
-    pub instances: u32,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Window {
-    #[serde(default)]
-    pub arrival_rate_per_second: f64,
-    #[serde(default)]
-    pub throughput_per_second: f64,
-    #[serde(default, deserialize_with = "saturating")]
-    pub completions: u64,
-    #[serde(default)]
-    pub slo_attainment: Option<f64>,
-    /// Requests admission control refused.
-    #[serde(default, deserialize_with = "saturating")]
-    pub shed: u64,
-}
-
-/// A count as any JSON number: negative is 0, fractions are cut, anything above [`MAX_COUNT`]
-/// is `MAX_COUNT`.
-fn count(n: &serde_json::Number) -> u64 {
-    match (n.as_u64(), n.as_i64(), n.as_f64()) {
-        (Some(u), _, _) => u.min(MAX_COUNT),
-        (None, Some(_), _) => 0,
-        (None, None, Some(f)) if f >= MAX_COUNT as f64 => MAX_COUNT,
-        (None, None, Some(f)) if f > 0.0 => f as u64,
-        _ => 0,
-    }
-}
-
-fn saturating<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    serde_json::Number::deserialize(d).map(|n| count(&n))
-}
-
-fn saturating_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    Option::<serde_json::Number>::deserialize(d).map(|n| n.as_ref().map(count))
-}
+/// Counters and byte sizes are at most this when read (the API server stores int64).
+const MAX_COUNT: u64 = cotenant_crds::report::MAX_COUNT;
 
 /// A measured rate or latency: finite and within `[0, MAX_MEASURE]`, else nothing.
 fn measure(x: f64) -> Option<f64> {
@@ -124,27 +40,31 @@ fn truncate(text: &mut String, max: usize) {
     }
 }
 
-impl AgentReport {
-    /// Parses a report body and bounds what it says; see [`AgentReport::sanitize`].
-    pub fn parse(body: &[u8]) -> Result<AgentReport, serde_json::Error> {
-        let mut report: AgentReport = serde_json::from_slice(body)?;
-        report.sanitize();
-        Ok(report)
-    }
+/// Parses a report body of the operator's version and bounds what it says; see [`sanitize`].
+pub fn parse(body: &[u8]) -> Result<AgentReport, ReportError> {
+    let mut report = AgentReport::from_slice(body)?;
+    sanitize(&mut report);
+    Ok(report)
+}
 
-    /// Keeps at most [`MAX_TENANTS`] entries; in each, drops measurements that are not finite,
-    /// negative or absurd, clamps the SLO attainment to [0, 1], cuts long errors, and drops a
-    /// profile the API server would refuse in a status (knobs out of range, bad numbers).
-    pub fn sanitize(&mut self) {
-        self.tenants.truncate(MAX_TENANTS);
-        for t in &mut self.tenants {
-            truncate(&mut t.state, 32);
-            if let Some(e) = &mut t.error {
-                truncate(e, MAX_ERROR_CHARS);
-            }
-            t.latency_at_percentile_millis = t.latency_at_percentile_millis.and_then(measure);
-            t.compute_at_percentile_millis = t.compute_at_percentile_millis.and_then(measure);
-            if let Some(w) = &mut t.window {
+/// Keeps at most [`MAX_TENANTS`] entries; in each, drops measurements that are not finite,
+/// negative or absurd, clamps the SLO attainment to [0, 1], clamps knobs into the API's range,
+/// cuts long errors, and drops a profile the API server would refuse in a status (knobs out of
+/// range, bad numbers).
+pub fn sanitize(report: &mut AgentReport) {
+    report.tenants.truncate(MAX_TENANTS);
+    for t in &mut report.tenants {
+        if t.profile.as_ref().is_some_and(|p| !profile_in_range(p)) {
+            t.profile = None;
+        }
+        match &mut t.state {
+            State::Failed { error } => truncate(error, MAX_ERROR_CHARS),
+            State::Ready(s) => {
+                s.knobs.batch_size = s.knobs.batch_size.clamp(1, 1024);
+                s.knobs.instances = s.knobs.instances.clamp(1, 64);
+                s.latency_at_percentile_millis = s.latency_at_percentile_millis.and_then(measure);
+                s.compute_at_percentile_millis = s.compute_at_percentile_millis.and_then(measure);
+                let w = &mut s.window;
                 w.arrival_rate_per_second = measure(w.arrival_rate_per_second).unwrap_or(0.0);
                 w.throughput_per_second = measure(w.throughput_per_second).unwrap_or(0.0);
                 w.slo_attainment = w
@@ -152,22 +72,8 @@ impl AgentReport {
                     .filter(|a| a.is_finite())
                     .map(|a| a.clamp(0.0, 1.0));
             }
-            if t.knobs
-                .is_some_and(|k| !knobs_in_range(k.batch_size, k.instances))
-            {
-                t.knobs = None;
-            }
-            if t.profile.as_ref().is_some_and(|p| !profile_in_range(p)) {
-                t.profile = None;
-            }
+            State::Loading => {}
         }
-    }
-
-    /// The replica of tenant `uid` on this agent.
-    pub fn tenant(&self, uid: &str) -> Option<&TenantReport> {
-        self.tenants
-            .iter()
-            .find(|t| t.tenant.as_ref().is_some_and(|r| r.uid == uid))
     }
 }
 
@@ -191,6 +97,65 @@ fn profile_in_range(p: &Profile) -> bool {
         })
 }
 
+/// Why an agent's report is not used this round.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    /// The agent answered with a report of another version (`None`: unversioned): it is
+    /// alive, but what it says is not used.
+    #[error("{}", other_version(*.0))]
+    OtherVersion(Option<u32>),
+    /// The agent could not be reached, refused, or answered with something that is no report.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What the operator says of an agent whose report is of version `found`.
+fn other_version(found: Option<u32>) -> String {
+    let writes = found.map_or("an unversioned report".to_string(), |v| {
+        format!("report version {v}")
+    });
+    format!(
+        "the agent writes {writes} and this operator reads version {REPORT_VERSION}: its report \
+         is not used, so its replicas get no traffic until agent and operator run the same version"
+    )
+}
+
+/// Which agents answer with a report of another version, so that each is named once (an
+/// Event), not every round.
+#[derive(Default)]
+pub struct OtherVersions {
+    seen: HashMap<String, String>,
+}
+
+impl OtherVersions {
+    /// Records what agent `key` answered; returns the message to publish when it newly
+    /// writes another version (or another one than before).
+    pub fn saw(
+        &mut self,
+        key: &str,
+        result: Option<&Result<AgentReport, ScrapeError>>,
+    ) -> Option<String> {
+        match result {
+            Some(Err(e @ ScrapeError::OtherVersion(_))) => {
+                let message = e.to_string();
+                let before = self.seen.insert(key.to_string(), message.clone());
+                (before.as_ref() != Some(&message)).then_some(message)
+            }
+            Some(Ok(_)) => {
+                self.seen.remove(key);
+                None
+            }
+            // Unreachable says nothing about its version.
+            _ => None,
+        }
+    }
+
+    /// Forgets agents that no longer exist.
+    pub fn retain(&mut self, exists: impl Fn(&str) -> bool) {
+        self.seen.retain(|k, _| exists(k));
+    }
+}
+
 /// Scrapes agents' `/report` with the operator's token.
 pub struct Scraper {
     http: reqwest::Client,
@@ -208,11 +173,11 @@ impl Scraper {
         Ok(Scraper { http, token_file })
     }
 
-    /// Every agent's report by agent name; an agent that cannot be read maps to its error.
+    /// Every agent's report by agent name; an agent whose report cannot be used maps to why.
     pub async fn scrape_all(
         &self,
         admin_addresses: Vec<(String, String)>,
-    ) -> BTreeMap<String, Result<AgentReport, String>> {
+    ) -> BTreeMap<String, Result<AgentReport, ScrapeError>> {
         // Re-read each round: projected tokens rotate.
         let token = match &self.token_file {
             Some(path) => std::fs::read_to_string(path)
@@ -225,7 +190,7 @@ impl Scraper {
             async move {
                 let result = match token {
                     Ok(token) => self.scrape(&address, &token).await,
-                    Err(e) => Err(e),
+                    Err(e) => Err(ScrapeError::Failed(e)),
                 };
                 (agent, result)
             }
@@ -236,26 +201,30 @@ impl Scraper {
             .collect()
     }
 
-    async fn scrape(&self, address: &str, token: &str) -> Result<AgentReport, String> {
+    async fn scrape(&self, address: &str, token: &str) -> Result<AgentReport, ScrapeError> {
         let url = format!("http://{address}/report");
+        let failed = |e: String| ScrapeError::Failed(format!("GET {url}: {e}"));
         let response = self
             .http
             .get(&url)
             .bearer_auth(token)
             .send()
             .await
-            .map_err(|e| format!("GET {url}: {e}"))?;
+            .map_err(|e| failed(e.to_string()))?;
         let status = response.status();
         let body = read_capped(response, MAX_REPORT_BYTES)
             .await
-            .map_err(|e| format!("GET {url}: {e}"))?;
+            .map_err(failed)?;
         if !status.is_success() {
-            return Err(format!(
-                "GET {url}: {status}: {}",
+            return Err(failed(format!(
+                "{status}: {}",
                 String::from_utf8_lossy(&body[..body.len().min(200)])
-            ));
+            )));
         }
-        AgentReport::parse(&body).map_err(|e| format!("GET {url}: bad report: {e}"))
+        parse(&body).map_err(|e| match e {
+            ReportError::OtherVersion { found } => ScrapeError::OtherVersion(found),
+            ReportError::Malformed(_) => failed(format!("bad report: {e}")),
+        })
     }
 }
 
@@ -279,76 +248,72 @@ async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cotenant_crds::report::TenantReport;
+    use serde_json::{Value, json};
 
-    #[test]
-    fn an_agent_report_parses_with_and_without_optional_parts() {
-        let report: AgentReport = serde_json::from_value(serde_json::json!({"tenants": [
-            {"name": "a.t", "state": "Ready", "tenant": {"namespace": "a", "name": "t", "uid": "u1"},
-             "knobs": {"batchSize": 4, "instances": 1}, "queueDepth": 0,
-             "latencyAtPercentileMillis": 12.5, "computeAtPercentileMillis": 4.5,
-             "window": {"seconds": 30, "arrivalRatePerSecond": 3.0, "throughputPerSecond": 3.0,
-                        "completions": 90, "sloAttainment": 1.0},
-             "weightBytes": 1000,
-             "profile": {"model": "m", "weight_bytes": 1000, "points": [
-                 {"batch": 1, "instances": 1, "throughput": 10.0, "p99_ms": 5.0}]}},
-            {"name": "a.u", "state": "Failed", "error": "no such file",
-             "tenant": {"namespace": "a", "name": "u", "uid": "u2"}}
-        ]}))
-        .expect("parses");
-        let ready = report.tenant("u1").expect("u1");
-        assert_eq!(ready.latency_at_percentile_millis, Some(12.5));
-        assert_eq!(ready.compute_at_percentile_millis, Some(4.5));
-        assert_eq!(ready.profile.as_ref().map(|p| p.points.len()), Some(1));
-        let failed = report.tenant("u2").expect("u2");
-        assert_eq!(failed.error.as_deref(), Some("no such file"));
-        assert!(report.tenant("u3").is_none());
+    /// The report every agent of this version writes, as `crds/tests/fixtures` commits it.
+    fn fixture() -> Value {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+            "../crds/tests/fixtures/report-v{REPORT_VERSION}.json"
+        ));
+        let body = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_json::from_slice(&body).expect("JSON")
     }
 
-    fn one_tenant(fields: serde_json::Value) -> TenantReport {
-        let mut entry = serde_json::json!({
-            "state": "Ready", "tenant": {"namespace": "a", "name": "t", "uid": "u"}
-        });
-        if let (Some(e), Some(f)) = (entry.as_object_mut(), fields.as_object()) {
-            e.extend(f.clone());
+    /// What the operator decides from, read from the committed fixture: a field the agent's
+    /// test and the crds test hold it to, read here without loss.
+    #[test]
+    fn the_committed_fixture_is_read_whole_and_aggregated() {
+        let body = serde_json::to_vec(&fixture()).expect("json");
+        let report = parse(&body).expect("the operator reads the fixture");
+        let exact = AgentReport::from_slice(&body).expect("parses");
+        assert_eq!(report, exact, "sanitising changed a sane report");
+        let bert = report.tenant("uid-bert").expect("bert");
+        assert_eq!(bert.profile.as_ref().map(|p| p.points.len()), Some(3));
+        let a = crate::decide::tenant::aggregate(&[bert]);
+        assert_eq!(
+            (a.replicas, a.arrival_rate, a.throughput, a.latency_ms),
+            (1, 120.0, 118.5, 41.5)
+        );
+        assert_eq!((a.compute_ms, a.attainment), (Some(12.25), Some(0.995)));
+        assert_eq!((a.queue_depth, a.completions, a.shed), (2, 3555, 12));
+        let broken = report.tenant("uid-broken").expect("broken");
+        assert_eq!(broken.error(), Some("not a usable ONNX model: no graph"));
+        assert!(
+            report
+                .tenant("uid-resnet")
+                .is_some_and(|t| t.serving().is_none())
+        );
+    }
+
+    /// The fixture's Ready tenant with `fields` replaced (`window` merged), as sanitised.
+    fn one_tenant(fields: Value) -> TenantReport {
+        let mut entry = fixture()["tenants"][0].clone();
+        for (k, v) in fields.as_object().into_iter().flatten() {
+            match (k.as_str(), entry["window"].as_object_mut(), v.as_object()) {
+                ("window", Some(w), Some(v)) => w.extend(v.clone()),
+                _ => entry[k] = v.clone(),
+            }
         }
-        let body = serde_json::to_vec(&serde_json::json!({"tenants": [entry]})).expect("json");
-        AgentReport::parse(&body).expect("parses").tenants[0].clone()
+        let body = serde_json::to_vec(&json!({"version": REPORT_VERSION, "tenants": [entry]}))
+            .expect("json");
+        parse(&body).expect("parses").tenants[0].clone()
     }
 
     #[test]
-    fn counters_saturate_instead_of_failing_or_overflowing() {
-        // 2^64 and 1e30 do not fit a u64; -5 is not a count.
-        let body = br#"{"tenants": [{"state": "Ready", "queueDepth": 18446744073709551616,
-            "weightBytes": -5, "window": {"completions": 1e30, "shed": 12.7}}]}"#;
-        let report = AgentReport::parse(body).expect("a hostile report still parses");
-        let t = &report.tenants[0];
-        assert_eq!(t.queue_depth, Some(MAX_COUNT));
-        assert_eq!(t.weight_bytes, Some(0));
-        let w = t.window.as_ref().expect("window");
-        assert_eq!((w.completions, w.shed), (MAX_COUNT, 12));
-        let exact = one_tenant(serde_json::json!({"window": {"completions": u64::MAX}}));
-        assert_eq!(exact.window.map(|w| w.completions), Some(MAX_COUNT));
-    }
-
-    #[test]
-    fn measurements_are_bounded_and_errors_cut() {
-        let t = one_tenant(serde_json::json!({
+    fn measurements_are_bounded_and_knobs_clamped() {
+        let t = one_tenant(json!({
             "latencyAtPercentileMillis": -1.0,
             "computeAtPercentileMillis": 1e300,
-            "error": "x".repeat(100_000),
-            "knobs": {"batchSize": 0, "instances": 1},
+            "knobs": {"batchSize": 0, "instances": 1000},
             "window": {"arrivalRatePerSecond": 1e300, "throughputPerSecond": -3.0,
                        "sloAttainment": 7.5}
         }));
-        assert_eq!(t.latency_at_percentile_millis, None);
-        assert_eq!(t.compute_at_percentile_millis, None);
-        assert!(
-            t.error
-                .as_ref()
-                .is_some_and(|e| e.chars().count() <= MAX_ERROR_CHARS + 1)
-        );
-        assert_eq!(t.knobs, None);
-        let w = t.window.expect("window");
+        let s = t.serving().expect("serving");
+        assert_eq!(s.latency_at_percentile_millis, None);
+        assert_eq!(s.compute_at_percentile_millis, None);
+        assert_eq!((s.knobs.batch_size, s.knobs.instances), (1, 64));
+        let w = &s.window;
         assert_eq!(
             (w.arrival_rate_per_second, w.throughput_per_second),
             (0.0, 0.0)
@@ -357,17 +322,25 @@ mod tests {
     }
 
     #[test]
+    fn a_long_error_is_cut() {
+        let mut entry = fixture()["tenants"][2].clone();
+        entry["error"] = json!("x".repeat(100_000));
+        let body = serde_json::to_vec(&json!({"version": REPORT_VERSION, "tenants": [entry]}))
+            .expect("json");
+        let report = parse(&body).expect("parses");
+        assert!(
+            report.tenants[0]
+                .error()
+                .is_some_and(|e| e.chars().count() <= MAX_ERROR_CHARS + 1)
+        );
+    }
+
+    #[test]
     fn a_profile_the_status_could_not_hold_is_dropped() {
-        let point = |batch: u32, throughput: f64| {
-            serde_json::json!({"batch": batch, "instances": 1, "throughput": throughput,
-                               "p99_ms": 5.0})
-        };
-        let profile = |points: Vec<serde_json::Value>| {
-            one_tenant(
-                serde_json::json!({"profile": {"model": "m", "weight_bytes": 10,
-                                                      "points": points}}),
-            )
-            .profile
+        let point = |batch: u32, throughput: f64| json!({"batch": batch, "instances": 1, "throughput": throughput, "p99_ms": 5.0});
+        let profile = |points: Vec<Value>| {
+            one_tenant(json!({"profile": {"model": "m", "weight_bytes": 10, "points": points}}))
+                .profile
         };
         assert!(profile(vec![point(1, 10.0), point(4, 30.0)]).is_some());
         assert!(profile(vec![point(1, 10.0), point(5000, 30.0)]).is_none());
@@ -378,14 +351,11 @@ mod tests {
 
     #[test]
     fn at_most_max_tenants_entries_are_kept() {
-        let entries: Vec<serde_json::Value> = (0..MAX_TENANTS + 10)
-            .map(|i| serde_json::json!({"state": "Ready", "name": format!("t{i}")}))
-            .collect();
-        let body = serde_json::to_vec(&serde_json::json!({"tenants": entries})).expect("json");
-        assert_eq!(
-            AgentReport::parse(&body).expect("parses").tenants.len(),
-            MAX_TENANTS
-        );
+        let loading = fixture()["tenants"][1].clone();
+        let entries = vec![loading; MAX_TENANTS + 10];
+        let body = serde_json::to_vec(&json!({"version": REPORT_VERSION, "tenants": entries}))
+            .expect("json");
+        assert_eq!(parse(&body).expect("parses").tenants.len(), MAX_TENANTS);
     }
 
     fn scraper() -> Scraper {
@@ -439,7 +409,11 @@ Connection: close
             size,
         )
         .await;
-        let e = scraper.scrape(&declared, "t").await.expect_err("too large");
+        let e = scraper
+            .scrape(&declared, "t")
+            .await
+            .expect_err("too large")
+            .to_string();
         assert!(e.contains("larger than"), "{e}");
         // Undeclared: a body that never ends.
         let endless = agent_answering(
@@ -451,7 +425,11 @@ Connection: close
             usize::MAX,
         )
         .await;
-        let e = scraper.scrape(&endless, "t").await.expect_err("too large");
+        let e = scraper
+            .scrape(&endless, "t")
+            .await
+            .expect_err("too large")
+            .to_string();
         assert!(e.contains("larger than"), "{e}");
     }
 
@@ -472,7 +450,79 @@ Connection: close
         let e = scraper
             .scrape(&redirecting, "t")
             .await
-            .expect_err("not followed");
+            .expect_err("not followed")
+            .to_string();
         assert!(e.contains("307"), "{e}");
+    }
+
+    /// An agent that answers 200 with `body`.
+    async fn agent_reporting(body: String) -> String {
+        agent_answering(
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            ),
+            0,
+        )
+        .await
+    }
+
+    /// A report of another version is not used, and is told apart from one that is broken; a
+    /// report of this version missing a field is broken, not read with the field absent.
+    #[tokio::test]
+    async fn a_report_of_another_version_is_not_used_and_a_missing_field_is_an_error() {
+        let scraper = scraper();
+        let newer = json!({"version": REPORT_VERSION + 1, "tenants": [{"renamed": true}]});
+        let address = agent_reporting(newer.to_string()).await;
+        let e = scraper
+            .scrape(&address, "t")
+            .await
+            .expect_err("another version");
+        assert!(matches!(e, ScrapeError::OtherVersion(_)), "{e}");
+
+        let mut missing = fixture();
+        missing["tenants"][0]
+            .as_object_mut()
+            .map(|t| t.remove("window"));
+        let address = agent_reporting(missing.to_string()).await;
+        let e = scraper.scrape(&address, "t").await.expect_err("malformed");
+        assert!(
+            matches!(&e, ScrapeError::Failed(m) if m.contains("missing field `window`")),
+            "{e}"
+        );
+
+        let mut newer_field = fixture();
+        newer_field["tenants"][0]["addedLater"] = json!(1);
+        let address = agent_reporting(newer_field.to_string()).await;
+        let report = scraper
+            .scrape(&address, "t")
+            .await
+            .expect("an added field is ignored");
+        assert_eq!(report.tenants.len(), 4);
+    }
+
+    #[test]
+    fn an_agent_of_another_version_is_named_once_until_it_changes() {
+        let mut versions = OtherVersions::default();
+        let other = |v: u32| -> Result<AgentReport, ScrapeError> {
+            Err(ScrapeError::OtherVersion(Some(v)))
+        };
+        let message = versions.saw("agents/a", Some(&other(2))).expect("named");
+        assert!(
+            message.contains("writes report version 2")
+                && message.contains(&format!("reads version {REPORT_VERSION}"))
+                && message.contains("not used"),
+            "{message}"
+        );
+        assert_eq!(versions.saw("agents/a", Some(&other(2))), None);
+        // Unreachable for a while says nothing about its version.
+        let unreachable = Err(ScrapeError::Failed("timed out".into()));
+        assert_eq!(versions.saw("agents/a", Some(&unreachable)), None);
+        assert_eq!(versions.saw("agents/a", Some(&other(2))), None);
+        assert!(versions.saw("agents/a", Some(&other(3))).is_some());
+        // Replaced by an agent of this version, then by another of version 2 again.
+        let current = Ok(AgentReport::new(Vec::new()));
+        assert_eq!(versions.saw("agents/a", Some(&current)), None);
+        assert!(versions.saw("agents/a", Some(&other(2))).is_some());
     }
 }

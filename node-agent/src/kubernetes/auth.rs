@@ -245,7 +245,7 @@ mod tests {
     }
 
     const OPERATOR: &str = "system:serviceaccount:cotenant-system:cotenant-operator";
-    const AUDIENCE: &str = "cotenant.dev/agent-report";
+    const AUDIENCE: &str = cotenant_crds::report::REPORT_AUDIENCE;
 
     #[test]
     fn the_operator_account_with_the_audience_is_accepted() {

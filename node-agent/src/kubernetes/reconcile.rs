@@ -22,6 +22,7 @@ use crate::credentials::TenantTokens;
 use crate::dnnscaler;
 use crate::load;
 use crate::registry::{Entry, Registry, State};
+use cotenant_crds::report::served_name;
 use cotenant_crds::{Assignment, Knobs, LoadedTenant, ReplicaState, TenantRef};
 use cotenant_executor::Device;
 use cotenant_executor::runtime::{CoSchedule, Tenant};
@@ -101,11 +102,6 @@ struct Held {
     profile_error: Option<String>,
     /// Failed loads in a row of this assignment, for the retry backoff.
     failures: u32,
-}
-
-/// The served model name of a tenant: `<namespace>.<name>`.
-pub fn served_name(tenant: &TenantRef) -> String {
-    format!("{}.{}", tenant.namespace, tenant.name)
 }
 
 fn slo_of(a: &Assignment) -> Duration {
@@ -214,7 +210,7 @@ impl Reconciler {
         self.generation = desired.generation;
         let mut wanted: BTreeMap<String, Assignment> = BTreeMap::new();
         for a in desired.assignments {
-            let name = served_name(&a.tenant);
+            let name = served_name(&a.tenant.namespace, &a.tenant.name);
             if wanted.contains_key(&name) {
                 tracing::error!(tenant = %name, "the GpuAgent assigns this tenant twice; serving the first");
                 continue;

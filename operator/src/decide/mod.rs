@@ -6,8 +6,8 @@
 mod status;
 pub mod tenant;
 
-use crate::report::{AgentReport, TenantReport};
 use cotenant_crds::policy_view::spec_knobs;
+use cotenant_crds::report::{AgentReport, TenantReport};
 use cotenant_crds::{Assignment, GpuAgentStatus, GpuPool, GpuPoolStatus, ModelTenant, TenantRef};
 use cotenant_crds::{ModelTenantStatus, conditions::set_condition};
 use cotenant_policy::{
@@ -84,7 +84,7 @@ impl AgentView {
                 .report
                 .as_ref()
                 .and_then(|r| r.tenant(uid))
-                .is_some_and(|r| r.state == "Ready")
+                .is_some_and(|r| r.serving().is_some())
     }
 }
 
@@ -218,11 +218,6 @@ fn replacing(agents: &[AgentView], tuning: &Tuning) -> BTreeSet<String> {
         chosen.insert(next.clone());
     }
     chosen
-}
-
-/// The served model name of a tenant on an agent.
-pub fn served_name(namespace: &str, name: &str) -> String {
-    format!("{namespace}.{name}")
 }
 
 fn tenant_ref(t: &ModelTenant) -> TenantRef {

@@ -4,6 +4,7 @@
 use super::tenant::{Aggregate, TenantDecision};
 use cotenant_crds::conditions::set_condition;
 use cotenant_crds::policy_view::{chosen, scaler_memory, spec_knobs};
+use cotenant_crds::report::served_name;
 use cotenant_crds::{ModelTenant, ModelTenantStatus, Observed, ReplicaPlacement, TenantPhase};
 use kube::ResourceExt;
 
@@ -36,7 +37,7 @@ pub fn tenant_status(
     s.scaler = d.learned.map(scaler_memory);
     s.endpoint = Some(format!(
         "http://{name}.{namespace}.svc:8000/v2/models/{}",
-        super::served_name(&namespace, &name)
+        served_name(&namespace, &name)
     ));
     s.observed_generation = generation;
     let a = &d.aggregate;

@@ -2,8 +2,8 @@
 //! its replica count and the footprint of one replica. Pure; the memory of past rounds lives in
 //! `TenantMemory`, rebuilt from the tenant's status after an operator restart.
 
-use crate::report::TenantReport;
 use cotenant_crds::policy_view::{self, bounds_and_slo};
+use cotenant_crds::report::TenantReport;
 use cotenant_crds::{ModelTenant, Profile as SpecProfile};
 use cotenant_policy::{
     Approach, Decision, Knobs, LatencyModel, Learned, ReplicaConfig, ReplicaInput, ReplicaState,
@@ -74,10 +74,10 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
         ..Aggregate::default()
     };
     let mut attained = 0.0;
-    for r in reports.iter().filter(|r| r.state == "Ready") {
+    for r in reports.iter().filter_map(|r| r.serving()) {
         // Counters come from agents: they saturate rather than overflow.
         a.replicas += 1;
-        a.queue_depth = a.queue_depth.saturating_add(r.queue_depth.unwrap_or(0));
+        a.queue_depth = a.queue_depth.saturating_add(r.queue_depth);
         if let Some(l) = r.latency_at_percentile_millis.filter(|l| l.is_finite()) {
             a.latency_ms = if a.latency_ms.is_nan() {
                 l
@@ -88,14 +88,13 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
         if let Some(c) = r.compute_at_percentile_millis.filter(|c| c.is_finite()) {
             a.compute_ms = Some(a.compute_ms.map_or(c, |w| w.max(c)));
         }
-        if let Some(w) = &r.window {
-            a.arrival_rate += w.arrival_rate_per_second;
-            a.throughput += w.throughput_per_second;
-            a.completions = a.completions.saturating_add(w.completions);
-            a.shed = a.shed.saturating_add(w.shed);
-            if let Some(s) = w.slo_attainment {
-                attained += s * w.completions as f64;
-            }
+        let w = &r.window;
+        a.arrival_rate += w.arrival_rate_per_second;
+        a.throughput += w.throughput_per_second;
+        a.completions = a.completions.saturating_add(w.completions);
+        a.shed = a.shed.saturating_add(w.shed);
+        if let Some(s) = w.slo_attainment {
+            attained += s * w.completions as f64;
         }
     }
     if a.completions > 0 {
@@ -141,12 +140,11 @@ pub fn decide(
     let model_name = tenant.name_any();
     let mut notes = Vec::new();
     let aggregate = aggregate(reports);
-    let failure = reports.iter().find(|r| r.state == "Failed").map(|r| {
-        r.error
-            .clone()
-            .unwrap_or_else(|| "the agent gave no reason".into())
-    });
-    if let Some(w) = reports.iter().find_map(|r| r.weight_bytes) {
+    let failure = reports.iter().find_map(|r| r.error()).map(str::to_string);
+    if let Some(w) = reports
+        .iter()
+        .find_map(|r| r.serving().map(|s| s.weight_bytes))
+    {
         memory.weight_bytes = Some(w);
     }
 

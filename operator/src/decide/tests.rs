@@ -1,5 +1,5 @@
 use super::*;
-use crate::report::{ReportedKnobs, ReportedTenant, Window};
+use cotenant_crds::report::{Serving, State, Window};
 use cotenant_crds::{GpuPoolSpec, ModelTenantSpec};
 use cotenant_policy::{Profile, ProfilePoint};
 
@@ -41,7 +41,7 @@ fn agent(name: &str, port: u16) -> AgentView {
         pod: PodState::Running,
         pod_ip: Some("10.0.0.1".into()),
         node: Some("node-1".into()),
-        report: Some(AgentReport::default()),
+        report: Some(AgentReport::new(Vec::new())),
         unreachable_for_s: 0.0,
         draining: false,
         outdated: false,
@@ -68,34 +68,49 @@ fn profile() -> Profile {
     }
 }
 
-fn replica_report(t: &ModelTenant, state: &str) -> TenantReport {
+fn replica_report(t: &ModelTenant, state: State) -> TenantReport {
     TenantReport {
-        tenant: Some(ReportedTenant {
+        name: cotenant_crds::report::served_name("team", &t.name_any()),
+        source: t.spec.model.uri.clone(),
+        slo_millis: t.spec.slo.latency_millis,
+        percentile: t.spec.slo.percentile,
+        tenant: Some(TenantRef {
             namespace: "team".into(),
             name: t.name_any(),
             uid: t.uid().expect("uid"),
         }),
-        state: state.into(),
-        error: None,
-        knobs: Some(ReportedKnobs {
-            batch_size: 1,
-            instances: 1,
-        }),
-        queue_depth: Some(0),
-        latency_at_percentile_millis: None,
-        compute_at_percentile_millis: None,
-        window: Some(Window::default()),
-        weight_bytes: Some(10 << 20),
+        profiling: false,
+        approach: None,
         profile: None,
+        state,
     }
+}
+
+/// A Ready replica at batch 1, 1 instance, with `latency_ms` and `compute_ms` at the SLO
+/// percentile over `window`.
+fn ready_with(latency_ms: Option<f64>, compute_ms: Option<f64>, window: Window) -> State {
+    State::Ready(Serving {
+        knobs: cotenant_crds::Knobs::default(),
+        queue_depth: 0,
+        admission_overrun: 1.0,
+        latency_at_percentile_millis: latency_ms,
+        compute_at_percentile_millis: compute_ms,
+        window,
+        weight_bytes: 10 << 20,
+    })
+}
+
+/// A Ready replica that has served nothing yet.
+fn ready_replica() -> State {
+    ready_with(None, None, Window::default())
 }
 
 /// An agent report with `t`'s replica Ready, at `latency_ms` at the SLO percentile over `window`.
 fn serving(t: &ModelTenant, latency_ms: f64, window: Window) -> AgentReport {
-    let mut r = replica_report(t, "Ready");
-    r.latency_at_percentile_millis = Some(latency_ms);
-    r.window = Some(window);
-    AgentReport { tenants: vec![r] }
+    AgentReport::new(vec![replica_report(
+        t,
+        ready_with(Some(latency_ms), None, window),
+    )])
 }
 
 /// Runs one round and puts its assignments on the agents, as the agents would see them.
@@ -126,9 +141,9 @@ fn placed_then_profiled(
     memory: &mut Memory,
 ) -> PoolOutcome {
     round(pool, std::slice::from_ref(t), agents, memory, 0.0);
-    let mut r = replica_report(t, "Ready");
+    let mut r = replica_report(t, ready_replica());
     r.profile = Some(profile());
-    agents[0].report = Some(AgentReport { tenants: vec![r] });
+    agents[0].report = Some(AgentReport::new(vec![r]));
     round(pool, std::slice::from_ref(t), agents, memory, 2.0)
 }
 
@@ -200,11 +215,16 @@ fn a_broken_model_fails_its_tenant_only() {
     let mut memory = Memory::default();
     let tenants = [good.clone(), bad.clone()];
     round(&pool, &tenants, &mut agents, &mut memory, 0.0);
-    let mut broken = replica_report(&bad, "Failed");
-    broken.error = Some("model file /models/m.onnx: not ONNX".into());
-    agents[0].report = Some(AgentReport {
-        tenants: vec![replica_report(&good, "Ready"), broken],
-    });
+    let broken = replica_report(
+        &bad,
+        State::Failed {
+            error: "model file /models/m.onnx: not ONNX".into(),
+        },
+    );
+    agents[0].report = Some(AgentReport::new(vec![
+        replica_report(&good, ready_replica()),
+        broken,
+    ]));
     let outcome = round(&pool, &tenants, &mut agents, &mut memory, 2.0);
     let by_name = |n: &str| {
         outcome
@@ -241,9 +261,7 @@ fn a_model_larger_than_any_agent_is_unassigned_and_says_so() {
         &mut memory,
         0.0,
     );
-    agents[0].report = Some(AgentReport {
-        tenants: vec![replica_report(&t, "Ready")],
-    });
+    agents[0].report = Some(AgentReport::new(vec![replica_report(&t, ready_replica())]));
     let outcome = round(
         &pool,
         std::slice::from_ref(&t),
@@ -349,9 +367,7 @@ fn a_briefly_silent_agent_keeps_its_replicas_but_loses_its_routes() {
         .iter()
         .position(|a| !a.assignments.is_empty())
         .expect("placed");
-    agents[host].report = Some(AgentReport {
-        tenants: vec![replica_report(&t, "Ready")],
-    });
+    agents[host].report = Some(AgentReport::new(vec![replica_report(&t, ready_replica())]));
     let serving = round(
         &pool,
         std::slice::from_ref(&t),
@@ -389,9 +405,7 @@ fn a_new_model_uri_is_profiled_again() {
     let mut changed = ModelTenant::clone(&t);
     changed.status = Some(profiled.tenants[0].status.clone());
     changed.spec.model.uri = "file:///models/m2.onnx".into();
-    agents[0].report = Some(AgentReport {
-        tenants: vec![replica_report(&t, "Ready")],
-    });
+    agents[0].report = Some(AgentReport::new(vec![replica_report(&t, ready_replica())]));
     let outcome = round(&pool, &[Arc::new(changed)], &mut agents, &mut memory, 4.0);
     let assigned = &outcome.assignments["agent-0"][0];
     assert_eq!(assigned.model.uri, "file:///models/m2.onnx");
@@ -417,6 +431,7 @@ fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
             completions: 300,
             slo_attainment: Some(1.0),
             shed: 0,
+            ..Window::default()
         };
         agents[0].report = Some(serving(&t, 5.0, window));
         let outcome = round(
@@ -464,21 +479,19 @@ fn a_restarted_operator_keeps_what_dnnscaler_learned() {
 #[test]
 fn the_aggregate_takes_the_worst_replicas_compute_time_and_skips_what_is_missing() {
     let t = tenant("a", 50.0);
-    let with = |compute: Option<f64>, state: &str| TenantReport {
-        compute_at_percentile_millis: compute,
-        ..replica_report(&t, state)
-    };
+    let with =
+        |compute: Option<f64>| replica_report(&t, ready_with(None, compute, Window::default()));
     let reports = [
-        with(Some(4.0), "Ready"),
-        with(Some(9.0), "Ready"),
-        with(Some(f64::NAN), "Ready"),
-        with(None, "Ready"),
-        with(Some(40.0), "Loading"),
+        with(Some(4.0)),
+        with(Some(9.0)),
+        with(Some(f64::NAN)),
+        with(None),
+        replica_report(&t, State::Loading),
     ];
     let a = super::tenant::aggregate(&reports.iter().collect::<Vec<_>>());
     assert_eq!((a.replicas, a.compute_ms), (4, Some(9.0)));
-    let older_agents = [with(None, "Ready")];
-    let a = super::tenant::aggregate(&older_agents.iter().collect::<Vec<_>>());
+    let unmeasured = [with(None)];
+    let a = super::tenant::aggregate(&unmeasured.iter().collect::<Vec<_>>());
     assert_eq!(a.compute_ms, None);
 }
 
@@ -496,6 +509,7 @@ fn the_slo_condition_says_how_much_admission_refused() {
             completions,
             slo_attainment: Some(0.995),
             shed,
+            ..Window::default()
         };
         agents[0].report = Some(serving(&t, 40.0, window));
         let outcome = round(
@@ -589,10 +603,13 @@ fn counters_an_agent_reports_cannot_overflow_the_round() {
         completions: u64::MAX,
         slo_attainment: Some(1.0),
         shed: u64::MAX,
+        ..Window::default()
     };
     for a in agents.iter_mut() {
         let mut report = serving(&t, 10.0, huge.clone());
-        report.tenants[0].queue_depth = Some(u64::MAX);
+        if let State::Ready(s) = &mut report.tenants[0].state {
+            s.queue_depth = u64::MAX;
+        }
         a.report = Some(report);
     }
     let reports: Vec<TenantReport> = agents
