@@ -106,6 +106,7 @@ fn mib(bytes: u64) -> String {
 
 /// Imports `bytes`, checks it fits `sizing` and runs on the device, and starts serving it (in
 /// seats of `co`, if given). A panic anywhere in this fails the tenant alone, with the reason.
+#[tracing::instrument(name = "load", skip_all, fields(tenant = %config.name, bytes = bytes.len()))]
 pub fn start(
     bytes: &[u8],
     config: TenantConfig,

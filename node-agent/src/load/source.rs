@@ -198,6 +198,7 @@ fn is_http(uri: &str) -> bool {
 /// The model bytes behind `model` (`file://`, `http(s)://`, `s3://`, `gs://` or `az://`),
 /// checked against its `sha256` (which all but `file://` need). Blocking: call it off the async
 /// workers; `runtime` runs the downloads. Waits for a free load slot first.
+#[tracing::instrument(name = "fetch", skip_all, fields(uri = %model.uri))]
 pub fn model_bytes(
     model: &ModelSource,
     base: Option<&Path>,

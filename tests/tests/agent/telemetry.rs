@@ -1,5 +1,6 @@
 //! Spans leave the agent for an OpenTelemetry collector when it is given one
-//! (`--otlp-endpoint`): a request's `infer` span, with its model, arrives over OTLP/HTTP.
+//! (`--otlp-endpoint`): a model's `fetch` span and a request's `infer` span, with its model,
+//! arrive over OTLP/HTTP.
 
 use super::{python, scratch, serve, tenant_yaml, wide_model};
 use cotenant_e2e::http::http_post_json;
@@ -86,18 +87,20 @@ fn request_spans_reach_an_otlp_collector() {
     let (code, answer) = http_post_json(&addr, "/v2/models/wide/infer", body).expect("infer");
     assert_eq!(code, 200, "{answer}");
     poll(
-        "the infer span at the collector",
+        "the fetch and infer spans at the collector",
         Duration::from_secs(30),
         || {
             let got = received.lock().unwrap_or_else(|e| e.into_inner());
-            let span = got.iter().find(|(path, body)| {
-                path == "/v1/traces"
-                    && contains(body, "infer")
+            let traces = || got.iter().filter(|(path, _)| path == "/v1/traces");
+            let request = traces().any(|(_, body)| {
+                contains(body, "infer")
                     && contains(body, "wide")
                     && contains(body, "cotenant-agent")
             });
-            match span {
-                Some(_) => Ok(()),
+            let load = traces()
+                .any(|(_, body)| contains(body, "fetch") && contains(body, "models/wide.onnx"));
+            match (request && load).then_some(()) {
+                Some(()) => Ok(()),
                 None => Err(format!(
                     "{} posts: {:?}",
                     got.len(),
