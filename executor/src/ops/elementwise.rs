@@ -1,5 +1,5 @@
-//! Pointwise ops: unary math and activations, numpy-broadcast binary arithmetic, comparisons and
-//! logic, Clip, PRelu, Where, variadic Sum/Max/Min/Mean and Cast.
+//! Pointwise ops: unary math and activations, numpy-broadcast binary arithmetic (Mod included),
+//! comparisons and logic, Clip, PRelu, Where, variadic Sum/Max/Min/Mean and Cast.
 
 use super::{Activation, Cx, input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
@@ -30,6 +30,12 @@ pub enum Unary {
     Ceil,
     Not,
     Identity,
+    Sin,
+    Cos,
+    /// To the nearest integer, halves to even.
+    Round,
+    Sign,
+    Mish,
 }
 
 impl Unary {
@@ -84,6 +90,20 @@ impl Unary {
             Unary::Floor => x.floor(),
             Unary::Ceil => x.ceil(),
             Unary::Identity => x,
+            Unary::Sin => x.sin(),
+            Unary::Cos => x.cos(),
+            Unary::Round => x.round_ties_even(),
+            // Zero and NaN are their own sign.
+            Unary::Sign => {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    x
+                }
+            }
+            Unary::Mish => x * Unary::Softplus.f32(x).tanh(),
             other => other.as_activation().map_or(x, |a| a.apply(x)),
         }
     }
@@ -102,6 +122,19 @@ impl Unary {
             Unary::Relu => x.max(0.0),
             Unary::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             Unary::Identity => x,
+            Unary::Sin => x.sin(),
+            Unary::Cos => x.cos(),
+            Unary::Round => x.round_ties_even(),
+            Unary::Sign => {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    x
+                }
+            }
+            Unary::Mish => x * (if x > 20.0 { x } else { x.exp().ln_1p() }).tanh(),
             other => other.f32(x as f32) as f64,
         }
     }
@@ -130,6 +163,10 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
         (Data::I8(v), Unary::Neg) => Data::I8(v.iter().map(|&x| x.wrapping_neg()).collect()),
         (Data::I8(v), Unary::Abs) => Data::I8(v.iter().map(|&x| x.wrapping_abs()).collect()),
         (Data::U8(v), Unary::Abs) => Data::U8(v.clone()),
+        (Data::I64(v), Unary::Sign) => Data::I64(v.iter().map(|&x| x.signum()).collect()),
+        (Data::I32(v), Unary::Sign) => Data::I32(v.iter().map(|&x| x.signum()).collect()),
+        (Data::I8(v), Unary::Sign) => Data::I8(v.iter().map(|&x| x.signum()).collect()),
+        (Data::U8(v), Unary::Sign) => Data::U8(v.iter().map(|&x| x.min(1)).collect()),
         (d, _) => return Err(OpError::DType(format!("{u:?} on {:?}", d.dtype()))),
     };
     Ok(Tensor { shape, data })
@@ -144,6 +181,10 @@ pub enum Binary {
     Pow,
     Max,
     Min,
+    /// Integer remainder with the divisor's sign (Python's `%`): Mod with `fmod=0`.
+    Mod,
+    /// Remainder with the dividend's sign (C's `fmod`): Mod with `fmod=1`.
+    Fmod,
     Equal,
     Less,
     Greater,
@@ -262,17 +303,24 @@ pub fn broadcast_map<T: Copy, U>(
     res
 }
 
-trait Num: Copy + PartialOrd {
+/// The element types arithmetic runs on.
+pub(crate) trait Num: Copy + PartialOrd {
+    const FLOAT: bool;
     fn add(self, o: Self) -> Self;
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
     fn div(self, o: Self) -> Self;
     fn pow(self, o: Self) -> Self;
+    /// Remainder with the sign of the dividend.
+    fn rem_trunc(self, o: Self) -> Self;
+    /// Remainder with the sign of the divisor.
+    fn rem_floor(self, o: Self) -> Self;
 }
 
 macro_rules! num_float {
     ($t:ty) => {
         impl Num for $t {
+            const FLOAT: bool = true;
             fn add(self, o: Self) -> Self {
                 self + o
             }
@@ -288,12 +336,24 @@ macro_rules! num_float {
             fn pow(self, o: Self) -> Self {
                 self.powf(o)
             }
+            fn rem_trunc(self, o: Self) -> Self {
+                self % o
+            }
+            fn rem_floor(self, o: Self) -> Self {
+                let r = self % o;
+                if r != 0.0 && (r < 0.0) != (o < 0.0) {
+                    r + o
+                } else {
+                    r
+                }
+            }
         }
     };
 }
 macro_rules! num_int {
     ($t:ty) => {
         impl Num for $t {
+            const FLOAT: bool = false;
             fn add(self, o: Self) -> Self {
                 self.wrapping_add(o)
             }
@@ -310,6 +370,22 @@ macro_rules! num_int {
             fn pow(self, o: Self) -> Self {
                 (self as f64).powf(o as f64) as $t
             }
+            // As for division, a zero divisor gives 0 rather than a panic.
+            fn rem_trunc(self, o: Self) -> Self {
+                if o == 0 { 0 } else { self.wrapping_rem(o) }
+            }
+            #[allow(unused_comparisons)]
+            fn rem_floor(self, o: Self) -> Self {
+                if o == 0 {
+                    return 0;
+                }
+                let r = self.wrapping_rem(o);
+                if r != 0 && (r < 0) != (o < 0) {
+                    r.wrapping_add(o)
+                } else {
+                    r
+                }
+            }
         }
     };
 }
@@ -321,7 +397,7 @@ num_int!(i8);
 num_int!(u8);
 
 /// NaN test for any `PartialOrd` element (only floats can be unordered with themselves).
-fn is_nan<T: PartialOrd>(x: T) -> bool {
+pub(crate) fn is_nan<T: PartialOrd>(x: T) -> bool {
     x.partial_cmp(&x).is_none()
 }
 
@@ -339,6 +415,13 @@ fn arith<T: Num>(
         Binary::Mul => Ok(broadcast_map(a, ash, b, bsh, out, T::mul)),
         Binary::Div => Ok(broadcast_map(a, ash, b, bsh, out, T::div)),
         Binary::Pow => Ok(broadcast_map(a, ash, b, bsh, out, T::pow)),
+        Binary::Mod if T::FLOAT => {
+            return Err(OpError::DType(
+                "Mod of floating-point values needs fmod=1".into(),
+            ));
+        }
+        Binary::Mod => Ok(broadcast_map(a, ash, b, bsh, out, T::rem_floor)),
+        Binary::Fmod => Ok(broadcast_map(a, ash, b, bsh, out, T::rem_trunc)),
         Binary::Max => Ok(broadcast_map(a, ash, b, bsh, out, |x, y| {
             if x >= y || is_nan(x) { x } else { y }
         })),

@@ -462,6 +462,15 @@ fn arithmetic(op: Binary, a: Option<&Vec<Sym>>, b: Option<&Vec<Sym>>) -> Option<
                 Binary::Mul => x.checked_mul(y),
                 // ONNX integer division truncates, as Rust's does.
                 Binary::Div => x.checked_div(y),
+                Binary::Fmod => x.checked_rem(y),
+                // The divisor's sign, as Python's `%`.
+                Binary::Mod => x.checked_rem(y).map(|r| {
+                    if r != 0 && (r < 0) != (y < 0) {
+                        r + y
+                    } else {
+                        r
+                    }
+                }),
                 _ => None,
             };
             Some(v.map_or(Sym::Unknown, Sym::Known))

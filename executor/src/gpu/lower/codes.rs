@@ -30,6 +30,7 @@ pub fn unary(u: Unary) -> Option<(UnaryCode, f32, f32)> {
         Unary::Ceil => (C::Ceil, 0.0, 0.0),
         Unary::Selu(a, g) => (C::Selu, a, g),
         Unary::Not | Unary::Identity => return None,
+        Unary::Sin | Unary::Cos | Unary::Round | Unary::Sign | Unary::Mish => return None,
     })
 }
 

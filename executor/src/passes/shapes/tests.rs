@@ -150,3 +150,16 @@ fn symbolic_products_and_reshapes() {
         Some(vec![b(), k(5)])
     );
 }
+
+/// Shape arithmetic knows Mod in both forms; a zero divisor or an overflow leaves the element
+/// to run time.
+#[test]
+fn shape_arithmetic_takes_remainders_with_either_sign() {
+    let k = |v: i64| Some(vec![Sym::Known(v)]);
+    let rem = |op, a: i64, b: i64| arithmetic(op, k(a).as_ref(), k(b).as_ref());
+    assert_eq!(rem(Binary::Mod, -7, 3), k(2));
+    assert_eq!(rem(Binary::Mod, 7, -3), k(-2));
+    assert_eq!(rem(Binary::Fmod, -7, 3), k(-1));
+    assert_eq!(rem(Binary::Mod, 7, 0), Some(vec![Sym::Unknown]));
+    assert_eq!(rem(Binary::Mod, i64::MIN, -1), Some(vec![Sym::Unknown]));
+}
