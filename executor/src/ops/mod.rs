@@ -5,6 +5,7 @@
 pub mod attrs;
 pub mod conv;
 pub mod elementwise;
+pub mod index;
 pub mod matmul;
 pub mod norm;
 pub mod pool;
@@ -67,6 +68,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Abs",
     "Add",
     "And",
+    "ArgMax",
+    "ArgMin",
     "AveragePool",
     "BatchNormalization",
     "Cast",
@@ -88,6 +91,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Flatten",
     "Floor",
     "Gather",
+    "GatherElements",
+    "GatherND",
     "Gelu",
     "Gemm",
     "GlobalAveragePool",
@@ -113,7 +118,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Mod",
     "Mul",
     "Neg",
+    "NonZero",
     "Not",
+    "OneHot",
     "Or",
     "Pad",
     "Pow",
@@ -132,6 +139,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Reshape",
     "Resize",
     "Round",
+    "Scatter",
+    "ScatterElements",
+    "ScatterND",
     "Selu",
     "Shape",
     "Sigmoid",
@@ -148,6 +158,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Sum",
     "Tanh",
     "Tile",
+    "TopK",
     "Transpose",
     "Unsqueeze",
     "Upsample",
@@ -208,6 +219,9 @@ pub enum Op {
     Cast {
         to: DType,
     },
+    /// Selection and placement by index: TopK, ArgMax/ArgMin, gathers, scatters, NonZero,
+    /// OneHot.
+    Index(index::IndexOp),
 }
 
 impl Op {
@@ -354,6 +368,9 @@ impl Op {
                 Ok(Some(Op::Cast { to }))
             }
             other => {
+                if let Some(op) = index::IndexOp::parse(other, a, opset)? {
+                    return Ok(Some(Op::Index(op)));
+                }
                 Ok(shape::ShapeOp::parse(other, a, opset, n_inputs, n_outputs)?.map(Op::Shape))
             }
         }
@@ -426,6 +443,7 @@ impl Op {
             Op::Shape(s) => s.name().into(),
             Op::Resize(_) => "Resize".into(),
             Op::Cast { .. } => "Cast".into(),
+            Op::Index(i) => i.name().into(),
         }
     }
 
@@ -489,6 +507,7 @@ impl Op {
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::Cast { to } => one(Ok(elementwise::cast(input(inputs, 0)?, *to))),
+            Op::Index(i) => i.eval(inputs),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! Only the ops whose outputs can be far larger than their inputs have an estimate; every other
 //! op allocates at most a small multiple of what it reads, which is already counted.
 
+use super::index::{IndexOp, gather_nd_shape, one_hot_depth, one_hot_shape};
 use super::shape::{ShapeOp, expand_shape, gather_shape, pad_shape, range_len, slice_of};
 use super::{Op, input};
 use crate::error::{OpError, OpResult, shape_err};
@@ -101,6 +102,28 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?
         }
         Op::Cast { to } => elements(&x()?.shape, to.size())?,
+        Op::Index(i) => return index_op(i, inputs),
+        _ => return Ok(None),
+    };
+    Ok(Some(bytes))
+}
+
+fn index_op(op: &IndexOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>> {
+    let x = || input(inputs, 0);
+    let bytes = match op {
+        // One slice of the data per index tuple, gathered through an index per element.
+        IndexOp::GatherNd { batch_dims } => {
+            let out = gather_nd_shape(&x()?.shape, &input(inputs, 1)?.shape, *batch_dims)?;
+            elements(&out, dsize(x()?) + INDEX)?
+        }
+        // An int64 coordinate per axis of every element, at worst, and its position.
+        IndexOp::NonZero => times(x()?.len(), 8 * x()?.rank() + INDEX)?,
+        // The depth comes from data: one element and one pick per output element.
+        IndexOp::OneHot { axis } => {
+            let depth = one_hot_depth(input(inputs, 1)?)?;
+            let out = one_hot_shape(&x()?.shape, depth, *axis)?;
+            elements(&out, dsize(input(inputs, 2)?) + INDEX)?
+        }
         _ => return Ok(None),
     };
     Ok(Some(bytes))
@@ -266,6 +289,22 @@ mod tests {
         let x = f32s(&[1 << 10]);
         let many: Vec<Option<&Tensor>> = vec![Some(&x); 1 << 12];
         assert_eq!(allocation(&concat, &many), Ok(Some(16 << 20)));
+        // OneHot's depth and GatherND's slices.
+        let one_hot = Op::Index(IndexOp::OneHot { axis: -1 });
+        let (ind, depth, values) = (f32s(&[1 << 10]), ints(&[1 << 20]), f32s(&[2]));
+        let bytes = allocation(&one_hot, &[Some(&ind), Some(&depth), Some(&values)]);
+        assert!(bytes.unwrap().unwrap() >= 4 * giga);
+        let nd = Op::Index(IndexOp::GatherNd { batch_dims: 0 });
+        let (data, ind) = (
+            f32s(&[1, 1 << 20]),
+            ints(&[0; 1 << 10]).reshaped(vec![1 << 10, 1]).unwrap(),
+        );
+        assert!(
+            allocation(&nd, &[Some(&data), Some(&ind)])
+                .unwrap()
+                .unwrap()
+                >= 4 * giga
+        );
         // Ops that read as much as they write have no estimate.
         let relu = Op::Unary(crate::ops::elementwise::Unary::Relu);
         assert_eq!(allocation(&relu, &[Some(&x)]), Ok(None));
@@ -302,6 +341,18 @@ mod tests {
                 Op::MatMul { act: None },
                 vec![f32s(&[5, 1, 2, 3]), f32s(&[4, 3, 7])],
             ),
+            (
+                Op::Index(IndexOp::GatherNd { batch_dims: 1 }),
+                vec![
+                    x.clone(),
+                    Tensor::i64(vec![2, 2, 1], vec![0, 1, 2, 0]).unwrap(),
+                ],
+            ),
+            (
+                Op::Index(IndexOp::OneHot { axis: 0 }),
+                vec![x.clone(), ints(&[4]), f32s(&[2])],
+            ),
+            (Op::Index(IndexOp::NonZero), vec![x.clone()]),
         ];
         for (op, ins) in cases {
             let refs: Vec<Option<&Tensor>> = ins.iter().map(Some).collect();
