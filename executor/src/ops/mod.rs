@@ -7,6 +7,7 @@ pub mod conv;
 pub mod elementwise;
 pub mod index;
 pub mod matmul;
+pub mod nms;
 pub mod norm;
 pub mod pool;
 pub mod reduce;
@@ -118,6 +119,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Mod",
     "Mul",
     "Neg",
+    "NonMaxSuppression",
     "NonZero",
     "Not",
     "OneHot",
@@ -222,6 +224,9 @@ pub enum Op {
     /// Selection and placement by index: TopK, ArgMax/ArgMin, gathers, scatters, NonZero,
     /// OneHot.
     Index(index::IndexOp),
+    NonMaxSuppression {
+        center_point_box: bool,
+    },
 }
 
 impl Op {
@@ -367,6 +372,13 @@ impl Op {
                     .ok_or_else(|| format!("Cast to element type {to} is not supported"))?;
                 Ok(Some(Op::Cast { to }))
             }
+            "NonMaxSuppression" => Ok(Some(Op::NonMaxSuppression {
+                center_point_box: match a.int_or("center_point_box", 0)? {
+                    0 => false,
+                    1 => true,
+                    c => return Err(format!("attribute \"center_point_box\" is {c}, not 0 or 1")),
+                },
+            })),
             other => {
                 if let Some(op) = index::IndexOp::parse(other, a, opset)? {
                     return Ok(Some(Op::Index(op)));
@@ -444,6 +456,7 @@ impl Op {
             Op::Resize(_) => "Resize".into(),
             Op::Cast { .. } => "Cast".into(),
             Op::Index(i) => i.name().into(),
+            Op::NonMaxSuppression { .. } => "NonMaxSuppression".into(),
         }
     }
 
@@ -508,6 +521,9 @@ impl Op {
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::Cast { to } => one(Ok(elementwise::cast(input(inputs, 0)?, *to))),
             Op::Index(i) => i.eval(inputs),
+            Op::NonMaxSuppression { center_point_box } => {
+                one(nms::non_max_suppression(inputs, *center_point_box))
+            }
         }
     }
 }

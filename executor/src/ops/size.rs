@@ -103,6 +103,12 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
         }
         Op::Cast { to } => elements(&x()?.shape, to.size())?,
         Op::Index(i) => return index_op(i, inputs),
+        // At most every box of every class kept, three int64 per row; a sort key per box.
+        Op::NonMaxSuppression { .. } => {
+            let rows = super::nms::max_selected(inputs)?;
+            let boxes = x()?.shape.get(1).copied().unwrap_or(0);
+            plus(times(rows, 3 * 8)?, times(boxes, 8 + 2 * INDEX)?)?
+        }
         _ => return Ok(None),
     };
     Ok(Some(bytes))
@@ -353,6 +359,12 @@ mod tests {
                 vec![x.clone(), ints(&[4]), f32s(&[2])],
             ),
             (Op::Index(IndexOp::NonZero), vec![x.clone()]),
+            (
+                Op::NonMaxSuppression {
+                    center_point_box: false,
+                },
+                vec![f32s(&[2, 3, 4]), f32s(&[2, 2, 3]), ints(&[9])],
+            ),
         ];
         for (op, ins) in cases {
             let refs: Vec<Option<&Tensor>> = ins.iter().map(Some).collect();
