@@ -4,6 +4,7 @@
 
 pub mod attrs;
 pub mod conv;
+pub mod einsum;
 pub mod elementwise;
 pub mod index;
 pub mod matmul;
@@ -82,8 +83,11 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Conv",
     "ConvTranspose",
     "Cos",
+    "CumSum",
+    "DepthToSpace",
     "Div",
     "Dropout",
+    "Einsum",
     "Elu",
     "Equal",
     "Erf",
@@ -153,6 +157,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Slice",
     "Softmax",
     "Softplus",
+    "SpaceToDepth",
     "Split",
     "Sqrt",
     "Squeeze",
@@ -162,6 +167,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Tile",
     "TopK",
     "Transpose",
+    "Trilu",
     "Unsqueeze",
     "Upsample",
     "Where",
@@ -226,6 +232,11 @@ pub enum Op {
     Index(index::IndexOp),
     NonMaxSuppression {
         center_point_box: bool,
+    },
+    Einsum(einsum::Einsum),
+    CumSum {
+        exclusive: bool,
+        reverse: bool,
     },
 }
 
@@ -379,6 +390,14 @@ impl Op {
                     c => return Err(format!("attribute \"center_point_box\" is {c}, not 0 or 1")),
                 },
             })),
+            "Einsum" => Ok(Some(Op::Einsum(einsum::Einsum::parse(
+                &a.string("equation")?
+                    .ok_or("Einsum needs the attribute \"equation\"")?,
+            )?))),
+            "CumSum" => Ok(Some(Op::CumSum {
+                exclusive: a.int_or("exclusive", 0)? != 0,
+                reverse: a.int_or("reverse", 0)? != 0,
+            })),
             other => {
                 if let Some(op) = index::IndexOp::parse(other, a, opset)? {
                     return Ok(Some(Op::Index(op)));
@@ -457,6 +476,8 @@ impl Op {
             Op::Cast { .. } => "Cast".into(),
             Op::Index(i) => i.name().into(),
             Op::NonMaxSuppression { .. } => "NonMaxSuppression".into(),
+            Op::Einsum(_) => "Einsum".into(),
+            Op::CumSum { .. } => "CumSum".into(),
         }
     }
 
@@ -524,6 +545,8 @@ impl Op {
             Op::NonMaxSuppression { center_point_box } => {
                 one(nms::non_max_suppression(inputs, *center_point_box))
             }
+            Op::Einsum(e) => one(e.eval(cx, inputs)),
+            Op::CumSum { exclusive, reverse } => one(reduce::cum_sum(inputs, *exclusive, *reverse)),
         }
     }
 }

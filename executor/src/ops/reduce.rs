@@ -1,7 +1,9 @@
-//! Reductions over a set of axes (ReduceMean/Sum/Max/Min/Prod/L1/L2/SumSquare).
+//! Reductions over a set of axes (ReduceMean/Sum/Max/Min/Prod/L1/L2/SumSquare), and CumSum,
+//! the running sum along one axis.
 
+use super::elementwise::Num;
 use super::{input, opt_input};
-use crate::error::{OpError, OpResult};
+use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{Data, Tensor, axis_in, strides};
 
@@ -133,4 +135,77 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
         Data::Bool(_) => return Err(OpError::DType("reduction of bool".into())),
     };
     Tensor::new(shape, data)
+}
+
+/// CumSum along the axis that input 1 (one integer) names; `exclusive` leaves each element out
+/// of its own sum, `reverse` sums from the end of the axis.
+pub fn cum_sum(inputs: &[Option<&Tensor>], exclusive: bool, reverse: bool) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let axis = match input(inputs, 1)?.to_i64_vec()?.as_slice() {
+        [a] => axis_in(*a, x.rank())?,
+        v => return shape_err(format!("CumSum axis must be one value, not {}", v.len())),
+    };
+    let outer: usize = x.shape[..axis].iter().product();
+    let n = x.shape[axis];
+    let inner: usize = x.shape[axis + 1..].iter().product();
+    fn scan<T: Num + Default>(
+        v: &[T],
+        (outer, n, inner): (usize, usize, usize),
+        exclusive: bool,
+        reverse: bool,
+    ) -> Vec<T> {
+        let mut out = vec![T::default(); v.len()];
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = T::default();
+                for step in 0..n {
+                    let j = if reverse { n - 1 - step } else { step };
+                    let at = (o * n + j) * inner + i;
+                    if exclusive {
+                        out[at] = acc;
+                        acc = acc.add(v[at]);
+                    } else {
+                        acc = acc.add(v[at]);
+                        out[at] = acc;
+                    }
+                }
+            }
+        }
+        out
+    }
+    let dims = (outer, n, inner);
+    let data = match &x.data {
+        Data::F32(v) => Data::F32(scan(v, dims, exclusive, reverse)),
+        Data::F64(v) => Data::F64(scan(v, dims, exclusive, reverse)),
+        Data::I64(v) => Data::I64(scan(v, dims, exclusive, reverse)),
+        Data::I32(v) => Data::I32(scan(v, dims, exclusive, reverse)),
+        Data::I8(v) => Data::I8(scan(v, dims, exclusive, reverse)),
+        Data::U8(v) => Data::U8(scan(v, dims, exclusive, reverse)),
+        Data::Bool(_) => return Err(OpError::DType("CumSum of bool".into())),
+    };
+    Tensor::new(x.shape.clone(), data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cum_sum_runs_every_way_along_the_axis() {
+        let x = Tensor::i64(vec![2, 3], vec![1, 2, 3, 4, 5, 6]).unwrap();
+        let axis = |a: i64| Tensor::i64(vec![], vec![a]).unwrap();
+        let run = |a: i64, ex, rev| {
+            let ax = axis(a);
+            cum_sum(&[Some(&x), Some(&ax)], ex, rev).map(|t| t.to_i64_vec().unwrap())
+        };
+        assert_eq!(run(1, false, false), Ok(vec![1, 3, 6, 4, 9, 15]));
+        assert_eq!(run(-1, true, false), Ok(vec![0, 1, 3, 0, 4, 9]));
+        assert_eq!(run(1, false, true), Ok(vec![6, 5, 3, 15, 11, 6]));
+        assert_eq!(run(0, true, true), Ok(vec![4, 5, 6, 0, 0, 0]));
+        assert!(run(2, false, false).is_err());
+        let two = Tensor::i64(vec![2], vec![0, 1]).unwrap();
+        assert!(cum_sum(&[Some(&x), Some(&two)], false, false).is_err());
+        let f = Tensor::scalar_f32(0.0);
+        assert!(cum_sum(&[Some(&x), Some(&f)], false, false).is_err());
+    }
 }

@@ -1,6 +1,6 @@
 //! Data-movement and shape ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, Tile,
-//! Concat, Split, Slice, Gather, Pad, Shape, Size, ConstantOfShape, Range. They work on any
-//! element type.
+//! Concat, Split, Slice, Gather, Pad, Shape, Size, ConstantOfShape, Range, DepthToSpace,
+//! SpaceToDepth and Trilu. They work on any element type.
 
 use super::elementwise::{broadcast_map, broadcast_shape};
 use super::{input, opt_input};
@@ -59,6 +59,25 @@ pub enum ShapeOp {
         value: Tensor,
     },
     Range,
+    /// `crd`: the CRD mode (channel, then the block's row and column); DCR otherwise.
+    DepthToSpace {
+        blocksize: usize,
+        crd: bool,
+    },
+    SpaceToDepth {
+        blocksize: usize,
+    },
+    Trilu {
+        upper: bool,
+    },
+}
+
+/// The required positive `blocksize` of DepthToSpace and SpaceToDepth.
+fn blocksize(a: &Attrs) -> Result<usize, String> {
+    a.int("blocksize")?
+        .and_then(|b| usize::try_from(b).ok())
+        .filter(|&b| b > 0)
+        .ok_or_else(|| "attribute \"blocksize\" must be given and positive".into())
 }
 
 impl ShapeOp {
@@ -139,6 +158,20 @@ impl ShapeOp {
                     .unwrap_or_else(|| Tensor::scalar_f32(0.0)),
             },
             "Range" => ShapeOp::Range,
+            "DepthToSpace" => ShapeOp::DepthToSpace {
+                blocksize: blocksize(a)?,
+                crd: match a.string_or("mode", "DCR")?.as_str() {
+                    "DCR" => false,
+                    "CRD" => true,
+                    m => return Err(format!("attribute \"mode\" is {m:?}, not DCR or CRD")),
+                },
+            },
+            "SpaceToDepth" => ShapeOp::SpaceToDepth {
+                blocksize: blocksize(a)?,
+            },
+            "Trilu" => ShapeOp::Trilu {
+                upper: a.int_or("upper", 1)? != 0,
+            },
             _ => return Ok(None),
         }))
     }
@@ -161,6 +194,9 @@ impl ShapeOp {
             ShapeOp::Size => "Size",
             ShapeOp::ConstantOfShape { .. } => "ConstantOfShape",
             ShapeOp::Range => "Range",
+            ShapeOp::DepthToSpace { .. } => "DepthToSpace",
+            ShapeOp::SpaceToDepth { .. } => "SpaceToDepth",
+            ShapeOp::Trilu { .. } => "Trilu",
         }
     }
 
@@ -317,6 +353,13 @@ impl ShapeOp {
                 input(inputs, 1)?,
                 input(inputs, 2)?,
             )),
+            ShapeOp::DepthToSpace { blocksize, crd } => {
+                one(depth_to_space(input(inputs, 0)?, *blocksize, *crd))
+            }
+            ShapeOp::SpaceToDepth { blocksize } => {
+                one(space_to_depth(input(inputs, 0)?, *blocksize))
+            }
+            ShapeOp::Trilu { upper } => one(trilu(input(inputs, 0)?, opt_input(inputs, 1), *upper)),
             _ => Err(OpError::Unsupported(self.name().into())),
         }
     }
@@ -814,4 +857,133 @@ fn range(start: &Tensor, limit: &Tensor, delta: &Tensor) -> OpResult<Tensor> {
         _ => return Err(OpError::DType("Range type".into())),
     };
     Tensor::new(vec![n], data)
+}
+
+/// The four axes of an [N, C, H, W] input of DepthToSpace or SpaceToDepth.
+fn nchw(x: &Tensor, op: &str) -> OpResult<[usize; 4]> {
+    match x.shape.as_slice() {
+        &[n, c, h, w] => Ok([n, c, h, w]),
+        s => shape_err(format!("{op} needs an [N, C, H, W] input, not {s:?}")),
+    }
+}
+
+fn depth_to_space(x: &Tensor, b: usize, crd: bool) -> OpResult<Tensor> {
+    let [n, c, h, w] = nchw(x, "DepthToSpace")?;
+    let bb = b.checked_mul(b).ok_or(OpError::TooLarge(usize::MAX))?;
+    if !c.is_multiple_of(bb) {
+        return shape_err(format!(
+            "DepthToSpace of {c} channels into blocks of {b}x{b}"
+        ));
+    }
+    let c2 = c / bb;
+    let out = vec![n, c2, h.saturating_mul(b), w.saturating_mul(b)];
+    checked_numel(&out)?;
+    let (blocks, perm) = if crd {
+        (vec![n, c2, b, b, h, w], [0, 1, 4, 2, 5, 3])
+    } else {
+        (vec![n, b, b, c2, h, w], [0, 3, 4, 1, 5, 2])
+    };
+    transpose(&x.clone().reshaped(blocks)?, Some(&perm))?.reshaped(out)
+}
+
+fn space_to_depth(x: &Tensor, b: usize) -> OpResult<Tensor> {
+    let [n, c, h, w] = nchw(x, "SpaceToDepth")?;
+    if !h.is_multiple_of(b) || !w.is_multiple_of(b) {
+        return shape_err(format!("SpaceToDepth of {h}x{w} into blocks of {b}x{b}"));
+    }
+    let out = vec![n, c.saturating_mul(b).saturating_mul(b), h / b, w / b];
+    checked_numel(&out)?;
+    let blocks = vec![n, c, h / b, b, w / b, b];
+    transpose(&x.clone().reshaped(blocks)?, Some(&[0, 3, 5, 1, 2, 4]))?.reshaped(out)
+}
+
+/// The upper (on and above diagonal `k`) or lower (on and below) triangle of every matrix in
+/// the last two axes; `k` from the optional input 1, 0 without it.
+fn trilu(x: &Tensor, k: Option<&Tensor>, upper: bool) -> OpResult<Tensor> {
+    let r = x.rank();
+    if r < 2 {
+        return shape_err(format!("Trilu needs a matrix, not {:?}", x.shape));
+    }
+    let k = match k.map(|t| t.to_i64_vec()).transpose()?.as_deref() {
+        None => 0,
+        Some([k]) => *k,
+        Some(v) => return shape_err(format!("Trilu k must be one value, not {}", v.len())),
+    };
+    let (rows, cols) = (x.shape[r - 2], x.shape[r - 1]);
+    // Diagonal offsets fit in i64: both sizes are within the executor's element limit.
+    let keep = |i: usize, j: usize| {
+        let d = j as i64 - i as i64;
+        if upper { d >= k } else { d <= k }
+    };
+    let data = crate::map_data!(&x.data, v => {
+        let mut out = v.clone();
+        if rows * cols > 0 {
+            for m in out.chunks_mut(rows * cols) {
+                for i in 0..rows {
+                    for j in 0..cols {
+                        if !keep(i, j) {
+                            m[i * cols + j] = Default::default();
+                        }
+                    }
+                }
+            }
+        }
+        out
+    });
+    Tensor::new(x.shape.clone(), data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iota(shape: &[usize]) -> Tensor {
+        let n = shape.iter().product::<usize>();
+        Tensor::i64(shape.to_vec(), (0..n as i64).collect()).unwrap()
+    }
+
+    #[test]
+    fn depth_and_space_round_trip_in_both_modes() {
+        let x = iota(&[1, 8, 2, 3]);
+        for crd in [false, true] {
+            let d = depth_to_space(&x, 2, crd).unwrap();
+            assert_eq!(d.shape, vec![1, 2, 4, 6]);
+            if !crd {
+                assert_eq!(space_to_depth(&d, 2).unwrap(), x);
+            }
+        }
+        // DCR: the first output row interleaves channels 0 and 2 (the block's column 0 and 1).
+        let d = depth_to_space(&x, 2, false).unwrap().to_i64_vec().unwrap();
+        assert_eq!(&d[..6], &[0, 12, 1, 13, 2, 14]);
+        let c = depth_to_space(&x, 2, true).unwrap().to_i64_vec().unwrap();
+        assert_eq!(&c[..6], &[0, 6, 1, 7, 2, 8]);
+        // Channels or sides that do not divide, ranks other than 4, huge blocks.
+        assert!(depth_to_space(&iota(&[1, 6, 2, 2]), 2, false).is_err());
+        assert!(space_to_depth(&iota(&[1, 1, 3, 4]), 2).is_err());
+        assert!(depth_to_space(&iota(&[8, 2, 3]), 2, false).is_err());
+        assert!(depth_to_space(&iota(&[1, 0, 2, 2]), usize::MAX, false).is_err());
+        assert!(depth_to_space(&iota(&[1, 0, 2, 2]), 1 << 20, false).is_err());
+    }
+
+    #[test]
+    fn trilu_keeps_a_triangle_of_every_matrix() {
+        let x = iota(&[2, 2, 3]);
+        let k = |v: i64| Tensor::i64(vec![], vec![v]).unwrap();
+        let up = trilu(&x, None, true).unwrap().to_i64_vec().unwrap();
+        assert_eq!(up, vec![0, 1, 2, 0, 4, 5, 6, 7, 8, 0, 10, 11]);
+        let low = trilu(&x, Some(&k(-1)), false)
+            .unwrap()
+            .to_i64_vec()
+            .unwrap();
+        assert_eq!(low, vec![0, 0, 0, 3, 0, 0, 0, 0, 0, 9, 0, 0]);
+        for extreme in [i64::MIN, i64::MAX] {
+            assert!(trilu(&x, Some(&k(extreme)), true).is_ok());
+        }
+        assert!(trilu(&iota(&[3]), None, true).is_err());
+        assert!(trilu(&x, Some(&iota(&[2])), true).is_err());
+        assert_eq!(
+            trilu(&iota(&[0, 5]), None, false).unwrap().shape,
+            vec![0, 5]
+        );
+    }
 }

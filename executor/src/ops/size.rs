@@ -103,6 +103,15 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
         }
         Op::Cast { to } => elements(&x()?.shape, to.size())?,
         Op::Index(i) => return index_op(i, inputs),
+        // Every intermediate product and its reordered copy.
+        Op::Einsum(e) => {
+            let shapes: Vec<&[usize]> = inputs
+                .iter()
+                .flatten()
+                .map(|t| t.shape.as_slice())
+                .collect();
+            times(e.elements(&shapes)?, 2 * dsize(x()?) + INDEX)?
+        }
         // At most every box of every class kept, three int64 per row; a sort key per box.
         Op::NonMaxSuppression { .. } => {
             let rows = super::nms::max_selected(inputs)?;
@@ -295,7 +304,7 @@ mod tests {
         let x = f32s(&[1 << 10]);
         let many: Vec<Option<&Tensor>> = vec![Some(&x); 1 << 12];
         assert_eq!(allocation(&concat, &many), Ok(Some(16 << 20)));
-        // OneHot's depth and GatherND's slices.
+        // OneHot's depth, GatherND's slices, Einsum's outer products.
         let one_hot = Op::Index(IndexOp::OneHot { axis: -1 });
         let (ind, depth, values) = (f32s(&[1 << 10]), ints(&[1 << 20]), f32s(&[2]));
         let bytes = allocation(&one_hot, &[Some(&ind), Some(&depth), Some(&values)]);
@@ -311,6 +320,14 @@ mod tests {
                 .unwrap()
                 >= 4 * giga
         );
+        let outer = Op::Einsum(crate::ops::einsum::Einsum::parse("i,j->ij").unwrap());
+        let v = f32s(&[1 << 15]);
+        assert!(allocation(&outer, &[Some(&v), Some(&v)]).unwrap().unwrap() >= 4 * giga);
+        let v = f32s(&[1 << 16]);
+        assert!(matches!(
+            allocation(&outer, &[Some(&v), Some(&v)]),
+            Err(OpError::TooLarge(_))
+        ));
         // Ops that read as much as they write have no estimate.
         let relu = Op::Unary(crate::ops::elementwise::Unary::Relu);
         assert_eq!(allocation(&relu, &[Some(&x)]), Ok(None));
@@ -359,6 +376,10 @@ mod tests {
                 vec![x.clone(), ints(&[4]), f32s(&[2])],
             ),
             (Op::Index(IndexOp::NonZero), vec![x.clone()]),
+            (
+                Op::Einsum(crate::ops::einsum::Einsum::parse("ij,kj->ikj").unwrap()),
+                vec![x.clone(), x.clone()],
+            ),
             (
                 Op::NonMaxSuppression {
                     center_point_box: false,
