@@ -104,9 +104,11 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GlobalMaxPool",
     "Greater",
     "GreaterOrEqual",
+    "GroupNormalization",
     "HardSigmoid",
     "HardSwish",
     "Identity",
+    "InstanceNormalization",
     "LayerNormalization",
     "LeakyRelu",
     "Less",
@@ -237,6 +239,13 @@ pub enum Op {
     CumSum {
         exclusive: bool,
         reverse: bool,
+    },
+    /// GroupNormalization with `groups`, InstanceNormalization without (a group per channel);
+    /// `per_group`: one scale and bias per group (GroupNormalization before opset 21).
+    GroupNorm {
+        groups: Option<usize>,
+        eps: f32,
+        per_group: bool,
     },
 }
 
@@ -398,6 +407,27 @@ impl Op {
                 exclusive: a.int_or("exclusive", 0)? != 0,
                 reverse: a.int_or("reverse", 0)? != 0,
             })),
+            "InstanceNormalization" => Ok(Some(Op::GroupNorm {
+                groups: None,
+                eps: a.float_or("epsilon", 1e-5)?,
+                per_group: false,
+            })),
+            "GroupNormalization" => {
+                if a.int_or("stash_type", 1)? != 1 {
+                    return Err("only stash_type=1 (float) is supported".into());
+                }
+                let groups = a
+                    .int("num_groups")?
+                    .and_then(|g| usize::try_from(g).ok())
+                    .filter(|&g| g > 0)
+                    .ok_or("attribute \"num_groups\" must be given and positive")?;
+                Ok(Some(Op::GroupNorm {
+                    groups: Some(groups),
+                    eps: a.float_or("epsilon", 1e-5)?,
+                    // Opset 21 made scale and bias per channel.
+                    per_group: opset < 21,
+                }))
+            }
             other => {
                 if let Some(op) = index::IndexOp::parse(other, a, opset)? {
                     return Ok(Some(Op::Index(op)));
@@ -478,6 +508,10 @@ impl Op {
             Op::NonMaxSuppression { .. } => "NonMaxSuppression".into(),
             Op::Einsum(_) => "Einsum".into(),
             Op::CumSum { .. } => "CumSum".into(),
+            Op::GroupNorm {
+                groups: Some(_), ..
+            } => "GroupNormalization".into(),
+            Op::GroupNorm { groups: None, .. } => "InstanceNormalization".into(),
         }
     }
 
@@ -547,6 +581,11 @@ impl Op {
             }
             Op::Einsum(e) => one(e.eval(cx, inputs)),
             Op::CumSum { exclusive, reverse } => one(reduce::cum_sum(inputs, *exclusive, *reverse)),
+            Op::GroupNorm {
+                groups,
+                eps,
+                per_group,
+            } => one(norm::group_norm(inputs, *groups, *eps, *per_group)),
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Normalisations: BatchNormalization (inference), LRN, Softmax/LogSoftmax, LayerNormalization.
+//! Normalisations: BatchNormalization (inference), LRN, Softmax/LogSoftmax, LayerNormalization,
+//! GroupNormalization and InstanceNormalization.
 
 use super::elementwise::{broadcast_map, broadcast_shape};
 use super::{Cx, input, opt_input};
@@ -170,4 +171,90 @@ pub fn layer_norm(
         Tensor::f32(stat_shape.clone(), means)?,
         Tensor::f32(stat_shape, inv)?,
     ])
+}
+
+/// GroupNormalization, and InstanceNormalization as its case of one group per channel (`groups`
+/// none): `x` [N, C, ...] normalised over each group of `C / groups` channels with all their
+/// positions, then scaled and shifted per channel, or per group when `per_group` (the form of
+/// GroupNormalization before opset 21).
+pub fn group_norm(
+    inputs: &[Option<&Tensor>],
+    groups: Option<usize>,
+    eps: f32,
+    per_group: bool,
+) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let (scale, bias) = (input(inputs, 1)?.as_f32()?, input(inputs, 2)?.as_f32()?);
+    if x.rank() < 2 {
+        return shape_err(format!("normalisation of {:?}: no channel axis", x.shape));
+    }
+    let c = x.shape[1];
+    let g = groups.unwrap_or(c);
+    if g == 0 && c > 0 || g > 0 && !c.is_multiple_of(g) {
+        return shape_err(format!("{c} channels do not split into {g} groups"));
+    }
+    let params = if per_group { g } else { c };
+    if scale.len() != params || bias.len() != params {
+        return shape_err(format!(
+            "scale and bias have {} and {} values where {params} are needed",
+            scale.len(),
+            bias.len()
+        ));
+    }
+    let mut out = x.as_f32()?.to_vec();
+    let plane: usize = x.shape[2..].iter().product();
+    let per = c.checked_div(g).unwrap_or(0);
+    let group_len = per * plane;
+    if group_len > 0 {
+        for (row, block) in out.chunks_mut(group_len).enumerate() {
+            let gi = row % g;
+            let (mean, inv) = mean_inv_std(block, eps);
+            for (k, ch) in block.chunks_mut(plane).enumerate() {
+                let p = if per_group { gi } else { gi * per + k };
+                let (a, b) = (inv * scale[p], bias[p]);
+                ch.iter_mut().for_each(|v| *v = (*v - mean) * a + b);
+            }
+        }
+    }
+    Tensor::f32(x.shape.clone(), out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_norm_normalises_each_group_and_checks_parameters() {
+        let x = Tensor::f32(vec![1, 4, 2], vec![1., 3., 5., 7., 0., 0., 2., 2.]).unwrap();
+        let ones = Tensor::f32(vec![4], vec![1.; 4]).unwrap();
+        let shift = Tensor::f32(vec![4], vec![0., 0., 10., 10.]).unwrap();
+        let ins = [Some(&x), Some(&ones), Some(&shift)];
+        let y = group_norm(&ins, Some(2), 0.0, false).unwrap();
+        let inv = 1.0 / 5f32.sqrt();
+        let want = [-3. * inv, -inv, inv, 3. * inv, 9., 9., 11., 11.];
+        for (a, b) in y.as_f32().unwrap().iter().zip(want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        // Instance normalisation: one group per channel.
+        let y = group_norm(&ins, None, 0.0, false).unwrap();
+        assert_eq!(&y.as_f32().unwrap()[..2], &[-1., 1.]);
+        // Opset 18: one scale and bias per group.
+        let two = Tensor::f32(vec![2], vec![2., 2.]).unwrap();
+        let y = group_norm(&[Some(&x), Some(&two), Some(&two)], Some(2), 0.0, true).unwrap();
+        assert!((y.as_f32().unwrap()[0] - (2. - 6. * inv)).abs() < 1e-5);
+        // Groups that do not divide the channels, parameters of the wrong length, no channels.
+        assert!(group_norm(&ins, Some(3), 0.0, false).is_err());
+        assert!(group_norm(&ins, Some(0), 0.0, false).is_err());
+        assert!(group_norm(&ins, Some(2), 0.0, true).is_err());
+        let v = Tensor::f32(vec![4], vec![0.; 4]).unwrap();
+        assert!(group_norm(&[Some(&v), Some(&ones), Some(&ones)], None, 0.0, false).is_err());
+        // Empty spatial axes are nothing to normalise.
+        let e = Tensor::f32(vec![1, 4, 0], vec![]).unwrap();
+        assert_eq!(
+            group_norm(&[Some(&e), Some(&ones), Some(&ones)], Some(2), 0.0, false)
+                .unwrap()
+                .shape,
+            vec![1, 4, 0]
+        );
+    }
 }

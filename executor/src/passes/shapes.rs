@@ -12,6 +12,7 @@
 use crate::graph::{Dim, Graph, ValueId};
 use crate::ops::Op;
 use crate::ops::elementwise::Binary;
+use crate::ops::index::IndexOp;
 use crate::ops::shape::ShapeOp;
 use crate::tensor::{DType, Data, Tensor};
 use std::collections::HashMap;
@@ -170,7 +171,11 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
         | Op::LayerNorm { .. }
         | Op::Dropout
         | Op::Lrn { .. }
-        | Op::PRelu => same(),
+        | Op::PRelu
+        | Op::CumSum { .. }
+        | Op::GroupNorm { .. }
+        | Op::Index(IndexOp::ScatterElements { .. } | IndexOp::ScatterNd { .. })
+        | Op::Shape(ShapeOp::Trilu { .. }) => same(),
         Op::Cast { to } => {
             let mut k = shape_only(shape_of(ins, 0).cloned());
             if *to == DType::I64 {

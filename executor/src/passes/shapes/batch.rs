@@ -181,6 +181,7 @@ impl Check {
             | Op::Clip { .. }
             | Op::Dropout
             | Op::Lrn { .. }
+            | Op::GroupNorm { .. }
             | Op::Cast { .. } => self.per_sample(n, false),
             Op::Binary(_) | Op::Variadic(..) | Op::Where | Op::PRelu => self.per_sample(n, true),
             Op::Softmax { axis, .. } | Op::LayerNorm { axis, .. } => {

@@ -163,3 +163,35 @@ fn shape_arithmetic_takes_remainders_with_either_sign() {
     assert_eq!(rem(Binary::Mod, 7, 0), Some(vec![Sym::Unknown]));
     assert_eq!(rem(Binary::Mod, i64::MIN, -1), Some(vec![Sym::Unknown]));
 }
+
+/// Normalisations, scatters, CumSum and Trilu keep their input's shape, symbols included.
+#[test]
+fn shape_keeping_ops_keep_symbolic_shapes() {
+    let x = Known {
+        shape: Some(vec![
+            Sym::Named("batch".into()),
+            Sym::Known(4),
+            Sym::Known(6),
+        ]),
+        elements: None,
+    };
+    let ops = [
+        Op::GroupNorm {
+            groups: Some(2),
+            eps: 1e-5,
+            per_group: false,
+        },
+        Op::CumSum {
+            exclusive: false,
+            reverse: false,
+        },
+        Op::Shape(ShapeOp::Trilu { upper: true }),
+        Op::Index(IndexOp::ScatterNd {
+            reduction: crate::ops::index::Reduction::Add,
+        }),
+    ];
+    for op in ops {
+        let out = infer_node(&op, &[&x, &UNKNOWN, &UNKNOWN], &[], 1);
+        assert_eq!(out[0].shape, x.shape, "{}", op.name());
+    }
+}
