@@ -168,6 +168,18 @@ const ATTRS: &[&str] = &[
     "ceil_mode",
     "size",
     "noop_with_empty_axes",
+    "k",
+    "largest",
+    "sorted",
+    "select_last_index",
+    "batch_dims",
+    "exclusive",
+    "reverse",
+    "upper",
+    "fmod",
+    "blocksize",
+    "center_point_box",
+    "num_groups",
 ];
 
 fn mutate(m: &mut ModelProto, muts: &[Mutation]) {

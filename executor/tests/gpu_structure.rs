@@ -13,11 +13,19 @@ use cotenant_executor::gpu::api::{DeviceApi, EventId, StreamId};
 use cotenant_executor::gpu::{
     Alone, Budget, Call, Instance, Recorder, SimDevice, StepKind, Weights,
 };
+use cotenant_executor::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, attribute_type,
+};
+use cotenant_executor::tensor_proto::encode_tensor;
 use cotenant_executor::zoo::{self, ZooOptions};
 use cotenant_executor::{CpuBackend, Device, Model, Tensor};
 use prost::Message;
 use std::collections::HashMap;
 use std::sync::Arc;
+
+mod common;
+
+use common::proto::value_info;
 
 fn zoo_model(name: &str) -> Arc<Model> {
     let bytes = zoo::build(name, &ZooOptions::default())
@@ -416,4 +424,102 @@ fn a_three_tenant_gacer_mix_waits_exactly_at_its_pointers_and_resizes_in_place()
         }
     }
     assert!(checked > 10, "only {checked} resized products seen");
+}
+
+/// A one-input model `x` [2, 6] → Relu → `op` (with constant `consts` as its later inputs).
+fn relu_then(op: &str, consts: Vec<(&str, Tensor)>, attrs: Vec<AttributeProto>) -> Arc<Model> {
+    let node = |op: &str, ins: Vec<String>, out: &str, attrs| NodeProto {
+        input: ins,
+        output: vec![out.into()],
+        name: out.into(),
+        op_type: op.into(),
+        attribute: attrs,
+        ..Default::default()
+    };
+    let mut ins = vec!["r".to_string()];
+    ins.extend(consts.iter().map(|(n, _)| n.to_string()));
+    let graph = GraphProto {
+        node: vec![
+            node("Relu", vec!["x".into()], "r", vec![]),
+            node(op, ins, "y", attrs),
+        ],
+        initializer: consts.iter().map(|(n, t)| encode_tensor(n, t)).collect(),
+        input: vec![value_info("x", 1, &[2, 6])],
+        output: vec![value_info("y", 1, &[])],
+        ..Default::default()
+    };
+    let bytes = ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 18,
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    Arc::new(Model::from_bytes(&bytes).expect("imports"))
+}
+
+/// Operators with no device lowering (TopK, CumSum, Einsum, ...) run on the host between a copy
+/// down and a copy up, and give the CPU's answer. NonZero's output size depends on the data,
+/// which a memory plan made from shapes cannot know: a batch whose count differs from the
+/// plan's fails with an error saying so, never a wrong answer.
+#[test]
+fn operators_without_a_device_lowering_run_on_the_host_between_copies() {
+    let x = Tensor::f32(
+        vec![2, 6],
+        vec![3., -1., 2., 7., 0., 5., 1., 1., -2., 4., 9., 0.],
+    )
+    .unwrap();
+    let k = Tensor::i64(vec![1], vec![3]).unwrap();
+    let axis = Tensor::i64(vec![], vec![1]).unwrap();
+    let cases = [
+        ("TopK", relu_then("TopK", vec![("k", k)], vec![])),
+        ("CumSum", relu_then("CumSum", vec![("axis", axis)], vec![])),
+        (
+            "Einsum",
+            relu_then(
+                "Einsum",
+                vec![],
+                vec![AttributeProto {
+                    name: "equation".into(),
+                    r#type: attribute_type::STRING,
+                    s: b"ij->ji".to_vec(),
+                    ..Default::default()
+                }],
+            ),
+        ),
+    ];
+    let run_on_gpu = |model: &Arc<Model>, x: &Tensor| {
+        let (_, api) = recorded_device();
+        let budget = Budget::new("host ops", u64::MAX);
+        let weights =
+            Weights::upload(api.clone(), &model.plan.constants, &budget).expect("weights");
+        let mut inst = Instance::new(api, model.clone(), weights, budget, None).expect("instance");
+        let layout = inst.layout(&[vec![2, 6]]).expect("layout");
+        let fallbacks: Vec<String> = layout
+            .fallbacks(&model.plan)
+            .into_iter()
+            .map(|(_, op, _)| op)
+            .collect();
+        (fallbacks, inst.run(vec![("x".into(), x.clone())], &Alone))
+    };
+    for (op, model) in &cases {
+        let want = model
+            .plan
+            .run(&CpuBackend::new(1), vec![("x".into(), x.clone())])
+            .expect("the CPU runs it");
+        let (fallbacks, got) = run_on_gpu(model, &x);
+        assert_eq!(fallbacks, vec![op.to_string()], "{op}");
+        let got = got.unwrap_or_else(|e| panic!("{op}: {e}"));
+        assert_eq!(got[0].1, want[0].1, "{op}");
+    }
+    let non_zero = relu_then("NonZero", vec![], vec![]);
+    let (fallbacks, got) = run_on_gpu(&non_zero, &x);
+    assert_eq!(fallbacks, vec!["NonZero".to_string()]);
+    let e = got
+        .expect_err("a count the plan could not know")
+        .to_string();
+    assert!(e.contains("planned for"), "{e}");
 }

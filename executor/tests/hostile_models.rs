@@ -95,6 +95,15 @@ fn int(name: &str, v: i64) -> AttributeProto {
     }
 }
 
+fn string(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::STRING,
+        s: v.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
 fn ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
         name: name.into(),
@@ -293,6 +302,43 @@ fn constant_bombs() -> Vec<(&'static str, Vec<u8>)> {
                 13,
             ),
         ),
+        (
+            "GatherND",
+            one(
+                "GatherND",
+                &["x", "idx"],
+                vec![],
+                vec![
+                    f32s("x", &[1, 1 << 16]),
+                    i64s("idx", &[1 << 14, 1], &[0; 1 << 14]),
+                ],
+                13,
+            ),
+        ),
+        (
+            "OneHot",
+            one(
+                "OneHot",
+                &["idx", "depth", "values"],
+                vec![],
+                vec![
+                    f32s("idx", &[1 << 10]),
+                    i64s("depth", &[], &[1 << 20]),
+                    f32s("values", &[2]),
+                ],
+                11,
+            ),
+        ),
+        (
+            "Einsum",
+            one(
+                "Einsum",
+                &["a", "b"],
+                vec![string("equation", "i,j->ij")],
+                vec![f32s("a", &[1 << 15]), f32s("b", &[1 << 15])],
+                12,
+            ),
+        ),
     ]
 }
 
@@ -412,6 +458,17 @@ fn sizes_from_request_data_are_held_to_the_budget() {
                 "sizes".into(),
                 Tensor::i64(vec![4], vec![1, 1, 4, 4]).unwrap(),
             )],
+        ),
+        (
+            "OneHot",
+            graph(
+                vec![node("OneHot", "bomb", &["idx", "depth", "values"], vec![])],
+                vec![f32s("idx", &[64]), f32s("values", &[2])],
+                vec![ints_input("depth", 1)],
+                11,
+            ),
+            vec![("depth".into(), Tensor::i64(vec![1], vec![1 << 24]).unwrap())],
+            vec![("depth".into(), Tensor::i64(vec![1], vec![10]).unwrap())],
         ),
     ];
     let budget = 64 << 20;
@@ -748,4 +805,248 @@ fn a_batch_of_zero_runs_empty() {
         .expect("runs");
     assert_eq!(out[0].1.shape, vec![0, 4, 6, 6]);
     assert_eq!(out[0].1.data, Data::F32(vec![]));
+}
+
+/// Indices, counts and thresholds that come with a request are checked against the tensors
+/// they address: each hostile request fails with an error naming the problem, never a read or
+/// write out of bounds or an allocation of what it asks for.
+#[test]
+fn indices_and_counts_from_requests_are_checked() {
+    let ints_input = |name: &str, dims: &[i64]| value_info(name, 7, dims);
+    let int_tensor = |dims: &[usize], v: &[i64]| Tensor::i64(dims.to_vec(), v.to_vec()).unwrap();
+    let x = || {
+        (
+            "x".to_string(),
+            Tensor::f32(vec![2, 3], vec![0.5; 6]).unwrap(),
+        )
+    };
+    type Case = (&'static str, Vec<u8>, Vec<(String, Tensor)>, &'static str);
+    let with_x = |op: &str, others: &[&str], attrs, extra: Vec<ValueInfoProto>, opset| {
+        let mut inputs = vec!["x"];
+        inputs.extend(others);
+        let mut decl = x_input(&[2, 3]);
+        decl.extend(extra);
+        graph(vec![node(op, "n", &inputs, attrs)], vec![], decl, opset)
+    };
+    let cases: Vec<Case> = vec![
+        (
+            "GatherElements past the axis",
+            with_x(
+                "GatherElements",
+                &["i"],
+                vec![int("axis", 1)],
+                vec![ints_input("i", &[2, 1])],
+                13,
+            ),
+            vec![x(), ("i".into(), int_tensor(&[2, 1], &[0, 3]))],
+            "out of range",
+        ),
+        (
+            "GatherElements at i64::MIN",
+            with_x(
+                "GatherElements",
+                &["i"],
+                vec![],
+                vec![ints_input("i", &[1, 1])],
+                13,
+            ),
+            vec![x(), ("i".into(), int_tensor(&[1, 1], &[i64::MIN]))],
+            "out of range",
+        ),
+        (
+            "GatherND past the first axis",
+            with_x(
+                "GatherND",
+                &["i"],
+                vec![],
+                vec![ints_input("i", &[1, 2])],
+                13,
+            ),
+            vec![x(), ("i".into(), int_tensor(&[1, 2], &[-3, 0]))],
+            "out of range",
+        ),
+        (
+            "ScatterElements past the axis",
+            with_x(
+                "ScatterElements",
+                &["i", "x"],
+                vec![int("axis", 0)],
+                vec![ints_input("i", &[2, 3])],
+                18,
+            ),
+            vec![x(), ("i".into(), int_tensor(&[2, 3], &[0, 1, 2, 0, 1, 2]))],
+            "out of range",
+        ),
+        (
+            "ScatterND past the first axis",
+            with_x(
+                "ScatterND",
+                &["i", "u"],
+                vec![],
+                vec![ints_input("i", &[1, 1]), value_info("u", 1, &[1, 3])],
+                18,
+            ),
+            vec![
+                x(),
+                ("i".into(), int_tensor(&[1, 1], &[i64::MAX])),
+                ("u".into(), Tensor::f32(vec![1, 3], vec![1.0; 3]).unwrap()),
+            ],
+            "out of range",
+        ),
+        (
+            "TopK of a huge k",
+            with_x("TopK", &["k"], vec![], vec![ints_input("k", &[1])], 11),
+            vec![x(), ("k".into(), int_tensor(&[1], &[1 << 40]))],
+            "outside 0..=3",
+        ),
+        (
+            "TopK of a negative k",
+            with_x("TopK", &["k"], vec![], vec![ints_input("k", &[1])], 11),
+            vec![x(), ("k".into(), int_tensor(&[1], &[-1]))],
+            "outside 0..=3",
+        ),
+        (
+            "OneHot of a negative depth",
+            graph(
+                vec![node("OneHot", "n", &["i", "d", "v"], vec![])],
+                vec![f32s("v", &[2])],
+                vec![ints_input("i", &[2]), ints_input("d", &[])],
+                11,
+            ),
+            vec![
+                ("i".into(), int_tensor(&[2], &[0, 1])),
+                ("d".into(), int_tensor(&[], &[-4])),
+            ],
+            "not positive",
+        ),
+        (
+            "CumSum along an axis the input lacks",
+            with_x("CumSum", &["a"], vec![], vec![ints_input("a", &[])], 14),
+            vec![x(), ("a".into(), int_tensor(&[], &[2]))],
+            "out of range",
+        ),
+        (
+            "Trilu with a k of several values",
+            with_x("Trilu", &["k"], vec![], vec![ints_input("k", &[2])], 14),
+            vec![x(), ("k".into(), int_tensor(&[2], &[0, 1]))],
+            "one value",
+        ),
+        (
+            "NonMaxSuppression with an IoU threshold past 1",
+            graph(
+                vec![node(
+                    "NonMaxSuppression",
+                    "n",
+                    &["b", "s", "m", "iou"],
+                    vec![],
+                )],
+                vec![i64s("m", &[1], &[i64::MAX])],
+                vec![
+                    value_info("b", 1, &[1, 2, 4]),
+                    value_info("s", 1, &[1, 1, 2]),
+                    value_info("iou", 1, &[1]),
+                ],
+                11,
+            ),
+            vec![
+                (
+                    "b".into(),
+                    Tensor::f32(vec![1, 2, 4], vec![0.0; 8]).unwrap(),
+                ),
+                (
+                    "s".into(),
+                    Tensor::f32(vec![1, 1, 2], vec![0.0; 2]).unwrap(),
+                ),
+                ("iou".into(), Tensor::f32(vec![1], vec![7.0]).unwrap()),
+            ],
+            "outside [0, 1]",
+        ),
+        (
+            "NonMaxSuppression of boxes that are not [B, N, 4]",
+            graph(
+                vec![node("NonMaxSuppression", "n", &["b", "s"], vec![])],
+                vec![],
+                vec![
+                    value_info("b", 1, &[1, 2, 3]),
+                    value_info("s", 1, &[1, 1, 2]),
+                ],
+                11,
+            ),
+            vec![
+                (
+                    "b".into(),
+                    Tensor::f32(vec![1, 2, 3], vec![0.0; 6]).unwrap(),
+                ),
+                (
+                    "s".into(),
+                    Tensor::f32(vec![1, 1, 2], vec![0.0; 2]).unwrap(),
+                ),
+            ],
+            "[B, N, 4]",
+        ),
+    ];
+    for (what, bytes, inputs, why) in cases {
+        let (_, largest) = largest_allocation(|| refused(what, &bytes, Some(inputs), why));
+        assert!(largest < 1 << 20, "{what}: allocated {largest} bytes");
+    }
+    // Attributes no opset allows are import errors naming them.
+    let bad_attrs: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "ScatterND with reduction max before opset 18",
+            with_x(
+                "ScatterND",
+                &["x", "x"],
+                vec![string("reduction", "max")],
+                vec![],
+                16,
+            ),
+            "opset 18",
+        ),
+        (
+            "ScatterElements with an unknown reduction",
+            with_x(
+                "ScatterElements",
+                &["x", "x"],
+                vec![string("reduction", "xor")],
+                vec![],
+                18,
+            ),
+            "reduction",
+        ),
+        (
+            "Einsum with a label only in the output",
+            with_x("Einsum", &[], vec![string("equation", "ij->k")], vec![], 12),
+            "no operand",
+        ),
+        (
+            "DepthToSpace of a zero block",
+            with_x("DepthToSpace", &[], vec![int("blocksize", 0)], vec![], 13),
+            "blocksize",
+        ),
+        (
+            "GroupNormalization of no groups",
+            with_x(
+                "GroupNormalization",
+                &["x", "x"],
+                vec![int("num_groups", 0)],
+                vec![],
+                21,
+            ),
+            "num_groups",
+        ),
+        (
+            "Mod with fmod 2",
+            with_x("Mod", &["x"], vec![int("fmod", 2)], vec![], 13),
+            "fmod",
+        ),
+    ];
+    for (what, bytes, why) in bad_attrs {
+        let e = Model::from_bytes(&bytes)
+            .err()
+            .unwrap_or_else(|| panic!("{what} imported"));
+        assert!(
+            e.to_string().contains(why) && e.to_string().contains("\"n\""),
+            "{what}: {e}"
+        );
+    }
 }

@@ -1,0 +1,543 @@
+//! The operators detection, transformer and vision exports need beyond the zoo's, each as a
+//! one-node model on random inputs (ties and repeated indices included), run by the executor
+//! and by onnxruntime: float outputs within 1e-4 of the output's scale, integer outputs equal.
+
+mod common;
+
+use common::proto::value_info;
+use cotenant_executor::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, attribute_type,
+};
+use cotenant_executor::tensor_proto::encode_tensor;
+use cotenant_executor::zoo::Rng;
+use cotenant_executor::{CpuBackend, DType, Data, Model, Tensor, npy};
+use prost::Message;
+use std::path::Path;
+use std::process::Command;
+
+/// One node of `op`: `feeds` are graph inputs (given to both runtimes as arrays), `consts`
+/// initializers; `outputs` the element types of its outputs.
+struct Case {
+    name: &'static str,
+    op: &'static str,
+    opset: i64,
+    attrs: Vec<AttributeProto>,
+    feeds: Vec<(&'static str, Tensor)>,
+    consts: Vec<(&'static str, Tensor)>,
+    /// Input names in the node's order ("" for an omitted optional input).
+    order: Vec<&'static str>,
+    outputs: Vec<DType>,
+}
+
+fn int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::INT,
+        i: v,
+        ..Default::default()
+    }
+}
+
+fn string(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::STRING,
+        s: v.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+fn float(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::FLOAT,
+        f: v,
+        ..Default::default()
+    }
+}
+
+impl Case {
+    fn model(&self) -> Vec<u8> {
+        let dims = |t: &Tensor| t.shape.iter().map(|&d| d as i64).collect::<Vec<_>>();
+        let outputs: Vec<String> = (0..self.outputs.len()).map(|k| format!("y{k}")).collect();
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: self.opset,
+            }],
+            graph: Some(GraphProto {
+                node: vec![NodeProto {
+                    input: self.order.iter().map(|s| s.to_string()).collect(),
+                    output: outputs.clone(),
+                    name: "n".into(),
+                    op_type: self.op.into(),
+                    attribute: self.attrs.clone(),
+                    ..Default::default()
+                }],
+                initializer: self
+                    .consts
+                    .iter()
+                    .map(|(n, t)| encode_tensor(n, t))
+                    .collect(),
+                input: self
+                    .feeds
+                    .iter()
+                    .map(|(n, t)| value_info(n, t.dtype().onnx(), &dims(t)))
+                    .collect(),
+                // Output shapes are left for the runtimes to work out.
+                output: outputs
+                    .iter()
+                    .zip(&self.outputs)
+                    .map(|(n, d)| {
+                        let mut vi = value_info(n, d.onnx(), &[]);
+                        if let Some(tt) = vi.r#type.as_mut().and_then(|t| t.tensor_type.as_mut()) {
+                            tt.shape = None;
+                        }
+                        vi
+                    })
+                    .collect(),
+                name: self.name.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+}
+
+fn f32s(rng: &mut Rng, shape: &[usize], f: impl Fn(f32) -> f32) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::f32(shape.to_vec(), (0..n).map(|_| f(rng.normal())).collect()).unwrap()
+}
+
+/// Normal values rounded to halves: many ties and zeros.
+fn coarse(rng: &mut Rng, shape: &[usize]) -> Tensor {
+    f32s(rng, shape, |v| (v * 2.0).round() / 2.0)
+}
+
+fn ints(rng: &mut Rng, shape: &[usize], lo: i64, hi: i64) -> Tensor {
+    let n = shape.iter().product();
+    let span = (hi - lo + 1) as u64;
+    Tensor::i64(
+        shape.to_vec(),
+        (0..n)
+            .map(|_| lo + (rng.next_u64() % span) as i64)
+            .collect(),
+    )
+    .unwrap()
+}
+
+fn scalar(v: i64) -> Tensor {
+    Tensor::i64(vec![], vec![v]).unwrap()
+}
+
+fn vector(v: &[i64]) -> Tensor {
+    Tensor::i64(vec![v.len()], v.to_vec()).unwrap()
+}
+
+fn cases() -> Vec<Case> {
+    let mut r = Rng::new(11);
+    let r = &mut r;
+    let unary = |name, op, opset, x: Tensor| Case {
+        name,
+        op,
+        opset,
+        attrs: vec![],
+        feeds: vec![("x", x)],
+        consts: vec![],
+        order: vec!["x"],
+        outputs: vec![DType::F32],
+    };
+    let mut boxes = f32s(r, &[1, 24, 4], |v| v * 4.0);
+    // Corners near each other, so that many boxes overlap.
+    if let Data::F32(v) = &mut boxes.data {
+        for b in v.chunks_mut(4) {
+            b[2] = b[0] + 2.0 + b[2].abs();
+            b[3] = b[1] + 2.0 + b[3].abs();
+        }
+    }
+    vec![
+        Case {
+            name: "topk_largest_ties",
+            op: "TopK",
+            opset: 11,
+            attrs: vec![int("axis", 1)],
+            feeds: vec![("x", coarse(r, &[3, 9]))],
+            consts: vec![("k", vector(&[5]))],
+            order: vec!["x", "k"],
+            outputs: vec![DType::F32, DType::I64],
+        },
+        Case {
+            name: "topk_smallest_axis0",
+            op: "TopK",
+            opset: 11,
+            attrs: vec![int("axis", 0), int("largest", 0)],
+            feeds: vec![("x", coarse(r, &[6, 4]))],
+            consts: vec![("k", vector(&[3]))],
+            order: vec!["x", "k"],
+            outputs: vec![DType::F32, DType::I64],
+        },
+        Case {
+            name: "argmax_last",
+            op: "ArgMax",
+            opset: 13,
+            attrs: vec![
+                int("axis", -1),
+                int("keepdims", 0),
+                int("select_last_index", 1),
+            ],
+            feeds: vec![("x", coarse(r, &[4, 7]))],
+            consts: vec![],
+            order: vec!["x"],
+            outputs: vec![DType::I64],
+        },
+        Case {
+            name: "argmin_first",
+            op: "ArgMin",
+            opset: 13,
+            attrs: vec![int("axis", 0)],
+            feeds: vec![("x", coarse(r, &[5, 3]))],
+            consts: vec![],
+            order: vec!["x"],
+            outputs: vec![DType::I64],
+        },
+        Case {
+            name: "gather_elements",
+            op: "GatherElements",
+            opset: 13,
+            attrs: vec![int("axis", 1)],
+            feeds: vec![
+                ("x", f32s(r, &[3, 4], |v| v)),
+                ("i", ints(r, &[3, 6], -4, 3)),
+            ],
+            consts: vec![],
+            order: vec!["x", "i"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "gathernd_batch",
+            op: "GatherND",
+            opset: 13,
+            attrs: vec![int("batch_dims", 1)],
+            feeds: vec![
+                ("x", f32s(r, &[2, 3, 4], |v| v)),
+                ("i", ints(r, &[2, 5, 1], -3, 2)),
+            ],
+            consts: vec![],
+            order: vec!["x", "i"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "scatternd_add",
+            op: "ScatterND",
+            opset: 18,
+            attrs: vec![string("reduction", "add")],
+            feeds: vec![
+                ("x", f32s(r, &[4, 3], |v| v)),
+                ("i", ints(r, &[5, 1], -4, 3)),
+                ("u", f32s(r, &[5, 3], |v| v)),
+            ],
+            consts: vec![],
+            order: vec!["x", "i", "u"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "scatter_elements_max",
+            op: "ScatterElements",
+            opset: 18,
+            attrs: vec![int("axis", 0), string("reduction", "max")],
+            feeds: vec![
+                ("x", f32s(r, &[3, 4], |v| v)),
+                ("i", ints(r, &[2, 4], -3, 2)),
+                ("u", f32s(r, &[2, 4], |v| v)),
+            ],
+            consts: vec![],
+            order: vec!["x", "i", "u"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "nonzero",
+            op: "NonZero",
+            opset: 13,
+            attrs: vec![],
+            feeds: vec![("x", coarse(r, &[3, 5]))],
+            consts: vec![],
+            order: vec!["x"],
+            outputs: vec![DType::I64],
+        },
+        Case {
+            name: "nms",
+            op: "NonMaxSuppression",
+            opset: 11,
+            attrs: vec![],
+            feeds: vec![("b", boxes), ("s", f32s(r, &[1, 2, 24], |v| v.abs()))],
+            consts: vec![
+                ("m", vector(&[6])),
+                ("iou", Tensor::f32(vec![1], vec![0.3]).unwrap()),
+                ("st", Tensor::f32(vec![1], vec![0.2]).unwrap()),
+            ],
+            order: vec!["b", "s", "m", "iou", "st"],
+            outputs: vec![DType::I64],
+        },
+        Case {
+            name: "cumsum_exclusive_reverse",
+            op: "CumSum",
+            opset: 14,
+            attrs: vec![int("exclusive", 1), int("reverse", 1)],
+            feeds: vec![("x", f32s(r, &[3, 5], |v| v))],
+            consts: vec![("a", scalar(1))],
+            order: vec!["x", "a"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "trilu_lower",
+            op: "Trilu",
+            opset: 14,
+            attrs: vec![int("upper", 0)],
+            feeds: vec![("x", f32s(r, &[2, 4, 5], |v| v))],
+            consts: vec![("k", scalar(-1))],
+            order: vec!["x", "k"],
+            outputs: vec![DType::F32],
+        },
+        unary("sin", "Sin", 13, f32s(r, &[4, 6], |v| v * 3.0)),
+        unary("cos", "Cos", 13, f32s(r, &[4, 6], |v| v * 3.0)),
+        unary(
+            "round",
+            "Round",
+            13,
+            f32s(r, &[4, 6], |v| (v * 4.0).round() / 2.0),
+        ),
+        unary("sign", "Sign", 13, coarse(r, &[4, 6])),
+        unary("mish", "Mish", 18, f32s(r, &[4, 6], |v| v * 8.0)),
+        Case {
+            name: "mod_int",
+            op: "Mod",
+            opset: 13,
+            attrs: vec![],
+            feeds: vec![("a", ints(r, &[4, 5], -20, 20)), ("b", ints(r, &[5], 1, 6))],
+            consts: vec![],
+            order: vec!["a", "b"],
+            outputs: vec![DType::I64],
+        },
+        Case {
+            name: "mod_fmod",
+            op: "Mod",
+            opset: 13,
+            attrs: vec![int("fmod", 1)],
+            feeds: vec![
+                ("a", f32s(r, &[4, 5], |v| v * 10.0)),
+                ("b", f32s(r, &[4, 5], |v| v * 3.0)),
+            ],
+            consts: vec![],
+            order: vec!["a", "b"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "onehot",
+            op: "OneHot",
+            opset: 11,
+            attrs: vec![int("axis", 1)],
+            feeds: vec![("i", ints(r, &[2, 3], -5, 6))],
+            consts: vec![
+                ("d", scalar(5)),
+                ("v", Tensor::f32(vec![2], vec![-1.0, 3.0]).unwrap()),
+            ],
+            order: vec!["i", "d", "v"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "einsum_attention",
+            op: "Einsum",
+            opset: 12,
+            attrs: vec![string("equation", "bhqd,bhkd->bhqk")],
+            feeds: vec![
+                ("q", f32s(r, &[2, 2, 3, 8], |v| v)),
+                ("k", f32s(r, &[2, 2, 5, 8], |v| v)),
+            ],
+            consts: vec![],
+            order: vec!["q", "k"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "einsum_broadcast_batch",
+            op: "Einsum",
+            opset: 12,
+            attrs: vec![string("equation", "...ij,...jk->...ik")],
+            feeds: vec![
+                ("a", f32s(r, &[2, 1, 3, 4], |v| v)),
+                ("b", f32s(r, &[1, 5, 4, 2], |v| v)),
+            ],
+            consts: vec![],
+            order: vec!["a", "b"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "einsum_diagonal_sum",
+            op: "Einsum",
+            opset: 12,
+            attrs: vec![string("equation", "bii->b")],
+            feeds: vec![("a", f32s(r, &[3, 4, 4], |v| v))],
+            consts: vec![],
+            order: vec!["a"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "einsum_chain",
+            op: "Einsum",
+            opset: 12,
+            attrs: vec![string("equation", "ij,jk,kl->il")],
+            feeds: vec![
+                ("a", f32s(r, &[3, 4], |v| v)),
+                ("b", f32s(r, &[4, 5], |v| v)),
+                ("c", f32s(r, &[5, 2], |v| v)),
+            ],
+            consts: vec![],
+            order: vec!["a", "b", "c"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "instance_norm",
+            op: "InstanceNormalization",
+            opset: 6,
+            attrs: vec![float("epsilon", 1e-3)],
+            feeds: vec![("x", f32s(r, &[2, 3, 4, 5], |v| v * 3.0 + 1.0))],
+            consts: vec![("s", f32s(r, &[3], |v| v)), ("b", f32s(r, &[3], |v| v))],
+            order: vec!["x", "s", "b"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "group_norm",
+            op: "GroupNormalization",
+            opset: 21,
+            attrs: vec![int("num_groups", 2)],
+            feeds: vec![("x", f32s(r, &[2, 4, 3, 3], |v| v * 2.0 - 1.0))],
+            consts: vec![("s", f32s(r, &[4], |v| v)), ("b", f32s(r, &[4], |v| v))],
+            order: vec!["x", "s", "b"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "group_norm_opset18",
+            op: "GroupNormalization",
+            opset: 18,
+            attrs: vec![int("num_groups", 2), float("epsilon", 1e-2)],
+            feeds: vec![("x", f32s(r, &[2, 4, 3, 3], |v| v * 2.0 - 1.0))],
+            consts: vec![("s", f32s(r, &[2], |v| v)), ("b", f32s(r, &[2], |v| v))],
+            order: vec!["x", "s", "b"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "depth_to_space_crd",
+            op: "DepthToSpace",
+            opset: 13,
+            attrs: vec![int("blocksize", 2), string("mode", "CRD")],
+            feeds: vec![("x", f32s(r, &[2, 8, 2, 3], |v| v))],
+            consts: vec![],
+            order: vec!["x"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "depth_to_space_dcr",
+            op: "DepthToSpace",
+            opset: 13,
+            attrs: vec![int("blocksize", 2)],
+            feeds: vec![("x", f32s(r, &[1, 8, 3, 2], |v| v))],
+            consts: vec![],
+            order: vec!["x"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "space_to_depth",
+            op: "SpaceToDepth",
+            opset: 13,
+            attrs: vec![int("blocksize", 3)],
+            feeds: vec![("x", f32s(r, &[2, 2, 6, 9], |v| v))],
+            consts: vec![],
+            order: vec!["x"],
+            outputs: vec![DType::F32],
+        },
+    ]
+}
+
+/// Float outputs: max |ours - ref| relative to max |ref| within 1e-4; others: equal.
+fn differs(ours: &Tensor, reference: &Tensor) -> Option<String> {
+    if ours.shape != reference.shape || ours.dtype() != reference.dtype() {
+        return Some(format!(
+            "{:?} {:?}, expected {:?} {:?}",
+            ours.dtype(),
+            ours.shape,
+            reference.dtype(),
+            reference.shape
+        ));
+    }
+    match ours.dtype() {
+        DType::F32 | DType::F64 => {
+            let (a, b) = (ours.to_f64_vec(), reference.to_f64_vec());
+            let scale = b.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
+            let worst = a
+                .iter()
+                .zip(&b)
+                .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+            (worst / scale > 1e-4 || worst.is_nan())
+                .then(|| format!("max |diff| / max |ref| = {:.2e}", worst / scale))
+        }
+        _ => (ours.data != reference.data)
+            .then(|| format!("{:?} vs {:?}", ours.to_f64_vec(), reference.to_f64_vec())),
+    }
+}
+
+#[test]
+#[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
+fn new_operators_match_onnxruntime() {
+    let python = common::python();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/ort_run.py");
+    let dir = std::env::temp_dir().join(format!("cotenant-ops-vs-ort-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let backend = CpuBackend::new(2);
+    let mut failures = Vec::new();
+    for case in cases() {
+        let path = dir.join(format!("{}.onnx", case.name));
+        std::fs::write(&path, case.model()).unwrap();
+        let out_dir = dir.join(format!("{}_ort", case.name));
+        let mut cmd = Command::new(&python);
+        cmd.arg(&script)
+            .arg("--model")
+            .arg(&path)
+            .arg("--output-dir")
+            .arg(&out_dir);
+        for (n, t) in &case.feeds {
+            let p = dir.join(format!("{}_{n}.npy", case.name));
+            npy::write(&p, t).unwrap();
+            cmd.arg("--input").arg(format!("{n}={}", p.display()));
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "onnxruntime failed on {}: {}",
+            case.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let model = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let feeds = case
+            .feeds
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect();
+        let ours = model
+            .plan
+            .run(&backend, feeds)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        for (name, t) in ours {
+            let reference = npy::read(&out_dir.join(format!("{name}.npy"))).unwrap();
+            if let Some(why) = differs(&t, &reference) {
+                failures.push(format!("{} output {name}: {why}", case.name));
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        failures.is_empty(),
+        "operators differ from onnxruntime:\n{}",
+        failures.join("\n")
+    );
+}
