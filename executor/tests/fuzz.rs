@@ -7,13 +7,13 @@
 
 mod common;
 
-use common::proto::value_info;
+use common::proto::{int_attr, ints_attr, value_info};
 use cotenant_executor::device::Gpu;
 use cotenant_executor::memory::MemoryBudget;
 use cotenant_executor::ops::SUPPORTED_OPS;
 use cotenant_executor::proto::{
     AttributeProto, DimValue, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    ValueInfoProto, attribute_type,
+    ValueInfoProto,
 };
 use cotenant_executor::zoo::{self, BertOptions, ZooOptions};
 use cotenant_executor::{CpuBackend, Device, Model};
@@ -121,24 +121,6 @@ fn defined_before(g: &GraphProto, n: usize) -> Vec<String> {
         names.extend(node.output.iter().cloned());
     }
     names
-}
-
-fn int_attr(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attribute_type::INT,
-        i: v,
-        ..Default::default()
-    }
-}
-
-fn ints_attr(name: &str, v: Vec<i64>) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attribute_type::INTS,
-        ints: v,
-        ..Default::default()
-    }
 }
 
 /// Attribute names the supported ops read.
@@ -321,7 +303,12 @@ fn mutate(m: &mut ModelProto, muts: &[Mutation]) {
                         int_attr(name, edge(b >> 16))
                     } else {
                         let len = (b >> 16) as usize % 5;
-                        ints_attr(name, (0..len).map(|i| edge(b >> (20 + 4 * i))).collect())
+                        ints_attr(
+                            name,
+                            &(0..len)
+                                .map(|i| edge(b >> (20 + 4 * i)))
+                                .collect::<Vec<_>>(),
+                        )
                     });
                 }
             }
@@ -464,7 +451,7 @@ proptest! {
                     int_attr(ATTRS[k], edge(b >> 8))
                 } else {
                     let len = (b >> 8) as usize % 5;
-                    ints_attr(ATTRS[k], (0..len).map(|i| edge(b >> (12 + 5 * i))).collect())
+                    ints_attr(ATTRS[k], &(0..len).map(|i| edge(b >> (12 + 5 * i))).collect::<Vec<_>>())
                 }
             })
             .collect();

@@ -8,11 +8,11 @@
 
 mod common;
 
-use common::proto::value_info;
+use common::proto::{int_attr, ints_attr, string_attr, value_info};
 use cotenant_executor::memory::MemoryBudget;
 use cotenant_executor::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    ValueInfoProto, attribute_type,
+    ValueInfoProto,
 };
 use cotenant_executor::zoo::{self, ZooOptions};
 use cotenant_executor::{CpuBackend, Data, Model, RunError, Tensor};
@@ -82,33 +82,6 @@ fn node(op: &str, name: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> No
         name: name.into(),
         op_type: op.into(),
         attribute: attrs,
-        ..Default::default()
-    }
-}
-
-fn int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attribute_type::INT,
-        i: v,
-        ..Default::default()
-    }
-}
-
-fn string(name: &str, v: &str) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attribute_type::STRING,
-        s: v.as_bytes().to_vec(),
-        ..Default::default()
-    }
-}
-
-fn ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attribute_type::INTS,
-        ints: v.to_vec(),
         ..Default::default()
     }
 }
@@ -264,7 +237,7 @@ fn constant_bombs() -> Vec<(&'static str, Vec<u8>)> {
             one(
                 "Concat",
                 &["x"; 1024],
-                vec![int("axis", 0)],
+                vec![int_attr("axis", 0)],
                 vec![f32s("x", &[1 << 20])],
                 13,
             ),
@@ -294,7 +267,7 @@ fn constant_bombs() -> Vec<(&'static str, Vec<u8>)> {
             one(
                 "Gather",
                 &["x", "idx"],
-                vec![int("axis", 0)],
+                vec![int_attr("axis", 0)],
                 vec![
                     f32s("x", &[1, 1 << 16]),
                     i64s("idx", &[1 << 14], &[0; 1 << 14]),
@@ -334,7 +307,7 @@ fn constant_bombs() -> Vec<(&'static str, Vec<u8>)> {
             one(
                 "Einsum",
                 &["a", "b"],
-                vec![string("equation", "i,j->ij")],
+                vec![string_attr("equation", "i,j->ij")],
                 vec![f32s("a", &[1 << 15]), f32s("b", &[1 << 15])],
                 12,
             ),
@@ -382,7 +355,7 @@ fn constant_bombs_are_priced_not_evaluated() {
 fn the_shape_pass_copies_nothing_per_reference() {
     let refs = vec!["v"; 1 << 20];
     let bytes = graph(
-        vec![node("Concat", "bomb", &refs, vec![int("axis", 0)])],
+        vec![node("Concat", "bomb", &refs, vec![int_attr("axis", 0)])],
         vec![i64s("v", &[64], &[7; 64])],
         vec![],
         13,
@@ -580,7 +553,7 @@ fn crashes_found_by_fuzzing_are_errors() {
             one(
                 "LayerNormalization",
                 &["x", "scale"],
-                vec![int("axis", -1)],
+                vec![int_attr("axis", -1)],
                 vec![f32s("scale", &[2, 3, 7])],
                 &[-1, 3, 5],
             ),
@@ -591,7 +564,7 @@ fn crashes_found_by_fuzzing_are_errors() {
             one(
                 "Conv",
                 &["x", "w"],
-                vec![ints("strides", &[1, 1 << 40])],
+                vec![ints_attr("strides", &[1, 1 << 40])],
                 vec![f32s("w", &[4, 3, 3, 3])],
                 &[-1, 3, 8, 8],
             ),
@@ -602,7 +575,7 @@ fn crashes_found_by_fuzzing_are_errors() {
             one(
                 "Conv",
                 &["x", "w"],
-                vec![ints("strides", &[i64::MAX, 1])],
+                vec![ints_attr("strides", &[i64::MAX, 1])],
                 vec![f32s("w", &[4, 3, 3, 3])],
                 &[-1, 3, 8, 8],
             ),
@@ -613,7 +586,7 @@ fn crashes_found_by_fuzzing_are_errors() {
             one(
                 "Conv",
                 &["x", "w"],
-                vec![ints("strides", &[i64::MAX, 1]), int("group", 3)],
+                vec![ints_attr("strides", &[i64::MAX, 1]), int_attr("group", 3)],
                 vec![f32s("w", &[3, 1, 3, 3])],
                 &[-1, 3, 8, 8],
             ),
@@ -625,8 +598,8 @@ fn crashes_found_by_fuzzing_are_errors() {
                 "MaxPool",
                 &["x"],
                 vec![
-                    ints("kernel_shape", &[2, 2]),
-                    ints("pads", &[0, i64::MAX, 0, i64::MAX]),
+                    ints_attr("kernel_shape", &[2, 2]),
+                    ints_attr("pads", &[0, i64::MAX, 0, i64::MAX]),
                 ],
                 vec![],
                 &[-1, 3, 8, 8],
@@ -638,7 +611,7 @@ fn crashes_found_by_fuzzing_are_errors() {
             one(
                 "Conv",
                 &["x", "w"],
-                vec![ints("pads", &[0, i64::MAX, 0, i64::MAX])],
+                vec![ints_attr("pads", &[0, i64::MAX, 0, i64::MAX])],
                 vec![f32s("w", &[4, 3, 3, 3])],
                 &[-1, 3, 8, 8],
             ),
@@ -659,7 +632,7 @@ fn crashes_found_by_fuzzing_are_errors() {
             "Where with an empty output",
             graph(
                 vec![
-                    node("Cast", "c", &["x"], vec![int("to", 9)]),
+                    node("Cast", "c", &["x"], vec![int_attr("to", 9)]),
                     node("Where", "n", &["c", "x", "x"], vec![]),
                 ],
                 vec![],
@@ -671,7 +644,12 @@ fn crashes_found_by_fuzzing_are_errors() {
         (
             "ReduceMean over axis 0 of a scalar",
             graph(
-                vec![node("ReduceMean", "n", &["s"], vec![ints("axes", &[0])])],
+                vec![node(
+                    "ReduceMean",
+                    "n",
+                    &["s"],
+                    vec![ints_attr("axes", &[0])],
+                )],
                 vec![f32s("s", &[])],
                 vec![],
                 13,
@@ -698,7 +676,7 @@ fn crashes_found_by_fuzzing_are_errors() {
             one(
                 "Split",
                 &["x"],
-                vec![int("num_outputs", i64::MAX)],
+                vec![int_attr("num_outputs", i64::MAX)],
                 vec![],
                 &[-1, 4],
             ),
@@ -711,7 +689,7 @@ fn crashes_found_by_fuzzing_are_errors() {
                     "Pad",
                     "n",
                     &["s", "pads"],
-                    vec![ints("pads", &[i64::MIN, i64::MAX])],
+                    vec![ints_attr("pads", &[i64::MIN, i64::MAX])],
                 )],
                 vec![f32s("s", &[2]), i64s("pads", &[2], &[i64::MIN, i64::MAX])],
                 vec![],
@@ -735,7 +713,13 @@ fn crashes_found_by_fuzzing_are_errors() {
         ),
         (
             "Softmax of an empty tensor",
-            one("Softmax", &["x"], vec![int("axis", 1)], vec![], &[-1, 0, 4]),
+            one(
+                "Softmax",
+                &["x"],
+                vec![int_attr("axis", 1)],
+                vec![],
+                &[-1, 0, 4],
+            ),
             "",
         ),
         (
@@ -743,7 +727,7 @@ fn crashes_found_by_fuzzing_are_errors() {
             one(
                 "Reshape",
                 &["x", "shape"],
-                vec![int("allowzero", 1)],
+                vec![int_attr("allowzero", 1)],
                 vec![i64s("shape", &[3], &[1 << 40, 1 << 40, 0])],
                 &[-1, 0],
             ),
@@ -752,7 +736,7 @@ fn crashes_found_by_fuzzing_are_errors() {
         (
             "Concat of scalars",
             graph(
-                vec![node("Concat", "n", &["s", "s"], vec![int("axis", 0)])],
+                vec![node("Concat", "n", &["s", "s"], vec![int_attr("axis", 0)])],
                 vec![f32s("s", &[])],
                 vec![],
                 13,
@@ -834,7 +818,7 @@ fn indices_and_counts_from_requests_are_checked() {
             with_x(
                 "GatherElements",
                 &["i"],
-                vec![int("axis", 1)],
+                vec![int_attr("axis", 1)],
                 vec![ints_input("i", &[2, 1])],
                 13,
             ),
@@ -870,7 +854,7 @@ fn indices_and_counts_from_requests_are_checked() {
             with_x(
                 "ScatterElements",
                 &["i", "x"],
-                vec![int("axis", 0)],
+                vec![int_attr("axis", 0)],
                 vec![ints_input("i", &[2, 3])],
                 18,
             ),
@@ -996,7 +980,7 @@ fn indices_and_counts_from_requests_are_checked() {
             with_x(
                 "ScatterND",
                 &["x", "x"],
-                vec![string("reduction", "max")],
+                vec![string_attr("reduction", "max")],
                 vec![],
                 16,
             ),
@@ -1007,7 +991,7 @@ fn indices_and_counts_from_requests_are_checked() {
             with_x(
                 "ScatterElements",
                 &["x", "x"],
-                vec![string("reduction", "xor")],
+                vec![string_attr("reduction", "xor")],
                 vec![],
                 18,
             ),
@@ -1015,12 +999,24 @@ fn indices_and_counts_from_requests_are_checked() {
         ),
         (
             "Einsum with a label only in the output",
-            with_x("Einsum", &[], vec![string("equation", "ij->k")], vec![], 12),
+            with_x(
+                "Einsum",
+                &[],
+                vec![string_attr("equation", "ij->k")],
+                vec![],
+                12,
+            ),
             "no operand",
         ),
         (
             "DepthToSpace of a zero block",
-            with_x("DepthToSpace", &[], vec![int("blocksize", 0)], vec![], 13),
+            with_x(
+                "DepthToSpace",
+                &[],
+                vec![int_attr("blocksize", 0)],
+                vec![],
+                13,
+            ),
             "blocksize",
         ),
         (
@@ -1028,7 +1024,7 @@ fn indices_and_counts_from_requests_are_checked() {
             with_x(
                 "GroupNormalization",
                 &["x", "x"],
-                vec![int("num_groups", 0)],
+                vec![int_attr("num_groups", 0)],
                 vec![],
                 21,
             ),
@@ -1036,7 +1032,7 @@ fn indices_and_counts_from_requests_are_checked() {
         ),
         (
             "Mod with fmod 2",
-            with_x("Mod", &["x"], vec![int("fmod", 2)], vec![], 13),
+            with_x("Mod", &["x"], vec![int_attr("fmod", 2)], vec![], 13),
             "fmod",
         ),
     ];

@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::proto::value_info;
+use common::proto::{float_attr, int_attr, string_attr, value_info};
 use cotenant_executor::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, attribute_type,
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
 };
 use cotenant_executor::tensor_proto::encode_tensor;
 use cotenant_executor::zoo::Rng;
@@ -27,33 +27,6 @@ struct Case {
     /// Input names in the node's order ("" for an omitted optional input).
     order: Vec<&'static str>,
     outputs: Vec<DType>,
-}
-
-fn int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attribute_type::INT,
-        i: v,
-        ..Default::default()
-    }
-}
-
-fn string(name: &str, v: &str) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attribute_type::STRING,
-        s: v.as_bytes().to_vec(),
-        ..Default::default()
-    }
-}
-
-fn float(name: &str, v: f32) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attribute_type::FLOAT,
-        f: v,
-        ..Default::default()
-    }
 }
 
 impl Case {
@@ -162,7 +135,7 @@ fn cases() -> Vec<Case> {
             name: "topk_largest_ties",
             op: "TopK",
             opset: 11,
-            attrs: vec![int("axis", 1)],
+            attrs: vec![int_attr("axis", 1)],
             feeds: vec![("x", coarse(r, &[3, 9]))],
             consts: vec![("k", vector(&[5]))],
             order: vec!["x", "k"],
@@ -172,7 +145,7 @@ fn cases() -> Vec<Case> {
             name: "topk_smallest_axis0",
             op: "TopK",
             opset: 11,
-            attrs: vec![int("axis", 0), int("largest", 0)],
+            attrs: vec![int_attr("axis", 0), int_attr("largest", 0)],
             feeds: vec![("x", coarse(r, &[6, 4]))],
             consts: vec![("k", vector(&[3]))],
             order: vec!["x", "k"],
@@ -183,9 +156,9 @@ fn cases() -> Vec<Case> {
             op: "ArgMax",
             opset: 13,
             attrs: vec![
-                int("axis", -1),
-                int("keepdims", 0),
-                int("select_last_index", 1),
+                int_attr("axis", -1),
+                int_attr("keepdims", 0),
+                int_attr("select_last_index", 1),
             ],
             feeds: vec![("x", coarse(r, &[4, 7]))],
             consts: vec![],
@@ -196,7 +169,7 @@ fn cases() -> Vec<Case> {
             name: "argmin_first",
             op: "ArgMin",
             opset: 13,
-            attrs: vec![int("axis", 0)],
+            attrs: vec![int_attr("axis", 0)],
             feeds: vec![("x", coarse(r, &[5, 3]))],
             consts: vec![],
             order: vec!["x"],
@@ -206,7 +179,7 @@ fn cases() -> Vec<Case> {
             name: "gather_elements",
             op: "GatherElements",
             opset: 13,
-            attrs: vec![int("axis", 1)],
+            attrs: vec![int_attr("axis", 1)],
             feeds: vec![
                 ("x", f32s(r, &[3, 4], |v| v)),
                 ("i", ints(r, &[3, 6], -4, 3)),
@@ -219,7 +192,7 @@ fn cases() -> Vec<Case> {
             name: "gathernd_batch",
             op: "GatherND",
             opset: 13,
-            attrs: vec![int("batch_dims", 1)],
+            attrs: vec![int_attr("batch_dims", 1)],
             feeds: vec![
                 ("x", f32s(r, &[2, 3, 4], |v| v)),
                 ("i", ints(r, &[2, 5, 1], -3, 2)),
@@ -232,7 +205,7 @@ fn cases() -> Vec<Case> {
             name: "scatternd_add",
             op: "ScatterND",
             opset: 18,
-            attrs: vec![string("reduction", "add")],
+            attrs: vec![string_attr("reduction", "add")],
             feeds: vec![
                 ("x", f32s(r, &[4, 3], |v| v)),
                 ("i", ints(r, &[5, 1], -4, 3)),
@@ -246,7 +219,7 @@ fn cases() -> Vec<Case> {
             name: "scatter_elements_max",
             op: "ScatterElements",
             opset: 18,
-            attrs: vec![int("axis", 0), string("reduction", "max")],
+            attrs: vec![int_attr("axis", 0), string_attr("reduction", "max")],
             feeds: vec![
                 ("x", f32s(r, &[3, 4], |v| v)),
                 ("i", ints(r, &[2, 4], -3, 2)),
@@ -284,7 +257,7 @@ fn cases() -> Vec<Case> {
             name: "cumsum_exclusive_reverse",
             op: "CumSum",
             opset: 14,
-            attrs: vec![int("exclusive", 1), int("reverse", 1)],
+            attrs: vec![int_attr("exclusive", 1), int_attr("reverse", 1)],
             feeds: vec![("x", f32s(r, &[3, 5], |v| v))],
             consts: vec![("a", scalar(1))],
             order: vec!["x", "a"],
@@ -294,7 +267,7 @@ fn cases() -> Vec<Case> {
             name: "trilu_lower",
             op: "Trilu",
             opset: 14,
-            attrs: vec![int("upper", 0)],
+            attrs: vec![int_attr("upper", 0)],
             feeds: vec![("x", f32s(r, &[2, 4, 5], |v| v))],
             consts: vec![("k", scalar(-1))],
             order: vec!["x", "k"],
@@ -324,7 +297,7 @@ fn cases() -> Vec<Case> {
             name: "mod_fmod",
             op: "Mod",
             opset: 13,
-            attrs: vec![int("fmod", 1)],
+            attrs: vec![int_attr("fmod", 1)],
             feeds: vec![
                 ("a", f32s(r, &[4, 5], |v| v * 10.0)),
                 ("b", f32s(r, &[4, 5], |v| v * 3.0)),
@@ -337,7 +310,7 @@ fn cases() -> Vec<Case> {
             name: "onehot",
             op: "OneHot",
             opset: 11,
-            attrs: vec![int("axis", 1)],
+            attrs: vec![int_attr("axis", 1)],
             feeds: vec![("i", ints(r, &[2, 3], -5, 6))],
             consts: vec![
                 ("d", scalar(5)),
@@ -350,7 +323,7 @@ fn cases() -> Vec<Case> {
             name: "einsum_attention",
             op: "Einsum",
             opset: 12,
-            attrs: vec![string("equation", "bhqd,bhkd->bhqk")],
+            attrs: vec![string_attr("equation", "bhqd,bhkd->bhqk")],
             feeds: vec![
                 ("q", f32s(r, &[2, 2, 3, 8], |v| v)),
                 ("k", f32s(r, &[2, 2, 5, 8], |v| v)),
@@ -363,7 +336,7 @@ fn cases() -> Vec<Case> {
             name: "einsum_broadcast_batch",
             op: "Einsum",
             opset: 12,
-            attrs: vec![string("equation", "...ij,...jk->...ik")],
+            attrs: vec![string_attr("equation", "...ij,...jk->...ik")],
             feeds: vec![
                 ("a", f32s(r, &[2, 1, 3, 4], |v| v)),
                 ("b", f32s(r, &[1, 5, 4, 2], |v| v)),
@@ -376,7 +349,7 @@ fn cases() -> Vec<Case> {
             name: "einsum_diagonal_sum",
             op: "Einsum",
             opset: 12,
-            attrs: vec![string("equation", "bii->b")],
+            attrs: vec![string_attr("equation", "bii->b")],
             feeds: vec![("a", f32s(r, &[3, 4, 4], |v| v))],
             consts: vec![],
             order: vec!["a"],
@@ -386,7 +359,7 @@ fn cases() -> Vec<Case> {
             name: "einsum_chain",
             op: "Einsum",
             opset: 12,
-            attrs: vec![string("equation", "ij,jk,kl->il")],
+            attrs: vec![string_attr("equation", "ij,jk,kl->il")],
             feeds: vec![
                 ("a", f32s(r, &[3, 4], |v| v)),
                 ("b", f32s(r, &[4, 5], |v| v)),
@@ -400,7 +373,7 @@ fn cases() -> Vec<Case> {
             name: "instance_norm",
             op: "InstanceNormalization",
             opset: 6,
-            attrs: vec![float("epsilon", 1e-3)],
+            attrs: vec![float_attr("epsilon", 1e-3)],
             feeds: vec![("x", f32s(r, &[2, 3, 4, 5], |v| v * 3.0 + 1.0))],
             consts: vec![("s", f32s(r, &[3], |v| v)), ("b", f32s(r, &[3], |v| v))],
             order: vec!["x", "s", "b"],
@@ -410,7 +383,7 @@ fn cases() -> Vec<Case> {
             name: "group_norm",
             op: "GroupNormalization",
             opset: 21,
-            attrs: vec![int("num_groups", 2)],
+            attrs: vec![int_attr("num_groups", 2)],
             feeds: vec![("x", f32s(r, &[2, 4, 3, 3], |v| v * 2.0 - 1.0))],
             consts: vec![("s", f32s(r, &[4], |v| v)), ("b", f32s(r, &[4], |v| v))],
             order: vec!["x", "s", "b"],
@@ -420,7 +393,7 @@ fn cases() -> Vec<Case> {
             name: "group_norm_opset18",
             op: "GroupNormalization",
             opset: 18,
-            attrs: vec![int("num_groups", 2), float("epsilon", 1e-2)],
+            attrs: vec![int_attr("num_groups", 2), float_attr("epsilon", 1e-2)],
             feeds: vec![("x", f32s(r, &[2, 4, 3, 3], |v| v * 2.0 - 1.0))],
             consts: vec![("s", f32s(r, &[2], |v| v)), ("b", f32s(r, &[2], |v| v))],
             order: vec!["x", "s", "b"],
@@ -430,7 +403,7 @@ fn cases() -> Vec<Case> {
             name: "depth_to_space_crd",
             op: "DepthToSpace",
             opset: 13,
-            attrs: vec![int("blocksize", 2), string("mode", "CRD")],
+            attrs: vec![int_attr("blocksize", 2), string_attr("mode", "CRD")],
             feeds: vec![("x", f32s(r, &[2, 8, 2, 3], |v| v))],
             consts: vec![],
             order: vec!["x"],
@@ -440,7 +413,7 @@ fn cases() -> Vec<Case> {
             name: "depth_to_space_dcr",
             op: "DepthToSpace",
             opset: 13,
-            attrs: vec![int("blocksize", 2)],
+            attrs: vec![int_attr("blocksize", 2)],
             feeds: vec![("x", f32s(r, &[1, 8, 3, 2], |v| v))],
             consts: vec![],
             order: vec!["x"],
@@ -450,7 +423,7 @@ fn cases() -> Vec<Case> {
             name: "space_to_depth",
             op: "SpaceToDepth",
             opset: 13,
-            attrs: vec![int("blocksize", 3)],
+            attrs: vec![int_attr("blocksize", 3)],
             feeds: vec![("x", f32s(r, &[2, 2, 6, 9], |v| v))],
             consts: vec![],
             order: vec!["x"],

@@ -1,7 +1,8 @@
 //! ONNX protobuf pieces the hand-built test models share.
 
 use cotenant_executor::proto::{
-    DimValue, Dimension, TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto,
+    AttributeProto, DimValue, Dimension, TensorShapeProto, TypeProto, TypeProtoTensor,
+    ValueInfoProto, attribute_type,
 };
 
 /// A graph input or output of element type `elem`; a negative dimension is the symbolic batch.
@@ -28,5 +29,45 @@ pub fn value_info(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
             denotation: String::new(),
         }),
         doc_string: String::new(),
+    }
+}
+
+/// An INT attribute.
+pub fn int_attr(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::INT,
+        i: v,
+        ..Default::default()
+    }
+}
+
+/// An INTS attribute.
+pub fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::INTS,
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A FLOAT attribute.
+pub fn float_attr(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::FLOAT,
+        f: v,
+        ..Default::default()
+    }
+}
+
+/// A STRING attribute.
+pub fn string_attr(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attribute_type::STRING,
+        s: v.as_bytes().to_vec(),
+        ..Default::default()
     }
 }
