@@ -22,7 +22,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use cotenant_executor::runtime::Tenant;
-use cotenant_executor::runtime::stats::{Counts, Histogram, ShedReason};
+use cotenant_executor::runtime::stats::{Counts, Histogram, ShedReason, WindowSummary};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -96,12 +96,13 @@ type Labels = Vec<(&'static str, String)>;
 /// A metric family read from each tenant: its name, help, and how to read its value.
 type Read<T, V> = (&'static str, &'static str, fn(&T) -> V);
 
-/// One Ready tenant at this scrape: its labels, replica and totals (read once).
+/// One Ready tenant at this scrape: its labels, replica, totals and window (each read once).
 struct Serving<'a> {
     labels: Labels,
     tenant: &'a Tenant,
     entry: &'a Entry,
     totals: Counts,
+    window: WindowSummary,
 }
 
 /// Writes one metric family: its descriptor, then one sample per `(labels, value)`.
@@ -147,6 +148,7 @@ impl Collector for TenantMetrics {
                     tenant,
                     entry: e,
                     totals: tenant.stats().totals(),
+                    window: tenant.stats().window(),
                 }),
                 _ => None,
             })
@@ -321,17 +323,17 @@ impl Collector for TenantMetrics {
             (
                 "cotenant_agent_slo_attainment",
                 "Fraction of requests within the SLO over the window.",
-                |s| s.tenant.stats().window().slo_attainment,
+                |s| s.window.slo_attainment,
             ),
             (
                 "cotenant_agent_latency_p99_seconds",
                 "End-to-end p99 latency over the window.",
-                |s| s.tenant.stats().window().latency_p99_ms.map(|ms| ms / 1e3),
+                |s| s.window.latency_p99_ms.map(|ms| ms / 1e3),
             ),
             (
                 "cotenant_agent_arrival_rate",
                 "Requests per second arriving over the window.",
-                |s| Some(s.tenant.stats().window().arrival_rate_per_sec),
+                |s| Some(s.window.arrival_rate_per_sec),
             ),
         ];
         for (name, help, value) in gauges {
