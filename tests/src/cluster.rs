@@ -254,6 +254,23 @@ metadata:
         cmd
     }
 
+    /// `helm install <release>` of the repository's chart into `namespace`, without the default
+    /// pool (tests make their own); an error with helm's output when it fails.
+    pub fn install_chart(&self, release: &str, namespace: &str) -> Result<String, Error> {
+        let chart = crate::TestNamespace::repo_root().join("charts/cotenant");
+        let mut install = self.helm();
+        install
+            .args([
+                "install",
+                release,
+                &chart.to_string_lossy(),
+                "-n",
+                namespace,
+            ])
+            .args(["--set", "defaultPool.enabled=false"]);
+        checked(install.output(), "helm install")
+    }
+
     /// Runs kubectl with `args` and returns stdout, or an error with stderr.
     pub fn kubectl_ok(&self, args: &[&str]) -> Result<String, Error> {
         let mut cmd = self.kubectl();

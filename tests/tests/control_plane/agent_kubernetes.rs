@@ -7,7 +7,7 @@
 //! rotation), and keeps serving through an API server outage.
 
 use cotenant_e2e::agents::host_ip;
-use cotenant_e2e::cluster::{checked, free_port};
+use cotenant_e2e::cluster::free_port;
 use cotenant_e2e::http::http_post_json;
 use cotenant_e2e::process::{Lifetime, Process};
 use cotenant_e2e::proxy::TcpProxy;
@@ -133,18 +133,7 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
     let ns = TestNamespace::new("agentk");
     let cp = ns.control_plane();
     let n = ns.name.as_str();
-    let chart = TestNamespace::repo_root().join("charts/cotenant");
-    let mut install = cp.helm();
-    install.args([
-        "install",
-        RELEASE,
-        &chart.to_string_lossy(),
-        "-n",
-        n,
-        "--set",
-        "defaultPool.enabled=false",
-    ]);
-    checked(install.output(), "helm install").expect("chart installs");
+    cp.install_chart(RELEASE, n).expect("chart installs");
     let _release = Release {
         cp,
         namespace: n.to_string(),

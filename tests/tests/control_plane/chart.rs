@@ -304,18 +304,7 @@ fn rbac_is_least_privilege() {
     let cp = ns.control_plane();
     let n = ns.name.as_str();
     // A second release beside the other test's: its own names, and no default pool to collide on.
-    helm(
-        cp,
-        &[
-            "install",
-            "rbac",
-            &chart(),
-            "-n",
-            n,
-            "--set",
-            "defaultPool.enabled=false",
-        ],
-    );
+    cp.install_chart("rbac", n).expect("chart installs");
     let operator = cp
         .service_account_kubeconfig(n, "cotenant-operator")
         .expect("operator token");
@@ -399,18 +388,7 @@ fn an_agent_writes_only_its_own_gpuagent_status() {
     let ns = TestNamespace::new("own-status");
     let cp = ns.control_plane();
     let n = ns.name.as_str();
-    helm(
-        cp,
-        &[
-            "install",
-            "own",
-            &chart(),
-            "-n",
-            n,
-            "--set",
-            "defaultPool.enabled=false",
-        ],
-    );
+    cp.install_chart("own", n).expect("chart installs");
     // Two agent pods (kwok runs them) and their GpuAgents.
     for agent in ["agent-a", "agent-b"] {
         cp.kubectl_apply(&format!(

@@ -6,7 +6,7 @@
 //! copy goes.
 
 use cotenant_e2e::agents::{AgentHost, host_ip};
-use cotenant_e2e::cluster::{checked, free_port};
+use cotenant_e2e::cluster::free_port;
 use cotenant_e2e::process::{Lifetime, Process};
 use cotenant_e2e::s3::S3Server;
 use cotenant_e2e::{ControlPlane, TestNamespace, http_get, poll, workspace_binary};
@@ -89,18 +89,7 @@ fn a_tenants_model_credentials_are_copied_to_the_agents_and_used() {
         namespace: n.to_string(),
         team: team.clone(),
     };
-    let chart = TestNamespace::repo_root().join("charts/cotenant");
-    let mut install = cp.helm();
-    install.args([
-        "install",
-        RELEASE,
-        &chart.to_string_lossy(),
-        "-n",
-        n,
-        "--set",
-        "defaultPool.enabled=false",
-    ]);
-    checked(install.output(), "helm install").expect("chart installs");
+    cp.install_chart(RELEASE, n).expect("chart installs");
     cp.kubectl_ok(&["create", "namespace", &team])
         .expect("the tenants' namespace");
     // A GPU for this test's agent, whatever other tests hold.

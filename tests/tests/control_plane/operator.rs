@@ -60,18 +60,7 @@ fn operator_runs_as_its_service_account_and_reports_pool_references() {
     let ns = TestNamespace::new("operator");
     let cp = ns.control_plane();
     let n = ns.name.as_str();
-    let chart = TestNamespace::repo_root().join("charts/cotenant");
-    let mut install = cp.helm();
-    install.args([
-        "install",
-        "op",
-        &chart.to_string_lossy(),
-        "-n",
-        n,
-        "--set",
-        "defaultPool.enabled=false",
-    ]);
-    checked(install.output(), "helm install").expect("chart installs");
+    cp.install_chart("op", n).expect("chart installs");
 
     let kubeconfig = cp
         .service_account_kubeconfig(n, "cotenant-operator")

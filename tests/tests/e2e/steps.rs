@@ -57,12 +57,7 @@ impl Cluster {
         let test_ns = TestNamespace::new(prefix);
         let cp = test_ns.control_plane();
         let ns = test_ns.name.clone();
-        let chart = TestNamespace::repo_root().join("charts/cotenant");
-        let mut install = cp.helm();
-        install
-            .args(["install", RELEASE, &chart.to_string_lossy(), "-n", &ns])
-            .args(["--set", "defaultPool.enabled=false"]);
-        checked(install.output(), "helm install").expect("chart installs");
+        cp.install_chart(RELEASE, &ns).expect("chart installs");
         let pool = format!("pool-{ns}");
         cp.kubectl_apply(&format!(
             "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {ns}\n  minAgents: 0\n  maxAgents: 3\n  scaleDownDelaySeconds: 10\n  gpuMemoryMiB: {GPU_MEMORY_MIB}\n  template:\n    image: cotenant/agent:test\n    serviceAccountName: cotenant-agent\n  agent:\n    drainSeconds: 2\n"
