@@ -6,7 +6,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// One agent pod and the tenant replicas the operator assigned to it. The operator writes the
-/// spec; the agent watches it, loads and unloads models to match, and writes the status.
+/// spec; the agent watches it, loads and unloads models to match, and writes the status when it
+/// changes. The agent's liveness is its `coordination.k8s.io` Lease of the same name, renewed
+/// the way a kubelet renews its node's.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "cotenant.dev",
@@ -22,7 +24,6 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Tenants","type":"string","jsonPath":".spec.assignments[*].tenant.name","description":"Tenants assigned to the agent"}"#,
     printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.address","description":"Where the agent serves"}"#,
     printcolumn = r#"{"name":"Device","type":"string","jsonPath":".status.device.name","priority":1,"description":"The agent's accelerator"}"#,
-    printcolumn = r#"{"name":"Heartbeat","type":"date","jsonPath":".status.heartbeatTime","priority":1,"description":"Last status write by the agent"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -94,9 +95,6 @@ pub struct GpuAgentStatus {
     /// Every tenant the agent holds, with its state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<LoadedTenant>,
-    /// Last time the agent wrote this status (RFC 3339).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heartbeat_time: Option<String>,
     /// Standard conditions: Ready.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

@@ -315,10 +315,16 @@ pub struct ReplicaPlacement {
     pub ready: bool,
 }
 
-/// Load and latency of a tenant over the recent window.
+/// A summary of a tenant's load and latency, as measured over the window at `measuredAt`. It is
+/// rewritten only when a value moves past the operator's thresholds (see the operator's
+/// `decide::status`), so a steady tenant's status stays still; the live numbers are the agents'
+/// Prometheus metrics.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Observed {
+    /// When these values were measured (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_at: Option<String>,
     /// Requests arriving per second.
     pub arrival_rate_per_second: f64,
     /// Requests completed per second.

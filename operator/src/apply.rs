@@ -1,8 +1,9 @@
 //! Writes a round's decisions to the API: GpuAgent assignments, agent pods, the copies of
 //! tenants' model credentials the assignments name, tenant Services and EndpointSlices,
-//! statuses, finalizers and Events. Every write compares with what exists first,
-//! so a round that changes nothing writes nothing, and every API call passes the leader fence
-//! first (`crate::leader`), so a replica that lost its lease writes nothing more.
+//! statuses, finalizers and Events. Every write compares with what exists first (the watches'
+//! view, `crate::world`), so a round that changes nothing makes no API call at all; every API
+//! call passes the leader fence first (`crate::leader`), so a replica that lost its lease writes
+//! nothing more, and then the client-side budget (`crate::ratelimit`).
 //!
 //! The operator changes only what it owns: a Service or EndpointSlice of a tenant's name that
 //! is not controlled by that tenant is left alone, and the tenant says so in its Ready condition
@@ -13,6 +14,7 @@ use crate::decide::Route;
 use crate::decide::{PoolOutcome, TenantOutcome};
 use crate::leader::{Fence, FenceError};
 use crate::manifests::{self, DRAINING, POOL_LABEL, TENANT_LABEL};
+use crate::ratelimit::RateLimit;
 use cotenant_crds::conditions::set_condition;
 use cotenant_crds::storage::COPY_LABEL;
 use cotenant_crds::{
@@ -39,15 +41,117 @@ pub struct Writer {
     pub report_reader: String,
     /// The audience of the operator's report token, which agents must require.
     pub report_audience: String,
-    /// Routes last written per tenant UID, and when: unchanged routes are rewritten only every
-    /// few minutes (to heal a hand-deleted Service), so a steady round costs no writes.
-    pub written_routes: std::sync::Mutex<HashMap<String, (Vec<Route>, Instant)>>,
+    /// Routes last written per tenant UID, when, and the conflict found then, if any: the
+    /// watches may not show a write for a moment, and a conflict is checked again only every
+    /// [`CONFLICT_RECHECK`].
+    pub written_routes: std::sync::Mutex<HashMap<String, Written>>,
     /// Every API call checks it first: only the leader writes.
     pub fence: Arc<Fence>,
+    /// Every API call takes a token from it first (`crate::ratelimit`).
+    pub limit: RateLimit,
 }
 
-/// How often unchanged routes are written again anyway.
-const ROUTES_REFRESH: Duration = Duration::from_secs(300);
+/// What was last written for one tenant's routes.
+#[derive(Clone, Debug)]
+pub struct Written {
+    routes: Vec<Route>,
+    at: Instant,
+    conflict: Option<String>,
+}
+
+/// How long the operator trusts its own write of a tenant's routes over the watches, which may
+/// not show it yet.
+const WATCH_LAG: Duration = Duration::from_secs(30);
+/// How often a tenant whose Service name is taken is checked again.
+const CONFLICT_RECHECK: Duration = Duration::from_secs(60);
+
+/// The tenants' Services and EndpointSlices as the watches last saw them, by namespace and
+/// name (slices by the Service they belong to).
+#[derive(Default)]
+pub struct Published {
+    services: HashMap<(String, String), Arc<Service>>,
+    slices: HashMap<(String, String), Vec<Arc<EndpointSlice>>>,
+}
+
+impl Published {
+    pub fn new(services: Vec<Arc<Service>>, slices: Vec<Arc<EndpointSlice>>) -> Published {
+        let key = |ns: Option<String>, name: &str| (ns.unwrap_or_default(), name.to_string());
+        let mut published = Published::default();
+        for s in services {
+            published
+                .services
+                .insert(key(s.namespace(), &s.name_any()), s);
+        }
+        for slice in slices {
+            if let Some(service) = slice.labels().get("kubernetes.io/service-name") {
+                let k = key(slice.namespace(), service);
+                published.slices.entry(k).or_default().push(slice);
+            }
+        }
+        published
+    }
+
+    /// Whether `t`'s Service and EndpointSlices are already exactly what `routes` needs, so
+    /// nothing is written.
+    fn in_place(&self, t: &ModelTenant, routes: &[Route]) -> bool {
+        let key = (t.namespace().unwrap_or_default(), t.name_any());
+        let Some(service) = self.services.get(&key) else {
+            return false;
+        };
+        let ports = |s: &Service| -> Vec<(Option<String>, i32, Option<String>)> {
+            let mut p: Vec<_> = s
+                .spec
+                .iter()
+                .flat_map(|spec| spec.ports.iter().flatten())
+                .map(|p| (p.name.clone(), p.port, p.app_protocol.clone()))
+                .collect();
+            p.sort();
+            p
+        };
+        if !owned_by(service.as_ref(), t) || ports(service) != ports(&manifests::service(t)) {
+            return false;
+        }
+        let wanted = manifests::endpoint_slices(t, routes);
+        let existing: Vec<&EndpointSlice> = self
+            .slices
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .map(|s| s.as_ref())
+            .filter(|s| owned_by(*s, t))
+            .collect();
+        existing.len() == wanted.len()
+            && wanted.iter().all(|w| {
+                existing
+                    .iter()
+                    .any(|e| e.name_any() == w.name_any() && same_slice(e, w))
+            })
+    }
+}
+
+/// Whether two EndpointSlices route to the same endpoints on the same ports.
+fn same_slice(a: &EndpointSlice, b: &EndpointSlice) -> bool {
+    let endpoints = |s: &EndpointSlice| {
+        let mut e: Vec<_> = s
+            .endpoints
+            .iter()
+            .map(|e| (e.addresses.clone(), e.node_name.clone()))
+            .collect();
+        e.sort();
+        e
+    };
+    let ports = |s: &EndpointSlice| {
+        let mut p: Vec<_> = s
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.clone(), p.port, p.app_protocol.clone()))
+            .collect();
+        p.sort();
+        p
+    };
+    a.address_type == b.address_type && endpoints(a) == endpoints(b) && ports(a) == ports(b)
+}
 /// Reason of the Ready condition and the Event when a tenant's Service name is taken.
 pub const SERVICE_CONFLICT: &str = "ServiceConflict";
 /// Reason of the Event on a GpuAgent whose report is of another version than the operator's.
@@ -89,7 +193,8 @@ fn owned_by<K: Resource>(object: &K, tenant: &ModelTenant) -> bool {
 
 impl Writer {
     /// Applies `outcome` for `pool`, whose agents are `agents`; `model_copies` are the copies of
-    /// tenants' model credentials its assignments name (`crate::credentials`).
+    /// tenants' model credentials its assignments name (`crate::credentials`), and `copies` the
+    /// copies that exist in the agent namespaces (from the watch).
     #[tracing::instrument(name = "apply_pool", skip_all, fields(pool = %pool.name_any()))]
     pub async fn pool(
         &self,
@@ -97,17 +202,22 @@ impl Writer {
         agents: &[Arc<GpuAgent>],
         outcome: &PoolOutcome,
         model_copies: &[Secret],
+        copies: &[Arc<Secret>],
     ) -> Result {
         let ns = &pool.spec.agent_namespace;
         let agent_api: Api<GpuAgent> = Api::namespaced(self.client.clone(), ns);
         let pod_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         // The copies exist before an assignment names them, and go once none does.
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
-        let selector = format!("{COPY_LABEL}=true,{POOL_LABEL}={}", pool.name_any());
-        let existing = self
-            .fenced(secrets.list(&ListParams::default().labels(&selector).match_any()))
-            .await?
-            .items;
+        let existing: Vec<&Secret> = copies
+            .iter()
+            .map(|c| c.as_ref())
+            .filter(|c| {
+                c.namespace().as_deref() == Some(ns.as_str())
+                    && c.labels().get(COPY_LABEL).is_some_and(|v| v == "true")
+                    && c.labels().get(POOL_LABEL) == Some(&pool.name_any())
+            })
+            .collect();
         for copy in model_copies {
             let same = existing.iter().any(|e| {
                 e.name_any() == copy.name_any()
@@ -215,29 +325,42 @@ impl Writer {
         skip_all,
         fields(tenant = %outcome.tenant.name_any())
     )]
-    pub async fn tenant(&self, outcome: &TenantOutcome) -> Result {
+    pub async fn tenant(&self, outcome: &TenantOutcome, published: &Published) -> Result {
         let t = &outcome.tenant;
         let uid = t.uid().unwrap_or_default();
-        let fresh = self
+        let last = self
             .written_routes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&uid)
-            .is_some_and(|(r, at)| r == &outcome.routes && at.elapsed() < ROUTES_REFRESH);
+            .cloned()
+            .filter(|w| w.routes == outcome.routes);
         let mut conflict = None;
-        if !fresh {
+        let skip = match &last {
+            Some(w) if w.conflict.is_some() => {
+                conflict = w.conflict.clone();
+                w.at.elapsed() < CONFLICT_RECHECK
+            }
+            Some(w) if w.at.elapsed() < WATCH_LAG => true,
+            _ => published.in_place(t, &outcome.routes),
+        };
+        if !skip {
             let written = self.routes(t, &outcome.routes).await;
             let mut cache = self
                 .written_routes
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             match written {
-                Ok(None) => {
-                    cache.insert(uid, (outcome.routes.clone(), Instant::now()));
-                }
-                Ok(Some(why)) => {
-                    cache.remove(&uid);
-                    conflict = Some(why);
+                Ok(found) => {
+                    conflict = found.clone();
+                    cache.insert(
+                        uid,
+                        Written {
+                            routes: outcome.routes.clone(),
+                            at: Instant::now(),
+                            conflict: found,
+                        },
+                    );
                 }
                 Err(e) => {
                     cache.remove(&uid);
@@ -439,11 +562,15 @@ impl Writer {
         }
     }
 
-    /// Runs one API call if this replica still leads, and abandons it once the write grace
-    /// after the end of its term has passed.
+    /// Runs one API call, within the client-side budget, if this replica still leads, and
+    /// abandons it once the write grace after the end of its term has passed.
     async fn fenced<T>(&self, call: impl Future<Output = kube::Result<T>>) -> Result<T> {
         let deadline = self.fence.write_deadline(Instant::now())?;
-        match tokio::time::timeout_at(deadline.into(), call).await {
+        let limited = async {
+            self.limit.acquire().await;
+            call.await
+        };
+        match tokio::time::timeout_at(deadline.into(), limited).await {
             Ok(result) => Ok(result?),
             Err(_) => Err(FenceError::Abandoned.into()),
         }

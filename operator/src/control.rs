@@ -6,7 +6,7 @@
 //! report is not used.
 //! A round that completes while leading publishes what it decided as gauges (`crate::metrics`).
 
-use crate::apply::Writer;
+use crate::apply::{Published, Writer};
 use crate::context::Context;
 use crate::credentials::Credentials;
 use crate::decide::{self, AgentView, Memory, PodState, split_address};
@@ -15,7 +15,9 @@ use crate::metrics::{PoolGauges, Snapshot, TenantGauges};
 use crate::report::{OtherVersions, ScrapeError, Scraper};
 use crate::world::World;
 use cotenant_crds::conditions::set_condition;
+use cotenant_crds::report::AgentReport;
 use cotenant_crds::{GpuAgent, GpuPool, ModelTenant, ModelTenantStatus, TenantPhase};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -25,6 +27,9 @@ use std::time::{Duration, Instant};
 
 /// Longest wait between rounds.
 pub const ROUND: Duration = Duration::from_secs(2);
+/// Shortest time between two scrapes of every agent: rounds that changes wake sooner reuse
+/// the last reports.
+pub const SCRAPE_EVERY: Duration = Duration::from_secs(2);
 
 pub struct Controller {
     pub context: Arc<Context>,
@@ -38,6 +43,12 @@ pub struct Controller {
     memory: Memory,
     /// Since when each agent's report has failed, by agent name.
     unreachable_since: HashMap<String, Instant>,
+    /// The last scrape's reports by agent key, and when it ran.
+    reports: BTreeMap<String, Result<AgentReport, ScrapeError>>,
+    scraped_at: Option<Instant>,
+    /// Each agent's Lease as last seen: its renew time, and when this operator saw it change
+    /// (its own clock, as the node lifecycle controller does, so clock skew does not matter).
+    leases: HashMap<String, (String, Instant)>,
     /// Agents that answer with a report of another version.
     other_versions: OtherVersions,
     started: Instant,
@@ -62,6 +73,9 @@ impl Controller {
             credentials,
             memory: Memory::new(tuning),
             unreachable_since: HashMap::new(),
+            reports: BTreeMap::new(),
+            scraped_at: None,
+            leases: HashMap::new(),
             other_versions: OtherVersions::default(),
             started: Instant::now(),
         }
@@ -71,12 +85,47 @@ impl Controller {
     pub fn reset(&mut self) {
         self.memory = Memory::new(self.memory.tuning);
         self.unreachable_since.clear();
+        self.reports.clear();
+        self.scraped_at = None;
+        self.leases.clear();
         self.other_versions = OtherVersions::default();
     }
 
     /// Whether this replica may still write; a round stops at once when it may not.
     fn leading(&self) -> bool {
         self.writer.fence.current_term().is_some()
+    }
+
+    /// Seconds since each agent's Lease expired, by agent key (0 while it holds). An agent's
+    /// Lease is renewed every 10 s for 40 s; one that has expired makes its agent unreachable
+    /// from the expiry on, like a report that fails. An agent without a Lease is judged by its
+    /// reports alone.
+    fn lease_silence(&mut self, leases: &[Arc<Lease>]) -> HashMap<String, f64> {
+        let mut silent = HashMap::new();
+        for lease in leases {
+            let key = format!(
+                "{}/{}",
+                lease.namespace().unwrap_or_default(),
+                lease.name_any()
+            );
+            let spec = lease.spec.as_ref();
+            let renewed = spec
+                .and_then(|s| s.renew_time.as_ref())
+                .map(|t| t.0.to_string())
+                .unwrap_or_default();
+            let duration = spec
+                .and_then(|s| s.lease_duration_seconds)
+                .map_or(40.0, f64::from);
+            let seen = self
+                .leases
+                .entry(key.clone())
+                .or_insert_with(|| (renewed.clone(), Instant::now()));
+            if seen.0 != renewed {
+                *seen = (renewed, Instant::now());
+            }
+            silent.insert(key, (seen.1.elapsed().as_secs_f64() - duration).max(0.0));
+        }
+        silent
     }
 
     /// One round over every pool and tenant.
@@ -89,6 +138,9 @@ impl Controller {
         let tenants = self.world.tenants.state();
         let agents = self.world.agents.state();
         let pods = self.world.pods.state();
+        let copies = self.world.copies.state();
+        let leases = self.world.leases.state();
+        let published = Published::new(self.world.services.state(), self.world.slices.state());
 
         let pod_of = |a: &GpuAgent| {
             pods.iter()
@@ -103,7 +155,14 @@ impl Controller {
                 Some((agent_key(a), host_port(&ip, port)))
             })
             .collect();
-        let mut reports = self.scraper.scrape_all(targets).await;
+        if self
+            .scraped_at
+            .is_none_or(|at| at.elapsed() >= SCRAPE_EVERY)
+        {
+            self.reports = self.scraper.scrape_all(targets).await;
+            self.scraped_at = Some(Instant::now());
+        }
+        let lease_silent_s = self.lease_silence(&leases);
         let templates: HashMap<String, String> = pools
             .iter()
             .map(|p| (p.name_any(), template_hash(p)))
@@ -112,7 +171,7 @@ impl Controller {
         let mut other_version = Vec::new();
         for a in &agents {
             let key = agent_key(a);
-            let scraped = reports.remove(&key);
+            let scraped = self.reports.get(&key).cloned();
             if let Some(message) = self.other_versions.saw(&key, scraped.as_ref()) {
                 tracing::warn!(agent = %key, %message, "report of another version");
                 other_version.push((Arc::clone(a), message));
@@ -140,7 +199,8 @@ impl Controller {
             let unreachable_for_s = self
                 .unreachable_since
                 .get(&key)
-                .map_or(0.0, |since| since.elapsed().as_secs_f64());
+                .map_or(0.0, |since| since.elapsed().as_secs_f64())
+                .max(lease_silent_s.get(&key).copied().unwrap_or(0.0));
             let pod = pod_of(a);
             views_by_pool
                 .entry(a.spec.pool.clone())
@@ -160,8 +220,10 @@ impl Controller {
                     }),
                 });
         }
-        self.unreachable_since
-            .retain(|k, _| agents.iter().any(|a| &agent_key(a) == k));
+        let known: BTreeSet<String> = agents.iter().map(|a| agent_key(a)).collect();
+        self.unreachable_since.retain(|k, _| known.contains(k));
+        self.reports.retain(|k, _| known.contains(k));
+        self.leases.retain(|k, _| known.contains(k));
         self.other_versions
             .retain(|k| agents.iter().any(|a| agent_key(a) == k));
         for (agent, message) in &other_version {
@@ -226,7 +288,7 @@ impl Controller {
             );
             if let Err(e) = self
                 .writer
-                .pool(pool, &pool_agents, &outcome, &model_copies)
+                .pool(pool, &pool_agents, &outcome, &model_copies, &copies)
                 .await
             {
                 tracing::warn!(pool = %name, error = %e, "could not apply the pool's decisions");
@@ -253,7 +315,7 @@ impl Controller {
                 }
             }
             for t in &outcome.tenants {
-                if let Err(e) = self.writer.tenant(t).await {
+                if let Err(e) = self.writer.tenant(t, &published).await {
                     tracing::warn!(tenant = %key_of(&t.tenant), error = %e, "could not write the tenant");
                     failed = true;
                 }

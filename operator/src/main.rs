@@ -10,6 +10,7 @@ mod http;
 mod leader;
 mod manifests;
 mod metrics;
+mod ratelimit;
 mod report;
 mod world;
 
@@ -71,6 +72,15 @@ struct Args {
     /// Seconds an agent may fail its report while its pod runs before it is replaced.
     #[arg(long, env = "COTENANT_AGENT_DEAD_AFTER", default_value_t = 45.0)]
     agent_dead_after_seconds: f64,
+    /// The operator's API calls a second on average (watches excluded); 0: no limit.
+    #[arg(long, env = "COTENANT_API_QPS", default_value_t = 20.0)]
+    api_qps: f64,
+    /// The operator's API calls at once before `--api-qps` spaces them.
+    #[arg(long, env = "COTENANT_API_BURST", default_value_t = 30)]
+    api_burst: u32,
+    /// Most agents' reports scraped at once; each has a 2 s timeout.
+    #[arg(long, env = "COTENANT_SCRAPE_CONCURRENCY", default_value_t = 64)]
+    scrape_concurrency: usize,
     /// Seconds a tenant keeps a replica it no longer needs before letting it go.
     #[arg(
         long,
@@ -151,12 +161,17 @@ async fn main() -> anyhow::Result<()> {
         ),
         report_audience: args.report_audience.clone(),
         written_routes: Default::default(),
+        limit: ratelimit::RateLimit::new(args.api_qps, args.api_burst),
         report_reader: format!(
             "system:serviceaccount:{}:{}",
             args.namespace, args.service_account
         ),
     };
-    let scraper = report::Scraper::new(args.report_token_file.clone(), Duration::from_secs(2))?;
+    let scraper = report::Scraper::new(
+        args.report_token_file.clone(),
+        Duration::from_secs(2),
+        args.scrape_concurrency,
+    )?;
     let leadership = Arc::new(leader::Leadership::new(
         write_client,
         &args.namespace,

@@ -1,5 +1,5 @@
 //! Agent reports: what each agent's `/report` endpoint says about its tenants
-//! ([`cotenant_crds::report`]), scraped by the leader concurrently with a timeout,
+//! ([`cotenant_crds::report`]), scraped by the leader with bounded concurrency and a timeout each,
 //! authenticated with the operator's ServiceAccount token.
 //!
 //! A report is what one agent says, and an agent runs other teams' models: the operator reads at
@@ -10,6 +10,7 @@
 
 use cotenant_crds::report::{AgentReport, REPORT_VERSION, ReportError, State};
 use cotenant_policy::Profile;
+use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -98,7 +99,7 @@ fn profile_in_range(p: &Profile) -> bool {
 }
 
 /// Why an agent's report is not used this round.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ScrapeError {
     /// The agent answered with a report of another version (`None`: unversioned): it is
     /// alive, but what it says is not used.
@@ -160,17 +161,30 @@ impl OtherVersions {
 pub struct Scraper {
     http: reqwest::Client,
     token_file: Option<PathBuf>,
+    /// Most scrapes in flight at once.
+    concurrency: usize,
 }
 
 impl Scraper {
-    pub fn new(token_file: Option<PathBuf>, timeout: Duration) -> anyhow::Result<Scraper> {
+    /// A scraper that gives each agent `timeout` and keeps at most `concurrency` scrapes in
+    /// flight, so a pool of silent agents costs `agents / concurrency × timeout` a round, and an
+    /// agent that stops answering degrades only its own tenants.
+    pub fn new(
+        token_file: Option<PathBuf>,
+        timeout: Duration,
+        concurrency: usize,
+    ) -> anyhow::Result<Scraper> {
         // No redirects: an agent must not send the operator (and its token) elsewhere.
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
-        Ok(Scraper { http, token_file })
+        Ok(Scraper {
+            http,
+            token_file,
+            concurrency: concurrency.max(1),
+        })
     }
 
     /// Every agent's report by agent name; an agent whose report cannot be used maps to why.
@@ -195,10 +209,10 @@ impl Scraper {
                 (agent, result)
             }
         });
-        futures::future::join_all(scrapes)
-            .await
-            .into_iter()
+        futures::stream::iter(scrapes)
+            .buffer_unordered(self.concurrency)
             .collect()
+            .await
     }
 
     async fn scrape(&self, address: &str, token: &str) -> Result<AgentReport, ScrapeError> {
@@ -361,7 +375,7 @@ mod tests {
     fn scraper() -> Scraper {
         // What main does first: one TLS provider for the binary.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        Scraper::new(None, Duration::from_secs(10)).expect("scraper")
+        Scraper::new(None, Duration::from_secs(10), 4).expect("scraper")
     }
 
     /// Serves one raw HTTP response to every connection on a loopback port.

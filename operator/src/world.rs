@@ -1,10 +1,17 @@
-//! What the operator watches, cached in reflector stores: ModelTenants and GpuPools cluster-wide,
-//! GpuAgents and agent pods only in the agent namespaces (where the operator holds a Role). Any
-//! change wakes the control loop.
+//! What the operator watches, cached in reflector stores, so a round reads the cluster without a
+//! single list call: ModelTenants and GpuPools cluster-wide; tenants' Services and EndpointSlices
+//! (by the tenant label) cluster-wide; GpuAgents, agent pods, agents' Leases and the copies of
+//! model credentials only in the agent namespaces (where the operator holds a Role). A change of
+//! anything but a Lease or a copy wakes the control loop: Leases are renewed every few seconds
+//! and read when a round runs anyway, and copies are the operator's own writes.
 
+use crate::manifests::TENANT_LABEL;
+use cotenant_crds::storage::COPY_LABEL;
 use cotenant_crds::{GpuAgent, GpuPool, ModelTenant};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
@@ -24,7 +31,14 @@ pub struct World {
     pub pools: Store<GpuPool>,
     pub agents: Stores<GpuAgent>,
     pub pods: Stores<Pod>,
-    /// Notified on every change of any watched object.
+    /// Agents' Leases (`cotenant-agent`'s liveness), by agent name.
+    pub leases: Stores<Lease>,
+    /// The copies of tenants' model credentials in the agent namespaces.
+    pub copies: Stores<Secret>,
+    /// Tenants' Services and EndpointSlices.
+    pub services: Store<Service>,
+    pub slices: Store<EndpointSlice>,
+    /// Notified on every change of a watched object that wakes the loop.
     pub changed: Arc<Notify>,
 }
 
@@ -61,24 +75,46 @@ impl World {
             tenants: watch(
                 Api::all(client.clone()),
                 watcher::Config::default(),
-                &changed,
+                Some(&changed),
             ),
             pools: watch(
                 Api::all(client.clone()),
                 watcher::Config::default(),
-                &changed,
+                Some(&changed),
             ),
             agents: watch_each(
                 client,
                 agent_namespaces,
                 &watcher::Config::default(),
-                &changed,
+                Some(&changed),
             ),
             pods: watch_each(
                 client,
                 agent_namespaces,
                 &watcher::Config::default().labels(AGENT_LABEL),
-                &changed,
+                Some(&changed),
+            ),
+            leases: watch_each(
+                client,
+                agent_namespaces,
+                &watcher::Config::default().labels(AGENT_LABEL),
+                None,
+            ),
+            copies: watch_each(
+                client,
+                agent_namespaces,
+                &watcher::Config::default().labels(&format!("{COPY_LABEL}=true")),
+                None,
+            ),
+            services: watch(
+                Api::all(client.clone()),
+                watcher::Config::default().labels(TENANT_LABEL),
+                Some(&changed),
+            ),
+            slices: watch(
+                Api::all(client.clone()),
+                watcher::Config::default().labels(TENANT_LABEL),
+                Some(&changed),
             ),
             changed,
         }
@@ -93,6 +129,10 @@ impl World {
                     && self.pools.wait_until_ready().await.is_ok()
                     && self.agents.ready().await
                     && self.pods.ready().await
+                    && self.leases.ready().await
+                    && self.copies.ready().await
+                    && self.services.wait_until_ready().await.is_ok()
+                    && self.slices.wait_until_ready().await.is_ok()
             };
             if let Ok(true) = tokio::time::timeout(Duration::from_secs(1), all).await {
                 return;
@@ -106,7 +146,7 @@ fn watch_each<K>(
     client: &Client,
     namespaces: &BTreeSet<String>,
     config: &watcher::Config,
-    changed: &Arc<Notify>,
+    changed: Option<&Arc<Notify>>,
 ) -> Stores<K>
 where
     K: Resource<Scope = kube::core::NamespaceResourceScope>
@@ -126,13 +166,14 @@ where
     )
 }
 
-fn watch<K>(api: Api<K>, config: watcher::Config, changed: &Arc<Notify>) -> Store<K>
+/// A store of what `api` and `config` select; each change notifies `changed`, when given.
+fn watch<K>(api: Api<K>, config: watcher::Config, changed: Option<&Arc<Notify>>) -> Store<K>
 where
     K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
     let (reader, writer) = reflector::store();
-    let changed = changed.clone();
+    let changed = changed.cloned();
     let stream = reflector::reflector(writer, watcher(api, config))
         .default_backoff()
         .touched_objects();
@@ -140,7 +181,11 @@ where
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             match event {
-                Ok(_) => changed.notify_one(),
+                Ok(_) => {
+                    if let Some(changed) = &changed {
+                        changed.notify_one();
+                    }
+                }
                 Err(e) => tracing::warn!(error = %e, "watch failed; retrying"),
             }
         }

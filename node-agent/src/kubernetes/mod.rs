@@ -1,9 +1,10 @@
 //! Kubernetes mode: the agent pod watches its own GpuAgent, serves the assigned tenants as
 //! `<namespace>.<name>` over the Open Inference Protocol, answers the operator's `/report` after a
-//! TokenReview, and writes its status. Losing the API server stops none of the serving.
+//! TokenReview, writes its status and renews its Lease. Losing the API server stops none of the serving.
 
 pub mod auth;
 mod identity;
+mod lease;
 mod reconcile;
 mod secrets;
 mod status;
@@ -107,6 +108,7 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
         api: Api::namespaced(client.clone(), &identity.namespace),
         namespace: identity.namespace.clone(),
     }));
+    let leases = Api::namespaced(client.clone(), &identity.namespace);
     let agents: Api<GpuAgent> = Api::namespaced(client, &identity.namespace);
     // A pod given a GPU that cannot use it fails loudly: not Ready with the reason in its status
     // (the operator turns it into an Event on the pool), then a non-zero exit, never serving on
@@ -129,10 +131,18 @@ pub async fn run(options: Options) -> anyhow::Result<()> {
     let (desired_tx, desired_rx) = channel::channel(None);
     let (snapshot_tx, snapshot_rx) = channel::channel(Snapshot::default());
     let (done_tx, done_rx) = mpsc::unbounded_channel();
+    let (uid_tx, uid_rx) = channel::channel(None);
     tokio::spawn(watch::watch_own(
         agents.clone(),
         identity.name.clone(),
         desired_tx,
+        uid_tx,
+    ));
+    tokio::spawn(lease::renew_loop(
+        leases,
+        identity.name.clone(),
+        uid_rx,
+        stop_rx.clone(),
     ));
     let reconciler = Reconciler::new(
         registry,

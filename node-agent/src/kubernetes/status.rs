@@ -1,12 +1,11 @@
-//! Writing the GpuAgent's status: where the agent serves, its device, every tenant's state, a
-//! heartbeat and the Ready condition. A write goes out when something changed (at most one a
-//! second) and at least every heartbeat period; failures are logged and retried with backoff
-//! while serving carries on.
+//! Writing the GpuAgent's status: where the agent serves, its device, every tenant's state and the
+//! Ready condition. A write goes out when something changed, at most one a second, and never
+//! otherwise (liveness is the agent's Lease, `super::lease`); failures are logged and retried
+//! with backoff while serving carries on.
 
 use super::identity::Identity;
 use cotenant_crds::conditions::set_condition;
 use cotenant_crds::{Condition, Device, DeviceKind, GpuAgent, GpuAgentStatus, LoadedTenant};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -15,10 +14,8 @@ use tokio::sync::watch;
 pub const FIELD_MANAGER: &str = "cotenant-agent";
 /// Fewest seconds between two writes.
 const MIN_INTERVAL: Duration = Duration::from_secs(1);
-/// Longest time without a write (the heartbeat), with margin under the promised 10 s.
-const HEARTBEAT: Duration = Duration::from_secs(8);
-/// Longest wait before retrying a failed write (the heartbeat period, so a GpuAgent created
-/// after the agent started gets its status soon).
+/// Longest wait before retrying a failed write (so a GpuAgent created after the agent started
+/// gets its status soon).
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// What the reconciler knows, published after every change.
@@ -67,7 +64,7 @@ fn parse_mem_total(meminfo: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// The status for `snapshot`, without the heartbeat; `conditions` carries the Ready condition
+/// The status for `snapshot`; `conditions` carries the Ready condition
 /// across writes so its transition time moves only when it flips.
 pub fn status(
     identity: &Identity,
@@ -130,7 +127,6 @@ pub fn status(
             ..device.clone()
         }),
         tenants: snapshot.tenants.clone(),
-        heartbeat_time: None,
         conditions: conditions.clone(),
         observed_generation: snapshot.generation,
     }
@@ -171,11 +167,11 @@ pub async fn write_loop(
         let snapshot = snapshots.borrow_and_update().clone();
         let next = status(&identity, &device, &snapshot, &mut conditions);
         let wait = match &last {
-            Some((written, at)) if *written == next => HEARTBEAT.saturating_sub(at.elapsed()),
-            Some((_, at)) => MIN_INTERVAL.saturating_sub(at.elapsed()),
-            None => Duration::ZERO,
+            Some((written, _)) if *written == next => None,
+            Some((_, at)) => Some(MIN_INTERVAL.saturating_sub(at.elapsed())),
+            None => Some(Duration::ZERO),
         };
-        if wait.is_zero() {
+        if wait.is_some_and(|w| w.is_zero()) {
             match writer.write(&next, WRITE_TIMEOUT).await {
                 Ok(()) => {
                     if backoff > Duration::ZERO {
@@ -202,7 +198,7 @@ pub async fn write_loop(
                     break;
                 }
             }
-            _ = tokio::time::sleep(wait) => {}
+            _ = sleep_or_forever(wait) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
     }
@@ -218,6 +214,13 @@ pub async fn write_loop(
     );
     if let Err(e) = writer.write(&last, FINAL_WRITE_TIMEOUT).await {
         tracing::warn!(error = %e, "cannot write the final status");
+    }
+}
+
+async fn sleep_or_forever(wait: Option<Duration>) {
+    match wait {
+        Some(w) => tokio::time::sleep(w).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -243,7 +246,6 @@ pub fn device_unavailable(identity: &Identity, why: &str) -> GpuAgentStatus {
         node: identity.node.clone(),
         device: None,
         tenants: Vec::new(),
-        heartbeat_time: None,
         conditions,
         observed_generation: None,
     }
@@ -278,11 +280,9 @@ struct Writer {
 }
 
 impl Writer {
-    /// Merge-patches the status subresource with `status` and a fresh heartbeat.
+    /// Merge-patches the status subresource with `status`.
     async fn write(&self, status: &GpuAgentStatus, timeout: Duration) -> Result<(), String> {
-        let mut status = status.clone();
-        status.heartbeat_time = Some(Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
-        let body = Patch::Merge(patch_body(&status));
+        let body = Patch::Merge(patch_body(status));
         match tokio::time::timeout(
             timeout,
             self.api.patch_status(&self.name, &self.params, &body),

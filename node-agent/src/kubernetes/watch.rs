@@ -9,8 +9,14 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 
-/// Publishes what GpuAgent `name` asks for whenever it changes, until the receiver is gone.
-pub async fn watch_own(api: Api<GpuAgent>, name: String, desired: watch::Sender<Option<Desired>>) {
+/// Publishes what GpuAgent `name` asks for whenever it changes, and its UID in `uid`, until the
+/// receiver is gone.
+pub async fn watch_own(
+    api: Api<GpuAgent>,
+    name: String,
+    desired: watch::Sender<Option<Desired>>,
+    uid: watch::Sender<Option<String>>,
+) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = watcher::watcher(api, config).default_backoff().boxed();
     // Whether a (re)list found the object; a list without it means it does not exist.
@@ -36,6 +42,7 @@ pub async fn watch_own(api: Api<GpuAgent>, name: String, desired: watch::Sender<
                 continue;
             }
         };
+        uid.send_replace(found.as_ref().and_then(|a| a.metadata.uid.clone()));
         let next = match found {
             Some(agent) => Desired {
                 exists: true,

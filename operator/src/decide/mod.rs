@@ -240,6 +240,9 @@ pub fn decide_pool(
     now_rfc3339: &str,
 ) -> PoolOutcome {
     let tuning = memory.tuning;
+    let now = now_rfc3339
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
     // The pool's stated GPU memory wins; otherwise what each agent reports of its device.
     let pool_memory = pool.spec.gpu_memory_mib.map(|m| m.saturating_mul(1 << 20));
     let agent_memory = pool_memory.unwrap_or(DEFAULT_AGENT_MEMORY);
@@ -528,6 +531,7 @@ pub fn decide_pool(
                 unplaced: unplaced.get(uid.as_str()).copied().unwrap_or(0),
                 pool_at_max: at_max,
             },
+            now,
         );
         let mut notes = d.notes.clone();
         let was_failed_for = |reason: &str| {

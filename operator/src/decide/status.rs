@@ -1,12 +1,28 @@
 //! A tenant's status from this round's decision: phase, knobs, replicas, observations, endpoint
 //! and the Ready / ModelLoaded / SLOMet conditions, each with a reason a user can act on.
+//!
+//! A status is written only when it differs, so nothing in it may move with every round's
+//! noise: the observations are a summary ([`summary`]) kept until a value moves past a
+//! threshold, the SLO flips or it is [`OBSERVED_REFRESH_S`] old, and the messages quote that
+//! summary. The live numbers are the agents' Prometheus metrics.
 
 use super::tenant::{Aggregate, TenantDecision};
 use cotenant_crds::conditions::set_condition;
 use cotenant_crds::policy_view::{chosen, scaler_memory, spec_knobs};
 use cotenant_crds::report::served_name;
 use cotenant_crds::{ModelTenant, ModelTenantStatus, Observed, ReplicaPlacement, TenantPhase};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+
+/// A summary value is rewritten when it moves by more than this share of itself…
+const RELATIVE_CHANGE: f64 = 0.2;
+/// …and by more than this many requests per second (rates) or milliseconds (latency).
+const ABSOLUTE_CHANGE: f64 = 1.0;
+/// Attainment is rewritten when it crosses this, or moves by more than [`ATTAINMENT_CHANGE`].
+const ATTAINMENT_TARGET: f64 = 0.99;
+const ATTAINMENT_CHANGE: f64 = 0.05;
+/// Longest a summary stands while the values move less: ten minutes.
+pub const OBSERVED_REFRESH_S: i64 = 600;
 
 /// Where the tenant's replicas ended up.
 pub struct Placement {
@@ -22,6 +38,7 @@ pub fn tenant_status(
     tenant: &ModelTenant,
     d: &TenantDecision,
     placement: Placement,
+    now: Timestamp,
 ) -> ModelTenantStatus {
     let generation = tenant.metadata.generation;
     let namespace = tenant.namespace().unwrap_or_default();
@@ -41,21 +58,22 @@ pub fn tenant_status(
     ));
     s.observed_generation = generation;
     let a = &d.aggregate;
-    if a.replicas > 0 {
-        s.observed = Some(Observed {
-            arrival_rate_per_second: round(a.arrival_rate),
-            throughput_per_second: round(a.throughput),
-            latency_millis: if a.latency_ms.is_finite() {
-                round(a.latency_ms)
-            } else {
-                0.0
-            },
-            slo_attainment: a.attainment.map_or(1.0, round),
-        });
-    }
-
     let slo_ms = tenant.spec.slo.latency_millis;
     let slo_met = !(a.latency_ms.is_finite() && a.latency_ms > slo_ms);
+    let was_met = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "SLOMet")
+        .map(|c| c.status == "True");
+    if a.replicas > 0 {
+        let flipped = was_met.is_some_and(|m| m != slo_met);
+        s.observed = Some(summary(s.observed.as_ref(), a, now, flipped));
+    }
+    // The latency the messages quote: the summary's, so they move only when it does.
+    let quoted_ms = s
+        .observed
+        .as_ref()
+        .map_or(a.latency_ms, |o| o.latency_millis);
     let (loaded, load_reason, load_message) = match (&d.failure, placement.too_big) {
         (Some(e), _) => {
             // Name the model, unless the agent already did.
@@ -105,9 +123,8 @@ pub fn tenant_status(
         (
             "WithinSLO",
             format!(
-                "p{} {:.1} ms within {slo_ms} ms{}",
+                "p{} {quoted_ms:.1} ms within {slo_ms} ms{}",
                 tenant.spec.slo.percentile,
-                a.latency_ms,
                 shed_note(a)
             ),
         )
@@ -115,9 +132,8 @@ pub fn tenant_status(
         (
             "SLOViolated",
             format!(
-                "p{} {:.1} ms over {slo_ms} ms{}",
+                "p{} {quoted_ms:.1} ms over {slo_ms} ms{}",
                 tenant.spec.slo.percentile,
-                a.latency_ms,
                 shed_note(a)
             ),
         )
@@ -189,21 +205,67 @@ pub fn tenant_status(
     s
 }
 
-/// What admission control refused over the window, when that is at least 1% of the requests.
-/// The SLO is held for the requests accepted, so a tenant can meet it while refusing most of its
-/// load; the condition says so instead of looking healthy.
+/// What admission control refused over the window, when that is at least 1% of the requests,
+/// in steps of 10% (so the message does not move with every round). The SLO is held for the
+/// requests accepted, so a tenant can meet it while refusing most of its load; the condition
+/// says so instead of looking healthy.
 fn shed_note(a: &Aggregate) -> String {
     let share = a.shed as f64 / a.shed.saturating_add(a.completions).max(1) as f64;
     if share < 0.01 {
         return String::new();
     }
-    format!(
-        "; {:.0}% of requests refused by admission control",
-        share * 100.0
-    )
+    let about = if share < 0.1 {
+        "under 10%".to_string()
+    } else {
+        format!("about {:.0}%", (share * 10.0).round() * 10.0)
+    };
+    format!("; {about} of requests refused by admission control")
 }
 
-/// Two decimals: statuses should not churn on noise below that.
+/// The observations to keep in the status: `previous` while every value stays within the
+/// thresholds of it, the SLO did not flip and it is younger than [`OBSERVED_REFRESH_S`];
+/// otherwise this round's values, measured `now`.
+pub fn summary(
+    previous: Option<&Observed>,
+    a: &Aggregate,
+    now: Timestamp,
+    slo_flipped: bool,
+) -> Observed {
+    let latency = if a.latency_ms.is_finite() {
+        round(a.latency_ms)
+    } else {
+        0.0
+    };
+    let current = Observed {
+        measured_at: Some(now.to_string()),
+        arrival_rate_per_second: round(a.arrival_rate),
+        throughput_per_second: round(a.throughput),
+        latency_millis: latency,
+        slo_attainment: a.attainment.map_or(1.0, round),
+    };
+    let Some(p) = previous else {
+        return current;
+    };
+    let age_s = p
+        .measured_at
+        .as_deref()
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .map_or(i64::MAX, |t| now.as_second() - t.as_second());
+    let moved =
+        |old: f64, new: f64| (new - old).abs() > (RELATIVE_CHANGE * old.abs()).max(ABSOLUTE_CHANGE);
+    let attainment_moved = (p.slo_attainment >= ATTAINMENT_TARGET)
+        != (current.slo_attainment >= ATTAINMENT_TARGET)
+        || (p.slo_attainment - current.slo_attainment).abs() > ATTAINMENT_CHANGE;
+    let stale = slo_flipped
+        || !(0..OBSERVED_REFRESH_S).contains(&age_s)
+        || moved(p.arrival_rate_per_second, current.arrival_rate_per_second)
+        || moved(p.throughput_per_second, current.throughput_per_second)
+        || moved(p.latency_millis, current.latency_millis)
+        || attainment_moved;
+    if stale { current } else { p.clone() }
+}
+
+/// Two decimals.
 fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }

@@ -540,8 +540,93 @@ fn the_slo_condition_says_how_much_admission_refused() {
     );
     assert_eq!(
         message(300, 700),
-        "p99 40.0 ms within 50 ms; 70% of requests refused by admission control"
+        "p99 40.0 ms within 50 ms; about 70% of requests refused by admission control"
     );
+    assert_eq!(
+        message(300, 5),
+        "p99 40.0 ms within 50 ms; under 10% of requests refused by admission control"
+    );
+}
+
+/// Noise in a steady tenant's measurements leaves its status as it was, so the operator writes
+/// nothing; a real move, a flip of the SLO or age rewrites the summary.
+#[test]
+fn a_steady_tenants_status_does_not_move_with_noise() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
+    placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let mut t = t;
+    let mut statuses = Vec::new();
+    for (i, (latency, rate)) in [(40.0, 10.0), (41.5, 10.7), (38.2, 9.4), (42.9, 11.1)]
+        .into_iter()
+        .enumerate()
+    {
+        let window = Window {
+            arrival_rate_per_second: rate,
+            throughput_per_second: rate,
+            completions: (rate * 30.0) as u64,
+            slo_attainment: Some(0.995 + i as f64 * 0.001),
+            ..Window::default()
+        };
+        agents[0].report = Some(serving(&t, latency, window));
+        let outcome = round(
+            &pool,
+            std::slice::from_ref(&t),
+            &mut agents,
+            &mut memory,
+            4.0 + i as f64,
+        );
+        let status = outcome.tenants[0].status.clone();
+        Arc::make_mut(&mut t).status = Some(status.clone());
+        statuses.push(status);
+    }
+    assert!(
+        statuses.windows(2).skip(1).all(|w| w[0] == w[1]),
+        "{statuses:#?}"
+    );
+    let kept = statuses[3].observed.clone().expect("observed");
+    assert_eq!(kept.latency_millis, 40.0);
+
+    let now: k8s_openapi::jiff::Timestamp = "2026-12-02T00:00:00Z".parse().expect("time");
+    let steady = tenant::Aggregate {
+        replicas: 1,
+        arrival_rate: 10.0,
+        throughput: 10.0,
+        latency_ms: 41.0,
+        attainment: Some(0.995),
+        ..tenant::Aggregate::default()
+    };
+    let same = status::summary(Some(&kept), &steady, now, false);
+    assert_eq!(same, kept);
+    let moved = tenant::Aggregate {
+        latency_ms: 55.0,
+        ..steady
+    };
+    assert_eq!(
+        status::summary(Some(&kept), &moved, now, false).latency_millis,
+        55.0
+    );
+    let busier = tenant::Aggregate {
+        arrival_rate: 14.0,
+        ..steady
+    };
+    assert_eq!(
+        status::summary(Some(&kept), &busier, now, false).arrival_rate_per_second,
+        14.0
+    );
+    let missing = tenant::Aggregate {
+        attainment: Some(0.98),
+        ..steady
+    };
+    assert_eq!(
+        status::summary(Some(&kept), &missing, now, false).slo_attainment,
+        0.98
+    );
+    let flipped = status::summary(Some(&kept), &steady, now, true);
+    assert_eq!(flipped.latency_millis, 41.0);
+    let later = now + std::time::Duration::from_secs(status::OBSERVED_REFRESH_S as u64);
+    let refreshed = status::summary(Some(&kept), &steady, later, false);
+    assert_eq!(refreshed.measured_at, Some(later.to_string()));
 }
 
 #[test]

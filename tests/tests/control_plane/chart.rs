@@ -318,8 +318,8 @@ fn rbac_is_least_privilege() {
         "modeltenants.cotenant.dev/status [] [patch]",
         "gpupools.cotenant.dev [] [list watch]",
         "gpupools.cotenant.dev/status [] [patch]",
-        "services [] [create delete get patch]",
-        "endpointslices.discovery.k8s.io [] [create delete list patch]",
+        "services [] [create delete get list patch watch]",
+        "endpointslices.discovery.k8s.io [] [create delete list patch watch]",
         "events.events.k8s.io [] [create patch]",
         // Per-tenant credentials: a ModelTenant may name a Secret of bearer tokens, which the
         // operator reads by name and hands to agents as SHA-256 hashes.
@@ -331,9 +331,9 @@ fn rbac_is_least_privilege() {
     let operator_home: &[&str] = &[
         "pods [] [create delete list watch]",
         "gpuagents.cotenant.dev [] [create delete list patch watch]",
-        "leases.coordination.k8s.io [] [create]",
+        "leases.coordination.k8s.io [] [create list watch]",
         "leases.coordination.k8s.io [cotenant-operator] [get update]",
-        "secrets [] [create delete get list patch]",
+        "secrets [] [create delete get list patch watch]",
     ];
     let operator_everywhere_else: Vec<&str> = operator_everywhere
         .iter()
@@ -345,6 +345,7 @@ fn rbac_is_least_privilege() {
     let agent_home: &[&str] = &[
         "gpuagents.cotenant.dev [] [list watch]",
         "gpuagents.cotenant.dev/status [] [patch]",
+        "leases.coordination.k8s.io [] [create get update]",
         "secrets [] [get]",
     ];
     let cases = [
@@ -475,5 +476,36 @@ fn an_agent_writes_only_its_own_gpuagent_status() {
     ]);
     let refused = checked(spec.output(), "kubectl patch").expect_err("no spec writes");
     assert!(refused.to_string().contains("Forbidden"), "{refused}");
+    // Leases: an agent creates and renews its own, and no other: not another agent's, and not
+    // the operator's leader-election Lease in the same namespace.
+    let lease = |kubeconfig: &std::path::Path, verb: &str, name: &str| {
+        let manifest = format!(
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: {name}\n  namespace: {n}\nspec:\n  holderIdentity: {name}\n  leaseDurationSeconds: 40\n"
+        );
+        let mut cmd = cp.kubectl();
+        cmd.env("KUBECONFIG", kubeconfig)
+            .args([verb, "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl");
+        if let Some(mut stdin) = child.stdin.take() {
+            std::io::Write::write_all(&mut stdin, manifest.as_bytes()).expect("stdin");
+        }
+        checked(child.wait_with_output(), &format!("kubectl {verb} lease"))
+    };
+    lease(&as_agent_a, "create", "agent-a").expect("its own lease");
+    lease(&as_agent_a, "replace", "agent-a").expect("renewing its own lease");
+    for name in ["agent-b", "cotenant-operator"] {
+        let refused = lease(&as_agent_a, "create", name).expect_err("another lease is refused");
+        assert!(
+            refused
+                .to_string()
+                .contains("only the Lease named after its own pod"),
+            "{name}: {refused}"
+        );
+    }
+    let refused = lease(&unbound, "create", "agent-a").expect_err("an unbound token is refused");
+    assert!(refused.to_string().contains("bound to no pod"), "{refused}");
     helm(cp, &["uninstall", "own", "-n", n]);
 }
