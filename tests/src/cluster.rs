@@ -31,6 +31,16 @@ pub struct ControlPlane {
     processes: Vec<Process>,
 }
 
+/// Audit requests by ServiceAccounts when they complete, with their metadata only.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+- level: Metadata
+  userGroups: [\"system:serviceaccounts\"]
+- level: None
+";
+
 /// Generous: kube-apiserver takes tens of seconds to become ready on 2 busy cores.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -67,8 +77,16 @@ impl ControlPlane {
         ]);
         cp.spawn("etcd", etcd, &logs, options.lifetime)?;
 
+        // Every request by a ServiceAccount (the operator, agents) is audited, so tests can
+        // count what a component asks of the API server, by verb and resource.
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, AUDIT_POLICY)?;
         let mut apiserver = Command::new(&tools.kube_apiserver);
         apiserver.args([
+            &format!("--audit-policy-file={}", audit_policy.display()),
+            &format!("--audit-log-path={}", dir.join("logs/audit.log").display()),
+            "--audit-log-format=json",
+            "--audit-log-maxsize=0",
             &format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
             &format!("--secure-port={api_port}"),
             "--bind-address=127.0.0.1",
@@ -235,6 +253,11 @@ metadata:
 {gpu_resources}"
         );
         self.kubectl_apply(&manifest)
+    }
+
+    /// The API server's audit log: one JSON event per request by a ServiceAccount.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("logs/audit.log")
     }
 
     /// A `kubectl` command bound to the admin kubeconfig.

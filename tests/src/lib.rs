@@ -4,6 +4,7 @@
 //! uses the same code to start a detached cluster for a shell.
 
 pub mod agents;
+pub mod audit;
 pub mod cluster;
 pub mod http;
 pub mod load;

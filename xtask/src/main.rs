@@ -27,6 +27,8 @@ commands:
                        AIMD on a standalone agent, and the HTTP overhead (tables)
   bench triton         Triton's perf_analyzer over HTTP and gRPC against a standalone agent,
                        next to the executor alone (table)
+  bench scale [N M]    the operator with N tenants (2000) on up to M agents (200) on the
+                       local control plane, agents played by cotenant-fleet (table)
   device-check         build the CUDA device check (release, --features cuda) into
                        target/device-bundle/ with run.sh for a GPU host
   setup                only build/cache the tools and the Python venv";
@@ -42,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         ["bench", "executor", rest @ ..] => bench_executor(rest),
         ["bench", "agent", rest @ ..] => bench_agent(rest),
         ["bench", "triton", rest @ ..] => bench_triton(rest),
+        ["bench", "scale", rest @ ..] => test::scale(rest),
         ["device-check", rest @ ..] => device_check::run(rest),
         ["setup"] => {
             python::venv()?;

@@ -45,7 +45,15 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
 
     // The control-plane tests run these binaries as host processes.
     let mut bins = Command::new("cargo");
-    bins.args(["build", "-p", "cotenant-operator", "-p", "cotenant-agent"]);
+    bins.args([
+        "build",
+        "-p",
+        "cotenant-operator",
+        "-p",
+        "cotenant-agent",
+        "-p",
+        "cotenant-fleet",
+    ]);
     crate::run(bins)?;
 
     // Tests that need the venv or the control plane are #[ignore]d for a bare `cargo test`; here
@@ -116,6 +124,36 @@ pub fn e2e(extra: &[&str]) -> anyhow::Result<()> {
     ])
     .args(extra)
     .env("COTENANT_PYTHON", &python)
+    .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
+    crate::run(test)
+}
+
+/// `cargo xtask bench scale [TENANTS AGENTS]`: the operator at scale on the local control plane
+/// (`tests/tests/scale`), 2,000 tenants on up to 200 agents unless given, printing its table.
+pub fn scale(args: &[&str]) -> anyhow::Result<()> {
+    let (tenants, agents) = match args {
+        [] => ("2000", "200"),
+        [t, a] => (*t, *a),
+        _ => anyhow::bail!("usage: cargo xtask bench scale [TENANTS AGENTS]"),
+    };
+    cotenant_e2e::toolchain::ensure()?;
+    let mut bins = Command::new("cargo");
+    bins.args(["build", "-p", "cotenant-operator", "-p", "cotenant-fleet"]);
+    crate::run(bins)?;
+    let mut test = Command::new("cargo");
+    test.args([
+        "test",
+        "-p",
+        "cotenant-e2e",
+        "--test",
+        "scale",
+        "--",
+        "--include-ignored",
+        "--nocapture",
+    ])
+    .env("COTENANT_SCALE_TENANTS", tenants)
+    .env("COTENANT_SCALE_AGENTS", agents)
+    .env("COTENANT_SCALE_STEADY_S", "60")
     .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
     crate::run(test)
 }

@@ -1,0 +1,428 @@
+//! The operator at scale on the real control plane. N ModelTenants go to one pool that grows to M
+//! agents; the agents' pods are kwok pods, and `cotenant-fleet` plays every agent towards the
+//! operator (reports, statuses, Leases). The operator runs as a host process under its chart
+//! ServiceAccount, and the API server's audit log counts what it asks, by verb and resource.
+//!
+//! It prints a table: time until every tenant is placed and Ready, the operator's requests in
+//! steady state and during changes, its RSS and CPU, the time to react to tightened SLOs and to
+//! re-place the tenants of silent agents. It asserts the write pattern only: in steady state the
+//! operator writes nothing and lists nothing (it reads from watches). No timing is asserted.
+//!
+//! Size: `COTENANT_SCALE_TENANTS` (default 200) and `COTENANT_SCALE_AGENTS` (default 20);
+//! `COTENANT_SCALE_STEADY_S` (default 30) is the steady-state window. `cargo xtask bench scale`
+//! runs it at 2,000 and 200.
+
+use cotenant_e2e::audit::{self, Requests, WRITES};
+use cotenant_e2e::cluster::{ControlPlane, free_port};
+use cotenant_e2e::http::http_post;
+use cotenant_e2e::process::Process;
+use cotenant_e2e::{Lifetime, TestNamespace, http_get, poll, workspace_binary};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// GPUs per fake node.
+const GPUS_PER_NODE: u32 = 8;
+/// Tenants per `kubectl apply`.
+const APPLY_CHUNK: usize = 250;
+
+struct Size {
+    tenants: usize,
+    agents: usize,
+    steady: Duration,
+}
+
+impl Size {
+    fn from_env() -> Size {
+        let var = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        Size {
+            tenants: var("COTENANT_SCALE_TENANTS", 200),
+            agents: var("COTENANT_SCALE_AGENTS", 20).max(1),
+            steady: Duration::from_secs(var("COTENANT_SCALE_STEADY_S", 30) as u64),
+        }
+    }
+}
+
+/// CPU seconds and resident memory of a process, from /proc.
+struct Usage {
+    cpu_s: f64,
+    rss_mib: f64,
+    peak_rss_mib: f64,
+}
+
+fn usage(pid: u32) -> Usage {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map_or(Vec::new(), |(_, rest)| rest.split(' ').collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15, i.e. 11 and 12 after the name; 100 ticks a second.
+    let cpu_s = (ticks(11) + ticks(12)) / 100.0;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Usage {
+        cpu_s,
+        rss_mib: kib("VmRSS:") / 1024.0,
+        peak_rss_mib: kib("VmHWM:") / 1024.0,
+    }
+}
+
+fn tenant_yaml(i: usize, pool: &str, slo_ms: f64) -> String {
+    format!(
+        "apiVersion: cotenant.dev/v1alpha1\nkind: ModelTenant\nmetadata:\n  name: t-{i:05}\nspec:\n  model:\n    uri: https://models.example/m-{i:05}.onnx\n    sha256: \"{}\"\n  slo:\n    latencyMillis: {slo_ms}\n  pool: {pool}\n",
+        "ab".repeat(32)
+    )
+}
+
+fn apply(cp: &ControlPlane, n: &str, docs: &[String]) {
+    for chunk in docs.chunks(APPLY_CHUNK) {
+        let out = cp
+            .kubectl_stdin(&["apply", "-n", n, "-f", "-"], &chunk.join("---\n"))
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Every tenant of namespace `n` by name.
+fn tenants(cp: &ControlPlane, n: &str) -> BTreeMap<String, Value> {
+    let json = cp
+        .kubectl_ok(&["get", "mt", "-n", n, "-o", "json"])
+        .unwrap_or_default();
+    let list: Value = serde_json::from_str(&json).unwrap_or(Value::Null);
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            (
+                t["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                t.clone(),
+            )
+        })
+        .collect()
+}
+
+fn ready(t: &Value) -> bool {
+    t["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// What a tenant's knobs and replicas are now.
+fn scale_of(t: &Value) -> (Value, Value) {
+    (
+        t["status"]["knobs"].clone(),
+        t["status"]["replicas"].clone(),
+    )
+}
+
+fn placed_on(t: &Value) -> BTreeSet<String> {
+    t["status"]["placements"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["agent"].as_str().map(String::from))
+        .collect()
+}
+
+/// Polls every 3 s until `done` holds for the tenants, for at most `limit`; how long it took.
+fn until(
+    what: &str,
+    limit: Duration,
+    cp: &ControlPlane,
+    n: &str,
+    operator: &mut Process,
+    mut done: impl FnMut(&BTreeMap<String, Value>) -> Result<(), String>,
+) -> Duration {
+    let started = Instant::now();
+    poll(what, limit, || {
+        assert!(operator.is_running(), "{}", operator.log_tail(30));
+        let all = tenants(cp, n);
+        done(&all)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(30)));
+    started.elapsed()
+}
+
+#[test]
+#[ignore = "needs the control plane: cargo xtask test (reduced size) or cargo xtask bench scale"]
+fn operator_at_scale() {
+    let size = Size::from_env();
+    let ns = TestNamespace::new("scale");
+    let cp = ns.control_plane();
+    let n = ns.name.as_str();
+    cp.install_chart("scale", n).expect("chart installs");
+    let nodes = size.agents.div_ceil(GPUS_PER_NODE as usize);
+    for i in 0..nodes {
+        cp.add_node(&format!("{n}-gpu-{i}"), GPUS_PER_NODE)
+            .expect("node");
+    }
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "node",
+        "--all",
+        "--timeout=120s",
+    ])
+    .expect("nodes Ready");
+
+    // The operator, as its chart ServiceAccount; agents do not check its token here.
+    let kubeconfig = cp
+        .service_account_kubeconfig(n, "cotenant-operator")
+        .expect("operator token");
+    let token = cp.dir.join(format!("{n}-report-token"));
+    std::fs::write(&token, "fleet").expect("token file");
+    let operator_addr = format!("127.0.0.1:{}", free_port().expect("port"));
+    let mut cmd = Command::new(workspace_binary("cotenant-operator"));
+    cmd.args(["--listen", &operator_addr, "--log-level", "info"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", n)
+        .env("POD_NAME", format!("operator-{n}"))
+        .env("COTENANT_REPORT_TOKEN_FILE", &token);
+    let logs = cp.dir.join("logs");
+    let mut operator = Process::spawn(&format!("operator-{n}"), cmd, &logs, Lifetime::WithParent)
+        .expect("operator starts");
+    let user = format!("system:serviceaccount:{n}:cotenant-operator");
+
+    let control = format!("127.0.0.1:{}", free_port().expect("port"));
+    let mut cmd = Command::new(workspace_binary("cotenant-fleet"));
+    cmd.args([
+        "--namespace",
+        n,
+        "--host",
+        &cotenant_e2e::agents::host_ip(),
+        "--control-listen",
+        &control,
+    ])
+    .env("KUBECONFIG", &cp.kubeconfig);
+    let mut fleet = Process::spawn(&format!("fleet-{n}"), cmd, &logs, Lifetime::WithParent)
+        .expect("fleet starts");
+    poll(
+        "operator /readyz",
+        Duration::from_secs(60),
+        || match http_get(&operator_addr, "/readyz") {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(30)));
+
+    // One pool for everything; each agent's memory holds about N/M tenants.
+    let pool = format!("pool-{n}");
+    let per_agent = size.tenants.div_ceil(size.agents).max(1);
+    let memory_mib = 2_400 * per_agent + 1_024;
+    cp.kubectl_apply(&format!(
+        "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {n}\n  maxAgents: {}\n  gpuMemoryMiB: {memory_mib}\n  template:\n    image: cotenant/agent:test\n",
+        size.agents
+    ))
+    .expect("pool");
+
+    // 1. Create N tenants; time until every one is placed and Ready.
+    let slo_ms = 250.0;
+    let docs: Vec<String> = (0..size.tenants)
+        .map(|i| tenant_yaml(i, &pool, slo_ms))
+        .collect();
+    apply(cp, n, &docs);
+    let placed = until(
+        "every tenant Ready",
+        Duration::from_secs(900),
+        cp,
+        n,
+        &mut operator,
+        |all| {
+            let r = all.values().filter(|t| ready(t)).count();
+            if r == size.tenants {
+                Ok(())
+            } else {
+                Err(format!("{r} of {} Ready", size.tenants))
+            }
+        },
+    );
+    let agents_used = tenants(cp, n)
+        .values()
+        .flat_map(placed_on)
+        .collect::<BTreeSet<_>>()
+        .len();
+
+    // 2. Steady state: settle, then count the operator's requests over the window.
+    std::thread::sleep(Duration::from_secs(30));
+    let log = cp.audit_log();
+    let (from, before) = (audit::offset(&log), usage(operator.pid));
+    let window = Instant::now();
+    std::thread::sleep(size.steady);
+    let (to, after) = (audit::offset(&log), usage(operator.pid));
+    let steady_s = window.elapsed().as_secs_f64();
+    let steady = Requests::read(&log, &user, from, to).expect("audit log");
+    let cpu_share = (after.cpu_s - before.cpu_s) / steady_s;
+
+    // 3. Tighten the SLO of every tenth tenant; time until each one's knobs or replicas move.
+    let now = tenants(cp, n);
+    let chosen: Vec<(usize, String)> = (0..size.tenants)
+        .step_by(10)
+        .map(|i| (i, format!("t-{i:05}")))
+        .collect();
+    let was: BTreeMap<String, (Value, Value)> = chosen
+        .iter()
+        .filter_map(|(_, name)| Some((name.clone(), scale_of(now.get(name)?))))
+        .collect();
+    let tight: Vec<String> = chosen
+        .iter()
+        .map(|(i, name)| {
+            let latency = now
+                .get(name)
+                .and_then(|t| t["status"]["observed"]["latencyMillis"].as_f64())
+                .unwrap_or(slo_ms);
+            tenant_yaml(*i, &pool, (latency * 0.5).max(1.0).round())
+        })
+        .collect();
+    let from = audit::offset(&log);
+    apply(cp, n, &tight);
+    let mut moved_after: BTreeMap<String, Duration> = BTreeMap::new();
+    let tightened = Instant::now();
+    let _ = poll(
+        "tightened tenants rescale",
+        Duration::from_secs(180),
+        || {
+            let all = tenants(cp, n);
+            for (name, before) in &was {
+                if !moved_after.contains_key(name)
+                    && all.get(name).is_some_and(|t| &scale_of(t) != before)
+                {
+                    moved_after.insert(name.clone(), tightened.elapsed());
+                }
+            }
+            if moved_after.len() == was.len() {
+                Ok(())
+            } else {
+                Err(format!("{} of {} moved", moved_after.len(), was.len()))
+            }
+        },
+    );
+    let changing_s = tightened.elapsed().as_secs_f64();
+    let changing = Requests::read(&log, &user, from, audit::offset(&log)).expect("audit log");
+    let mut reaction: Vec<f64> = moved_after.values().map(Duration::as_secs_f64).collect();
+    reaction.sort_by(f64::total_cmp);
+
+    // 4. Every tenth agent stops answering (its port closes, its Lease stops); time until no
+    //    tenant is placed on one and every tenant is Ready again.
+    let (_, listed) = http_get(&control, "/agents").expect("fleet agents");
+    let silent: BTreeSet<String> = listed.lines().step_by(10).map(String::from).collect();
+    let body = silent.iter().cloned().collect::<Vec<_>>().join("\n");
+    http_post(
+        &control,
+        "/silence",
+        &[("Content-Type", "text/plain")],
+        body.as_bytes(),
+    )
+    .expect("silence");
+    let affected = tenants(cp, n)
+        .values()
+        .filter(|t| !placed_on(t).is_disjoint(&silent))
+        .count();
+    let replaced = until(
+        "tenants of silent agents re-placed",
+        Duration::from_secs(600),
+        cp,
+        n,
+        &mut operator,
+        |all| {
+            let stuck = all
+                .values()
+                .filter(|t| !ready(t) || !placed_on(t).is_disjoint(&silent))
+                .count();
+            if stuck == 0 {
+                Ok(())
+            } else {
+                Err(format!("{stuck} tenants not yet re-placed and Ready"))
+            }
+        },
+    );
+    let end = usage(operator.pid);
+
+    let writes_per_tenant_min = steady.of(WRITES) as f64 / size.tenants as f64 / (steady_s / 60.0);
+    let pct = |q: f64| {
+        reaction
+            .get(((reaction.len() as f64 - 1.0) * q).round() as usize)
+            .map_or("-".to_string(), |s| format!("{s:.1} s"))
+    };
+    println!(
+        "\noperator at scale: {} tenants, pool of at most {} agents ({} used), {} nodes of {GPUS_PER_NODE} GPUs\n\
+         \n| measure | value |\n|---|---|\n\
+         | time from the last apply until every tenant is placed and Ready | {:.1} s |\n\
+         | steady state: operator requests ({steady_s:.0} s window) | {} ({:.2}/s) |\n\
+         | steady state: writes (create/update/patch/delete) | {} |\n\
+         | steady state: list calls | {} |\n\
+         | steady state: writes per tenant per minute | {writes_per_tenant_min:.3} |\n\
+         | steady state: operator CPU | {:.1}% of a core |\n\
+         | operator RSS now / peak | {:.0} MiB / {:.0} MiB |\n\
+         | SLO tightened for {} tenants: knobs or replicas moved | {} of {} (p50 {}, max {}) |\n\
+         | requests while they rescale ({changing_s:.0} s) | {} ({:.2}/s), writes {} |\n\
+         | {} agents silenced ({affected} tenants on them): re-placed and Ready after | {:.1} s |\n",
+        size.tenants,
+        size.agents,
+        agents_used,
+        nodes,
+        placed.as_secs_f64(),
+        steady.total(),
+        steady.total() as f64 / steady_s,
+        steady.of(WRITES),
+        steady.of(&["list"]),
+        cpu_share * 100.0,
+        end.rss_mib,
+        end.peak_rss_mib,
+        was.len(),
+        moved_after.len(),
+        was.len(),
+        pct(0.5),
+        pct(1.0),
+        changing.total(),
+        changing.total() as f64 / changing_s,
+        changing.of(WRITES),
+        silent.len(),
+        replaced.as_secs_f64(),
+    );
+    println!(
+        "steady-state requests by verb and resource:\n{}\nwhile rescaling:\n{}",
+        steady.table(steady_s),
+        changing.table(changing_s)
+    );
+    assert!(fleet.is_running(), "{}", fleet.log_tail(20));
+    assert_eq!(
+        steady.of(WRITES),
+        0,
+        "the operator wrote in steady state:\n{}\n{}",
+        steady.table(steady_s),
+        operator.log_tail(30)
+    );
+    assert_eq!(
+        steady.of(&["list"]),
+        0,
+        "the operator listed in steady state:\n{}",
+        steady.table(steady_s)
+    );
+}
