@@ -5,7 +5,7 @@
 //! decisions are `cotenant-policy`'s, the same code the operator runs.
 
 use cotenant_executor::RunError;
-use cotenant_executor::runtime::{Tenant, batchable, measure_within};
+use cotenant_executor::runtime::{Stats, Tenant, batchable, measure_within};
 use cotenant_policy as policy;
 use policy::sim::{Controller, Strategy};
 use policy::{Bounds, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig, Slo};
@@ -152,20 +152,7 @@ impl Controlled {
 
     /// One feedback step from the tenant's window; returns the decision it applied.
     pub fn step(&mut self) -> Decision {
-        let stats = self.tenant.stats();
-        let w = stats.window();
-        let observation = policy::TenantObservation {
-            arrival_rate: w.arrival_rate_per_sec,
-            throughput: w.throughput_per_sec,
-            latency_at_percentile_ms: stats
-                .latency_percentile(self.slo.percentile)
-                .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
-            queue_depth: u32::try_from(self.tenant.queue_depth()).unwrap_or(u32::MAX),
-            completed: w.completions,
-            compute_at_percentile_ms: stats
-                .compute_percentile(self.slo.percentile)
-                .map(|d| d.as_secs_f64() * 1e3),
-        };
+        let observation = observe(self.tenant.stats(), &self.slo, self.tenant.queue_depth());
         let before = self.controller.knobs();
         let wants_replicas =
             self.controller
@@ -179,6 +166,22 @@ impl Controlled {
         } else {
             Decision::Hold
         }
+    }
+}
+
+/// What the scaler reads of a tenant's window: its load, and its latency and compute time at the
+/// SLO's percentile.
+pub fn observe(stats: &Stats, slo: &Slo, queue_depth: usize) -> policy::TenantObservation {
+    let w = stats.window();
+    let millis = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+    policy::TenantObservation {
+        arrival_rate: w.arrival_rate_per_sec,
+        throughput: w.throughput_per_sec,
+        latency_at_percentile_ms: millis(stats.latency_percentile(slo.percentile))
+            .unwrap_or(f64::NAN),
+        queue_depth: u32::try_from(queue_depth).unwrap_or(u32::MAX),
+        completed: w.completions,
+        compute_at_percentile_ms: millis(stats.compute_percentile(slo.percentile)),
     }
 }
 

@@ -179,9 +179,26 @@ struct Inner {
     totals: Counts,
 }
 
+/// Where a window's time comes from.
+enum Clock {
+    /// Time since the window was created.
+    Real(Instant),
+    /// Time moved only by [`Stats::advance`].
+    Manual(Mutex<Duration>),
+}
+
+impl Clock {
+    fn elapsed(&self) -> Duration {
+        match self {
+            Clock::Real(started) => started.elapsed(),
+            Clock::Manual(at) => *at.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+}
+
 /// The measurements of one tenant replica.
 pub struct Stats {
-    started: Instant,
+    clock: Clock,
     slo: Mutex<Duration>,
     inner: Mutex<Inner>,
     /// Milliseconds since the Unix epoch when a request last finished; 0 before the first.
@@ -215,8 +232,26 @@ fn ms(d: Option<Duration>) -> Option<f64> {
 
 impl Stats {
     pub fn new(slo: Duration) -> Stats {
+        Stats::with_clock(slo, Clock::Real(Instant::now()))
+    }
+
+    /// A window whose clock moves only by [`Stats::advance`]: replays a recorded stream of
+    /// measurements through the same window a serving replica keeps.
+    pub fn replay(slo: Duration) -> Stats {
+        Stats::with_clock(slo, Clock::Manual(Mutex::new(Duration::ZERO)))
+    }
+
+    /// Moves a [`Stats::replay`] window's clock forward by `by`; a serving window's clock is
+    /// the wall clock, which this leaves alone.
+    pub fn advance(&self, by: Duration) {
+        if let Clock::Manual(at) = &self.clock {
+            *at.lock().unwrap_or_else(|e| e.into_inner()) += by;
+        }
+    }
+
+    fn with_clock(slo: Duration, clock: Clock) -> Stats {
         Stats {
-            started: Instant::now(),
+            clock,
             slo: Mutex::new(slo),
             inner: Mutex::new(Inner {
                 ring: (0..WINDOW_SECS)
@@ -240,7 +275,7 @@ impl Stats {
     }
 
     fn with_now(&self, f: impl Fn(&mut Counts)) {
-        let second = self.started.elapsed().as_secs();
+        let second = self.clock.elapsed().as_secs();
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let slot = (second % WINDOW_SECS as u64) as usize;
         let bucket = &mut inner.ring[slot];
@@ -308,7 +343,7 @@ impl Stats {
 
     /// The last `WINDOW_SECS` seconds (fewer just after start), the current second included.
     pub fn window(&self) -> WindowSummary {
-        let elapsed = self.started.elapsed();
+        let elapsed = self.clock.elapsed();
         let now = elapsed.as_secs();
         let mut merged = Counts::default();
         {
@@ -351,7 +386,7 @@ impl Stats {
     }
 
     fn window_percentile(&self, p: f64, of: impl Fn(&Counts) -> &Histogram) -> Option<Duration> {
-        let now = self.started.elapsed().as_secs();
+        let now = self.clock.elapsed().as_secs();
         let mut merged = Histogram::default();
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         for b in &inner.ring {
