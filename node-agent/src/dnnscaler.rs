@@ -152,7 +152,12 @@ impl Controlled {
 
     /// One feedback step from the tenant's window; returns the decision it applied.
     pub fn step(&mut self) -> Decision {
-        let observation = observe(self.tenant.stats(), &self.slo, self.tenant.queue_depth());
+        let observation = observe(
+            self.tenant.stats(),
+            &self.slo,
+            self.tenant.queue_depth(),
+            self.controller.knobs(),
+        );
         let before = self.controller.knobs();
         let wants_replicas =
             self.controller
@@ -169,9 +174,15 @@ impl Controlled {
     }
 }
 
-/// What the scaler reads of a tenant's window: its load, and its latency and compute time at the
-/// SLO's percentile.
-pub fn observe(stats: &Stats, slo: &Slo, queue_depth: usize) -> policy::TenantObservation {
+/// What the scaler reads of a tenant's window: its load, its latency and compute time at the
+/// SLO's percentile, and how long `knobs` (the knobs last applied to it) have run: the window
+/// begins where they took effect.
+pub fn observe(
+    stats: &Stats,
+    slo: &Slo,
+    queue_depth: usize,
+    knobs: Knobs,
+) -> policy::TenantObservation {
     let w = stats.window();
     let millis = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
     policy::TenantObservation {
@@ -182,6 +193,10 @@ pub fn observe(stats: &Stats, slo: &Slo, queue_depth: usize) -> policy::TenantOb
         queue_depth: u32::try_from(queue_depth).unwrap_or(u32::MAX),
         completed: w.completions,
         compute_at_percentile_ms: millis(stats.compute_percentile(slo.percentile)),
+        epoch: Some(policy::Epoch {
+            knobs,
+            seconds: w.epoch_secs,
+        }),
     }
 }
 
@@ -235,5 +250,78 @@ mod tests {
             .expect("profiled");
         let knobs: Vec<(u32, u32)> = p.points.iter().map(|q| (q.batch, q.instances)).collect();
         assert_eq!(knobs, vec![(1, 1), (1, 2)]);
+    }
+
+    /// A replayed tenant under DNNScaler, stepped as the standalone agent steps it: 50 requests
+    /// a second, each taking 5 ms in the queue and `compute_ms(batch)` in its batch, through the
+    /// window a serving replica keeps. Returns every knob change with the second it happened.
+    fn replay(start: Knobs, compute_ms: impl Fn(u32) -> f64, seconds: u32) -> Vec<(u32, Knobs)> {
+        let slo = Slo::p99(100.0);
+        let bounds = Bounds {
+            max_batch: 32,
+            max_instances: 1,
+            ..Bounds::default()
+        };
+        // The profile predicts the replayed tenant: 10 ms at batch 1, 150 ms at batch 16.
+        let point = |batch, throughput, p99_ms| ProfilePoint {
+            batch,
+            instances: 1,
+            throughput,
+            p99_ms,
+            peak_activation_bytes: 0,
+            gpu_util: None,
+        };
+        let model = LatencyModel::from_profile(&Profile {
+            model: "m".into(),
+            weight_bytes: 0,
+            points: vec![point(1, 100.0, 10.0), point(16, 110.0, 150.0)],
+        });
+        let mut controller = Controller::Scaler(policy::ScalerState::new(
+            policy::Approach::Batching,
+            start,
+            ScalerConfig::default(),
+        ));
+        let stats = Stats::replay(Duration::from_millis(100));
+        let mut changes = Vec::new();
+        let every = (crate::standalone::SCALE_EVERY.as_millis() / 100) as u32;
+        for tenth in 1..=seconds * 10 {
+            let batch = controller.knobs().batch;
+            for _ in 0..5 {
+                stats.arrival();
+                stats.completion(
+                    Duration::from_millis(5),
+                    Duration::from_secs_f64(compute_ms(batch) / 1e3),
+                );
+            }
+            stats.advance(Duration::from_millis(100));
+            if tenth % every == 0 {
+                let before = controller.knobs();
+                let o = observe(&stats, &slo, 0, before);
+                controller.observe(&o, &slo, &bounds, &model);
+                if controller.knobs() != before {
+                    // As `Tenant::set_knobs` does when the knobs change.
+                    stats.start_epoch();
+                    changes.push((tenth / 10, controller.knobs()));
+                }
+            }
+        }
+        changes
+    }
+
+    /// The rule's window is the one a serving replica keeps.
+    #[test]
+    fn the_evidence_window_is_the_replicas_window() {
+        let window = cotenant_executor::runtime::stats::WINDOW_SECS as f64;
+        assert_eq!(ScalerConfig::default().evidence.window_s, window);
+    }
+
+    /// Batch 16 takes 150 ms, over the 100 ms SLO; batch 8 takes 60 ms, well within it. The
+    /// scaler shrinks 16 to 8 once, and the batch-16 measurements still in the window must not
+    /// shrink 8 any further.
+    #[test]
+    fn measurements_of_the_old_knobs_cause_no_shrink() {
+        let compute_ms = |batch: u32| if batch >= 16 { 150.0 } else { 60.0 };
+        let changes = replay(Knobs::new(16, 1), compute_ms, 60);
+        assert_eq!(changes, vec![(2, Knobs::new(8, 1))]);
     }
 }
