@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeSet;
 
 /// The version of the report body this build writes and reads.
-pub const REPORT_VERSION: u32 = 1;
+pub const REPORT_VERSION: u32 = 2;
 
 /// The audience of the ServiceAccount token the operator presents to `/report`, and that an
 /// agent requires of it.
@@ -99,27 +99,33 @@ pub enum State {
 pub struct Serving {
     /// The knobs it runs with now.
     pub knobs: Knobs,
+    /// Seconds since `knobs` took effect (since the replica started, when they never changed).
+    /// The window and the percentiles here reach back no further: they measure these knobs.
+    #[serde(deserialize_with = "number")]
+    pub since_knobs_changed_seconds: f64,
     /// Requests waiting for a batch.
     #[serde(deserialize_with = "count")]
     pub queue_depth: u64,
     /// What admission multiplies its latency predictions by (1 when they hold).
     #[serde(deserialize_with = "number")]
     pub admission_overrun: f64,
-    /// End-to-end latency at the SLO's percentile; null before any request finished.
+    /// End-to-end latency at the SLO's percentile over the window; null when no request
+    /// finished in it.
     #[serde(deserialize_with = "nullable")]
     pub latency_at_percentile_millis: Option<f64>,
-    /// Compute time (the request's batch, no queueing) at the SLO's percentile; null before any
-    /// request finished.
+    /// Compute time (the request's batch, no queueing) at the SLO's percentile over the window;
+    /// null when no request finished in it.
     #[serde(deserialize_with = "nullable")]
     pub compute_at_percentile_millis: Option<f64>,
-    /// The recent window of requests.
+    /// The recent requests, since the knobs last changed at most.
     pub window: Window,
     /// Bytes of the model's weights.
     #[serde(deserialize_with = "count")]
     pub weight_bytes: u64,
 }
 
-/// The recent requests of one replica; a percentile is null when no request finished in it.
+/// The recent requests of one replica: the last 30 seconds at most, and none from before its
+/// knobs last changed. A percentile is null when no request finished in it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Window {
@@ -314,7 +320,8 @@ mod tests {
             "name": "team.a", "source": "file:///models/a.onnx", "sloMillis": 50.0,
             "percentile": 99.0, "profiling": false, "state": "Ready",
             "tenant": {"namespace": "team", "name": "a", "uid": "u1"},
-            "knobs": {"batchSize": 4, "instances": 1}, "queueDepth": 0,
+            "knobs": {"batchSize": 4, "instances": 1}, "sinceKnobsChangedSeconds": 42.0,
+            "queueDepth": 0,
             "admissionOverrun": 1.0, "latencyAtPercentileMillis": 12.5,
             "computeAtPercentileMillis": null,
             "window": {"seconds": 30.0, "arrivalRatePerSecond": 3.0, "throughputPerSecond": 3.0,
@@ -348,6 +355,7 @@ mod tests {
     fn a_missing_field_is_an_error_and_an_unknown_one_is_ignored() {
         for field in [
             "knobs",
+            "sinceKnobsChangedSeconds",
             "window",
             "computeAtPercentileMillis",
             "profiling",

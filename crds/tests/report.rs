@@ -85,6 +85,7 @@ fn everything() -> AgentReport {
     };
     let serving = Serving {
         knobs: Knobs::default(),
+        since_knobs_changed_seconds: 1.0,
         queue_depth: 0,
         admission_overrun: 1.0,
         latency_at_percentile_millis: Some(1.0),
@@ -161,5 +162,21 @@ fn the_fixture_holds_every_field_in_every_state() {
         missing.is_empty(),
         "{} lacks {missing:?}: add them to the fixture",
         path.display()
+    );
+}
+
+/// A report of the version before is refused as such, before any of its fields is read: its
+/// window reached back past the last knob change.
+#[test]
+fn the_fixture_of_the_version_before_is_refused() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "tests/fixtures/report-v{}.json",
+        REPORT_VERSION - 1
+    ));
+    let body = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let e = AgentReport::from_slice(&body).expect_err("another version");
+    assert!(
+        matches!(e, cotenant_crds::report::ReportError::OtherVersion { found: Some(v) } if v == REPORT_VERSION - 1),
+        "{e}"
     );
 }

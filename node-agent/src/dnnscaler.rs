@@ -1,11 +1,12 @@
 //! DNNScaler on the agent (standalone mode, where no operator decides; `--knob-policy` swaps in
 //! static knobs or Clipper-style AIMD to compare against): profile each tenant at
-//! (batch 1, 1 instance), (batch k, 1 instance) and (batch 1, k instances), let the policy choose
-//! the approach, then move the knobs under feedback from the tenant's own measurements. The
-//! decisions are `cotenant-policy`'s, the same code the operator runs.
+//! (batch 1, 1 instance), (batch k, 1 instance), (batch 1, k instances) and, where both knobs
+//! can move, (batch k, k instances); let the policy choose the approach (Joint when the last
+//! point beats both single-knob ones), then move the knobs under feedback from the tenant's own
+//! measurements. The decisions are `cotenant-policy`'s, the same code the operator runs.
 
 use cotenant_executor::RunError;
-use cotenant_executor::runtime::{Tenant, batchable, measure_within};
+use cotenant_executor::runtime::{Stats, Tenant, batchable, measure_within};
 use cotenant_policy as policy;
 use policy::sim::{Controller, Strategy};
 use policy::{Bounds, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig, Slo};
@@ -16,8 +17,8 @@ use std::time::{Duration, Instant};
 /// costs one run past it, never an unbounded profile).
 pub const PROFILE_DEADLINE: Duration = Duration::from_secs(120);
 
-/// Measures the three profile points (k = 4, within the bounds), each for `per_point`, within
-/// [`PROFILE_DEADLINE`]. Blocking: call it off the async workers.
+/// Measures the profile points (k = 4, within the bounds; see [`profile_points`]), each for
+/// `per_point`, within [`PROFILE_DEADLINE`]. Blocking: call it off the async workers.
 pub fn profile(
     name: &str,
     tenant: &Tenant,
@@ -37,10 +38,11 @@ pub fn profile(
     )
 }
 
-/// Measures (batch 1, 1 instance), (batch `k_batch`, 1 instance) and (batch 1, `k_instances`
+/// Measures (batch 1, 1 instance), (batch `k_batch`, 1 instance), (batch 1, `k_instances`
+/// instances) and, when both exceed 1, the joint point (batch `k_batch`, `k_instances`
 /// instances), each for `per_point`, starting no run after `deadline`; repeated settings are
 /// measured once. A model whose requests never share a batch is measured at batch 1 only (its
-/// batch knob cannot move). Blocking: call it off the async workers.
+/// batch knob cannot move, so it has no joint point). Blocking: call it off the async workers.
 pub fn profile_points(
     name: &str,
     tenant: &Tenant,
@@ -57,6 +59,7 @@ pub fn profile_points(
         Knobs::new(1, 1),
         Knobs::new(k_batch.max(1), 1),
         Knobs::new(1, k_instances.max(1)),
+        Knobs::new(k_batch.max(1), k_instances.max(1)),
     ] {
         if !settings.contains(&knobs) {
             settings.push(knobs);
@@ -152,20 +155,12 @@ impl Controlled {
 
     /// One feedback step from the tenant's window; returns the decision it applied.
     pub fn step(&mut self) -> Decision {
-        let stats = self.tenant.stats();
-        let w = stats.window();
-        let observation = policy::TenantObservation {
-            arrival_rate: w.arrival_rate_per_sec,
-            throughput: w.throughput_per_sec,
-            latency_at_percentile_ms: stats
-                .latency_percentile(self.slo.percentile)
-                .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3),
-            queue_depth: u32::try_from(self.tenant.queue_depth()).unwrap_or(u32::MAX),
-            completed: w.completions,
-            compute_at_percentile_ms: stats
-                .compute_percentile(self.slo.percentile)
-                .map(|d| d.as_secs_f64() * 1e3),
-        };
+        let observation = observe(
+            self.tenant.stats(),
+            &self.slo,
+            self.tenant.queue_depth(),
+            self.controller.knobs(),
+        );
         let before = self.controller.knobs();
         let wants_replicas =
             self.controller
@@ -179,6 +174,32 @@ impl Controlled {
         } else {
             Decision::Hold
         }
+    }
+}
+
+/// What the scaler reads of a tenant's window: its load, its latency and compute time at the
+/// SLO's percentile, and how long `knobs` (the knobs last applied to it) have run: the window
+/// begins where they took effect.
+pub fn observe(
+    stats: &Stats,
+    slo: &Slo,
+    queue_depth: usize,
+    knobs: Knobs,
+) -> policy::TenantObservation {
+    let w = stats.window();
+    let millis = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+    policy::TenantObservation {
+        arrival_rate: w.arrival_rate_per_sec,
+        throughput: w.throughput_per_sec,
+        latency_at_percentile_ms: millis(stats.latency_percentile(slo.percentile))
+            .unwrap_or(f64::NAN),
+        queue_depth: u32::try_from(queue_depth).unwrap_or(u32::MAX),
+        completed: w.completions,
+        compute_at_percentile_ms: millis(stats.compute_percentile(slo.percentile)),
+        epoch: Some(policy::Epoch {
+            knobs,
+            seconds: w.epoch_secs,
+        }),
     }
 }
 
@@ -212,6 +233,26 @@ mod tests {
         Arc::try_unwrap(loaded.tenant).unwrap_or_else(|_| panic!("one owner"))
     }
 
+    /// A model that batches, with both knobs allowed above 1, is measured at the joint point
+    /// too, so DNNScaler can choose Joint.
+    #[test]
+    fn a_batching_model_is_profiled_at_the_joint_point_too() {
+        let t = tenant(&load::tests::squeezenet());
+        assert!(t.batch_refusal().is_none());
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let p = profile_points("p", &t, 2, 2, 1, Duration::from_millis(20), deadline)
+            .expect("profiled");
+        let knobs: Vec<(u32, u32)> = p.points.iter().map(|q| (q.batch, q.instances)).collect();
+        assert_eq!(knobs, vec![(1, 1), (2, 1), (1, 2), (2, 2)]);
+        let p = profile_points("p", &t, 2, 1, 1, Duration::from_millis(20), deadline)
+            .expect("profiled");
+        assert_eq!(
+            p.points.len(),
+            2,
+            "no joint point with one instance allowed"
+        );
+    }
+
     /// A profile past its deadline stops before measuring and says so.
     #[test]
     fn a_profile_stops_at_its_deadline() {
@@ -232,5 +273,78 @@ mod tests {
             .expect("profiled");
         let knobs: Vec<(u32, u32)> = p.points.iter().map(|q| (q.batch, q.instances)).collect();
         assert_eq!(knobs, vec![(1, 1), (1, 2)]);
+    }
+
+    /// A replayed tenant under DNNScaler, stepped as the standalone agent steps it: 50 requests
+    /// a second, each taking 5 ms in the queue and `compute_ms(batch)` in its batch, through the
+    /// window a serving replica keeps. Returns every knob change with the second it happened.
+    fn replay(start: Knobs, compute_ms: impl Fn(u32) -> f64, seconds: u32) -> Vec<(u32, Knobs)> {
+        let slo = Slo::p99(100.0);
+        let bounds = Bounds {
+            max_batch: 32,
+            max_instances: 1,
+            ..Bounds::default()
+        };
+        // The profile predicts the replayed tenant: 10 ms at batch 1, 150 ms at batch 16.
+        let point = |batch, throughput, p99_ms| ProfilePoint {
+            batch,
+            instances: 1,
+            throughput,
+            p99_ms,
+            peak_activation_bytes: 0,
+            gpu_util: None,
+        };
+        let model = LatencyModel::from_profile(&Profile {
+            model: "m".into(),
+            weight_bytes: 0,
+            points: vec![point(1, 100.0, 10.0), point(16, 110.0, 150.0)],
+        });
+        let mut controller = Controller::Scaler(policy::ScalerState::new(
+            policy::Approach::Batching,
+            start,
+            ScalerConfig::default(),
+        ));
+        let stats = Stats::replay(Duration::from_millis(100));
+        let mut changes = Vec::new();
+        let every = (crate::standalone::SCALE_EVERY.as_millis() / 100) as u32;
+        for tenth in 1..=seconds * 10 {
+            let batch = controller.knobs().batch;
+            for _ in 0..5 {
+                stats.arrival();
+                stats.completion(
+                    Duration::from_millis(5),
+                    Duration::from_secs_f64(compute_ms(batch) / 1e3),
+                );
+            }
+            stats.advance(Duration::from_millis(100));
+            if tenth % every == 0 {
+                let before = controller.knobs();
+                let o = observe(&stats, &slo, 0, before);
+                controller.observe(&o, &slo, &bounds, &model);
+                if controller.knobs() != before {
+                    // As `Tenant::set_knobs` does when the knobs change.
+                    stats.start_epoch();
+                    changes.push((tenth / 10, controller.knobs()));
+                }
+            }
+        }
+        changes
+    }
+
+    /// The rule's window is the one a serving replica keeps.
+    #[test]
+    fn the_evidence_window_is_the_replicas_window() {
+        let window = cotenant_executor::runtime::stats::WINDOW_SECS as f64;
+        assert_eq!(ScalerConfig::default().evidence.window_s, window);
+    }
+
+    /// Batch 16 takes 150 ms, over the 100 ms SLO; batch 8 takes 60 ms, well within it. The
+    /// scaler shrinks 16 to 8 once, and the batch-16 measurements still in the window must not
+    /// shrink 8 any further.
+    #[test]
+    fn measurements_of_the_old_knobs_cause_no_shrink() {
+        let compute_ms = |batch: u32| if batch >= 16 { 150.0 } else { 60.0 };
+        let changes = replay(Knobs::new(16, 1), compute_ms, 60);
+        assert_eq!(changes, vec![(2, Knobs::new(8, 1))]);
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 /// How long each DNNScaler profile point is measured.
 const PROFILE_POINT: Duration = Duration::from_secs(1);
 /// How often the scaler looks at each tenant's window.
-const SCALE_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const SCALE_EVERY: Duration = Duration::from_secs(2);
 
 /// The annotation naming a tenant's token file: one bearer token per line.
 pub const TOKEN_FILE_ANNOTATION: &str = "cotenant.dev/token-file";

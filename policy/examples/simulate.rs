@@ -13,7 +13,7 @@ use cotenant_policy::replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
 use cotenant_policy::sim::{
     Arrivals, Rng, SimConfig, SimReport, Strategy, TenantSpec, Workload, simulate,
 };
-use cotenant_policy::{Bounds, Knobs, ProfileTable, Slo, TenantObservation};
+use cotenant_policy::{Bounds, Epoch, Knobs, ProfileTable, Slo, TenantObservation};
 use std::path::Path;
 use std::time::Instant;
 
@@ -105,6 +105,10 @@ fn decision_loop(table: &ProfileTable, tenants: usize, agents: usize) {
                 queue_depth: 0,
                 completed: 100,
                 compute_at_percentile_ms: None,
+                epoch: Some(Epoch {
+                    knobs: s.knobs,
+                    seconds: 60.0,
+                }),
             };
             wants.push(step(s, &obs, slo, &bounds, &models[*m]));
         }

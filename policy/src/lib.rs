@@ -9,7 +9,8 @@
 //! One decision round, as the operator (and [`sim`]) runs it every report interval:
 //! 1. once per tenant, after profiling: [`choose_approach`] picks the approach and starting
 //!    knobs, [`LatencyModel::from_profile`] builds the model, [`ScalerState::new`] the memory;
-//! 2. per tenant and window: [`step`] moves the knobs (or asks for a replica), then
+//! 2. per tenant and window: [`step`] moves the knobs (or asks for a replica) once the window
+//!    holds enough [`Evidence`] measured since the knobs last changed (its [`Epoch`]), then
 //!    [`ReplicaState::decide`] sets the replica count from the arrival rate and
 //!    [`LatencyModel::throughput`] at the knobs;
 //! 3. for the pool: [`place`] with every tenant's [`ReplicaDemand`] (footprint from
@@ -27,8 +28,8 @@ pub mod sim;
 pub mod slo;
 
 pub use dnnscaler::{
-    Approach, ApproachChoice, Decision, LatencyModel, Learned, ScalerConfig, ScalerState,
-    choose_approach, step,
+    Approach, ApproachChoice, Decision, Epoch, Evidence, LatencyModel, Learned, ScalerConfig,
+    ScalerState, choose_approach, step,
 };
 pub use knobs::{ApproachPolicy, Bounds, Knobs};
 pub use placement::{

@@ -1,5 +1,6 @@
 //! The latency objective of a tenant and what the agents observe about it in one window.
 
+use crate::dnnscaler::Epoch;
 use serde::{Deserialize, Serialize};
 
 /// A latency objective: `percentile` of request latency (queueing included) at most `latency_ms`.
@@ -19,7 +20,8 @@ impl Slo {
     }
 }
 
-/// One report window of one tenant, summed over its replicas.
+/// One report window of one tenant, summed over its replicas. The window reaches back no further
+/// than the last knob change (see [`crate::Evidence`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TenantObservation {
     /// Requests arriving per second.
@@ -37,6 +39,10 @@ pub struct TenantObservation {
     /// trusting the latency model.
     #[serde(default)]
     pub compute_at_percentile_ms: Option<f64>,
+    /// The knobs the window was measured with and how long they have run; `None` when its
+    /// replicas ran different knobs, or the reporter does not say.
+    #[serde(default)]
+    pub epoch: Option<Epoch>,
 }
 
 impl TenantObservation {

@@ -288,7 +288,8 @@ impl Tenant {
         lock(&self.shared.overrun).factor()
     }
 
-    /// Changes the knobs while serving; queued requests stay queued.
+    /// Changes the knobs while serving; queued requests stay queued. A change starts a new
+    /// epoch of the tenant's window ([`Stats::start_epoch`]): it measures the new knobs only.
     pub fn set_knobs(&self, max_batch: usize, instances: usize, max_queue_delay: Duration) {
         let changed = {
             let mut k = lock(&self.shared.knobs);
@@ -304,6 +305,7 @@ impl Tenant {
         };
         if changed {
             lock(&self.shared.batch_times).knobs_changed();
+            self.shared.stats.start_epoch();
         }
         self.resize_workers();
         self.shared.wake.notify_all();

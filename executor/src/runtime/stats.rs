@@ -1,6 +1,11 @@
 //! Per-tenant measurements over a sliding window: arrivals, completions, sheds, latency
 //! histograms (queueing, compute, end to end), batch sizes and SLO attainment. Fixed memory:
 //! one-second buckets in a ring, each with log-spaced latency histograms.
+//!
+//! The window has epochs: [`Stats::start_epoch`] (the runtime calls it when a tenant's knobs
+//! change) begins a new one, and the window covers the last [`WINDOW_SECS`] seconds of the
+//! current epoch only, so what it says is about the knobs that run now. The totals since start
+//! are not cut.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -171,17 +176,51 @@ impl Counts {
 
 struct Bucket {
     second: u64,
+    /// The epoch its counts were recorded in.
+    epoch: u64,
     counts: Counts,
 }
 
 struct Inner {
     ring: Vec<Bucket>,
     totals: Counts,
+    /// The current epoch, counted from 0 at start.
+    epoch: u64,
+    /// When it began, on the window's clock.
+    epoch_started: Duration,
+}
+
+impl Inner {
+    /// The buckets of the current epoch within the last [`WINDOW_SECS`] before second `now`.
+    fn window(&self, now: u64) -> impl Iterator<Item = &Bucket> {
+        self.ring.iter().filter(move |b| {
+            b.second != u64::MAX
+                && b.epoch == self.epoch
+                && now.saturating_sub(b.second) < WINDOW_SECS as u64
+        })
+    }
+}
+
+/// Where a window's time comes from.
+enum Clock {
+    /// Time since the window was created.
+    Real(Instant),
+    /// Time moved only by [`Stats::advance`].
+    Manual(Mutex<Duration>),
+}
+
+impl Clock {
+    fn elapsed(&self) -> Duration {
+        match self {
+            Clock::Real(started) => started.elapsed(),
+            Clock::Manual(at) => *at.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
 }
 
 /// The measurements of one tenant replica.
 pub struct Stats {
-    started: Instant,
+    clock: Clock,
     slo: Mutex<Duration>,
     inner: Mutex<Inner>,
     /// Milliseconds since the Unix epoch when a request last finished; 0 before the first.
@@ -191,7 +230,10 @@ pub struct Stats {
 /// A summary of the window, what reports and the scaler consume.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WindowSummary {
+    /// How long the window spans: at most [`WINDOW_SECS`], and no further back than the epoch.
     pub window_secs: f64,
+    /// Seconds since the current epoch began (since start, when it is the first).
+    pub epoch_secs: f64,
     pub arrival_rate_per_sec: f64,
     pub throughput_per_sec: f64,
     pub completions: u64,
@@ -215,17 +257,38 @@ fn ms(d: Option<Duration>) -> Option<f64> {
 
 impl Stats {
     pub fn new(slo: Duration) -> Stats {
+        Stats::with_clock(slo, Clock::Real(Instant::now()))
+    }
+
+    /// A window whose clock moves only by [`Stats::advance`]: replays a recorded stream of
+    /// measurements through the same window a serving replica keeps.
+    pub fn replay(slo: Duration) -> Stats {
+        Stats::with_clock(slo, Clock::Manual(Mutex::new(Duration::ZERO)))
+    }
+
+    /// Moves a [`Stats::replay`] window's clock forward by `by`; a serving window's clock is
+    /// the wall clock, which this leaves alone.
+    pub fn advance(&self, by: Duration) {
+        if let Clock::Manual(at) = &self.clock {
+            *at.lock().unwrap_or_else(|e| e.into_inner()) += by;
+        }
+    }
+
+    fn with_clock(slo: Duration, clock: Clock) -> Stats {
         Stats {
-            started: Instant::now(),
+            clock,
             slo: Mutex::new(slo),
             inner: Mutex::new(Inner {
                 ring: (0..WINDOW_SECS)
                     .map(|_| Bucket {
                         second: u64::MAX,
+                        epoch: 0,
                         counts: Counts::default(),
                     })
                     .collect(),
                 totals: Counts::default(),
+                epoch: 0,
+                epoch_started: Duration::ZERO,
             }),
             last_completion_ms: AtomicU64::new(0),
         }
@@ -240,12 +303,14 @@ impl Stats {
     }
 
     fn with_now(&self, f: impl Fn(&mut Counts)) {
-        let second = self.started.elapsed().as_secs();
+        let second = self.clock.elapsed().as_secs();
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let slot = (second % WINDOW_SECS as u64) as usize;
+        let epoch = inner.epoch;
         let bucket = &mut inner.ring[slot];
-        if bucket.second != second {
+        if bucket.second != second || bucket.epoch != epoch {
             bucket.second = second;
+            bucket.epoch = epoch;
             bucket.counts = Counts::default();
         }
         f(&mut bucket.counts);
@@ -297,6 +362,14 @@ impl Stats {
         Some(self.last_completion_ms.load(Ordering::Acquire)).filter(|ms| *ms > 0)
     }
 
+    /// Begins a new epoch: from now on the window holds only what is recorded from here.
+    pub fn start_epoch(&self) {
+        let now = self.clock.elapsed();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.epoch += 1;
+        inner.epoch_started = now;
+    }
+
     /// Everything since start (Prometheus counters and histograms).
     pub fn totals(&self) -> Counts {
         self.inner
@@ -306,22 +379,23 @@ impl Stats {
             .clone()
     }
 
-    /// The last `WINDOW_SECS` seconds (fewer just after start), the current second included.
+    /// The last `WINDOW_SECS` seconds of the current epoch (fewer just after start or after
+    /// [`Stats::start_epoch`]), the current second included.
     pub fn window(&self) -> WindowSummary {
-        let elapsed = self.started.elapsed();
+        let elapsed = self.clock.elapsed();
         let now = elapsed.as_secs();
         let mut merged = Counts::default();
-        {
+        let epoch_secs = {
             let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            for b in &inner.ring {
-                if b.second != u64::MAX && now.saturating_sub(b.second) < WINDOW_SECS as u64 {
-                    merged.merge(&b.counts);
-                }
+            for b in inner.window(now) {
+                merged.merge(&b.counts);
             }
-        }
-        let secs = elapsed.as_secs_f64().clamp(1e-3, WINDOW_SECS as f64);
+            elapsed.saturating_sub(inner.epoch_started).as_secs_f64()
+        };
+        let secs = epoch_secs.clamp(1e-3, WINDOW_SECS as f64);
         WindowSummary {
             window_secs: secs,
+            epoch_secs,
             arrival_rate_per_sec: merged.arrivals as f64 / secs,
             throughput_per_sec: merged.completions as f64 / secs,
             completions: merged.completions,
@@ -340,24 +414,23 @@ impl Stats {
         }
     }
 
-    /// The end-to-end latency at percentile `p` over the window.
+    /// The end-to-end latency at percentile `p` over the window (the current epoch's).
     pub fn latency_percentile(&self, p: f64) -> Option<Duration> {
         self.window_percentile(p, |c| &c.end_to_end)
     }
 
-    /// The compute time (the request's batch, no queueing) at percentile `p` over the window.
+    /// The compute time (the request's batch, no queueing) at percentile `p` over the window
+    /// (the current epoch's).
     pub fn compute_percentile(&self, p: f64) -> Option<Duration> {
         self.window_percentile(p, |c| &c.compute)
     }
 
     fn window_percentile(&self, p: f64, of: impl Fn(&Counts) -> &Histogram) -> Option<Duration> {
-        let now = self.started.elapsed().as_secs();
+        let now = self.clock.elapsed().as_secs();
         let mut merged = Histogram::default();
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        for b in &inner.ring {
-            if b.second != u64::MAX && now.saturating_sub(b.second) < WINDOW_SECS as u64 {
-                merged.merge(of(&b.counts));
-            }
+        for b in inner.window(now) {
+            merged.merge(of(&b.counts));
         }
         merged.percentile(p)
     }
@@ -412,5 +485,53 @@ mod tests {
         assert_eq!(w.batch_sizes[3], 1);
         assert!(w.latency_p99_ms.expect("p99") >= 50.0);
         assert_eq!(stats.totals().completions, 10);
+    }
+
+    fn completions(stats: &Stats, n: u32, compute: Duration) {
+        for _ in 0..n {
+            stats.arrival();
+            stats.completion(Duration::from_millis(1), compute);
+        }
+    }
+
+    #[test]
+    fn a_new_epoch_cuts_the_window_and_leaves_the_totals() {
+        let stats = Stats::replay(Duration::from_millis(100));
+        for _ in 0..10 {
+            completions(&stats, 10, Duration::from_millis(150));
+            stats.advance(Duration::from_millis(500));
+        }
+        let before = stats.window();
+        assert_eq!((before.completions, before.epoch_secs), (100, 5.0));
+        // The new knobs take effect halfway through a second; what that second measured
+        // before them is not theirs.
+        stats.start_epoch();
+        let empty = stats.window();
+        assert_eq!((empty.completions, empty.latency_p99_ms), (0, None));
+        assert_eq!(stats.latency_percentile(99.0), None);
+        completions(&stats, 10, Duration::from_millis(20));
+        stats.advance(Duration::from_millis(1500));
+        completions(&stats, 10, Duration::from_millis(20));
+        let after = stats.window();
+        assert_eq!(after.completions, 20);
+        assert_eq!((after.window_secs, after.epoch_secs), (1.5, 1.5));
+        assert!((after.arrival_rate_per_sec - 20.0 / 1.5).abs() < 1e-9);
+        let p99 = stats.latency_percentile(99.0).expect("p99").as_secs_f64() * 1e3;
+        assert!(p99 < 30.0, "{p99}");
+        let compute = stats.compute_percentile(99.0).expect("p99").as_secs_f64() * 1e3;
+        assert!(compute < 30.0, "{compute}");
+        assert_eq!(stats.totals().completions, 120);
+    }
+
+    #[test]
+    fn within_one_epoch_the_window_slides() {
+        let stats = Stats::replay(Duration::from_millis(100));
+        completions(&stats, 10, Duration::from_millis(150));
+        stats.advance(Duration::from_secs(WINDOW_SECS as u64 + 5));
+        completions(&stats, 10, Duration::from_millis(20));
+        let w = stats.window();
+        assert_eq!(w.completions, 10);
+        assert_eq!(w.window_secs, WINDOW_SECS as f64);
+        assert_eq!(w.epoch_secs, WINDOW_SECS as f64 + 5.0);
     }
 }

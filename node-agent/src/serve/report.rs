@@ -72,6 +72,7 @@ fn tenant(e: &Entry) -> TenantReport {
                     batch_size: u32::try_from(batch).unwrap_or(u32::MAX),
                     instances: u32::try_from(instances).unwrap_or(u32::MAX),
                 },
+                since_knobs_changed_seconds: w.epoch_secs,
                 queue_depth: tenant.queue_depth() as u64,
                 admission_overrun: tenant.admission_overrun(),
                 latency_at_percentile_millis: millis(stats.latency_percentile(e.percentile)),
@@ -175,7 +176,7 @@ mod tests {
         e
     }
 
-    /// What agents of each mode and state write, as `crds/tests/fixtures/report-v1.json` holds
+    /// What agents of each mode and state write, as `crds/tests/fixtures/report-v2.json` holds
     /// them: a field this agent writes that the fixture lacks, or one the fixture has that this
     /// agent leaves out, fails here. The crds test checks the fixture against the types, and the
     /// operator's against what it decides from.

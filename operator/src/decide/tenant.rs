@@ -6,8 +6,8 @@ use cotenant_crds::policy_view::{self, bounds_and_slo};
 use cotenant_crds::report::TenantReport;
 use cotenant_crds::{ModelTenant, Profile as SpecProfile};
 use cotenant_policy::{
-    Approach, Decision, Knobs, LatencyModel, Learned, ReplicaConfig, ReplicaInput, ReplicaState,
-    ScalerConfig, ScalerState, TenantObservation, choose_approach, step,
+    Approach, Decision, Epoch, Knobs, LatencyModel, Learned, ReplicaConfig, ReplicaInput,
+    ReplicaState, ScalerConfig, ScalerState, TenantObservation, choose_approach, step,
 };
 use kube::ResourceExt;
 
@@ -101,6 +101,28 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
         a.attainment = Some(attained / a.completions as f64);
     }
     a
+}
+
+/// Which knobs the replicas' windows measured, and for how long: `wanted` when every serving
+/// replica runs it, for as long as the one that took it up last has; `None` while some replica
+/// still runs other knobs (the new ones have not reached its agent yet). Where the model's
+/// batch cannot move (`batch_moves` false: its profile has no point above batch 1), a replica
+/// at batch 1 runs any batch the scaler asks for.
+pub fn epoch(reports: &[&TenantReport], wanted: Knobs, batch_moves: bool) -> Option<Epoch> {
+    let mut seconds = f64::INFINITY;
+    for s in reports.iter().filter_map(|r| r.serving()) {
+        let runs = policy_view::knobs(&s.knobs);
+        let same = runs == wanted
+            || (!batch_moves && runs.batch == 1 && runs.instances == wanted.instances);
+        if !same || s.since_knobs_changed_seconds.is_nan() {
+            return None;
+        }
+        seconds = seconds.min(s.since_knobs_changed_seconds.max(0.0));
+    }
+    seconds.is_finite().then_some(Epoch {
+        knobs: wanted,
+        seconds,
+    })
 }
 
 /// The outcome of one round for one tenant.
@@ -216,12 +238,16 @@ pub fn decide(
                 notes.push(Note {
                     reason: "ApproachChosen",
                     message: format!(
-                        "{:?} at batch {} x {} instances (throughput gain: batching {:.2}, instances {:.2})",
+                        "{:?} at batch {} x {} instances (throughput gain: batching {:.2}, instances {:.2}{})",
                         choice.approach,
                         choice.knobs.batch,
                         choice.knobs.instances,
                         choice.gain_batching,
-                        choice.gain_multi_tenancy
+                        choice.gain_multi_tenancy,
+                        choice
+                            .gain_joint
+                            .map(|g| format!(", joint {g:.2}"))
+                            .unwrap_or_default()
                     ),
                 });
                 (choice.approach, choice.knobs)
@@ -234,6 +260,9 @@ pub fn decide(
         memory.scaler = Some(scaler);
     }
     let mut wants_more = false;
+    let batch_moves = measured
+        .as_ref()
+        .is_some_and(|p| p.points.iter().any(|q| q.batch > 1));
     if let (Some(scaler), Some(model)) = (memory.scaler.as_mut(), memory.model.as_ref())
         && failure.is_none()
         && aggregate.replicas > 0
@@ -247,9 +276,13 @@ pub fn decide(
             queue_depth: u32::try_from(aggregate.queue_depth).unwrap_or(u32::MAX),
             completed: aggregate.completions,
             compute_at_percentile_ms: aggregate.compute_ms,
+            epoch: epoch(reports, scaler.knobs, batch_moves),
         };
         if observation.has_signal() {
-            memory.last_step_s = now_s;
+            // Only a step that reads fresh evidence waits for the next interval.
+            if scaler.config.evidence.admits(&observation, scaler.knobs) {
+                memory.last_step_s = now_s;
+            }
             let before = scaler.knobs;
             match step(scaler, &observation, &slo, &bounds, model) {
                 Decision::SetKnobs(k) if k != before => notes.push(Note {

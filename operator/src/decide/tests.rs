@@ -86,17 +86,37 @@ fn replica_report(t: &ModelTenant, state: State) -> TenantReport {
     }
 }
 
-/// A Ready replica at batch 1, 1 instance, with `latency_ms` and `compute_ms` at the SLO
-/// percentile over `window`.
+/// A Ready replica at batch 1, 1 instance for a minute, with `latency_ms` and `compute_ms` at
+/// the SLO percentile over `window`.
 fn ready_with(latency_ms: Option<f64>, compute_ms: Option<f64>, window: Window) -> State {
     State::Ready(Serving {
         knobs: cotenant_crds::Knobs::default(),
+        since_knobs_changed_seconds: 60.0,
         queue_depth: 0,
         admission_overrun: 1.0,
         latency_at_percentile_millis: latency_ms,
         compute_at_percentile_millis: compute_ms,
         window,
         weight_bytes: 10 << 20,
+    })
+}
+
+/// A Ready replica at `knobs` for `since_s` seconds, with `latency_ms` and `compute_ms` at the
+/// SLO percentile over `window`.
+fn ready_at(
+    knobs: cotenant_crds::Knobs,
+    since_s: f64,
+    latency_ms: f64,
+    compute_ms: Option<f64>,
+    window: Window,
+) -> State {
+    let State::Ready(serving) = ready_with(Some(latency_ms), compute_ms, window) else {
+        unreachable!("ready_with is Ready")
+    };
+    State::Ready(Serving {
+        knobs,
+        since_knobs_changed_seconds: since_s,
+        ..serving
     })
 }
 
@@ -424,7 +444,10 @@ fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
     let mut agents = vec![agent("agent-0", 8000)];
     let mut memory = Memory::default();
     let mut batches = Vec::new();
+    // The agent runs what it was assigned, from the round after it was.
+    let mut runs = (t.status.as_ref().and_then(|s| s.knobs), 0.0);
     for i in 0..12 {
+        let now = 5.0 * i as f64;
         let window = Window {
             arrival_rate_per_second: 10.0,
             throughput_per_second: 10.0,
@@ -433,14 +456,23 @@ fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
             shed: 0,
             ..Window::default()
         };
-        agents[0].report = Some(serving(&t, 5.0, window));
+        let knobs = runs.0.unwrap_or_default();
+        agents[0].report = Some(AgentReport::new(vec![replica_report(
+            &t,
+            ready_at(knobs, now - runs.1, 5.0, None, window),
+        )]));
         let outcome = round(
             &pool,
             std::slice::from_ref(&t),
             &mut agents,
             &mut memory,
-            5.0 * i as f64,
+            now,
         );
+        if let Some(a) = agents[0].assignments.first()
+            && runs.0.as_ref() != Some(&a.knobs)
+        {
+            runs = (Some(a.knobs), now);
+        }
         let status = &outcome.tenants[0].status;
         batches.push(status.knobs.as_ref().map_or(0, |k| k.batch_size));
     }
@@ -898,4 +930,114 @@ fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
         "empty, it goes"
     );
     assert_eq!(outcome.add_agents, 0);
+}
+
+/// A replayed stream of reports around one knob change: batch 4 violates the SLO in its own
+/// batch time, batch 2 meets it. After the round that shrinks 4 to 2, the reports still show
+/// batch 4 (the agent has not applied 2 yet), then batch 2 with the backlog batch 4 left, then
+/// batch 2 alone: none of that is evidence against batch 2, and it shrinks no further (it may
+/// grow back towards 4 once its own measurements stay under the band).
+#[test]
+fn the_round_steps_only_on_measurements_of_the_knobs_it_set() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
+    let profiled = placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let knobs = |b| cotenant_crds::Knobs {
+        batch_size: b,
+        instances: 1,
+    };
+    assert_eq!(profiled.tenants[0].status.knobs, Some(knobs(4)));
+    let window = Window {
+        arrival_rate_per_second: 50.0,
+        throughput_per_second: 50.0,
+        completions: 500,
+        ..Window::default()
+    };
+    // (seconds, knobs the agent runs, for how long, latency, compute)
+    let stream = [
+        (10.0, 4, 10.0, 80.0, 60.0),
+        (14.0, 4, 14.0, 80.0, 60.0),
+        (18.0, 2, 1.0, 80.0, 20.0),
+        (22.0, 2, 5.0, 30.0, 20.0),
+        (26.0, 2, 9.0, 30.0, 20.0),
+        (30.0, 2, 13.0, 30.0, 20.0),
+    ];
+    let mut applied = Vec::new();
+    for (now, batch, since, latency, compute) in stream {
+        let state = ready_at(knobs(batch), since, latency, Some(compute), window.clone());
+        agents[0].report = Some(AgentReport::new(vec![replica_report(&t, state)]));
+        let outcome = round(
+            &pool,
+            std::slice::from_ref(&t),
+            &mut agents,
+            &mut memory,
+            now,
+        );
+        applied.push(outcome.tenants[0].status.knobs.map(|k| k.batch_size));
+    }
+    assert_eq!(
+        applied[..4],
+        [Some(2); 4],
+        "shrinks once, to 2: {applied:?}"
+    );
+    assert!(
+        applied.iter().all(|b| *b >= Some(2)),
+        "batch 2 meets the SLO: {applied:?}"
+    );
+}
+
+/// Where the agent measured a point with both knobs above 1 and it beats both single-knob
+/// points, the operator runs the tenant Joint at that point.
+#[test]
+fn a_profile_with_a_winning_joint_point_runs_joint() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
+    round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        0.0,
+    );
+    let asked = agents[0].assignments[0]
+        .profile
+        .expect("asks for a profile");
+    assert_eq!((asked.batch_size, asked.instances), (4, 4));
+    let mut p = profile();
+    p.points.push(ProfilePoint {
+        batch: 4,
+        instances: 4,
+        throughput: 700.0,
+        p99_ms: 30.0,
+        peak_activation_bytes: 1 << 20,
+        gpu_util: None,
+    });
+    let mut r = replica_report(&t, ready_replica());
+    r.profile = Some(p);
+    agents[0].report = Some(AgentReport::new(vec![r]));
+    let outcome = round(
+        &pool,
+        std::slice::from_ref(&t),
+        &mut agents,
+        &mut memory,
+        2.0,
+    );
+    let status = &outcome.tenants[0].status;
+    assert_eq!(status.approach, Some(cotenant_crds::ChosenApproach::Joint));
+    let joint = cotenant_crds::Knobs {
+        batch_size: 4,
+        instances: 4,
+    };
+    assert_eq!(status.knobs, Some(joint));
+    assert_eq!(agents[0].assignments[0].knobs, joint);
+    assert!(
+        status.profile.as_ref().is_some_and(|p| p.points.len() == 4),
+        "the joint point is recorded"
+    );
+    let chosen = outcome.tenants[0]
+        .notes
+        .iter()
+        .find(|n| n.reason == "ApproachChosen")
+        .expect("chosen");
+    assert!(chosen.message.contains("joint 7.00"), "{}", chosen.message);
 }

@@ -9,6 +9,10 @@
 //! only when the situation changes (another SLO, or the arrival rate moved by more than
 //! `context_change`), so a stationary tenant settles instead of oscillating.
 //!
+//! A step reads only fresh evidence: measurements of the current knobs, enough of them
+//! ([`ScalerConfig::evidence`]); otherwise it holds. So a window is judged once per setting, and
+//! the measurements of the knobs before cannot move the knobs after.
+//!
 //! Open-loop arrivals add a case the paper's closed loop did not have: latency is queueing plus
 //! batch time, and a smaller knob serves fewer requests. So the latency model is consulted before
 //! any move: growth stops where one batch's predicted p99 would take more than `service_share` of
@@ -19,6 +23,7 @@
 //! measurement, as predicted, or when asking for replicas repeated `asks_before_shrink` times
 //! (the model must be wrong).
 
+use super::evidence::Evidence;
 use super::latency_model::LatencyModel;
 use super::profiler::Approach;
 use crate::knobs::{Bounds, Knobs};
@@ -39,6 +44,8 @@ pub struct ScalerConfig {
     pub service_share: f64,
     /// Violations the model cannot explain (asking for replicas) before the knob shrinks anyway.
     pub asks_before_shrink: u32,
+    /// What an observation must hold before a step reads it.
+    pub evidence: Evidence,
 }
 
 impl Default for ScalerConfig {
@@ -51,6 +58,7 @@ impl Default for ScalerConfig {
             context_change: 0.25,
             service_share: 0.8,
             asks_before_shrink: 3,
+            evidence: Evidence::default(),
         }
     }
 }
@@ -222,7 +230,7 @@ pub fn step(
         state.learned_slo_ms = slo.latency_ms;
         state.learned_arrival = obs.arrival_rate;
     }
-    if !obs.has_signal() {
+    if !cfg.evidence.admits(obs, state.knobs) {
         return Decision::Hold;
     }
     let (low, high) = (
@@ -315,6 +323,28 @@ mod tests {
     use super::*;
     use crate::profile::{Profile, ProfilePoint};
 
+    /// One step on `obs` read as a window of the scaler's current knobs, a minute into them,
+    /// unless `obs` says otherwise.
+    fn step(
+        state: &mut ScalerState,
+        obs: &TenantObservation,
+        slo: &Slo,
+        bounds: &Bounds,
+        model: &LatencyModel,
+    ) -> Decision {
+        let epoch = obs.epoch.or(Some(crate::dnnscaler::Epoch {
+            knobs: state.knobs,
+            seconds: 60.0,
+        }));
+        super::step(
+            state,
+            &TenantObservation { epoch, ..*obs },
+            slo,
+            bounds,
+            model,
+        )
+    }
+
     /// Batch p99 is about 2 ms per sample; 8 instances take 60 times as long as one.
     fn model() -> LatencyModel {
         let pt = |batch, instances, throughput, p99_ms| ProfilePoint {
@@ -344,6 +374,7 @@ mod tests {
             queue_depth: 0,
             completed: 1000,
             compute_at_percentile_ms: None,
+            epoch: None,
         }
     }
 
@@ -429,6 +460,78 @@ mod tests {
             Knobs::new(7, 1),
             "grows back to just below the violation"
         );
+    }
+
+    #[test]
+    fn a_violation_measured_on_other_knobs_or_too_early_moves_nothing() {
+        use crate::dnnscaler::Epoch;
+        let (m, slo, b) = (model(), Slo::p99(100.0), Bounds::default());
+        let mut s = state(Approach::Batching, Knobs::new(8, 1));
+        let stale = TenantObservation {
+            epoch: Some(Epoch {
+                knobs: Knobs::new(16, 1),
+                seconds: 60.0,
+            }),
+            ..obs(400.0)
+        };
+        let early = TenantObservation {
+            epoch: Some(Epoch {
+                knobs: Knobs::new(8, 1),
+                seconds: 1.0,
+            }),
+            ..obs(400.0)
+        };
+        let few = TenantObservation {
+            completed: 5,
+            epoch: Some(Epoch {
+                knobs: Knobs::new(8, 1),
+                seconds: 10.0,
+            }),
+            ..obs(400.0)
+        };
+        let unknown = TenantObservation {
+            epoch: None,
+            ..obs(400.0)
+        };
+        for o in [stale, early, few, unknown] {
+            assert_eq!(
+                super::step(&mut s, &o, &slo, &b, &m),
+                Decision::Hold,
+                "{o:?}"
+            );
+        }
+        assert_eq!(s.knobs, Knobs::new(8, 1));
+        assert_eq!(
+            step(&mut s, &obs(400.0), &slo, &b, &m),
+            Decision::NeedReplicas,
+            "a violation of the knobs' own"
+        );
+    }
+
+    #[test]
+    fn joint_moves_the_batch_at_its_instances() {
+        let (m, slo, b) = (model(), Slo::p99(400.0), Bounds::default());
+        let mut s = state(Approach::Joint, Knobs::new(4, 2));
+        let mut seen = vec![s.knobs];
+        for _ in 0..10 {
+            step(&mut s, &obs(10.0), &slo, &b, &m);
+            seen.push(s.knobs);
+        }
+        assert!(
+            s.knobs.batch > 4,
+            "grows the batch under the band: {seen:?}"
+        );
+        assert!(seen.iter().all(|k| k.instances == 2), "{seen:?}");
+        // Its own batch time over the budget: the batch shrinks, the instances stay.
+        let before = s.knobs;
+        let slow = TenantObservation {
+            compute_at_percentile_ms: Some(500.0),
+            ..obs(900.0)
+        };
+        match step(&mut s, &slow, &slo, &b, &m) {
+            Decision::SetKnobs(k) => assert!(k.instances == 2 && k.batch < before.batch, "{k:?}"),
+            d => panic!("{d:?}"),
+        }
     }
 
     #[test]
@@ -555,6 +658,28 @@ mod props {
     use crate::profile::{Profile, ProfilePoint};
     use proptest::prelude::*;
 
+    /// One step on `obs` read as a window of the scaler's current knobs, a minute into them,
+    /// unless `obs` says otherwise.
+    fn step(
+        state: &mut ScalerState,
+        obs: &TenantObservation,
+        slo: &Slo,
+        bounds: &Bounds,
+        model: &LatencyModel,
+    ) -> Decision {
+        let epoch = obs.epoch.or(Some(crate::dnnscaler::Epoch {
+            knobs: state.knobs,
+            seconds: 60.0,
+        }));
+        super::step(
+            state,
+            &TenantObservation { epoch, ..*obs },
+            slo,
+            bounds,
+            model,
+        )
+    }
+
     fn approach() -> impl Strategy<Value = Approach> {
         prop_oneof![
             Just(Approach::Batching),
@@ -627,6 +752,7 @@ mod props {
                         queue_depth,
                         completed,
                         compute_at_percentile_ms: compute,
+                        epoch: None,
                     }
                 },
             )
@@ -659,6 +785,7 @@ mod props {
                 queue_depth: if overloaded { 100 } else { 0 },
                 completed: 100,
                 compute_at_percentile_ms: self.measured.then(|| self.compute(v)),
+                epoch: None,
             }
         }
 

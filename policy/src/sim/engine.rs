@@ -3,6 +3,12 @@
 //! `tick_s` the same decision loop as the operator's runs: knob controller per tenant, replica
 //! count, placement, pool sizing; new agents and replicas become ready after a delay.
 //!
+//! Each tenant keeps a window of arrivals and completions cut at the last knob change, as the
+//! agents do, and the controller steps on it under the same [`Evidence`](crate::Evidence) rule
+//! as on the agents' reports. The window is one tick long here, where the agents keep 30 s: a
+//! known difference (a 30 s window lags on/off load in replica decisions and repeats asks for
+//! replicas on one violation, which this simulator does not model yet).
+//!
 //! Service time of a batch: the profile's mean batch time at (batch taken, instances busy),
 //! drawn from a shifted exponential whose p99 matches the profile's p99. Tenants sharing an agent
 //! do not slow each other down here (placement keeps their predicted load within the device).
@@ -11,7 +17,7 @@ use super::report::{SimReport, TenantReport};
 use super::rng::Rng;
 use super::strategy::{Controller, Strategy};
 use super::workload::{Arrivals, Workload};
-use crate::dnnscaler::LatencyModel;
+use crate::dnnscaler::{Epoch, LatencyModel};
 use crate::knobs::{Bounds, Knobs};
 use crate::placement::{AgentCapacity, CurrentReplica, ReplicaDemand, place};
 use crate::pool::{PoolAgent, PoolConfig, size_pool};
@@ -133,10 +139,13 @@ struct Tenant {
     replicas: Vec<Replica>,
     /// Requests with no ready replica to go to.
     waiting: VecDeque<f64>,
-    w_arrivals: u64,
-    w_latencies: Vec<f64>,
-    /// Compute times of the window's completed requests (their batch's, no queueing).
-    w_compute: Vec<f64>,
+    /// When the knobs last changed: the window reaches back no further.
+    epoch_start: f64,
+    /// Arrival times in the window.
+    w_arrivals: VecDeque<f64>,
+    /// The window's completed requests: when each finished, its latency, and its batch's
+    /// compute time (no queueing), in ms.
+    w_done: VecDeque<[f64; 3]>,
     arrived: u64,
     completed: u64,
     met: u64,
@@ -218,9 +227,9 @@ pub fn simulate(
             wants_more: false,
             replicas: Vec::new(),
             waiting: VecDeque::new(),
-            w_arrivals: 0,
-            w_latencies: Vec::new(),
-            w_compute: Vec::new(),
+            epoch_start: 0.0,
+            w_arrivals: VecDeque::new(),
+            w_done: VecDeque::new(),
             arrived: 0,
             completed: 0,
             met: 0,
@@ -296,7 +305,7 @@ impl Sim<'_> {
                     return;
                 }
                 let t = &mut self.tenants[tenant];
-                t.w_arrivals += 1;
+                t.w_arrivals.push_back(self.now);
                 if self.now >= self.warmup_s {
                     t.arrived += 1;
                 }
@@ -330,8 +339,7 @@ impl Sim<'_> {
                 let t = &mut self.tenants[tenant];
                 for a in arrived {
                     let lat = (now - a) * 1e3;
-                    t.w_latencies.push(lat);
-                    t.w_compute.push(service_ms);
+                    t.w_done.push_back([now, lat, service_ms]);
                     if a >= self.warmup_s {
                         t.completed += 1;
                         t.met += u64::from(lat <= t.slo.latency_ms);
@@ -429,21 +437,40 @@ impl Sim<'_> {
         let tick_s = self.cfg.tick_s;
         // 1. Knobs and replica counts.
         for t in &mut self.tenants {
-            let mut lat = std::mem::take(&mut t.w_latencies);
+            let start = t.epoch_start.max(now - tick_s);
+            while t.w_arrivals.front().is_some_and(|&a| a < start) {
+                t.w_arrivals.pop_front();
+            }
+            while t.w_done.front().is_some_and(|d| d[0] < start) {
+                t.w_done.pop_front();
+            }
+            // As the agents do: a rate over at least a millisecond.
+            let span = (now - start).max(1e-3);
+            let mut lat: Vec<f64> = t.w_done.iter().map(|d| d[1]).collect();
+            let mut compute: Vec<f64> = t.w_done.iter().map(|d| d[2]).collect();
             let completed = lat.len() as u64;
             let p = t.slo.percentile;
+            let knobs = t.controller.knobs();
             let obs = TenantObservation {
-                arrival_rate: t.w_arrivals as f64 / tick_s,
-                throughput: completed as f64 / tick_s,
+                arrival_rate: t.w_arrivals.len() as f64 / span,
+                throughput: completed as f64 / span,
                 latency_at_percentile_ms: percentile(&mut lat, p).unwrap_or(f64::NAN),
                 queue_depth: t.queued().min(u32::MAX as usize) as u32,
                 completed,
-                compute_at_percentile_ms: percentile(&mut t.w_compute, p),
+                compute_at_percentile_ms: percentile(&mut compute, p),
+                epoch: Some(Epoch {
+                    knobs,
+                    seconds: now - t.epoch_start,
+                }),
             };
-            t.w_compute.clear();
-            t.w_arrivals = 0;
             if !instant {
                 t.wants_more = t.controller.observe(&obs, &t.slo, &t.bounds, &t.model);
+            }
+            if t.controller.knobs() != knobs {
+                // A new epoch: what the old knobs measured is no evidence about the new ones.
+                t.epoch_start = now;
+                t.w_arrivals.clear();
+                t.w_done.clear();
             }
             let rate = if instant {
                 t.arrivals.mean_rate()
@@ -457,8 +484,6 @@ impl Sim<'_> {
             };
             t.replica_state
                 .decide(&input, &t.bounds, &self.cfg.replicas, now);
-            t.w_latencies = lat;
-            t.w_latencies.clear();
         }
         // 2. Placement.
         let live: Vec<usize> = (0..self.agents.len())
@@ -478,8 +503,7 @@ impl Sim<'_> {
         for t in &self.tenants {
             let k = t.controller.knobs();
             let replicas = t.replica_state.replicas;
-            let per_replica =
-                t.arrivals.mean_rate().max(t.w_arrivals as f64) / replicas.max(1) as f64;
+            let per_replica = t.arrivals.mean_rate() / replicas.max(1) as f64;
             demands.push(ReplicaDemand {
                 tenant: t.name.clone(),
                 replicas,

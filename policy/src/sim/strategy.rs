@@ -1,8 +1,12 @@
 //! The knob policies the simulator compares: DNNScaler (this crate's scaler), static knobs, and
-//! Clipper-style AIMD batching. All of them share the replica, placement and pool rules, so a
-//! difference in results comes from the knobs alone.
+//! Clipper-style AIMD batching. All of them share the replica, placement and pool rules, and
+//! the two that move knobs read the same evidence (DNNScaler's [`Evidence`] rule: measurements
+//! of the current knobs only, enough of them), so a difference in results comes from the knobs
+//! alone.
 
-use crate::dnnscaler::{Decision, LatencyModel, ScalerConfig, ScalerState, choose_approach, step};
+use crate::dnnscaler::{
+    Decision, Evidence, LatencyModel, ScalerConfig, ScalerState, choose_approach, step,
+};
 use crate::knobs::{Bounds, Knobs};
 use crate::profile::Profile;
 use crate::slo::{Slo, TenantObservation};
@@ -69,6 +73,14 @@ impl Controller {
         }
     }
 
+    /// The evidence a window must hold before this controller moves its knobs on it.
+    pub fn evidence(&self) -> Evidence {
+        match self {
+            Controller::Scaler(s) => s.config.evidence,
+            Controller::Static(_) | Controller::Aimd { .. } => Evidence::default(),
+        }
+    }
+
     /// Moves the knobs after one window; true when the controller asks for another replica.
     pub fn observe(
         &mut self,
@@ -81,7 +93,7 @@ impl Controller {
             Controller::Scaler(s) => step(s, obs, slo, bounds, model) == Decision::NeedReplicas,
             Controller::Static(_) => false,
             Controller::Aimd { knobs, decrease } => {
-                if obs.has_signal() {
+                if Evidence::default().admits(obs, *knobs) {
                     let b = if obs.latency_at_percentile_ms > slo.latency_ms {
                         (knobs.batch as f64 * *decrease).floor() as u32
                     } else {
