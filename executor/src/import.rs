@@ -227,10 +227,7 @@ fn name_unknown_axes(inputs: &mut [GraphInput]) {
     for input in inputs.iter_mut() {
         let name = input.name.clone();
         for (axis, d) in input.dims.iter_mut().flatten().enumerate() {
-            let fresh = match d {
-                Dim::Symbol(s) if s.is_empty() || repeated.contains(s) => true,
-                _ => false,
-            };
+            let fresh = matches!(d, Dim::Symbol(s) if s.is_empty() || repeated.contains(s));
             if fresh {
                 let mut s = format!("{name}?{axis}");
                 while names.contains(&s) {
