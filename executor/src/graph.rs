@@ -12,7 +12,9 @@ pub type ValueId = usize;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Dim {
     Fixed(usize),
-    /// A named symbolic dimension (e.g. `batch`), resolved from the inputs at run time.
+    /// A symbolic dimension, resolved from the inputs at run time: a name the model gives
+    /// (e.g. `batch`), shared by the inputs that use it, or `input?axis` for an axis the model
+    /// leaves unknown (see `import`).
     Symbol(String),
 }
 

@@ -6,10 +6,10 @@ use crate::error::ImportError;
 use crate::graph::{Dim, Graph, GraphInput, Node};
 use crate::ops::{Op, attrs::Attrs};
 use crate::proto::{DimValue, ModelProto};
-use crate::tensor::DType;
+use crate::tensor::{DType, MAX_ELEMENTS};
 use crate::tensor_proto::decode_tensor;
 use prost::Message;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -70,17 +70,10 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
                 vi.name
             ))
         })?;
-        let dims = tt.and_then(|t| t.shape.as_ref()).map(|s| {
-            s.dim
-                .iter()
-                .enumerate()
-                .map(|(i, d)| match &d.value {
-                    Some(DimValue::DimValue(v)) if *v >= 0 => Dim::Fixed(*v as usize),
-                    Some(DimValue::DimParam(p)) if !p.is_empty() => Dim::Symbol(p.clone()),
-                    _ => Dim::Symbol(format!("{}_dim{i}", vi.name)),
-                })
-                .collect()
-        });
+        let dims = match tt.and_then(|t| t.shape.as_ref()) {
+            Some(s) => Some(declared_dims(&vi.name, &s.dim)?),
+            None => None,
+        };
         let v = g.add_value(&vi.name);
         ids.insert(vi.name.clone(), v);
         g.inputs.push(GraphInput {
@@ -90,6 +83,7 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
             dims,
         });
     }
+    name_unknown_axes(&mut g.inputs);
     for (idx, np) in gp.node.iter().enumerate() {
         let node_name = if np.name.is_empty() {
             format!("{}_{idx}", np.op_type)
@@ -175,6 +169,75 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
         return Err(ImportError::Graph("graph has no outputs".into()));
     }
     Ok(g)
+}
+
+/// The declared dimensions of input `name`: an unknown axis (`?`, an empty name,
+/// `dim_value: -1`, no value) is an empty symbol until [`name_unknown_axes`] names it. A
+/// concrete dimension must be one a tensor can have; the only negative one accepted is -1.
+fn declared_dims(name: &str, dims: &[crate::proto::Dimension]) -> Result<Vec<Dim>, ImportError> {
+    let mut fixed = 1usize;
+    let mut out = Vec::with_capacity(dims.len());
+    for (axis, d) in dims.iter().enumerate() {
+        let bad = |what: String| ImportError::Graph(format!("input {name:?}, axis {axis}: {what}"));
+        out.push(match &d.value {
+            Some(DimValue::DimValue(-1)) => Dim::Symbol(String::new()),
+            Some(DimValue::DimValue(v)) if *v < 0 => {
+                return Err(bad(format!(
+                    "dimension {v} (the only negative dimension is -1, unknown)"
+                )));
+            }
+            Some(DimValue::DimValue(v)) => {
+                let v = usize::try_from(*v).unwrap_or(usize::MAX);
+                fixed = fixed.saturating_mul(v.max(1));
+                if fixed > MAX_ELEMENTS {
+                    return Err(bad(format!(
+                        "dimension {v} makes the input larger than any tensor may be \
+                         ({MAX_ELEMENTS} elements)"
+                    )));
+                }
+                Dim::Fixed(v)
+            }
+            Some(DimValue::DimParam(p)) if p != "?" => Dim::Symbol(p.clone()),
+            _ => Dim::Symbol(String::new()),
+        });
+    }
+    Ok(out)
+}
+
+/// Gives the graph inputs their symbolic dimensions. As in onnxruntime, only concrete dimensions
+/// constrain what an input may be: an unknown axis (`?`, empty, -1, no value) and a name that one
+/// input gives to several of its axes (H and W both `height`, say) name nothing, and each such
+/// axis gets a symbol of its own, `input?axis`. A name shared by axes of different inputs (the
+/// batch of `input_ids` and `attention_mask`) stays one symbol: the planner folds shapes and
+/// splits batches on that equality, and the plan checks it at run time.
+fn name_unknown_axes(inputs: &mut [GraphInput]) {
+    let mut repeated: HashSet<String> = HashSet::new();
+    let mut names: HashSet<String> = HashSet::new();
+    for dims in inputs.iter().filter_map(|i| i.dims.as_ref()) {
+        let mut seen = HashSet::new();
+        for d in dims {
+            if let Dim::Symbol(s) = d {
+                if !seen.insert(s.as_str()) {
+                    repeated.insert(s.clone());
+                }
+                names.insert(s.clone());
+            }
+        }
+    }
+    for input in inputs.iter_mut() {
+        let name = input.name.clone();
+        for (axis, d) in input.dims.iter_mut().flatten().enumerate() {
+            let fresh = matches!(d, Dim::Symbol(s) if s.is_empty() || repeated.contains(s));
+            if fresh {
+                let mut s = format!("{name}?{axis}");
+                while names.contains(&s) {
+                    s.push('?');
+                }
+                names.insert(s.clone());
+                *d = Dim::Symbol(s);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

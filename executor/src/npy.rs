@@ -1,5 +1,5 @@
 //! A small reader and writer for NumPy `.npy` files (format 1.0–3.0, little-endian, C order):
-//! f32, f64, i64, i32, i8, u8 and bool.
+//! f32, f64, f16, i64, i32, i8, u8 and bool (bfloat16 has no NumPy dtype).
 
 use crate::tensor::{DType, Tensor, checked_numel};
 use crate::tensor_proto::{from_le_bytes, to_le_bytes};
@@ -9,25 +9,28 @@ use thiserror::Error;
 pub enum NpyError {
     #[error("not a .npy file: {0}")]
     Format(String),
-    #[error("unsupported .npy dtype {0:?} (supported: <f4 <f8 <i8 <i4 |i1 |u1 |b1)")]
+    #[error("unsupported .npy dtype {0:?} (supported: <f4 <f8 <f2 <i8 <i4 |i1 |u1 |b1)")]
     DType(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
 }
 
-fn descr(d: DType) -> &'static str {
-    match d {
+/// The NumPy dtype of `d`; bfloat16 has none (ml_dtypes writes an opaque `<V2`).
+fn descr(d: DType) -> Result<&'static str, NpyError> {
+    Ok(match d {
         DType::F32 => "<f4",
         DType::F64 => "<f8",
+        DType::F16 => "<f2",
+        DType::BF16 => return Err(NpyError::DType("bfloat16".into())),
         DType::I64 => "<i8",
         DType::I32 => "<i4",
         DType::I8 => "|i1",
         DType::U8 => "|u1",
         DType::Bool => "|b1",
-    }
+    })
 }
 
-pub fn to_bytes(t: &Tensor) -> Vec<u8> {
+pub fn to_bytes(t: &Tensor) -> Result<Vec<u8>, NpyError> {
     let shape = match t.shape.len() {
         0 => "()".to_string(),
         1 => format!("({},)", t.shape[0]),
@@ -42,7 +45,7 @@ pub fn to_bytes(t: &Tensor) -> Vec<u8> {
     };
     let mut header = format!(
         "{{'descr': '{}', 'fortran_order': False, 'shape': {shape}, }}",
-        descr(t.dtype())
+        descr(t.dtype())?
     );
     // Pad so that the data starts on a 64-byte boundary, header ends with a newline.
     let total = 10 + header.len() + 1;
@@ -52,7 +55,7 @@ pub fn to_bytes(t: &Tensor) -> Vec<u8> {
     out.extend((header.len() as u16).to_le_bytes());
     out.extend(header.as_bytes());
     out.extend(to_le_bytes(&t.data));
-    out
+    Ok(out)
 }
 
 pub fn from_bytes(b: &[u8]) -> Result<Tensor, NpyError> {
@@ -81,6 +84,7 @@ pub fn from_bytes(b: &[u8]) -> Result<Tensor, NpyError> {
     let dtype = match d {
         "<f4" => DType::F32,
         "<f8" => DType::F64,
+        "<f2" => DType::F16,
         "<i8" => DType::I64,
         "<i4" => DType::I32,
         "|i1" | "<i1" => DType::I8,
@@ -118,7 +122,7 @@ pub fn read(path: &std::path::Path) -> Result<Tensor, NpyError> {
 }
 
 pub fn write(path: &std::path::Path, t: &Tensor) -> Result<(), NpyError> {
-    Ok(std::fs::write(path, to_bytes(t))?)
+    Ok(std::fs::write(path, to_bytes(t)?)?)
 }
 
 #[cfg(test)]
@@ -131,16 +135,22 @@ mod tests {
         for data in [
             Data::F32(vec![1.5, -2.0]),
             Data::F64(vec![1.0, 2.0]),
+            Data::F16(vec![
+                crate::tensor::f16::from_f32(0.5),
+                crate::tensor::f16::MAX,
+            ]),
             Data::I64(vec![-1, 7]),
             Data::I32(vec![3, 4]),
             Data::U8(vec![0, 255]),
             Data::Bool(vec![true, false]),
         ] {
             let t = Tensor::new(vec![2, 1], data).unwrap();
-            assert_eq!(from_bytes(&to_bytes(&t)).unwrap(), t);
+            assert_eq!(from_bytes(&to_bytes(&t).unwrap()).unwrap(), t);
         }
         let s = Tensor::scalar_f32(3.0);
-        assert_eq!(from_bytes(&to_bytes(&s)).unwrap(), s);
+        assert_eq!(from_bytes(&to_bytes(&s).unwrap()).unwrap(), s);
         assert!(from_bytes(b"garbage").is_err());
+        let b = Tensor::new(vec![1], Data::BF16(vec![crate::tensor::bf16::ONE])).unwrap();
+        assert!(matches!(to_bytes(&b), Err(NpyError::DType(_))));
     }
 }

@@ -279,6 +279,9 @@ impl Plan {
                         format!("shape {:?}", t.shape),
                     ));
                 }
+                // Concrete dimensions, and the symbols that axes of different inputs share
+                // (`import` gives unknown and repeated-within-one-input axes symbols of their
+                // own, so no other symbol constrains anything).
                 for (d, &got) in dims.iter().zip(&t.shape) {
                     match d {
                         Dim::Fixed(v) if *v != got => {

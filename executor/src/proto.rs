@@ -131,6 +131,7 @@ pub mod data_type {
     pub const DOUBLE: i32 = 11;
     pub const UINT32: i32 = 12;
     pub const UINT64: i32 = 13;
+    pub const BFLOAT16: i32 = 16;
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -1,6 +1,7 @@
 //! Host tensors: a shape and a typed, dense, row-major buffer.
 
 use crate::error::{OpError, OpResult};
+pub use half::{bf16, f16};
 
 /// Largest element count any single tensor may have (4 GiB of f32): a guard against files and
 /// shape inputs that declare absurd sizes, far above any real activation or weight.
@@ -11,6 +12,10 @@ pub const MAX_ELEMENTS: usize = 1 << 30;
 pub enum DType {
     F32,
     F64,
+    /// IEEE half precision; ops compute in f32 and round their outputs (see `ops::eval`).
+    F16,
+    /// bfloat16, computed like F16.
+    BF16,
     I64,
     I32,
     I8,
@@ -24,6 +29,8 @@ impl DType {
         Some(match code {
             t::FLOAT => DType::F32,
             t::DOUBLE => DType::F64,
+            t::FLOAT16 => DType::F16,
+            t::BFLOAT16 => DType::BF16,
             t::INT64 => DType::I64,
             t::INT32 => DType::I32,
             t::INT8 => DType::I8,
@@ -37,6 +44,8 @@ impl DType {
         match self {
             DType::F32 => t::FLOAT,
             DType::F64 => t::DOUBLE,
+            DType::F16 => t::FLOAT16,
+            DType::BF16 => t::BFLOAT16,
             DType::I64 => t::INT64,
             DType::I32 => t::INT32,
             DType::I8 => t::INT8,
@@ -44,10 +53,15 @@ impl DType {
             DType::Bool => t::BOOL,
         }
     }
+    /// float16 or bfloat16.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
     pub fn size(self) -> usize {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
+            DType::F16 | DType::BF16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
@@ -58,6 +72,8 @@ impl DType {
 pub enum Data {
     F32(Vec<f32>),
     F64(Vec<f64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
     I64(Vec<i64>),
     I32(Vec<i32>),
     I8(Vec<i8>),
@@ -72,6 +88,8 @@ macro_rules! with_data {
         match $data {
             $crate::tensor::Data::F32($v) => $body,
             $crate::tensor::Data::F64($v) => $body,
+            $crate::tensor::Data::F16($v) => $body,
+            $crate::tensor::Data::BF16($v) => $body,
             $crate::tensor::Data::I64($v) => $body,
             $crate::tensor::Data::I32($v) => $body,
             $crate::tensor::Data::I8($v) => $body,
@@ -88,6 +106,8 @@ macro_rules! map_data {
         match $data {
             $crate::tensor::Data::F32($v) => $crate::tensor::Data::F32($body),
             $crate::tensor::Data::F64($v) => $crate::tensor::Data::F64($body),
+            $crate::tensor::Data::F16($v) => $crate::tensor::Data::F16($body),
+            $crate::tensor::Data::BF16($v) => $crate::tensor::Data::BF16($body),
             $crate::tensor::Data::I64($v) => $crate::tensor::Data::I64($body),
             $crate::tensor::Data::I32($v) => $crate::tensor::Data::I32($body),
             $crate::tensor::Data::I8($v) => $crate::tensor::Data::I8($body),
@@ -102,6 +122,8 @@ impl Data {
         match self {
             Data::F32(_) => DType::F32,
             Data::F64(_) => DType::F64,
+            Data::F16(_) => DType::F16,
+            Data::BF16(_) => DType::BF16,
             Data::I64(_) => DType::I64,
             Data::I32(_) => DType::I32,
             Data::I8(_) => DType::I8,
@@ -119,6 +141,8 @@ impl Data {
         match dtype {
             DType::F32 => Data::F32(vec![0.0; n]),
             DType::F64 => Data::F64(vec![0.0; n]),
+            DType::F16 => Data::F16(vec![f16::ZERO; n]),
+            DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
             DType::I64 => Data::I64(vec![0; n]),
             DType::I32 => Data::I32(vec![0; n]),
             DType::I8 => Data::I8(vec![0; n]),
@@ -131,6 +155,8 @@ impl Data {
         match dtype {
             DType::F32 => Data::F32(Vec::with_capacity(cap)),
             DType::F64 => Data::F64(Vec::with_capacity(cap)),
+            DType::F16 => Data::F16(Vec::with_capacity(cap)),
+            DType::BF16 => Data::BF16(Vec::with_capacity(cap)),
             DType::I64 => Data::I64(Vec::with_capacity(cap)),
             DType::I32 => Data::I32(Vec::with_capacity(cap)),
             DType::I8 => Data::I8(Vec::with_capacity(cap)),
@@ -143,6 +169,8 @@ impl Data {
         match (self, other) {
             (Data::F32(a), Data::F32(b)) => a.extend_from_slice(&b[range]),
             (Data::F64(a), Data::F64(b)) => a.extend_from_slice(&b[range]),
+            (Data::F16(a), Data::F16(b)) => a.extend_from_slice(&b[range]),
+            (Data::BF16(a), Data::BF16(b)) => a.extend_from_slice(&b[range]),
             (Data::I64(a), Data::I64(b)) => a.extend_from_slice(&b[range]),
             (Data::I32(a), Data::I32(b)) => a.extend_from_slice(&b[range]),
             (Data::I8(a), Data::I8(b)) => a.extend_from_slice(&b[range]),
@@ -337,6 +365,8 @@ impl Tensor {
         match &self.data {
             Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
             Data::F64(v) => v.clone(),
+            Data::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            Data::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
             Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
             Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
             Data::I8(v) => v.iter().map(|&x| x as f64).collect(),

@@ -4,7 +4,7 @@
 
 use crate::error::ImportError;
 use crate::proto::TensorProto;
-use crate::tensor::{DType, Data, Tensor, checked_numel};
+use crate::tensor::{DType, Data, Tensor, bf16, checked_numel, f16};
 use std::path::Path;
 
 fn bad_tensor(t: &TensorProto, reason: impl Into<String>) -> ImportError {
@@ -62,6 +62,19 @@ pub fn decode_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor,
             match dtype {
                 DType::F32 => Data::F32(t.float_data.clone()),
                 DType::F64 => Data::F64(t.double_data.clone()),
+                // Half precision travels as its bit pattern in int32_data.
+                DType::F16 => Data::F16(
+                    t.int32_data
+                        .iter()
+                        .map(|&v| f16::from_bits(v as u16))
+                        .collect(),
+                ),
+                DType::BF16 => Data::BF16(
+                    t.int32_data
+                        .iter()
+                        .map(|&v| bf16::from_bits(v as u16))
+                        .collect(),
+                ),
                 DType::I64 => Data::I64(t.int64_data.clone()),
                 DType::I32 => Data::I32(t.int32_data.clone()),
                 DType::I8 => Data::I8(t.int32_data.iter().map(|&v| v as i8).collect()),
@@ -91,6 +104,8 @@ pub(crate) fn from_le_bytes(dtype: DType, raw: &[u8]) -> Data {
     match dtype {
         DType::F32 => Data::F32(conv(raw, f32::from_le_bytes)),
         DType::F64 => Data::F64(conv(raw, f64::from_le_bytes)),
+        DType::F16 => Data::F16(conv(raw, f16::from_le_bytes)),
+        DType::BF16 => Data::BF16(conv(raw, bf16::from_le_bytes)),
         DType::I64 => Data::I64(conv(raw, i64::from_le_bytes)),
         DType::I32 => Data::I32(conv(raw, i32::from_le_bytes)),
         DType::I8 => Data::I8(raw.iter().map(|&b| b as i8).collect()),
@@ -103,6 +118,8 @@ pub(crate) fn to_le_bytes(data: &Data) -> Vec<u8> {
     match data {
         Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I8(v) => v.iter().map(|&x| x as u8).collect(),

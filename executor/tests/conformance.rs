@@ -1,1003 +1,389 @@
 //! The ONNX backend test data shipped in the onnx 1.22 wheel (node tests, pytorch-converted,
-//! pytorch-operator, light models) run through the executor. Writes `CONFORMANCE.md` and fails
-//! when a case whose operators are all supported fails and is not on the allow-list below.
+//! pytorch-operator, light models) run through the executor. The node tests are counted over
+//! every inference operator: a case whose operator is not implemented is a failure, and only
+//! the families in [`OUT_OF_SCOPE`] are left out. Writes the summary `CONFORMANCE.md` (run
+//! without `CONFORMANCE_FILTER`) and fails when a case of implemented operators fails without
+//! an [`ALLOWED`] reason, or when an allowed case passes.
 
 mod common;
 
 use cotenant_executor::ops::SUPPORTED_OPS;
 use cotenant_executor::proto::{ModelProto, TensorProto};
-use cotenant_executor::tensor::{Data, Tensor};
+use cotenant_executor::tensor::{DType, Data, Tensor};
 use cotenant_executor::tensor_proto::decode_tensor;
 use cotenant_executor::{CpuBackend, Model};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Known failures of cases whose operators are all supported, with the reason. A `*` at the
-/// end matches any suffix.
-const ALLOWED_FAILURES: &[(&str, &str)] = &[
-    // element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)
-    (
-        "test_add_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_add_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_add_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_add_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_attention_4d_fp16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_attention_4d_gqa_with_past_and_present_fp16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_BFLOAT16_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_DOUBLE_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_DOUBLE",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_FLOAT4E2M1",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_FLOAT8E4M3FN",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_FLOAT8E4M3FNUZ",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_FLOAT8E5M2",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_FLOAT8E5M2FNUZ",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_INT2",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_INT4",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_UINT2",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT16_to_UINT4",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT4E2M1_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT4E2M1_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT8E4M3FNUZ_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT8E4M3FNUZ_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT8E4M3FN_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT8E4M3FN_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT8E5M2FNUZ_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT8E5M2FNUZ_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT8E5M2_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT8E5M2_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_BFLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_FLOAT4E2M1",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_FLOAT8E4M3FN",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_FLOAT8E4M3FNUZ",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_FLOAT8E5M2",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_FLOAT8E5M2FNUZ",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_INT2",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_INT4",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_UINT2",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_FLOAT_to_UINT4",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_INT2_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_INT2_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_INT2_to_INT8",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_INT4_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_INT4_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_INT4_to_INT8",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_UINT2_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_UINT2_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_UINT2_to_UINT8",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_UINT4_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_UINT4_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_UINT4_to_UINT8",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_e8m0_FLOAT16_to_FLOAT8E8M0",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_e8m0_FLOAT8E8M0_to_FLOAT",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_e8m0_FLOAT8E8M0_to_FLOAT16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_e8m0_FLOAT_to_FLOAT8E8M0",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_no_saturate_FLOAT16_to_FLOAT8E4M3FN",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_no_saturate_FLOAT16_to_FLOAT8E4M3FNUZ",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_no_saturate_FLOAT16_to_FLOAT8E5M2",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_no_saturate_FLOAT16_to_FLOAT8E5M2FNUZ",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_no_saturate_FLOAT_to_FLOAT8E4M3FN",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_no_saturate_FLOAT_to_FLOAT8E4M3FNUZ",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_no_saturate_FLOAT_to_FLOAT8E5M2",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_cast_no_saturate_FLOAT_to_FLOAT8E5M2FNUZ",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_BFLOAT16_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_DOUBLE_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_DOUBLE_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_FLOAT4E2M1_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_FLOAT8E4M3FNUZ_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_FLOAT8E4M3FN_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_FLOAT8E5M2FNUZ_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_FLOAT8E5M2_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_INT2_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_INT4_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_UINT2_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT16_to_UINT4_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT4E2M1_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT4E2M1_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT8E4M3FNUZ_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT8E4M3FNUZ_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT8E4M3FN_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT8E4M3FN_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT8E5M2FNUZ_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT8E5M2FNUZ_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT8E5M2_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT8E5M2_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_BFLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_FLOAT4E2M1_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_FLOAT8E4M3FNUZ_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_FLOAT8E4M3FN_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_FLOAT8E5M2FNUZ_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_FLOAT8E5M2_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_INT2_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_INT4_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_UINT2_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_FLOAT_to_UINT4_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_INT2_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_INT2_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_INT2_to_INT8_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_INT4_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_INT4_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_INT4_to_INT8_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_UINT2_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_UINT2_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_UINT2_to_UINT8_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_UINT4_to_FLOAT16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_UINT4_to_FLOAT_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_UINT4_to_UINT8_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_no_saturate_FLOAT16_to_FLOAT8E4M3FNUZ_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_no_saturate_FLOAT16_to_FLOAT8E4M3FN_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_no_saturate_FLOAT16_to_FLOAT8E5M2FNUZ_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_no_saturate_FLOAT16_to_FLOAT8E5M2_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_no_saturate_FLOAT_to_FLOAT8E4M3FNUZ_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_no_saturate_FLOAT_to_FLOAT8E4M3FN_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_no_saturate_FLOAT_to_FLOAT8E5M2FNUZ_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_castlike_no_saturate_FLOAT_to_FLOAT8E5M2_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_div_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_div_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_div_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_div_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_equal_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_equal_string",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_equal_string_broadcast",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_equal_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_equal_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_equal_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_flexattention_fp16_expanded_ver26",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_equal_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_equal_int16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_equal_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_equal_uint16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_equal_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_equal_uint32_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_equal_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_equal_uint64_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_greater_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_equal_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_equal_int16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_equal_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_equal_uint16_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_equal_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_equal_uint32_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_equal_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_equal_uint64_expanded",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_less_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_max_float16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_max_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_max_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_max_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_max_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_min_float16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_min_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_min_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_min_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_min_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_mod_mixed_sign_float16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_mod_mixed_sign_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_mod_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_mod_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_mod_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_mul_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_mul_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_mul_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_mul_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_pow_types_float32_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_pow_types_float32_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_range_bfloat16_type_positive_delta",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_range_float16_type_positive_delta",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_sub_int16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_sub_uint16",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_sub_uint32",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_sub_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
-    ),
-    (
-        "test_top_k_uint64",
-        "element type not supported (float16, bfloat16, string, uint16/32/64, int16, float8)",
+/// Failures of in-scope cases whose operators are all implemented: one reason per group, each
+/// case named exactly or by a prefix ending in `*`. The test fails when a case fails that no
+/// group names, and when a case a group names passes (or an entry names no failing in-scope
+/// case), so that the list cannot go stale.
+const ALLOWED: &[(&str, &[&str])] = &[
+    (
+        "float8, float4, int4, int2 and float8e8m0 element types are not implemented",
+        &[
+            "test_cast_FLOAT16_to_FLOAT4E2M1",
+            "test_cast_FLOAT16_to_FLOAT8E4M3FN",
+            "test_cast_FLOAT16_to_FLOAT8E4M3FNUZ",
+            "test_cast_FLOAT16_to_FLOAT8E5M2",
+            "test_cast_FLOAT16_to_FLOAT8E5M2FNUZ",
+            "test_cast_FLOAT16_to_INT2",
+            "test_cast_FLOAT16_to_INT4",
+            "test_cast_FLOAT16_to_UINT2",
+            "test_cast_FLOAT16_to_UINT4",
+            "test_cast_FLOAT4E2M1_to_FLOAT",
+            "test_cast_FLOAT4E2M1_to_FLOAT16",
+            "test_cast_FLOAT8E4M3FNUZ_to_FLOAT",
+            "test_cast_FLOAT8E4M3FNUZ_to_FLOAT16",
+            "test_cast_FLOAT8E4M3FN_to_FLOAT",
+            "test_cast_FLOAT8E4M3FN_to_FLOAT16",
+            "test_cast_FLOAT8E5M2FNUZ_to_FLOAT",
+            "test_cast_FLOAT8E5M2FNUZ_to_FLOAT16",
+            "test_cast_FLOAT8E5M2_to_FLOAT",
+            "test_cast_FLOAT8E5M2_to_FLOAT16",
+            "test_cast_FLOAT_to_FLOAT4E2M1",
+            "test_cast_FLOAT_to_FLOAT8E4M3FN",
+            "test_cast_FLOAT_to_FLOAT8E4M3FNUZ",
+            "test_cast_FLOAT_to_FLOAT8E5M2",
+            "test_cast_FLOAT_to_FLOAT8E5M2FNUZ",
+            "test_cast_FLOAT_to_INT2",
+            "test_cast_FLOAT_to_INT4",
+            "test_cast_FLOAT_to_UINT2",
+            "test_cast_FLOAT_to_UINT4",
+            "test_cast_INT2_to_FLOAT",
+            "test_cast_INT2_to_FLOAT16",
+            "test_cast_INT2_to_INT8",
+            "test_cast_INT4_to_FLOAT",
+            "test_cast_INT4_to_FLOAT16",
+            "test_cast_INT4_to_INT8",
+            "test_cast_UINT2_to_FLOAT",
+            "test_cast_UINT2_to_FLOAT16",
+            "test_cast_UINT2_to_UINT8",
+            "test_cast_UINT4_to_FLOAT",
+            "test_cast_UINT4_to_FLOAT16",
+            "test_cast_UINT4_to_UINT8",
+            "test_cast_e8m0_FLOAT16_to_FLOAT8E8M0",
+            "test_cast_e8m0_FLOAT8E8M0_to_FLOAT",
+            "test_cast_e8m0_FLOAT8E8M0_to_FLOAT16",
+            "test_cast_e8m0_FLOAT_to_FLOAT8E8M0",
+            "test_cast_no_saturate_FLOAT16_to_FLOAT8E4M3FN",
+            "test_cast_no_saturate_FLOAT16_to_FLOAT8E4M3FNUZ",
+            "test_cast_no_saturate_FLOAT16_to_FLOAT8E5M2",
+            "test_cast_no_saturate_FLOAT16_to_FLOAT8E5M2FNUZ",
+            "test_cast_no_saturate_FLOAT_to_FLOAT8E4M3FN",
+            "test_cast_no_saturate_FLOAT_to_FLOAT8E4M3FNUZ",
+            "test_cast_no_saturate_FLOAT_to_FLOAT8E5M2",
+            "test_cast_no_saturate_FLOAT_to_FLOAT8E5M2FNUZ",
+            "test_castlike_FLOAT16_to_FLOAT4E2M1_expanded",
+            "test_castlike_FLOAT16_to_FLOAT8E4M3FNUZ_expanded",
+            "test_castlike_FLOAT16_to_FLOAT8E4M3FN_expanded",
+            "test_castlike_FLOAT16_to_FLOAT8E5M2FNUZ_expanded",
+            "test_castlike_FLOAT16_to_FLOAT8E5M2_expanded",
+            "test_castlike_FLOAT16_to_INT2_expanded",
+            "test_castlike_FLOAT16_to_INT4_expanded",
+            "test_castlike_FLOAT16_to_UINT2_expanded",
+            "test_castlike_FLOAT16_to_UINT4_expanded",
+            "test_castlike_FLOAT4E2M1_to_FLOAT16_expanded",
+            "test_castlike_FLOAT4E2M1_to_FLOAT_expanded",
+            "test_castlike_FLOAT8E4M3FNUZ_to_FLOAT16_expanded",
+            "test_castlike_FLOAT8E4M3FNUZ_to_FLOAT_expanded",
+            "test_castlike_FLOAT8E4M3FN_to_FLOAT16_expanded",
+            "test_castlike_FLOAT8E4M3FN_to_FLOAT_expanded",
+            "test_castlike_FLOAT8E5M2FNUZ_to_FLOAT16_expanded",
+            "test_castlike_FLOAT8E5M2FNUZ_to_FLOAT_expanded",
+            "test_castlike_FLOAT8E5M2_to_FLOAT16_expanded",
+            "test_castlike_FLOAT8E5M2_to_FLOAT_expanded",
+            "test_castlike_FLOAT_to_FLOAT4E2M1_expanded",
+            "test_castlike_FLOAT_to_FLOAT8E4M3FNUZ_expanded",
+            "test_castlike_FLOAT_to_FLOAT8E4M3FN_expanded",
+            "test_castlike_FLOAT_to_FLOAT8E5M2FNUZ_expanded",
+            "test_castlike_FLOAT_to_FLOAT8E5M2_expanded",
+            "test_castlike_FLOAT_to_INT2_expanded",
+            "test_castlike_FLOAT_to_INT4_expanded",
+            "test_castlike_FLOAT_to_UINT2_expanded",
+            "test_castlike_FLOAT_to_UINT4_expanded",
+            "test_castlike_INT2_to_FLOAT16_expanded",
+            "test_castlike_INT2_to_FLOAT_expanded",
+            "test_castlike_INT2_to_INT8_expanded",
+            "test_castlike_INT4_to_FLOAT16_expanded",
+            "test_castlike_INT4_to_FLOAT_expanded",
+            "test_castlike_INT4_to_INT8_expanded",
+            "test_castlike_UINT2_to_FLOAT16_expanded",
+            "test_castlike_UINT2_to_FLOAT_expanded",
+            "test_castlike_UINT2_to_UINT8_expanded",
+            "test_castlike_UINT4_to_FLOAT16_expanded",
+            "test_castlike_UINT4_to_FLOAT_expanded",
+            "test_castlike_UINT4_to_UINT8_expanded",
+            "test_castlike_no_saturate_FLOAT16_to_FLOAT8E4M3FNUZ_expanded",
+            "test_castlike_no_saturate_FLOAT16_to_FLOAT8E4M3FN_expanded",
+            "test_castlike_no_saturate_FLOAT16_to_FLOAT8E5M2FNUZ_expanded",
+            "test_castlike_no_saturate_FLOAT16_to_FLOAT8E5M2_expanded",
+            "test_castlike_no_saturate_FLOAT_to_FLOAT8E4M3FNUZ_expanded",
+            "test_castlike_no_saturate_FLOAT_to_FLOAT8E4M3FN_expanded",
+            "test_castlike_no_saturate_FLOAT_to_FLOAT8E5M2FNUZ_expanded",
+            "test_castlike_no_saturate_FLOAT_to_FLOAT8E5M2_expanded",
+        ],
+    ),
+    (
+        "uint16, uint32, uint64 and int16 element types are not implemented",
+        &[
+            "test_add_int16",
+            "test_add_uint16",
+            "test_add_uint32",
+            "test_add_uint64",
+            "test_div_int16",
+            "test_div_uint16",
+            "test_div_uint32",
+            "test_div_uint64",
+            "test_equal_int16",
+            "test_equal_uint16",
+            "test_equal_uint32",
+            "test_equal_uint64",
+            "test_greater_equal_int16",
+            "test_greater_equal_int16_expanded",
+            "test_greater_equal_uint16",
+            "test_greater_equal_uint16_expanded",
+            "test_greater_equal_uint32",
+            "test_greater_equal_uint32_expanded",
+            "test_greater_equal_uint64",
+            "test_greater_equal_uint64_expanded",
+            "test_greater_int16",
+            "test_greater_uint16",
+            "test_greater_uint32",
+            "test_greater_uint64",
+            "test_less_equal_int16",
+            "test_less_equal_int16_expanded",
+            "test_less_equal_uint16",
+            "test_less_equal_uint16_expanded",
+            "test_less_equal_uint32",
+            "test_less_equal_uint32_expanded",
+            "test_less_equal_uint64",
+            "test_less_equal_uint64_expanded",
+            "test_less_int16",
+            "test_less_uint16",
+            "test_less_uint32",
+            "test_less_uint64",
+            "test_max_int16",
+            "test_max_uint16",
+            "test_max_uint32",
+            "test_max_uint64",
+            "test_min_int16",
+            "test_min_uint16",
+            "test_min_uint32",
+            "test_min_uint64",
+            "test_mod_mixed_sign_int16",
+            "test_mod_uint16",
+            "test_mod_uint32",
+            "test_mod_uint64",
+            "test_mul_int16",
+            "test_mul_uint16",
+            "test_mul_uint32",
+            "test_mul_uint64",
+            "test_pow_types_float32_uint32",
+            "test_pow_types_float32_uint64",
+            "test_sub_int16",
+            "test_sub_uint16",
+            "test_sub_uint32",
+            "test_sub_uint64",
+            "test_top_k_uint64",
+        ],
     ),
-    // 3-D pooling and convolution are not implemented
     (
-        "test_AvgPool3d",
         "3-D pooling and convolution are not implemented",
+        &[
+            "test_AvgPool3d",
+            "test_AvgPool3d_stride",
+            "test_AvgPool3d_stride1_pad0_gpu_input",
+            "test_Conv3d",
+            "test_Conv3d_dilated",
+            "test_Conv3d_dilated_strided",
+            "test_Conv3d_groups",
+            "test_Conv3d_no_bias",
+            "test_Conv3d_stride",
+            "test_Conv3d_stride_padding",
+            "test_MaxPool3d",
+            "test_MaxPool3d_stride",
+            "test_MaxPool3d_stride_padding",
+            "test_averagepool_3d_default",
+            "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_False",
+            "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_True",
+            "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_False",
+            "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True",
+            "test_averagepool_3d_dilations_small",
+            "test_convtranspose_3d",
+            "test_maxpool_3d_default",
+            "test_maxpool_3d_dilations",
+            "test_maxpool_3d_dilations_use_ref_impl",
+            "test_maxpool_3d_dilations_use_ref_impl_large",
+        ],
     ),
     (
-        "test_AvgPool3d_stride",
-        "3-D pooling and convolution are not implemented",
+        "cubic Resize is not implemented",
+        &[
+            "test_resize_downsample_scales_cubic",
+            "test_resize_downsample_scales_cubic_A_n0p5_exclude_outside",
+            "test_resize_downsample_scales_cubic_align_corners",
+            "test_resize_downsample_scales_cubic_antialias",
+            "test_resize_downsample_sizes_cubic",
+            "test_resize_downsample_sizes_cubic_antialias",
+            "test_resize_upsample_scales_cubic",
+            "test_resize_upsample_scales_cubic_A_n0p5_exclude_outside",
+            "test_resize_upsample_scales_cubic_align_corners",
+            "test_resize_upsample_scales_cubic_asymmetric",
+            "test_resize_upsample_sizes_cubic",
+        ],
     ),
     (
-        "test_AvgPool3d_stride1_pad0_gpu_input",
-        "3-D pooling and convolution are not implemented",
+        "Resize keep_aspect_ratio_policy other than stretch is not implemented",
+        &[
+            "test_resize_downsample_sizes_nearest_not_larger",
+            "test_resize_downsample_sizes_nearest_not_smaller",
+            "test_resize_upsample_sizes_nearest_not_larger",
+            "test_resize_upsample_sizes_nearest_not_smaller",
+        ],
     ),
     (
-        "test_Conv3d",
-        "3-D pooling and convolution are not implemented",
+        "Resize tf_crop_and_resize (roi) is not implemented",
+        &[
+            "test_resize_tf_crop_and_resize",
+            "test_resize_tf_crop_and_resize_axes_2_3",
+            "test_resize_tf_crop_and_resize_axes_3_2",
+            "test_resize_tf_crop_and_resize_extrapolation_value",
+        ],
     ),
     (
-        "test_Conv3d_dilated",
-        "3-D pooling and convolution are not implemented",
+        "MaxPool's Indices output / storage_order is not implemented",
+        &[
+            "test_maxpool_with_argmax_2d_precomputed_pads",
+            "test_maxpool_with_argmax_2d_precomputed_strides",
+        ],
     ),
     (
-        "test_Conv3d_dilated_strided",
-        "3-D pooling and convolution are not implemented",
+        "ReduceMax/ReduceMin of bool are not implemented",
+        &["test_reduce_max_bool_inputs", "test_reduce_min_bool_inputs"],
     ),
     (
-        "test_Conv3d_groups",
-        "3-D pooling and convolution are not implemented",
+        "Resize antialias is not implemented",
+        &[
+            "test_resize_downsample_scales_linear_antialias",
+            "test_resize_downsample_sizes_linear_antialias",
+        ],
     ),
     (
-        "test_Conv3d_no_bias",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_Conv3d_stride",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_Conv3d_stride_padding",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_MaxPool3d",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_MaxPool3d_stride",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_MaxPool3d_stride_padding",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_averagepool_3d_default",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_False",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_True",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_False",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_averagepool_3d_dilations_small",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_convtranspose_3d",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_maxpool_3d_default",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_maxpool_3d_dilations",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_maxpool_3d_dilations_use_ref_impl",
-        "3-D pooling and convolution are not implemented",
-    ),
-    (
-        "test_maxpool_3d_dilations_use_ref_impl_large",
-        "3-D pooling and convolution are not implemented",
-    ),
-    // training mode (batch statistics, random dropout) is not supported for inference
-    (
-        "test_batchnorm_epsilon_training_mode",
-        "training mode (batch statistics, random dropout) is not supported for inference",
-    ),
-    (
-        "test_batchnorm_example_training_mode",
-        "training mode (batch statistics, random dropout) is not supported for inference",
-    ),
-    (
-        "test_training_dropout",
-        "training mode (batch statistics, random dropout) is not supported for inference",
-    ),
-    (
-        "test_training_dropout_default",
-        "training mode (batch statistics, random dropout) is not supported for inference",
-    ),
-    (
-        "test_training_dropout_default_mask",
-        "training mode (batch statistics, random dropout) is not supported for inference",
-    ),
-    (
-        "test_training_dropout_mask",
-        "training mode (batch statistics, random dropout) is not supported for inference",
-    ),
-    // MatMul in float64 is not implemented
-    (
-        "test_flexattention_double_expanded_ver26",
         "MatMul in float64 is not implemented",
-    ),
-    // optional and sequence types are not supported
-    (
-        "test_identity_opt",
-        "optional and sequence types are not supported",
+        &["test_flexattention_double_expanded_ver26"],
     ),
     (
-        "test_identity_sequence",
-        "optional and sequence types are not supported",
-    ),
-    // MaxPool on uint8 is not implemented
-    (
-        "test_maxpool_2d_uint8",
         "MaxPool on uint8 is not implemented",
-    ),
-    // MaxPool's Indices output / storage_order is not implemented
-    (
-        "test_maxpool_with_argmax_2d_precomputed_pads",
-        "MaxPool's Indices output / storage_order is not implemented",
-    ),
-    (
-        "test_maxpool_with_argmax_2d_precomputed_strides",
-        "MaxPool's Indices output / storage_order is not implemented",
-    ),
-    // ReduceMax/ReduceMin of bool are not implemented
-    (
-        "test_reduce_max_bool_inputs",
-        "ReduceMax/ReduceMin of bool are not implemented",
-    ),
-    (
-        "test_reduce_min_bool_inputs",
-        "ReduceMax/ReduceMin of bool are not implemented",
-    ),
-    // cubic Resize is not implemented
-    (
-        "test_resize_downsample_scales_cubic",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_downsample_scales_cubic_A_n0p5_exclude_outside",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_downsample_scales_cubic_align_corners",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_downsample_scales_cubic_antialias",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_downsample_sizes_cubic",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_downsample_sizes_cubic_antialias",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_upsample_scales_cubic",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_upsample_scales_cubic_A_n0p5_exclude_outside",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_upsample_scales_cubic_align_corners",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_upsample_scales_cubic_asymmetric",
-        "cubic Resize is not implemented",
-    ),
-    (
-        "test_resize_upsample_sizes_cubic",
-        "cubic Resize is not implemented",
-    ),
-    // Resize antialias is not implemented
-    (
-        "test_resize_downsample_scales_linear_antialias",
-        "Resize antialias is not implemented",
-    ),
-    (
-        "test_resize_downsample_sizes_linear_antialias",
-        "Resize antialias is not implemented",
-    ),
-    // Resize keep_aspect_ratio_policy other than stretch is not implemented
-    (
-        "test_resize_downsample_sizes_nearest_not_larger",
-        "Resize keep_aspect_ratio_policy other than stretch is not implemented",
-    ),
-    (
-        "test_resize_downsample_sizes_nearest_not_smaller",
-        "Resize keep_aspect_ratio_policy other than stretch is not implemented",
-    ),
-    (
-        "test_resize_upsample_sizes_nearest_not_larger",
-        "Resize keep_aspect_ratio_policy other than stretch is not implemented",
-    ),
-    (
-        "test_resize_upsample_sizes_nearest_not_smaller",
-        "Resize keep_aspect_ratio_policy other than stretch is not implemented",
-    ),
-    // Resize tf_crop_and_resize (roi) is not implemented
-    (
-        "test_resize_tf_crop_and_resize",
-        "Resize tf_crop_and_resize (roi) is not implemented",
-    ),
-    (
-        "test_resize_tf_crop_and_resize_axes_2_3",
-        "Resize tf_crop_and_resize (roi) is not implemented",
-    ),
-    (
-        "test_resize_tf_crop_and_resize_axes_3_2",
-        "Resize tf_crop_and_resize (roi) is not implemented",
-    ),
-    (
-        "test_resize_tf_crop_and_resize_extrapolation_value",
-        "Resize tf_crop_and_resize (roi) is not implemented",
+        &["test_maxpool_2d_uint8"],
     ),
 ];
 
-fn allowed(case: &str) -> Option<&'static str> {
-    ALLOWED_FAILURES
-        .iter()
-        .find(|(p, _)| match p.strip_suffix('*') {
-            Some(pre) => case.starts_with(pre),
-            None => *p == case,
+/// Node-test families outside an inference executor's scope, with the reason; each case of
+/// one is counted once, under the first family it belongs to.
+const OUT_OF_SCOPE: &[(&str, &str)] = &[
+    (
+        "training",
+        "training operators (ai.onnx.preview.training) and training-mode runs: the executor serves inference",
+    ),
+    (
+        "strings",
+        "string tensors and string operators: the executor has no string element type",
+    ),
+    (
+        "sequences and optionals",
+        "sequence and optional values: the executor's values are tensors",
+    ),
+    (
+        "ML domain",
+        "ai.onnx.ml operators (trees, encoders, imputers, ...): classic ML, not neural network serving",
+    ),
+    (
+        "random numbers",
+        "random generators: their outputs cannot be compared with a reference",
+    ),
+];
+
+const STRING_OPS: &[&str] = &[
+    "StringConcat",
+    "StringNormalizer",
+    "StringSplit",
+    "RegexFullMatch",
+];
+const SEQUENCE_OPS: &[&str] = &[
+    "ConcatFromSequence",
+    "Optional",
+    "OptionalGetElement",
+    "OptionalHasElement",
+    "SequenceAt",
+    "SequenceConstruct",
+    "SequenceEmpty",
+    "SequenceErase",
+    "SequenceInsert",
+    "SequenceLength",
+    "SequenceMap",
+    "SplitToSequence",
+];
+const RANDOM_OPS: &[&str] = &[
+    "Bernoulli",
+    "Multinomial",
+    "RandomNormal",
+    "RandomNormalLike",
+    "RandomUniform",
+    "RandomUniformLike",
+];
+
+/// The out-of-scope family of a case, from its name, operators and value types.
+fn family(name: &str, ops: &[String], model: &Path) -> Option<&'static str> {
+    let m = std::fs::read(model)
+        .ok()
+        .and_then(|b| ModelProto::decode(b.as_slice()).ok());
+    let g = m.as_ref().and_then(|m| m.graph.as_ref());
+    let values = g.into_iter().flat_map(|g| g.input.iter().chain(&g.output));
+    let types: Vec<Option<i32>> = values
+        .map(|v| {
+            v.r#type
+                .as_ref()
+                .and_then(|t| t.tensor_type.as_ref())
+                .map(|t| t.elem_type)
         })
-        .map(|(_, r)| *r)
+        .collect();
+    let string_consts = g.is_some_and(|g| g.initializer.iter().any(|t| t.data_type == 8));
+    let any = |list: &[&str]| ops.iter().any(|o| list.contains(&o.as_str()));
+    if name.contains("training")
+        || ops
+            .iter()
+            .any(|o| o.starts_with("ai.onnx.preview.training."))
+    {
+        Some("training")
+    } else if any(STRING_OPS) || types.contains(&Some(8)) || string_consts {
+        Some("strings")
+    } else if any(SEQUENCE_OPS) || types.contains(&None) {
+        Some("sequences and optionals")
+    } else if ops.iter().any(|o| o.starts_with("ai.onnx.ml.")) {
+        Some("ML domain")
+    } else if any(RANDOM_OPS) {
+        Some("random numbers")
+    } else {
+        None
+    }
+}
+
+fn matches(pattern: &str, case: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(pre) => case.starts_with(pre),
+        None => pattern == case,
+    }
+}
+
+/// The reason the allow-list gives for `case`'s failure.
+fn allowed(case: &str) -> Option<&'static str> {
+    ALLOWED
+        .iter()
+        .find(|(_, cases)| cases.iter().any(|p| matches(p, case)))
+        .map(|(r, _)| *r)
 }
 
 fn read_pb(path: &Path) -> Result<Tensor, String> {
@@ -1018,7 +404,13 @@ fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), Stri
         ));
     }
     match (&got.data, &want.data) {
-        (Data::F32(_), _) | (Data::F64(_), _) => {
+        (Data::F32(_) | Data::F64(_) | Data::F16(_) | Data::BF16(_), _) => {
+            // A half-precision result rounds at every op: a few units in its last place.
+            let (rtol, atol) = match got.dtype() {
+                DType::F16 => (rtol.max(1e-2), atol.max(1e-3)),
+                DType::BF16 => (rtol.max(2e-2), atol.max(1e-3)),
+                _ => (rtol, atol),
+            };
             let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
             for (i, (a, b)) in g.iter().zip(&w).enumerate() {
                 if !common::close(*a, *b, rtol, atol) {
@@ -1036,7 +428,10 @@ struct Case {
     suite: &'static str,
     name: String,
     ops: Vec<String>,
+    /// Every operator is one the executor implements.
     supported: bool,
+    /// The out-of-scope family, if any.
+    family: Option<&'static str>,
     result: Result<(), String>,
 }
 
@@ -1160,11 +555,13 @@ fn onnx_backend_test_data() {
                     .map_err(|e| format!("expected output: {e}"))?;
                 run_case(&model, inputs, outputs, 1e-3, 1e-5)
             });
+            let family = family(&name, &ops, &model);
             cases.push(Case {
                 suite,
                 name,
                 ops,
                 supported,
+                family,
                 result,
             });
         }
@@ -1229,74 +626,176 @@ fn onnx_backend_test_data() {
             name,
             ops,
             supported,
+            family: None,
             result,
         });
     }
-    // The report.
-    let mut md = String::from(
-        "# ONNX backend conformance\n\nGenerated by `executor/tests/conformance.rs` (run by `cargo xtask test`) from the test data in the onnx 1.22.0 wheel. `supported` = every operator of the case is one the executor implements; only those cases count.\n\n",
-    );
-    let mut by_suite: BTreeMap<&str, (usize, usize, usize, usize)> = BTreeMap::new();
-    for c in &cases {
-        let e = by_suite.entry(c.suite).or_default();
-        if c.supported {
-            e.0 += 1;
-            if c.result.is_ok() {
-                e.1 += 1;
-            } else if allowed(&c.name).is_some() {
-                e.2 += 1;
-            }
-        } else {
-            e.3 += 1;
-        }
-    }
-    md.push_str("| suite | supported cases | pass | allow-listed failures | unsupported (skipped) |\n|---|---|---|---|---|\n");
-    for (s, (n, p, a, u)) in &by_suite {
-        md.push_str(&format!("| {s} | {n} | {p} | {a} | {u} |\n"));
-    }
-    md.push_str("\n## Supported cases\n\n| suite | case | result |\n|---|---|---|\n");
-    let mut unexpected = Vec::new();
-    for c in cases.iter().filter(|c| c.supported) {
-        let r = match (&c.result, allowed(&c.name)) {
-            (Ok(()), _) => "pass".to_string(),
-            (Err(e), Some(why)) => format!("allowed failure: {why} ({})", e.replace('|', "/")),
-            (Err(e), None) => {
-                unexpected.push(format!("{}/{}: {e}", c.suite, c.name));
-                format!("**FAIL**: {}", e.replace('|', "/"))
-            }
-        };
-        md.push_str(&format!("| {} | {} | {} |\n", c.suite, c.name, r));
-    }
-    md.push_str("\n## Cases skipped for unsupported operators\n\n");
-    let mut missing: BTreeMap<String, usize> = BTreeMap::new();
-    for c in cases.iter().filter(|c| !c.supported) {
-        for o in c
-            .ops
-            .iter()
-            .filter(|o| !SUPPORTED_OPS.contains(&o.as_str()))
-        {
-            *missing.entry(o.clone()).or_default() += 1;
-        }
-    }
-    md.push_str(
-        &missing
-            .iter()
-            .map(|(o, n)| format!("{o} ({n})"))
-            .collect::<Vec<_>>()
-            .join(", "),
-    );
-    md.push('\n');
+    let report = Report::new(&cases, filter.is_empty());
     if filter.is_empty() {
         std::fs::write(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("CONFORMANCE.md"),
-            md,
+            report.markdown(),
         )
         .expect("write CONFORMANCE.md");
     }
-    assert!(
-        unexpected.is_empty(),
-        "{} supported cases failed:\n{}",
-        unexpected.len(),
-        unexpected.join("\n")
-    );
+    for c in cases.iter().filter(|c| c.family.is_none()) {
+        if let Err(e) = &c.result {
+            println!("fail {}/{}: {e}", c.suite, c.name);
+        }
+    }
+    println!("{}", report.headline());
+    let mut problems = report.unexpected.clone();
+    problems.extend(report.stale.iter().cloned());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// What the run found.
+struct Report<'a> {
+    cases: &'a [Case],
+    /// Failures of implemented operators that no group allows.
+    unexpected: Vec<String>,
+    /// Allowed cases that pass, and allow-list entries that match no case.
+    stale: Vec<String>,
+}
+
+impl<'a> Report<'a> {
+    fn new(cases: &'a [Case], all: bool) -> Report<'a> {
+        let mut unexpected = Vec::new();
+        let mut stale = Vec::new();
+        for c in cases.iter().filter(|c| c.family.is_none() && c.supported) {
+            match (&c.result, allowed(&c.name)) {
+                (Err(e), None) => unexpected.push(format!("{}/{}: {e}", c.suite, c.name)),
+                (Ok(()), Some(why)) => stale.push(format!(
+                    "{}/{} passes but is allowed to fail ({why}): take it off ALLOWED",
+                    c.suite, c.name
+                )),
+                _ => {}
+            }
+        }
+        // Under a filter most cases were not run, so only a full run can tell an entry names
+        // no failure it must excuse (a renamed case, or one now out of scope).
+        if all {
+            for (why, patterns) in ALLOWED {
+                for p in patterns.iter() {
+                    let excuses = cases.iter().any(|c| {
+                        c.family.is_none()
+                            && c.supported
+                            && c.result.is_err()
+                            && matches(p, &c.name)
+                    });
+                    if !excuses {
+                        stale.push(format!(
+                            "ALLOWED entry {p:?} ({why}) names no failing in-scope case"
+                        ));
+                    }
+                }
+            }
+        }
+        Report {
+            cases,
+            unexpected,
+            stale,
+        }
+    }
+
+    fn node_in_scope(&self) -> impl Iterator<Item = &'a Case> {
+        self.cases
+            .iter()
+            .filter(|c| c.suite == "node" && c.family.is_none())
+    }
+
+    fn headline(&self) -> String {
+        let total = self.cases.iter().filter(|c| c.suite == "node").count();
+        let scope: Vec<&Case> = self.node_in_scope().collect();
+        let pass = scope.iter().filter(|c| c.result.is_ok()).count();
+        format!(
+            "node tests: {pass} of {} in scope pass ({:.1}%); {} of {total} are out of scope",
+            scope.len(),
+            100.0 * pass as f64 / scope.len().max(1) as f64,
+            total - scope.len()
+        )
+    }
+
+    fn markdown(&self) -> String {
+        let mut md = String::from(
+            "# ONNX backend conformance\n\n\
+             Generated by `executor/tests/conformance.rs` (run by `cargo xtask test`) from the \
+             test data in the onnx 1.22.0 wheel. The node tests count every inference \
+             operator: a case whose operator the executor does not implement is a failure. \
+             The test prints each failing case with its error; the allow-list with one reason per \
+             group is `ALLOWED` in the test.\n\n",
+        );
+        md.push_str(&format!("**{}.**\n\n", self.headline()));
+        // Out of scope.
+        md.push_str("## Out of scope\n\n| family | node cases | reason |\n|---|---|---|\n");
+        for (fam, why) in OUT_OF_SCOPE {
+            let n = self
+                .cases
+                .iter()
+                .filter(|c| c.suite == "node" && c.family == Some(fam))
+                .count();
+            md.push_str(&format!("| {fam} | {n} | {why} |\n"));
+        }
+        // Failures by reason.
+        let scope: Vec<&Case> = self.node_in_scope().collect();
+        let failing: Vec<&&Case> = scope.iter().filter(|c| c.result.is_err()).collect();
+        let missing_op = failing.iter().filter(|c| !c.supported).count();
+        md.push_str("\n## In-scope node failures by reason\n\n| reason | cases |\n|---|---|\n");
+        md.push_str(&format!(
+            "| an operator is not implemented (below) | {missing_op} |\n"
+        ));
+        let mut by_reason: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in failing.iter().filter(|c| c.supported) {
+            *by_reason
+                .entry(allowed(&c.name).unwrap_or("**not allowed: the test fails**"))
+                .or_default() += 1;
+        }
+        let mut reasons: Vec<(&str, usize)> = by_reason.into_iter().collect();
+        reasons.sort_by_key(|(r, n)| (std::cmp::Reverse(*n), *r));
+        for (r, n) in reasons {
+            md.push_str(&format!("| {r} | {n} |\n"));
+        }
+        // Missing operators.
+        let mut missing: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in scope.iter().filter(|c| !c.supported) {
+            for o in c
+                .ops
+                .iter()
+                .filter(|o| !SUPPORTED_OPS.contains(&o.as_str()))
+            {
+                *missing.entry(o.as_str()).or_default() += 1;
+            }
+        }
+        md.push_str(&format!(
+            "\n## In-scope operators not implemented ({})\n\nWith the node cases that use \
+             each.\n\n",
+            missing.len()
+        ));
+        md.push_str(
+            &missing
+                .iter()
+                .map(|(o, n)| format!("{o} ({n})"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        // The other suites.
+        md.push_str(
+            "\n\n## Other suites\n\n| suite | cases | pass | allowed failures | other failures |\n\
+             |---|---|---|---|---|\n",
+        );
+        let mut suites: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
+        for c in self.cases.iter().filter(|c| c.suite != "node") {
+            let e = suites.entry(c.suite).or_default();
+            e.0 += 1;
+            match (&c.result, allowed(&c.name)) {
+                (Ok(()), _) => e.1 += 1,
+                (Err(_), Some(_)) => e.2 += 1,
+                _ => {}
+            }
+        }
+        for (s, (n, p, a)) in suites {
+            md.push_str(&format!("| {s} | {n} | {p} | {a} | {} |\n", n - p - a));
+        }
+        md
+    }
 }

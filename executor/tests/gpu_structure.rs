@@ -523,3 +523,26 @@ fn operators_without_a_device_lowering_run_on_the_host_between_copies() {
         .to_string();
     assert!(e.contains("planned for"), "{e}");
 }
+
+/// The device kernels are f32 only: a plan that makes or reads float16/bfloat16 is refused with
+/// an error naming the node, never run with the wrong element size.
+#[test]
+fn float16_is_refused_naming_the_node() {
+    use cotenant_executor::gpu::layout;
+    let to_half = relu_then("Cast", vec![], vec![common::proto::int_attr("to", 10)]);
+    let half_bias = cotenant_executor::ops::elementwise::cast(
+        &Tensor::f32(vec![6], vec![1.0; 6]).unwrap(),
+        cotenant_executor::DType::BF16,
+    );
+    let reads_half = relu_then("Add", vec![("b", half_bias)], vec![]);
+    for (model, how) in [(to_half, "makes"), (reads_half, "reads")] {
+        let e = layout::build(&model.plan, &[vec![2, 6]])
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            e.contains("step y") && e.contains(how) && e.contains("float16/bfloat16"),
+            "{e}"
+        );
+    }
+}

@@ -176,8 +176,38 @@ fn shape_only(op: &Op, x: &[usize]) -> Option<Tensor> {
     }
 }
 
+/// Refuses a plan that computes with float16 or bfloat16, naming the first step that reads or
+/// makes such a value: the device kernels are f32 only (the CPU backend runs these models).
+fn refuse_half(plan: &Plan) -> Result<(), LayoutError> {
+    let half: std::collections::HashSet<usize> = plan
+        .inputs
+        .iter()
+        .filter(|i| i.dtype.is_half())
+        .map(|i| i.value)
+        .collect();
+    for step in &plan.steps {
+        let reads = step.inputs.iter().flatten().find_map(|src| match src {
+            Src::Const(c) => plan.constants[*c].dtype().is_half().then_some("reads"),
+            Src::Value(v) => half.contains(v).then_some("reads"),
+        });
+        let makes = match step.op {
+            Op::Cast { to } if to.is_half() => Some("makes"),
+            _ => None,
+        };
+        if let Some(how) = reads.or(makes) {
+            return Err(LayoutError::Step {
+                node: step.node.clone(),
+                op: step.op.name(),
+                why: format!("{how} float16/bfloat16, which the GPU backend does not support"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Builds the layout of `plan` for inputs of these shapes (in `plan.inputs`' order).
 pub fn build(plan: &Plan, input_shapes: &[Vec<usize>]) -> Result<Layout, LayoutError> {
+    refuse_half(plan)?;
     let n_values = plan
         .steps
         .iter()

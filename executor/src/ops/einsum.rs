@@ -7,6 +7,7 @@
 use super::index::each_index;
 use super::{Cx, elementwise::Num};
 use crate::error::{OpError, OpResult, shape_err};
+use crate::ops::half_here;
 use crate::tensor::{Data, Tensor, checked_numel, strides};
 
 /// Labels `a`–`z` and `A`–`Z` are 0..52; the axes under `...` are 52 on.
@@ -317,6 +318,7 @@ macro_rules! numeric {
             Data::I8($v) => Data::I8($body),
             Data::U8($v) => Data::U8($body),
             Data::Bool(_) => return Err(OpError::DType("Einsum of bool".into())),
+            Data::F16(_) | Data::BF16(_) => return Err(half_here()),
         }
     };
 }

@@ -591,6 +591,7 @@ pub fn clip(
                 .min(hi.map_or(u8::MAX, |h| h as u8))
         }),
         Data::Bool(_) => return Err(OpError::DType("Clip on bool".into())),
+        Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
     }
     Ok(out)
 }
@@ -637,12 +638,18 @@ pub fn where_(c: &Tensor, x: &Tensor, y: &Tensor) -> OpResult<Tensor> {
 }
 
 /// Converts between element types with ONNX Cast semantics (float → int truncates).
+/// Cast to `to`: floats to integers truncate toward zero (saturating), anything to bool is
+/// `!= 0`, and a cast to float16/bfloat16 rounds once, to nearest even, from the exact value
+/// (integers and f32 go through f64, which holds them exactly).
 pub fn cast(x: &Tensor, to: DType) -> Tensor {
+    use crate::tensor::{bf16, f16};
     macro_rules! from {
         ($v:expr) => {
             match to {
                 DType::F32 => Data::F32($v.iter().map(|&e| e as f32).collect()),
                 DType::F64 => Data::F64($v.iter().map(|&e| e as f64).collect()),
+                DType::F16 => Data::F16($v.iter().map(|&e| f16::from_f64(e as f64)).collect()),
+                DType::BF16 => Data::BF16($v.iter().map(|&e| bf16::from_f64(e as f64)).collect()),
                 DType::I64 => Data::I64($v.iter().map(|&e| e as i64).collect()),
                 DType::I32 => Data::I32($v.iter().map(|&e| e as i32).collect()),
                 DType::I8 => Data::I8($v.iter().map(|&e| e as i8).collect()),
@@ -655,6 +662,11 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
         d if d.dtype() == to => d.clone(),
         Data::F32(v) => from!(v),
         Data::F64(v) => from!(v),
+        // Half precision widens to f32 exactly.
+        Data::F16(_) | Data::BF16(_) => {
+            let w = super::widen(x);
+            return cast(&w, to);
+        }
         Data::I64(v) => from!(v),
         Data::I32(v) => from!(v),
         Data::I8(v) => from!(v),

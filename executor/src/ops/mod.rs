@@ -17,7 +17,7 @@ pub mod shape;
 pub mod size;
 
 use crate::error::{OpError, OpResult};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, Data, Tensor};
 use attrs::Attrs;
 pub use cotenant_kernels::activation::Activation;
 use std::cell::RefCell;
@@ -515,8 +515,46 @@ impl Op {
         }
     }
 
-    /// Runs the op on the CPU.
+    /// Runs the op on the CPU. An op reading float16 or bfloat16 computes in f32, as
+    /// onnxruntime's CPU kernels do: its half inputs are widened (exactly), and each of its f32
+    /// outputs is rounded to the half type of its first half input. Cast converts directly;
+    /// LayerNormalization's mean and inverse standard deviation stay f32 (`stash_type` 1).
     pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
+        let half = match self {
+            Op::Cast { .. } => None,
+            _ => inputs
+                .iter()
+                .flatten()
+                .map(|t| t.dtype())
+                .find(|d| d.is_half()),
+        };
+        let Some(half) = half else {
+            return self.eval_native(cx, inputs);
+        };
+        let wide: Vec<Option<std::borrow::Cow<Tensor>>> = inputs
+            .iter()
+            .map(|t| {
+                t.map(|t| match t.dtype().is_half() {
+                    true => std::borrow::Cow::Owned(widen(t)),
+                    false => std::borrow::Cow::Borrowed(t),
+                })
+            })
+            .collect();
+        let refs: Vec<Option<&Tensor>> = wide.iter().map(|t| t.as_deref()).collect();
+        let mut outs = self.eval_native(cx, &refs)?;
+        let keep_f32 = match self {
+            Op::LayerNorm { .. } => 1,
+            _ => usize::MAX,
+        };
+        for (k, t) in outs.iter_mut().enumerate() {
+            if k < keep_f32 && t.dtype() == DType::F32 {
+                *t = narrow(t, half);
+            }
+        }
+        Ok(outs)
+    }
+
+    fn eval_native(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
         let one = |t: OpResult<Tensor>| t.map(|t| vec![t]);
         match self {
             Op::Conv(c) => one(conv::conv(cx, c, inputs)),
@@ -588,6 +626,57 @@ impl Op {
             } => one(norm::group_norm(inputs, *groups, *eps, *per_group)),
         }
     }
+}
+
+/// A float16 or bfloat16 tensor widened to f32 (exact); any other tensor as it is.
+pub fn widen(t: &Tensor) -> Tensor {
+    use half::slice::HalfFloatSliceExt;
+    let data = match &t.data {
+        Data::F16(v) => {
+            let mut w = vec![0.0f32; v.len()];
+            v.convert_to_f32_slice(&mut w);
+            Data::F32(w)
+        }
+        Data::BF16(v) => {
+            let mut w = vec![0.0f32; v.len()];
+            v.convert_to_f32_slice(&mut w);
+            Data::F32(w)
+        }
+        d => d.clone(),
+    };
+    Tensor {
+        shape: t.shape.clone(),
+        data,
+    }
+}
+
+/// An f32 tensor rounded to `to` (float16 or bfloat16, to nearest even); any other tensor,
+/// or another target, as it is.
+pub fn narrow(t: &Tensor, to: DType) -> Tensor {
+    use crate::tensor::{bf16, f16};
+    use half::slice::HalfFloatSliceExt;
+    let data = match (&t.data, to) {
+        (Data::F32(v), DType::F16) => {
+            let mut n = vec![f16::ZERO; v.len()];
+            n.convert_from_f32_slice(v);
+            Data::F16(n)
+        }
+        (Data::F32(v), DType::BF16) => {
+            let mut n = vec![bf16::ZERO; v.len()];
+            n.convert_from_f32_slice(v);
+            Data::BF16(n)
+        }
+        (d, _) => d.clone(),
+    };
+    Tensor {
+        shape: t.shape.clone(),
+        data,
+    }
+}
+
+/// The error of an op's own kernels handed half-precision data: `Op::eval` widens it first.
+pub(crate) fn half_here() -> OpError {
+    OpError::DType("float16/bfloat16 reach this kernel only widened to f32 (Op::eval)".into())
 }
 
 fn act_suffix(a: Option<Activation>) -> String {

@@ -133,6 +133,7 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
         Data::U8(_) => Data::U8(acc.iter().map(|&v| v as u8).collect()),
         Data::I8(_) => Data::I8(acc.iter().map(|&v| v as i8).collect()),
         Data::Bool(_) => return Err(OpError::DType("reduction of bool".into())),
+        Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
     };
     Tensor::new(shape, data)
 }
@@ -182,6 +183,7 @@ pub fn cum_sum(inputs: &[Option<&Tensor>], exclusive: bool, reverse: bool) -> Op
         Data::I8(v) => Data::I8(scan(v, dims, exclusive, reverse)),
         Data::U8(v) => Data::U8(scan(v, dims, exclusive, reverse)),
         Data::Bool(_) => return Err(OpError::DType("CumSum of bool".into())),
+        Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
     };
     Tensor::new(x.shape.clone(), data)
 }

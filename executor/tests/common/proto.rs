@@ -71,3 +71,37 @@ pub fn string_attr(name: &str, v: &str) -> AttributeProto {
         ..Default::default()
     }
 }
+
+/// One declared dimension of [`value_info_dims`].
+pub enum D {
+    /// `dim_value`, negative ones included.
+    V(i64),
+    /// `dim_param`, empty ones included.
+    P(&'static str),
+    /// Neither.
+    None,
+}
+
+/// A graph input or output of element type `elem` with exactly the dimensions `dims`.
+pub fn value_info_dims(name: &str, elem: i32, dims: &[D]) -> ValueInfoProto {
+    let mut vi = value_info(name, elem, &[]);
+    if let Some(shape) = vi
+        .r#type
+        .as_mut()
+        .and_then(|t| t.tensor_type.as_mut())
+        .and_then(|t| t.shape.as_mut())
+    {
+        shape.dim = dims
+            .iter()
+            .map(|d| Dimension {
+                value: match d {
+                    D::V(v) => Some(DimValue::DimValue(*v)),
+                    D::P(p) => Some(DimValue::DimParam(p.to_string())),
+                    D::None => None,
+                },
+                denotation: String::new(),
+            })
+            .collect();
+    }
+    vi
+}

@@ -39,6 +39,8 @@ impl Serialize for JsonData<'_> {
         match self.0 {
             Data::F32(v) => s.collect_seq(v.iter().map(|x| x.is_finite().then_some(*x))),
             Data::F64(v) => s.collect_seq(v.iter().map(|x| x.is_finite().then_some(*x))),
+            Data::F16(v) => s.collect_seq(v.iter().map(|x| x.is_finite().then(|| x.to_f32()))),
+            Data::BF16(v) => s.collect_seq(v.iter().map(|x| x.is_finite().then(|| x.to_f32()))),
             Data::I64(v) => s.collect_seq(v),
             Data::I32(v) => s.collect_seq(v),
             Data::I8(v) => s.collect_seq(v),
@@ -101,6 +103,7 @@ fn element_bytes(data: &Data) -> usize {
     match data {
         Data::F64(_) | Data::I64(_) => 8,
         Data::F32(_) | Data::I32(_) => 4,
+        Data::F16(_) | Data::BF16(_) => 2,
         Data::I8(_) | Data::U8(_) | Data::Bool(_) => 1,
     }
 }
@@ -118,6 +121,8 @@ pub fn append_bytes(out: &mut Vec<u8>, data: &Data) {
     match data {
         Data::F32(v) => le(out, v, |x| x.to_le_bytes()),
         Data::F64(v) => le(out, v, |x| x.to_le_bytes()),
+        Data::F16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        Data::BF16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
         Data::I64(v) => le(out, v, |x| x.to_le_bytes()),
         Data::I32(v) => le(out, v, |x| x.to_le_bytes()),
         Data::I8(v) => out.extend(v.iter().map(|x| *x as u8)),

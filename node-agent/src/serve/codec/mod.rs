@@ -81,6 +81,7 @@ pub fn dtype_size(dtype: DType) -> usize {
         DType::Bool | DType::U8 | DType::I8 => 1,
         DType::I32 | DType::F32 => 4,
         DType::I64 | DType::F64 => 8,
+        DType::F16 | DType::BF16 => 2,
     }
 }
 
@@ -89,6 +90,8 @@ pub fn wire_name(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "FP32",
         DType::F64 => "FP64",
+        DType::F16 => "FP16",
+        DType::BF16 => "BF16",
         DType::I64 => "INT64",
         DType::I32 => "INT32",
         DType::I8 => "INT8",
