@@ -5,6 +5,10 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// Most tenant replicas one agent holds: the API refuses a longer list of assignments, so the
+/// operator places no more than this on an agent.
+pub const MAX_ASSIGNMENTS: usize = 64;
+
 /// One agent pod and the tenant replicas the operator assigned to it. The operator writes the
 /// spec; the agent watches it, loads and unloads models to match, and writes the status when it
 /// changes. The agent's liveness is its `coordination.k8s.io` Lease of the same name, renewed
@@ -34,7 +38,7 @@ pub struct GpuAgentSpec {
     /// Tenant replicas this agent must serve; the operator, the only writer, keeps at most one per
     /// tenant.
     #[serde(default)]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = MAX_ASSIGNMENTS))]
     pub assignments: Vec<Assignment>,
 }
 

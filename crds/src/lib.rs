@@ -16,7 +16,7 @@ mod validate;
 
 pub use agent::{
     Assignment, CallerTokens, Device, DeviceKind, GpuAgent, GpuAgentSpec, GpuAgentStatus,
-    LoadedTenant, ReplicaState,
+    LoadedTenant, MAX_ASSIGNMENTS, ReplicaState,
 };
 pub use common::{Condition, Knobs, ModelFormat, ModelSource, SecretName, Slo, TenantRef};
 pub use pool::{

@@ -234,6 +234,20 @@ impl Controller {
         }
 
         let mut failed = false;
+        // Finalizers first: the status writes below move each tenant's resourceVersion, which
+        // the finalizer's compare-and-swap names.
+        for t in tenants
+            .iter()
+            .filter(|t| t.metadata.deletion_timestamp.is_none())
+        {
+            if !self.leading() {
+                return;
+            }
+            if let Err(e) = self.writer.add_finalizer(t).await {
+                tracing::warn!(tenant = %key_of(t), error = %e, "could not add the finalizer");
+                failed = true;
+            }
+        }
         let mut snapshot = Snapshot::default();
         for pool in &pools {
             if !self.leading() {
@@ -345,7 +359,7 @@ impl Controller {
                     self.writer.finish_deletion(t).await
                 }
             } else {
-                let mut result = self.writer.add_finalizer(t).await;
+                let mut result = Ok(());
                 if let Some(status) = unplaceable(t, &pools, &self.agent_namespaces) {
                     snapshot.tenants.push(TenantGauges::new(t, &status));
                     result = result.and(self.writer.status(t, &status).await);

@@ -33,7 +33,7 @@ pub use dnnscaler::{
 };
 pub use knobs::{ApproachPolicy, Bounds, Knobs};
 pub use placement::{
-    AgentCapacity, CurrentReplica, Placement, PlacementPlan, ReplicaDemand, place,
+    AgentCapacity, CurrentReplica, Placement, PlacementPlan, ReplicaDemand, place, place_at_most,
 };
 pub use pool::{PoolAgent, PoolConfig, PoolDecision, size_pool};
 pub use profile::{Profile, ProfileError, ProfilePoint, ProfileTable};

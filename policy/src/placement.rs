@@ -80,12 +80,25 @@ struct AgentUse {
     tenants: Vec<usize>,
 }
 
-/// Plans placement for every tenant in `demands` given what runs now. Replicas of tenants with no
-/// demand are stopped, as are replicas on agents that no longer exist (they are gone anyway).
+/// Plans placement for every tenant in `demands` given what runs now, with no limit on the
+/// number of replicas per agent. Replicas of tenants with no demand are stopped, as are replicas
+/// on agents that no longer exist (they are gone anyway).
 pub fn place(
     agents: &[AgentCapacity],
     demands: &[ReplicaDemand],
     current: &[CurrentReplica],
+) -> PlacementPlan {
+    place_at_most(agents, demands, current, usize::MAX)
+}
+
+/// [`place`] with at most `slots` replicas on any agent: one agent's list of assignments is
+/// bounded (the API refuses a longer one), whatever memory says, and a model whose size is not
+/// known yet must not pile onto the first agent.
+pub fn place_at_most(
+    agents: &[AgentCapacity],
+    demands: &[ReplicaDemand],
+    current: &[CurrentReplica],
+    slots: usize,
 ) -> PlacementPlan {
     let agent_ix: HashMap<&str, usize> = agents
         .iter()
@@ -141,6 +154,7 @@ pub fn place(
             let grow = d.memory_bytes.saturating_sub(r.memory_bytes);
             let fits = agents[a].schedulable
                 && !u.tenants.contains(&t)
+                && u.tenants.len() < slots
                 && u.memory.saturating_add(grow) <= agents[a].memory_bytes;
             if fits && kept[t] < d.replicas {
                 u.memory = u.memory.saturating_add(grow);
@@ -193,6 +207,7 @@ pub fn place(
                     let u = &used[*a];
                     cap.schedulable
                         && !u.tenants.contains(&t)
+                        && u.tenants.len() < slots
                         && u.memory.saturating_add(d.memory_bytes) <= cap.memory_bytes
                         && u.load + d.load <= cap.compute + 1e-9
                 })
@@ -297,6 +312,22 @@ mod tests {
         let plan = place(&agents, &[demand("x", 1, 6)], &current);
         assert_eq!(plan.keep, vec![at("x", "b")]);
         assert_eq!(plan.stop, vec![at("x", "a")]);
+    }
+
+    #[test]
+    fn no_agent_takes_more_replicas_than_its_slots() {
+        let agents = [agent("a", 100), agent("b", 100)];
+        let demands: Vec<ReplicaDemand> = (0..5).map(|i| demand(&format!("t{i}"), 1, 0)).collect();
+        let plan = place_at_most(&agents, &demands, &[], 2);
+        let on = |a: &str| plan.start.iter().filter(|p| p.agent == a).count();
+        assert_eq!((on("a"), on("b")), (2, 2));
+        assert_eq!(plan.unplaced.len(), 1);
+        // Running replicas beyond the slots move (held until replaced) rather than stay.
+        let current: Vec<CurrentReplica> =
+            (0..3).map(|i| running(&format!("t{i}"), "a", 0)).collect();
+        let plan = place_at_most(&agents, &demands[..3], &current, 2);
+        assert_eq!(plan.keep.iter().filter(|p| p.agent == "a").count(), 2);
+        assert_eq!(plan.hold_until_replaced.len() + plan.stop.len(), 1);
     }
 
     #[test]

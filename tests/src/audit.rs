@@ -55,6 +55,15 @@ impl Requests {
             .sum()
     }
 
+    /// Requests whose verb is one of `verbs`, on any resource but `except`.
+    pub fn of_except(&self, verbs: &[&str], except: &str) -> u64 {
+        self.0
+            .iter()
+            .filter(|((v, r), _)| verbs.contains(&v.as_str()) && r != except)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// One line per `(verb, resource)`: `verb resource count (rate/s)` over `seconds`.
     pub fn table(&self, seconds: f64) -> String {
         self.0
@@ -106,6 +115,7 @@ mod tests {
             Some(&2)
         );
         assert_eq!((r.total(), r.of(WRITES), r.of(&["list"])), (3, 2, 1));
+        assert_eq!(r.of_except(WRITES, "modeltenants/status"), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -11,7 +11,8 @@ use cotenant_crds::report::{AgentReport, TenantReport};
 use cotenant_crds::{Assignment, GpuAgentStatus, GpuPool, GpuPoolStatus, ModelTenant, TenantRef};
 use cotenant_crds::{ModelTenantStatus, conditions::set_condition};
 use cotenant_policy::{
-    AgentCapacity, CurrentReplica, Knobs, PoolAgent, PoolConfig, ReplicaDemand, place, size_pool,
+    AgentCapacity, CurrentReplica, Knobs, PoolAgent, PoolConfig, ReplicaDemand, place_at_most,
+    size_pool,
 };
 use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -332,7 +333,12 @@ pub fn decide_pool(
             schedulable: !a.draining && !replacing.contains(&a.name),
         })
         .collect();
-    let plan = place(&capacities, &demands, &current);
+    let plan = place_at_most(
+        &capacities,
+        &demands,
+        &current,
+        cotenant_crds::MAX_ASSIGNMENTS,
+    );
 
     // The assignments each agent runs from now on.
     let by_uid: HashMap<String, (&Arc<ModelTenant>, Knobs, Option<Knobs>)> = decisions

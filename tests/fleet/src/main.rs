@@ -58,6 +58,8 @@ struct Fleet {
     silent: Mutex<HashSet<String>>,
     /// Replicas per tenant UID, counted over every GpuAgent's assignments.
     replicas: Mutex<HashMap<String, u32>>,
+    /// The knobs each replica (agent, tenant UID) runs, and since when.
+    epochs: Mutex<HashMap<(String, String), (Knobs, Instant)>>,
     started: Instant,
 }
 
@@ -88,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
         agents: Mutex::new(HashMap::new()),
         silent: Mutex::new(HashSet::new()),
         replicas: Mutex::new(HashMap::new()),
+        epochs: Mutex::new(HashMap::new()),
         started: Instant::now(),
         namespace: namespace.clone(),
         host,
@@ -202,7 +205,10 @@ impl Fleet {
             .map(|(name, wanted, due)| async move {
                 let mut written = None;
                 if let Some(status) = wanted {
-                    let patch = serde_json::json!({ "status": status });
+                    // `tenants` always present, so an empty list clears the last one.
+                    let mut body = serde_json::to_value(&status).unwrap_or_default();
+                    body["tenants"] = serde_json::to_value(&status.tenants).unwrap_or_default();
+                    let patch = serde_json::json!({ "status": body });
                     let ok = self
                         .agents_api
                         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -338,6 +344,15 @@ async fn report(State((fleet, name)): State<(Arc<Fleet>, String)>) -> axum::Json
                         instances: 4,
                     });
                     let count = replicas.get(&x.tenant.uid).copied().unwrap_or(1);
+                    let since_s = {
+                        let mut epochs = fleet.epochs.lock().expect("lock");
+                        let key = (name.clone(), x.tenant.uid.clone());
+                        let epoch = epochs.entry(key).or_insert((x.knobs, Instant::now()));
+                        if epoch.0 != x.knobs {
+                            *epoch = (x.knobs, Instant::now());
+                        }
+                        epoch.1.elapsed().as_secs_f64()
+                    };
                     TenantReport {
                         name: served_name(&x.tenant.namespace, &x.tenant.name),
                         source: x.model.uri.clone(),
@@ -352,6 +367,7 @@ async fn report(State((fleet, name)): State<(Arc<Fleet>, String)>) -> axum::Json
                             count,
                             x.slo.latency_millis,
                             t,
+                            since_s,
                         )),
                     }
                 })

@@ -76,15 +76,24 @@ impl Model {
         }
     }
 
-    /// One replica's report at `knobs`, one of `replicas`, `t` seconds into the run.
-    pub fn serving(&self, knobs: Knobs, replicas: u32, slo_ms: f64, t: f64) -> Serving {
+    /// One replica's report at `knobs`, one of `replicas`, `t` seconds into the run and
+    /// `since_s` seconds after its knobs last changed (the window covers no more than that).
+    pub fn serving(
+        &self,
+        knobs: Knobs,
+        replicas: u32,
+        slo_ms: f64,
+        t: f64,
+        since_s: f64,
+    ) -> Serving {
         let ripple = 1.0 + 0.03 * (t / 20.0 + self.phase).sin();
         let arrival = self.arrival * ripple / f64::from(replicas.max(1));
         let capacity = self.capacity(knobs);
         let rho = (arrival / capacity).min(0.97);
         let latency = self.service_ms(knobs) * (1.0 + 3.0 * rho / (1.0 - rho)) * ripple;
         let throughput = arrival.min(capacity);
-        let completions = (throughput * WINDOW_S) as u64;
+        let window_s = WINDOW_S.min(since_s);
+        let completions = (throughput * window_s) as u64;
         let attainment = if latency <= slo_ms { 0.995 } else { 0.9 };
         Serving {
             knobs,
@@ -93,7 +102,7 @@ impl Model {
             latency_at_percentile_millis: Some(latency),
             compute_at_percentile_millis: Some(self.service_ms(knobs)),
             window: Window {
-                seconds: WINDOW_S,
+                seconds: window_s,
                 arrival_rate_per_second: arrival,
                 throughput_per_second: throughput,
                 completions,
@@ -103,6 +112,7 @@ impl Model {
                 ..Window::default()
             },
             weight_bytes: WEIGHT_BYTES,
+            since_knobs_changed_seconds: since_s,
         }
     }
 
@@ -139,8 +149,8 @@ mod tests {
         };
         assert!(m.capacity(four) > m.capacity(one));
         assert!(m.service_ms(four) > m.service_ms(one));
-        let busy = m.serving(one, 1, 1e9, 0.0);
-        let spread = m.serving(one, 4, 1e9, 0.0);
+        let busy = m.serving(one, 1, 1e9, 0.0, 60.0);
+        let spread = m.serving(one, 4, 1e9, 0.0, 60.0);
         assert!(spread.latency_at_percentile_millis < busy.latency_at_percentile_millis);
         assert!(busy.window.throughput_per_second <= m.capacity(one) + 1e-9);
     }
