@@ -98,17 +98,9 @@ impl Published {
         let Some(service) = self.services.get(&key) else {
             return false;
         };
-        let ports = |s: &Service| -> Vec<(Option<String>, i32, Option<String>)> {
-            let mut p: Vec<_> = s
-                .spec
-                .iter()
-                .flat_map(|spec| spec.ports.iter().flatten())
-                .map(|p| (p.name.clone(), p.port, p.app_protocol.clone()))
-                .collect();
-            p.sort();
-            p
-        };
-        if !owned_by(service.as_ref(), t) || ports(service) != ports(&manifests::service(t)) {
+        if !owned_by(service.as_ref(), t)
+            || service_ports(service) != service_ports(&manifests::service(t))
+        {
             return false;
         }
         let wanted = manifests::endpoint_slices(t, routes);
@@ -127,6 +119,18 @@ impl Published {
                     .any(|e| e.name_any() == w.name_any() && same_slice(e, w))
             })
     }
+}
+
+/// A Service's ports as the operator writes them: name, port and application protocol.
+fn service_ports(s: &Service) -> Vec<(Option<String>, i32, Option<String>)> {
+    let mut p: Vec<_> = s
+        .spec
+        .iter()
+        .flat_map(|spec| spec.ports.iter().flatten())
+        .map(|p| (p.name.clone(), p.port, p.app_protocol.clone()))
+        .collect();
+    p.sort();
+    p
 }
 
 /// Whether two EndpointSlices route to the same endpoints on the same ports.
@@ -345,7 +349,7 @@ impl Writer {
             _ => published.in_place(t, &outcome.routes),
         };
         if !skip {
-            let written = self.routes(t, &outcome.routes).await;
+            let written = self.routes(t, &outcome.routes, published).await;
             let mut cache = self
                 .written_routes
                 .lock()
@@ -384,12 +388,20 @@ impl Writer {
     }
 
     /// Keeps the tenant's Service and exactly the EndpointSlices for `routes`, among the objects
-    /// the tenant controls. `Ok(Some(why))` when an object of the same name belongs to someone
-    /// else: then nothing is written, and the slices already written are removed, so no endpoint
-    /// of the tenant is attached to a Service it does not own.
-    async fn routes(&self, t: &ModelTenant, routes: &[Route]) -> Result<Option<String>> {
+    /// the tenant controls, starting from what the watches show (`published`) and writing only
+    /// what differs. `Ok(Some(why))` when an object of the same name belongs to someone else:
+    /// then nothing is written, and the slices already written are removed, so no endpoint of
+    /// the tenant is attached to a Service it does not own. An object the watches do not show
+    /// yet is found by its create's conflict, and read then.
+    async fn routes(
+        &self,
+        t: &ModelTenant,
+        routes: &[Route],
+        published: &Published,
+    ) -> Result<Option<String>> {
         let ns = t.namespace().unwrap_or_default();
         let name = t.name_any();
+        let key = (ns.clone(), name.clone());
         let services: Api<Service> = Api::namespaced(self.client.clone(), &ns);
         let slices: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &ns);
         let apply = PatchParams::apply(FIELD_MANAGER).force();
@@ -404,25 +416,34 @@ impl Writer {
             )
         };
         let service = manifests::service(t);
-        let conflict = match self.fenced(services.get_opt(&name)).await? {
+        let mut seen = published.services.get(&key).map(|s| s.as_ref().clone());
+        if seen.is_none() {
+            match self.fenced(services.create(&create, &service)).await {
+                Ok(_) => {}
+                Err(e) if e.code() == Some(409) => {
+                    seen = self.fenced(services.get_opt(&name)).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let conflict = match seen {
             Some(existing) if owned_by(&existing, t) => {
-                self.fenced(services.patch(&name, &apply, &Patch::Apply(&service)))
-                    .await?;
+                if service_ports(&existing) != service_ports(&service) {
+                    self.fenced(services.patch(&name, &apply, &Patch::Apply(&service)))
+                        .await?;
+                }
                 None
             }
             Some(_) => Some(taken("Service", &name)),
-            None => match self.fenced(services.create(&create, &service)).await {
-                Ok(_) => None,
-                Err(e) if e.code() == Some(409) => Some(taken("Service", &name)),
-                Err(e) => return Err(e),
-            },
+            None => None,
         };
-        let existing =
-            self.fenced(slices.list(
-                &ListParams::default().labels(&format!("kubernetes.io/service-name={name}")),
-            ))
-            .await?
-            .items;
+        let existing: Vec<EndpointSlice> = published
+            .slices
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .map(|s| s.as_ref().clone())
+            .collect();
         let wanted = if conflict.is_some() {
             Vec::new()
         } else {
@@ -437,25 +458,36 @@ impl Writer {
             .collect();
         for slice in &wanted {
             let slice_name = slice.name_any();
-            match existing.iter().find(|s| s.name_any() == slice_name) {
-                Some(s) if owned_by(s, t) => {
-                    self.fenced(slices.patch(&slice_name, &apply, &Patch::Apply(slice)))
-                        .await?;
+            let mut found = existing
+                .iter()
+                .find(|s| s.name_any() == slice_name)
+                .cloned();
+            if found.is_none() {
+                match self.fenced(slices.create(&create, slice)).await {
+                    Ok(_) => {
+                        ours.insert(slice_name);
+                        continue;
+                    }
+                    Err(e) if e.code() == Some(409) => {
+                        found = self.fenced(slices.get_opt(&slice_name)).await?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            match found {
+                Some(s) if owned_by(&s, t) => {
+                    ours.insert(slice_name.clone());
+                    if !same_slice(&s, slice) {
+                        self.fenced(slices.patch(&slice_name, &apply, &Patch::Apply(slice)))
+                            .await?;
+                    }
                 }
                 Some(_) => {
                     conflict = Some(taken("EndpointSlice", &slice_name));
                     break;
                 }
-                None => match self.fenced(slices.create(&create, slice)).await {
-                    Ok(_) => {
-                        ours.insert(slice_name);
-                    }
-                    Err(e) if e.code() == Some(409) => {
-                        conflict = Some(taken("EndpointSlice", &slice_name));
-                        break;
-                    }
-                    Err(e) => return Err(e),
-                },
+                // Deleted between the conflict and the read: the next round creates it.
+                None => {}
             }
         }
         let keep: BTreeSet<String> = if conflict.is_some() {

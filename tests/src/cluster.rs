@@ -101,7 +101,7 @@ impl ControlPlane {
                 "--service-account-signing-key-file={}",
                 pki.sa_key.display()
             ),
-            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-cluster-ip-range=10.0.0.0/16",
             "--authorization-mode=RBAC",
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
