@@ -6,7 +6,7 @@
 mod status;
 pub mod tenant;
 
-use cotenant_crds::policy_view::spec_knobs;
+use cotenant_crds::convert::spec_knobs;
 use cotenant_crds::report::{AgentReport, TenantReport};
 use cotenant_crds::{Assignment, GpuAgentStatus, GpuPool, GpuPoolStatus, ModelTenant, TenantRef};
 use cotenant_crds::{ModelTenantStatus, conditions::set_condition};
@@ -300,7 +300,7 @@ pub fn decide_pool(
         let too_big = d.memory_bytes > largest_agent;
         for (a, x) in &placed {
             let ready = a.serves(&uid, &tuning);
-            let knobs = cotenant_crds::policy_view::knobs(&x.knobs);
+            let knobs = cotenant_crds::convert::knobs(&x.knobs);
             current.push(CurrentReplica {
                 tenant: uid.clone(),
                 agent: a.name.clone(),

@@ -8,7 +8,7 @@
 
 use super::tenant::{Aggregate, TenantDecision};
 use cotenant_crds::conditions::set_condition;
-use cotenant_crds::policy_view::{chosen, scaler_memory, spec_knobs};
+use cotenant_crds::convert::{chosen, scaler_memory, spec_knobs};
 use cotenant_crds::report::served_name;
 use cotenant_crds::{ModelTenant, ModelTenantStatus, Observed, ReplicaPlacement, TenantPhase};
 use k8s_openapi::jiff::Timestamp;

@@ -2,7 +2,7 @@
 //! its replica count and the footprint of one replica. Pure; the memory of past rounds lives in
 //! `TenantMemory`, rebuilt from the tenant's status after an operator restart.
 
-use cotenant_crds::policy_view::{self, bounds_and_slo};
+use cotenant_crds::convert::{self, bounds_and_slo};
 use cotenant_crds::report::TenantReport;
 use cotenant_crds::{ModelTenant, Profile as SpecProfile};
 use cotenant_policy::{
@@ -111,7 +111,7 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
 pub fn epoch(reports: &[&TenantReport], wanted: Knobs, batch_moves: bool) -> Option<Epoch> {
     let mut seconds = f64::INFINITY;
     for s in reports.iter().filter_map(|r| r.serving()) {
-        let runs = policy_view::knobs(&s.knobs);
+        let runs = convert::knobs(&s.knobs);
         let same = runs == wanted
             || (!batch_moves && runs.batch == 1 && runs.instances == wanted.instances);
         if !same || s.since_knobs_changed_seconds.is_nan() {
@@ -187,14 +187,14 @@ pub fn decide(
     }
     let mut measured = profile
         .as_ref()
-        .and_then(|p| policy_view::profile_from_status(&model_name, p));
+        .and_then(|p| convert::profile_from_status(&model_name, p));
     // Approach and knobs in the status belong to that profile (after an operator restart).
     let recorded_choice = measured.is_some();
     if measured.is_none()
         && let Some(p) = reports.iter().find_map(|r| r.profile.as_ref())
     {
-        let recorded = policy_view::profile_to_status(p, uri, now_rfc3339.to_string());
-        measured = policy_view::profile_from_status(&model_name, &recorded);
+        let recorded = convert::profile_to_status(p, uri, now_rfc3339.to_string());
+        measured = convert::profile_from_status(&model_name, &recorded);
         if measured.is_some() {
             notes.push(Note {
                 reason: "Profiled",
@@ -225,12 +225,7 @@ pub fn decide(
             .approach
             .filter(|_| recorded_choice)
             .zip(status.knobs.as_ref())
-            .map(|(a, k)| {
-                (
-                    policy_view::approach(a),
-                    bounds.clamp(policy_view::knobs(k)),
-                )
-            });
+            .map(|(a, k)| (convert::approach(a), bounds.clamp(convert::knobs(k))));
         let (approach, knobs) = match restored {
             Some(r) => r,
             None => {
@@ -255,7 +250,7 @@ pub fn decide(
         };
         let mut scaler = ScalerState::new(approach, knobs, ScalerConfig::default());
         if let Some(m) = status.scaler.as_ref().filter(|_| recorded_choice) {
-            scaler.restore(policy_view::learned(m));
+            scaler.restore(convert::learned(m));
         }
         memory.scaler = Some(scaler);
     }

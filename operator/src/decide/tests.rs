@@ -482,7 +482,7 @@ fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
 #[test]
 fn a_restarted_operator_keeps_what_dnnscaler_learned() {
     let mut status = cotenant_crds::ModelTenantStatus {
-        profile: Some(cotenant_crds::policy_view::profile_to_status(
+        profile: Some(cotenant_crds::convert::profile_to_status(
             &profile(),
             "file:///models/m.onnx",
             "2026-12-02T00:00:00Z".into(),
