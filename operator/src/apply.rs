@@ -283,8 +283,8 @@ impl Writer {
             .await?;
         }
         self.pool_status(pool, &outcome.status).await?;
-        for note in &outcome.notes {
-            self.event(&pool.object_ref(&()), note.reason, &note.message)
+        for e in &outcome.events {
+            self.event(&pool.object_ref(&()), e.reason, &e.message)
                 .await;
         }
         Ok(())
@@ -376,9 +376,8 @@ impl Writer {
             }
         }
         self.status(t, &status).await?;
-        for note in &outcome.notes {
-            self.event(&t.object_ref(&()), note.reason, &note.message)
-                .await;
+        for e in &outcome.events {
+            self.event(&t.object_ref(&()), e.reason, &e.message).await;
         }
         Ok(())
     }

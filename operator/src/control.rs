@@ -9,7 +9,7 @@
 use crate::apply::{Published, Writer};
 use crate::context::Context;
 use crate::credentials::Credentials;
-use crate::decide::{self, AgentView, Memory, PodState, split_address};
+use crate::decide::{self, AgentView, PodState, Recall, split_address};
 use crate::manifests::{DRAINING, POOL_LABEL, TEMPLATE_HASH, host_port, template_hash};
 use crate::metrics::{PoolGauges, Snapshot, TenantGauges};
 use crate::report::{OtherVersions, ScrapeError, Scraper};
@@ -40,7 +40,7 @@ pub struct Controller {
     pub agent_namespaces: BTreeSet<String>,
     /// Tenants' caller credentials, read from their Secrets.
     credentials: Credentials,
-    memory: Memory,
+    recall: Recall,
     /// Since when each agent's report has failed, by agent name.
     unreachable_since: HashMap<String, Instant>,
     /// The last scrape's reports by agent key, and when it ran.
@@ -71,7 +71,7 @@ impl Controller {
             scraper,
             agent_namespaces,
             credentials,
-            memory: Memory::new(tuning),
+            recall: Recall::new(tuning),
             unreachable_since: HashMap::new(),
             reports: BTreeMap::new(),
             scraped_at: None,
@@ -83,7 +83,7 @@ impl Controller {
 
     /// Forgets everything learned while leading (a new term starts from the API).
     pub fn reset(&mut self) {
-        self.memory = Memory::new(self.memory.tuning);
+        self.recall = Recall::new(self.recall.tuning);
         self.unreachable_since.clear();
         self.reports.clear();
         self.scraped_at = None;
@@ -287,7 +287,7 @@ impl Controller {
                 pool,
                 &pool_tenants,
                 &views,
-                &mut self.memory,
+                &mut self.recall,
                 now_s,
                 &now_rfc3339,
             );

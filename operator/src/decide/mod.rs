@@ -17,7 +17,7 @@ use cotenant_policy::{
 use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-pub use tenant::{Note, TenantMemory};
+pub use tenant::{EventToRecord, TenantRecall};
 
 /// Memory of one agent when neither the pool nor the agent says (80 GiB, a common GPU size).
 const DEFAULT_AGENT_MEMORY: u64 = 80 << 30;
@@ -89,21 +89,23 @@ impl AgentView {
     }
 }
 
-/// What the operator remembers between rounds; rebuilt from the API after a restart.
+/// What the operator recalls between rounds (not GPU memory): its tuning, each tenant's
+/// scaler state, when agents went idle and which replicas are retiring. Rebuilt from the API
+/// after a restart.
 #[derive(Default)]
-pub struct Memory {
+pub struct Recall {
     pub tuning: Tuning,
-    pub tenants: HashMap<String, TenantMemory>,
+    pub tenants: HashMap<String, TenantRecall>,
     idle_since: HashMap<String, f64>,
     /// Replicas leaving an agent, by `(agent, tenant uid)`: when their route was taken away.
     retiring: HashMap<(String, String), f64>,
 }
 
-impl Memory {
-    pub fn new(tuning: Tuning) -> Memory {
-        Memory {
+impl Recall {
+    pub fn new(tuning: Tuning) -> Recall {
+        Recall {
             tuning,
-            ..Memory::default()
+            ..Recall::default()
         }
     }
 }
@@ -126,7 +128,7 @@ pub struct TenantOutcome {
     pub tenant: Arc<ModelTenant>,
     pub status: ModelTenantStatus,
     pub routes: Vec<Route>,
-    pub notes: Vec<Note>,
+    pub events: Vec<EventToRecord>,
 }
 
 /// Everything one round decided for one pool.
@@ -141,7 +143,7 @@ pub struct PoolOutcome {
     /// Agents to delete: drained and empty, dead, or whose pod is gone.
     pub remove: Vec<String>,
     pub status: GpuPoolStatus,
-    pub notes: Vec<Note>,
+    pub events: Vec<EventToRecord>,
 }
 
 /// Seconds a replica that a round removes keeps serving without a route before it is
@@ -156,10 +158,10 @@ pub const ROUTE_DRAIN_S: f64 = 5.0;
 fn retire_routes_first(
     agents: &[AgentView],
     assignments: &mut BTreeMap<String, Vec<Assignment>>,
-    memory: &mut Memory,
+    recall: &mut Recall,
     now_s: f64,
 ) -> BTreeSet<(String, String)> {
-    let tuning = memory.tuning;
+    let tuning = recall.tuning;
     let wanted = |agent: &str, uid: &str| {
         assignments
             .get(agent)
@@ -172,7 +174,7 @@ fn retire_routes_first(
         .filter(|(a, x)| !wanted(&a.name, &x.tenant.uid))
         .collect();
     // Remembered until the agent no longer holds it, so a slow watch cannot restart its clock.
-    memory.retiring.retain(|(agent, uid), _| {
+    recall.retiring.retain(|(agent, uid), _| {
         leaving
             .iter()
             .any(|(a, x)| &a.name == agent && &x.tenant.uid == uid)
@@ -187,7 +189,7 @@ fn retire_routes_first(
             continue;
         }
         let key = (a.name.clone(), uid.clone());
-        let since = *memory.retiring.entry(key.clone()).or_insert(now_s);
+        let since = *recall.retiring.entry(key.clone()).or_insert(now_s);
         if now_s - since < ROUTE_DRAIN_S {
             kept.push((key, x.clone()));
         }
@@ -236,11 +238,11 @@ pub fn decide_pool(
     pool: &GpuPool,
     tenants: &[Arc<ModelTenant>],
     agents: &[AgentView],
-    memory: &mut Memory,
+    recall: &mut Recall,
     now_s: f64,
     now_rfc3339: &str,
 ) -> PoolOutcome {
-    let tuning = memory.tuning;
+    let tuning = recall.tuning;
     let now = now_rfc3339
         .parse::<k8s_openapi::jiff::Timestamp>()
         .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
@@ -271,7 +273,7 @@ pub fn decide_pool(
         .filter(|t| t.metadata.deletion_timestamp.is_none() && t.uid().is_some())
         .collect();
     let uids: BTreeSet<String> = tenants.iter().filter_map(|t| t.uid()).collect();
-    memory.tenants.retain(|uid, _| uids.contains(uid));
+    recall.tenants.retain(|uid, _| uids.contains(uid));
 
     // Each tenant's decision from the reports of its replicas.
     let mut decisions = Vec::new();
@@ -292,10 +294,10 @@ pub fn decide_pool(
             .iter()
             .filter_map(|(a, _)| a.report.as_ref().and_then(|r| r.tenant(&uid)))
             .collect();
-        let mem = memory
+        let mem = recall
             .tenants
             .entry(uid.clone())
-            .or_insert_with(|| TenantMemory::new(t));
+            .or_insert_with(|| TenantRecall::new(t));
         let d = tenant::decide(t, &reports, mem, &tuning, now_s, now_rfc3339);
         let too_big = d.memory_bytes > largest_agent;
         for (a, x) in &placed {
@@ -383,7 +385,7 @@ pub fn decide_pool(
                 .push(x.clone());
         }
     }
-    let retiring = retire_routes_first(agents, &mut assignments, memory, now_s);
+    let retiring = retire_routes_first(agents, &mut assignments, recall, now_s);
     for list in assignments.values_mut() {
         list.sort_by(|x, y| x.tenant.cmp(&y.tenant));
     }
@@ -393,7 +395,7 @@ pub fn decide_pool(
         .iter()
         .filter(|a| {
             a.pod == PodState::Gone
-                || (a.pod == PodState::Running && a.unreachable_for_s >= memory.tuning.dead_after_s)
+                || (a.pod == PodState::Running && a.unreachable_for_s >= recall.tuning.dead_after_s)
         })
         .map(|a| a.name.clone())
         .collect();
@@ -403,9 +405,9 @@ pub fn decide_pool(
         .map(|a| {
             let replicas = assignments.get(&a.name).map_or(0, Vec::len) as u32;
             let idle_since = if replicas == 0 && a.healthy(&tuning) {
-                Some(*memory.idle_since.entry(a.name.clone()).or_insert(now_s))
+                Some(*recall.idle_since.entry(a.name.clone()).or_insert(now_s))
             } else {
-                memory.idle_since.remove(&a.name);
+                recall.idle_since.remove(&a.name);
                 None
             };
             PoolAgent {
@@ -427,9 +429,9 @@ pub fn decide_pool(
     };
     let sizing = size_pool(&pool_agents, &plan.unplaced, &cfg, now_s);
     remove.extend(sizing.remove.iter().cloned());
-    let mut notes = Vec::new();
+    let mut events = Vec::new();
     if sizing.add > 0 {
-        notes.push(Note {
+        events.push(EventToRecord {
             reason: "ScaledUp",
             message: format!(
                 "adding {} agent(s): {} replica(s) fit on no agent",
@@ -442,7 +444,7 @@ pub fn decide_pool(
     for a in agents {
         if replacing.contains(&a.name) && !a.draining && a.pod == PodState::Running {
             drain.push(a.name.clone());
-            notes.push(Note {
+            events.push(EventToRecord {
                 reason: "Replacing",
                 message: format!(
                     "agent {} runs an older version of the pool's template: moving its replicas, then replacing it",
@@ -452,7 +454,7 @@ pub fn decide_pool(
         }
     }
     for a in &sizing.drain {
-        notes.push(Note {
+        events.push(EventToRecord {
             reason: "Draining",
             message: format!(
                 "agent {a} idle for {}s: draining before removal",
@@ -469,14 +471,14 @@ pub fn decide_pool(
             .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
             .filter(|c| c.status == "False" && c.reason == "DeviceUnavailable");
         if let Some(c) = unusable {
-            notes.push(Note {
+            events.push(EventToRecord {
                 reason: "AgentDeviceUnavailable",
                 message: format!("agent {} cannot use its GPU: {}", a.name, c.message),
             });
         }
     }
     if !sizing.remove.is_empty() {
-        notes.push(Note {
+        events.push(EventToRecord {
             reason: "ScaledDown",
             message: format!("removing drained agent(s) {}", sizing.remove.join(", ")),
         });
@@ -539,7 +541,7 @@ pub fn decide_pool(
             },
             now,
         );
-        let mut notes = d.notes.clone();
+        let mut events = d.events.clone();
         let was_failed_for = |reason: &str| {
             t.status
                 .as_ref()
@@ -551,7 +553,7 @@ pub fn decide_pool(
             && matches!(ready.reason.as_str(), "ModelTooLarge" | "LoadFailed")
             && !was_failed_for(&ready.reason)
         {
-            notes.push(Note {
+            events.push(EventToRecord {
                 reason: if ready.reason == "LoadFailed" {
                     "LoadFailed"
                 } else {
@@ -565,7 +567,7 @@ pub fn decide_pool(
             tenant: t,
             status,
             routes,
-            notes,
+            events,
         });
     }
     let ready_agents = agents.iter().filter(|a| a.healthy(&tuning)).count() as u32;
@@ -617,7 +619,7 @@ pub fn decide_pool(
         undrain: sizing.undrain,
         remove,
         status: pool_status,
-        notes,
+        events,
     }
 }
 
