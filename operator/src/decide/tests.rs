@@ -1041,3 +1041,5 @@ fn a_profile_with_a_winning_joint_point_runs_joint() {
         .expect("chosen");
     assert!(chosen.message.contains("joint 7.00"), "{}", chosen.message);
 }
+
+mod phases;
