@@ -17,6 +17,7 @@
 
 use crate::decide::{EventToRecord, PoolOutcome};
 use crate::manifests::{MANAGED_BY, POOL_LABEL};
+use crate::reason::EventReason;
 use cotenant_crds::credentials::{digest, hex, token_digests};
 use cotenant_crds::storage::{
     self, COPY_LABEL, COPY_PROBLEM_ANNOTATION, COPY_SOURCE_ANNOTATION, Store,
@@ -31,12 +32,6 @@ use std::time::{Duration, Instant};
 
 /// How long the digests of a Secret are used before it is read again.
 pub const REFRESH: Duration = Duration::from_secs(10);
-
-/// The Event a tenant gets when its credentials cannot be used.
-const REASON: &str = "CredentialsUnavailable";
-
-/// The Event a tenant gets when its model credentials cannot be used.
-pub const MODEL_CREDENTIALS_REASON: &str = "ModelCredentialsUnavailable";
 
 /// What reading a Secret gave.
 #[derive(Debug)]
@@ -253,7 +248,7 @@ impl Credentials {
                 Err(problem) if self.model_reported.get(&uid) != Some(problem) => {
                     self.model_reported.insert(uid.clone(), problem.clone());
                     t.events.push(EventToRecord {
-                        reason: MODEL_CREDENTIALS_REASON,
+                        reason: EventReason::ModelCredentialsUnavailable,
                         message: format!(
                             "{problem}: the model cannot be downloaded until it is fixed"
                         ),
@@ -325,7 +320,7 @@ impl Credentials {
             let (digests, problem) = self.resolve(&namespace, secret_ref).await;
             if let Some(message) = problem {
                 t.events.push(EventToRecord {
-                    reason: REASON,
+                    reason: EventReason::CredentialsUnavailable,
                     message,
                 });
             }

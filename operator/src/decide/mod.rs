@@ -6,6 +6,7 @@
 mod status;
 pub mod tenant;
 
+use crate::reason::{EventReason, Reason};
 use cotenant_crds::conditions::set_condition;
 use cotenant_crds::convert::spec_knobs;
 use cotenant_crds::report::{AgentReport, TenantReport};
@@ -375,7 +376,9 @@ pub fn observe<'a>(
                 .conditions
                 .iter()
                 .find(|c| c.type_ == "Ready")
-                .filter(|c| c.status == "False" && c.reason == "DeviceUnavailable")?;
+                .filter(|c| {
+                    c.status == "False" && Reason::DeviceUnavailable == c.reason.as_str()
+                })?;
             Some((a.name.clone(), c.message.clone()))
         })
         .collect();
@@ -669,7 +672,7 @@ pub fn resize(
     let mut events = Vec::new();
     if sizing.add > 0 {
         events.push(EventToRecord {
-            reason: "ScaledUp",
+            reason: EventReason::ScaledUp,
             message: format!(
                 "adding {} agent(s): {} replica(s) fit on no agent",
                 sizing.add,
@@ -682,7 +685,7 @@ pub fn resize(
         if replacing.contains(&a.name) && !a.draining && a.pod == PodState::Running {
             drain.push(a.name.clone());
             events.push(EventToRecord {
-                reason: "Replacing",
+                reason: EventReason::Replacing,
                 message: format!(
                     "agent {} runs an older version of the pool's template: moving its replicas, then replacing it",
                     a.name
@@ -692,7 +695,7 @@ pub fn resize(
     }
     for a in &sizing.drain {
         events.push(EventToRecord {
-            reason: "Draining",
+            reason: EventReason::Draining,
             message: format!(
                 "agent {a} idle for {}s: draining before removal",
                 spec.scale_down_delay_seconds
@@ -701,13 +704,13 @@ pub fn resize(
     }
     for (agent, why) in &fleet.device_unavailable {
         events.push(EventToRecord {
-            reason: "AgentDeviceUnavailable",
+            reason: EventReason::AgentDeviceUnavailable,
             message: format!("agent {agent} cannot use its GPU: {why}"),
         });
     }
     if !sizing.remove.is_empty() {
         events.push(EventToRecord {
-            reason: "ScaledDown",
+            reason: EventReason::ScaledDown,
             message: format!("removing drained agent(s) {}", sizing.remove.join(", ")),
         });
     }
@@ -770,15 +773,15 @@ pub fn tenant_outcomes(
         };
         if let Some(ready) = status.conditions.iter().find(|c| c.type_ == "Ready")
             && ready.status == "False"
-            && matches!(ready.reason.as_str(), "ModelTooLarge" | "LoadFailed")
+            && let Some(reason) = match Reason::parse(&ready.reason) {
+                Some(Reason::LoadFailed) => Some(EventReason::LoadFailed),
+                Some(Reason::ModelTooLarge) => Some(EventReason::ModelTooLarge),
+                _ => None,
+            }
             && !was_failed_for(&ready.reason)
         {
             events.push(EventToRecord {
-                reason: if ready.reason == "LoadFailed" {
-                    "LoadFailed"
-                } else {
-                    "ModelTooLarge"
-                },
+                reason,
                 message: ready.message.clone(),
             });
         }
@@ -857,7 +860,7 @@ pub fn pool_status(
     let (ok, reason, message) = if !unplaced.is_empty() && resized.at_max {
         (
             false,
-            "AtMaxAgents",
+            Reason::AtMaxAgents,
             format!(
                 "{} replica(s) fit on no agent and the pool is at maxAgents {}",
                 unplaced.iter().map(|u| u.replicas).sum::<u32>(),
@@ -867,13 +870,13 @@ pub fn pool_status(
     } else if pending_agents > 0 {
         (
             false,
-            "AgentsPending",
+            Reason::AgentsPending,
             format!("{pending_agents} agent(s) waiting for a node with a free GPU"),
         )
     } else {
         (
             true,
-            "AgentsReady",
+            Reason::AgentsReady,
             format!("{ready_agents} agent(s) ready"),
         )
     };
@@ -881,7 +884,7 @@ pub fn pool_status(
         &mut status.conditions,
         "Ready",
         ok,
-        reason,
+        reason.as_str(),
         &message,
         pool.metadata.generation,
     );

@@ -2,6 +2,7 @@
 //! its replica count and the footprint of one replica. Pure; what it recalls of past rounds is
 //! `TenantRecall`, rebuilt from the tenant's status after an operator restart.
 
+use crate::reason::EventReason;
 use cotenant_crds::convert::{self, bounds_and_slo};
 use cotenant_crds::report::TenantReport;
 use cotenant_crds::{ModelTenant, Profile as SpecProfile};
@@ -46,7 +47,7 @@ impl TenantRecall {
 /// A user-visible decision, recorded as a Kubernetes Event on its tenant or pool.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EventToRecord {
-    pub reason: &'static str,
+    pub reason: EventReason,
     pub message: String,
 }
 
@@ -181,7 +182,7 @@ pub fn decide(
         recall.model = None;
         recall.scaler = None;
         events.push(EventToRecord {
-            reason: "ModelChanged",
+            reason: EventReason::ModelChanged,
             message: format!("{uri}: profiling again"),
         });
     }
@@ -197,7 +198,7 @@ pub fn decide(
         measured = convert::profile_from_status(&model_name, &recorded);
         if measured.is_some() {
             events.push(EventToRecord {
-                reason: "Profiled",
+                reason: EventReason::Profiled,
                 message: p
                     .points
                     .iter()
@@ -231,7 +232,7 @@ pub fn decide(
             None => {
                 let choice = choose_approach(p, &slo, &bounds);
                 events.push(EventToRecord {
-                    reason: "ApproachChosen",
+                    reason: EventReason::ApproachChosen,
                     message: format!(
                         "{:?} at batch {} x {} instances (throughput gain: batching {:.2}, instances {:.2}{})",
                         choice.approach,
@@ -281,7 +282,7 @@ pub fn decide(
             let before = scaler.knobs;
             match step(scaler, &observation, &slo, &bounds, model) {
                 Decision::SetKnobs(k) if k != before => events.push(EventToRecord {
-                    reason: "KnobsChanged",
+                    reason: EventReason::KnobsChanged,
                     message: format!(
                         "batch {} x {} instances -> batch {} x {} instances (observed {:.1} ms at p{} against {} ms)",
                         before.batch,
@@ -326,7 +327,7 @@ pub fn decide(
     };
     if recall.model.is_some() && failure.is_none() && replicas != before {
         events.push(EventToRecord {
-            reason: "ReplicasChanged",
+            reason: EventReason::ReplicasChanged,
             message: format!(
                 "{before} -> {replicas} replicas (arrival {:.1}/s{})",
                 aggregate.arrival_rate,

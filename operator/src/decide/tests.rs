@@ -223,7 +223,11 @@ fn a_measured_profile_chooses_knobs_and_routes_to_the_ready_replica() {
     let assigned = &outcome.assignments["agent-0"][0];
     assert_eq!(assigned.profile, None, "profiled once");
     assert_eq!(Some(&assigned.knobs), status.knobs.as_ref());
-    let reasons: Vec<&str> = outcome.tenants[0].events.iter().map(|n| n.reason).collect();
+    let reasons: Vec<&str> = outcome.tenants[0]
+        .events
+        .iter()
+        .map(|n| n.reason.as_str())
+        .collect();
     assert!(reasons.contains(&"Profiled") && reasons.contains(&"ApproachChosen"));
 }
 
@@ -767,7 +771,7 @@ fn an_agent_that_cannot_use_its_gpu_is_named_in_a_pool_event() {
     let events: Vec<(&str, &str)> = outcome
         .events
         .iter()
-        .map(|n| (n.reason, n.message.as_str()))
+        .map(|n| (n.reason.as_str(), n.message.as_str()))
         .collect();
     assert_eq!(
         events,

@@ -76,7 +76,7 @@ fn fleet(agents: &[AgentView]) -> Fleet {
 }
 
 fn reasons(events: &[EventToRecord]) -> Vec<&str> {
-    events.iter().map(|e| e.reason).collect()
+    events.iter().map(|e| e.reason.as_str()).collect()
 }
 
 #[test]
@@ -313,7 +313,7 @@ fn resize_adds_agents_for_unplaced_replicas_up_to_the_maximum() {
     assert_eq!(
         grown.events,
         vec![EventToRecord {
-            reason: "ScaledUp",
+            reason: EventReason::ScaledUp,
             message: "adding 2 agent(s): 2 replica(s) fit on no agent".into()
         }]
     );
