@@ -6,8 +6,8 @@
 mod agent;
 mod common;
 pub mod conditions;
+pub mod convert;
 pub mod credentials;
-pub mod policy_view;
 mod pool;
 pub mod report;
 pub mod storage;

@@ -302,7 +302,7 @@ fn bring_up(
         memory_limit,
         sources,
     } = share;
-    let (bounds, slo_view) = cotenant_crds::policy_view::bounds_and_slo(spec);
+    let (bounds, slo_view) = cotenant_crds::convert::bounds_and_slo(spec);
     let uri = &spec.model.uri;
     let zoo_written = match zoo {
         Some(zoo) if uri.starts_with("file://") => {

@@ -9,12 +9,12 @@
 //! is not controlled by that tenant is left alone, and the tenant says so in its Ready condition
 //! and an Event.
 
-use crate::credentials::MODEL_CREDENTIALS_REASON;
 use crate::decide::Route;
 use crate::decide::{PoolOutcome, TenantOutcome};
 use crate::leader::{Fence, FenceError};
 use crate::manifests::{self, DRAINING, POOL_LABEL, TENANT_LABEL};
 use crate::ratelimit::RateLimit;
+use crate::reason::{EventReason, Reason};
 use cotenant_crds::conditions::set_condition;
 use cotenant_crds::storage::COPY_LABEL;
 use cotenant_crds::{
@@ -156,10 +156,6 @@ fn same_slice(a: &EndpointSlice, b: &EndpointSlice) -> bool {
     };
     a.address_type == b.address_type && endpoints(a) == endpoints(b) && ports(a) == ports(b)
 }
-/// Reason of the Ready condition and the Event when a tenant's Service name is taken.
-pub const SERVICE_CONFLICT: &str = "ServiceConflict";
-/// Reason of the Event on a GpuAgent whose report is of another version than the operator's.
-pub const REPORT_VERSION_MISMATCH: &str = "ReportVersionMismatch";
 
 /// Why a write failed.
 #[derive(Debug, thiserror::Error)]
@@ -287,8 +283,8 @@ impl Writer {
             .await?;
         }
         self.pool_status(pool, &outcome.status).await?;
-        for note in &outcome.notes {
-            self.event(&pool.object_ref(&()), note.reason, &note.message)
+        for e in &outcome.events {
+            self.event(&pool.object_ref(&()), e.reason, &e.message)
                 .await;
         }
         Ok(())
@@ -375,14 +371,14 @@ impl Writer {
         let mut status = outcome.status.clone();
         if let Some(why) = &conflict {
             service_conflict(&mut status, t, why);
-            if !has_ready_reason(t, SERVICE_CONFLICT) {
-                self.event(&t.object_ref(&()), SERVICE_CONFLICT, why).await;
+            if !has_ready_reason(t, Reason::ServiceConflict) {
+                self.event(&t.object_ref(&()), EventReason::ServiceConflict, why)
+                    .await;
             }
         }
         self.status(t, &status).await?;
-        for note in &outcome.notes {
-            self.event(&t.object_ref(&()), note.reason, &note.message)
-                .await;
+        for e in &outcome.events {
+            self.event(&t.object_ref(&()), e.reason, &e.message).await;
         }
         Ok(())
     }
@@ -610,32 +606,28 @@ impl Writer {
 
     /// Says on `agent` that its report is of another version, so the operator does not use it.
     pub async fn report_version_mismatch(&self, agent: &GpuAgent, message: &str) {
-        self.event(&agent.object_ref(&()), REPORT_VERSION_MISMATCH, message)
-            .await;
+        self.event(
+            &agent.object_ref(&()),
+            EventReason::ReportVersionMismatch,
+            message,
+        )
+        .await;
     }
 
-    async fn event(&self, reference: &ObjectReference, reason: &str, note: &str) {
+    async fn event(&self, reference: &ObjectReference, reason: EventReason, note: &str) {
         let event = Event {
-            type_: if matches!(
-                reason,
-                "LoadFailed"
-                    | "ModelTooLarge"
-                    | "AtMaxAgents"
-                    | SERVICE_CONFLICT
-                    | MODEL_CREDENTIALS_REASON
-                    | REPORT_VERSION_MISMATCH
-            ) {
+            type_: if reason.is_warning() {
                 EventType::Warning
             } else {
                 EventType::Normal
             },
-            reason: reason.into(),
+            reason: reason.as_str().into(),
             note: Some(note.chars().take(1000).collect()),
-            action: reason.into(),
+            action: reason.as_str().into(),
             secondary: None,
         };
         if let Err(e) = self.fenced(self.recorder.publish(&event, reference)).await {
-            tracing::warn!(error = %e, reason, "could not record an event");
+            tracing::warn!(error = %e, %reason, "could not record an event");
         }
     }
 }
@@ -649,11 +641,11 @@ fn ignore_missing<T>(r: Result<T>) -> Result {
 }
 
 /// Whether the tenant's Ready condition already has `reason`.
-fn has_ready_reason(t: &ModelTenant, reason: &str) -> bool {
+fn has_ready_reason(t: &ModelTenant, reason: Reason) -> bool {
     t.status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.reason == reason)
+        .is_some_and(|c| reason == c.reason.as_str())
 }
 
 /// Marks `status` as not routable: the tenant's Service name belongs to someone else.
@@ -663,7 +655,7 @@ fn service_conflict(status: &mut ModelTenantStatus, t: &ModelTenant, why: &str) 
         &mut status.conditions,
         "Ready",
         false,
-        SERVICE_CONFLICT,
+        Reason::ServiceConflict.as_str(),
         why,
         t.metadata.generation,
     );

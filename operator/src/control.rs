@@ -9,9 +9,10 @@
 use crate::apply::{Published, Writer};
 use crate::context::Context;
 use crate::credentials::Credentials;
-use crate::decide::{self, AgentView, Memory, PodState, split_address};
+use crate::decide::{self, AgentView, PodState, Recall, split_address};
 use crate::manifests::{DRAINING, POOL_LABEL, TEMPLATE_HASH, host_port, template_hash};
 use crate::metrics::{PoolGauges, Snapshot, TenantGauges};
+use crate::reason::Reason;
 use crate::report::{OtherVersions, ScrapeError, Scraper};
 use crate::world::World;
 use cotenant_crds::conditions::set_condition;
@@ -40,7 +41,7 @@ pub struct Controller {
     pub agent_namespaces: BTreeSet<String>,
     /// Tenants' caller credentials, read from their Secrets.
     credentials: Credentials,
-    memory: Memory,
+    recall: Recall,
     /// Since when each agent's report has failed, by agent name.
     unreachable_since: HashMap<String, Instant>,
     /// The last scrape's reports by agent key, and when it ran.
@@ -71,7 +72,7 @@ impl Controller {
             scraper,
             agent_namespaces,
             credentials,
-            memory: Memory::new(tuning),
+            recall: Recall::new(tuning),
             unreachable_since: HashMap::new(),
             reports: BTreeMap::new(),
             scraped_at: None,
@@ -83,7 +84,7 @@ impl Controller {
 
     /// Forgets everything learned while leading (a new term starts from the API).
     pub fn reset(&mut self) {
-        self.memory = Memory::new(self.memory.tuning);
+        self.recall = Recall::new(self.recall.tuning);
         self.unreachable_since.clear();
         self.reports.clear();
         self.scraped_at = None;
@@ -287,7 +288,7 @@ impl Controller {
                 pool,
                 &pool_tenants,
                 &views,
-                &mut self.memory,
+                &mut self.recall,
                 now_s,
                 &now_rfc3339,
             );
@@ -429,7 +430,7 @@ fn apply_failed_status(
         &mut status.conditions,
         "Ready",
         false,
-        "ApplyFailed",
+        Reason::ApplyFailed.as_str(),
         &format!("the operator could not carry out this pool's decisions: {error}"),
         pool.metadata.generation,
     );
@@ -443,7 +444,7 @@ fn unmanaged_pool_status(pool: &GpuPool) -> cotenant_crds::GpuPoolStatus {
         &mut status.conditions,
         "Ready",
         false,
-        "NamespaceNotManaged",
+        Reason::NamespaceNotManaged.as_str(),
         &format!(
             "the operator runs no agents in namespace {:?}: add it to the chart's \
              agents.namespace (the operator's --agent-namespaces)",
@@ -476,12 +477,12 @@ fn unplaceable(
 ) -> Option<ModelTenantStatus> {
     let pool = pools.iter().find(|p| p.name_any() == t.spec.pool);
     let (reason, message) = if let Err(e) = t.spec.validate() {
-        ("InvalidSpec", e.to_string())
+        (Reason::InvalidSpec, e.to_string())
     } else if let Err(e) = cotenant_crds::validate_tenant_name(&t.name_any()) {
-        ("InvalidName", e.to_string())
+        (Reason::InvalidName, e.to_string())
     } else if pool.is_none() {
         (
-            "PoolNotFound",
+            Reason::PoolNotFound,
             format!(
                 "GpuPool {:?} does not exist: create it or set spec.pool",
                 t.spec.pool
@@ -489,7 +490,7 @@ fn unplaceable(
         )
     } else if pool.is_some_and(|p| !agent_namespaces.contains(&p.spec.agent_namespace)) {
         (
-            "PoolNotManaged",
+            Reason::PoolNotManaged,
             format!(
                 "GpuPool {:?} runs its agents in a namespace the operator does not manage; see \
                  the pool's Ready condition",
@@ -505,15 +506,17 @@ fn unplaceable(
         &mut status.conditions,
         "Ready",
         false,
-        reason,
+        reason.as_str(),
         &message,
         generation,
     );
-    status.phase = Some(if matches!(reason, "InvalidSpec" | "InvalidName") {
-        TenantPhase::Failed
-    } else {
-        TenantPhase::Pending
-    });
+    status.phase = Some(
+        if matches!(reason, Reason::InvalidSpec | Reason::InvalidName) {
+            TenantPhase::Failed
+        } else {
+            TenantPhase::Pending
+        },
+    );
     status.ready_replicas = Some(0);
     status.placements.clear();
     status.observed_generation = generation;

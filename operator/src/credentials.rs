@@ -15,8 +15,9 @@
 //!   why (so the agent fails the tenant with the reason) and an Event. `crate::apply` writes the
 //!   copies before the assignments and deletes those no assignment names any more.
 
-use crate::decide::{Note, PoolOutcome};
+use crate::decide::{EventToRecord, PoolOutcome};
 use crate::manifests::{MANAGED_BY, POOL_LABEL};
+use crate::reason::EventReason;
 use cotenant_crds::credentials::{digest, hex, token_digests};
 use cotenant_crds::storage::{
     self, COPY_LABEL, COPY_PROBLEM_ANNOTATION, COPY_SOURCE_ANNOTATION, Store,
@@ -31,12 +32,6 @@ use std::time::{Duration, Instant};
 
 /// How long the digests of a Secret are used before it is read again.
 pub const REFRESH: Duration = Duration::from_secs(10);
-
-/// The Event a tenant gets when its credentials cannot be used.
-const REASON: &str = "CredentialsUnavailable";
-
-/// The Event a tenant gets when its model credentials cannot be used.
-pub const MODEL_CREDENTIALS_REASON: &str = "ModelCredentialsUnavailable";
 
 /// What reading a Secret gave.
 #[derive(Debug)]
@@ -221,8 +216,8 @@ impl Credentials {
     }
 
     /// Points every assignment of a tenant naming a model `credentialsSecret` at the copy of it
-    /// in `pool`'s agent namespace, and returns the copies that namespace must hold; notes each
-    /// tenant whose Secret cannot be used.
+    /// in `pool`'s agent namespace, and returns the copies that namespace must hold; records an
+    /// Event on each tenant whose Secret cannot be used.
     pub async fn model_copies(&mut self, pool: &GpuPool, outcome: &mut PoolOutcome) -> Vec<Secret> {
         let pool_name = pool.name_any();
         let mut copies: BTreeMap<String, Secret> = BTreeMap::new();
@@ -252,8 +247,8 @@ impl Credentials {
                 }
                 Err(problem) if self.model_reported.get(&uid) != Some(problem) => {
                     self.model_reported.insert(uid.clone(), problem.clone());
-                    t.notes.push(Note {
-                        reason: MODEL_CREDENTIALS_REASON,
+                    t.events.push(EventToRecord {
+                        reason: EventReason::ModelCredentialsUnavailable,
                         message: format!(
                             "{problem}: the model cannot be downloaded until it is fixed"
                         ),
@@ -310,8 +305,8 @@ impl Credentials {
             .unwrap_or_else(|| Err(format!("Secret {namespace}/{name} was not read")))
     }
 
-    /// Sets the credentials of every assignment in `outcome` from its tenant's Secret, and notes
-    /// each tenant whose Secret cannot be used.
+    /// Sets the credentials of every assignment in `outcome` from its tenant's Secret, and records
+    /// an Event on each tenant whose Secret cannot be used.
     pub async fn apply(&mut self, outcome: &mut PoolOutcome) {
         let mut by_uid: HashMap<String, Option<CallerTokens>> = HashMap::new();
         for t in &mut outcome.tenants {
@@ -324,8 +319,8 @@ impl Credentials {
             let secret_ref = &credentials.secret_ref;
             let (digests, problem) = self.resolve(&namespace, secret_ref).await;
             if let Some(message) = problem {
-                t.notes.push(Note {
-                    reason: REASON,
+                t.events.push(EventToRecord {
+                    reason: EventReason::CredentialsUnavailable,
                     message,
                 });
             }

@@ -11,6 +11,7 @@ mod leader;
 mod manifests;
 mod metrics;
 mod ratelimit;
+mod reason;
 mod report;
 mod world;
 

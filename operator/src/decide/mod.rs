@@ -6,10 +6,13 @@
 mod status;
 pub mod tenant;
 
-use cotenant_crds::policy_view::spec_knobs;
+use crate::reason::{EventReason, Reason};
+use cotenant_crds::conditions::set_condition;
+use cotenant_crds::convert::spec_knobs;
 use cotenant_crds::report::{AgentReport, TenantReport};
-use cotenant_crds::{Assignment, GpuAgentStatus, GpuPool, GpuPoolStatus, ModelTenant, TenantRef};
-use cotenant_crds::{ModelTenantStatus, conditions::set_condition};
+use cotenant_crds::{Assignment, GpuAgentStatus, GpuPool, GpuPoolSpec, GpuPoolStatus};
+use cotenant_crds::{ModelTenant, ModelTenantStatus, ReplicaPlacement, TenantRef};
+use cotenant_policy::placement::Unplaced;
 use cotenant_policy::{
     AgentCapacity, CurrentReplica, Knobs, PoolAgent, PoolConfig, ReplicaDemand, place_at_most,
     size_pool,
@@ -17,7 +20,7 @@ use cotenant_policy::{
 use kube::ResourceExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-pub use tenant::{Note, TenantMemory};
+pub use tenant::{EventToRecord, TenantDecision, TenantRecall};
 
 /// Memory of one agent when neither the pool nor the agent says (80 GiB, a common GPU size).
 const DEFAULT_AGENT_MEMORY: u64 = 80 << 30;
@@ -89,21 +92,23 @@ impl AgentView {
     }
 }
 
-/// What the operator remembers between rounds; rebuilt from the API after a restart.
+/// What the operator recalls between rounds (not GPU memory): its tuning, each tenant's
+/// scaler state, when agents went idle and which replicas are retiring. Rebuilt from the API
+/// after a restart.
 #[derive(Default)]
-pub struct Memory {
+pub struct Recall {
     pub tuning: Tuning,
-    pub tenants: HashMap<String, TenantMemory>,
+    pub tenants: HashMap<String, TenantRecall>,
     idle_since: HashMap<String, f64>,
     /// Replicas leaving an agent, by `(agent, tenant uid)`: when their route was taken away.
     retiring: HashMap<(String, String), f64>,
 }
 
-impl Memory {
-    pub fn new(tuning: Tuning) -> Memory {
-        Memory {
+impl Recall {
+    pub fn new(tuning: Tuning) -> Recall {
+        Recall {
             tuning,
-            ..Memory::default()
+            ..Recall::default()
         }
     }
 }
@@ -126,7 +131,7 @@ pub struct TenantOutcome {
     pub tenant: Arc<ModelTenant>,
     pub status: ModelTenantStatus,
     pub routes: Vec<Route>,
-    pub notes: Vec<Note>,
+    pub events: Vec<EventToRecord>,
 }
 
 /// Everything one round decided for one pool.
@@ -141,7 +146,7 @@ pub struct PoolOutcome {
     /// Agents to delete: drained and empty, dead, or whose pod is gone.
     pub remove: Vec<String>,
     pub status: GpuPoolStatus,
-    pub notes: Vec<Note>,
+    pub events: Vec<EventToRecord>,
 }
 
 /// Seconds a replica that a round removes keeps serving without a route before it is
@@ -156,10 +161,10 @@ pub const ROUTE_DRAIN_S: f64 = 5.0;
 fn retire_routes_first(
     agents: &[AgentView],
     assignments: &mut BTreeMap<String, Vec<Assignment>>,
-    memory: &mut Memory,
+    retiring: &mut HashMap<(String, String), f64>,
+    tuning: &Tuning,
     now_s: f64,
 ) -> BTreeSet<(String, String)> {
-    let tuning = memory.tuning;
     let wanted = |agent: &str, uid: &str| {
         assignments
             .get(agent)
@@ -172,7 +177,7 @@ fn retire_routes_first(
         .filter(|(a, x)| !wanted(&a.name, &x.tenant.uid))
         .collect();
     // Remembered until the agent no longer holds it, so a slow watch cannot restart its clock.
-    memory.retiring.retain(|(agent, uid), _| {
+    retiring.retain(|(agent, uid), _| {
         leaving
             .iter()
             .any(|(a, x)| &a.name == agent && &x.tenant.uid == uid)
@@ -182,12 +187,12 @@ fn retire_routes_first(
         let uid = &x.tenant.uid;
         let stays_routed = agents
             .iter()
-            .any(|other| other.serves(uid, &tuning) && wanted(&other.name, uid));
-        if !a.serves(uid, &tuning) || !stays_routed {
+            .any(|other| other.serves(uid, tuning) && wanted(&other.name, uid));
+        if !a.serves(uid, tuning) || !stays_routed {
             continue;
         }
         let key = (a.name.clone(), uid.clone());
-        let since = *memory.retiring.entry(key.clone()).or_insert(now_s);
+        let since = *retiring.entry(key.clone()).or_insert(now_s);
         if now_s - since < ROUTE_DRAIN_S {
             kept.push((key, x.clone()));
         }
@@ -236,17 +241,109 @@ pub fn decide_pool(
     pool: &GpuPool,
     tenants: &[Arc<ModelTenant>],
     agents: &[AgentView],
-    memory: &mut Memory,
+    recall: &mut Recall,
     now_s: f64,
     now_rfc3339: &str,
 ) -> PoolOutcome {
-    let tuning = memory.tuning;
+    let tuning = recall.tuning;
     let now = now_rfc3339
         .parse::<k8s_openapi::jiff::Timestamp>()
         .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
-    // The pool's stated GPU memory wins; otherwise what each agent reports of its device.
-    let pool_memory = pool.spec.gpu_memory_mib.map(|m| m.saturating_mul(1 << 20));
-    let agent_memory = pool_memory.unwrap_or(DEFAULT_AGENT_MEMORY);
+    let seen = observe(pool.spec.gpu_memory_mib, tenants, agents, &tuning);
+    let decided = decide_tenants(
+        &seen.tenants,
+        &seen.known,
+        &mut recall.tenants,
+        &tuning,
+        seen.fleet.largest_agent,
+        now_s,
+        now_rfc3339,
+    );
+    let placed = place(
+        agents,
+        &seen.fleet,
+        &decided,
+        &mut recall.retiring,
+        &tuning,
+        now_s,
+    );
+    let resized = resize(
+        &pool.spec,
+        agents,
+        &seen.fleet,
+        &placed,
+        &mut recall.idle_since,
+        &tuning,
+        now_s,
+    );
+    let outcomes = tenant_outcomes(
+        decided.tenants,
+        agents,
+        &placed,
+        resized.at_max,
+        seen.fleet.largest_agent,
+        &tuning,
+        now,
+    );
+    let status = pool_status(pool, &seen.fleet, agents, &placed.unplaced, &resized);
+    PoolOutcome {
+        assignments: placed.assignments,
+        tenants: outcomes,
+        add_agents: resized.add,
+        drain: resized.drain,
+        undrain: resized.undrain,
+        remove: resized.remove,
+        status,
+        events: resized.events,
+    }
+}
+
+/// The pool's agents as a round sees them: their health and GPU memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fleet {
+    /// Device memory of an agent the pool adds: the pool's stated memory, else
+    /// [`DEFAULT_AGENT_MEMORY`].
+    pub new_agent_memory: u64,
+    /// Device memory of the largest healthy agent, and at least `new_agent_memory`: a replica
+    /// that needs more fits on no agent.
+    pub largest_agent: u64,
+    /// The healthy agents and the device memory of each, in the order of the agents.
+    pub healthy: Vec<(String, u64)>,
+    /// Agents that say they cannot use their GPU, with the reason they give.
+    pub device_unavailable: Vec<(String, String)>,
+}
+
+/// One live tenant and what its replicas report.
+#[derive(Clone, Debug)]
+pub struct TenantSeen<'a> {
+    pub tenant: &'a Arc<ModelTenant>,
+    pub uid: String,
+    /// Its replicas: the agent that holds each, and the assignment it holds.
+    pub replicas: Vec<(&'a AgentView, &'a Assignment)>,
+    /// The reports of those replicas, where their agent's latest report has one.
+    pub reports: Vec<&'a TenantReport>,
+}
+
+/// What a round starts from.
+#[derive(Clone, Debug)]
+pub struct Observation<'a> {
+    pub fleet: Fleet,
+    /// The live tenants (not deleting, with a uid), in the order given.
+    pub tenants: Vec<TenantSeen<'a>>,
+    /// The uid of every tenant, deleting ones included.
+    pub known: BTreeSet<String>,
+}
+
+/// Observe: the agents' health and GPU memory (the pool's stated memory wins over what each
+/// agent reports of its device), and each live tenant's replicas and their reports.
+pub fn observe<'a>(
+    pool_memory_mib: Option<u64>,
+    tenants: &'a [Arc<ModelTenant>],
+    agents: &'a [AgentView],
+    tuning: &Tuning,
+) -> Observation<'a> {
+    let pool_memory = pool_memory_mib.map(|m| m.saturating_mul(1 << 20));
+    let new_agent_memory = pool_memory.unwrap_or(DEFAULT_AGENT_MEMORY);
     let memory_of = |a: &AgentView| {
         pool_memory
             .or_else(|| {
@@ -258,92 +355,200 @@ pub fn decide_pool(
             })
             .unwrap_or(DEFAULT_AGENT_MEMORY)
     };
-    let largest_agent = agents
+    let healthy: Vec<(String, u64)> = agents
         .iter()
-        .filter(|a| a.healthy(&tuning))
-        .map(memory_of)
+        .filter(|a| a.healthy(tuning))
+        .map(|a| (a.name.clone(), memory_of(a)))
+        .collect();
+    let largest_agent = healthy
+        .iter()
+        .map(|(_, m)| *m)
         .max()
-        .unwrap_or(agent_memory)
-        .max(agent_memory);
-
-    let live: Vec<&Arc<ModelTenant>> = tenants
+        .unwrap_or(new_agent_memory)
+        .max(new_agent_memory);
+    // An agent started for a GPU it cannot use says so in its status and exits.
+    let device_unavailable = agents
+        .iter()
+        .filter_map(|a| {
+            let c = a
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .filter(|c| {
+                    c.status == "False" && Reason::DeviceUnavailable == c.reason.as_str()
+                })?;
+            Some((a.name.clone(), c.message.clone()))
+        })
+        .collect();
+    let live = tenants
         .iter()
         .filter(|t| t.metadata.deletion_timestamp.is_none() && t.uid().is_some())
+        .map(|t| {
+            let uid = t.uid().unwrap_or_default();
+            let replicas: Vec<(&AgentView, &Assignment)> = agents
+                .iter()
+                .flat_map(|a| {
+                    a.assignments
+                        .iter()
+                        .filter(|x| x.tenant.uid == uid)
+                        .map(move |x| (a, x))
+                })
+                .collect();
+            let reports = replicas
+                .iter()
+                .filter_map(|(a, _)| a.report.as_ref().and_then(|r| r.tenant(&uid)))
+                .collect();
+            TenantSeen {
+                tenant: t,
+                uid,
+                replicas,
+                reports,
+            }
+        })
         .collect();
-    let uids: BTreeSet<String> = tenants.iter().filter_map(|t| t.uid()).collect();
-    memory.tenants.retain(|uid, _| uids.contains(uid));
+    Observation {
+        fleet: Fleet {
+            new_agent_memory,
+            largest_agent,
+            healthy,
+            device_unavailable,
+        },
+        tenants: live,
+        known: tenants.iter().filter_map(|t| t.uid()).collect(),
+    }
+}
 
-    // Each tenant's decision from the reports of its replicas.
-    let mut decisions = Vec::new();
-    let mut demands = Vec::new();
-    let mut current = Vec::new();
-    for t in &live {
-        let uid = t.uid().unwrap_or_default();
-        let placed: Vec<(&AgentView, &Assignment)> = agents
-            .iter()
-            .flat_map(|a| {
-                a.assignments
-                    .iter()
-                    .filter(|x| x.tenant.uid == uid)
-                    .map(move |x| (a, x))
-            })
-            .collect();
-        let reports: Vec<&TenantReport> = placed
-            .iter()
-            .filter_map(|(a, _)| a.report.as_ref().and_then(|r| r.tenant(&uid)))
-            .collect();
-        let mem = memory
-            .tenants
+/// One live tenant's decision this round.
+#[derive(Clone, Debug)]
+pub struct TenantDecided {
+    pub tenant: Arc<ModelTenant>,
+    pub decision: TenantDecision,
+    /// One replica needs more memory than the largest agent has: it is not placed.
+    pub too_big: bool,
+}
+
+/// What the tenants decided, and what placement needs from them.
+#[derive(Clone, Debug, Default)]
+pub struct TenantsDecided {
+    pub tenants: Vec<TenantDecided>,
+    /// The replicas each tenant wants, except tenants too big for any agent.
+    pub demands: Vec<ReplicaDemand>,
+    /// The replicas that exist now, with the memory each takes at the knobs it runs.
+    pub current: Vec<CurrentReplica>,
+}
+
+/// Decide tenants: each live tenant's knobs and replicas from its replicas' reports. What
+/// `recall` holds of tenants not in `known` is forgotten.
+pub fn decide_tenants(
+    seen: &[TenantSeen],
+    known: &BTreeSet<String>,
+    recall: &mut HashMap<String, TenantRecall>,
+    tuning: &Tuning,
+    largest_agent: u64,
+    now_s: f64,
+    now_rfc3339: &str,
+) -> TenantsDecided {
+    recall.retain(|uid, _| known.contains(uid));
+    let mut out = TenantsDecided::default();
+    for s in seen {
+        let uid = &s.uid;
+        let tenant_recall = recall
             .entry(uid.clone())
-            .or_insert_with(|| TenantMemory::new(t));
-        let d = tenant::decide(t, &reports, mem, &tuning, now_s, now_rfc3339);
+            .or_insert_with(|| TenantRecall::new(s.tenant));
+        let d = tenant::decide(
+            s.tenant,
+            &s.reports,
+            tenant_recall,
+            tuning,
+            now_s,
+            now_rfc3339,
+        );
         let too_big = d.memory_bytes > largest_agent;
-        for (a, x) in &placed {
-            let ready = a.serves(&uid, &tuning);
-            let knobs = cotenant_crds::policy_view::knobs(&x.knobs);
-            current.push(CurrentReplica {
+        for (a, x) in &s.replicas {
+            let knobs = cotenant_crds::convert::knobs(&x.knobs);
+            out.current.push(CurrentReplica {
                 tenant: uid.clone(),
                 agent: a.name.clone(),
-                ready,
-                memory_bytes: mem
+                ready: a.serves(uid, tuning),
+                memory_bytes: tenant_recall
                     .model
                     .as_ref()
                     .map_or(d.memory_bytes, |m| m.memory_bytes(knobs)),
             });
         }
         if !too_big {
-            demands.push(ReplicaDemand {
+            out.demands.push(ReplicaDemand {
                 tenant: uid.clone(),
                 replicas: d.replicas,
                 memory_bytes: d.memory_bytes,
                 load: d.load,
             });
         }
-        decisions.push((Arc::clone(t), d, too_big));
+        out.tenants.push(TenantDecided {
+            tenant: Arc::clone(s.tenant),
+            decision: d,
+            too_big,
+        });
     }
+    out
+}
 
-    let replacing = replacing(agents, &tuning);
-    let capacities: Vec<AgentCapacity> = agents
+/// Where the replicas go this round.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Placed {
+    /// The assignments every agent of the pool runs from now on, each list sorted by tenant.
+    pub assignments: BTreeMap<String, Vec<Assignment>>,
+    /// `(agent, tenant uid)` of replicas kept assigned without a route ([`ROUTE_DRAIN_S`]).
+    pub retiring: BTreeSet<(String, String)>,
+    /// The agents being replaced (see [`replacing`]).
+    pub replacing: BTreeSet<String>,
+    /// Replicas that fit on no agent.
+    pub unplaced: Vec<Unplaced>,
+}
+
+/// Place: the tenants' replicas on the healthy agents that take new ones (neither draining nor
+/// being replaced). One replica of a tenant that wants a profile measures it; replicas the
+/// plan holds until replaced keep what they run; replicas that go lose their route first.
+pub fn place(
+    agents: &[AgentView],
+    fleet: &Fleet,
+    decided: &TenantsDecided,
+    retiring: &mut HashMap<(String, String), f64>,
+    tuning: &Tuning,
+    now_s: f64,
+) -> Placed {
+    let replacing = replacing(agents, tuning);
+    let draining: BTreeSet<&str> = agents
         .iter()
-        .filter(|a| a.healthy(&tuning))
-        .map(|a| AgentCapacity {
-            agent: a.name.clone(),
-            memory_bytes: memory_of(a),
+        .filter(|a| a.draining)
+        .map(|a| a.name.as_str())
+        .collect();
+    let capacities: Vec<AgentCapacity> = fleet
+        .healthy
+        .iter()
+        .map(|(name, memory_bytes)| AgentCapacity {
+            agent: name.clone(),
+            memory_bytes: *memory_bytes,
             compute: 1.0,
-            schedulable: !a.draining && !replacing.contains(&a.name),
+            schedulable: !draining.contains(name.as_str()) && !replacing.contains(name),
         })
         .collect();
     let plan = place_at_most(
         &capacities,
-        &demands,
-        &current,
+        &decided.demands,
+        &decided.current,
         cotenant_crds::MAX_ASSIGNMENTS,
     );
 
-    // The assignments each agent runs from now on.
-    let by_uid: HashMap<String, (&Arc<ModelTenant>, Knobs, Option<Knobs>)> = decisions
+    let by_uid: HashMap<String, (&Arc<ModelTenant>, Knobs, Option<Knobs>)> = decided
+        .tenants
         .iter()
-        .map(|(t, d, _)| (t.uid().unwrap_or_default(), (t, d.knobs, d.wants_profile)))
+        .map(|d| {
+            let uid = d.tenant.uid().unwrap_or_default();
+            (uid, (&d.tenant, d.decision.knobs, d.decision.wants_profile))
+        })
         .collect();
     let mut assignments: BTreeMap<String, Vec<Assignment>> = agents
         .iter()
@@ -383,17 +588,54 @@ pub fn decide_pool(
                 .push(x.clone());
         }
     }
-    let retiring = retire_routes_first(agents, &mut assignments, memory, now_s);
+    let retiring = retire_routes_first(agents, &mut assignments, retiring, tuning, now_s);
     for list in assignments.values_mut() {
         list.sort_by(|x, y| x.tenant.cmp(&y.tenant));
     }
+    Placed {
+        assignments,
+        retiring,
+        replacing,
+        unplaced: plan.unplaced,
+    }
+}
 
-    // The pool's size.
+/// How the pool grows or shrinks this round.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Resized {
+    pub add: u32,
+    /// Agents to mark draining: idle ones, and the one being replaced that is not yet.
+    pub drain: Vec<String>,
+    pub undrain: Vec<String>,
+    /// Agents to delete (sorted): dead, gone, or drained and empty.
+    pub remove: Vec<String>,
+    /// The pool's agents once this round is carried out.
+    pub agents_after: u32,
+    /// `agents_after` reaches the pool's `maxAgents`.
+    pub at_max: bool,
+    /// The pool's Events.
+    pub events: Vec<EventToRecord>,
+}
+
+/// Size the pool: agents whose pod is gone or whose report failed for [`Tuning::dead_after_s`]
+/// are removed; the rest, with the replicas placed on them and since when they are idle, go to
+/// the policy's pool sizing. The pool's Events say what changed, and which agents cannot use
+/// their GPU (the agent itself may not record Events).
+pub fn resize(
+    spec: &GpuPoolSpec,
+    agents: &[AgentView],
+    fleet: &Fleet,
+    placed: &Placed,
+    idle_since: &mut HashMap<String, f64>,
+    tuning: &Tuning,
+    now_s: f64,
+) -> Resized {
+    let replacing = &placed.replacing;
     let mut remove: Vec<String> = agents
         .iter()
         .filter(|a| {
             a.pod == PodState::Gone
-                || (a.pod == PodState::Running && a.unreachable_for_s >= memory.tuning.dead_after_s)
+                || (a.pod == PodState::Running && a.unreachable_for_s >= tuning.dead_after_s)
         })
         .map(|a| a.name.clone())
         .collect();
@@ -401,16 +643,16 @@ pub fn decide_pool(
         .iter()
         .filter(|a| !remove.contains(&a.name))
         .map(|a| {
-            let replicas = assignments.get(&a.name).map_or(0, Vec::len) as u32;
-            let idle_since = if replicas == 0 && a.healthy(&tuning) {
-                Some(*memory.idle_since.entry(a.name.clone()).or_insert(now_s))
+            let replicas = placed.assignments.get(&a.name).map_or(0, Vec::len) as u32;
+            let idle_since = if replicas == 0 && a.healthy(tuning) {
+                Some(*idle_since.entry(a.name.clone()).or_insert(now_s))
             } else {
-                memory.idle_since.remove(&a.name);
+                idle_since.remove(&a.name);
                 None
             };
             PoolAgent {
                 agent: a.name.clone(),
-                ready: a.healthy(&tuning),
+                ready: a.healthy(tuning),
                 draining: a.draining || replacing.contains(&a.name),
                 replacing: replacing.contains(&a.name),
                 replicas,
@@ -419,22 +661,22 @@ pub fn decide_pool(
         })
         .collect();
     let cfg = PoolConfig {
-        min_agents: pool.spec.min_agents,
-        max_agents: pool.spec.max_agents,
-        scale_down_delay_s: pool.spec.scale_down_delay_seconds as f64,
-        agent_memory_bytes: agent_memory,
+        min_agents: spec.min_agents,
+        max_agents: spec.max_agents,
+        scale_down_delay_s: spec.scale_down_delay_seconds as f64,
+        agent_memory_bytes: fleet.new_agent_memory,
         agent_compute: 1.0,
     };
-    let sizing = size_pool(&pool_agents, &plan.unplaced, &cfg, now_s);
+    let sizing = size_pool(&pool_agents, &placed.unplaced, &cfg, now_s);
     remove.extend(sizing.remove.iter().cloned());
-    let mut notes = Vec::new();
+    let mut events = Vec::new();
     if sizing.add > 0 {
-        notes.push(Note {
-            reason: "ScaledUp",
+        events.push(EventToRecord {
+            reason: EventReason::ScaledUp,
             message: format!(
                 "adding {} agent(s): {} replica(s) fit on no agent",
                 sizing.add,
-                plan.unplaced.iter().map(|u| u.replicas).sum::<u32>()
+                placed.unplaced.iter().map(|u| u.replicas).sum::<u32>()
             ),
         });
     }
@@ -442,8 +684,8 @@ pub fn decide_pool(
     for a in agents {
         if replacing.contains(&a.name) && !a.draining && a.pod == PodState::Running {
             drain.push(a.name.clone());
-            notes.push(Note {
-                reason: "Replacing",
+            events.push(EventToRecord {
+                reason: EventReason::Replacing,
                 message: format!(
                     "agent {} runs an older version of the pool's template: moving its replicas, then replacing it",
                     a.name
@@ -452,82 +694,65 @@ pub fn decide_pool(
         }
     }
     for a in &sizing.drain {
-        notes.push(Note {
-            reason: "Draining",
+        events.push(EventToRecord {
+            reason: EventReason::Draining,
             message: format!(
                 "agent {a} idle for {}s: draining before removal",
-                pool.spec.scale_down_delay_seconds
+                spec.scale_down_delay_seconds
             ),
         });
     }
-    // An agent started for a GPU it cannot use says so in its status and exits: the pool says
-    // so too, since the agent itself may not record Events.
-    for a in agents {
-        let unusable = a
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-            .filter(|c| c.status == "False" && c.reason == "DeviceUnavailable");
-        if let Some(c) = unusable {
-            notes.push(Note {
-                reason: "AgentDeviceUnavailable",
-                message: format!("agent {} cannot use its GPU: {}", a.name, c.message),
-            });
-        }
+    for (agent, why) in &fleet.device_unavailable {
+        events.push(EventToRecord {
+            reason: EventReason::AgentDeviceUnavailable,
+            message: format!("agent {agent} cannot use its GPU: {why}"),
+        });
     }
     if !sizing.remove.is_empty() {
-        notes.push(Note {
-            reason: "ScaledDown",
+        events.push(EventToRecord {
+            reason: EventReason::ScaledDown,
             message: format!("removing drained agent(s) {}", sizing.remove.join(", ")),
         });
     }
+    let agents_after = agents.len() as u32 - remove.len().min(agents.len()) as u32 + sizing.add;
+    remove.sort();
+    remove.dedup();
+    Resized {
+        add: sizing.add,
+        drain,
+        undrain: sizing.undrain,
+        remove,
+        agents_after,
+        at_max: agents_after >= cfg.max_agents,
+        events,
+    }
+}
 
-    // Tenant statuses and routes.
-    let unplaced: HashMap<&str, u32> = plan
+/// Write status, per tenant: its status, its routes (agents serving a Ready replica that is
+/// not retiring) and its Events, with one when it newly fails for a reason a user must act on.
+pub fn tenant_outcomes(
+    decided: Vec<TenantDecided>,
+    agents: &[AgentView],
+    placed: &Placed,
+    pool_at_max: bool,
+    largest_agent: u64,
+    tuning: &Tuning,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Vec<TenantOutcome> {
+    let unplaced: HashMap<&str, u32> = placed
         .unplaced
         .iter()
         .map(|u| (u.tenant.as_str(), u.replicas))
         .collect();
-    let at_max =
-        agents.len() as u32 - remove.len().min(agents.len()) as u32 + sizing.add >= cfg.max_agents;
     let mut outcomes = Vec::new();
-    for (t, d, too_big) in decisions {
+    for TenantDecided {
+        tenant: t,
+        decision: d,
+        too_big,
+    } in decided
+    {
         let uid = t.uid().unwrap_or_default();
-        let mut routes = Vec::new();
-        let mut placements = Vec::new();
-        for (agent, list) in &assignments {
-            if !list.iter().any(|x| x.tenant.uid == uid)
-                || retiring.contains(&(agent.clone(), uid.clone()))
-            {
-                continue;
-            }
-            let Some(view) = agents.iter().find(|a| &a.name == agent) else {
-                continue;
-            };
-            let ready = view.serves(&uid, &tuning);
-            let node = view.node.clone();
-            placements.push(cotenant_crds::ReplicaPlacement {
-                agent: agent.clone(),
-                node: node.clone(),
-                ready,
-            });
-            // The agent chooses only the ports, on its own pod's IP.
-            let port_of = |address: Option<&String>| {
-                address.and_then(|a| split_address(a)).map(|(_, port)| port)
-            };
-            let status = view.status.as_ref();
-            let port = port_of(status.and_then(|s| s.address.as_ref()));
-            let grpc_port = port_of(status.and_then(|s| s.grpc_address.as_ref()));
-            if let (true, Some(host), Some(port)) = (ready, view.pod_ip.clone(), port) {
-                routes.push(Route {
-                    host,
-                    port,
-                    grpc_port,
-                    node,
-                    agent: agent.clone(),
-                });
-            }
-        }
+        let (mut routes, placements) = routes(&uid, agents, placed, tuning);
         let status = status::tenant_status(
             &t,
             &d,
@@ -535,11 +760,11 @@ pub fn decide_pool(
                 placements,
                 too_big: too_big.then_some(largest_agent),
                 unplaced: unplaced.get(uid.as_str()).copied().unwrap_or(0),
-                pool_at_max: at_max,
+                pool_at_max,
             },
             now,
         );
-        let mut notes = d.notes.clone();
+        let mut events = d.events.clone();
         let was_failed_for = |reason: &str| {
             t.status
                 .as_ref()
@@ -548,15 +773,15 @@ pub fn decide_pool(
         };
         if let Some(ready) = status.conditions.iter().find(|c| c.type_ == "Ready")
             && ready.status == "False"
-            && matches!(ready.reason.as_str(), "ModelTooLarge" | "LoadFailed")
+            && let Some(reason) = match Reason::parse(&ready.reason) {
+                Some(Reason::LoadFailed) => Some(EventReason::LoadFailed),
+                Some(Reason::ModelTooLarge) => Some(EventReason::ModelTooLarge),
+                _ => None,
+            }
             && !was_failed_for(&ready.reason)
         {
-            notes.push(Note {
-                reason: if ready.reason == "LoadFailed" {
-                    "LoadFailed"
-                } else {
-                    "ModelTooLarge"
-                },
+            events.push(EventToRecord {
+                reason,
                 message: ready.message.clone(),
             });
         }
@@ -565,60 +790,105 @@ pub fn decide_pool(
             tenant: t,
             status,
             routes,
-            notes,
+            events,
         });
     }
-    let ready_agents = agents.iter().filter(|a| a.healthy(&tuning)).count() as u32;
+    outcomes
+}
+
+/// Tenant `uid`'s routes and placements: every agent assigned a replica of it that is not
+/// retiring is a placement; those serving it, with a pod IP and a reported port, are routes.
+fn routes(
+    uid: &str,
+    agents: &[AgentView],
+    placed: &Placed,
+    tuning: &Tuning,
+) -> (Vec<Route>, Vec<ReplicaPlacement>) {
+    let mut routes = Vec::new();
+    let mut placements = Vec::new();
+    for (agent, list) in &placed.assignments {
+        if !list.iter().any(|x| x.tenant.uid == uid)
+            || placed.retiring.contains(&(agent.clone(), uid.to_string()))
+        {
+            continue;
+        }
+        let Some(view) = agents.iter().find(|a| &a.name == agent) else {
+            continue;
+        };
+        let ready = view.serves(uid, tuning);
+        let node = view.node.clone();
+        placements.push(ReplicaPlacement {
+            agent: agent.clone(),
+            node: node.clone(),
+            ready,
+        });
+        // The agent chooses only the ports, on its own pod's IP.
+        let port_of =
+            |address: Option<&String>| address.and_then(|a| split_address(a)).map(|(_, port)| port);
+        let status = view.status.as_ref();
+        let port = port_of(status.and_then(|s| s.address.as_ref()));
+        let grpc_port = port_of(status.and_then(|s| s.grpc_address.as_ref()));
+        if let (true, Some(host), Some(port)) = (ready, view.pod_ip.clone(), port) {
+            routes.push(Route {
+                host,
+                port,
+                grpc_port,
+                node,
+                agent: agent.clone(),
+            });
+        }
+    }
+    (routes, placements)
+}
+
+/// Write status, for the pool: its agent counts and its Ready condition.
+pub fn pool_status(
+    pool: &GpuPool,
+    fleet: &Fleet,
+    agents: &[AgentView],
+    unplaced: &[Unplaced],
+    resized: &Resized,
+) -> GpuPoolStatus {
+    let ready_agents = fleet.healthy.len() as u32;
     let pending_agents =
-        agents.iter().filter(|a| a.pod == PodState::Pending).count() as u32 + sizing.add;
-    let mut pool_status = pool.status.clone().unwrap_or_default();
-    pool_status.agents = agents.len() as u32 - remove.len().min(agents.len()) as u32 + sizing.add;
-    pool_status.ready_agents = ready_agents;
-    pool_status.pending_agents = pending_agents;
-    pool_status.observed_generation = pool.metadata.generation;
-    let (ok, reason, message) = if !plan.unplaced.is_empty() && at_max {
+        agents.iter().filter(|a| a.pod == PodState::Pending).count() as u32 + resized.add;
+    let mut status = pool.status.clone().unwrap_or_default();
+    status.agents = resized.agents_after;
+    status.ready_agents = ready_agents;
+    status.pending_agents = pending_agents;
+    status.observed_generation = pool.metadata.generation;
+    let (ok, reason, message) = if !unplaced.is_empty() && resized.at_max {
         (
             false,
-            "AtMaxAgents",
+            Reason::AtMaxAgents,
             format!(
                 "{} replica(s) fit on no agent and the pool is at maxAgents {}",
-                plan.unplaced.iter().map(|u| u.replicas).sum::<u32>(),
-                cfg.max_agents
+                unplaced.iter().map(|u| u.replicas).sum::<u32>(),
+                pool.spec.max_agents
             ),
         )
     } else if pending_agents > 0 {
         (
             false,
-            "AgentsPending",
+            Reason::AgentsPending,
             format!("{pending_agents} agent(s) waiting for a node with a free GPU"),
         )
     } else {
         (
             true,
-            "AgentsReady",
+            Reason::AgentsReady,
             format!("{ready_agents} agent(s) ready"),
         )
     };
     set_condition(
-        &mut pool_status.conditions,
+        &mut status.conditions,
         "Ready",
         ok,
-        reason,
+        reason.as_str(),
         &message,
         pool.metadata.generation,
     );
-    remove.sort();
-    remove.dedup();
-    PoolOutcome {
-        assignments,
-        tenants: outcomes,
-        add_agents: sizing.add,
-        drain,
-        undrain: sizing.undrain,
-        remove,
-        status: pool_status,
-        notes,
-    }
+    status
 }
 
 /// `host:port` (IPv6 hosts in brackets) into its parts.

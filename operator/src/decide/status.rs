@@ -7,8 +7,9 @@
 //! summary. The live numbers are the agents' Prometheus metrics.
 
 use super::tenant::{Aggregate, TenantDecision};
+use crate::reason::Reason;
 use cotenant_crds::conditions::set_condition;
-use cotenant_crds::policy_view::{chosen, scaler_memory, spec_knobs};
+use cotenant_crds::convert::{chosen, scaler_memory, spec_knobs};
 use cotenant_crds::report::served_name;
 use cotenant_crds::{ModelTenant, ModelTenantStatus, Observed, ReplicaPlacement, TenantPhase};
 use k8s_openapi::jiff::Timestamp;
@@ -83,11 +84,11 @@ pub fn tenant_status(
             } else {
                 format!("{uri}: {e}")
             };
-            (false, "LoadFailed", message)
+            (false, Reason::LoadFailed, message)
         }
         (None, Some(largest)) => (
             false,
-            "ModelTooLarge",
+            Reason::ModelTooLarge,
             format!(
                 "one replica needs {} MiB but the largest agent of pool {:?} has {} MiB",
                 d.memory_bytes >> 20,
@@ -97,12 +98,12 @@ pub fn tenant_status(
         ),
         (None, None) if ready_replicas > 0 => (
             true,
-            "Loaded",
+            Reason::Loaded,
             format!("{ready_replicas} replica(s) loaded"),
         ),
         (None, None) => (
             false,
-            "Loading",
+            Reason::Loading,
             "waiting for an agent to load the model".into(),
         ),
     };
@@ -110,18 +111,18 @@ pub fn tenant_status(
         &mut s.conditions,
         "ModelLoaded",
         loaded,
-        load_reason,
+        load_reason.as_str(),
         &load_message,
         generation,
     );
     let (met_reason, met_message) = if !a.latency_ms.is_finite() {
         (
-            "NoTraffic",
+            Reason::NoTraffic,
             "no completed requests in the window".to_string(),
         )
     } else if slo_met {
         (
-            "WithinSLO",
+            Reason::WithinSLO,
             format!(
                 "p{} {quoted_ms:.1} ms within {slo_ms} ms{}",
                 tenant.spec.slo.percentile,
@@ -130,7 +131,7 @@ pub fn tenant_status(
         )
     } else {
         (
-            "SLOViolated",
+            Reason::SLOViolated,
             format!(
                 "p{} {quoted_ms:.1} ms over {slo_ms} ms{}",
                 tenant.spec.slo.percentile,
@@ -142,12 +143,12 @@ pub fn tenant_status(
         &mut s.conditions,
         "SLOMet",
         slo_met,
-        met_reason,
+        met_reason.as_str(),
         &met_message,
         generation,
     );
 
-    let (phase, ready, reason, message) = if !loaded && load_reason != "Loading" {
+    let (phase, ready, reason, message) = if !loaded && load_reason != Reason::Loading {
         (TenantPhase::Failed, false, load_reason, load_message)
     } else if ready_replicas == 0 && placement.unplaced > 0 {
         let why = if placement.pool_at_max {
@@ -158,35 +159,39 @@ pub fn tenant_status(
         (
             TenantPhase::Pending,
             false,
-            "AwaitingAgents",
+            Reason::AwaitingAgents,
             format!("no agent has room for a replica; {why}"),
         )
     } else if ready_replicas == 0 {
         (
             TenantPhase::Pending,
             false,
-            "Loading",
+            Reason::Loading,
             "waiting for an agent to load the model".to_string(),
         )
     } else if d.wants_profile.is_some() {
         (
             TenantPhase::Profiling,
             true,
-            "Profiling",
+            Reason::Profiling,
             "serving on one replica while DNNScaler measures the model".to_string(),
         )
     } else if slo_met && ready_replicas >= d.replicas {
         (
             TenantPhase::Serving,
             true,
-            "Serving",
+            Reason::Serving,
             format!("{ready_replicas} replica(s) serving"),
         )
     } else {
         (
             TenantPhase::Degraded,
             true,
-            if slo_met { "ScalingUp" } else { "SLOViolated" },
+            if slo_met {
+                Reason::ScalingUp
+            } else {
+                Reason::SLOViolated
+            },
             format!(
                 "{ready_replicas} of {} replica(s) ready; {met_message}",
                 d.replicas
@@ -198,7 +203,7 @@ pub fn tenant_status(
         &mut s.conditions,
         "Ready",
         ready,
-        reason,
+        reason.as_str(),
         &message,
         generation,
     );

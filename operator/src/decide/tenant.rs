@@ -1,8 +1,9 @@
 //! One tenant's scaling decision for this round: its profile, approach and knobs (DNNScaler),
-//! its replica count and the footprint of one replica. Pure; the memory of past rounds lives in
-//! `TenantMemory`, rebuilt from the tenant's status after an operator restart.
+//! its replica count and the footprint of one replica. Pure; what it recalls of past rounds is
+//! `TenantRecall`, rebuilt from the tenant's status after an operator restart.
 
-use cotenant_crds::policy_view::{self, bounds_and_slo};
+use crate::reason::EventReason;
+use cotenant_crds::convert::{self, bounds_and_slo};
 use cotenant_crds::report::TenantReport;
 use cotenant_crds::{ModelTenant, Profile as SpecProfile};
 use cotenant_policy::{
@@ -17,7 +18,7 @@ const STEP_INTERVAL_S: f64 = 4.0;
 const PROFILE_K: u32 = 4;
 
 /// What the operator remembers of a tenant between rounds.
-pub struct TenantMemory {
+pub struct TenantRecall {
     pub scaler: Option<ScalerState>,
     pub model: Option<LatencyModel>,
     pub replicas: ReplicaState,
@@ -26,14 +27,14 @@ pub struct TenantMemory {
     last_step_s: f64,
 }
 
-impl TenantMemory {
-    pub fn new(tenant: &ModelTenant) -> TenantMemory {
+impl TenantRecall {
+    pub fn new(tenant: &ModelTenant) -> TenantRecall {
         let replicas = tenant
             .status
             .as_ref()
             .and_then(|s| s.replicas)
             .unwrap_or(tenant.spec.scaling.min_replicas);
-        TenantMemory {
+        TenantRecall {
             scaler: None,
             model: None,
             replicas: ReplicaState::new(replicas.max(1)),
@@ -43,10 +44,10 @@ impl TenantMemory {
     }
 }
 
-/// A user-visible decision, published as an Event on the tenant.
+/// A user-visible decision, recorded as a Kubernetes Event on its tenant or pool.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Note {
-    pub reason: &'static str,
+pub struct EventToRecord {
+    pub reason: EventReason,
     pub message: String,
 }
 
@@ -111,7 +112,7 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
 pub fn epoch(reports: &[&TenantReport], wanted: Knobs, batch_moves: bool) -> Option<Epoch> {
     let mut seconds = f64::INFINITY;
     for s in reports.iter().filter_map(|r| r.serving()) {
-        let runs = policy_view::knobs(&s.knobs);
+        let runs = convert::knobs(&s.knobs);
         let same = runs == wanted
             || (!batch_moves && runs.batch == 1 && runs.instances == wanted.instances);
         if !same || s.since_knobs_changed_seconds.is_nan() {
@@ -145,14 +146,14 @@ pub struct TenantDecision {
     /// Why the model cannot run, as its agent reported.
     pub failure: Option<String>,
     pub aggregate: Aggregate,
-    pub notes: Vec<Note>,
+    pub events: Vec<EventToRecord>,
 }
 
 /// Decides `tenant`'s knobs and replicas from its replicas' reports.
 pub fn decide(
     tenant: &ModelTenant,
     reports: &[&TenantReport],
-    memory: &mut TenantMemory,
+    recall: &mut TenantRecall,
     tuning: &super::Tuning,
     now_s: f64,
     now_rfc3339: &str,
@@ -160,14 +161,14 @@ pub fn decide(
     let (bounds, slo) = bounds_and_slo(&tenant.spec);
     let status = tenant.status.clone().unwrap_or_default();
     let model_name = tenant.name_any();
-    let mut notes = Vec::new();
+    let mut events = Vec::new();
     let aggregate = aggregate(reports);
     let failure = reports.iter().find_map(|r| r.error()).map(str::to_string);
     if let Some(w) = reports
         .iter()
         .find_map(|r| r.serving().map(|s| s.weight_bytes))
     {
-        memory.weight_bytes = Some(w);
+        recall.weight_bytes = Some(w);
     }
 
     // The profile: recorded in the status for this model, or just measured by an agent. A new
@@ -177,27 +178,27 @@ pub fn decide(
         .profile
         .clone()
         .filter(|p| p.model_uri.as_ref().is_none_or(|m| m == uri));
-    if profile.is_none() && status.profile.is_some() && memory.model.is_some() {
-        memory.model = None;
-        memory.scaler = None;
-        notes.push(Note {
-            reason: "ModelChanged",
+    if profile.is_none() && status.profile.is_some() && recall.model.is_some() {
+        recall.model = None;
+        recall.scaler = None;
+        events.push(EventToRecord {
+            reason: EventReason::ModelChanged,
             message: format!("{uri}: profiling again"),
         });
     }
     let mut measured = profile
         .as_ref()
-        .and_then(|p| policy_view::profile_from_status(&model_name, p));
+        .and_then(|p| convert::profile_from_status(&model_name, p));
     // Approach and knobs in the status belong to that profile (after an operator restart).
     let recorded_choice = measured.is_some();
     if measured.is_none()
         && let Some(p) = reports.iter().find_map(|r| r.profile.as_ref())
     {
-        let recorded = policy_view::profile_to_status(p, uri, now_rfc3339.to_string());
-        measured = policy_view::profile_from_status(&model_name, &recorded);
+        let recorded = convert::profile_to_status(p, uri, now_rfc3339.to_string());
+        measured = convert::profile_from_status(&model_name, &recorded);
         if measured.is_some() {
-            notes.push(Note {
-                reason: "Profiled",
+            events.push(EventToRecord {
+                reason: EventReason::Profiled,
                 message: p
                     .points
                     .iter()
@@ -214,29 +215,24 @@ pub fn decide(
         }
     }
     if let Some(p) = &measured
-        && memory.model.is_none()
+        && recall.model.is_none()
     {
-        memory.model = Some(LatencyModel::from_profile(p));
+        recall.model = Some(LatencyModel::from_profile(p));
     }
 
     // Approach and knobs.
-    if let (Some(p), None) = (&measured, &memory.scaler) {
+    if let (Some(p), None) = (&measured, &recall.scaler) {
         let restored = status
             .approach
             .filter(|_| recorded_choice)
             .zip(status.knobs.as_ref())
-            .map(|(a, k)| {
-                (
-                    policy_view::approach(a),
-                    bounds.clamp(policy_view::knobs(k)),
-                )
-            });
+            .map(|(a, k)| (convert::approach(a), bounds.clamp(convert::knobs(k))));
         let (approach, knobs) = match restored {
             Some(r) => r,
             None => {
                 let choice = choose_approach(p, &slo, &bounds);
-                notes.push(Note {
-                    reason: "ApproachChosen",
+                events.push(EventToRecord {
+                    reason: EventReason::ApproachChosen,
                     message: format!(
                         "{:?} at batch {} x {} instances (throughput gain: batching {:.2}, instances {:.2}{})",
                         choice.approach,
@@ -255,18 +251,18 @@ pub fn decide(
         };
         let mut scaler = ScalerState::new(approach, knobs, ScalerConfig::default());
         if let Some(m) = status.scaler.as_ref().filter(|_| recorded_choice) {
-            scaler.restore(policy_view::learned(m));
+            scaler.restore(convert::learned(m));
         }
-        memory.scaler = Some(scaler);
+        recall.scaler = Some(scaler);
     }
     let mut wants_more = false;
     let batch_moves = measured
         .as_ref()
         .is_some_and(|p| p.points.iter().any(|q| q.batch > 1));
-    if let (Some(scaler), Some(model)) = (memory.scaler.as_mut(), memory.model.as_ref())
+    if let (Some(scaler), Some(model)) = (recall.scaler.as_mut(), recall.model.as_ref())
         && failure.is_none()
         && aggregate.replicas > 0
-        && now_s - memory.last_step_s >= STEP_INTERVAL_S
+        && now_s - recall.last_step_s >= STEP_INTERVAL_S
     {
         let n = aggregate.replicas as f64;
         let observation = TenantObservation {
@@ -281,12 +277,12 @@ pub fn decide(
         if observation.has_signal() {
             // Only a step that reads fresh evidence waits for the next interval.
             if scaler.config.evidence.admits(&observation, scaler.knobs) {
-                memory.last_step_s = now_s;
+                recall.last_step_s = now_s;
             }
             let before = scaler.knobs;
             match step(scaler, &observation, &slo, &bounds, model) {
-                Decision::SetKnobs(k) if k != before => notes.push(Note {
-                    reason: "KnobsChanged",
+                Decision::SetKnobs(k) if k != before => events.push(EventToRecord {
+                    reason: EventReason::KnobsChanged,
                     message: format!(
                         "batch {} x {} instances -> batch {} x {} instances (observed {:.1} ms at p{} against {} ms)",
                         before.batch,
@@ -303,15 +299,15 @@ pub fn decide(
             }
         }
     }
-    let knobs = memory
+    let knobs = recall
         .scaler
         .as_ref()
         .map_or(Knobs::ONE, |s| bounds.clamp(s.knobs));
 
     // Replicas: one while there is no profile (it is being measured) or the model is broken.
-    let before = memory.replicas.replicas;
-    let replicas = match (&memory.model, &failure) {
-        (Some(model), None) => memory
+    let before = recall.replicas.replicas;
+    let replicas = match (&recall.model, &failure) {
+        (Some(model), None) => recall
             .replicas
             .decide(
                 &ReplicaInput {
@@ -329,9 +325,9 @@ pub fn decide(
             .max(1),
         _ => 1,
     };
-    if memory.model.is_some() && failure.is_none() && replicas != before {
-        notes.push(Note {
-            reason: "ReplicasChanged",
+    if recall.model.is_some() && failure.is_none() && replicas != before {
+        events.push(EventToRecord {
+            reason: EventReason::ReplicasChanged,
             message: format!(
                 "{before} -> {replicas} replicas (arrival {:.1}/s{})",
                 aggregate.arrival_rate,
@@ -344,7 +340,7 @@ pub fn decide(
         });
     }
 
-    let (memory_bytes, load) = match &memory.model {
+    let (memory_bytes, load) = match &recall.model {
         Some(model) => {
             let capacity = model.throughput(knobs) * replicas as f64;
             let load = if capacity > 0.0 {
@@ -354,14 +350,14 @@ pub fn decide(
             };
             (model.memory_bytes(knobs), load)
         }
-        None => (memory.weight_bytes.unwrap_or(0), 0.0),
+        None => (recall.weight_bytes.unwrap_or(0), 0.0),
     };
     let wants_profile = (measured.is_none() && failure.is_none())
         .then(|| bounds.clamp(Knobs::new(PROFILE_K, PROFILE_K)));
     TenantDecision {
-        approach: memory.scaler.as_ref().map(|s| s.approach),
+        approach: recall.scaler.as_ref().map(|s| s.approach),
         knobs,
-        learned: memory.scaler.as_ref().and_then(ScalerState::learned),
+        learned: recall.scaler.as_ref().and_then(ScalerState::learned),
         replicas,
         memory_bytes,
         load,
@@ -369,6 +365,6 @@ pub fn decide(
         wants_profile,
         failure,
         aggregate,
-        notes,
+        events,
     }
 }

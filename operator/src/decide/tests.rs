@@ -138,10 +138,10 @@ fn round(
     pool: &GpuPool,
     tenants: &[Arc<ModelTenant>],
     agents: &mut [AgentView],
-    memory: &mut Memory,
+    recall: &mut Recall,
     now_s: f64,
 ) -> PoolOutcome {
-    let outcome = decide_pool(pool, tenants, agents, memory, now_s, "2026-12-02T00:00:00Z");
+    let outcome = decide_pool(pool, tenants, agents, recall, now_s, "2026-12-02T00:00:00Z");
     for a in agents.iter_mut() {
         a.assignments = outcome
             .assignments
@@ -158,13 +158,13 @@ fn placed_then_profiled(
     pool: &GpuPool,
     t: &Arc<ModelTenant>,
     agents: &mut [AgentView],
-    memory: &mut Memory,
+    recall: &mut Recall,
 ) -> PoolOutcome {
-    round(pool, std::slice::from_ref(t), agents, memory, 0.0);
+    round(pool, std::slice::from_ref(t), agents, recall, 0.0);
     let mut r = replica_report(t, ready_replica());
     r.profile = Some(profile());
     agents[0].report = Some(AgentReport::new(vec![r]));
-    round(pool, std::slice::from_ref(t), agents, memory, 2.0)
+    round(pool, std::slice::from_ref(t), agents, recall, 2.0)
 }
 
 fn ready(outcome: &PoolOutcome, t: usize) -> (&str, &str) {
@@ -181,12 +181,12 @@ fn ready(outcome: &PoolOutcome, t: usize) -> (&str, &str) {
 fn a_new_tenant_is_placed_once_and_asks_for_a_profile() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
     let mut agents = vec![agent("agent-0", 8000)];
-    let mut memory = Memory::default();
+    let mut recall = Recall::default();
     let outcome = round(
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         0.0,
     );
     let assigned = &outcome.assignments["agent-0"];
@@ -204,8 +204,8 @@ fn a_new_tenant_is_placed_once_and_asks_for_a_profile() {
 #[test]
 fn a_measured_profile_chooses_knobs_and_routes_to_the_ready_replica() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
-    let outcome = placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let (mut agents, mut recall) = (vec![agent("agent-0", 8000)], Recall::default());
+    let outcome = placed_then_profiled(&pool, &t, &mut agents, &mut recall);
     let status = &outcome.tenants[0].status;
     assert!(status.approach.is_some());
     assert!(status.profile.as_ref().is_some_and(|p| p.points.len() == 3));
@@ -223,7 +223,11 @@ fn a_measured_profile_chooses_knobs_and_routes_to_the_ready_replica() {
     let assigned = &outcome.assignments["agent-0"][0];
     assert_eq!(assigned.profile, None, "profiled once");
     assert_eq!(Some(&assigned.knobs), status.knobs.as_ref());
-    let reasons: Vec<&str> = outcome.tenants[0].notes.iter().map(|n| n.reason).collect();
+    let reasons: Vec<&str> = outcome.tenants[0]
+        .events
+        .iter()
+        .map(|n| n.reason.as_str())
+        .collect();
     assert!(reasons.contains(&"Profiled") && reasons.contains(&"ApproachChosen"));
 }
 
@@ -232,9 +236,9 @@ fn a_broken_model_fails_its_tenant_only() {
     let pool = pool(1024, 4);
     let (good, bad) = (tenant("good", 50.0), tenant("bad", 50.0));
     let mut agents = vec![agent("agent-0", 8000)];
-    let mut memory = Memory::default();
+    let mut recall = Recall::default();
     let tenants = [good.clone(), bad.clone()];
-    round(&pool, &tenants, &mut agents, &mut memory, 0.0);
+    round(&pool, &tenants, &mut agents, &mut recall, 0.0);
     let broken = replica_report(
         &bad,
         State::Failed {
@@ -245,7 +249,7 @@ fn a_broken_model_fails_its_tenant_only() {
         replica_report(&good, ready_replica()),
         broken,
     ]));
-    let outcome = round(&pool, &tenants, &mut agents, &mut memory, 2.0);
+    let outcome = round(&pool, &tenants, &mut agents, &mut recall, 2.0);
     let by_name = |n: &str| {
         outcome
             .tenants
@@ -273,12 +277,12 @@ fn a_broken_model_fails_its_tenant_only() {
 fn a_model_larger_than_any_agent_is_unassigned_and_says_so() {
     let (pool, t) = (pool(8, 4), tenant("big", 50.0));
     let mut agents = vec![agent("agent-0", 8000)];
-    let mut memory = Memory::default();
+    let mut recall = Recall::default();
     round(
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         0.0,
     );
     agents[0].report = Some(AgentReport::new(vec![replica_report(&t, ready_replica())]));
@@ -286,20 +290,20 @@ fn a_model_larger_than_any_agent_is_unassigned_and_says_so() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         2.0,
     );
     assert_eq!(ready(&outcome, 0), ("False", "ModelTooLarge"));
     assert!(outcome.assignments["agent-0"].is_empty());
     assert_eq!(outcome.add_agents, 0, "more agents would not help");
-    assert_eq!(outcome.tenants[0].notes[0].reason, "ModelTooLarge");
+    assert_eq!(outcome.tenants[0].events[0].reason, "ModelTooLarge");
 }
 
 #[test]
 fn no_agent_means_the_pool_grows_and_the_tenant_waits() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let mut memory = Memory::default();
-    let outcome = round(&pool, &[t], &mut [], &mut memory, 0.0);
+    let mut recall = Recall::default();
+    let outcome = round(&pool, &[t], &mut [], &mut recall, 0.0);
     assert_eq!(outcome.add_agents, 1);
     assert_eq!(ready(&outcome, 0), ("False", "AwaitingAgents"));
     assert_eq!(outcome.status.pending_agents, 1);
@@ -309,12 +313,12 @@ fn no_agent_means_the_pool_grows_and_the_tenant_waits() {
 fn a_dead_agent_is_removed_and_its_replica_placed_elsewhere() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
     let mut agents = vec![agent("agent-0", 8000), agent("agent-1", 8001)];
-    let mut memory = Memory::default();
+    let mut recall = Recall::default();
     round(
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         0.0,
     );
     let (host, spare) = if agents[0].assignments.is_empty() {
@@ -328,7 +332,7 @@ fn a_dead_agent_is_removed_and_its_replica_placed_elsewhere() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         60.0,
     );
     assert!(outcome.remove.contains(&agents[host].name));
@@ -340,19 +344,19 @@ fn a_dead_agent_is_removed_and_its_replica_placed_elsewhere() {
 fn a_deleting_tenant_loses_its_replicas() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
     let mut agents = vec![agent("agent-0", 8000)];
-    let mut memory = Memory::default();
+    let mut recall = Recall::default();
     round(
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         0.0,
     );
     let mut deleting = ModelTenant::clone(&t);
     deleting.metadata.deletion_timestamp = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
     );
-    let outcome = round(&pool, &[Arc::new(deleting)], &mut agents, &mut memory, 2.0);
+    let outcome = round(&pool, &[Arc::new(deleting)], &mut agents, &mut recall, 2.0);
     assert!(outcome.assignments["agent-0"].is_empty());
     assert!(outcome.tenants.is_empty());
 }
@@ -361,13 +365,13 @@ fn a_deleting_tenant_loses_its_replicas() {
 fn an_idle_agent_is_drained_after_the_delay_then_removed() {
     let pool = pool(1024, 4);
     let mut agents = vec![agent("agent-0", 8000)];
-    let mut memory = Memory::default();
-    let first = round(&pool, &[], &mut agents, &mut memory, 0.0);
+    let mut recall = Recall::default();
+    let first = round(&pool, &[], &mut agents, &mut recall, 0.0);
     assert!(first.drain.is_empty());
-    let later = round(&pool, &[], &mut agents, &mut memory, 61.0);
+    let later = round(&pool, &[], &mut agents, &mut recall, 61.0);
     assert_eq!(later.drain, vec!["agent-0".to_string()]);
     agents[0].draining = true;
-    let last = round(&pool, &[], &mut agents, &mut memory, 62.0);
+    let last = round(&pool, &[], &mut agents, &mut recall, 62.0);
     assert_eq!(last.remove, vec!["agent-0".to_string()]);
 }
 
@@ -375,12 +379,12 @@ fn an_idle_agent_is_drained_after_the_delay_then_removed() {
 fn a_briefly_silent_agent_keeps_its_replicas_but_loses_its_routes() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
     let mut agents = vec![agent("agent-0", 8000), agent("agent-1", 8001)];
-    let mut memory = Memory::default();
+    let mut recall = Recall::default();
     round(
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         0.0,
     );
     let host = agents
@@ -392,7 +396,7 @@ fn a_briefly_silent_agent_keeps_its_replicas_but_loses_its_routes() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         2.0,
     );
     assert_eq!(serving.tenants[0].routes.len(), 1);
@@ -402,7 +406,7 @@ fn a_briefly_silent_agent_keeps_its_replicas_but_loses_its_routes() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         4.0,
     );
     assert_eq!(
@@ -420,18 +424,18 @@ fn a_briefly_silent_agent_keeps_its_replicas_but_loses_its_routes() {
 #[test]
 fn a_new_model_uri_is_profiled_again() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
-    let profiled = placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let (mut agents, mut recall) = (vec![agent("agent-0", 8000)], Recall::default());
+    let profiled = placed_then_profiled(&pool, &t, &mut agents, &mut recall);
     let mut changed = ModelTenant::clone(&t);
     changed.status = Some(profiled.tenants[0].status.clone());
     changed.spec.model.uri = "file:///models/m2.onnx".into();
     agents[0].report = Some(AgentReport::new(vec![replica_report(&t, ready_replica())]));
-    let outcome = round(&pool, &[Arc::new(changed)], &mut agents, &mut memory, 4.0);
+    let outcome = round(&pool, &[Arc::new(changed)], &mut agents, &mut recall, 4.0);
     let assigned = &outcome.assignments["agent-0"][0];
     assert_eq!(assigned.model.uri, "file:///models/m2.onnx");
     assert!(assigned.profile.is_some(), "the new model is measured");
     assert_eq!(outcome.tenants[0].status.profile, None);
-    assert_eq!(outcome.tenants[0].notes[0].reason, "ModelChanged");
+    assert_eq!(outcome.tenants[0].events[0].reason, "ModelChanged");
 }
 
 /// Rounds of light traffic on a tenant restored from `status` by a new operator (empty memory);
@@ -442,7 +446,7 @@ fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
     t.status = Some(status);
     let t = Arc::new(t);
     let mut agents = vec![agent("agent-0", 8000)];
-    let mut memory = Memory::default();
+    let mut recall = Recall::default();
     let mut batches = Vec::new();
     // The agent runs what it was assigned, from the round after it was.
     let mut runs = (t.status.as_ref().and_then(|s| s.knobs), 0.0);
@@ -465,7 +469,7 @@ fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
             &pool,
             std::slice::from_ref(&t),
             &mut agents,
-            &mut memory,
+            &mut recall,
             now,
         );
         if let Some(a) = agents[0].assignments.first()
@@ -482,7 +486,7 @@ fn batches_after_restart(status: cotenant_crds::ModelTenantStatus) -> Vec<u32> {
 #[test]
 fn a_restarted_operator_keeps_what_dnnscaler_learned() {
     let mut status = cotenant_crds::ModelTenantStatus {
-        profile: Some(cotenant_crds::policy_view::profile_to_status(
+        profile: Some(cotenant_crds::convert::profile_to_status(
             &profile(),
             "file:///models/m.onnx",
             "2026-12-02T00:00:00Z".into(),
@@ -532,8 +536,8 @@ fn the_aggregate_takes_the_worst_replicas_compute_time_and_skips_what_is_missing
 #[test]
 fn the_slo_condition_says_how_much_admission_refused() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
-    placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let (mut agents, mut recall) = (vec![agent("agent-0", 8000)], Recall::default());
+    placed_then_profiled(&pool, &t, &mut agents, &mut recall);
     let mut message = |completions: u64, shed: u64| {
         let window = Window {
             arrival_rate_per_second: (completions + shed) as f64 / 30.0,
@@ -548,7 +552,7 @@ fn the_slo_condition_says_how_much_admission_refused() {
             &pool,
             std::slice::from_ref(&t),
             &mut agents,
-            &mut memory,
+            &mut recall,
             4.0,
         );
         let c = outcome.tenants[0]
@@ -585,8 +589,8 @@ fn the_slo_condition_says_how_much_admission_refused() {
 #[test]
 fn a_steady_tenants_status_does_not_move_with_noise() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
-    placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let (mut agents, mut recall) = (vec![agent("agent-0", 8000)], Recall::default());
+    placed_then_profiled(&pool, &t, &mut agents, &mut recall);
     let mut t = t;
     let mut statuses = Vec::new();
     for (i, (latency, rate)) in [(40.0, 10.0), (41.5, 10.7), (38.2, 9.4), (42.9, 11.1)]
@@ -605,7 +609,7 @@ fn a_steady_tenants_status_does_not_move_with_noise() {
             &pool,
             std::slice::from_ref(&t),
             &mut agents,
-            &mut memory,
+            &mut recall,
             4.0 + i as f64,
         );
         let status = outcome.tenants[0].status.clone();
@@ -672,8 +676,8 @@ fn routes_go_to_the_pod_ip_not_to_the_address_an_agent_wrote() {
         s.node = Some("someone-elses-node".into());
     }
     hostile.pod_ip = Some("10.1.2.3".into());
-    let (mut agents, mut memory) = (vec![hostile], Memory::default());
-    let outcome = placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let (mut agents, mut recall) = (vec![hostile], Recall::default());
+    let outcome = placed_then_profiled(&pool, &t, &mut agents, &mut recall);
     assert_eq!(
         outcome.tenants[0]
             .routes
@@ -690,7 +694,7 @@ fn routes_go_to_the_pod_ip_not_to_the_address_an_agent_wrote() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         4.0,
     );
     assert!(outcome.tenants[0].routes.is_empty());
@@ -699,9 +703,9 @@ fn routes_go_to_the_pod_ip_not_to_the_address_an_agent_wrote() {
 #[test]
 fn counters_an_agent_reports_cannot_overflow_the_round() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let (mut agents, mut memory) = (
+    let (mut agents, mut recall) = (
         vec![agent("agent-0", 8000), agent("agent-1", 8001)],
-        Memory::default(),
+        Recall::default(),
     );
     let mut t_two = (*t).clone();
     t_two.spec.scaling.min_replicas = 2;
@@ -711,7 +715,7 @@ fn counters_an_agent_reports_cannot_overflow_the_round() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         0.0,
     );
     let huge = Window {
@@ -743,7 +747,7 @@ fn counters_an_agent_reports_cannot_overflow_the_round() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         4.0,
     );
     assert_eq!(outcome.tenants.len(), 1);
@@ -763,14 +767,14 @@ fn an_agent_that_cannot_use_its_gpu_is_named_in_a_pool_event() {
             None,
         );
     }
-    let outcome = round(&pool, &[t], &mut agents, &mut Memory::default(), 0.0);
-    let notes: Vec<(&str, &str)> = outcome
-        .notes
+    let outcome = round(&pool, &[t], &mut agents, &mut Recall::default(), 0.0);
+    let events: Vec<(&str, &str)> = outcome
+        .events
         .iter()
-        .map(|n| (n.reason, n.message.as_str()))
+        .map(|n| (n.reason.as_str(), n.message.as_str()))
         .collect();
     assert_eq!(
-        notes,
+        events,
         vec![(
             "AgentDeviceUnavailable",
             "agent agent-1 cannot use its GPU: --device cuda: no libcuda.so found (no NVIDIA driver)"
@@ -781,9 +785,9 @@ fn an_agent_that_cannot_use_its_gpu_is_named_in_a_pool_event() {
 #[test]
 fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
     let pool = pool(1024, 4);
-    let (mut agents, mut memory) = (
+    let (mut agents, mut recall) = (
         vec![agent("agent-0", 8000), agent("agent-1", 8001)],
-        Memory::default(),
+        Recall::default(),
     );
     let replicas = |n: u32| {
         let mut t = ModelTenant::clone(&tenant("a", 50.0));
@@ -796,7 +800,7 @@ fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
         &pool,
         std::slice::from_ref(&two),
         &mut agents,
-        &mut memory,
+        &mut recall,
         0.0,
     );
     let mut now = 2.0;
@@ -811,7 +815,7 @@ fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
             &pool,
             std::slice::from_ref(&two),
             &mut agents,
-            &mut memory,
+            &mut recall,
             now,
         );
         now += 2.0;
@@ -829,7 +833,7 @@ fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
             &pool,
             std::slice::from_ref(&one),
             &mut agents,
-            &mut memory,
+            &mut recall,
             now,
         );
         let routes = outcome.tenants[0].routes.len();
@@ -843,7 +847,7 @@ fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
         &pool,
         std::slice::from_ref(&one),
         &mut agents,
-        &mut memory,
+        &mut recall,
         retired_at + 2.0,
     );
     assert_eq!(outcome.tenants[0].routes.len(), 1);
@@ -852,7 +856,7 @@ fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
         &pool,
         std::slice::from_ref(&one),
         &mut agents,
-        &mut memory,
+        &mut recall,
         retired_at + ROUTE_DRAIN_S + 0.5,
     );
     assert_eq!(outcome.tenants[0].routes.len(), 1);
@@ -863,8 +867,8 @@ fn a_replica_that_goes_loses_its_route_first_and_serves_meanwhile() {
 #[test]
 fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
     let (pool, t) = (pool(1024, 1), tenant("a", 50.0));
-    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
-    placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let (mut agents, mut recall) = (vec![agent("agent-0", 8000)], Recall::default());
+    placed_then_profiled(&pool, &t, &mut agents, &mut recall);
     agents[0].report = Some(serving(&t, 10.0, Window::default()));
 
     // The pool's template changed: its one agent drains, a replacement starts past maxAgents,
@@ -874,7 +878,7 @@ fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         10.0,
     );
     assert_eq!(outcome.drain, vec!["agent-0".to_string()]);
@@ -885,7 +889,7 @@ fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
         "held until replaced"
     );
     assert_eq!(outcome.tenants[0].routes.len(), 1);
-    assert!(outcome.notes.iter().any(|n| n.reason == "Replacing"));
+    assert!(outcome.events.iter().any(|n| n.reason == "Replacing"));
 
     agents[0].draining = true;
     let mut new = agent("agent-1", 8002);
@@ -895,7 +899,7 @@ fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         12.0,
     );
     assert!(outcome.undrain.is_empty(), "never undrained");
@@ -912,7 +916,7 @@ fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
             &pool,
             std::slice::from_ref(&t),
             &mut agents,
-            &mut memory,
+            &mut recall,
             now,
         );
         now += 2.0;
@@ -921,7 +925,7 @@ fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         now,
     );
     assert_eq!(
@@ -940,8 +944,8 @@ fn an_agent_on_an_older_template_is_replaced_without_losing_its_replica() {
 #[test]
 fn the_round_steps_only_on_measurements_of_the_knobs_it_set() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
-    let profiled = placed_then_profiled(&pool, &t, &mut agents, &mut memory);
+    let (mut agents, mut recall) = (vec![agent("agent-0", 8000)], Recall::default());
+    let profiled = placed_then_profiled(&pool, &t, &mut agents, &mut recall);
     let knobs = |b| cotenant_crds::Knobs {
         batch_size: b,
         instances: 1,
@@ -970,7 +974,7 @@ fn the_round_steps_only_on_measurements_of_the_knobs_it_set() {
             &pool,
             std::slice::from_ref(&t),
             &mut agents,
-            &mut memory,
+            &mut recall,
             now,
         );
         applied.push(outcome.tenants[0].status.knobs.map(|k| k.batch_size));
@@ -991,12 +995,12 @@ fn the_round_steps_only_on_measurements_of_the_knobs_it_set() {
 #[test]
 fn a_profile_with_a_winning_joint_point_runs_joint() {
     let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
-    let (mut agents, mut memory) = (vec![agent("agent-0", 8000)], Memory::default());
+    let (mut agents, mut recall) = (vec![agent("agent-0", 8000)], Recall::default());
     round(
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         0.0,
     );
     let asked = agents[0].assignments[0]
@@ -1019,7 +1023,7 @@ fn a_profile_with_a_winning_joint_point_runs_joint() {
         &pool,
         std::slice::from_ref(&t),
         &mut agents,
-        &mut memory,
+        &mut recall,
         2.0,
     );
     let status = &outcome.tenants[0].status;
@@ -1035,9 +1039,11 @@ fn a_profile_with_a_winning_joint_point_runs_joint() {
         "the joint point is recorded"
     );
     let chosen = outcome.tenants[0]
-        .notes
+        .events
         .iter()
         .find(|n| n.reason == "ApproachChosen")
         .expect("chosen");
     assert!(chosen.message.contains("joint 7.00"), "{}", chosen.message);
 }
+
+mod phases;
