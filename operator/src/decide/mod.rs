@@ -22,6 +22,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 pub use tenant::{EventToRecord, TenantDecision, TenantRecall};
 
+/// A tenant whose model size is not known yet is placed as if it took this fraction of the
+/// largest agent's memory.
+const UNKNOWN_MODEL_SHARE: u64 = 16;
+
 /// Memory of one agent when neither the pool nor the agent says (80 GiB, a common GPU size).
 const DEFAULT_AGENT_MEMORY: u64 = 80 << 30;
 
@@ -197,10 +201,15 @@ fn retire_routes_first(
             kept.push((key, x.clone()));
         }
     }
+    // Only where the agent has room under the API's limit on assignments: otherwise the
+    // replica goes at once, without its route drain.
     kept.into_iter()
-        .map(|((agent, uid), x)| {
-            assignments.entry(agent.clone()).or_default().push(x);
-            (agent, uid)
+        .filter_map(|((agent, uid), x)| {
+            let list = assignments.entry(agent.clone()).or_default();
+            (list.len() < cotenant_crds::MAX_ASSIGNMENTS).then(|| {
+                list.push(x);
+                (agent, uid)
+            })
         })
         .collect()
 }
@@ -466,6 +475,14 @@ pub fn decide_tenants(
             now_rfc3339,
         );
         let too_big = d.memory_bytes > largest_agent;
+        // A model whose size no agent has reported yet is placed as if it took a share of the
+        // largest agent, so new tenants spread instead of piling onto the first agent.
+        let unknown = tenant_recall.model.is_none() && d.memory_bytes == 0;
+        let placed_bytes = if unknown {
+            largest_agent / UNKNOWN_MODEL_SHARE
+        } else {
+            d.memory_bytes
+        };
         for (a, x) in &s.replicas {
             let knobs = cotenant_crds::convert::knobs(&x.knobs);
             out.current.push(CurrentReplica {
@@ -475,14 +492,14 @@ pub fn decide_tenants(
                 memory_bytes: tenant_recall
                     .model
                     .as_ref()
-                    .map_or(d.memory_bytes, |m| m.memory_bytes(knobs)),
+                    .map_or(placed_bytes, |m| m.memory_bytes(knobs)),
             });
         }
         if !too_big {
             out.demands.push(ReplicaDemand {
                 tenant: uid.clone(),
                 replicas: d.replicas,
-                memory_bytes: d.memory_bytes,
+                memory_bytes: placed_bytes,
                 load: d.load,
             });
         }

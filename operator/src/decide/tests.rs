@@ -1047,3 +1047,20 @@ fn a_profile_with_a_winning_joint_point_runs_joint() {
 }
 
 mod phases;
+
+/// New tenants whose model size no agent has reported yet spread over the agents instead of
+/// piling onto the first one (the limit of 64 per agent is `policy`'s `place_at_most`).
+#[test]
+fn tenants_of_unknown_size_spread_over_the_agents() {
+    let big = pool(80 * 1024, 8);
+    let tenants: Vec<Arc<ModelTenant>> =
+        (0..40).map(|i| tenant(&format!("t{i:02}"), 50.0)).collect();
+    let mut agents: Vec<AgentView> = (0..4)
+        .map(|i| agent(&format!("agent-{i}"), 8000 + i as u16 * 10))
+        .collect();
+    let mut recall = Recall::default();
+    let outcome = round(&big, &tenants, &mut agents, &mut recall, 0.0);
+    let counts: Vec<usize> = outcome.assignments.values().map(Vec::len).collect();
+    assert_eq!(counts.iter().sum::<usize>(), 40, "{counts:?}");
+    assert!(counts.iter().all(|&c| c <= 16), "{counts:?}");
+}
