@@ -74,10 +74,10 @@ struct Args {
     #[arg(long, env = "COTENANT_AGENT_DEAD_AFTER", default_value_t = 45.0)]
     agent_dead_after_seconds: f64,
     /// The operator's API calls a second on average (watches excluded); 0: no limit.
-    #[arg(long, env = "COTENANT_API_QPS", default_value_t = 50.0)]
+    #[arg(long, env = "COTENANT_API_QPS", default_value_t = 100.0)]
     api_qps: f64,
     /// The operator's API calls at once before `--api-qps` spaces them.
-    #[arg(long, env = "COTENANT_API_BURST", default_value_t = 100)]
+    #[arg(long, env = "COTENANT_API_BURST", default_value_t = 200)]
     api_burst: u32,
     /// Most agents' reports scraped at once; each has a 2 s timeout.
     #[arg(long, env = "COTENANT_SCRAPE_CONCURRENCY", default_value_t = 64)]

@@ -1,11 +1,11 @@
 //! A client-side budget on the operator's API calls: a token bucket of `burst` calls refilled
 //! at `qps` a second, the way client-go and controller-runtime bound a controller. The
-//! operator's defaults are 50 QPS with a burst of 100 (`--api-qps`, `--api-burst`):
-//! controller-runtime's 20 QPS would take the ~10 writes each new tenant needs (statuses as it
-//! loads, profiles and serves, its Service and EndpointSlices, Events) over 15 minutes for 2,000
-//! tenants. Every write and every read outside the watches waits for a token, so a round that
-//! has a lot to change spreads it out instead of flooding the API server; watches are not
-//! counted.
+//! operator's defaults are 100 QPS with a burst of 200 (`--api-qps`, `--api-burst`): each new
+//! tenant needs about ten writes as it is placed, loads, is profiled and serves (statuses, its
+//! Service and EndpointSlices, Events), so the budget bounds how fast a burst of new tenants
+//! comes up (`operator/SCALE.md`), while a steady cluster uses almost none of it. Every write
+//! and every read outside the watches waits for a token, so a round that has a lot to change
+//! spreads it out instead of flooding the API server; watches are not counted.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -137,8 +137,16 @@ pub fn scale(args: &[&str]) -> anyhow::Result<()> {
         _ => anyhow::bail!("usage: cargo xtask bench scale [TENANTS AGENTS]"),
     };
     cotenant_e2e::toolchain::ensure()?;
+    // Release binaries: the operator's CPU is part of what this measures.
     let mut bins = Command::new("cargo");
-    bins.args(["build", "-p", "cotenant-operator", "-p", "cotenant-fleet"]);
+    bins.args([
+        "build",
+        "--release",
+        "-p",
+        "cotenant-operator",
+        "-p",
+        "cotenant-fleet",
+    ]);
     crate::run(bins)?;
     let mut test = Command::new("cargo");
     test.args([
@@ -154,6 +162,6 @@ pub fn scale(args: &[&str]) -> anyhow::Result<()> {
     .env("COTENANT_SCALE_TENANTS", tenants)
     .env("COTENANT_SCALE_AGENTS", agents)
     .env("COTENANT_SCALE_STEADY_S", "60")
-    .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
+    .env("COTENANT_BIN_DIR", crate::target_dir().join("release"));
     crate::run(test)
 }

@@ -3,8 +3,9 @@
 //!
 //! A status is written only when it differs, so nothing in it may move with every round's
 //! noise: the observations are a summary ([`summary`]) kept until a value moves past a
-//! threshold, the SLO flips or it is [`OBSERVED_REFRESH_S`] old, and the messages quote that
-//! summary. The live numbers are the agents' Prometheus metrics.
+//! threshold or the SLO flips, and the messages quote that summary. Its `measuredAt` says how
+//! old it is; a steady tenant's status is never rewritten. The live numbers are the agents'
+//! Prometheus metrics.
 
 use super::tenant::{Aggregate, TenantDecision};
 use crate::reason::Reason;
@@ -22,8 +23,6 @@ const ABSOLUTE_CHANGE: f64 = 1.0;
 /// Attainment is rewritten when it crosses this, or moves by more than [`ATTAINMENT_CHANGE`].
 const ATTAINMENT_TARGET: f64 = 0.99;
 const ATTAINMENT_CHANGE: f64 = 0.05;
-/// Longest a summary stands while the values move less: ten minutes.
-pub const OBSERVED_REFRESH_S: i64 = 600;
 
 /// Where the tenant's replicas ended up.
 pub struct Placement {
@@ -228,8 +227,7 @@ fn shed_note(a: &Aggregate) -> String {
 }
 
 /// The observations to keep in the status: `previous` while every value stays within the
-/// thresholds of it, the SLO did not flip and it is younger than [`OBSERVED_REFRESH_S`];
-/// otherwise this round's values, measured `now`.
+/// thresholds of it and the SLO did not flip; otherwise this round's values, measured `now`.
 pub fn summary(
     previous: Option<&Observed>,
     a: &Aggregate,
@@ -251,18 +249,12 @@ pub fn summary(
     let Some(p) = previous else {
         return current;
     };
-    let age_s = p
-        .measured_at
-        .as_deref()
-        .and_then(|t| t.parse::<Timestamp>().ok())
-        .map_or(i64::MAX, |t| now.as_second() - t.as_second());
     let moved =
         |old: f64, new: f64| (new - old).abs() > (RELATIVE_CHANGE * old.abs()).max(ABSOLUTE_CHANGE);
     let attainment_moved = (p.slo_attainment >= ATTAINMENT_TARGET)
         != (current.slo_attainment >= ATTAINMENT_TARGET)
         || (p.slo_attainment - current.slo_attainment).abs() > ATTAINMENT_CHANGE;
     let stale = slo_flipped
-        || !(0..OBSERVED_REFRESH_S).contains(&age_s)
         || moved(p.arrival_rate_per_second, current.arrival_rate_per_second)
         || moved(p.throughput_per_second, current.throughput_per_second)
         || moved(p.latency_millis, current.latency_millis)
