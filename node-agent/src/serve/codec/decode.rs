@@ -3,11 +3,12 @@
 //! model's signature (names, datatypes, shapes, binary sizes) and its decoded size reserved, and
 //! only then is each tensor decoded straight into a typed buffer: no `serde_json::Value` tree.
 
-use super::{MAX_ELEMENTS, WireType, dtype_size, f16_to_f32, wire_name};
+use super::{MAX_ELEMENTS, WireType, dtype_size, wire_name};
 use crate::registry::TensorMeta;
 use crate::serve::error::ApiError;
 use axum::http::StatusCode;
 use cotenant_executor::graph::{Dim, GraphInput};
+use cotenant_executor::tensor::{bf16, f16};
 use cotenant_executor::{Data, Tensor};
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, SeqAccess, Visitor};
@@ -423,7 +424,8 @@ pub fn from_bytes(wire: WireType, b: &[u8]) -> Data {
         WireType::I8 => Data::I8(b.iter().map(|&x| x as i8).collect()),
         WireType::I32 => Data::I32(pod(b, i32::from_le_bytes)),
         WireType::I64 => Data::I64(pod(b, i64::from_le_bytes)),
-        WireType::F16 => Data::F32(le(b, |a| f16_to_f32(u16::from_le_bytes(a)))),
+        WireType::F16 => Data::F16(le(b, |a| f16::from_bits(u16::from_le_bytes(a)))),
+        WireType::BF16 => Data::BF16(le(b, |a| bf16::from_bits(u16::from_le_bytes(a)))),
         WireType::F32 => Data::F32(pod(b, f32::from_le_bytes)),
         WireType::F64 => Data::F64(pod(b, f64::from_le_bytes)),
     }
@@ -436,6 +438,8 @@ enum Sink {
     I8(Vec<i8>),
     I32(Vec<i32>),
     I64(Vec<i64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
     F32(Vec<f32>),
     F64(Vec<f64>),
 }
@@ -468,7 +472,9 @@ impl Sink {
             WireType::I8 => Sink::I8(Vec::with_capacity(capacity)),
             WireType::I32 => Sink::I32(Vec::with_capacity(capacity)),
             WireType::I64 => Sink::I64(Vec::with_capacity(capacity)),
-            WireType::F16 | WireType::F32 => Sink::F32(Vec::with_capacity(capacity)),
+            WireType::F16 => Sink::F16(Vec::with_capacity(capacity)),
+            WireType::BF16 => Sink::BF16(Vec::with_capacity(capacity)),
+            WireType::F32 => Sink::F32(Vec::with_capacity(capacity)),
             WireType::F64 => Sink::F64(Vec::with_capacity(capacity)),
         }
     }
@@ -480,6 +486,8 @@ impl Sink {
             Sink::I8(v) => v.len(),
             Sink::I32(v) => v.len(),
             Sink::I64(v) => v.len(),
+            Sink::F16(v) => v.len(),
+            Sink::BF16(v) => v.len(),
             Sink::F32(v) => v.len(),
             Sink::F64(v) => v.len(),
         }
@@ -517,6 +525,18 @@ impl Sink {
                     .filter(|f| f.is_finite())
                     .ok_or_else(misfit)?,
             ),
+            Sink::F16(v) => v.push(
+                float
+                    .map(f16::from_f64)
+                    .filter(|h| h.is_finite())
+                    .ok_or_else(misfit)?,
+            ),
+            Sink::BF16(v) => v.push(
+                float
+                    .map(bf16::from_f64)
+                    .filter(|h| h.is_finite())
+                    .ok_or_else(misfit)?,
+            ),
             Sink::F64(v) => v.push(float.ok_or_else(misfit)?),
         }
         Ok(())
@@ -529,6 +549,8 @@ impl Sink {
             Sink::I8(v) => Data::I8(v),
             Sink::I32(v) => Data::I32(v),
             Sink::I64(v) => Data::I64(v),
+            Sink::F16(v) => Data::F16(v),
+            Sink::BF16(v) => Data::BF16(v),
             Sink::F32(v) => Data::F32(v),
             Sink::F64(v) => Data::F64(v),
         }

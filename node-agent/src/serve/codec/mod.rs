@@ -26,6 +26,7 @@ pub enum WireType {
     I32,
     I64,
     F16,
+    BF16,
     F32,
     F64,
 }
@@ -39,9 +40,10 @@ impl WireType {
             "INT32" => WireType::I32,
             "INT64" => WireType::I64,
             "FP16" => WireType::F16,
+            "BF16" => WireType::BF16,
             "FP32" => WireType::F32,
             "FP64" => WireType::F64,
-            "BYTES" | "BF16" | "UINT16" | "UINT32" | "UINT64" | "INT16" => {
+            "BYTES" | "UINT16" | "UINT32" | "UINT64" | "INT16" => {
                 return Err(ApiError::bad_request(format!(
                     "datatype {s} is not supported by this server"
                 )));
@@ -54,14 +56,14 @@ impl WireType {
     pub fn size(self) -> usize {
         match self {
             WireType::Bool | WireType::U8 | WireType::I8 => 1,
-            WireType::F16 => 2,
+            WireType::F16 | WireType::BF16 => 2,
             WireType::I32 | WireType::F32 => 4,
             WireType::I64 | WireType::F64 => 8,
         }
     }
 
-    /// The executor dtype it decodes to (FP16 is widened to FP32, the only float the executor
-    /// computes in).
+    /// The executor dtype it decodes to: each datatype to its own, so a tensor is sent in the
+    /// type the model declares (as Triton requires).
     pub fn dtype(self) -> DType {
         match self {
             WireType::Bool => DType::Bool,
@@ -69,7 +71,9 @@ impl WireType {
             WireType::I8 => DType::I8,
             WireType::I32 => DType::I32,
             WireType::I64 => DType::I64,
-            WireType::F16 | WireType::F32 => DType::F32,
+            WireType::F16 => DType::F16,
+            WireType::BF16 => DType::BF16,
+            WireType::F32 => DType::F32,
             WireType::F64 => DType::F64,
         }
     }
@@ -98,24 +102,6 @@ pub fn wire_name(dtype: DType) -> &'static str {
         DType::U8 => "UINT8",
         DType::Bool => "BOOL",
     }
-}
-
-/// IEEE 754 half to single precision.
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exp = u32::from((h >> 10) & 0x1f);
-    let frac = u32::from(h & 0x3ff);
-    let bits = match (exp, frac) {
-        (0, 0) => sign,
-        (0, f) => {
-            // Subnormal: normalise.
-            let shift = f.leading_zeros() - 21;
-            sign | ((127 - 15 - shift + 1) << 23) | ((f << shift) & 0x3ff) << 13
-        }
-        (0x1f, f) => sign | 0x7f80_0000 | (f << 13),
-        (e, f) => sign | ((e + 127 - 15) << 23) | (f << 13),
-    };
-    f32::from_bits(bits)
 }
 
 #[cfg(test)]

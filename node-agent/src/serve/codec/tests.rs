@@ -3,6 +3,7 @@ use crate::registry::TensorMeta;
 use crate::serve::budget::Budget;
 use axum::http::StatusCode;
 use cotenant_executor::graph::{Dim, GraphInput};
+use cotenant_executor::tensor::{bf16, f16};
 use cotenant_executor::{Data, Tensor};
 
 fn input(name: &str, dtype: DType, dims: Option<Vec<Dim>>) -> GraphInput {
@@ -141,11 +142,18 @@ fn every_datatype_decodes_from_json_and_binary() {
             [0.5f64.to_le_bytes(), (-3f64).to_le_bytes()].concat(),
         ),
         (
-            DType::F32,
+            DType::F16,
             "FP16",
             "[1,-2]",
-            Data::F32(vec![1.0, -2.0]),
+            Data::F16(vec![f16::from_f32(1.0), f16::from_f32(-2.0)]),
             vec![0x00, 0x3c, 0x00, 0xc0],
+        ),
+        (
+            DType::BF16,
+            "BF16",
+            "[1,-2]",
+            Data::BF16(vec![bf16::from_f32(1.0), bf16::from_f32(-2.0)]),
+            vec![0x80, 0x3f, 0x00, 0xc0],
         ),
     ];
     for (dtype, wire, data, want, bytes) in cases {
@@ -165,8 +173,13 @@ fn every_datatype_decodes_from_json_and_binary() {
         let r = binary(&model, &header, bytes).unwrap_or_else(|e| panic!("{wire}: {}", e.message));
         assert_eq!(&r.inputs[0].1.data, want, "{wire} binary");
     }
-    assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
-    assert!(f16_to_f32(0x7c00).is_infinite());
+    // An FP16 number beyond its range, and the wrong float type for the model, are refused.
+    let half = Model::one(DType::F16, None);
+    let big = r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP16","data":[70000]}]}"#;
+    assert!(json(&half, big).is_err());
+    let wrong = r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#;
+    let e = json(&half, wrong).expect_err("FP32 for an FP16 input");
+    assert!(e.message.contains("expects FP16"), "{}", e.message);
 }
 
 #[test]

@@ -144,8 +144,8 @@ fn source<'a>(
 }
 
 /// Elements in the contents field that carries `wire`, as Triton assigns them (8- to 32-bit
-/// signed integers in `int_contents`, unsigned in `uint_contents`); `None` for FP16, which has
-/// no typed field.
+/// signed integers in `int_contents`, unsigned in `uint_contents`); `None` for FP16 and BF16,
+/// which have no typed field.
 fn contents_len(wire: WireType, c: &InferTensorContents) -> Option<usize> {
     Some(match wire {
         WireType::Bool => c.bool_contents.len(),
@@ -154,7 +154,7 @@ fn contents_len(wire: WireType, c: &InferTensorContents) -> Option<usize> {
         WireType::I64 => c.int64_contents.len(),
         WireType::F32 => c.fp32_contents.len(),
         WireType::F64 => c.fp64_contents.len(),
-        WireType::F16 => return None,
+        WireType::F16 | WireType::BF16 => return None,
     })
 }
 
@@ -179,9 +179,9 @@ fn from_contents(wire: WireType, c: &InferTensorContents) -> Result<Data, ApiErr
         WireType::I64 => Data::I64(c.int64_contents.clone()),
         WireType::F32 => Data::F32(c.fp32_contents.clone()),
         WireType::F64 => Data::F64(c.fp64_contents.clone()),
-        WireType::F16 => {
+        WireType::F16 | WireType::BF16 => {
             return Err(ApiError::bad_request(
-                "FP16 data has no typed contents field; send it in raw_input_contents",
+                "FP16 and BF16 data have no typed contents field; send them in raw_input_contents",
             ));
         }
     })
