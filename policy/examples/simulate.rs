@@ -11,7 +11,7 @@ use cotenant_policy::placement::{AgentCapacity, CurrentReplica, ReplicaDemand, p
 use cotenant_policy::pool::{PoolAgent, PoolConfig, size_pool};
 use cotenant_policy::replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
 use cotenant_policy::sim::{
-    Arrivals, Rng, SimConfig, SimReport, Strategy, TenantSpec, Workload, simulate,
+    Arrivals, Rng, SimConfig, SimReport, Strategy, TenantSpec, Workload, World, simulate,
 };
 use cotenant_policy::{Bounds, Epoch, Knobs, ProfileTable, Slo, TenantObservation};
 use std::path::Path;
@@ -281,6 +281,7 @@ fn compare(
     let table = ProfileTable::load(path)?;
     let origin = path.display().to_string();
     let w = workload(&table, tenants, rate_scale, duration_s, seed);
+    let world = World::from_profile_table(&table);
     let cfg = SimConfig {
         seed,
         ..SimConfig::default()
@@ -325,7 +326,7 @@ fn compare(
     let mut reports: Vec<SimReport> = Vec::new();
     for s in strategies {
         let t = Instant::now();
-        let r = simulate(&w, &table, &origin, s, &cfg)?;
+        let r = simulate(&w, &table, &origin, &world, s, &cfg)?;
         let worst = r
             .tenants
             .iter()
