@@ -1,5 +1,6 @@
-"""Draws the closed-loop comparison: the highest load each knob policy holds at >= 99% SLO
-attainment, relative to static b=1 m=1, per model; simulator and real agent side by side.
+"""Draws the closed-loop comparison: the highest load (requests/s) each knob policy holds at
+>= 99% SLO attainment, per model, with DNNScaler's ratio to static b=1 m=1 over its bar; one
+panel per source (simulator devices, real agent).
 
 Usage: python plot_max_load.py OUT.svg SIM.json [REAL.json ...]
   SIM.json:  cargo run --release -p cotenant-policy --example max_load -- --json SIM.json
@@ -27,15 +28,20 @@ def main():
         models = list(dict.fromkeys(r["model"] for r in mine))
         width = 0.8 / len(POLICIES)
         for i, policy in enumerate(POLICIES):
-            ys = []
-            for m in models:
+            xs, ys, notes = [], [], []
+            for j, m in enumerate(models):
                 load = {r["policy"]: r["max_load"] for r in mine if r["model"] == m}
                 base = load.get(POLICIES[0], 0)
-                ys.append(load.get(policy, 0) / base if base > 0 else 0)
-            ax.bar([j + (i - 1) * width for j in range(len(models))], ys, width, label=policy)
+                xs.append(j + (i - 1) * width)
+                ys.append(load.get(policy, 0))
+                notes.append(f"{load.get(policy, 0) / base:.2f}x" if base > 0 and i > 0 else "")
+            bars = ax.bar(xs, ys, width, label=policy)
+            for bar, note in zip(bars, notes):
+                if note:
+                    ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                                va="bottom", fontsize=7)
         ax.set_xticks(range(len(models)), models, rotation=20)
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(title=device, ylabel="max load at >= 99% / static b=1 m=1")
+        ax.set(title=device, ylabel="max load at >= 99% within SLO (req/s)")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
