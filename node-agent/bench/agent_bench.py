@@ -15,14 +15,24 @@ the agent's own end-to-end vs compute p50), against the executor alone at batch 
 With --load-factors A,B,... every policy runs at each offered load, and --plot FILE draws SLO
 attainment and goodput against the offered load, one panel per model (matplotlib).
 
+With --max-load: the closed-loop "maximum throughput at the SLO" comparison instead. For each model
+and policy, a bisection over the offered Poisson rate (--steps trials, between 0 and --max-factor
+x the batch-1 capacity) finds the highest rate at which at least 99% of the requests offered after
+the warm-up came back 200 within the SLO, as the client measures them (refused requests are
+misses). Every trial gets a fresh agent (profiled again) and --warmup + --measure seconds of load.
+--json FILE writes the results for policy/examples/plot_max_load.py.
+
 Usage: agent_bench.py --agent BIN [--models squeezenet,mobilenet_v2,resnet18] [--threads 2]
                       [--load-factors 3] [--plot attainment.svg]
+       agent_bench.py --agent BIN --max-load [--steps 4] [--max-factor 1] [--warmup 10]
+                      [--measure 20] [--json max-load.json]
 """
 
 import argparse
 import asyncio
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -112,6 +122,98 @@ def sequential_p50(url, name, body, headers, seconds):
     return latencies[len(latencies) // 2], len(latencies)
 
 
+async def drive_recorded(url, model, rate, duration, body, headers, seed=11):
+    """Open-loop Poisson arrivals at `rate` for `duration` s; returns (sent offset s, status,
+    latency ms) per request."""
+    import aiohttp
+
+    records = []
+    rng = random.Random(seed)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        start = time.monotonic()
+
+        async def one():
+            t0 = time.monotonic()
+            try:
+                async with session.post(f"http://{url}/v2/models/{model}/infer", data=body, headers=headers) as r:
+                    await r.read()
+                    status = r.status
+            except Exception as e:  # noqa: BLE001 - any transport failure is a miss
+                status = type(e).__name__
+            records.append((t0 - start, status, (time.monotonic() - t0) * 1e3))
+
+        tasks = []
+        next_at = start
+        while next_at - start < duration:
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one()))
+            next_at += rng.expovariate(rate)
+        await asyncio.gather(*tasks)
+    return records
+
+
+def max_load_main(args):
+    """The --max-load mode: per model and policy, the highest offered rate held at >= 99%."""
+    target = 0.99
+    workdir = tempfile.mkdtemp(prefix="cotenant-agent-maxload-")
+    results, trials = [], []
+    for name in args.models.split(","):
+        model = os.path.join(workdir, f"{name}.onnx")
+        subprocess.run([args.agent, "zoo", name, "--out", model, "--seed", "1"], check=True, capture_output=True)
+        p50 = executor_p50(args.agent, model, args.threads, 5)
+        slo = args.slo_factor * p50
+        capacity = 1000.0 / p50
+        for label, policy in POLICIES:
+            lo, hi = 0.0, args.max_factor * capacity
+            for _ in range(args.steps):
+                rate = (lo + hi) / 2
+                agent = Agent(args.agent, workdir, name.replace("_", "-"), model, slo, args.threads, policy)
+                try:
+                    agent.wait_controlled()
+                    body, headers = body_for(agent.url, agent.name)
+                    recs = asyncio.run(drive_recorded(agent.url, agent.name, rate, args.warmup + args.measure,
+                                                      body, headers))
+                    knobs = agent.tenant().get("knobs", {})
+                finally:
+                    agent.stop()
+                after = [r for r in recs if r[0] >= args.warmup]
+                met = sum(1 for _, st, lat in after if st == 200 and lat <= slo)
+                shed = sum(1 for _, st, _ in after if st != 200)
+                att = met / len(after) if after else 1.0
+                held = att >= target
+                trials.append((name, label, f"{rate:.1f}", f"{att:.3f}", f"{shed}/{len(after)}", "yes" if held else "no",
+                               f"{knobs.get('batchSize')}x{knobs.get('instances')}"))
+                print(f"{name} {label} rate {rate:.1f}/s: attainment {att:.3f} ({len(after)} offered)", file=sys.stderr)
+                lo, hi = (rate, hi) if held else (lo, rate)
+            results.append({"device": "real agent, CPU", "model": name, "slo_ms": round(slo, 1),
+                            "policy": label, "max_load": round(lo, 2)})
+    print(f"\nhighest offered load (requests/s) held at >= {target:.0%} of the offered requests within the SLO "
+          f"(threads {args.threads}, SLO = {args.slo_factor} x batch-1 p50, {args.steps} bisection steps over "
+          f"(0, {args.max_factor} x batch-1 capacity], {args.warmup:.0f} s warm-up + {args.measure:.0f} s measured per trial)\n")
+    print("| model | SLO ms | static b=1 m=1 | DNNScaler | Clipper AIMD | DNNScaler / static | DNNScaler / AIMD |")
+    print("|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        mine = {r["policy"]: r for r in results if r["model"] == name}
+        loads = [mine[label]["max_load"] for label, _ in POLICIES]
+
+        def ratio(a, b):
+            return f"{a / b:.2f}" if b > 0 else "-"
+        print(f"| {name} | {mine[POLICIES[0][0]]['slo_ms']:.1f} | {loads[0]:.1f} | {loads[1]:.1f} | {loads[2]:.1f} | "
+              f"{ratio(loads[1], loads[0])} | {ratio(loads[1], loads[2])} |")
+    print("\ntrials\n")
+    print("| model | policy | offered /s | attainment | refused / offered | held | knobs at end (b x m) |")
+    print("|---|---|---|---|---|---|---|")
+    for t in trials:
+        print("| " + " | ".join(t) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"\nwrote {args.json}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--agent", required=True)
@@ -119,9 +221,18 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slo-factor", type=float, default=5.0)
     ap.add_argument("--load-factors", default="3", help="offered loads, x batch-1 capacity (comma-separated)")
-    ap.add_argument("--warmup", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, help="seconds of load before measuring (20; 10 with --max-load)")
     ap.add_argument("--plot", help="write attainment and goodput against load to this SVG or PNG")
+    ap.add_argument("--max-load", action="store_true", help="bisect the highest load held at >= 99%% instead")
+    ap.add_argument("--steps", type=int, default=4, help="--max-load: bisection trials per model and policy")
+    ap.add_argument("--max-factor", type=float, default=1.0, help="--max-load: top of the search, x batch-1 capacity")
+    ap.add_argument("--measure", type=float, default=20.0, help="--max-load: seconds measured after the warm-up")
+    ap.add_argument("--json", help="--max-load: write the results to this file")
     args = ap.parse_args()
+    if args.warmup is None:
+        args.warmup = 10.0 if args.max_load else 20.0
+    if args.max_load:
+        return max_load_main(args)
     loads = [float(f) for f in args.load_factors.split(",")]
     workdir = tempfile.mkdtemp(prefix="cotenant-agent-bench-")
     rows, overhead, points = [], [], []

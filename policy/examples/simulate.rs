@@ -11,7 +11,8 @@ use cotenant_policy::placement::{AgentCapacity, CurrentReplica, ReplicaDemand, p
 use cotenant_policy::pool::{PoolAgent, PoolConfig, size_pool};
 use cotenant_policy::replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
 use cotenant_policy::sim::{
-    Arrivals, Rng, SimConfig, SimReport, Strategy, TenantSpec, Workload, simulate,
+    Arrivals, Interference, Rng, ServiceTimes, SimConfig, SimReport, Strategy, TenantSpec,
+    Workload, World, simulate,
 };
 use cotenant_policy::{Bounds, Epoch, Knobs, ProfileTable, Slo, TenantObservation};
 use std::path::Path;
@@ -273,6 +274,7 @@ fn workload(
 
 fn compare(
     path: &Path,
+    world: &World,
     tenants: usize,
     rate_scale: f64,
     duration_s: f64,
@@ -301,13 +303,20 @@ fn compare(
         }),
     ];
     println!(
-        "### Policies compared on `{}`\n",
+        "### Policies compared on `{}`, {}\n",
         path.file_name()
-            .map_or(origin.clone(), |f| f.to_string_lossy().into())
+            .map_or(origin.clone(), |f| f.to_string_lossy().into()),
+        if world.interference == Interference::none() {
+            "no interference"
+        } else if world.interference.synthetic {
+            "SYNTHETIC interference"
+        } else {
+            "measured interference"
+        }
     );
     println!(
-        "Profile source: {}; device: {}.",
-        table.source, table.device
+        "Profile source (what the policies see): {}; device: {}.\n\nService times (what batches take): {}.\n\nInterference: {}\n",
+        table.source, table.device, world.service.source, world.interference.source
     );
     println!(
         "{tenants} tenants over {} models, {duration_s} s simulated ({} s warm-up not measured), decisions every {} s; \
@@ -325,7 +334,7 @@ fn compare(
     let mut reports: Vec<SimReport> = Vec::new();
     for s in strategies {
         let t = Instant::now();
-        let r = simulate(&w, &table, &origin, s, &cfg)?;
+        let r = simulate(&w, &table, &origin, world, s, &cfg)?;
         let worst = r
             .tenants
             .iter()
@@ -370,7 +379,7 @@ fn compare(
     Ok(())
 }
 
-fn main() -> Result<(), cotenant_policy::ProfileError> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     // `--seed N` draws another workload (rates, arrivals, service noise).
@@ -380,16 +389,39 @@ fn main() -> Result<(), cotenant_policy::ProfileError> {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
-    let gpu = dir.join("gpu-synthetic.json");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let gpu = root.join("profiles/gpu-synthetic.json");
     let table = ProfileTable::load(&gpu)?;
+    // The synthetic GPU table is its own truth, with synthetic interference.
+    let gpu_world = World {
+        service: ServiceTimes::from_profile_table(&table),
+        interference: Interference::load(&root.join("data/gpu-interference-synthetic.json"))?,
+    };
     if quick {
         decision_loop(&table, 1000, 100);
-        compare(&gpu, 8, 1.0, 200.0, seed)?;
+        compare(&gpu, &gpu_world, 8, 1.0, 200.0, seed)?;
     } else {
         decision_loop(&table, 10_000, 1000);
-        compare(&gpu, 40, 1.0, 600.0, seed)?;
-        compare(&dir.join("cpu-measured.json"), 12, 1.0, 600.0, seed)?;
+        // Each device without interference and with it, to show what co-location costs.
+        let alone = World {
+            interference: Interference::none(),
+            ..gpu_world.clone()
+        };
+        compare(&gpu, &alone, 40, 1.0, 600.0, seed)?;
+        compare(&gpu, &gpu_world, 40, 1.0, 600.0, seed)?;
+        // The CPU: policies see a short profile, batches take a separate, longer measurement,
+        // co-located tenants slow each other by the measured factors.
+        let cpu_world = World {
+            service: ServiceTimes::load(&root.join("data/cpu-service-times.json"))?,
+            interference: Interference::load(&root.join("data/cpu-interference.json"))?,
+        };
+        let cpu = root.join("data/cpu-profile.json");
+        let alone = World {
+            interference: Interference::none(),
+            ..cpu_world.clone()
+        };
+        compare(&cpu, &alone, 12, 1.0, 600.0, seed)?;
+        compare(&cpu, &cpu_world, 12, 1.0, 600.0, seed)?;
     }
     println!("Peak RSS at the end: {:.1} MiB", peak_rss_mib());
     Ok(())

@@ -9,12 +9,15 @@
 //! known difference (a 30 s window lags on/off load in replica decisions and repeats asks for
 //! replicas on one violation, which this simulator does not model yet).
 //!
-//! Service time of a batch: the profile's mean batch time at (batch taken, instances busy),
-//! drawn from a shifted exponential whose p99 matches the profile's p99. Tenants sharing an agent
-//! do not slow each other down here (placement keeps their predicted load within the device).
+//! Service time of a batch: a draw from the [`World`]'s measured distribution at (batch taken,
+//! instances busy) ([`ServiceTimes`]), not from the [`LatencyModel`] the scaler predicts with;
+//! times the [`Interference`] factor of the other tenants on the same agent when it starts.
+//! The scaler, the replica rule and placement still see only the profile table.
 
+use super::interference::Interference;
 use super::report::{SimReport, TenantReport};
 use super::rng::Rng;
+use super::service::{Dist, ServiceModel, ServiceTimes};
 use super::strategy::{Controller, Strategy};
 use super::workload::{Arrivals, Workload};
 use crate::dnnscaler::{Epoch, LatencyModel};
@@ -26,6 +29,24 @@ use crate::replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
 use crate::slo::{Slo, TenantObservation};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+/// The simulator's ground truth: how long batches take and how co-located tenants interfere.
+#[derive(Clone, Debug, PartialEq)]
+pub struct World {
+    pub service: ServiceTimes,
+    pub interference: Interference,
+}
+
+impl World {
+    /// Service times from the profile table's own points, no interference: for a table (like
+    /// the synthetic GPU one) with nothing measured apart from it.
+    pub fn from_profile_table(table: &ProfileTable) -> World {
+        World {
+            service: ServiceTimes::from_profile_table(table),
+            interference: Interference::none(),
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SimConfig {
@@ -127,7 +148,11 @@ struct Replica {
 struct Tenant {
     name: String,
     model_name: String,
+    /// What the scaler and the replica rule predict with.
     model: LatencyModel,
+    /// What batches really take (the world's measurements).
+    truth: ServiceModel,
+    dists: HashMap<Knobs, Dist>,
     slo: Slo,
     bounds: Bounds,
     arrivals: Arrivals,
@@ -184,6 +209,9 @@ struct Agent {
 
 struct Sim<'a> {
     cfg: &'a SimConfig,
+    interference: &'a Interference,
+    /// Per agent, the tenants with a replica there.
+    hosted: Vec<Vec<usize>>,
     warmup_s: f64,
     now: f64,
     seq: u64,
@@ -200,12 +228,13 @@ struct Sim<'a> {
     agents_over_time: Vec<(f64, u32)>,
 }
 
-/// Runs `workload` with `strategy` choosing knobs; profiles come from `table` (`origin` names it
-/// in errors).
+/// Runs `workload` with `strategy` choosing knobs; the policies see the profiles of `table`
+/// (`origin` names it in errors), batches take what `world` says.
 pub fn simulate(
     workload: &Workload,
     table: &ProfileTable,
     origin: &str,
+    world: &World,
     strategy: Strategy,
     cfg: &SimConfig,
 ) -> Result<SimReport, ProfileError> {
@@ -213,7 +242,17 @@ pub fn simulate(
     for spec in &workload.tenants {
         let profile = table.get(&spec.model, origin)?;
         let model = LatencyModel::from_profile(profile);
+        let truth = world
+            .service
+            .get(&spec.model)
+            .ok_or_else(|| ProfileError::UnknownModel {
+                path: world.service.source.clone(),
+                model: spec.model.clone(),
+            })?
+            .clone();
         tenants.push(Tenant {
+            truth,
+            dists: HashMap::new(),
             name: spec.tenant.clone(),
             model_name: spec.model.clone(),
             controller: Controller::new(strategy, profile, &spec.slo, &spec.bounds),
@@ -239,6 +278,8 @@ pub fn simulate(
     }
     let mut sim = Sim {
         cfg,
+        interference: &world.interference,
+        hosted: Vec::new(),
         warmup_s: workload.warmup_s,
         now: 0.0,
         seq: 0,
@@ -406,17 +447,22 @@ impl Sim<'_> {
                 t.dropped += 1;
             }
         }
-        while rep.ready && rep.busy < knobs.instances && !rep.queue.is_empty() {
+        loop {
+            let rep = &self.tenants[tenant].replicas[r];
+            if !(rep.ready && rep.busy < knobs.instances && !rep.queue.is_empty()) {
+                break;
+            }
+            let slowdown = self.slowdown(tenant, rep.agent);
+            let t = &mut self.tenants[tenant];
+            let rep = &mut t.replicas[r];
             let n = (knobs.batch as usize).min(rep.queue.len());
             let arrived: Vec<f64> = rep.queue.drain(..n).collect();
             rep.busy += 1;
             let k = Knobs::new(n as u32, rep.busy);
-            let mean = t.model.service_ms(k);
-            let p99 = t.model.p99_ms(k);
-            // Shifted exponential with this mean and p99 (p99 of Exp is mean·ln 100).
-            let c = ((p99 / mean - 1.0) / (100f64.ln() - 1.0)).clamp(0.0, 1.0);
-            let service_ms = mean * (1.0 - c) + self.rng.exp(mean * c);
             let id = rep.id;
+            let truth = &t.truth;
+            let dist = t.dists.entry(k).or_insert_with(|| truth.dist(k));
+            let service_ms = dist.draw(&mut self.rng) * slowdown;
             self.seq += 1;
             self.heap.push(Item {
                 t: now + service_ms / 1e3,
@@ -429,6 +475,25 @@ impl Sim<'_> {
                 },
             });
         }
+    }
+
+    /// How much the other tenants on `agent` slow a batch of `tenant` that starts now.
+    fn slowdown(&self, tenant: usize, agent: usize) -> f64 {
+        let Some(hosted) = self.hosted.get(agent) else {
+            return 1.0;
+        };
+        let others = hosted.iter().filter(|&&j| j != tenant).map(|&j| {
+            let o = &self.tenants[j];
+            let busy = o
+                .replicas
+                .iter()
+                .filter(|r| r.agent == agent)
+                .map(|r| r.busy)
+                .sum::<u32>();
+            (o.model_name.as_str(), busy)
+        });
+        self.interference
+            .factor(&self.tenants[tenant].model_name, others)
     }
 
     /// The operator's decision loop, once.
@@ -598,9 +663,13 @@ impl Sim<'_> {
         }
         // 3. Pool.
         let mut hosted = vec![0u32; self.agents.len()];
-        for t in &self.tenants {
+        self.hosted = vec![Vec::new(); self.agents.len()];
+        for (i, t) in self.tenants.iter().enumerate() {
             for r in &t.replicas {
                 hosted[r.agent] += 1;
+                if self.hosted[r.agent].last() != Some(&i) {
+                    self.hosted[r.agent].push(i);
+                }
             }
         }
         let mut pool = Vec::new();
@@ -721,6 +790,10 @@ mod tests {
         ProfileTable::parse(text, "gpu-synthetic.json").unwrap()
     }
 
+    fn world() -> World {
+        World::from_profile_table(&table())
+    }
+
     fn one_tenant(model: &str, slo_ms: f64, arrivals: Arrivals) -> Workload {
         Workload {
             tenants: vec![TenantSpec {
@@ -748,6 +821,7 @@ mod tests {
             &w,
             &table(),
             "t",
+            &world(),
             Strategy::DnnScaler(ScalerConfig::default()),
             &cfg,
         )
@@ -756,6 +830,7 @@ mod tests {
             &w,
             &table(),
             "t",
+            &world(),
             Strategy::DnnScaler(ScalerConfig::default()),
             &cfg,
         )
@@ -770,6 +845,7 @@ mod tests {
             &w,
             &table(),
             "t",
+            &world(),
             Strategy::DnnScaler(ScalerConfig::default()),
             &SimConfig::default(),
         )
@@ -789,6 +865,7 @@ mod tests {
             &w,
             &table(),
             "gpu-synthetic.json",
+            &world(),
             Strategy::DnnScaler(ScalerConfig::default()),
             &SimConfig::default(),
         );
@@ -808,6 +885,7 @@ mod tests {
             &w,
             &table(),
             "t",
+            &world(),
             Strategy::Static(Knobs::ONE),
             &SimConfig::default(),
         )
@@ -816,10 +894,67 @@ mod tests {
         let least = r.agents_over_time.iter().map(|x| x.1).min().unwrap_or(0);
         assert!(most > least, "{:?}", r.agents_over_time);
         let aimd = Strategy::Aimd { decrease: 0.9 };
-        let other = simulate(&w, &table(), "t", aimd, &SimConfig::default()).unwrap();
+        let other = simulate(&w, &table(), "t", &world(), aimd, &SimConfig::default()).unwrap();
         assert_eq!(
             r.tenants[0].arrived, other.tenants[0].arrived,
             "every policy sees the same requests"
+        );
+    }
+
+    /// One tenant at static knobs, one agent, and a world whose batches take `slow` times what
+    /// the profile says, with two tenants interfering by `pair`.
+    fn run_world(slow: f64, pair: f64, tenants: usize, rate: f64) -> SimReport {
+        let table = table();
+        let mut world = world();
+        for m in &mut world.service.models {
+            for p in &mut m.points {
+                p.mean_ms *= slow;
+                p.p99_ms *= slow;
+            }
+        }
+        world.interference.default_pair = pair;
+        let mut w = one_tenant("squeezenet", 20.0, Arrivals::Poisson { rate });
+        w.tenants[0].slo_changes.clear();
+        w.tenants[0].bounds.max_replicas = 1;
+        let spec = w.tenants[0].clone();
+        for i in 1..tenants {
+            w.tenants.push(TenantSpec {
+                tenant: format!("t{i}"),
+                ..spec.clone()
+            });
+        }
+        let mut cfg = SimConfig::default();
+        cfg.pool.max_agents = 1;
+        simulate(&w, &table, "t", &world, Strategy::Static(Knobs::ONE), &cfg).unwrap()
+    }
+
+    #[test]
+    fn service_times_come_from_the_world_not_the_profile() {
+        // squeezenet at (1,1) serves 500/s in the synthetic profile: 300/s fits.
+        let fits = run_world(1.0, 1.0, 1, 300.0);
+        assert!(
+            fits.tenants[0].slo_attainment() > 0.99,
+            "{:?}",
+            fits.tenants[0]
+        );
+        // A world 2x slower than the profile cannot serve it, whatever the scaler's model says.
+        let slow = run_world(2.0, 1.0, 1, 300.0);
+        assert!(
+            slow.tenants[0].slo_attainment() < 0.9,
+            "{:?}",
+            slow.tenants[0]
+        );
+    }
+
+    #[test]
+    fn co_located_tenants_interfere() {
+        let apart = run_world(1.0, 1.0, 2, 150.0);
+        let together = run_world(1.0, 2.0, 2, 150.0);
+        assert!(
+            together.tenants[0].p99_ms > apart.tenants[0].p99_ms * 1.2,
+            "{} vs {}",
+            together.tenants[0].p99_ms,
+            apart.tenants[0].p99_ms
         );
     }
 }
