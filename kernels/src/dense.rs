@@ -169,8 +169,7 @@ mod tests {
 
     #[test]
     fn matches_reference_and_each_row_alone_bit_for_bit() {
-        if !available() {
-            eprintln!("skipped: this CPU lacks AVX-512F");
+        if crate::skip_without(available(), "AVX-512F") {
             return;
         }
         for (m, k, n) in [

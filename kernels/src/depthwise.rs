@@ -776,8 +776,7 @@ mod tests {
 
     #[test]
     fn the_avx512_rows_match_the_avx2_stencil_bit_for_bit() {
-        if !(crate::avx512f() && has_avx2_fma()) {
-            eprintln!("skipped: this CPU lacks AVX-512F or AVX2");
+        if crate::skip_without(crate::avx512f() && has_avx2_fma(), "AVX-512F or AVX2") {
             return;
         }
         let mut compared = 0;

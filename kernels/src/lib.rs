@@ -18,6 +18,22 @@ pub mod inverted_residual;
 pub mod norm;
 pub mod pool;
 
+/// For a test of an AVX-512 path: whether to skip it on this CPU, which it prints. With
+/// `COTENANT_REQUIRE_AVX512` set, a CPU without `what` fails the test instead, so a machine
+/// that should run these paths cannot pass them silently.
+#[cfg(test)]
+pub(crate) fn skip_without(available: bool, what: &str) -> bool {
+    if available {
+        return false;
+    }
+    assert!(
+        std::env::var_os("COTENANT_REQUIRE_AVX512").is_none(),
+        "COTENANT_REQUIRE_AVX512 is set, but this CPU lacks {what}"
+    );
+    eprintln!("skipped: this CPU lacks {what} (COTENANT_REQUIRE_AVX512=1 makes this a failure)");
+    true
+}
+
 /// Whether this CPU has AVX-512F (cached by the standard library), for the kernels written for it.
 pub(crate) fn avx512f() -> bool {
     #[cfg(target_arch = "x86_64")]
