@@ -11,10 +11,10 @@ use cotenant_policy::placement::{AgentCapacity, CurrentReplica, ReplicaDemand, p
 use cotenant_policy::pool::{PoolAgent, PoolConfig, size_pool};
 use cotenant_policy::replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
 use cotenant_policy::sim::{
-    Arrivals, Interference, Rng, ServiceTimes, SimConfig, SimReport, Strategy, TenantSpec,
-    Workload, World, simulate,
+    Arrivals, Interference, Rng, ServiceTimes, SimConfig, SimReport, TenantSpec, Workload, World,
+    simulate,
 };
-use cotenant_policy::{Bounds, Epoch, Knobs, ProfileTable, Slo, TenantObservation};
+use cotenant_policy::{Bounds, Epoch, Knobs, ProfileTable, Slo, Strategy, TenantObservation};
 use std::path::Path;
 use std::time::Instant;
 

@@ -1,5 +1,6 @@
-//! Pure decisions with no I/O and no Kubernetes: the DNNScaler profiler rule and scaler, replica
-//! counts, placement, pool sizing, and a discrete-event simulator that evaluates them at scale.
+//! Pure decisions with no I/O and no Kubernetes: the DNNScaler profiler rule and scaler, the
+//! per-tenant knob policies ([`Strategy`], [`Controller`]), replica counts, placement, pool
+//! sizing, and a discrete-event simulator that evaluates them at scale.
 //! The operator, the agent's standalone mode and the simulator all call the same functions.
 //!
 //! Nothing here reads a clock: time arrives as `now_s` (seconds on any monotonic origin).
@@ -19,6 +20,7 @@
 //! 4. [`size_pool`] with the plan's `unplaced` replicas: add, undrain, drain, remove agents.
 
 pub mod dnnscaler;
+pub mod knob_policy;
 pub mod knobs;
 pub mod placement;
 pub mod pool;
@@ -31,6 +33,7 @@ pub use dnnscaler::{
     Approach, ApproachChoice, Decision, Epoch, Evidence, LatencyModel, Learned, ScalerConfig,
     ScalerState, choose_approach, step,
 };
+pub use knob_policy::{Controller, Strategy};
 pub use knobs::{ApproachPolicy, Bounds, Knobs};
 pub use placement::{
     AgentCapacity, CurrentReplica, Placement, PlacementPlan, ReplicaDemand, place, place_at_most,
