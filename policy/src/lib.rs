@@ -14,11 +14,13 @@
 //!    holds enough [`Evidence`] measured since the knobs last changed (its [`Epoch`]), then
 //!    [`ReplicaState::decide`] sets the replica count from the arrival rate and
 //!    [`LatencyModel::throughput`] at the knobs;
-//! 3. for the pool: [`place`] with every tenant's [`ReplicaDemand`] (footprint from
-//!    [`LatencyModel::memory_bytes`], load from [`LatencyModel::gpu_util`]) and the running
-//!    replicas; apply `stop` and `start`, leave `hold_until_replaced` running as it is;
+//! 3. for the pool: [`place`] with every tenant's [`ReplicaDemand`] (from [`demand`]: footprint
+//!    from [`LatencyModel::memory_bytes`], load from the arrival rate, the throughput at the
+//!    knobs and [`LatencyModel::gpu_util`]) and the running replicas; apply `stop` and `start`,
+//!    leave `hold_until_replaced` running as it is;
 //! 4. [`size_pool`] with the plan's `unplaced` replicas: add, undrain, drain, remove agents.
 
+pub mod demand;
 pub mod dnnscaler;
 pub mod knob_policy;
 pub mod knobs;
@@ -29,6 +31,7 @@ pub mod replicas;
 pub mod sim;
 pub mod slo;
 
+pub use demand::{Demand, demand};
 pub use dnnscaler::{
     Approach, ApproachChoice, Decision, Epoch, Evidence, LatencyModel, Learned, ScalerConfig,
     ScalerState, choose_approach, step,
