@@ -8,8 +8,10 @@
 use cotenant_executor::RunError;
 use cotenant_executor::runtime::{Stats, Tenant, batchable, measure_within};
 use cotenant_policy as policy;
-use policy::sim::{Controller, Strategy};
-use policy::{Bounds, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig, Slo};
+use policy::{
+    Bounds, Controller, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig, Slo,
+    Strategy,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

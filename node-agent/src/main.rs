@@ -59,7 +59,7 @@ enum Command {
         /// What moves the knobs: `dnnscaler`, or a peer to compare with: `aimd` (Clipper's
         /// additive increase, ×0.9 decrease) or `static:<batch>x<instances>`.
         #[arg(long, default_value = "dnnscaler", value_parser = dnnscaler::parse_knob_policy)]
-        knob_policy: cotenant_policy::sim::Strategy,
+        knob_policy: cotenant_policy::Strategy,
         #[command(flatten)]
         requests: serve::RequestArgs,
         #[command(flatten)]

@@ -143,7 +143,7 @@ pub struct Options {
     pub threads: usize,
     pub report_token: Option<String>,
     /// What moves each tenant's knobs (DNNScaler unless comparing).
-    pub knob_policy: cotenant_policy::sim::Strategy,
+    pub knob_policy: cotenant_policy::Strategy,
     /// The co-schedule every tenant joins (`--schedule`), if any.
     pub co: Option<Arc<CoSchedule>>,
     /// Where the tenants compute (`--device`).
@@ -278,7 +278,7 @@ fn bring_up(
     registry: &Arc<Registry>,
     scaler: &Mutex<Vec<dnnscaler::Controlled>>,
     share: Share,
-    knob_policy: cotenant_policy::sim::Strategy,
+    knob_policy: cotenant_policy::Strategy,
     runtime: &tokio::runtime::Handle,
 ) {
     let name = file.tenant.metadata.name.clone().unwrap_or_default();

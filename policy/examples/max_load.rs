@@ -12,10 +12,9 @@
 //! [--warmup 10] [--measure 20] [--slo-factor 5]`
 
 use cotenant_policy::sim::{
-    Arrivals, Interference, ServiceTimes, SimConfig, Strategy, TenantSpec, Workload, World,
-    simulate,
+    Arrivals, Interference, ServiceTimes, SimConfig, TenantSpec, Workload, World, simulate,
 };
-use cotenant_policy::{Bounds, Knobs, ProfileTable, ScalerConfig, Slo};
+use cotenant_policy::{Bounds, Knobs, ProfileTable, ScalerConfig, Slo, Strategy};
 use std::path::Path;
 
 const TARGET: f64 = 0.99;

@@ -11,10 +11,12 @@ use cotenant_policy::placement::{AgentCapacity, CurrentReplica, ReplicaDemand, p
 use cotenant_policy::pool::{PoolAgent, PoolConfig, size_pool};
 use cotenant_policy::replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
 use cotenant_policy::sim::{
-    Arrivals, Interference, Rng, ServiceTimes, SimConfig, SimReport, Strategy, TenantSpec,
-    Workload, World, simulate,
+    Arrivals, Interference, Rng, ServiceTimes, SimConfig, SimReport, TenantSpec, Workload, World,
+    simulate,
 };
-use cotenant_policy::{Bounds, Epoch, Knobs, ProfileTable, Slo, TenantObservation};
+use cotenant_policy::{
+    Bounds, Epoch, Knobs, ProfileTable, Slo, Strategy, TenantObservation, demand,
+};
 use std::path::Path;
 use std::time::Instant;
 
@@ -128,15 +130,7 @@ fn decision_loop(table: &ProfileTable, tenants: usize, agents: usize) {
                     scaler_wants_more: *want == cotenant_policy::Decision::NeedReplicas,
                 };
                 let replicas = r.decide(&input, &bounds, &cfg, now);
-                ReplicaDemand {
-                    tenant: format!("tenant-{i}"),
-                    replicas,
-                    memory_bytes: model.memory_bytes(s.knobs),
-                    load: (model.gpu_util(s.knobs) * *rate
-                        / replicas.max(1) as f64
-                        / model.throughput(s.knobs))
-                    .min(1.0),
-                }
+                demand(model, s.knobs, *rate, replicas).for_tenant(format!("tenant-{i}"))
             })
             .collect();
         let replicas_ms = ms(t1);

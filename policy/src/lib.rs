@@ -1,5 +1,6 @@
-//! Pure decisions with no I/O and no Kubernetes: the DNNScaler profiler rule and scaler, replica
-//! counts, placement, pool sizing, and a discrete-event simulator that evaluates them at scale.
+//! Pure decisions with no I/O and no Kubernetes: the DNNScaler profiler rule and scaler, the
+//! per-tenant knob policies ([`Strategy`], [`Controller`]), replica counts, placement, pool
+//! sizing, and a discrete-event simulator that evaluates them at scale.
 //! The operator, the agent's standalone mode and the simulator all call the same functions.
 //!
 //! Nothing here reads a clock: time arrives as `now_s` (seconds on any monotonic origin).
@@ -13,12 +14,15 @@
 //!    holds enough [`Evidence`] measured since the knobs last changed (its [`Epoch`]), then
 //!    [`ReplicaState::decide`] sets the replica count from the arrival rate and
 //!    [`LatencyModel::throughput`] at the knobs;
-//! 3. for the pool: [`place`] with every tenant's [`ReplicaDemand`] (footprint from
-//!    [`LatencyModel::memory_bytes`], load from [`LatencyModel::gpu_util`]) and the running
-//!    replicas; apply `stop` and `start`, leave `hold_until_replaced` running as it is;
+//! 3. for the pool: [`place`] with every tenant's [`ReplicaDemand`] (from [`demand`]: footprint
+//!    from [`LatencyModel::memory_bytes`], load from the arrival rate, the throughput at the
+//!    knobs and [`LatencyModel::gpu_util`]) and the running replicas; apply `stop` and `start`,
+//!    leave `hold_until_replaced` running as it is;
 //! 4. [`size_pool`] with the plan's `unplaced` replicas: add, undrain, drain, remove agents.
 
+pub mod demand;
 pub mod dnnscaler;
+pub mod knob_policy;
 pub mod knobs;
 pub mod placement;
 pub mod pool;
@@ -27,10 +31,12 @@ pub mod replicas;
 pub mod sim;
 pub mod slo;
 
+pub use demand::{Demand, demand};
 pub use dnnscaler::{
     Approach, ApproachChoice, Decision, Epoch, Evidence, LatencyModel, Learned, ScalerConfig,
     ScalerState, choose_approach, step,
 };
+pub use knob_policy::{Controller, Strategy};
 pub use knobs::{ApproachPolicy, Bounds, Knobs};
 pub use placement::{
     AgentCapacity, CurrentReplica, Placement, PlacementPlan, ReplicaDemand, place, place_at_most,

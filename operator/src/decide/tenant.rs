@@ -8,7 +8,7 @@ use cotenant_crds::report::TenantReport;
 use cotenant_crds::{ModelTenant, Profile as SpecProfile};
 use cotenant_policy::{
     Approach, Decision, Epoch, Knobs, LatencyModel, Learned, ReplicaConfig, ReplicaInput,
-    ReplicaState, ScalerConfig, ScalerState, TenantObservation, choose_approach, step,
+    ReplicaState, ScalerConfig, ScalerState, TenantObservation, choose_approach, demand, step,
 };
 use kube::ResourceExt;
 
@@ -342,13 +342,8 @@ pub fn decide(
 
     let (memory_bytes, load) = match &recall.model {
         Some(model) => {
-            let capacity = model.throughput(knobs) * replicas as f64;
-            let load = if capacity > 0.0 {
-                (aggregate.arrival_rate / capacity).clamp(0.0, 1.0)
-            } else {
-                0.0
-            };
-            (model.memory_bytes(knobs), load)
+            let d = demand(model, knobs, aggregate.arrival_rate, replicas);
+            (d.memory_bytes, d.load)
         }
         None => (recall.weight_bytes.unwrap_or(0), 0.0),
     };

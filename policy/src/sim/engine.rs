@@ -18,11 +18,12 @@ use super::interference::Interference;
 use super::report::{SimReport, TenantReport};
 use super::rng::Rng;
 use super::service::{Dist, ServiceModel, ServiceTimes};
-use super::strategy::{Controller, Strategy};
 use super::workload::{Arrivals, Workload};
+use crate::demand::demand;
 use crate::dnnscaler::{Epoch, LatencyModel};
+use crate::knob_policy::{Controller, Strategy};
 use crate::knobs::{Bounds, Knobs};
-use crate::placement::{AgentCapacity, CurrentReplica, ReplicaDemand, place};
+use crate::placement::{AgentCapacity, CurrentReplica, place};
 use crate::pool::{PoolAgent, PoolConfig, size_pool};
 use crate::profile::{ProfileError, ProfileTable};
 use crate::replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
@@ -566,15 +567,15 @@ impl Sim<'_> {
         let mut demands = Vec::with_capacity(self.tenants.len());
         let mut current = Vec::new();
         for t in &self.tenants {
-            let k = t.controller.knobs();
-            let replicas = t.replica_state.replicas;
-            let per_replica = t.arrivals.mean_rate() / replicas.max(1) as f64;
-            demands.push(ReplicaDemand {
-                tenant: t.name.clone(),
-                replicas,
-                memory_bytes: t.model.memory_bytes(k),
-                load: (t.model.gpu_util(k) * per_replica / t.model.throughput(k)).min(1.0),
-            });
+            demands.push(
+                demand(
+                    &t.model,
+                    t.controller.knobs(),
+                    t.arrivals.mean_rate(),
+                    t.replica_state.replicas,
+                )
+                .for_tenant(t.name.clone()),
+            );
             for r in &t.replicas {
                 current.push(CurrentReplica {
                     tenant: t.name.clone(),

@@ -9,7 +9,6 @@ mod interference;
 mod report;
 mod rng;
 mod service;
-mod strategy;
 mod workload;
 
 pub use engine::{SimConfig, World, simulate};
@@ -17,5 +16,4 @@ pub use interference::{Interference, PairFactor, ShareFactor};
 pub use report::{SimReport, TenantReport};
 pub use rng::Rng;
 pub use service::{Dist, ServiceError, ServiceModel, ServicePoint, ServiceTimes};
-pub use strategy::{Controller, Strategy};
 pub use workload::{Arrivals, TenantSpec, Workload};

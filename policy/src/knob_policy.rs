@@ -1,8 +1,9 @@
-//! The knob policies the simulator compares: DNNScaler (this crate's scaler), static knobs, and
-//! Clipper-style AIMD batching. All of them share the replica, placement and pool rules, and
-//! the two that move knobs read the same evidence (DNNScaler's [`Evidence`] rule: measurements
-//! of the current knobs only, enough of them), so a difference in results comes from the knobs
-//! alone.
+//! The per-tenant knob policies: DNNScaler (this crate's scaler), static knobs, and
+//! Clipper-style AIMD batching. The agent's standalone mode runs one [`Controller`] per tenant,
+//! and [`crate::sim`] compares the three. All of them share the replica, placement and pool
+//! rules, and the two that move knobs read the same evidence (DNNScaler's [`Evidence`] rule:
+//! measurements of the current knobs only, enough of them), so a difference in results comes
+//! from the knobs alone.
 
 use crate::dnnscaler::{
     Decision, Evidence, LatencyModel, ScalerConfig, ScalerState, choose_approach, step,
