@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::proto::{float_attr, int_attr, ints_attr, string_attr, value_info};
+use common::proto::{float_attr, int_attr, ints_attr, string_attr, unshaped, value_info};
 use cotenant_executor::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
 };
@@ -97,11 +97,7 @@ impl Case {
                     .zip(&self.outputs)
                     .map(|(n, d)| {
                         let d = d.unwrap_or(half.unwrap_or(DType::F32));
-                        let mut vi = value_info(n, d.onnx(), &[]);
-                        if let Some(tt) = vi.r#type.as_mut().and_then(|t| t.tensor_type.as_mut()) {
-                            tt.shape = None;
-                        }
-                        vi
+                        unshaped(n, d.onnx())
                     })
                     .collect(),
                 name: self.name.into(),

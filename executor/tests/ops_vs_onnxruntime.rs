@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::proto::{float_attr, int_attr, string_attr, value_info};
+use common::proto::{float_attr, int_attr, string_attr, unshaped, value_info};
 use cotenant_executor::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
 };
@@ -62,13 +62,7 @@ impl Case {
                 output: outputs
                     .iter()
                     .zip(&self.outputs)
-                    .map(|(n, d)| {
-                        let mut vi = value_info(n, d.onnx(), &[]);
-                        if let Some(tt) = vi.r#type.as_mut().and_then(|t| t.tensor_type.as_mut()) {
-                            tt.shape = None;
-                        }
-                        vi
-                    })
+                    .map(|(n, d)| unshaped(n, d.onnx()))
                     .collect(),
                 name: self.name.into(),
                 ..Default::default()

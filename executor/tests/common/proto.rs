@@ -32,6 +32,15 @@ pub fn value_info(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
     }
 }
 
+/// A graph output of element type `elem` whose shape is left for the runtime to work out.
+pub fn unshaped(name: &str, elem: i32) -> ValueInfoProto {
+    let mut vi = value_info(name, elem, &[]);
+    if let Some(tt) = vi.r#type.as_mut().and_then(|t| t.tensor_type.as_mut()) {
+        tt.shape = None;
+    }
+    vi
+}
+
 /// An INT attribute.
 pub fn int_attr(name: &str, v: i64) -> AttributeProto {
     AttributeProto {
