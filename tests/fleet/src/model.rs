@@ -2,8 +2,9 @@
 //! that behaves like one: a service time that grows with the batch size and with co-located
 //! instances, a capacity that follows from it, and a tail latency that grows with utilisation
 //! (queueing), over the tenant's offered load split across its replicas. Each tenant's base
-//! service time and load come from a hash of its name, so a run is reproducible. A small
-//! periodic ripple keeps the numbers from being perfectly still, as real windows never are.
+//! service time and load come from a hash of its name, so a run is reproducible. A ripple of
+//! ±3% on the latency keeps the numbers from being perfectly still, as real windows never are;
+//! the load itself is steady, so a tenant near saturation does not swing by more than that.
 
 use cotenant_crds::Knobs;
 use cotenant_crds::report::{Serving, Window};
@@ -87,7 +88,7 @@ impl Model {
         since_s: f64,
     ) -> Serving {
         let ripple = 1.0 + 0.03 * (t / 20.0 + self.phase).sin();
-        let arrival = self.arrival * ripple / f64::from(replicas.max(1));
+        let arrival = self.arrival / f64::from(replicas.max(1));
         let capacity = self.capacity(knobs);
         let rho = (arrival / capacity).min(0.97);
         let latency = self.service_ms(knobs) * (1.0 + 3.0 * rho / (1.0 - rho)) * ripple;
