@@ -1,9 +1,8 @@
 //! DNNScaler on the agent (standalone mode, where no operator decides; `--knob-policy` swaps in
 //! static knobs or Clipper-style AIMD to compare against): profile each tenant at
-//! (batch 1, 1 instance), (batch k, 1 instance), (batch 1, k instances) and, where both knobs
-//! can move, (batch k, k instances); let the policy choose the approach (Joint when the last
-//! point beats both single-knob ones), then move the knobs under feedback from the tenant's own
-//! measurements. The decisions are `cotenant-policy`'s, the same code the operator runs.
+//! (batch 1, 1 instance), (batch k, 1 instance) and (batch 1, k instances), let the policy choose
+//! the approach, then move the knobs under feedback from the tenant's own measurements. The
+//! decisions are `cotenant-policy`'s, the same code the operator runs.
 
 use cotenant_executor::RunError;
 use cotenant_executor::runtime::{Stats, Tenant, batchable, measure_within};
@@ -19,8 +18,8 @@ use std::time::{Duration, Instant};
 /// costs one run past it, never an unbounded profile).
 pub const PROFILE_DEADLINE: Duration = Duration::from_secs(120);
 
-/// Measures the profile points (k = 4, within the bounds; see [`profile_points`]), each for
-/// `per_point`, within [`PROFILE_DEADLINE`]. Blocking: call it off the async workers.
+/// Measures the three profile points (k = 4, within the bounds), each for `per_point`, within
+/// [`PROFILE_DEADLINE`]. Blocking: call it off the async workers.
 pub fn profile(
     name: &str,
     tenant: &Tenant,
@@ -40,11 +39,10 @@ pub fn profile(
     )
 }
 
-/// Measures (batch 1, 1 instance), (batch `k_batch`, 1 instance), (batch 1, `k_instances`
-/// instances) and, when both exceed 1, the joint point (batch `k_batch`, `k_instances`
+/// Measures (batch 1, 1 instance), (batch `k_batch`, 1 instance) and (batch 1, `k_instances`
 /// instances), each for `per_point`, starting no run after `deadline`; repeated settings are
 /// measured once. A model whose requests never share a batch is measured at batch 1 only (its
-/// batch knob cannot move, so it has no joint point). Blocking: call it off the async workers.
+/// batch knob cannot move). Blocking: call it off the async workers.
 pub fn profile_points(
     name: &str,
     tenant: &Tenant,
@@ -61,7 +59,6 @@ pub fn profile_points(
         Knobs::new(1, 1),
         Knobs::new(k_batch.max(1), 1),
         Knobs::new(1, k_instances.max(1)),
-        Knobs::new(k_batch.max(1), k_instances.max(1)),
     ] {
         if !settings.contains(&knobs) {
             settings.push(knobs);
@@ -233,26 +230,6 @@ mod tests {
         };
         let loaded = load::start(model, config, sizing, None).expect("loads");
         Arc::try_unwrap(loaded.tenant).unwrap_or_else(|_| panic!("one owner"))
-    }
-
-    /// A model that batches, with both knobs allowed above 1, is measured at the joint point
-    /// too, so DNNScaler can choose Joint.
-    #[test]
-    fn a_batching_model_is_profiled_at_the_joint_point_too() {
-        let t = tenant(&load::tests::squeezenet());
-        assert!(t.batch_refusal().is_none());
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let p = profile_points("p", &t, 2, 2, 1, Duration::from_millis(20), deadline)
-            .expect("profiled");
-        let knobs: Vec<(u32, u32)> = p.points.iter().map(|q| (q.batch, q.instances)).collect();
-        assert_eq!(knobs, vec![(1, 1), (2, 1), (1, 2), (2, 2)]);
-        let p = profile_points("p", &t, 2, 1, 1, Duration::from_millis(20), deadline)
-            .expect("profiled");
-        assert_eq!(
-            p.points.len(),
-            2,
-            "no joint point with one instance allowed"
-        );
     }
 
     /// A profile past its deadline stops before measuring and says so.

@@ -156,55 +156,6 @@ mod tests {
         );
     }
 
-    /// A profile as the agents measure it: (1,1), (k,1), (1,k) and the joint (k,k).
-    fn measured(joint_throughput: f64, joint_p99_ms: f64) -> Profile {
-        profile(vec![
-            pt(1, 1, 100.0, 10.0),
-            pt(4, 1, 300.0, 14.0),
-            pt(1, 4, 250.0, 16.0),
-            pt(4, 4, joint_throughput, joint_p99_ms),
-        ])
-    }
-
-    #[test]
-    fn a_measured_joint_point_wins_only_by_beating_both_and_fitting() {
-        let (slo, b) = (Slo::p99(50.0), Bounds::default());
-        let c = choose_approach(&measured(800.0, 40.0), &slo, &b);
-        assert_eq!((c.approach, c.knobs), (Approach::Joint, Knobs::new(4, 4)));
-        assert_eq!(c.gain_joint, Some(8.0));
-        // Beats instances but not batching: batching.
-        let c = choose_approach(&measured(280.0, 40.0), &slo, &b);
-        assert_eq!(
-            (c.approach, c.knobs),
-            (Approach::Batching, Knobs::new(4, 1))
-        );
-        // A tie with batching goes to batching: one copy of the activations.
-        assert_eq!(
-            choose_approach(&measured(300.0, 40.0), &slo, &b).approach,
-            Approach::Batching
-        );
-        // Its batch alone misses the SLO: it does not count.
-        let c = choose_approach(&measured(800.0, 60.0), &slo, &b);
-        assert_eq!((c.approach, c.gain_joint), (Approach::Batching, None));
-        // Outside the bounds: it does not count either.
-        let two = Bounds {
-            max_instances: 2,
-            ..b
-        };
-        assert_eq!(
-            choose_approach(&measured(800.0, 40.0), &slo, &two).approach,
-            Approach::Batching
-        );
-        let forced = Bounds {
-            approach: ApproachPolicy::Batching,
-            ..b
-        };
-        assert_eq!(
-            choose_approach(&measured(800.0, 40.0), &slo, &forced).approach,
-            Approach::Batching
-        );
-    }
-
     #[test]
     fn points_over_the_slo_or_bounds_do_not_count() {
         let p = profile(vec![

@@ -509,32 +509,6 @@ mod tests {
     }
 
     #[test]
-    fn joint_moves_the_batch_at_its_instances() {
-        let (m, slo, b) = (model(), Slo::p99(400.0), Bounds::default());
-        let mut s = state(Approach::Joint, Knobs::new(4, 2));
-        let mut seen = vec![s.knobs];
-        for _ in 0..10 {
-            step(&mut s, &obs(10.0), &slo, &b, &m);
-            seen.push(s.knobs);
-        }
-        assert!(
-            s.knobs.batch > 4,
-            "grows the batch under the band: {seen:?}"
-        );
-        assert!(seen.iter().all(|k| k.instances == 2), "{seen:?}");
-        // Its own batch time over the budget: the batch shrinks, the instances stay.
-        let before = s.knobs;
-        let slow = TenantObservation {
-            compute_at_percentile_ms: Some(500.0),
-            ..obs(900.0)
-        };
-        match step(&mut s, &slow, &slo, &b, &m) {
-            Decision::SetKnobs(k) => assert!(k.instances == 2 && k.batch < before.batch, "{k:?}"),
-            d => panic!("{d:?}"),
-        }
-    }
-
-    #[test]
     fn multi_tenancy_moves_one_instance() {
         let (m, slo, b) = (model(), Slo::p99(40.0), Bounds::default());
         let mut s = state(Approach::MultiTenancy, Knobs::new(1, 3));

@@ -452,8 +452,7 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         .as_array()
         .map(Vec::len)
         .unwrap_or(0);
-    // (1, 1), (2, 1), (1, 2) and the joint (2, 2).
-    assert_eq!(points, 4, "{bert_report}");
+    assert_eq!(points, 3, "{bert_report}");
     assert_eq!(http_get(&addr, "/report").expect("no report here").0, 404);
 
     // Knobs change live.
