@@ -296,6 +296,8 @@ fn operator_at_scale() {
         .map(|i| tenant_yaml(i, &pool, slo_ms))
         .collect();
     apply(cp, n, &docs);
+    let applied = Instant::now();
+    let mut all_placed: Option<Duration> = None;
     let placed = until(
         "every tenant Ready",
         Duration::from_secs(900),
@@ -303,6 +305,12 @@ fn operator_at_scale() {
         n,
         &mut operator,
         |all| {
+            if all_placed.is_none()
+                && all.len() == size.tenants
+                && all.values().all(|t| !placed_on(t).is_empty())
+            {
+                all_placed = Some(applied.elapsed());
+            }
             let r = all.values().filter(|t| ready(t)).count();
             if r == size.tenants {
                 Ok(())
@@ -467,6 +475,7 @@ fn operator_at_scale() {
     println!(
         "\noperator at scale: {} tenants, pool of at most {} agents ({} used), {} nodes of {GPUS_PER_NODE} GPUs\n\
          \n| measure | value |\n|---|---|\n\
+         | time from the last apply until every tenant is placed on an agent | {} |\n\
          | time from the last apply until every tenant is placed and Ready | {:.1} s |\n\
          | then until the operator wrote nothing for 20 s | {settle_s:.0} s{} |\n\
          | steady state: operator requests ({steady_s:.0} s window) | {} ({:.2}/s) |\n\
@@ -484,6 +493,7 @@ fn operator_at_scale() {
         size.agents,
         agents_used,
         nodes,
+        all_placed.map_or("-".to_string(), |d| format!("{:.1} s", d.as_secs_f64())),
         placed.as_secs_f64(),
         if settled { "" } else { " (never: gave up)" },
         steady.total(),
