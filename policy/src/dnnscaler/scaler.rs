@@ -325,7 +325,7 @@ mod tests {
 
     /// One step on `obs` read as a window of the scaler's current knobs, a minute into them,
     /// unless `obs` says otherwise.
-    fn step(
+    pub(super) fn step(
         state: &mut ScalerState,
         obs: &TenantObservation,
         slo: &Slo,
@@ -627,32 +627,11 @@ mod tests {
 
 #[cfg(test)]
 mod props {
+    use super::tests::step;
     use super::*;
     use crate::knobs::ApproachPolicy;
     use crate::profile::{Profile, ProfilePoint};
     use proptest::prelude::*;
-
-    /// One step on `obs` read as a window of the scaler's current knobs, a minute into them,
-    /// unless `obs` says otherwise.
-    fn step(
-        state: &mut ScalerState,
-        obs: &TenantObservation,
-        slo: &Slo,
-        bounds: &Bounds,
-        model: &LatencyModel,
-    ) -> Decision {
-        let epoch = obs.epoch.or(Some(crate::dnnscaler::Epoch {
-            knobs: state.knobs,
-            seconds: 60.0,
-        }));
-        super::step(
-            state,
-            &TenantObservation { epoch, ..*obs },
-            slo,
-            bounds,
-            model,
-        )
-    }
 
     fn approach() -> impl Strategy<Value = Approach> {
         prop_oneof![
