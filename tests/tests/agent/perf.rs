@@ -125,9 +125,15 @@ fn perf_analyzer_measures_a_standalone_agent_over_http_and_grpc() {
         "squeezenet.onnx",
         &[],
     );
+    // Knobs held at batch 1, one instance: a knob change rebuilds the instances, and a window
+    // that spans the rebuild measures the rebuild, not the agent's serving path.
     std::fs::write(
         dir.join("squeezenet.yaml"),
-        tenant_yaml("squeezenet", "file://models/squeezenet.onnx", ""),
+        tenant_yaml(
+            "squeezenet",
+            "file://models/squeezenet.onnx",
+            "  scaling:\n    approach: Batching\n    maxBatchSize: 1\n    maxInstances: 1\n",
+        ),
     )
     .expect("write tenant");
     let grpc = format!("127.0.0.1:{}", free_port().expect("port"));
@@ -175,7 +181,7 @@ fn perf_analyzer_measures_a_standalone_agent_over_http_and_grpc() {
                 "--stability-percentage",
                 "1000",
                 "--max-trials",
-                "3",
+                "6",
                 "-f",
                 &csv_arg,
             ],
