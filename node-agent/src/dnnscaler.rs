@@ -8,8 +8,8 @@ use cotenant_executor::RunError;
 use cotenant_executor::runtime::{Stats, Tenant, batchable, measure_within};
 use cotenant_policy as policy;
 use policy::{
-    Bounds, Controller, Decision, Knobs, LatencyModel, Profile, ProfilePoint, ScalerConfig, Slo,
-    Strategy,
+    Bounds, Controller, Decision, Knobs, LatencyModel, Measured, Profile, ProfilePoint,
+    ReplicaConfig, RoundConfig, STEP_INTERVAL_S, ScalerConfig, Slo, Strategy, TenantRound,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -119,14 +119,23 @@ pub fn parse_knob_policy(text: &str) -> Result<Strategy, String> {
     }
 }
 
-/// One tenant under a knob controller's feedback.
+/// One tenant under a knob controller's feedback: the policy's round, with one replica.
 pub struct Controlled {
     pub name: String,
     pub tenant: Arc<Tenant>,
     pub slo: Slo,
     pub bounds: Bounds,
-    pub model: LatencyModel,
-    pub controller: Controller,
+    pub round: TenantRound,
+    started: Instant,
+}
+
+/// The round as standalone mode runs it: knob steps as often as the operator takes them.
+/// Standalone mode has one replica, so the replica count the round sets goes unused.
+fn round_config() -> RoundConfig {
+    RoundConfig {
+        step_interval_s: STEP_INTERVAL_S,
+        replicas: ReplicaConfig::default(),
+    }
 }
 
 impl Controlled {
@@ -147,28 +156,31 @@ impl Controlled {
             tenant,
             slo,
             bounds,
-            model: LatencyModel::from_profile(profile),
-            controller,
+            round: TenantRound::new(controller, LatencyModel::from_profile(profile), 1),
+            started: Instant::now(),
         }
     }
 
-    /// One feedback step from the tenant's window; returns the decision it applied.
+    /// One round on the tenant's window; returns the decision it applied.
     pub fn step(&mut self) -> Decision {
-        let observation = observe(
+        let window = observe(
             self.tenant.stats(),
             &self.slo,
             self.tenant.queue_depth(),
-            self.controller.knobs(),
+            self.round.controller.knobs(),
         );
-        let before = self.controller.knobs();
-        let wants_replicas =
-            self.controller
-                .observe(&observation, &self.slo, &self.bounds, &self.model);
-        let after = self.controller.knobs();
-        if after != before {
-            apply(&self.tenant, after, &self.slo);
-            Decision::SetKnobs(after)
-        } else if wants_replicas {
+        let measured = Measured {
+            per_replica: Some(window),
+            arrival_rate: window.arrival_rate,
+        };
+        let now_s = self.started.elapsed().as_secs_f64();
+        let o = self
+            .round
+            .round(&measured, &self.slo, &self.bounds, &round_config(), now_s);
+        if o.knobs != o.knobs_before {
+            apply(&self.tenant, o.knobs, &self.slo);
+            Decision::SetKnobs(o.knobs)
+        } else if o.wants_more {
             Decision::NeedReplicas
         } else {
             Decision::Hold
@@ -278,16 +290,14 @@ mod tests {
             weight_bytes: 0,
             points: vec![point(1, 100.0, 10.0), point(16, 110.0, 150.0)],
         });
-        let mut controller = Controller::Scaler(policy::ScalerState::new(
-            policy::Approach::Batching,
-            start,
-            ScalerConfig::default(),
-        ));
+        let scaler =
+            policy::ScalerState::new(policy::Approach::Batching, start, ScalerConfig::default());
+        let mut round = TenantRound::new(Controller::Scaler(scaler), model, 1);
         let stats = Stats::replay(Duration::from_millis(100));
         let mut changes = Vec::new();
         let every = (crate::standalone::SCALE_EVERY.as_millis() / 100) as u32;
         for tenth in 1..=seconds * 10 {
-            let batch = controller.knobs().batch;
+            let batch = round.controller.knobs().batch;
             for _ in 0..5 {
                 stats.arrival();
                 stats.completion(
@@ -297,13 +307,22 @@ mod tests {
             }
             stats.advance(Duration::from_millis(100));
             if tenth % every == 0 {
-                let before = controller.knobs();
-                let o = observe(&stats, &slo, 0, before);
-                controller.observe(&o, &slo, &bounds, &model);
-                if controller.knobs() != before {
+                let window = observe(&stats, &slo, 0, round.controller.knobs());
+                let measured = Measured {
+                    per_replica: Some(window),
+                    arrival_rate: window.arrival_rate,
+                };
+                let o = round.round(
+                    &measured,
+                    &slo,
+                    &bounds,
+                    &round_config(),
+                    tenth as f64 / 10.0,
+                );
+                if o.knobs != o.knobs_before {
                     // As `Tenant::set_knobs` does when the knobs change.
                     stats.start_epoch();
-                    changes.push((tenth / 10, controller.knobs()));
+                    changes.push((tenth / 10, o.knobs));
                 }
             }
         }

@@ -358,11 +358,11 @@ fn bring_up(
     let choice = cotenant_policy::choose_approach(&profile, &slo, &bounds);
     let controlled =
         dnnscaler::Controlled::start(&name, tenant, &profile, slo, bounds, knob_policy);
-    let knobs = controlled.controller.knobs();
+    let knobs = controlled.round.controller.knobs();
     tracing::info!(
         tenant = %name,
         policy = %knob_policy.name(),
-        approach = %controlled.controller.approach(),
+        approach = %controlled.round.controller.approach(),
         batch = knobs.batch,
         instances = knobs.instances,
         gain_batching = choice.gain_batching,
@@ -372,7 +372,7 @@ fn bring_up(
     registry.set_scaling(
         &name,
         Scaling {
-            approach: controlled.controller.approach(),
+            approach: controlled.round.controller.approach(),
             profile,
         },
     );

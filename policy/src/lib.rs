@@ -9,11 +9,14 @@
 //!
 //! One decision round, as the operator (and [`sim`]) runs it every report interval:
 //! 1. once per tenant, after profiling: [`choose_approach`] picks the approach and starting
-//!    knobs, [`LatencyModel::from_profile`] builds the model, [`ScalerState::new`] the memory;
-//! 2. per tenant and window: [`step`] moves the knobs (or asks for a replica) once the window
-//!    holds enough [`Evidence`] measured since the knobs last changed (its [`Epoch`]), then
+//!    knobs (inside [`Controller::new`] for the simulator and the standalone agent),
+//!    [`LatencyModel::from_profile`] builds the model, [`TenantRound::new`] holds both with the
+//!    replica rule's state;
+//! 2. per tenant and window, [`TenantRound::round`]: the controller ([`step`] for DNNScaler)
+//!    moves the knobs (or asks for a replica) once the window holds enough [`Evidence`] measured
+//!    since the knobs last changed (its [`Epoch`]), at most every [`STEP_INTERVAL_S`]; then
 //!    [`ReplicaState::decide`] sets the replica count from the arrival rate and
-//!    [`LatencyModel::throughput`] at the knobs;
+//!    [`LatencyModel::throughput`] at the knobs, and [`demand`] says what placement must find;
 //! 3. for the pool: [`place`] with every tenant's [`ReplicaDemand`] (from [`demand`]: footprint
 //!    from [`LatencyModel::memory_bytes`], load from the arrival rate, the throughput at the
 //!    knobs and [`LatencyModel::gpu_util`]) and the running replicas; apply `stop` and `start`,
@@ -28,6 +31,7 @@ pub mod placement;
 pub mod pool;
 pub mod profile;
 pub mod replicas;
+pub mod round;
 pub mod sim;
 pub mod slo;
 
@@ -44,4 +48,5 @@ pub use placement::{
 pub use pool::{PoolAgent, PoolConfig, PoolDecision, size_pool};
 pub use profile::{Profile, ProfileError, ProfilePoint, ProfileTable};
 pub use replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
+pub use round::{Measured, Outcome, RoundConfig, STEP_INTERVAL_S, TenantRound};
 pub use slo::{Slo, TenantObservation};

@@ -477,7 +477,7 @@ pub fn decide_tenants(
         let too_big = d.memory_bytes > largest_agent;
         // A model whose size no agent has reported yet is placed as if it took a share of the
         // largest agent, so new tenants spread instead of piling onto the first agent.
-        let unknown = tenant_recall.model.is_none() && d.memory_bytes == 0;
+        let unknown = tenant_recall.round.is_none() && d.memory_bytes == 0;
         let placed_bytes = if unknown {
             largest_agent / UNKNOWN_MODEL_SHARE
         } else {
@@ -490,9 +490,9 @@ pub fn decide_tenants(
                 agent: a.name.clone(),
                 ready: a.serves(uid, tuning),
                 memory_bytes: tenant_recall
-                    .model
+                    .round
                     .as_ref()
-                    .map_or(placed_bytes, |m| m.memory_bytes(knobs)),
+                    .map_or(placed_bytes, |r| r.model.memory_bytes(knobs)),
             });
         }
         if !too_big {

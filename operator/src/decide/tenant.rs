@@ -7,24 +7,23 @@ use cotenant_crds::convert::{self, bounds_and_slo};
 use cotenant_crds::report::TenantReport;
 use cotenant_crds::{ModelTenant, Profile as SpecProfile};
 use cotenant_policy::{
-    Approach, Decision, Epoch, Knobs, LatencyModel, Learned, ReplicaConfig, ReplicaInput,
-    ReplicaState, ScalerConfig, ScalerState, TenantObservation, choose_approach, demand, step,
+    Approach, Controller, Epoch, Knobs, LatencyModel, Learned, Measured, ReplicaConfig,
+    RoundConfig, STEP_INTERVAL_S, ScalerConfig, ScalerState, TenantObservation, TenantRound,
+    choose_approach, demand,
 };
 use kube::ResourceExt;
 
-/// Seconds between two feedback steps of one tenant: a step needs a fresh window.
-const STEP_INTERVAL_S: f64 = 4.0;
 /// Largest batch and instance count the profiler measures.
 const PROFILE_K: u32 = 4;
 
 /// What the operator remembers of a tenant between rounds.
 pub struct TenantRecall {
-    pub scaler: Option<ScalerState>,
-    pub model: Option<LatencyModel>,
-    pub replicas: ReplicaState,
+    /// The policy's round for the tenant, once it has a profile.
+    pub round: Option<TenantRound>,
+    /// The replica count to start the round from: the status's, after an operator restart.
+    replicas: u32,
     /// Weight bytes an agent reported, known before any profile.
     pub weight_bytes: Option<u64>,
-    last_step_s: f64,
 }
 
 impl TenantRecall {
@@ -35,11 +34,16 @@ impl TenantRecall {
             .and_then(|s| s.replicas)
             .unwrap_or(tenant.spec.scaling.min_replicas);
         TenantRecall {
-            scaler: None,
-            model: None,
-            replicas: ReplicaState::new(replicas.max(1)),
+            round: None,
+            replicas: replicas.max(1),
             weight_bytes: None,
-            last_step_s: f64::NEG_INFINITY,
+        }
+    }
+
+    fn scaler(&self) -> Option<&ScalerState> {
+        match &self.round.as_ref()?.controller {
+            Controller::Scaler(s) => Some(s),
+            Controller::Static(_) | Controller::Aimd { .. } => None,
         }
     }
 }
@@ -178,9 +182,11 @@ pub fn decide(
         .profile
         .clone()
         .filter(|p| p.model_uri.as_ref().is_none_or(|m| m == uri));
-    if profile.is_none() && status.profile.is_some() && recall.model.is_some() {
-        recall.model = None;
-        recall.scaler = None;
+    if profile.is_none()
+        && status.profile.is_some()
+        && let Some(round) = recall.round.take()
+    {
+        recall.replicas = round.replicas.replicas;
         events.push(EventToRecord {
             reason: EventReason::ModelChanged,
             message: format!("{uri}: profiling again"),
@@ -214,14 +220,9 @@ pub fn decide(
             profile = Some(recorded);
         }
     }
-    if let Some(p) = &measured
-        && recall.model.is_none()
-    {
-        recall.model = Some(LatencyModel::from_profile(p));
-    }
-
-    // Approach and knobs.
-    if let (Some(p), None) = (&measured, &recall.scaler) {
+    // Approach and knobs: as the status recorded them for this profile (after an operator
+    // restart), or chosen now.
+    if let (Some(p), None) = (&measured, &recall.round) {
         let restored = status
             .approach
             .filter(|_| recorded_choice)
@@ -253,106 +254,92 @@ pub fn decide(
         if let Some(m) = status.scaler.as_ref().filter(|_| recorded_choice) {
             scaler.restore(convert::learned(m));
         }
-        recall.scaler = Some(scaler);
+        recall.round = Some(TenantRound::new(
+            Controller::Scaler(scaler),
+            LatencyModel::from_profile(p),
+            recall.replicas,
+        ));
     }
-    let mut wants_more = false;
     let batch_moves = measured
         .as_ref()
         .is_some_and(|p| p.points.iter().any(|q| q.batch > 1));
-    if let (Some(scaler), Some(model)) = (recall.scaler.as_mut(), recall.model.as_ref())
-        && failure.is_none()
-        && aggregate.replicas > 0
-        && now_s - recall.last_step_s >= STEP_INTERVAL_S
-    {
-        let n = aggregate.replicas as f64;
-        let observation = TenantObservation {
-            arrival_rate: aggregate.arrival_rate / n,
-            throughput: aggregate.throughput / n,
-            latency_at_percentile_ms: aggregate.latency_ms,
-            queue_depth: u32::try_from(aggregate.queue_depth).unwrap_or(u32::MAX),
-            completed: aggregate.completions,
-            compute_at_percentile_ms: aggregate.compute_ms,
-            epoch: epoch(reports, scaler.knobs, batch_moves),
-        };
-        if observation.has_signal() {
-            // Only a step that reads fresh evidence waits for the next interval.
-            if scaler.config.evidence.admits(&observation, scaler.knobs) {
-                recall.last_step_s = now_s;
-            }
-            let before = scaler.knobs;
-            match step(scaler, &observation, &slo, &bounds, model) {
-                Decision::SetKnobs(k) if k != before => events.push(EventToRecord {
+
+    // The policy's round: a knob step on fresh evidence, the replicas, the demand. While there
+    // is no profile (it is being measured), or the model is broken, one replica.
+    let (knobs, replicas, memory_bytes, load) = match recall.round.as_mut() {
+        Some(round) if failure.is_none() => {
+            let n = aggregate.replicas.max(1) as f64;
+            let per_replica = (aggregate.replicas > 0).then(|| TenantObservation {
+                arrival_rate: aggregate.arrival_rate / n,
+                throughput: aggregate.throughput / n,
+                latency_at_percentile_ms: aggregate.latency_ms,
+                queue_depth: u32::try_from(aggregate.queue_depth).unwrap_or(u32::MAX),
+                completed: aggregate.completions,
+                compute_at_percentile_ms: aggregate.compute_ms,
+                epoch: epoch(reports, round.controller.knobs(), batch_moves),
+            });
+            let o = round.round(
+                &Measured {
+                    per_replica,
+                    arrival_rate: aggregate.arrival_rate,
+                },
+                &slo,
+                &bounds,
+                &RoundConfig {
+                    step_interval_s: STEP_INTERVAL_S,
+                    replicas: ReplicaConfig {
+                        scale_down_after_s: tuning.replica_scale_down_s,
+                        ..ReplicaConfig::default()
+                    },
+                },
+                now_s,
+            );
+            if o.knobs != o.knobs_before {
+                events.push(EventToRecord {
                     reason: EventReason::KnobsChanged,
                     message: format!(
                         "batch {} x {} instances -> batch {} x {} instances (observed {:.1} ms at p{} against {} ms)",
-                        before.batch,
-                        before.instances,
-                        k.batch,
-                        k.instances,
+                        o.knobs_before.batch,
+                        o.knobs_before.instances,
+                        o.knobs.batch,
+                        o.knobs.instances,
                         aggregate.latency_ms,
                         slo.percentile,
                         slo.latency_ms
                     ),
-                }),
-                Decision::NeedReplicas => wants_more = true,
-                _ => {}
+                });
             }
+            if o.replicas != o.replicas_before {
+                events.push(EventToRecord {
+                    reason: EventReason::ReplicasChanged,
+                    message: format!(
+                        "{} -> {} replicas (arrival {:.1}/s{})",
+                        o.replicas_before,
+                        o.replicas,
+                        aggregate.arrival_rate,
+                        if o.wants_more {
+                            ", no knob meets the SLO"
+                        } else {
+                            ""
+                        }
+                    ),
+                });
+            }
+            (o.knobs, o.replicas, o.demand.memory_bytes, o.demand.load)
         }
-    }
-    let knobs = recall
-        .scaler
-        .as_ref()
-        .map_or(Knobs::ONE, |s| bounds.clamp(s.knobs));
-
-    // Replicas: one while there is no profile (it is being measured) or the model is broken.
-    let before = recall.replicas.replicas;
-    let replicas = match (&recall.model, &failure) {
-        (Some(model), None) => recall
-            .replicas
-            .decide(
-                &ReplicaInput {
-                    arrival_rate: aggregate.arrival_rate,
-                    per_replica_throughput: model.throughput(knobs),
-                    scaler_wants_more: wants_more,
-                },
-                &bounds,
-                &ReplicaConfig {
-                    scale_down_after_s: tuning.replica_scale_down_s,
-                    ..ReplicaConfig::default()
-                },
-                now_s,
-            )
-            .max(1),
-        _ => 1,
-    };
-    if recall.model.is_some() && failure.is_none() && replicas != before {
-        events.push(EventToRecord {
-            reason: EventReason::ReplicasChanged,
-            message: format!(
-                "{before} -> {replicas} replicas (arrival {:.1}/s{})",
-                aggregate.arrival_rate,
-                if wants_more {
-                    ", no knob meets the SLO"
-                } else {
-                    ""
-                }
-            ),
-        });
-    }
-
-    let (memory_bytes, load) = match &recall.model {
-        Some(model) => {
-            let d = demand(model, knobs, aggregate.arrival_rate, replicas);
-            (d.memory_bytes, d.load)
+        Some(round) => {
+            let knobs = bounds.clamp(round.controller.knobs());
+            let d = demand(&round.model, knobs, aggregate.arrival_rate, 1);
+            (knobs, 1, d.memory_bytes, d.load)
         }
-        None => (recall.weight_bytes.unwrap_or(0), 0.0),
+        None => (Knobs::ONE, 1, recall.weight_bytes.unwrap_or(0), 0.0),
     };
     let wants_profile = (measured.is_none() && failure.is_none())
         .then(|| bounds.clamp(Knobs::new(PROFILE_K, PROFILE_K)));
     TenantDecision {
-        approach: recall.scaler.as_ref().map(|s| s.approach),
+        approach: recall.scaler().map(|s| s.approach),
         knobs,
-        learned: recall.scaler.as_ref().and_then(ScalerState::learned),
+        learned: recall.scaler().and_then(ScalerState::learned),
         replicas,
         memory_bytes,
         load,

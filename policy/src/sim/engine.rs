@@ -19,14 +19,15 @@ use super::report::{SimReport, TenantReport};
 use super::rng::Rng;
 use super::service::{Dist, ServiceModel, ServiceTimes};
 use super::workload::{Arrivals, Workload};
-use crate::demand::demand;
+use crate::demand::{Demand, demand};
 use crate::dnnscaler::{Epoch, LatencyModel};
 use crate::knob_policy::{Controller, Strategy};
 use crate::knobs::{Bounds, Knobs};
 use crate::placement::{AgentCapacity, CurrentReplica, place};
 use crate::pool::{PoolAgent, PoolConfig, size_pool};
 use crate::profile::{ProfileError, ProfileTable};
-use crate::replicas::{ReplicaConfig, ReplicaInput, ReplicaState};
+use crate::replicas::ReplicaConfig;
+use crate::round::{Measured, RoundConfig, STEP_INTERVAL_S, TenantRound};
 use crate::slo::{Slo, TenantObservation};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -57,6 +58,8 @@ pub struct SimConfig {
     pub agent_memory_bytes: u64,
     pub pool: PoolConfig,
     pub replicas: ReplicaConfig,
+    /// Seconds between two knob steps of one tenant, as in the operator.
+    pub step_interval_s: f64,
     pub seed: u64,
     /// A request waiting longer than this many SLOs is dropped (and counts as a miss).
     pub drop_after_slos: f64,
@@ -78,6 +81,7 @@ impl Default for SimConfig {
                 agent_compute: 1.0,
             },
             replicas: ReplicaConfig::default(),
+            step_interval_s: STEP_INTERVAL_S,
             seed: 1,
             drop_after_slos: 10.0,
         }
@@ -149,8 +153,6 @@ struct Replica {
 struct Tenant {
     name: String,
     model_name: String,
-    /// What the scaler and the replica rule predict with.
-    model: LatencyModel,
     /// What batches really take (the world's measurements).
     truth: ServiceModel,
     dists: HashMap<Knobs, Dist>,
@@ -159,9 +161,10 @@ struct Tenant {
     arrivals: Arrivals,
     on: bool,
     generation: u64,
-    controller: Controller,
-    replica_state: ReplicaState,
-    wants_more: bool,
+    /// The policy's round: knob controller, the model it predicts with, the replica rule.
+    round: TenantRound,
+    /// What the last round asked of the pool.
+    demand: Demand,
     replicas: Vec<Replica>,
     /// Requests with no ready replica to go to.
     waiting: VecDeque<f64>,
@@ -256,15 +259,17 @@ pub fn simulate(
             dists: HashMap::new(),
             name: spec.tenant.clone(),
             model_name: spec.model.clone(),
-            controller: Controller::new(strategy, profile, &spec.slo, &spec.bounds),
-            model,
+            demand: demand(&model, Knobs::ONE, 0.0, 0),
+            round: TenantRound::new(
+                Controller::new(strategy, profile, &spec.slo, &spec.bounds),
+                model,
+                spec.bounds.sane().min_replicas,
+            ),
             slo: spec.slo,
             bounds: spec.bounds,
             arrivals: spec.arrivals,
             on: true,
             generation: 0,
-            replica_state: ReplicaState::new(spec.bounds.sane().min_replicas),
-            wants_more: false,
             replicas: Vec::new(),
             waiting: VecDeque::new(),
             epoch_start: 0.0,
@@ -437,7 +442,7 @@ impl Sim<'_> {
         let now = self.now;
         let warmup = self.warmup_s;
         let t = &mut self.tenants[tenant];
-        let knobs = t.controller.knobs();
+        let knobs = t.round.controller.knobs();
         let max_wait = t.slo.latency_ms * self.cfg.drop_after_slos / 1e3;
         let rep = &mut t.replicas[r];
         while let Some(&a) = rep.queue.front()
@@ -501,7 +506,11 @@ impl Sim<'_> {
     fn tick(&mut self, instant: bool) {
         let now = self.now;
         let tick_s = self.cfg.tick_s;
-        // 1. Knobs and replica counts.
+        // 1. Each tenant's round: knobs, replicas and what it asks of the pool.
+        let round_cfg = RoundConfig {
+            step_interval_s: self.cfg.step_interval_s,
+            replicas: self.cfg.replicas,
+        };
         for t in &mut self.tenants {
             let start = t.epoch_start.max(now - tick_s);
             while t.w_arrivals.front().is_some_and(|&a| a < start) {
@@ -516,40 +525,40 @@ impl Sim<'_> {
             let mut compute: Vec<f64> = t.w_done.iter().map(|d| d[2]).collect();
             let completed = lat.len() as u64;
             let p = t.slo.percentile;
-            let knobs = t.controller.knobs();
-            let obs = TenantObservation {
-                arrival_rate: t.w_arrivals.len() as f64 / span,
-                throughput: completed as f64 / span,
-                latency_at_percentile_ms: percentile(&mut lat, p).unwrap_or(f64::NAN),
-                queue_depth: t.queued().min(u32::MAX as usize) as u32,
-                completed,
-                compute_at_percentile_ms: percentile(&mut compute, p),
-                epoch: Some(Epoch {
-                    knobs,
-                    seconds: now - t.epoch_start,
-                }),
+            let knobs = t.round.controller.knobs();
+            let arrival_rate = t.w_arrivals.len() as f64 / span;
+            // One replica's share, as the operator divides its replicas' reports.
+            let n = t.replicas.iter().filter(|r| r.ready).count().max(1) as f64;
+            let measured = if instant {
+                Measured {
+                    per_replica: None,
+                    arrival_rate: t.arrivals.mean_rate(),
+                }
+            } else {
+                Measured {
+                    per_replica: Some(TenantObservation {
+                        arrival_rate: arrival_rate / n,
+                        throughput: completed as f64 / span / n,
+                        latency_at_percentile_ms: percentile(&mut lat, p).unwrap_or(f64::NAN),
+                        queue_depth: t.queued().min(u32::MAX as usize) as u32,
+                        completed,
+                        compute_at_percentile_ms: percentile(&mut compute, p),
+                        epoch: Some(Epoch {
+                            knobs,
+                            seconds: now - t.epoch_start,
+                        }),
+                    }),
+                    arrival_rate,
+                }
             };
-            if !instant {
-                t.wants_more = t.controller.observe(&obs, &t.slo, &t.bounds, &t.model);
-            }
-            if t.controller.knobs() != knobs {
+            let o = t.round.round(&measured, &t.slo, &t.bounds, &round_cfg, now);
+            if o.knobs != knobs {
                 // A new epoch: what the old knobs measured is no evidence about the new ones.
                 t.epoch_start = now;
                 t.w_arrivals.clear();
                 t.w_done.clear();
             }
-            let rate = if instant {
-                t.arrivals.mean_rate()
-            } else {
-                obs.arrival_rate
-            };
-            let input = ReplicaInput {
-                arrival_rate: rate,
-                per_replica_throughput: t.model.throughput(t.controller.knobs()),
-                scaler_wants_more: t.wants_more,
-            };
-            t.replica_state
-                .decide(&input, &t.bounds, &self.cfg.replicas, now);
+            t.demand = o.demand;
         }
         // 2. Placement.
         let live: Vec<usize> = (0..self.agents.len())
@@ -567,15 +576,7 @@ impl Sim<'_> {
         let mut demands = Vec::with_capacity(self.tenants.len());
         let mut current = Vec::new();
         for t in &self.tenants {
-            demands.push(
-                demand(
-                    &t.model,
-                    t.controller.knobs(),
-                    t.arrivals.mean_rate(),
-                    t.replica_state.replicas,
-                )
-                .for_tenant(t.name.clone()),
-            );
+            demands.push(t.demand.for_tenant(t.name.clone()));
             for r in &t.replicas {
                 current.push(CurrentReplica {
                     tenant: t.name.clone(),
@@ -621,7 +622,7 @@ impl Sim<'_> {
                 continue;
             };
             let tenant = &mut self.tenants[t];
-            let mem = tenant.model.memory_bytes(tenant.controller.knobs());
+            let mem = tenant.demand.memory_bytes;
             if let Some(r) = tenant.replicas.iter_mut().find(|r| r.agent == a) {
                 // The agent applies the new knobs before the next round.
                 r.memory_bytes = mem;
@@ -643,7 +644,7 @@ impl Sim<'_> {
                 ready: false,
                 queue: VecDeque::new(),
                 busy: 0,
-                memory_bytes: tenant.model.memory_bytes(tenant.controller.knobs()),
+                memory_bytes: tenant.demand.memory_bytes,
             });
             started.push((t, self.next_replica));
         }
@@ -746,13 +747,13 @@ impl Sim<'_> {
                 } else {
                     t.latencies[((t.latencies.len() - 1) as f64 * 0.99).round() as usize] as f64
                 };
-                let knobs = t.controller.knobs();
+                let knobs = t.round.controller.knobs();
                 TenantReport {
                     tenant: t.name,
                     model: t.model_name,
-                    approach: t.controller.approach(),
+                    approach: t.round.controller.approach(),
                     final_knobs: knobs,
-                    final_replicas: t.replica_state.replicas,
+                    final_replicas: t.round.replicas.replicas,
                     arrived: t.arrived,
                     completed: t.completed,
                     met: t.met,
