@@ -20,6 +20,7 @@ use cotenant_crds::storage::COPY_LABEL;
 use cotenant_crds::{
     GpuAgent, GpuPool, GpuPoolStatus, ModelTenant, ModelTenantStatus, TenantPhase,
 };
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -49,6 +50,9 @@ pub struct Writer {
     pub fence: Arc<Fence>,
     /// Every API call takes a token from it first (`crate::ratelimit`).
     pub limit: RateLimit,
+    /// Most objects written at once by [`Writer::each`]: the budget, not one call's round trip,
+    /// bounds how fast a round's writes go.
+    pub concurrent_writes: usize,
 }
 
 /// What was last written for one tenant's routes.
@@ -192,6 +196,21 @@ fn owned_by<K: Resource>(object: &K, tenant: &ModelTenant) -> bool {
 }
 
 impl Writer {
+    /// Runs `write` for every item, at most `concurrent_writes` at once (each one's own calls
+    /// stay in order), and returns the results in no particular order.
+    pub async fn each<'a, I, F, Fut, T>(&'a self, items: I, write: F) -> Vec<T>
+    where
+        I: IntoIterator,
+        F: Fn(&'a Writer, I::Item) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        futures::stream::iter(items)
+            .map(|item| write(self, item))
+            .buffer_unordered(self.concurrent_writes.max(1))
+            .collect()
+            .await
+    }
+
     /// Applies `outcome` for `pool`, whose agents are `agents`; `model_copies` are the copies of
     /// tenants' model credentials its assignments name (`crate::credentials`), and `copies` the
     /// copies that exist in the agent namespaces (from the watch).

@@ -9,7 +9,7 @@
 use crate::apply::{Published, Writer};
 use crate::context::Context;
 use crate::credentials::Credentials;
-use crate::decide::{self, AgentView, PodState, Recall, split_address};
+use crate::decide::{self, AgentView, PodState, Recall, TenantOutcome, split_address};
 use crate::manifests::{DRAINING, POOL_LABEL, TEMPLATE_HASH, host_port, template_hash};
 use crate::metrics::{PoolGauges, Snapshot, TenantGauges};
 use crate::reason::Reason;
@@ -235,16 +235,20 @@ impl Controller {
         }
 
         let mut failed = false;
+        if !self.leading() {
+            return;
+        }
         // Finalizers first: the status writes below move each tenant's resourceVersion, which
         // the finalizer's compare-and-swap names.
-        for t in tenants
+        let live = tenants
             .iter()
-            .filter(|t| t.metadata.deletion_timestamp.is_none())
+            .filter(|t| t.metadata.deletion_timestamp.is_none());
+        for (t, result) in self
+            .writer
+            .each(live, |w, t| async move { (t, w.add_finalizer(t).await) })
+            .await
         {
-            if !self.leading() {
-                return;
-            }
-            if let Err(e) = self.writer.add_finalizer(t).await {
+            if let Err(e) = result {
                 tracing::warn!(tenant = %key_of(t), error = %e, "could not add the finalizer");
                 failed = true;
             }
@@ -329,8 +333,15 @@ impl Controller {
                     tracing::warn!(pod = %pod.name_any(), error = %e, "could not create its GpuAgent");
                 }
             }
-            for t in &outcome.tenants {
-                if let Err(e) = self.writer.tenant(t, &published).await {
+            let published = &published;
+            for (t, result) in self
+                .writer
+                .each(placements_first(&outcome.tenants), |w, t| async move {
+                    (t, w.tenant(t, published).await)
+                })
+                .await
+            {
+                if let Err(e) = result {
                     tracing::warn!(tenant = %key_of(&t.tenant), error = %e, "could not write the tenant");
                     failed = true;
                 }
@@ -383,6 +394,17 @@ impl Controller {
         }
         tracing::debug!(elapsed = ?started.elapsed(), "round done");
     }
+}
+
+/// The tenants whose placements changed first: under a tight budget, a tenant learns where
+/// it runs before others' statuses move on.
+fn placements_first(tenants: &[TenantOutcome]) -> Vec<&TenantOutcome> {
+    let moved = |t: &TenantOutcome| {
+        t.tenant.status.as_ref().map(|s| &s.placements) != Some(&t.status.placements)
+    };
+    let (mut first, rest): (Vec<_>, Vec<_>) = tenants.iter().partition(|t| moved(t));
+    first.extend(rest);
+    first
 }
 
 fn agent_key(a: &GpuAgent) -> String {

@@ -79,6 +79,9 @@ struct Args {
     /// The operator's API calls at once before `--api-qps` spaces them.
     #[arg(long, env = "COTENANT_API_BURST", default_value_t = 200)]
     api_burst: u32,
+    /// Most objects the operator writes at once within a round, all within `--api-qps`.
+    #[arg(long, env = "COTENANT_CONCURRENT_WRITES", default_value_t = 16)]
+    concurrent_writes: usize,
     /// Most agents' reports scraped at once; each has a 2 s timeout.
     #[arg(long, env = "COTENANT_SCRAPE_CONCURRENCY", default_value_t = 64)]
     scrape_concurrency: usize,
@@ -163,6 +166,7 @@ async fn main() -> anyhow::Result<()> {
         report_audience: args.report_audience.clone(),
         written_routes: Default::default(),
         limit: ratelimit::RateLimit::new(args.api_qps, args.api_burst),
+        concurrent_writes: args.concurrent_writes,
         report_reader: format!(
             "system:serviceaccount:{}:{}",
             args.namespace, args.service_account
