@@ -100,7 +100,7 @@ reasons! {
         AgentDeviceUnavailable,
         // On a tenant.
         ModelChanged,
-        Profiled,
+        /// The approach and knobs chosen from a new profile, which the message lists.
         ApproachChosen,
         KnobsChanged,
         ReplicasChanged,

@@ -203,20 +203,6 @@ pub fn decide(
         let recorded = convert::profile_to_status(p, uri, now_rfc3339.to_string());
         measured = convert::profile_from_status(&model_name, &recorded);
         if measured.is_some() {
-            events.push(EventToRecord {
-                reason: EventReason::Profiled,
-                message: p
-                    .points
-                    .iter()
-                    .map(|q| {
-                        format!(
-                            "batch {} x {} instances: {:.1}/s, {:.1} ms",
-                            q.batch, q.instances, q.throughput, q.p99_ms
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            });
             profile = Some(recorded);
         }
     }
@@ -232,10 +218,22 @@ pub fn decide(
             Some(r) => r,
             None => {
                 let choice = choose_approach(p, &slo, &bounds);
+                // One Event for the profile and the choice made from it.
+                let measured_points = p
+                    .points
+                    .iter()
+                    .map(|q| {
+                        format!(
+                            "batch {} x {} instances: {:.1}/s, {:.1} ms",
+                            q.batch, q.instances, q.throughput, q.p99_ms
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
                 events.push(EventToRecord {
                     reason: EventReason::ApproachChosen,
                     message: format!(
-                        "{:?} at batch {} x {} instances (throughput gain: batching {:.2}, instances {:.2}{})",
+                        "{:?} at batch {} x {} instances (throughput gain: batching {:.2}, instances {:.2}{}); profile: {measured_points}",
                         choice.approach,
                         choice.knobs.batch,
                         choice.knobs.instances,

@@ -41,7 +41,7 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     });
     let events = c.events_of("rn");
     assert!(
-        events.contains("ApproachChosen") && events.contains("Profiled"),
+        events.contains("ApproachChosen") && events.contains("profile: batch 1 x 1 instances"),
         "DNNScaler's decisions are Events:\n{events}"
     );
 
