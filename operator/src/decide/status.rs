@@ -4,8 +4,10 @@
 //! A status is written only when it differs, so nothing in it may move with every round's
 //! noise: the observations are a summary ([`summary`]) kept until a value moves past a
 //! threshold or the SLO flips, and the messages quote that summary. Its `measuredAt` says how
-//! old it is; a steady tenant's status is never rewritten. The live numbers are the agents'
-//! Prometheus metrics.
+//! old it is; a steady tenant's status is never rewritten. What measurements alone move (the
+//! summary, and SLOMet with the phase that follows it) moves at most once per [`DWELL_S`], so
+//! a latency hovering at the SLO does not rewrite the status every round. The live numbers are
+//! the agents' Prometheus metrics.
 
 use super::tenant::{Aggregate, TenantDecision};
 use crate::reason::Reason;
@@ -23,6 +25,8 @@ const ABSOLUTE_CHANGE: f64 = 1.0;
 /// Attainment is rewritten when it crosses this, or moves by more than [`ATTAINMENT_CHANGE`].
 const ATTAINMENT_TARGET: f64 = 0.99;
 const ATTAINMENT_CHANGE: f64 = 0.05;
+/// Seconds a summary, and the SLOMet condition's state, are kept at least.
+pub const DWELL_S: f64 = 30.0;
 
 /// Where the tenant's replicas ended up.
 pub struct Placement {
@@ -59,12 +63,15 @@ pub fn tenant_status(
     s.observed_generation = generation;
     let a = &d.aggregate;
     let slo_ms = tenant.spec.slo.latency_millis;
-    let slo_met = !(a.latency_ms.is_finite() && a.latency_ms > slo_ms);
-    let was_met = s
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "SLOMet")
-        .map(|c| c.status == "True");
+    let measured_met = !(a.latency_ms.is_finite() && a.latency_ms > slo_ms);
+    let was = s.conditions.iter().find(|c| c.type_ == "SLOMet");
+    let was_met = was.map(|c| c.status == "True");
+    // A flip waits until the last one is DWELL_S old.
+    let flip_allowed = was.is_none_or(|c| dwelt(c.last_transition_time.0, now));
+    let slo_met = match was_met {
+        Some(m) if !flip_allowed => m,
+        _ => measured_met,
+    };
     if a.replicas > 0 {
         let flipped = was_met.is_some_and(|m| m != slo_met);
         s.observed = Some(summary(s.observed.as_ref(), a, now, flipped));
@@ -249,6 +256,14 @@ pub fn summary(
     let Some(p) = previous else {
         return current;
     };
+    let young = p
+        .measured_at
+        .as_deref()
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .is_some_and(|t| !dwelt(t, now));
+    if young && !slo_flipped {
+        return p.clone();
+    }
     let moved =
         |old: f64, new: f64| (new - old).abs() > (RELATIVE_CHANGE * old.abs()).max(ABSOLUTE_CHANGE);
     let attainment_moved = (p.slo_attainment >= ATTAINMENT_TARGET)
@@ -260,6 +275,13 @@ pub fn summary(
         || moved(p.latency_millis, current.latency_millis)
         || attainment_moved;
     if stale { current } else { p.clone() }
+}
+
+/// Whether what was set at `since` has been kept for [`DWELL_S`] by `now`. A `since` in the
+/// future (another replica's clock, after a failover) has.
+fn dwelt(since: Timestamp, now: Timestamp) -> bool {
+    let kept_s = now.duration_since(since).as_secs_f64();
+    !(0.0..DWELL_S).contains(&kept_s)
 }
 
 /// Two decimals.

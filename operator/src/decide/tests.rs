@@ -627,7 +627,13 @@ fn a_steady_tenants_status_does_not_move_with_noise() {
     let kept = statuses[3].observed.clone().expect("observed");
     assert_eq!(kept.latency_millis, 40.0);
 
-    let now: k8s_openapi::jiff::Timestamp = "2026-12-02T00:00:00Z".parse().expect("time");
+    let measured: k8s_openapi::jiff::Timestamp = kept
+        .measured_at
+        .as_deref()
+        .expect("measuredAt")
+        .parse()
+        .expect("time");
+    let now = measured + std::time::Duration::from_secs(status::DWELL_S as u64);
     let steady = tenant::Aggregate {
         replicas: 1,
         arrival_rate: 10.0,
@@ -664,9 +670,65 @@ fn a_steady_tenants_status_does_not_move_with_noise() {
     );
     let flipped = status::summary(Some(&kept), &steady, now, true);
     assert_eq!(flipped.latency_millis, 41.0);
+    // A summary younger than the dwell time stays, however the values moved, unless the SLO
+    // flipped.
+    let young = measured + std::time::Duration::from_secs(5);
+    assert_eq!(status::summary(Some(&kept), &moved, young, false), kept);
+    assert_eq!(
+        status::summary(Some(&kept), &moved, young, true).latency_millis,
+        55.0
+    );
     // Age alone rewrites nothing: a steady tenant's status stays as it is.
     let later = now + std::time::Duration::from_secs(3600);
     assert_eq!(status::summary(Some(&kept), &steady, later, false), kept);
+}
+
+/// A latency hovering at the SLO flips SLOMet at most once per dwell time, so it does not
+/// rewrite the status every round.
+#[test]
+fn slo_met_flips_at_most_once_per_dwell_time() {
+    let (pool, t) = (pool(1024, 4), tenant("a", 50.0));
+    let (mut agents, mut recall) = (vec![agent("agent-0", 8000)], Recall::default());
+    placed_then_profiled(&pool, &t, &mut agents, &mut recall);
+    let mut t = t;
+    let mut slo_met_after = |t: &mut Arc<ModelTenant>, latency: f64, now_s: f64| {
+        let window = Window {
+            arrival_rate_per_second: 10.0,
+            throughput_per_second: 10.0,
+            completions: 300,
+            ..Window::default()
+        };
+        agents[0].report = Some(serving(t, latency, window));
+        let outcome = round(
+            &pool,
+            std::slice::from_ref(t),
+            &mut agents,
+            &mut recall,
+            now_s,
+        );
+        let status = outcome.tenants[0].status.clone();
+        Arc::make_mut(t).status = Some(status.clone());
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "SLOMet")
+            .map(|c| c.status.clone())
+    };
+    // The rounds run at `round`'s time; the condition's last transition is set before it.
+    let round_time: k8s_openapi::jiff::Timestamp = "2026-12-02T00:00:00Z".parse().expect("time");
+    let transition_ago = |t: &mut Arc<ModelTenant>, seconds: u64| {
+        let at = round_time - std::time::Duration::from_secs(seconds);
+        for c in &mut Arc::make_mut(t).status.as_mut().expect("status").conditions {
+            c.last_transition_time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at);
+        }
+    };
+    assert_eq!(slo_met_after(&mut t, 40.0, 10.0).as_deref(), Some("True"));
+    // Over the SLO 5 s after the condition was set: it holds.
+    transition_ago(&mut t, 5);
+    assert_eq!(slo_met_after(&mut t, 60.0, 12.0).as_deref(), Some("True"));
+    // Once its last transition is older than the dwell time, it flips.
+    transition_ago(&mut t, status::DWELL_S as u64 + 1);
+    assert_eq!(slo_met_after(&mut t, 60.0, 14.0).as_deref(), Some("False"));
 }
 
 #[test]
