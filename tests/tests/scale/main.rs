@@ -295,6 +295,8 @@ fn operator_at_scale() {
     let docs: Vec<String> = (0..size.tenants)
         .map(|i| tenant_yaml(i, &pool, slo_ms))
         .collect();
+    let log = cp.audit_log();
+    let bringing_up = audit::offset(&log);
     apply(cp, n, &docs);
     let applied = Instant::now();
     let mut all_placed: Option<Duration> = None;
@@ -319,6 +321,14 @@ fn operator_at_scale() {
             }
         },
     );
+    let bringup = Requests::read(&log, &user, bringing_up, audit::offset(&log)).expect("audit log");
+    // Each phase says what it measured as it ends, so a later failure keeps it.
+    println!(
+        "bring-up: every tenant placed after {}, Ready after {:.1} s; requests:\n{}",
+        all_placed.map_or("-".to_string(), |d| format!("{:.1} s", d.as_secs_f64())),
+        placed.as_secs_f64(),
+        bringup.table(placed.as_secs_f64())
+    );
     let agents_used = tenants(cp, n)
         .values()
         .flat_map(placed_on)
@@ -329,7 +339,6 @@ fn operator_at_scale() {
     //    operator writes nothing for 20 s (at most 5 minutes) but renewals of its leader Lease,
     //    then count its requests over the steady window, and which parts of the tenants'
     //    statuses moved in it.
-    let log = cp.audit_log();
     let settling = Instant::now();
     let settled = loop {
         let from = audit::offset(&log);
@@ -354,6 +363,11 @@ fn operator_at_scale() {
     let steady = Requests::read(&log, &user, from, to).expect("audit log");
     let cpu_share = (after.cpu_s - before.cpu_s) / steady_s;
     let moved = status_changes(&at_start, &tenants(cp, n));
+    println!(
+        "steady: settled after {settle_s:.0} s{}; requests in {steady_s:.0} s:\n{}status fields that moved:\n{moved}",
+        if settled { "" } else { " (never: gave up)" },
+        steady.table(steady_s)
+    );
 
     // 3. Tighten the SLO of every tenth tenant to 70% of its observed latency; time until each
     //    one's knobs or replicas move.
@@ -401,6 +415,15 @@ fn operator_at_scale() {
     );
     let changing_s = tightened.elapsed().as_secs_f64();
     let changing = Requests::read(&log, &user, from, audit::offset(&log)).expect("audit log");
+    let before = tenants(cp, n);
+    std::thread::sleep(Duration::from_secs(10));
+    let still_moving = status_changes(&before, &tenants(cp, n));
+    println!(
+        "SLO tightened: {} of {} moved in {changing_s:.0} s; requests:\n{}status fields that moved in 10 s after:\n{still_moving}",
+        moved_after.len(),
+        was.len(),
+        changing.table(changing_s)
+    );
     let mut reaction: Vec<f64> = moved_after.values().map(Duration::as_secs_f64).collect();
     reaction.sort_by(f64::total_cmp);
 
@@ -521,11 +544,6 @@ fn operator_at_scale() {
         off.as_secs_f64(),
         on_silent.len(),
         replaced.as_secs_f64(),
-    );
-    println!(
-        "steady-state requests by verb and resource:\n{}\nstatus fields that moved in the steady window:\n{moved}\nwhile rescaling:\n{}",
-        steady.table(steady_s),
-        changing.table(changing_s)
     );
     assert!(fleet.is_running(), "{}", fleet.log_tail(20));
     assert_eq!(
