@@ -8,6 +8,7 @@ mod common;
 pub mod conditions;
 pub mod convert;
 pub mod credentials;
+pub mod patch;
 mod pool;
 pub mod report;
 pub mod storage;

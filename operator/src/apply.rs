@@ -16,6 +16,7 @@ use crate::manifests::{self, DRAINING, POOL_LABEL, TENANT_LABEL};
 use crate::ratelimit::RateLimit;
 use crate::reason::{EventReason, Reason};
 use cotenant_crds::conditions::set_condition;
+use cotenant_crds::patch::status_patch;
 use cotenant_crds::storage::COPY_LABEL;
 use cotenant_crds::{
     GpuAgent, GpuPool, GpuPoolStatus, ModelTenant, ModelTenantStatus, TenantPhase,
@@ -314,7 +315,7 @@ impl Writer {
         if pool.status.as_ref() == Some(status) {
             return Ok(());
         }
-        let patch = serde_json::json!({ "status": status });
+        let patch = status_patch(pool.status.as_ref(), status);
         let pools = Api::<GpuPool>::all(self.client.clone());
         self.fenced(pools.patch_status(
             &pool.name_any(),
@@ -525,7 +526,7 @@ impl Writer {
         }
         let api: Api<ModelTenant> =
             Api::namespaced(self.client.clone(), &t.namespace().unwrap_or_default());
-        let patch = serde_json::json!({ "status": status });
+        let patch = status_patch(t.status.as_ref(), status);
         self.fenced(api.patch_status(
             &t.name_any(),
             &PatchParams::default(),
