@@ -41,6 +41,10 @@ const RENEW: Duration = Duration::from_secs(10);
 /// API calls in flight at once, as one agent each makes its own.
 const CONCURRENCY: usize = 16;
 
+/// The inference ports the fleet's agents report, as an agent's defaults are.
+const INFERENCE_PORT: u16 = 8000;
+const GRPC_PORT: u16 = 8001;
+
 struct Agent {
     port: u16,
     server: tokio::task::JoinHandle<()>,
@@ -252,9 +256,11 @@ impl Fleet {
         Ok((port, server))
     }
 
-    /// What agent `g`, serving on `port`, says of itself: every assignment Ready.
+    /// What agent `g`, serving its report on `port`, says of itself: every assignment Ready.
+    /// It names the inference ports every real agent of a pool shares (nothing answers there:
+    /// the operator only routes to them).
     fn status(&self, g: &GpuAgent, pod: Option<&Arc<Pod>>, port: u16) -> GpuAgentStatus {
-        let address = format!("{}:{port}", self.host);
+        let admin_address = format!("{}:{port}", self.host);
         let mut conditions = Vec::new();
         set_condition(
             &mut conditions,
@@ -285,9 +291,9 @@ impl Fleet {
             })
             .collect();
         GpuAgentStatus {
-            address: Some(address.clone()),
-            grpc_address: Some(address.clone()),
-            admin_address: Some(address),
+            address: Some(format!("{}:{INFERENCE_PORT}", self.host)),
+            grpc_address: Some(format!("{}:{GRPC_PORT}", self.host)),
+            admin_address: Some(admin_address),
             node: pod.and_then(|p| p.spec.as_ref()?.node_name.clone()),
             device: Some(Device {
                 kind: DeviceKind::Sim,
