@@ -54,6 +54,8 @@ pub struct Writer {
     /// Most objects written at once by [`Writer::each`]: the budget, not one call's round trip,
     /// bounds how fast a round's writes go.
     pub concurrent_writes: usize,
+    /// When each tenant's status was last written, by UID ([`STATUS_EVERY`]).
+    pub status_written: std::sync::Mutex<HashMap<String, Instant>>,
 }
 
 /// What was last written for one tenant's routes.
@@ -69,6 +71,11 @@ pub struct Written {
 const WATCH_LAG: Duration = Duration::from_secs(30);
 /// How often a tenant whose Service name is taken is checked again.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(60);
+/// Least time between two writes of one tenant's status, unless where it runs, its spec or its
+/// failure changed ([`urgent`]): a tenant going through loading, profiling and its first knob
+/// steps is written once per period with where it got to, not once per step, so the budget
+/// goes to placing the tenants still waiting.
+const STATUS_EVERY: Duration = Duration::from_secs(10);
 
 /// The tenants' Services and EndpointSlices as the watches last saw them, by namespace and
 /// name (slices by the Service they belong to).
@@ -374,7 +381,7 @@ impl Writer {
                 Ok(found) => {
                     conflict = found.clone();
                     cache.insert(
-                        uid,
+                        uid.clone(),
                         Written {
                             routes: outcome.routes.clone(),
                             at: Instant::now(),
@@ -396,7 +403,19 @@ impl Writer {
                     .await;
             }
         }
-        self.status(t, &status).await?;
+        let recent = self
+            .status_written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&uid)
+            .is_some_and(|at| at.elapsed() < STATUS_EVERY);
+        let due = conflict.is_some() || !recent || urgent(t.status.as_ref(), &status);
+        if due && self.status(t, &status).await? {
+            self.status_written
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(uid, Instant::now());
+        }
         for e in &outcome.events {
             self.event(&t.object_ref(&()), e.reason, &e.message).await;
         }
@@ -520,9 +539,10 @@ impl Writer {
         Ok(conflict)
     }
 
-    pub async fn status(&self, t: &ModelTenant, status: &ModelTenantStatus) -> Result {
+    /// Writes `status` on `t` when it differs; whether it wrote.
+    pub async fn status(&self, t: &ModelTenant, status: &ModelTenantStatus) -> Result<bool> {
         if t.status.as_ref() == Some(status) {
-            return Ok(());
+            return Ok(false);
         }
         let api: Api<ModelTenant> =
             Api::namespaced(self.client.clone(), &t.namespace().unwrap_or_default());
@@ -533,7 +553,7 @@ impl Writer {
             &Patch::Merge(&patch),
         ))
         .await?;
-        Ok(())
+        Ok(true)
     }
 
     /// Adds the cleanup finalizer to a live tenant.
@@ -582,10 +602,15 @@ impl Writer {
             .cloned()
             .collect();
         self.set_finalizers(t, finalizers).await?;
+        let uid = t.uid().unwrap_or_default();
         self.written_routes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&t.uid().unwrap_or_default());
+            .remove(&uid);
+        self.status_written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
         tracing::info!(tenant = %format!("{ns}/{}", t.name_any()), "tenant removed");
         Ok(())
     }
@@ -652,6 +677,21 @@ impl Writer {
     }
 }
 
+/// Whether a tenant's status must be written now rather than within [`STATUS_EVERY`]: it has
+/// none, a replica was placed or removed, its spec changed, or it failed.
+pub fn urgent(old: Option<&ModelTenantStatus>, new: &ModelTenantStatus) -> bool {
+    let Some(old) = old else { return true };
+    let agents = |s: &ModelTenantStatus| {
+        s.placements
+            .iter()
+            .map(|p| p.agent.clone())
+            .collect::<BTreeSet<_>>()
+    };
+    agents(old) != agents(new)
+        || old.observed_generation != new.observed_generation
+        || (new.phase == Some(TenantPhase::Failed)) != (old.phase == Some(TenantPhase::Failed))
+}
+
 fn ignore_missing<T>(r: Result<T>) -> Result {
     match r {
         Ok(_) => Ok(()),
@@ -698,4 +738,54 @@ fn suffix() -> String {
             c as char
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cotenant_crds::ReplicaPlacement;
+
+    fn on(agents: &[&str], ready: bool) -> ModelTenantStatus {
+        ModelTenantStatus {
+            phase: Some(TenantPhase::Serving),
+            observed_generation: Some(1),
+            placements: agents
+                .iter()
+                .map(|a| ReplicaPlacement {
+                    agent: a.to_string(),
+                    node: None,
+                    ready,
+                })
+                .collect(),
+            ..ModelTenantStatus::default()
+        }
+    }
+
+    #[test]
+    fn placements_spec_changes_and_failures_are_written_at_once() {
+        let now = on(&["a"], true);
+        assert!(urgent(None, &now), "a first status");
+        assert!(
+            urgent(Some(&now), &on(&["a", "b"], false)),
+            "a replica placed"
+        );
+        assert!(urgent(Some(&now), &on(&[], false)), "a replica removed");
+        let respec = ModelTenantStatus {
+            observed_generation: Some(2),
+            ..now.clone()
+        };
+        assert!(urgent(Some(&now), &respec), "a spec change");
+        let failed = ModelTenantStatus {
+            phase: Some(TenantPhase::Failed),
+            ..now.clone()
+        };
+        assert!(urgent(Some(&now), &failed));
+        // Readiness, knobs and phases between them wait for the period.
+        assert!(!urgent(Some(&on(&["a"], false)), &now));
+        let profiling = ModelTenantStatus {
+            phase: Some(TenantPhase::Profiling),
+            ..now.clone()
+        };
+        assert!(!urgent(Some(&profiling), &now));
+    }
 }

@@ -6,7 +6,7 @@
 //! report is not used.
 //! A round that completes while leading publishes what it decided as gauges (`crate::metrics`).
 
-use crate::apply::{Published, Writer};
+use crate::apply::{Published, Writer, urgent};
 use crate::context::Context;
 use crate::credentials::Credentials;
 use crate::decide::{self, AgentView, PodState, Recall, TenantOutcome, split_address};
@@ -374,7 +374,7 @@ impl Controller {
                 let mut result = Ok(());
                 if let Some(status) = unplaceable(t, &pools, &self.agent_namespaces) {
                     snapshot.tenants.push(TenantGauges::new(t, &status));
-                    result = result.and(self.writer.status(t, &status).await);
+                    result = result.and(self.writer.status(t, &status).await.map(drop));
                 } else if !decided {
                     snapshot
                         .tenants
@@ -396,13 +396,12 @@ impl Controller {
     }
 }
 
-/// The tenants whose placements changed first: under a tight budget, a tenant learns where
-/// it runs before others' statuses move on.
+/// The tenants whose status is due at once first (new ones, and those placed or moved): under
+/// a tight budget, a tenant learns where it runs before others' statuses move on.
 fn placements_first(tenants: &[TenantOutcome]) -> Vec<&TenantOutcome> {
-    let moved = |t: &TenantOutcome| {
-        t.tenant.status.as_ref().map(|s| &s.placements) != Some(&t.status.placements)
-    };
-    let (mut first, rest): (Vec<_>, Vec<_>) = tenants.iter().partition(|t| moved(t));
+    let (mut first, rest): (Vec<_>, Vec<_>) = tenants
+        .iter()
+        .partition(|t| urgent(t.tenant.status.as_ref(), &t.status));
     first.extend(rest);
     first
 }

@@ -167,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
         written_routes: Default::default(),
         limit: ratelimit::RateLimit::new(args.api_qps, args.api_burst),
         concurrent_writes: args.concurrent_writes,
+        status_written: Default::default(),
         report_reader: format!(
             "system:serviceaccount:{}:{}",
             args.namespace, args.service_account
