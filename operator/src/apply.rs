@@ -56,6 +56,8 @@ pub struct Writer {
     pub concurrent_writes: usize,
     /// When each tenant's status was last written, by UID ([`STATUS_EVERY`]).
     pub status_written: std::sync::Mutex<HashMap<String, Instant>>,
+    /// Most tenants written per round whose writes could wait ([`Writer::this_round`]).
+    pub paced_per_round: usize,
 }
 
 /// What was last written for one tenant's routes.
@@ -355,22 +357,7 @@ impl Writer {
     pub async fn tenant(&self, outcome: &TenantOutcome, published: &Published) -> Result {
         let t = &outcome.tenant;
         let uid = t.uid().unwrap_or_default();
-        let last = self
-            .written_routes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&uid)
-            .cloned()
-            .filter(|w| w.routes == outcome.routes);
-        let mut conflict = None;
-        let skip = match &last {
-            Some(w) if w.conflict.is_some() => {
-                conflict = w.conflict.clone();
-                w.at.elapsed() < CONFLICT_RECHECK
-            }
-            Some(w) if w.at.elapsed() < WATCH_LAG => true,
-            _ => published.in_place(t, &outcome.routes),
-        };
+        let (skip, mut conflict) = self.routes_kept(outcome, published);
         if !skip {
             let written = self.routes(t, &outcome.routes, published).await;
             let mut cache = self
@@ -420,6 +407,65 @@ impl Writer {
             self.event(&t.object_ref(&()), e.reason, &e.message).await;
         }
         Ok(())
+    }
+
+    /// Whether the tenant's routes need no write this round (written recently or in place), and
+    /// the conflict found when they were last written.
+    fn routes_kept(
+        &self,
+        outcome: &TenantOutcome,
+        published: &Published,
+    ) -> (bool, Option<String>) {
+        let uid = outcome.tenant.uid().unwrap_or_default();
+        let last = self
+            .written_routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&uid)
+            .cloned()
+            .filter(|w| w.routes == outcome.routes);
+        match &last {
+            Some(w) if w.conflict.is_some() => {
+                (w.at.elapsed() < CONFLICT_RECHECK, w.conflict.clone())
+            }
+            Some(w) if w.at.elapsed() < WATCH_LAG => (true, None),
+            _ => (published.in_place(&outcome.tenant, &outcome.routes), None),
+        }
+    }
+
+    /// Which of a round's tenants to write now, in order: first those that cannot wait (a first
+    /// status, a replica placed or removed, a spec change, a failure, routes not in place),
+    /// then at most `paced_per_round` of the others, longest unwritten first. The rest are
+    /// decided again next round and only have their Events recorded now, so a busy round
+    /// stays short and the next one places the tenants still waiting.
+    pub fn this_round<'a>(
+        &self,
+        tenants: &'a [TenantOutcome],
+        published: &Published,
+    ) -> (Vec<&'a TenantOutcome>, Vec<&'a TenantOutcome>) {
+        let (mut now, mut rest): (Vec<_>, Vec<_>) = tenants.iter().partition(|t| {
+            urgent(t.tenant.status.as_ref(), &t.status) || !self.routes_kept(t, published).0
+        });
+        let written = self
+            .status_written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let last_write =
+            |t: &TenantOutcome| written.get(&t.tenant.uid().unwrap_or_default()).copied();
+        // Never written sorts first (None < Some), then the oldest write.
+        rest.sort_by_key(|t| last_write(t));
+        let later = rest.split_off(rest.len().min(self.paced_per_round));
+        now.extend(rest);
+        (now, later)
+    }
+
+    /// Records a deferred tenant's Events (its status and routes wait for a later round).
+    pub async fn events_only(&self, outcome: &TenantOutcome) {
+        for e in &outcome.events {
+            self.event(&outcome.tenant.object_ref(&()), e.reason, &e.message)
+                .await;
+        }
     }
 
     /// Keeps the tenant's Service and exactly the EndpointSlices for `routes`, among the objects
@@ -679,7 +725,7 @@ impl Writer {
 
 /// Whether a tenant's status must be written now rather than within [`STATUS_EVERY`]: it has
 /// none, a replica was placed or removed, its spec changed, or it failed.
-pub fn urgent(old: Option<&ModelTenantStatus>, new: &ModelTenantStatus) -> bool {
+fn urgent(old: Option<&ModelTenantStatus>, new: &ModelTenantStatus) -> bool {
     let Some(old) = old else { return true };
     let agents = |s: &ModelTenantStatus| {
         s.placements

@@ -6,10 +6,10 @@
 //! report is not used.
 //! A round that completes while leading publishes what it decided as gauges (`crate::metrics`).
 
-use crate::apply::{Published, Writer, urgent};
+use crate::apply::{Published, Writer};
 use crate::context::Context;
 use crate::credentials::Credentials;
-use crate::decide::{self, AgentView, PodState, Recall, TenantOutcome, split_address};
+use crate::decide::{self, AgentView, PodState, Recall, split_address};
 use crate::manifests::{DRAINING, POOL_LABEL, TEMPLATE_HASH, host_port, template_hash};
 use crate::metrics::{PoolGauges, Snapshot, TenantGauges};
 use crate::reason::Reason;
@@ -334,11 +334,10 @@ impl Controller {
                 }
             }
             let published = &published;
+            let (now, later) = self.writer.this_round(&outcome.tenants, published);
             for (t, result) in self
                 .writer
-                .each(placements_first(&outcome.tenants), |w, t| async move {
-                    (t, w.tenant(t, published).await)
-                })
+                .each(now, |w, t| async move { (t, w.tenant(t, published).await) })
                 .await
             {
                 if let Err(e) = result {
@@ -346,6 +345,9 @@ impl Controller {
                     failed = true;
                 }
             }
+            self.writer
+                .each(later, |w, t| async move { w.events_only(t).await })
+                .await;
         }
 
         // Tenants outside every pool's round: deleting ones, missing pools, invalid specs.
@@ -394,16 +396,6 @@ impl Controller {
         }
         tracing::debug!(elapsed = ?started.elapsed(), "round done");
     }
-}
-
-/// The tenants whose status is due at once first (new ones, and those placed or moved): under
-/// a tight budget, a tenant learns where it runs before others' statuses move on.
-fn placements_first(tenants: &[TenantOutcome]) -> Vec<&TenantOutcome> {
-    let (mut first, rest): (Vec<_>, Vec<_>) = tenants
-        .iter()
-        .partition(|t| urgent(t.tenant.status.as_ref(), &t.status));
-    first.extend(rest);
-    first
 }
 
 fn agent_key(a: &GpuAgent) -> String {

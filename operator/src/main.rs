@@ -168,6 +168,12 @@ async fn main() -> anyhow::Result<()> {
         limit: ratelimit::RateLimit::new(args.api_qps, args.api_burst),
         concurrent_writes: args.concurrent_writes,
         status_written: Default::default(),
+        // What the budget writes in about one round.
+        paced_per_round: if args.api_qps > 0.0 {
+            ((args.api_qps * control::ROUND.as_secs_f64()) as usize).max(16)
+        } else {
+            usize::MAX
+        },
         report_reader: format!(
             "system:serviceaccount:{}:{}",
             args.namespace, args.service_account
