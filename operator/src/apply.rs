@@ -433,8 +433,8 @@ impl Writer {
         }
     }
 
-    /// Which of a round's tenants to write now, in order: first those that cannot wait (a first
-    /// status, a replica placed or removed, a spec change, a failure, routes not in place),
+    /// Which of a round's tenants to write now, in order: first those that cannot wait (a
+    /// replica placed or removed, a spec change, a failure, routes to publish),
     /// then at most `paced_per_round` of the others, longest unwritten first. The rest are
     /// decided again next round and only have their Events recorded now, so a busy round
     /// stays short and the next one places the tenants still waiting.
@@ -444,7 +444,8 @@ impl Writer {
         published: &Published,
     ) -> (Vec<&'a TenantOutcome>, Vec<&'a TenantOutcome>) {
         let (mut now, mut rest): (Vec<_>, Vec<_>) = tenants.iter().partition(|t| {
-            urgent(t.tenant.status.as_ref(), &t.status) || !self.routes_kept(t, published).0
+            urgent(t.tenant.status.as_ref(), &t.status)
+                || (!t.routes.is_empty() && !self.routes_kept(t, published).0)
         });
         let written = self
             .status_written
@@ -723,10 +724,14 @@ impl Writer {
     }
 }
 
-/// Whether a tenant's status must be written now rather than within [`STATUS_EVERY`]: it has
-/// none, a replica was placed or removed, its spec changed, or it failed.
+/// Whether a tenant's status must be written now rather than within [`STATUS_EVERY`]: a
+/// replica was placed or removed (a new tenant's first placement included), its spec changed,
+/// or it failed. A new tenant still waiting for an agent is not urgent: under a tight budget
+/// its first status waits its turn, and placing the others goes first.
 fn urgent(old: Option<&ModelTenantStatus>, new: &ModelTenantStatus) -> bool {
-    let Some(old) = old else { return true };
+    let Some(old) = old else {
+        return !new.placements.is_empty() || new.phase == Some(TenantPhase::Failed);
+    };
     let agents = |s: &ModelTenantStatus| {
         s.placements
             .iter()
@@ -810,7 +815,11 @@ mod tests {
     #[test]
     fn placements_spec_changes_and_failures_are_written_at_once() {
         let now = on(&["a"], true);
-        assert!(urgent(None, &now), "a first status");
+        assert!(urgent(None, &now), "a first status with a placement");
+        assert!(
+            !urgent(None, &on(&[], false)),
+            "a new tenant waiting for an agent"
+        );
         assert!(
             urgent(Some(&now), &on(&["a", "b"], false)),
             "a replica placed"
