@@ -435,7 +435,8 @@ impl Writer {
 
     /// Which of a round's tenants to write now, in order: first those that cannot wait (a
     /// replica placed or removed, a spec change, a failure, routes to publish),
-    /// then at most `paced_per_round` of the others, longest unwritten first. The rest are
+    /// then at most `paced_per_round` of the others with something to write, longest unwritten
+    /// first. The rest are
     /// decided again next round and only have their Events recorded now, so a busy round
     /// stays short and the next one places the tenants still waiting.
     pub fn this_round<'a>(
@@ -443,10 +444,20 @@ impl Writer {
         tenants: &'a [TenantOutcome],
         published: &Published,
     ) -> (Vec<&'a TenantOutcome>, Vec<&'a TenantOutcome>) {
-        let (mut now, mut rest): (Vec<_>, Vec<_>) = tenants.iter().partition(|t| {
-            urgent(t.tenant.status.as_ref(), &t.status)
-                || (!t.routes.is_empty() && !self.routes_kept(t, published).0)
-        });
+        let mut now = Vec::new();
+        let mut rest = Vec::new();
+        let mut later = Vec::new();
+        for t in tenants {
+            let routes_due = !self.routes_kept(t, published).0;
+            if urgent(t.tenant.status.as_ref(), &t.status) || (routes_due && !t.routes.is_empty()) {
+                now.push(t);
+            } else if routes_due || t.tenant.status.as_ref() != Some(&t.status) {
+                rest.push(t);
+            } else {
+                // Nothing to write but its Events.
+                later.push(t);
+            }
+        }
         let written = self
             .status_written
             .lock()
@@ -456,7 +467,7 @@ impl Writer {
             |t: &TenantOutcome| written.get(&t.tenant.uid().unwrap_or_default()).copied();
         // Never written sorts first (None < Some), then the oldest write.
         rest.sort_by_key(|t| last_write(t));
-        let later = rest.split_off(rest.len().min(self.paced_per_round));
+        later.extend(rest.split_off(rest.len().min(self.paced_per_round)));
         now.extend(rest);
         (now, later)
     }
