@@ -11,6 +11,7 @@ pub mod matmul;
 pub mod nms;
 pub mod norm;
 pub mod pool;
+pub mod quant;
 pub mod reduce;
 pub mod resize;
 pub mod shape;
@@ -82,11 +83,14 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ConstantOfShape",
     "Conv",
     "ConvTranspose",
+    "ConvInteger",
     "Cos",
     "CumSum",
     "DepthToSpace",
+    "DequantizeLinear",
     "Div",
     "Dropout",
+    "DynamicQuantizeLinear",
     "Einsum",
     "Elu",
     "Equal",
@@ -117,6 +121,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LogSoftmax",
     "LRN",
     "MatMul",
+    "MatMulInteger",
     "Max",
     "MaxPool",
     "Mean",
@@ -133,6 +138,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Pad",
     "Pow",
     "PRelu",
+    "QLinearConv",
+    "QLinearMatMul",
+    "QuantizeLinear",
     "Range",
     "Reciprocal",
     "ReduceL1",
@@ -240,6 +248,8 @@ pub enum Op {
         exclusive: bool,
         reverse: bool,
     },
+    /// Linear quantization and the integer products.
+    Quant(quant::QuantOp),
     /// GroupNormalization with `groups`, InstanceNormalization without (a group per channel);
     /// `per_group`: one scale and bias per group (GroupNormalization before opset 21).
     GroupNorm {
@@ -432,6 +442,9 @@ impl Op {
                 if let Some(op) = index::IndexOp::parse(other, a, opset)? {
                     return Ok(Some(Op::Index(op)));
                 }
+                if let Some(op) = quant::QuantOp::parse(other, a)? {
+                    return Ok(Some(Op::Quant(op)));
+                }
                 Ok(shape::ShapeOp::parse(other, a, opset, n_inputs, n_outputs)?.map(Op::Shape))
             }
         }
@@ -505,6 +518,7 @@ impl Op {
             Op::Resize(_) => "Resize".into(),
             Op::Cast { .. } => "Cast".into(),
             Op::Index(i) => i.name().into(),
+            Op::Quant(q) => q.name().into(),
             Op::NonMaxSuppression { .. } => "NonMaxSuppression".into(),
             Op::Einsum(_) => "Einsum".into(),
             Op::CumSum { .. } => "CumSum".into(),
@@ -517,11 +531,12 @@ impl Op {
 
     /// Runs the op on the CPU. An op reading float16 or bfloat16 computes in f32, as
     /// onnxruntime's CPU kernels do: its half inputs are widened (exactly), and each of its f32
-    /// outputs is rounded to the half type of its first half input. Cast converts directly;
-    /// LayerNormalization's mean and inverse standard deviation stay f32 (`stash_type` 1).
+    /// outputs is rounded to the half type of its first half input. Cast converts directly, and
+    /// the quantization ops read half scales themselves; LayerNormalization's mean and inverse
+    /// standard deviation stay f32 (`stash_type` 1).
     pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
         let half = match self {
-            Op::Cast { .. } => None,
+            Op::Cast { .. } | Op::Quant(_) => None,
             _ => inputs
                 .iter()
                 .flatten()
@@ -614,6 +629,7 @@ impl Op {
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::Cast { to } => one(Ok(elementwise::cast(input(inputs, 0)?, *to))),
             Op::Index(i) => i.eval(inputs),
+            Op::Quant(q) => q.eval(cx, inputs),
             Op::NonMaxSuppression { center_point_box } => {
                 one(nms::non_max_suppression(inputs, *center_point_box))
             }
