@@ -166,6 +166,7 @@ const ATTRS: &[&str] = &[
     "output_dtype",
     "precision",
     "saturate",
+    "stash_type",
 ];
 
 fn mutate(m: &mut ModelProto, muts: &[Mutation]) {

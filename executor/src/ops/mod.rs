@@ -154,6 +154,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Relu",
     "Reshape",
     "Resize",
+    "RMSNormalization",
     "Round",
     "Scatter",
     "ScatterElements",
@@ -230,6 +231,10 @@ pub enum Op {
         eps: f32,
         /// The node also has the mean and inverse standard deviation outputs.
         stats: bool,
+    },
+    RmsNorm {
+        axis: i64,
+        eps: f32,
     },
     Reduce(reduce::ReduceAttrs),
     Shape(shape::ShapeOp),
@@ -391,6 +396,15 @@ impl Op {
                     stats: n_outputs > 1,
                 }))
             }
+            "RMSNormalization" => {
+                if a.int_or("stash_type", 1)? != 1 {
+                    return Err("only stash_type=1 (float) is supported".into());
+                }
+                Ok(Some(Op::RmsNorm {
+                    axis: a.int_or("axis", -1)?,
+                    eps: a.float_or("epsilon", 1e-5)?,
+                }))
+            }
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL2"
             | "ReduceL1" | "ReduceSumSquare" => Ok(Some(Op::Reduce(reduce::ReduceAttrs::parse(
                 op_type, a, opset,
@@ -513,6 +527,7 @@ impl Op {
                 }
             }
             Op::LayerNorm { .. } => "LayerNormalization".into(),
+            Op::RmsNorm { .. } => "RMSNormalization".into(),
             Op::Reduce(r) => format!("{:?}", r.kind),
             Op::Shape(s) => s.name().into(),
             Op::Resize(_) => "Resize".into(),
@@ -624,6 +639,7 @@ impl Op {
                 one(norm::softmax(cx, input(inputs, 0)?, *axis, *log, *legacy))
             }
             Op::LayerNorm { axis, eps, stats } => norm::layer_norm(cx, inputs, *axis, *eps, *stats),
+            Op::RmsNorm { axis, eps } => one(norm::rms_norm(cx, inputs, *axis, *eps)),
             Op::Reduce(r) => one(reduce::reduce(r, inputs)),
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
