@@ -167,6 +167,14 @@ const ATTRS: &[&str] = &[
     "precision",
     "saturate",
     "stash_type",
+    "is_causal",
+    "q_num_heads",
+    "kv_num_heads",
+    "qk_matmul_output_mode",
+    "softmax_precision",
+    "interleaved",
+    "num_heads",
+    "rotary_embedding_dim",
 ];
 
 fn mutate(m: &mut ModelProto, muts: &[Mutation]) {

@@ -2,6 +2,7 @@
 //! evaluates on host tensors. One file per op family; this file owns the enum, parsing dispatch
 //! and evaluation dispatch.
 
+pub mod attention;
 pub mod attrs;
 pub mod conv;
 pub mod einsum;
@@ -73,6 +74,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "And",
     "ArgMax",
     "ArgMin",
+    "Attention",
     "AveragePool",
     "BatchNormalization",
     "Cast",
@@ -156,6 +158,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Resize",
     "RMSNormalization",
     "Round",
+    "RotaryEmbedding",
     "Scatter",
     "ScatterElements",
     "ScatterND",
@@ -253,6 +256,8 @@ pub enum Op {
         exclusive: bool,
         reverse: bool,
     },
+    Attention(attention::AttentionAttrs),
+    RotaryEmbedding(attention::RotaryAttrs),
     /// Linear quantization and the integer products.
     Quant(quant::QuantOp),
     /// GroupNormalization with `groups`, InstanceNormalization without (a group per channel);
@@ -396,6 +401,10 @@ impl Op {
                     stats: n_outputs > 1,
                 }))
             }
+            "Attention" => Ok(Some(Op::Attention(attention::AttentionAttrs::parse(
+                a, n_outputs,
+            )?))),
+            "RotaryEmbedding" => Ok(Some(Op::RotaryEmbedding(attention::RotaryAttrs::parse(a)?))),
             "RMSNormalization" => {
                 if a.int_or("stash_type", 1)? != 1 {
                     return Err("only stash_type=1 (float) is supported".into());
@@ -528,6 +537,8 @@ impl Op {
             }
             Op::LayerNorm { .. } => "LayerNormalization".into(),
             Op::RmsNorm { .. } => "RMSNormalization".into(),
+            Op::Attention(_) => "Attention".into(),
+            Op::RotaryEmbedding(_) => "RotaryEmbedding".into(),
             Op::Reduce(r) => format!("{:?}", r.kind),
             Op::Shape(s) => s.name().into(),
             Op::Resize(_) => "Resize".into(),
@@ -640,6 +651,8 @@ impl Op {
             }
             Op::LayerNorm { axis, eps, stats } => norm::layer_norm(cx, inputs, *axis, *eps, *stats),
             Op::RmsNorm { axis, eps } => one(norm::rms_norm(cx, inputs, *axis, *eps)),
+            Op::Attention(a) => attention::attention(cx, a, inputs),
+            Op::RotaryEmbedding(r) => one(attention::rotary_embedding(r, inputs)),
             Op::Reduce(r) => one(reduce::reduce(r, inputs)),
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
