@@ -175,6 +175,7 @@ const ATTRS: &[&str] = &[
     "interleaved",
     "num_heads",
     "rotary_embedding_dim",
+    "ignore_index",
 ];
 
 fn mutate(m: &mut ModelProto, muts: &[Mutation]) {

@@ -8,6 +8,7 @@ pub mod conv;
 pub mod einsum;
 pub mod elementwise;
 pub mod index;
+pub mod loss;
 pub mod matmul;
 pub mod nms;
 pub mod norm;
@@ -132,6 +133,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Mod",
     "Mul",
     "Neg",
+    "NegativeLogLikelihoodLoss",
     "NonMaxSuppression",
     "NonZero",
     "Not",
@@ -171,6 +173,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Slice",
     "Softmax",
     "Softplus",
+    "SoftmaxCrossEntropyLoss",
     "SpaceToDepth",
     "Split",
     "Sqrt",
@@ -258,6 +261,8 @@ pub enum Op {
     },
     Attention(attention::AttentionAttrs),
     RotaryEmbedding(attention::RotaryAttrs),
+    /// NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
+    Loss(loss::LossAttrs),
     /// Linear quantization and the integer products.
     Quant(quant::QuantOp),
     /// GroupNormalization with `groups`, InstanceNormalization without (a group per channel);
@@ -405,6 +410,9 @@ impl Op {
                 a, n_outputs,
             )?))),
             "RotaryEmbedding" => Ok(Some(Op::RotaryEmbedding(attention::RotaryAttrs::parse(a)?))),
+            "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => Ok(Some(Op::Loss(
+                loss::LossAttrs::parse(a, op_type == "SoftmaxCrossEntropyLoss")?,
+            ))),
             "RMSNormalization" => {
                 if a.int_or("stash_type", 1)? != 1 {
                     return Err("only stash_type=1 (float) is supported".into());
@@ -538,6 +546,8 @@ impl Op {
             Op::LayerNorm { .. } => "LayerNormalization".into(),
             Op::RmsNorm { .. } => "RMSNormalization".into(),
             Op::Attention(_) => "Attention".into(),
+            Op::Loss(l) if l.softmax => "SoftmaxCrossEntropyLoss".into(),
+            Op::Loss(_) => "NegativeLogLikelihoodLoss".into(),
             Op::RotaryEmbedding(_) => "RotaryEmbedding".into(),
             Op::Reduce(r) => format!("{:?}", r.kind),
             Op::Shape(s) => s.name().into(),
@@ -652,6 +662,7 @@ impl Op {
             Op::LayerNorm { axis, eps, stats } => norm::layer_norm(cx, inputs, *axis, *eps, *stats),
             Op::RmsNorm { axis, eps } => one(norm::rms_norm(cx, inputs, *axis, *eps)),
             Op::Attention(a) => attention::attention(cx, a, inputs),
+            Op::Loss(l) => loss::loss(cx, l, inputs),
             Op::RotaryEmbedding(r) => one(attention::rotary_embedding(r, inputs)),
             Op::Reduce(r) => one(reduce::reduce(r, inputs)),
             Op::Shape(s) => s.eval(inputs),
