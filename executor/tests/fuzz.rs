@@ -162,6 +162,20 @@ const ATTRS: &[&str] = &[
     "blocksize",
     "center_point_box",
     "num_groups",
+    "block_size",
+    "output_dtype",
+    "precision",
+    "saturate",
+    "stash_type",
+    "is_causal",
+    "q_num_heads",
+    "kv_num_heads",
+    "qk_matmul_output_mode",
+    "softmax_precision",
+    "interleaved",
+    "num_heads",
+    "rotary_embedding_dim",
+    "ignore_index",
 ];
 
 fn mutate(m: &mut ModelProto, muts: &[Mutation]) {
@@ -331,9 +345,26 @@ fn mutate(m: &mut ModelProto, muts: &[Mutation]) {
     }
 }
 
-/// An int64 initializer of edge values, or a small float one, as operand `i` of a one-node graph.
+/// An int64 initializer of edge values, a small float one or a small 8-bit one (quantized
+/// values and zero points), as operand `i` of a one-node graph.
 fn operand(name: &str, b: u64) -> TensorProto {
-    if b.is_multiple_of(2) {
+    if b % 4 == 3 {
+        let dims: Vec<i64> = (0..(b >> 4) as usize % 4)
+            .map(|i| ((b >> (8 + 2 * i)) % 3) as i64 + 1)
+            .collect();
+        let n: i64 = dims.iter().product();
+        TensorProto {
+            name: name.into(),
+            dims,
+            // uint8 or int8
+            data_type: if (b >> 2).is_multiple_of(2) { 2 } else { 3 },
+            raw_data: (0..n)
+                .map(|i| (i * 37 + (b >> 16) as i64) as u8)
+                .collect::<Vec<u8>>()
+                .into(),
+            ..Default::default()
+        }
+    } else if b.is_multiple_of(2) {
         let len = (b >> 4) as usize % 5;
         let values: Vec<i64> = (0..len).map(|i| edge(b >> (8 + 5 * i))).collect();
         TensorProto {
@@ -376,7 +407,7 @@ fn graph_input(k: u64) -> ValueInfoProto {
             _ => 3,
         })
         .collect();
-    let elem = [1, 1, 1, 7, 9, 6, 11, 2][(k >> 40) as usize % 8];
+    let elem = [1, 1, 1, 7, 9, 6, 11, 2, 3][(k >> 40) as usize % 9];
     value_info("x", elem, &dims)
 }
 

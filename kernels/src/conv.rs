@@ -6,6 +6,7 @@
 use crate::activation::{Activation, bias_act};
 use crate::depthwise::depthwise;
 use crate::gemm::{Mat, SharedOut, sgemm, sgemm_block};
+use crate::igemm::igemm;
 use rayon::prelude::*;
 
 /// Geometry of one 2-D convolution; the caller computes the output size (`oh`, `ow`).
@@ -297,7 +298,14 @@ fn im2col_block(p: &Conv2d, x: &[f32], j0: usize, j1: usize, col: &mut [f32]) {
 
 /// Row `r` (input channel, kernel row, kernel column) of the im2col matrix, output pixels
 /// `[j0, j1)`: the input pixel each one reads through that tap, 0 in the padding.
-fn im2col_row(p: &Conv2d, x: &[f32], r: usize, j0: usize, j1: usize, row: &mut [f32]) {
+fn im2col_row<T: Copy + Default>(
+    p: &Conv2d,
+    x: &[T],
+    r: usize,
+    j0: usize,
+    j1: usize,
+    row: &mut [T],
+) {
     let ci = r / (p.kh * p.kw);
     let ki = (r / p.kw) % p.kh;
     let kj = r % p.kw;
@@ -313,15 +321,15 @@ fn im2col_row(p: &Conv2d, x: &[f32], r: usize, j0: usize, j1: usize, row: &mut [
         let dst = &mut row[q - j0..q - j0 + (ox1 - ox0)];
         q += ox1 - ox0;
         if oy < ylo || oy >= yhi {
-            dst.fill(0.0);
+            dst.fill(T::default());
             continue;
         }
         let iy = (oy as isize * p.sh as isize + offy) as usize;
         let src = &plane[iy * p.w..(iy + 1) * p.w];
         let lo = xlo.clamp(ox0, ox1);
         let hi = xhi.clamp(lo, ox1);
-        dst[..lo - ox0].fill(0.0);
-        dst[hi - ox0..].fill(0.0);
+        dst[..lo - ox0].fill(T::default());
+        dst[hi - ox0..].fill(T::default());
         if hi == lo {
             continue;
         }
@@ -340,7 +348,7 @@ pub(crate) fn scratch_of(scratch: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 /// `dst[i] = src[i * stride]`.
-pub(crate) fn copy_strided(dst: &mut [f32], src: &[f32], stride: usize) {
+pub(crate) fn copy_strided<T: Copy>(dst: &mut [T], src: &[T], stride: usize) {
     if stride == 1 {
         dst.copy_from_slice(&src[..dst.len()]);
     } else {
@@ -399,14 +407,44 @@ fn conv_image(
     }
 }
 
-/// Unfolds one group of one image into `[cg*kh*kw, oh*ow]`, rows split across the threads.
-fn im2col(p: &Conv2d, x: &[f32], col: &mut [f32], threads: usize) {
+/// Unfolds one group of one image into `[cg*kh*kw, oh*ow]` (padding as zeros), rows split
+/// across the threads.
+fn im2col<T: Copy + Default + Send + Sync>(p: &Conv2d, x: &[T], col: &mut [T], threads: usize) {
     let out_plane = p.oh * p.ow;
-    let fill_row = |(r, row): (usize, &mut [f32])| im2col_row(p, x, r, 0, out_plane, row);
+    let fill_row = |(r, row): (usize, &mut [T])| im2col_row(p, x, r, 0, out_plane, row);
     if threads > 1 && col.len() >= crate::PAR_MIN_WORK {
         col.par_chunks_mut(out_plane).enumerate().for_each(fill_row);
     } else {
         col.chunks_mut(out_plane).enumerate().for_each(fill_row);
+    }
+}
+
+/// Integer convolution: `x` and `weight` (`[m, c/groups, kh, kw]`) hold 8-bit values with their
+/// zero points subtracted, and the padding is zero in that domain; `out[n, m, oh, ow]` is the
+/// exact `i32` sum (see `igemm`).
+pub fn conv2d_integer(p: &Conv2d, x: &[i16], weight: &[i16], out: &mut [i32], threads: usize) {
+    let (cg, mg) = (p.c / p.groups, p.m / p.groups);
+    let k = cg * p.kh * p.kw;
+    let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
+    let mut col = vec![0i16; k * out_plane];
+    for (img, dst) in x
+        .chunks_exact(p.c * in_plane)
+        .zip(out.chunks_exact_mut(p.m * out_plane))
+        .take(p.n)
+    {
+        for g in 0..p.groups {
+            let xg = &img[g * cg * in_plane..(g + 1) * cg * in_plane];
+            im2col(p, xg, &mut col, threads);
+            igemm(
+                threads,
+                mg,
+                out_plane,
+                k,
+                &weight[g * mg * k..(g + 1) * mg * k],
+                &col,
+                &mut dst[g * mg * out_plane..(g + 1) * mg * out_plane],
+            );
+        }
     }
 }
 
@@ -715,5 +753,31 @@ mod tests {
             .map(|(a, b)| (*a as f64) * (*b as f64))
             .sum();
         assert!((a - b).abs() < 1e-3 * (1.0 + a.abs()), "{a} vs {b}");
+    }
+
+    #[test]
+    fn integer_convolution_matches_reference() {
+        for p in [
+            geom(2, 3, 9, 4, 3, 1, 1, 1, 1),
+            geom(1, 4, 10, 6, 3, 2, 1, 1, 2),
+            geom(1, 6, 11, 6, 3, 2, 2, 2, 6),
+            geom(1, 8, 7, 16, 1, 1, 1, 0, 1),
+        ] {
+            let x = crate::igemm::ints(p.n * p.c * p.h * p.w, 1);
+            let w = crate::igemm::ints(p.m * (p.c / p.groups) * p.kh * p.kw, 2);
+            let wide = |v: &[i16]| v.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+            let mut want = vec![0.0f32; p.n * p.m * p.oh * p.ow];
+            conv2d_reference(&p, &wide(&x), &wide(&w), None, &mut want);
+            for threads in [1, 2] {
+                let mut got = vec![0i32; want.len()];
+                conv2d_integer(&p, &x, &w, &mut got, threads);
+                // Sums below 2^24: the f32 reference is exact.
+                assert_eq!(wide_i32(&got), want, "{p:?}");
+            }
+        }
+    }
+
+    fn wide_i32(v: &[i32]) -> Vec<f32> {
+        v.iter().map(|&v| v as f32).collect()
     }
 }

@@ -14,6 +14,7 @@ mod depthwise_rows;
 pub mod direct_conv;
 pub mod fused;
 pub mod gemm;
+pub mod igemm;
 pub mod inverted_residual;
 pub mod norm;
 pub mod pool;

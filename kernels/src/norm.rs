@@ -1,4 +1,5 @@
-//! Row-wise normalisations: softmax / log-softmax and layer normalisation over the last axis.
+//! Row-wise normalisations: softmax / log-softmax, layer normalisation and RMS normalisation
+//! over the last axis.
 
 use rayon::prelude::*;
 
@@ -103,6 +104,17 @@ fn layer_norm_row(r: &mut [f32], gamma: &[f32], beta: Option<&[f32]>, eps: f32) 
     }
 }
 
+/// RMS normalisation of every row of length `len`, in place: `x / sqrt(mean(x²) + eps) * g`.
+pub fn rms_norm_rows(threads: usize, data: &mut [f32], len: usize, gamma: &[f32], eps: f32) {
+    assert_eq!(gamma.len(), len, "RMS norm scale length");
+    rows(threads, data, len, |r| {
+        let inv = 1.0 / (lane_sum(r, |v| v * v) / len as f32 + eps).sqrt();
+        for (v, g) in r.iter_mut().zip(gamma) {
+            *v = *v * inv * g;
+        }
+    });
+}
+
 /// Independent partial results per lane, so that reductions vectorise (a single running f32
 /// sum or max is a serial dependency the compiler may not reorder).
 const LANES: usize = 16;
@@ -159,6 +171,16 @@ mod tests {
         let mean: f32 = a.iter().sum::<f32>() / 8.0;
         let var: f32 = a.iter().map(|v| v * v).sum::<f32>() / 8.0;
         assert!(mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4);
+    }
+
+    #[test]
+    fn rms_norm_gives_unit_mean_square() {
+        let mut a: Vec<f32> = (0..40).map(|v| v as f32 - 7.0).collect();
+        rms_norm_rows(2, &mut a, 20, &[2.0; 20], 0.0);
+        for row in a.chunks(20) {
+            let ms: f32 = row.iter().map(|v| v * v).sum::<f32>() / 20.0;
+            assert!((ms - 4.0).abs() < 1e-4, "{ms}");
+        }
     }
 
     #[test]

@@ -114,6 +114,77 @@ pub fn gemm(cx: &Cx, g: &GemmAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
     Tensor::f32(vec![m, n], out)
 }
 
+/// MatMul's operand shapes resolved as numpy does: a 1-D operand is promoted to a matrix (and
+/// the added axis dropped from the result), batch axes broadcast.
+pub(crate) struct MatMulShape {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub a_batch: Vec<usize>,
+    pub b_batch: Vec<usize>,
+    /// The broadcast batch axes.
+    pub batch: Vec<usize>,
+    /// The result's shape.
+    pub out: Vec<usize>,
+}
+
+impl MatMulShape {
+    pub fn of(a: &[usize], b: &[usize]) -> OpResult<MatMulShape> {
+        if a.is_empty() || b.is_empty() {
+            return shape_err("MatMul operands must have rank >= 1");
+        }
+        let ash: Vec<usize> = if a.len() == 1 {
+            vec![1, a[0]]
+        } else {
+            a.to_vec()
+        };
+        let bsh: Vec<usize> = if b.len() == 1 {
+            vec![b[0], 1]
+        } else {
+            b.to_vec()
+        };
+        let (m, k) = (ash[ash.len() - 2], ash[ash.len() - 1]);
+        let (kb, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
+        if k != kb {
+            return shape_err(format!("MatMul inner dimensions differ: {a:?} x {b:?}"));
+        }
+        let (a_batch, b_batch) = (&ash[..ash.len() - 2], &bsh[..bsh.len() - 2]);
+        let batch = broadcast_shape(a_batch, b_batch)?;
+        let mut out = batch.clone();
+        out.extend([m, n]);
+        checked_numel(&out)?;
+        if a.len() == 1 {
+            out.remove(out.len() - 2);
+        }
+        if b.len() == 1 {
+            out.pop();
+        }
+        Ok(MatMulShape {
+            m,
+            k,
+            n,
+            a_batch: a_batch.to_vec(),
+            b_batch: b_batch.to_vec(),
+            batch,
+            out,
+        })
+    }
+
+    /// Products in the result: the broadcast batch's size.
+    pub fn products(&self) -> usize {
+        self.batch.iter().product()
+    }
+
+    /// For each product, the matrix of `a` and the matrix of `b` it multiplies.
+    pub fn operands(&self) -> (Vec<usize>, Vec<usize>) {
+        let index = |shape: &[usize]| {
+            let iota: Vec<usize> = (0..shape.iter().product()).collect();
+            broadcast_map(&iota, shape, &[0], &[1], &self.batch, |i, _| i)
+        };
+        (index(&self.a_batch), index(&self.b_batch))
+    }
+}
+
 pub fn matmul(
     cx: &Cx,
     a: &Tensor,
@@ -121,34 +192,10 @@ pub fn matmul(
     bias: Option<&Tensor>,
     act: Option<Activation>,
 ) -> OpResult<Tensor> {
-    if a.rank() == 0 || b.rank() == 0 {
-        return shape_err("MatMul operands must have rank >= 1");
-    }
-    // 1-D operands are promoted to matrices and the added axis removed afterwards.
-    let ash: Vec<usize> = if a.rank() == 1 {
-        vec![1, a.shape[0]]
-    } else {
-        a.shape.clone()
-    };
-    let bsh: Vec<usize> = if b.rank() == 1 {
-        vec![b.shape[0], 1]
-    } else {
-        b.shape.clone()
-    };
-    let (m, k) = (ash[ash.len() - 2], ash[ash.len() - 1]);
-    let (kb, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
-    if k != kb {
-        return shape_err(format!(
-            "MatMul inner dimensions differ: {:?} x {:?}",
-            a.shape, b.shape
-        ));
-    }
+    let s = MatMulShape::of(&a.shape, &b.shape)?;
+    let (m, k, n) = (s.m, s.k, s.n);
     let (av, bv) = (a.as_f32()?, b.as_f32()?);
-    let (abatch, bbatch) = (&ash[..ash.len() - 2], &bsh[..bsh.len() - 2]);
-    let batch = broadcast_shape(abatch, bbatch)?;
-    let mut shape = batch.clone();
-    shape.extend([m, n]);
-    let mut out = cx.take_f32(checked_numel(&shape)?);
+    let mut out = cx.take_f32(checked_numel(&s.out)?);
     // A fused bias is pre-loaded into every row and the products accumulate onto it.
     let accumulate = match bias {
         Some(b) => {
@@ -166,8 +213,8 @@ pub fn matmul(
         }
         None => false,
     };
-    let nb: usize = batch.iter().product();
-    if bbatch.iter().product::<usize>() == 1 && abatch == batch.as_slice() {
+    let nb = s.products();
+    if s.b_batch.iter().product::<usize>() == 1 && s.a_batch == s.batch {
         // Weights shared across the batch: one tall GEMM.
         sgemm(
             cx.threads,
@@ -181,10 +228,7 @@ pub fn matmul(
             accumulate,
         );
     } else if nb > 0 && m * n > 0 {
-        let ia: Vec<usize> = (0..abatch.iter().product()).collect();
-        let ib: Vec<usize> = (0..bbatch.iter().product()).collect();
-        let ia = broadcast_map(&ia, abatch, &[0], &[1], &batch, |i, _| i);
-        let ib = broadcast_map(&ib, bbatch, &[0], &[1], &batch, |i, _| i);
+        let (ia, ib) = s.operands();
         let one = |bi: usize, dst: &mut [f32], threads: usize| {
             let am = Mat::row_major(&av[ia[bi] * m * k..(ia[bi] + 1) * m * k], k);
             let bm = Mat::row_major(&bv[ib[bi] * k * n..(ib[bi] + 1) * k * n], n);
@@ -204,13 +248,7 @@ pub fn matmul(
     if let Some(act) = act {
         act.apply_slice(cx.threads, &mut out);
     }
-    if a.rank() == 1 {
-        shape.remove(shape.len() - 2);
-    }
-    if b.rank() == 1 {
-        shape.pop();
-    }
-    Tensor::f32(shape, out)
+    Tensor::f32(s.out, out)
 }
 
 #[cfg(test)]

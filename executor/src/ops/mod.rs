@@ -2,15 +2,18 @@
 //! evaluates on host tensors. One file per op family; this file owns the enum, parsing dispatch
 //! and evaluation dispatch.
 
+pub mod attention;
 pub mod attrs;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
 pub mod index;
+pub mod loss;
 pub mod matmul;
 pub mod nms;
 pub mod norm;
 pub mod pool;
+pub mod quant;
 pub mod reduce;
 pub mod resize;
 pub mod shape;
@@ -72,6 +75,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "And",
     "ArgMax",
     "ArgMin",
+    "Attention",
     "AveragePool",
     "BatchNormalization",
     "Cast",
@@ -82,11 +86,14 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ConstantOfShape",
     "Conv",
     "ConvTranspose",
+    "ConvInteger",
     "Cos",
     "CumSum",
     "DepthToSpace",
+    "DequantizeLinear",
     "Div",
     "Dropout",
+    "DynamicQuantizeLinear",
     "Einsum",
     "Elu",
     "Equal",
@@ -117,6 +124,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LogSoftmax",
     "LRN",
     "MatMul",
+    "MatMulInteger",
     "Max",
     "MaxPool",
     "Mean",
@@ -125,6 +133,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Mod",
     "Mul",
     "Neg",
+    "NegativeLogLikelihoodLoss",
     "NonMaxSuppression",
     "NonZero",
     "Not",
@@ -133,6 +142,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Pad",
     "Pow",
     "PRelu",
+    "QLinearConv",
+    "QLinearMatMul",
+    "QuantizeLinear",
     "Range",
     "Reciprocal",
     "ReduceL1",
@@ -146,7 +158,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Relu",
     "Reshape",
     "Resize",
+    "RMSNormalization",
     "Round",
+    "RotaryEmbedding",
     "Scatter",
     "ScatterElements",
     "ScatterND",
@@ -159,6 +173,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Slice",
     "Softmax",
     "Softplus",
+    "SoftmaxCrossEntropyLoss",
     "SpaceToDepth",
     "Split",
     "Sqrt",
@@ -223,6 +238,10 @@ pub enum Op {
         /// The node also has the mean and inverse standard deviation outputs.
         stats: bool,
     },
+    RmsNorm {
+        axis: i64,
+        eps: f32,
+    },
     Reduce(reduce::ReduceAttrs),
     Shape(shape::ShapeOp),
     Resize(resize::ResizeAttrs),
@@ -240,6 +259,12 @@ pub enum Op {
         exclusive: bool,
         reverse: bool,
     },
+    Attention(attention::AttentionAttrs),
+    RotaryEmbedding(attention::RotaryAttrs),
+    /// NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
+    Loss(loss::LossAttrs),
+    /// Linear quantization and the integer products.
+    Quant(quant::QuantOp),
     /// GroupNormalization with `groups`, InstanceNormalization without (a group per channel);
     /// `per_group`: one scale and bias per group (GroupNormalization before opset 21).
     GroupNorm {
@@ -381,6 +406,22 @@ impl Op {
                     stats: n_outputs > 1,
                 }))
             }
+            "Attention" => Ok(Some(Op::Attention(attention::AttentionAttrs::parse(
+                a, n_outputs,
+            )?))),
+            "RotaryEmbedding" => Ok(Some(Op::RotaryEmbedding(attention::RotaryAttrs::parse(a)?))),
+            "NegativeLogLikelihoodLoss" | "SoftmaxCrossEntropyLoss" => Ok(Some(Op::Loss(
+                loss::LossAttrs::parse(a, op_type == "SoftmaxCrossEntropyLoss")?,
+            ))),
+            "RMSNormalization" => {
+                if a.int_or("stash_type", 1)? != 1 {
+                    return Err("only stash_type=1 (float) is supported".into());
+                }
+                Ok(Some(Op::RmsNorm {
+                    axis: a.int_or("axis", -1)?,
+                    eps: a.float_or("epsilon", 1e-5)?,
+                }))
+            }
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL2"
             | "ReduceL1" | "ReduceSumSquare" => Ok(Some(Op::Reduce(reduce::ReduceAttrs::parse(
                 op_type, a, opset,
@@ -431,6 +472,9 @@ impl Op {
             other => {
                 if let Some(op) = index::IndexOp::parse(other, a, opset)? {
                     return Ok(Some(Op::Index(op)));
+                }
+                if let Some(op) = quant::QuantOp::parse(other, a)? {
+                    return Ok(Some(Op::Quant(op)));
                 }
                 Ok(shape::ShapeOp::parse(other, a, opset, n_inputs, n_outputs)?.map(Op::Shape))
             }
@@ -500,11 +544,17 @@ impl Op {
                 }
             }
             Op::LayerNorm { .. } => "LayerNormalization".into(),
+            Op::RmsNorm { .. } => "RMSNormalization".into(),
+            Op::Attention(_) => "Attention".into(),
+            Op::Loss(l) if l.softmax => "SoftmaxCrossEntropyLoss".into(),
+            Op::Loss(_) => "NegativeLogLikelihoodLoss".into(),
+            Op::RotaryEmbedding(_) => "RotaryEmbedding".into(),
             Op::Reduce(r) => format!("{:?}", r.kind),
             Op::Shape(s) => s.name().into(),
             Op::Resize(_) => "Resize".into(),
             Op::Cast { .. } => "Cast".into(),
             Op::Index(i) => i.name().into(),
+            Op::Quant(q) => q.name().into(),
             Op::NonMaxSuppression { .. } => "NonMaxSuppression".into(),
             Op::Einsum(_) => "Einsum".into(),
             Op::CumSum { .. } => "CumSum".into(),
@@ -517,11 +567,12 @@ impl Op {
 
     /// Runs the op on the CPU. An op reading float16 or bfloat16 computes in f32, as
     /// onnxruntime's CPU kernels do: its half inputs are widened (exactly), and each of its f32
-    /// outputs is rounded to the half type of its first half input. Cast converts directly;
-    /// LayerNormalization's mean and inverse standard deviation stay f32 (`stash_type` 1).
+    /// outputs is rounded to the half type of its first half input. Cast converts directly, and
+    /// the quantization ops read half scales themselves; LayerNormalization's mean and inverse
+    /// standard deviation stay f32 (`stash_type` 1).
     pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
         let half = match self {
-            Op::Cast { .. } => None,
+            Op::Cast { .. } | Op::Quant(_) => None,
             _ => inputs
                 .iter()
                 .flatten()
@@ -609,11 +660,16 @@ impl Op {
                 one(norm::softmax(cx, input(inputs, 0)?, *axis, *log, *legacy))
             }
             Op::LayerNorm { axis, eps, stats } => norm::layer_norm(cx, inputs, *axis, *eps, *stats),
+            Op::RmsNorm { axis, eps } => one(norm::rms_norm(cx, inputs, *axis, *eps)),
+            Op::Attention(a) => attention::attention(cx, a, inputs),
+            Op::Loss(l) => loss::loss(cx, l, inputs),
+            Op::RotaryEmbedding(r) => one(attention::rotary_embedding(r, inputs)),
             Op::Reduce(r) => one(reduce::reduce(r, inputs)),
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::Cast { to } => one(Ok(elementwise::cast(input(inputs, 0)?, *to))),
             Op::Index(i) => i.eval(inputs),
+            Op::Quant(q) => q.eval(cx, inputs),
             Op::NonMaxSuppression { center_point_box } => {
                 one(nms::non_max_suppression(inputs, *center_point_box))
             }

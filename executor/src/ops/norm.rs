@@ -1,11 +1,11 @@
 //! Normalisations: BatchNormalization (inference), LRN, Softmax/LogSoftmax, LayerNormalization,
-//! GroupNormalization and InstanceNormalization.
+//! RMSNormalization, GroupNormalization and InstanceNormalization.
 
 use super::elementwise::{broadcast_map, broadcast_shape};
 use super::{Cx, input, opt_input};
 use crate::error::{OpResult, shape_err};
-use crate::tensor::{Tensor, norm_axis};
-use cotenant_kernels::norm::{layer_norm_rows, mean_inv_std, softmax_rows};
+use crate::tensor::{Tensor, checked_numel, norm_axis};
+use cotenant_kernels::norm::{layer_norm_rows, mean_inv_std, rms_norm_rows, softmax_rows};
 
 pub fn batch_norm(inputs: &[Option<&Tensor>], eps: f32) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;
@@ -126,27 +126,7 @@ pub fn layer_norm(
     let axis = norm_axis(axis, x.rank())?;
     let norm_shape = &x.shape[axis..];
     let len: usize = norm_shape.iter().product();
-    let expand = |t: &Tensor| -> OpResult<Vec<f32>> {
-        let v = t.as_f32()?;
-        if broadcast_shape(&t.shape, norm_shape)? != norm_shape {
-            return shape_err(format!(
-                "LayerNormalization scale or bias {:?} does not broadcast to {norm_shape:?}",
-                t.shape
-            ));
-        }
-        if v.len() == len {
-            Ok(v.to_vec())
-        } else {
-            Ok(broadcast_map(
-                v,
-                &t.shape,
-                &[0.0f32],
-                &[1],
-                norm_shape,
-                |a, _| a,
-            ))
-        }
-    };
+    let expand = |t: &Tensor| over(t, norm_shape, "LayerNormalization scale or bias");
     let gamma = expand(input(inputs, 1)?)?;
     let beta = opt_input(inputs, 2).map(expand).transpose()?;
     let src = x.as_f32()?;
@@ -171,6 +151,43 @@ pub fn layer_norm(
         Tensor::f32(stat_shape.clone(), means)?,
         Tensor::f32(stat_shape, inv)?,
     ])
+}
+
+/// A scale or bias broadcast over the normalised axes `norm_shape`, one value per position.
+fn over(t: &Tensor, norm_shape: &[usize], what: &str) -> OpResult<Vec<f32>> {
+    let v = t.as_f32()?;
+    if broadcast_shape(&t.shape, norm_shape)? != norm_shape {
+        return shape_err(format!(
+            "{what} {:?} does not broadcast to {norm_shape:?}",
+            t.shape
+        ));
+    }
+    if v.len() == checked_numel(norm_shape)? {
+        Ok(v.to_vec())
+    } else {
+        Ok(broadcast_map(
+            v,
+            &t.shape,
+            &[0.0f32],
+            &[1],
+            norm_shape,
+            |a, _| a,
+        ))
+    }
+}
+
+/// RMSNormalization: `x / sqrt(mean(x²) + eps) * scale` over the axes from `axis` on.
+pub fn rms_norm(cx: &Cx, inputs: &[Option<&Tensor>], axis: i64, eps: f32) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let axis = norm_axis(axis, x.rank())?;
+    let norm_shape = &x.shape[axis..];
+    let scale = over(input(inputs, 1)?, norm_shape, "RMSNormalization scale")?;
+    let mut out = x.as_f32()?.to_vec();
+    // Rows of length 0 would split nothing; there is nothing to normalise.
+    if !scale.is_empty() {
+        rms_norm_rows(cx.threads, &mut out, scale.len(), &scale, eps);
+    }
+    Tensor::f32(x.shape.clone(), out)
 }
 
 /// GroupNormalization, and InstanceNormalization as its case of one group per channel (`groups`

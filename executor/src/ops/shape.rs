@@ -480,7 +480,7 @@ fn tile(x: &Tensor, reps: &[i64]) -> OpResult<Tensor> {
     })
 }
 
-fn concat(inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> {
+pub(crate) fn concat(inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> {
     let ts: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
     let first = *ts.first().ok_or(OpError::MissingInput(0))?;
     let r = first.rank();

@@ -7,6 +7,7 @@
 //! op allocates at most a small multiple of what it reads, which is already counted.
 
 use super::index::{IndexOp, gather_nd_shape, one_hot_depth, one_hot_shape};
+use super::quant::QuantOp;
 use super::shape::{ShapeOp, expand_shape, gather_shape, pad_shape, range_len, slice_of};
 use super::{Op, input};
 use crate::error::{OpError, OpResult, shape_err};
@@ -102,7 +103,10 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?
         }
         Op::Cast { to } => elements(&x()?.shape, to.size())?,
+        // The bias, the scores and the fourth output, each one f32 per score at most.
+        Op::Attention(a) => times(super::attention::score_elements(a, inputs)?, 3 * 4)?,
         Op::Index(i) => return index_op(i, inputs),
+        Op::Quant(q) => return quant_op(q, inputs),
         // Every intermediate product and its reordered copy.
         Op::Einsum(e) => {
             let shapes: Vec<&[usize]> = inputs
@@ -138,6 +142,35 @@ fn index_op(op: &IndexOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>>
             let depth = one_hot_depth(input(inputs, 1)?)?;
             let out = one_hot_shape(&x()?.shape, depth, *axis)?;
             elements(&out, dsize(input(inputs, 2)?) + INDEX)?
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(bytes))
+}
+
+fn quant_op(op: &QuantOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>> {
+    let x = input(inputs, 0)?;
+    let bytes = match op {
+        // The i32 products (an [M, 1] by [1, N] product is far larger than its operands) and
+        // the per-product operand indices.
+        QuantOp::MatMulInteger | QuantOp::QLinearMatMul => {
+            let b = input(inputs, if *op == QuantOp::MatMulInteger { 1 } else { 3 })?;
+            let s = super::matmul::MatMulShape::of(&x.shape, &b.shape)?;
+            plus(elements(&s.out, 4 + 1)?, elements(&s.batch, 2 * INDEX)?)?
+        }
+        // The i32 sums and one group's i16 im2col columns.
+        QuantOp::ConvInteger(c) | QuantOp::QLinearConv(c) => {
+            let w = input(
+                inputs,
+                if matches!(op, QuantOp::ConvInteger(_)) {
+                    1
+                } else {
+                    3
+                },
+            )?;
+            let (p, out) = super::conv::conv_geometry(c, &x.shape, &w.shape)?;
+            let columns = elements(&[p.c / p.groups.max(1), p.kh, p.kw, p.oh, p.ow], 2)?;
+            plus(elements(&out, 4 + 1)?, columns)?
         }
         _ => return Ok(None),
     };
@@ -195,24 +228,8 @@ fn shape_op(op: &ShapeOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>>
 
 /// MatMul's output (batch axes broadcast), and the per-product operand indices.
 fn matmul(a: &Tensor, b: &Tensor) -> OpResult<usize> {
-    if a.rank() == 0 || b.rank() == 0 {
-        return shape_err("MatMul operands must have rank >= 1");
-    }
-    let ash = if a.rank() == 1 {
-        vec![1, a.shape[0]]
-    } else {
-        a.shape.clone()
-    };
-    let bsh = if b.rank() == 1 {
-        vec![b.shape[0], 1]
-    } else {
-        b.shape.clone()
-    };
-    let (m, n) = (ash[ash.len() - 2], bsh[bsh.len() - 1]);
-    let batch = broadcast_shape(&ash[..ash.len() - 2], &bsh[..bsh.len() - 2])?;
-    let mut out = batch.clone();
-    out.extend([m, n]);
-    plus(elements(&out, 4)?, elements(&batch, 2 * INDEX)?)
+    let s = super::matmul::MatMulShape::of(&a.shape, &b.shape)?;
+    plus(elements(&s.out, 4)?, elements(&s.batch, 2 * INDEX)?)
 }
 
 /// Bytes of a convolution's im2col scratch (`Conv2d::scratch_len`, with every product checked).

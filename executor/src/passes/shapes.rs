@@ -169,6 +169,7 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
         | Op::BatchNorm { .. }
         | Op::Softmax { .. }
         | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
         | Op::Dropout
         | Op::Lrn { .. }
         | Op::PRelu

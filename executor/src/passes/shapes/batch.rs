@@ -184,7 +184,7 @@ impl Check {
             | Op::GroupNorm { .. }
             | Op::Cast { .. } => self.per_sample(n, false),
             Op::Binary(_) | Op::Variadic(..) | Op::Where | Op::PRelu => self.per_sample(n, true),
-            Op::Softmax { axis, .. } | Op::LayerNorm { axis, .. } => {
+            Op::Softmax { axis, .. } | Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } => {
                 self.per_sample(n, false) && self.later_axis(n, *axis)
             }
             Op::Reduce(r) => {

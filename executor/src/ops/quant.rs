@@ -1,0 +1,635 @@
+//! Linear quantization: QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear, and the
+//! integer products MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv. The products
+//! subtract zero points and accumulate exactly in `i32` (`cotenant_kernels::igemm`); the QLinear
+//! ops then requantize as the ONNX reference does: the accumulator times
+//! `scale_a * scale_b / scale_y` (worked in the scales' precision) plus the output zero point,
+//! rounded half to even and saturated. Quantized element types are int8 and uint8.
+//!
+//! These ops read float16/bfloat16 scales themselves (`Op::eval` does not widen them), since the
+//! reference rounds its scale arithmetic to the scales' type.
+
+use super::attrs::Attrs;
+use super::conv::{ConvAttrs, conv_geometry};
+use super::matmul::MatMulShape;
+use super::{Cx, input, narrow, opt_input};
+use crate::error::{OpError, OpResult, shape_err};
+use crate::tensor::{DType, Data, Tensor, axis_in, bf16, checked_numel, f16};
+use cotenant_kernels::conv::conv2d_integer;
+use cotenant_kernels::igemm::igemm;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum QuantOp {
+    Quantize(QuantizeAttrs),
+    Dequantize(DequantizeAttrs),
+    DynamicQuantize,
+    MatMulInteger,
+    ConvInteger(ConvAttrs),
+    QLinearMatMul,
+    QLinearConv(ConvAttrs),
+}
+
+/// Where the scales and zero points of a quantized tensor apply: one for the whole tensor (a
+/// single value), one per index of `axis` (a vector), or one per `block_size` indices of `axis`
+/// (a tensor of the input's rank).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantAxis {
+    pub axis: i64,
+    pub block_size: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizeAttrs {
+    pub layout: QuantAxis,
+    /// The output type when there is no zero point to give it.
+    pub output_dtype: Option<DType>,
+    /// The type `x / scale` is worked in; by default the inputs' common float type.
+    pub precision: Option<DType>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct DequantizeAttrs {
+    pub layout: QuantAxis,
+    /// The output type; by default the scale's.
+    pub output_dtype: Option<DType>,
+}
+
+impl QuantOp {
+    pub fn parse(op_type: &str, a: &Attrs) -> Result<Option<QuantOp>, String> {
+        Ok(Some(match op_type {
+            "QuantizeLinear" => QuantOp::Quantize(QuantizeAttrs {
+                layout: QuantAxis::parse(a)?,
+                output_dtype: dtype_attr(a, "output_dtype", &[DType::I8, DType::U8])?,
+                precision: dtype_attr(a, "precision", &[DType::F32, DType::F16, DType::BF16])?,
+            }),
+            "DequantizeLinear" => QuantOp::Dequantize(DequantizeAttrs {
+                layout: QuantAxis::parse(a)?,
+                output_dtype: dtype_attr(
+                    a,
+                    "output_dtype",
+                    &[DType::F32, DType::F16, DType::BF16],
+                )?,
+            }),
+            "DynamicQuantizeLinear" => QuantOp::DynamicQuantize,
+            "MatMulInteger" => QuantOp::MatMulInteger,
+            "ConvInteger" => QuantOp::ConvInteger(ConvAttrs::parse(a)?),
+            "QLinearMatMul" => QuantOp::QLinearMatMul,
+            "QLinearConv" => QuantOp::QLinearConv(ConvAttrs::parse(a)?),
+            _ => return Ok(None),
+        }))
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            QuantOp::Quantize(_) => "QuantizeLinear",
+            QuantOp::Dequantize(_) => "DequantizeLinear",
+            QuantOp::DynamicQuantize => "DynamicQuantizeLinear",
+            QuantOp::MatMulInteger => "MatMulInteger",
+            QuantOp::ConvInteger(_) => "ConvInteger",
+            QuantOp::QLinearMatMul => "QLinearMatMul",
+            QuantOp::QLinearConv(_) => "QLinearConv",
+        }
+    }
+
+    pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
+        let x = input(inputs, 0)?;
+        Ok(match self {
+            QuantOp::Quantize(q) => vec![quantize(q, x, input(inputs, 1)?, opt_input(inputs, 2))?],
+            QuantOp::Dequantize(d) => {
+                vec![dequantize(d, x, input(inputs, 1)?, opt_input(inputs, 2))?]
+            }
+            QuantOp::DynamicQuantize => dynamic_quantize(x)?,
+            QuantOp::MatMulInteger => {
+                let b = input(inputs, 1)?;
+                let (acc, shape) =
+                    integer_matmul(cx, x, opt_input(inputs, 2), b, opt_input(inputs, 3))?;
+                vec![Tensor::new(shape.out, Data::I32(acc))?]
+            }
+            QuantOp::ConvInteger(c) => {
+                let w = input(inputs, 1)?;
+                let (acc, shape) =
+                    integer_conv(cx, c, x, opt_input(inputs, 2), w, opt_input(inputs, 3))?;
+                vec![Tensor::new(shape, Data::I32(acc))?]
+            }
+            QuantOp::QLinearMatMul => vec![qlinear_matmul(cx, inputs)?],
+            QuantOp::QLinearConv(c) => vec![qlinear_conv(cx, c, inputs)?],
+        })
+    }
+}
+
+impl QuantAxis {
+    fn parse(a: &Attrs) -> Result<QuantAxis, String> {
+        let block_size = a.int_or("block_size", 0)?;
+        Ok(QuantAxis {
+            axis: a.int_or("axis", 1)?,
+            block_size: usize::try_from(block_size)
+                .map_err(|_| format!("attribute \"block_size\" is {block_size}, not >= 0"))?,
+        })
+    }
+
+    /// How elements of a tensor of shape `x` find their parameter in a tensor of shape `p`.
+    fn map(&self, x: &[usize], p: &[usize], what: &str) -> OpResult<ParamMap> {
+        if checked_numel(p)? == 1 {
+            return Ok(ParamMap::default());
+        }
+        let axis = axis_in(self.axis, x.len())?;
+        let (dim, inner) = (x[axis], x[axis + 1..].iter().product::<usize>());
+        if self.block_size == 0 {
+            if p != [dim] {
+                return shape_err(format!(
+                    "{what} of shape {p:?}: quantizing {x:?} along axis {axis} needs a scalar or {dim} values"
+                ));
+            }
+            return Ok(ParamMap {
+                dim,
+                inner,
+                block: 1,
+                strides: [0, 1, 0],
+            });
+        }
+        let blocks = dim.div_ceil(self.block_size);
+        let mut want = x.to_vec();
+        want[axis] = blocks;
+        if p != want {
+            return shape_err(format!(
+                "{what} of shape {p:?}: blocks of {} along axis {axis} of {x:?} need shape {want:?}",
+                self.block_size
+            ));
+        }
+        Ok(ParamMap {
+            dim,
+            inner,
+            block: self.block_size,
+            strides: [blocks * inner, inner, 1],
+        })
+    }
+}
+
+/// The parameter of element `i`: with `i` split into (outer, index along the axis, inner), the
+/// parameter at `outer * s0 + (index / block) * s1 + inner * s2`. The default is one parameter.
+#[derive(Default)]
+struct ParamMap {
+    dim: usize,
+    inner: usize,
+    block: usize,
+    strides: [usize; 3],
+}
+
+impl ParamMap {
+    fn index(&self, i: usize) -> usize {
+        if self.block == 0 {
+            return 0;
+        }
+        let along = self.dim * self.inner;
+        let (outer, a, inner) = (i / along, i % along / self.inner, i % self.inner);
+        outer * self.strides[0] + a / self.block * self.strides[1] + inner * self.strides[2]
+    }
+}
+
+/// An element type attribute (0 or absent: none) that must be one of `allowed`.
+fn dtype_attr(a: &Attrs, name: &str, allowed: &[DType]) -> Result<Option<DType>, String> {
+    match a.int_or(name, 0)? {
+        0 => Ok(None),
+        code => DType::from_onnx(code as i32)
+            .filter(|d| allowed.contains(d))
+            .map(Some)
+            .ok_or_else(|| {
+                format!("attribute {name:?} is element type {code}, which is not supported here")
+            }),
+    }
+}
+
+/// The range of a quantized type.
+fn range(dtype: DType) -> OpResult<(f64, f64)> {
+    match dtype {
+        DType::I8 => Ok((-128.0, 127.0)),
+        DType::U8 => Ok((0.0, 255.0)),
+        d => Err(OpError::DType(format!(
+            "quantized values must be int8 or uint8, not {d:?}"
+        ))),
+    }
+}
+
+/// `n` values of a quantized type from already rounded ones, saturated to its range.
+fn saturate(dtype: DType, n: usize, value: impl Fn(usize) -> f64) -> OpResult<Data> {
+    let (lo, hi) = range(dtype)?;
+    let v = (0..n).map(|i| value(i).clamp(lo, hi));
+    Ok(match dtype {
+        DType::I8 => Data::I8(v.map(|v| v as i8).collect()),
+        _ => Data::U8(v.map(|v| v as u8).collect()),
+    })
+}
+
+/// Float contents (any float type), for scales and quantizer inputs.
+fn floats(t: &Tensor, what: &str) -> OpResult<Vec<f64>> {
+    match t.dtype() {
+        DType::F32 | DType::F16 | DType::BF16 | DType::F64 => Ok(t.to_f64_vec()),
+        d => Err(OpError::DType(format!(
+            "{what} must be a float tensor, not {d:?}"
+        ))),
+    }
+}
+
+/// `v` rounded to `dtype`'s precision (f32, or a half type), as the reference's arithmetic in
+/// that type rounds each result.
+fn in_precision(v: f64, dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => f16::from_f64(v).to_f64(),
+        DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::F32 => v as f32 as f64,
+        _ => v,
+    }
+}
+
+/// Zero points (absent: none), which must be of the quantized tensor's type and shaped like its
+/// scales.
+fn zero_points(zp: Option<&Tensor>, dtype: DType, scale: &[usize]) -> OpResult<Option<Vec<i64>>> {
+    let Some(zp) = zp else {
+        return Ok(None);
+    };
+    if zp.dtype() != dtype {
+        return Err(OpError::DType(format!(
+            "zero point of type {:?} for values of type {dtype:?}",
+            zp.dtype()
+        )));
+    }
+    if zp.shape != scale && !(zp.len() == 1 && checked_numel(scale)? == 1) {
+        return shape_err(format!(
+            "zero point of shape {:?} for scales of shape {scale:?}",
+            zp.shape
+        ));
+    }
+    zp.to_i64_vec().map(Some)
+}
+
+fn quantize(
+    q: &QuantizeAttrs,
+    x: &Tensor,
+    scale: &Tensor,
+    zp: Option<&Tensor>,
+) -> OpResult<Tensor> {
+    let dtype = match (zp.map(|z| z.dtype()), q.output_dtype) {
+        (Some(z), Some(o)) if z != o => {
+            return Err(OpError::DType(format!(
+                "zero point of type {z:?} where output_dtype is {o:?}"
+            )));
+        }
+        (Some(z), _) => z,
+        (None, o) => o.unwrap_or(DType::U8),
+    };
+    range(dtype)?;
+    // int32 inputs divide exactly (in f64), float ones in their common type.
+    let precision = q.precision.unwrap_or(match (x.dtype(), scale.dtype()) {
+        (DType::I32, _) => DType::F64,
+        (a, b) if a == b => a,
+        _ => DType::F32,
+    });
+    let xv = match x.dtype() {
+        DType::I32 => x.to_f64_vec(),
+        _ => floats(x, "QuantizeLinear input")?,
+    };
+    let map = q.layout.map(&x.shape, &scale.shape, "scale")?;
+    let sv = floats(scale, "scale")?;
+    let zv = zero_points(zp, dtype, &scale.shape)?;
+    let data = saturate(dtype, xv.len(), |i| {
+        let p = map.index(i);
+        let z = zv.as_ref().map_or(0, |z| z[p]);
+        in_precision(xv[i] / sv[p], precision).round_ties_even() + z as f64
+    })?;
+    Tensor::new(x.shape.clone(), data)
+}
+
+fn dequantize(
+    d: &DequantizeAttrs,
+    x: &Tensor,
+    scale: &Tensor,
+    zp: Option<&Tensor>,
+) -> OpResult<Tensor> {
+    if !matches!(x.dtype(), DType::I8 | DType::U8 | DType::I32) {
+        return Err(OpError::DType(format!(
+            "DequantizeLinear of {:?}: int8, uint8 and int32 are supported",
+            x.dtype()
+        )));
+    }
+    let map = d.layout.map(&x.shape, &scale.shape, "scale")?;
+    let sv = floats(scale, "scale")?;
+    let zv = zero_points(zp, x.dtype(), &scale.shape)?;
+    let xv = x.to_i64_vec()?;
+    let y: Vec<f32> = (0..xv.len())
+        .map(|i| {
+            let p = map.index(i);
+            let z = zv.as_ref().map_or(0, |z| z[p]);
+            (xv[i] - z) as f32 * sv[p] as f32
+        })
+        .collect();
+    let y = Tensor::f32(x.shape.clone(), y)?;
+    Ok(narrow(&y, d.output_dtype.unwrap_or(scale.dtype())))
+}
+
+/// uint8 quantization of `x` over its own range widened to include 0: `[y, scale, zero point]`.
+fn dynamic_quantize(x: &Tensor) -> OpResult<Vec<Tensor>> {
+    let v = x.as_f32()?;
+    let max = v.iter().fold(0.0f32, |m, &e| m.max(e));
+    let min = v.iter().fold(0.0f32, |m, &e| m.min(e));
+    let scale = if max == min { 1.0 } else { max - min } / 255.0;
+    let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
+    let y = saturate(DType::U8, v.len(), |i| {
+        ((v[i] / scale).round_ties_even() + zp) as f64
+    })?;
+    Ok(vec![
+        Tensor::new(x.shape.clone(), y)?,
+        Tensor::scalar_f32(scale),
+        Tensor::new(vec![], Data::U8(vec![zp as u8]))?,
+    ])
+}
+
+/// An 8-bit operand as `i16` less its zero point: one for the whole tensor, or with `per` set to
+/// `(count, index)` one per `index(i)` of `count` (a row or a channel).
+fn centred(
+    t: &Tensor,
+    zp: Option<&Tensor>,
+    per: Option<(usize, &dyn Fn(usize) -> usize)>,
+    what: &str,
+) -> OpResult<Vec<i16>> {
+    if !matches!(t.dtype(), DType::I8 | DType::U8) {
+        return Err(OpError::DType(format!(
+            "{what} must be int8 or uint8, not {:?}",
+            t.dtype()
+        )));
+    }
+    let z = match zp {
+        None => vec![0],
+        Some(z) if z.dtype() != t.dtype() => {
+            return Err(OpError::DType(format!(
+                "{what}'s zero point is {:?}, not {:?}",
+                z.dtype(),
+                t.dtype()
+            )));
+        }
+        Some(z) => z.to_i64_vec()?,
+    };
+    let pick: &dyn Fn(usize) -> usize = match (z.len(), per) {
+        (1, _) => &|_| 0,
+        (n, Some((count, index))) if n == count => index,
+        (n, _) => {
+            return Err(OpError::Unsupported(format!(
+                "{what} has {n} zero points: per-tensor{} are supported",
+                per.map_or(String::new(), |(c, _)| format!(" and {c} (one per output)"))
+            )));
+        }
+    };
+    let v = t.to_i64_vec()?;
+    Ok(v.iter()
+        .enumerate()
+        .map(|(i, &e)| (e - z[pick(i)]) as i16)
+        .collect())
+}
+
+/// `(a - a_zp) · (b - b_zp)` in `i32`, numpy-batched; `b_zp` may be one per column.
+fn integer_matmul(
+    cx: &Cx,
+    a: &Tensor,
+    a_zp: Option<&Tensor>,
+    b: &Tensor,
+    b_zp: Option<&Tensor>,
+) -> OpResult<(Vec<i32>, MatMulShape)> {
+    let s = MatMulShape::of(&a.shape, &b.shape)?;
+    let (m, k, n) = (s.m, s.k, s.n);
+    let av = centred(a, a_zp, None, "A")?;
+    let column = |i: usize| i % n.max(1);
+    let bv = centred(b, b_zp, Some((n, &column)), "B")?;
+    let mut out = vec![0i32; checked_numel(&s.out)?];
+    if m * n > 0 {
+        let (ia, ib) = s.operands();
+        for (bi, dst) in out.chunks_mut(m * n).enumerate() {
+            let am = &av[ia[bi] * m * k..(ia[bi] + 1) * m * k];
+            let bm = &bv[ib[bi] * k * n..(ib[bi] + 1) * k * n];
+            igemm(cx.threads, m, n, k, am, bm, dst);
+        }
+    }
+    Ok((out, s))
+}
+
+/// `conv(x - x_zp, w - w_zp)` in `i32`; `w_zp` may be one per output channel.
+fn integer_conv(
+    cx: &Cx,
+    c: &ConvAttrs,
+    x: &Tensor,
+    x_zp: Option<&Tensor>,
+    w: &Tensor,
+    w_zp: Option<&Tensor>,
+) -> OpResult<(Vec<i32>, Vec<usize>)> {
+    let (p, shape) = conv_geometry(c, &x.shape, &w.shape)?;
+    let mut out = vec![0i32; checked_numel(&shape)?];
+    if out.is_empty() {
+        return Ok((out, shape));
+    }
+    // The im2col buffer of one group.
+    checked_numel(&[p.c / p.groups, p.kh, p.kw, p.oh, p.ow])?;
+    let xv = centred(x, x_zp, None, "x")?;
+    let per_filter = w.len() / p.m.max(1);
+    let channel = |i: usize| i / per_filter.max(1);
+    let wv = centred(w, w_zp, Some((p.m, &channel)), "w")?;
+    conv2d_integer(&p, &xv, &wv, &mut out, cx.threads);
+    Ok((out, shape))
+}
+
+/// A scale or zero point that must be a single value.
+fn single(t: &Tensor, what: &str) -> OpResult<f64> {
+    match t.len() {
+        1 => Ok(t.to_f64_vec()[0]),
+        n => Err(OpError::Unsupported(format!(
+            "{what} has {n} values: only a per-tensor one is supported"
+        ))),
+    }
+}
+
+/// Per output channel, `scale_a * scale_b[c] / scale_y` worked in the scales' type; `scale_b`
+/// is one value or `channels`.
+fn multipliers(a: &Tensor, b: &Tensor, y: &Tensor, channels: usize) -> OpResult<Vec<f64>> {
+    let dtype = a.dtype();
+    if b.dtype() != dtype || y.dtype() != dtype {
+        return Err(OpError::DType(format!(
+            "scales of types {dtype:?}, {:?} and {:?}",
+            b.dtype(),
+            y.dtype()
+        )));
+    }
+    let (sa, sy) = (
+        single(a, "the first scale")?,
+        single(y, "the output scale")?,
+    );
+    let sb = floats(b, "scale")?;
+    if sb.len() != 1 && sb.len() != channels {
+        return shape_err(format!(
+            "{} weight scales for {channels} output channels",
+            sb.len()
+        ));
+    }
+    Ok(sb
+        .iter()
+        .map(|&sb| in_precision(in_precision(sa * sb, dtype) / sy, dtype))
+        .collect())
+}
+
+/// `round(acc * multiplier[channel(i)] + zp)`, saturated to `dtype`.
+fn requantize(
+    acc: &[i32],
+    mult: &[f64],
+    channel: impl Fn(usize) -> usize,
+    zp: f64,
+    dtype: DType,
+) -> OpResult<Data> {
+    let pick = |i| if mult.len() == 1 { 0 } else { channel(i) };
+    saturate(dtype, acc.len(), |i| {
+        (acc[i] as f64 * mult[pick(i)] + zp).round_ties_even()
+    })
+}
+
+/// The output zero point (a single value) and the output type it sets (`like` without one).
+fn output_zero_point(zp: Option<&Tensor>, like: &Tensor) -> OpResult<(f64, DType)> {
+    match zp {
+        Some(z) => Ok((single(z, "the output zero point")?, z.dtype())),
+        None => Ok((0.0, like.dtype())),
+    }
+}
+
+fn qlinear_matmul(cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let (a, b) = (input(inputs, 0)?, input(inputs, 3)?);
+    let a_zp = opt_input(inputs, 2);
+    if let Some(z) = a_zp {
+        single(z, "a's zero point")?;
+    }
+    let (acc, s) = integer_matmul(cx, a, a_zp, b, opt_input(inputs, 5))?;
+    let mult = multipliers(input(inputs, 1)?, input(inputs, 4)?, input(inputs, 6)?, s.n)?;
+    let (zp, dtype) = output_zero_point(opt_input(inputs, 7), a)?;
+    let n = s.n.max(1);
+    Tensor::new(s.out, requantize(&acc, &mult, |i| i % n, zp, dtype)?)
+}
+
+fn qlinear_conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let (x, w) = (input(inputs, 0)?, input(inputs, 3)?);
+    let x_zp = opt_input(inputs, 2);
+    if let Some(z) = x_zp {
+        single(z, "x's zero point")?;
+    }
+    let (mut acc, shape) = integer_conv(cx, c, x, x_zp, w, opt_input(inputs, 5))?;
+    let m = shape[1];
+    let plane = shape[2..].iter().product::<usize>().max(1);
+    let channel = |i: usize| i / plane % m.max(1);
+    if let Some(bias) = opt_input(inputs, 8) {
+        let Data::I32(bv) = &bias.data else {
+            return Err(OpError::DType(format!(
+                "bias of {:?}, not int32",
+                bias.dtype()
+            )));
+        };
+        if bv.len() != m {
+            return shape_err(format!("{} bias values for {m} output channels", bv.len()));
+        }
+        for (i, v) in acc.iter_mut().enumerate() {
+            *v = v.wrapping_add(bv[channel(i)]);
+        }
+    }
+    let mult = multipliers(input(inputs, 1)?, input(inputs, 4)?, input(inputs, 6)?, m)?;
+    let (zp, dtype) = output_zero_point(opt_input(inputs, 7), x)?;
+    Tensor::new(shape, requantize(&acc, &mult, channel, zp, dtype)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u8s(shape: Vec<usize>, v: Vec<u8>) -> Tensor {
+        Tensor::new(shape, Data::U8(v)).unwrap()
+    }
+
+    fn layout(axis: i64, block_size: usize) -> QuantAxis {
+        QuantAxis { axis, block_size }
+    }
+
+    #[test]
+    fn quantize_rounds_half_to_even_then_adds_the_zero_point() {
+        let q = QuantizeAttrs {
+            layout: layout(1, 0),
+            output_dtype: None,
+            precision: None,
+        };
+        let x = Tensor::f32(vec![6], vec![1.0, 3.0, 5.0, -1.0, 1000.0, -1000.0]).unwrap();
+        let s = Tensor::scalar_f32(2.0);
+        let z = u8s(vec![], vec![1]);
+        let y = quantize(&q, &x, &s, Some(&z)).unwrap();
+        assert_eq!(y.data, Data::U8(vec![1, 3, 3, 1, 255, 0]));
+        // No zero point: uint8, or output_dtype.
+        let q8 = QuantizeAttrs {
+            output_dtype: Some(DType::I8),
+            ..q.clone()
+        };
+        let y = quantize(&q8, &x, &s, None).unwrap();
+        assert_eq!(y.data, Data::I8(vec![0, 2, 2, 0, 127, -128]));
+        // A zero point that disagrees with output_dtype.
+        assert!(quantize(&q8, &x, &s, Some(&z)).is_err());
+    }
+
+    #[test]
+    fn per_axis_and_blocked_parameters_are_checked_and_applied() {
+        let x = Tensor::new(vec![2, 4], Data::U8(vec![10, 20, 30, 40, 50, 60, 70, 80])).unwrap();
+        let d = |axis, block_size| DequantizeAttrs {
+            layout: layout(axis, block_size),
+            output_dtype: None,
+        };
+        // One scale per column.
+        let s = Tensor::f32(vec![4], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+        let y = dequantize(&d(1, 0), &x, &s, None).unwrap();
+        assert_eq!(
+            y.as_f32().unwrap(),
+            &[10., 40., 90., 160., 50., 120., 210., 320.]
+        );
+        // The wrong count, or a zero point of another shape or type.
+        assert!(dequantize(&d(0, 0), &x, &s, None).is_err());
+        assert!(dequantize(&d(1, 0), &x, &s, Some(&u8s(vec![2], vec![0, 0]))).is_err());
+        let i8z = Tensor::new(vec![4], Data::I8(vec![0; 4])).unwrap();
+        assert!(dequantize(&d(1, 0), &x, &s, Some(&i8z)).is_err());
+        // Blocks of 3 along the columns: two per row, the last one short.
+        let s = Tensor::f32(vec![2, 2], vec![1.0, 10.0, 2.0, 20.0]).unwrap();
+        let z = u8s(vec![2, 2], vec![0, 40, 50, 0]);
+        let y = dequantize(&d(1, 3), &x, &s, Some(&z)).unwrap();
+        assert_eq!(
+            y.as_f32().unwrap(),
+            &[10., 20., 30., 0., 0., 20., 40., 1600.]
+        );
+        assert!(dequantize(&d(1, 1), &x, &s, None).is_err());
+        assert!(dequantize(&d(3, 0), &x, &s, None).is_err());
+    }
+
+    #[test]
+    fn integer_products_subtract_zero_points_exactly() {
+        let cx = Cx::new(1);
+        let a = u8s(vec![2, 2], vec![1, 2, 3, 4]);
+        let b = u8s(vec![2, 2], vec![255, 0, 0, 255]);
+        let (acc, s) = integer_matmul(
+            &cx,
+            &a,
+            Some(&u8s(vec![], vec![1])),
+            &b,
+            Some(&u8s(vec![2], vec![0, 255])),
+        )
+        .unwrap();
+        assert_eq!((acc, s.out), (vec![0, 0, 510, -510], vec![2, 2]));
+        // Per-row zero points of A are not supported.
+        let per_row = u8s(vec![2], vec![0, 0]);
+        assert!(integer_matmul(&cx, &a, Some(&per_row), &b, None).is_err());
+        // Requantized: 0.5 rounds to 0, 1.5 to 2, and saturates.
+        let mult = [0.5 / 255.0 * 255.0];
+        let d = requantize(&[1, 3, 1000, -1000], &mult, |_| 0, 0.0, DType::I8).unwrap();
+        assert_eq!(d, Data::I8(vec![0, 2, 127, -128]));
+    }
+
+    #[test]
+    fn dynamic_quantization_spans_zero() {
+        let x = Tensor::f32(vec![3], vec![1.0, 2.0, 2.55]).unwrap();
+        let out = dynamic_quantize(&x).unwrap();
+        assert_eq!(out[0].data, Data::U8(vec![100, 200, 255]));
+        assert_eq!(out[1].as_f32().unwrap(), &[0.01]);
+        assert_eq!(out[2].data, Data::U8(vec![0]));
+    }
+}
