@@ -75,6 +75,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "AveragePool",
     "BatchNormalization",
     "Cast",
+    "CastLike",
     "Ceil",
     "Clip",
     "Concat",
@@ -229,6 +230,8 @@ pub enum Op {
     Cast {
         to: DType,
     },
+    /// Cast to the element type of the second input.
+    CastLike,
     /// Selection and placement by index: TopK, ArgMax/ArgMin, gathers, scatters, NonZero,
     /// OneHot.
     Index(index::IndexOp),
@@ -392,6 +395,7 @@ impl Op {
                     .ok_or_else(|| format!("Cast to element type {to} is not supported"))?;
                 Ok(Some(Op::Cast { to }))
             }
+            "CastLike" => Ok(Some(Op::CastLike)),
             "NonMaxSuppression" => Ok(Some(Op::NonMaxSuppression {
                 center_point_box: match a.int_or("center_point_box", 0)? {
                     0 => false,
@@ -504,6 +508,7 @@ impl Op {
             Op::Shape(s) => s.name().into(),
             Op::Resize(_) => "Resize".into(),
             Op::Cast { .. } => "Cast".into(),
+            Op::CastLike => "CastLike".into(),
             Op::Index(i) => i.name().into(),
             Op::NonMaxSuppression { .. } => "NonMaxSuppression".into(),
             Op::Einsum(_) => "Einsum".into(),
@@ -521,7 +526,7 @@ impl Op {
     /// LayerNormalization's mean and inverse standard deviation stay f32 (`stash_type` 1).
     pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
         let half = match self {
-            Op::Cast { .. } => None,
+            Op::Cast { .. } | Op::CastLike => None,
             _ => inputs
                 .iter()
                 .flatten()
@@ -613,6 +618,10 @@ impl Op {
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::Cast { to } => one(Ok(elementwise::cast(input(inputs, 0)?, *to))),
+            Op::CastLike => one(Ok(elementwise::cast(
+                input(inputs, 0)?,
+                input(inputs, 1)?.dtype(),
+            ))),
             Op::Index(i) => i.eval(inputs),
             Op::NonMaxSuppression { center_point_box } => {
                 one(nms::non_max_suppression(inputs, *center_point_box))

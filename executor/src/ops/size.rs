@@ -102,6 +102,7 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?
         }
         Op::Cast { to } => elements(&x()?.shape, to.size())?,
+        Op::CastLike => elements(&x()?.shape, dsize(input(inputs, 1)?))?,
         Op::Index(i) => return index_op(i, inputs),
         // Every intermediate product and its reordered copy.
         Op::Einsum(e) => {
