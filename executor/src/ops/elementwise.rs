@@ -154,22 +154,29 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
         }
         (Data::F64(v), _) => Data::F64(v.iter().map(|&x| u.f64(x)).collect()),
         (Data::Bool(v), Unary::Not) => Data::Bool(v.iter().map(|&x| !x).collect()),
-        (Data::I64(v), Unary::Neg) => Data::I64(v.iter().map(|&x| x.wrapping_neg()).collect()),
-        (Data::I64(v), Unary::Abs) => Data::I64(v.iter().map(|&x| x.wrapping_abs()).collect()),
-        (Data::I64(v), Unary::Relu) => Data::I64(v.iter().map(|&x| x.max(0)).collect()),
-        (Data::I32(v), Unary::Neg) => Data::I32(v.iter().map(|&x| x.wrapping_neg()).collect()),
-        (Data::I32(v), Unary::Abs) => Data::I32(v.iter().map(|&x| x.wrapping_abs()).collect()),
-        (Data::I32(v), Unary::Relu) => Data::I32(v.iter().map(|&x| x.max(0)).collect()),
-        (Data::I8(v), Unary::Neg) => Data::I8(v.iter().map(|&x| x.wrapping_neg()).collect()),
-        (Data::I8(v), Unary::Abs) => Data::I8(v.iter().map(|&x| x.wrapping_abs()).collect()),
-        (Data::U8(v), Unary::Abs) => Data::U8(v.clone()),
-        (Data::I64(v), Unary::Sign) => Data::I64(v.iter().map(|&x| x.signum()).collect()),
-        (Data::I32(v), Unary::Sign) => Data::I32(v.iter().map(|&x| x.signum()).collect()),
-        (Data::I8(v), Unary::Sign) => Data::I8(v.iter().map(|&x| x.signum()).collect()),
-        (Data::U8(v), Unary::Sign) => Data::U8(v.iter().map(|&x| x.min(1)).collect()),
-        (d, _) => return Err(OpError::DType(format!("{u:?} on {:?}", d.dtype()))),
+        (d, _) => crate::map_int!(d, v => int_unary(u, v)?, d => {
+            return Err(OpError::DType(format!("{u:?} on {:?}", d.dtype())));
+        }),
     };
     Ok(Tensor { shape, data })
+}
+
+/// `u` on integers: Neg, Abs, Relu and Sign (Neg of signed types only); wrapping where the
+/// result does not fit (the negation of the most negative value is itself).
+fn int_unary<T: Int>(u: Unary, v: &[T]) -> OpResult<Vec<T>> {
+    let f: fn(T) -> T = match u {
+        Unary::Neg if T::SIGNED => T::wrapping_neg,
+        Unary::Abs => T::wrapping_abs,
+        Unary::Relu => |x| if x < T::ZERO { T::ZERO } else { x },
+        Unary::Sign => T::sign,
+        _ => {
+            return Err(OpError::DType(format!(
+                "{u:?} on {}",
+                std::any::type_name::<T>()
+            )));
+        }
+    };
+    Ok(v.iter().map(|&x| f(x)).collect())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -315,6 +322,8 @@ pub(crate) trait Num: Copy + PartialOrd {
     fn rem_trunc(self, o: Self) -> Self;
     /// Remainder with the sign of the divisor.
     fn rem_floor(self, o: Self) -> Self;
+    /// `v` converted as Cast does (integers saturate, NaN becomes 0).
+    fn from_f64(v: f64) -> Self;
 }
 
 macro_rules! num_float {
@@ -336,6 +345,9 @@ macro_rules! num_float {
             fn pow(self, o: Self) -> Self {
                 self.powf(o)
             }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
             fn rem_trunc(self, o: Self) -> Self {
                 self % o
             }
@@ -350,8 +362,36 @@ macro_rules! num_float {
         }
     };
 }
+/// The integer element types.
+pub(crate) trait Int: Num + Ord {
+    const SIGNED: bool;
+    const ZERO: Self;
+    fn wrapping_neg(self) -> Self;
+    fn wrapping_abs(self) -> Self;
+    /// -1, 0 or 1.
+    fn sign(self) -> Self;
+}
+
 macro_rules! num_int {
-    ($t:ty) => {
+    ($t:ty, $signed:expr) => {
+        #[allow(unused_comparisons)]
+        impl Int for $t {
+            const SIGNED: bool = $signed;
+            const ZERO: Self = 0;
+            fn wrapping_neg(self) -> Self {
+                <$t>::wrapping_neg(self)
+            }
+            fn wrapping_abs(self) -> Self {
+                if self < 0 {
+                    <$t>::wrapping_neg(self)
+                } else {
+                    self
+                }
+            }
+            fn sign(self) -> Self {
+                (self > 0) as $t - (self < 0) as $t
+            }
+        }
         impl Num for $t {
             const FLOAT: bool = false;
             fn add(self, o: Self) -> Self {
@@ -369,6 +409,9 @@ macro_rules! num_int {
             }
             fn pow(self, o: Self) -> Self {
                 (self as f64).powf(o as f64) as $t
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
             }
             // As for division, a zero divisor gives 0 rather than a panic.
             fn rem_trunc(self, o: Self) -> Self {
@@ -391,10 +434,14 @@ macro_rules! num_int {
 }
 num_float!(f32);
 num_float!(f64);
-num_int!(i64);
-num_int!(i32);
-num_int!(i8);
-num_int!(u8);
+num_int!(i64, true);
+num_int!(i32, true);
+num_int!(i16, true);
+num_int!(i8, true);
+num_int!(u64, false);
+num_int!(u32, false);
+num_int!(u16, false);
+num_int!(u8, false);
 
 /// NaN test for any `PartialOrd` element (only floats can be unordered with themselves).
 pub(crate) fn is_nan<T: PartialOrd>(x: T) -> bool {
@@ -462,7 +509,11 @@ pub fn binary(op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         (Data::F64(x), Data::F64(y)) => go!(x, y, F64),
         (Data::I64(x), Data::I64(y)) => go!(x, y, I64),
         (Data::I32(x), Data::I32(y)) => go!(x, y, I32),
+        (Data::I16(x), Data::I16(y)) => go!(x, y, I16),
         (Data::I8(x), Data::I8(y)) => go!(x, y, I8),
+        (Data::U64(x), Data::U64(y)) => go!(x, y, U64),
+        (Data::U32(x), Data::U32(y)) => go!(x, y, U32),
+        (Data::U16(x), Data::U16(y)) => go!(x, y, U16),
         (Data::U8(x), Data::U8(y)) => go!(x, y, U8),
         (Data::Bool(x), Data::Bool(y)) => Data::Bool(match op {
             Binary::And => broadcast_map(x, &a.shape, y, &b.shape, &out, |p, q| p && q),
@@ -565,35 +616,37 @@ pub fn clip(
                 if y > hi { hi } else { y }
             });
         }
-        Data::F64(v) => v.iter_mut().for_each(|x| {
-            *x = x
-                .max(lo.unwrap_or(f64::NEG_INFINITY))
-                .min(hi.unwrap_or(f64::INFINITY))
-        }),
-        Data::I64(v) => v.iter_mut().for_each(|x| {
-            *x = (*x)
-                .max(lo.map_or(i64::MIN, |l| l as i64))
-                .min(hi.map_or(i64::MAX, |h| h as i64))
-        }),
-        Data::I32(v) => v.iter_mut().for_each(|x| {
-            *x = (*x)
-                .max(lo.map_or(i32::MIN, |l| l as i32))
-                .min(hi.map_or(i32::MAX, |h| h as i32))
-        }),
-        Data::I8(v) => v.iter_mut().for_each(|x| {
-            *x = (*x)
-                .max(lo.map_or(i8::MIN, |l| l as i8))
-                .min(hi.map_or(i8::MAX, |h| h as i8))
-        }),
-        Data::U8(v) => v.iter_mut().for_each(|x| {
-            *x = (*x)
-                .max(lo.map_or(u8::MIN, |l| l as u8))
-                .min(hi.map_or(u8::MAX, |h| h as u8))
-        }),
+        Data::F64(v) => clamp(v, lo, hi),
+        Data::I64(v) => clamp(v, lo, hi),
+        Data::I32(v) => clamp(v, lo, hi),
+        Data::I16(v) => clamp(v, lo, hi),
+        Data::I8(v) => clamp(v, lo, hi),
+        Data::U64(v) => clamp(v, lo, hi),
+        Data::U32(v) => clamp(v, lo, hi),
+        Data::U16(v) => clamp(v, lo, hi),
+        Data::U8(v) => clamp(v, lo, hi),
         Data::Bool(_) => return Err(OpError::DType("Clip on bool".into())),
         Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
     }
     Ok(out)
+}
+
+/// Clips `v` to `[lo, hi]` (each converted to the element type, saturating); where lo > hi
+/// everything becomes hi, and NaN stays NaN.
+fn clamp<T: Num>(v: &mut [T], lo: Option<f64>, hi: Option<f64>) {
+    let (lo, hi) = (lo.map(T::from_f64), hi.map(T::from_f64));
+    for x in v {
+        if let Some(l) = lo
+            && *x < l
+        {
+            *x = l;
+        }
+        if let Some(h) = hi
+            && *x > h
+        {
+            *x = h;
+        }
+    }
 }
 
 pub fn where_(c: &Tensor, x: &Tensor, y: &Tensor) -> OpResult<Tensor> {
@@ -633,7 +686,7 @@ pub fn where_(c: &Tensor, x: &Tensor, y: &Tensor) -> OpResult<Tensor> {
             }
         };
     }
-    let data = sel!(F32, F64, I64, I32, I8, U8, Bool);
+    let data = sel!(F32, F64, I64, I32, I16, I8, U64, U32, U16, U8, Bool);
     Ok(Tensor { shape: out, data })
 }
 
@@ -652,7 +705,11 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
                 DType::BF16 => Data::BF16($v.iter().map(|&e| bf16::from_f64(e as f64)).collect()),
                 DType::I64 => Data::I64($v.iter().map(|&e| e as i64).collect()),
                 DType::I32 => Data::I32($v.iter().map(|&e| e as i32).collect()),
+                DType::I16 => Data::I16($v.iter().map(|&e| e as i16).collect()),
                 DType::I8 => Data::I8($v.iter().map(|&e| e as i8).collect()),
+                DType::U64 => Data::U64($v.iter().map(|&e| e as u64).collect()),
+                DType::U32 => Data::U32($v.iter().map(|&e| e as u32).collect()),
+                DType::U16 => Data::U16($v.iter().map(|&e| e as u16).collect()),
                 DType::U8 => Data::U8($v.iter().map(|&e| e as u8).collect()),
                 DType::Bool => Data::Bool($v.iter().map(|&e| e as f64 != 0.0).collect()),
             }
@@ -669,7 +726,11 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
         }
         Data::I64(v) => from!(v),
         Data::I32(v) => from!(v),
+        Data::I16(v) => from!(v),
         Data::I8(v) => from!(v),
+        Data::U64(v) => from!(v),
+        Data::U32(v) => from!(v),
+        Data::U16(v) => from!(v),
         Data::U8(v) => from!(v),
         Data::Bool(v) => {
             let u: Vec<u8> = v.iter().map(|&b| b as u8).collect();
@@ -724,5 +785,37 @@ mod tests {
             where_(&c, &x, &y).unwrap().as_f32().unwrap(),
             &[1., 0., 3., 0.]
         );
+    }
+
+    #[test]
+    fn unsigned_and_sixteen_bit_integers_compute_in_their_own_type() {
+        let u = |v: Vec<u64>| Tensor::new(vec![v.len()], Data::U64(v)).unwrap();
+        let sum = binary(Binary::Add, &u(vec![u64::MAX, 1]), &u(vec![1, 2])).unwrap();
+        assert_eq!(sum.data, Data::U64(vec![0, 3]));
+        let big = binary(Binary::Greater, &u(vec![u64::MAX]), &u(vec![1 << 63])).unwrap();
+        assert_eq!(big.data, Data::Bool(vec![true]));
+        let i = Tensor::new(vec![3], Data::I16(vec![-7, 7, i16::MIN])).unwrap();
+        let three = Tensor::new(vec![1], Data::I16(vec![3])).unwrap();
+        assert_eq!(
+            binary(Binary::Mod, &i, &three).unwrap().data,
+            Data::I16(vec![2, 1, 1])
+        );
+        let cx = Cx::new(1);
+        assert_eq!(
+            unary(&cx, Unary::Neg, &i).unwrap().data,
+            Data::I16(vec![7, -7, i16::MIN])
+        );
+        assert_eq!(
+            unary(&cx, Unary::Sign, &i).unwrap().data,
+            Data::I16(vec![-1, 1, -1])
+        );
+        assert!(unary(&cx, Unary::Neg, &u(vec![1])).is_err());
+        let x = Tensor::f32(vec![2], vec![-1.0, 70000.0]).unwrap();
+        assert_eq!(cast(&x, DType::U16).data, Data::U16(vec![0, u16::MAX]));
+        let mut c = u(vec![0, 5, 9]);
+        if let Data::U64(v) = &mut c.data {
+            clamp(v, Some(-3.0), Some(6.0));
+        }
+        assert_eq!(c.data, Data::U64(vec![0, 5, 6]));
     }
 }

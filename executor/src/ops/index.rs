@@ -521,7 +521,7 @@ fn scatter(data: &Tensor, at: &[usize], upd: &Tensor, red: Reduction) -> OpResul
             }
         };
     }
-    typed!(F32, F64, I64, I32, I8, U8);
+    typed!(F32, F64, I64, I32, I16, I8, U64, U32, U16, U8);
     Tensor::new(data.shape.clone(), out)
 }
 

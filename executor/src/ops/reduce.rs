@@ -5,7 +5,7 @@ use super::elementwise::Num;
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Data, Tensor, axis_in, strides};
+use crate::tensor::{DType, Data, Tensor, axis_in, strides};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ReduceKind {
@@ -125,17 +125,12 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
             .map(|(d, _)| *d)
             .collect()
     };
-    let data = match x.data {
-        Data::F32(_) => Data::F32(acc.iter().map(|&v| v as f32).collect()),
-        Data::F64(_) => Data::F64(acc),
-        Data::I64(_) => Data::I64(acc.iter().map(|&v| v as i64).collect()),
-        Data::I32(_) => Data::I32(acc.iter().map(|&v| v as i32).collect()),
-        Data::U8(_) => Data::U8(acc.iter().map(|&v| v as u8).collect()),
-        Data::I8(_) => Data::I8(acc.iter().map(|&v| v as i8).collect()),
-        Data::Bool(_) => return Err(OpError::DType("reduction of bool".into())),
-        Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
-    };
-    Tensor::new(shape, data)
+    let acc = Tensor::new(shape, Data::F64(acc))?;
+    match x.dtype() {
+        DType::Bool => Err(OpError::DType("reduction of bool".into())),
+        d if d.is_half() => Err(super::half_here()),
+        d => Ok(super::elementwise::cast(&acc, d)),
+    }
 }
 
 /// CumSum along the axis that input 1 (one integer) names; `exclusive` leaves each element out
@@ -175,16 +170,12 @@ pub fn cum_sum(inputs: &[Option<&Tensor>], exclusive: bool, reverse: bool) -> Op
         out
     }
     let dims = (outer, n, inner);
-    let data = match &x.data {
-        Data::F32(v) => Data::F32(scan(v, dims, exclusive, reverse)),
-        Data::F64(v) => Data::F64(scan(v, dims, exclusive, reverse)),
-        Data::I64(v) => Data::I64(scan(v, dims, exclusive, reverse)),
-        Data::I32(v) => Data::I32(scan(v, dims, exclusive, reverse)),
-        Data::I8(v) => Data::I8(scan(v, dims, exclusive, reverse)),
-        Data::U8(v) => Data::U8(scan(v, dims, exclusive, reverse)),
-        Data::Bool(_) => return Err(OpError::DType("CumSum of bool".into())),
-        Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
-    };
+    let data = crate::map_numeric!(&x.data, v => scan(v, dims, exclusive, reverse), d => {
+        return Err(match d.dtype() {
+            DType::Bool => OpError::DType("CumSum of bool".into()),
+            _ => super::half_here(),
+        });
+    });
     Tensor::new(x.shape.clone(), data)
 }
 

@@ -2,7 +2,7 @@
 //! Concat, Split, Slice, Gather, Pad, Shape, Size, ConstantOfShape, Range, DepthToSpace,
 //! SpaceToDepth and Trilu. They work on any element type.
 
-use super::elementwise::{broadcast_map, broadcast_shape};
+use super::elementwise::{Num, broadcast_map, broadcast_shape};
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::map_data;
@@ -838,25 +838,25 @@ fn range(start: &Tensor, limit: &Tensor, delta: &Tensor) -> OpResult<Tensor> {
         }
         Data::F64(_) => Data::F64((0..n).map(|i| s + i as f64 * d).collect()),
         // Wrapping, as integer tensors do elsewhere: hostile bounds must not panic.
-        Data::I64(_) => {
-            let (s, d) = (s as i64, d as i64);
-            Data::I64(
-                (0..n)
-                    .map(|i| s.wrapping_add((i as i64).wrapping_mul(d)))
-                    .collect(),
-            )
-        }
-        Data::I32(_) => {
-            let (s, d) = (s as i32, d as i32);
-            Data::I32(
-                (0..n)
-                    .map(|i| s.wrapping_add((i as i32).wrapping_mul(d)))
-                    .collect(),
-            )
-        }
-        _ => return Err(OpError::DType("Range type".into())),
+        ref other => crate::map_int!(other, v => int_range(v, s, d, n), t => {
+            return Err(OpError::DType(format!("Range of {:?}", t.dtype())));
+        }),
     };
     Tensor::new(vec![n], data)
+}
+
+/// `n` integers from `s` in steps of `d` (each converted to `T` first, as Cast does), wrapping;
+/// `_like` only names the type.
+fn int_range<T: Num>(_like: &[T], s: f64, d: f64, n: usize) -> Vec<T> {
+    let (s, d) = (T::from_f64(s), T::from_f64(d));
+    let mut at = s;
+    (0..n)
+        .map(|_| {
+            let v = at;
+            at = at.add(d);
+            v
+        })
+        .collect()
 }
 
 /// The four axes of an [N, C, H, W] input of DepthToSpace or SpaceToDepth.
