@@ -36,6 +36,29 @@ pub enum Unary {
     Round,
     Sign,
     Mish,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
+    /// `x / (1 + |x|)`.
+    Softsign,
+    /// `max(0, x) + min(0, alpha * (exp(x / alpha) - 1))`, with alpha.
+    Celu(f32),
+    /// `x + bias` below `-lambd`, `x - bias` above `lambd`, else 0: (bias, lambd).
+    Shrink(f32, f32),
+    /// `x` where `x > alpha`, else 0.
+    ThresholdedRelu(f32),
+    /// `x * sigmoid(alpha * x)`.
+    Swish(f32),
+    /// Whether each element is infinite, counting (negative, positive) infinities: bool out.
+    IsInf(bool, bool),
+    /// Whether each element is NaN: bool out.
+    IsNaN,
 }
 
 impl Unary {
@@ -104,6 +127,21 @@ impl Unary {
                 }
             }
             Unary::Mish => x * Unary::Softplus.f32(x).tanh(),
+            // Computed in f64 and rounded once.
+            Unary::Tan
+            | Unary::Asin
+            | Unary::Acos
+            | Unary::Atan
+            | Unary::Sinh
+            | Unary::Cosh
+            | Unary::Asinh
+            | Unary::Acosh
+            | Unary::Atanh
+            | Unary::Softsign
+            | Unary::Celu(_)
+            | Unary::Shrink(..)
+            | Unary::ThresholdedRelu(_)
+            | Unary::Swish(_) => self.f64(x as f64) as f32,
             other => other.as_activation().map_or(x, |a| a.apply(x)),
         }
     }
@@ -135,6 +173,38 @@ impl Unary {
                 }
             }
             Unary::Mish => x * (if x > 20.0 { x } else { x.exp().ln_1p() }).tanh(),
+            Unary::Tan => x.tan(),
+            Unary::Asin => x.asin(),
+            Unary::Acos => x.acos(),
+            Unary::Atan => x.atan(),
+            Unary::Sinh => x.sinh(),
+            Unary::Cosh => x.cosh(),
+            Unary::Asinh => x.asinh(),
+            Unary::Acosh => x.acosh(),
+            Unary::Atanh => x.atanh(),
+            Unary::Softsign => x / (1.0 + x.abs()),
+            Unary::Celu(a) => {
+                let a = a as f64;
+                x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0)
+            }
+            Unary::Shrink(bias, lambd) => {
+                let (bias, lambd) = (bias as f64, lambd as f64);
+                if x < -lambd {
+                    x + bias
+                } else if x > lambd {
+                    x - bias
+                } else {
+                    0.0
+                }
+            }
+            Unary::ThresholdedRelu(a) => {
+                if x > a as f64 {
+                    x
+                } else {
+                    0.0
+                }
+            }
+            Unary::Swish(a) => x / (1.0 + (-(a as f64) * x).exp()),
             other => other.f32(x as f32) as f64,
         }
     }
@@ -144,6 +214,7 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
     let shape = x.shape.clone();
     let data = match (&x.data, u) {
         (_, Unary::Identity) => x.data.clone(),
+        (_, Unary::IsNaN | Unary::IsInf(..)) => Data::Bool(classify(u, x)?),
         (Data::F32(v), _) => {
             let mut out = v.clone();
             match u.as_activation() {
@@ -159,6 +230,20 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
         }),
     };
     Ok(Tensor { shape, data })
+}
+
+/// IsNaN or IsInf of every element of a float tensor.
+fn classify(u: Unary, x: &Tensor) -> OpResult<Vec<bool>> {
+    if !matches!(x.dtype(), DType::F32 | DType::F64) {
+        return Err(OpError::DType(format!("{u:?} on {:?}", x.dtype())));
+    }
+    let test = |v: f64| match u {
+        Unary::IsInf(negative, positive) => {
+            v.is_infinite() && if v < 0.0 { negative } else { positive }
+        }
+        _ => v.is_nan(),
+    };
+    Ok(x.to_f64_vec().into_iter().map(test).collect())
 }
 
 /// `u` on integers: Neg, Abs, Relu and Sign (Neg of signed types only); wrapping where the
@@ -817,5 +902,33 @@ mod tests {
             clamp(v, Some(-3.0), Some(6.0));
         }
         assert_eq!(c.data, Data::U64(vec![0, 5, 6]));
+    }
+
+    #[test]
+    fn is_inf_counts_only_the_signs_asked_for_and_refuses_integers() {
+        let cx = Cx::new(1);
+        let x = Tensor::f32(
+            vec![4],
+            vec![f32::NEG_INFINITY, 1.0, f32::INFINITY, f32::NAN],
+        )
+        .unwrap();
+        let run = |u| unary(&cx, u, &x).unwrap().data;
+        assert_eq!(
+            run(Unary::IsInf(true, false)),
+            Data::Bool(vec![true, false, false, false])
+        );
+        assert_eq!(
+            run(Unary::IsInf(false, true)),
+            Data::Bool(vec![false, false, true, false])
+        );
+        assert_eq!(
+            run(Unary::IsNaN),
+            Data::Bool(vec![false, false, false, true])
+        );
+        let i = Tensor::i64(vec![1], vec![1]).unwrap();
+        assert!(unary(&cx, Unary::IsNaN, &i).is_err());
+        let s = Tensor::f32(vec![3], vec![-2.0, 0.3, 2.0]).unwrap();
+        let shrunk = unary(&cx, Unary::Shrink(1.5, 0.5), &s).unwrap();
+        assert_eq!(shrunk.as_f32().unwrap(), &[-0.5, 0.0, 0.5]);
     }
 }

@@ -31,6 +31,22 @@ pub fn unary(u: Unary) -> Option<(UnaryCode, f32, f32)> {
         Unary::Selu(a, g) => (C::Selu, a, g),
         Unary::Not | Unary::Identity => return None,
         Unary::Sin | Unary::Cos | Unary::Round | Unary::Sign | Unary::Mish => return None,
+        Unary::Tan
+        | Unary::Asin
+        | Unary::Acos
+        | Unary::Atan
+        | Unary::Sinh
+        | Unary::Cosh
+        | Unary::Asinh
+        | Unary::Acosh
+        | Unary::Atanh
+        | Unary::Softsign
+        | Unary::Celu(_)
+        | Unary::Shrink(..)
+        | Unary::ThresholdedRelu(_)
+        | Unary::Swish(_)
+        | Unary::IsInf(..)
+        | Unary::IsNaN => return None,
     })
 }
 
