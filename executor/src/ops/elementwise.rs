@@ -59,6 +59,8 @@ pub enum Unary {
     IsInf(bool, bool),
     /// Whether each element is NaN: bool out.
     IsNaN,
+    /// Every bit of an integer flipped.
+    BitwiseNot,
 }
 
 impl Unary {
@@ -215,6 +217,9 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
     let data = match (&x.data, u) {
         (_, Unary::Identity) => x.data.clone(),
         (_, Unary::IsNaN | Unary::IsInf(..)) => Data::Bool(classify(u, x)?),
+        (Data::F32(_) | Data::F64(_), Unary::Not | Unary::BitwiseNot) => {
+            return Err(OpError::DType(format!("{u:?} on {:?}", x.dtype())));
+        }
         (Data::F32(v), _) => {
             let mut out = v.clone();
             match u.as_activation() {
@@ -246,14 +251,15 @@ fn classify(u: Unary, x: &Tensor) -> OpResult<Vec<bool>> {
     Ok(x.to_f64_vec().into_iter().map(test).collect())
 }
 
-/// `u` on integers: Neg, Abs, Relu and Sign (Neg of signed types only); wrapping where the
-/// result does not fit (the negation of the most negative value is itself).
+/// `u` on integers: Neg, Abs, Relu, Sign and BitwiseNot (Neg of signed types only); wrapping
+/// where the result does not fit (the negation of the most negative value is itself).
 fn int_unary<T: Int>(u: Unary, v: &[T]) -> OpResult<Vec<T>> {
     let f: fn(T) -> T = match u {
         Unary::Neg if T::SIGNED => T::wrapping_neg,
         Unary::Abs => T::wrapping_abs,
         Unary::Relu => |x| if x < T::ZERO { T::ZERO } else { x },
         Unary::Sign => T::sign,
+        Unary::BitwiseNot => |x| !x,
         _ => {
             return Err(OpError::DType(format!(
                 "{u:?} on {}",
@@ -285,6 +291,27 @@ pub enum Binary {
     And,
     Or,
     Xor,
+    BitwiseAnd,
+    BitwiseOr,
+    BitwiseXor,
+    /// BitShift with direction LEFT: shifts of the width or more give 0.
+    BitShiftLeft,
+    /// BitShift with direction RIGHT.
+    BitShiftRight,
+}
+
+impl Binary {
+    /// An op on the bits of integers.
+    fn is_bitwise(self) -> bool {
+        matches!(
+            self,
+            Binary::BitwiseAnd
+                | Binary::BitwiseOr
+                | Binary::BitwiseXor
+                | Binary::BitShiftLeft
+                | Binary::BitShiftRight
+        )
+    }
 }
 
 /// The numpy broadcast of two shapes.
@@ -448,13 +475,22 @@ macro_rules! num_float {
     };
 }
 /// The integer element types.
-pub(crate) trait Int: Num + Ord {
+pub(crate) trait Int:
+    Num
+    + Ord
+    + std::ops::BitAnd<Output = Self>
+    + std::ops::BitOr<Output = Self>
+    + std::ops::BitXor<Output = Self>
+    + std::ops::Not<Output = Self>
+{
     const SIGNED: bool;
     const ZERO: Self;
     fn wrapping_neg(self) -> Self;
     fn wrapping_abs(self) -> Self;
     /// -1, 0 or 1.
     fn sign(self) -> Self;
+    /// Shifted left or right by `by` bits; by the width or more (or a negative count), 0.
+    fn shift(self, by: Self, left: bool) -> Self;
 }
 
 macro_rules! num_int {
@@ -475,6 +511,14 @@ macro_rules! num_int {
             }
             fn sign(self) -> Self {
                 (self > 0) as $t - (self < 0) as $t
+            }
+            fn shift(self, by: Self, left: bool) -> Self {
+                let by = u32::try_from(by as i128).ok();
+                let shifted = match left {
+                    true => by.and_then(|b| self.checked_shl(b)),
+                    false => by.and_then(|b| self.checked_shr(b)),
+                };
+                shifted.unwrap_or(0)
             }
         }
         impl Num for $t {
@@ -568,11 +612,22 @@ fn arith<T: Num>(
         Binary::And | Binary::Or | Binary::Xor => {
             return Err(OpError::DType(format!("{op:?} needs bool inputs")));
         }
+        Binary::BitwiseAnd
+        | Binary::BitwiseOr
+        | Binary::BitwiseXor
+        | Binary::BitShiftLeft
+        | Binary::BitShiftRight => {
+            return Err(OpError::DType(format!("{op:?} needs integer inputs")));
+        }
     })
 }
 
 pub fn binary(op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     let out = broadcast_shape(&a.shape, &b.shape)?;
+    if op.is_bitwise() {
+        let data = bitwise(op, a, b, &out)?;
+        return Ok(Tensor { shape: out, data });
+    }
     // Pow may raise to an exponent of another type: compute in the base's type.
     let b_cast;
     let b = if op == Binary::Pow && a.dtype() != b.dtype() {
@@ -616,6 +671,48 @@ pub fn binary(op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         }
     };
     Ok(Tensor { shape: out, data })
+}
+
+/// BitwiseAnd, BitwiseOr and BitwiseXor of any integer type, BitShift of unsigned ones.
+fn bitwise(op: Binary, a: &Tensor, b: &Tensor, out: &[usize]) -> OpResult<Data> {
+    fn bits<T: Int>(
+        op: Binary,
+        (a, ash): (&[T], &[usize]),
+        (b, bsh): (&[T], &[usize]),
+        out: &[usize],
+    ) -> OpResult<Vec<T>> {
+        let f: fn(T, T) -> T = match op {
+            Binary::BitwiseAnd => |x, y| x & y,
+            Binary::BitwiseOr => |x, y| x | y,
+            Binary::BitwiseXor => |x, y| x ^ y,
+            Binary::BitShiftLeft if !T::SIGNED => |x, y| x.shift(y, true),
+            Binary::BitShiftRight if !T::SIGNED => |x, y| x.shift(y, false),
+            _ => {
+                return Err(OpError::DType(format!(
+                    "{op:?} on {}",
+                    std::any::type_name::<T>()
+                )));
+            }
+        };
+        Ok(broadcast_map(a, ash, b, bsh, out, f))
+    }
+    macro_rules! ints {
+        ($($v:ident),*) => {
+            match (&a.data, &b.data) {
+                $((Data::$v(x), Data::$v(y)) => {
+                    Data::$v(bits(op, (x, &a.shape), (y, &b.shape), out)?)
+                })*
+                (x, y) => {
+                    return Err(OpError::DType(format!(
+                        "{op:?} of {:?} and {:?}",
+                        x.dtype(),
+                        y.dtype()
+                    )));
+                }
+            }
+        };
+    }
+    Ok(ints!(I64, I32, I16, I8, U64, U32, U16, U8))
 }
 
 pub fn legacy_broadcast(op: Binary, axis: Option<i64>, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
@@ -828,6 +925,24 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
     }
 }
 
+/// BitCast: the same little-endian bytes read as `to`, which must be as wide as the input's
+/// element type.
+pub fn bit_cast(x: &Tensor, to: DType) -> OpResult<Tensor> {
+    if x.dtype().size() != to.size() {
+        return Err(OpError::DType(format!(
+            "BitCast of {:?} ({} bytes) to {to:?} ({} bytes)",
+            x.dtype(),
+            x.dtype().size(),
+            to.size()
+        )));
+    }
+    let bytes = crate::tensor_proto::to_le_bytes(&x.data);
+    Tensor::new(
+        x.shape.clone(),
+        crate::tensor_proto::from_le_bytes(to, &bytes),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -930,5 +1045,25 @@ mod tests {
         let s = Tensor::f32(vec![3], vec![-2.0, 0.3, 2.0]).unwrap();
         let shrunk = unary(&cx, Unary::Shrink(1.5, 0.5), &s).unwrap();
         assert_eq!(shrunk.as_f32().unwrap(), &[-0.5, 0.0, 0.5]);
+    }
+
+    #[test]
+    fn bit_ops_clear_on_wide_shifts_and_refuse_floats() {
+        let u = |v: Vec<u8>| Tensor::new(vec![v.len()], Data::U8(v)).unwrap();
+        let left = binary(Binary::BitShiftLeft, &u(vec![1, 1, 255]), &u(vec![7, 8, 1])).unwrap();
+        assert_eq!(left.data, Data::U8(vec![128, 0, 254]));
+        let i = Tensor::new(vec![1], Data::I32(vec![-8])).unwrap();
+        assert!(binary(Binary::BitShiftRight, &i, &i).is_err());
+        assert_eq!(
+            binary(Binary::BitwiseXor, &i, &i).unwrap().data,
+            Data::I32(vec![0])
+        );
+        let f = Tensor::scalar_f32(1.0);
+        assert!(binary(Binary::BitwiseAnd, &f, &f).is_err());
+        assert!(unary(&Cx::new(1), Unary::BitwiseNot, &f).is_err());
+        assert!(unary(&Cx::new(1), Unary::Not, &f).is_err());
+        let bits = bit_cast(&f, DType::I32).unwrap();
+        assert_eq!(bits.data, Data::I32(vec![0x3f80_0000]));
+        assert!(bit_cast(&f, DType::I64).is_err());
     }
 }

@@ -80,6 +80,12 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Atanh",
     "AveragePool",
     "BatchNormalization",
+    "BitCast",
+    "BitShift",
+    "BitwiseAnd",
+    "BitwiseNot",
+    "BitwiseOr",
+    "BitwiseXor",
     "Cast",
     "CastLike",
     "Ceil",
@@ -248,6 +254,10 @@ pub enum Op {
     },
     /// Cast to the element type of the second input.
     CastLike,
+    /// The same bytes read as another element type of the same width.
+    BitCast {
+        to: DType,
+    },
     /// Selection and placement by index: TopK, ArgMax/ArgMin, gathers, scatters, NonZero,
     /// OneHot.
     Index(index::IndexOp),
@@ -342,6 +352,26 @@ impl Op {
             "ThresholdedRelu" => un(U::ThresholdedRelu(a.float_or("alpha", 1.0)?)),
             "Swish" => un(U::Swish(a.float_or("alpha", 1.0)?)),
             "IsNaN" => un(U::IsNaN),
+            "BitwiseNot" => un(U::BitwiseNot),
+            "BitwiseAnd" => Ok(Some(Op::Binary(B::BitwiseAnd))),
+            "BitwiseOr" => Ok(Some(Op::Binary(B::BitwiseOr))),
+            "BitwiseXor" => Ok(Some(Op::Binary(B::BitwiseXor))),
+            "BitShift" => Ok(Some(Op::Binary(match a.string("direction")?.as_deref() {
+                Some("LEFT") => B::BitShiftLeft,
+                Some("RIGHT") => B::BitShiftRight,
+                d => {
+                    return Err(format!(
+                        "attribute \"direction\" is {d:?}, not LEFT or RIGHT"
+                    ));
+                }
+            }))),
+            "BitCast" => {
+                let to = a.int("to")?.ok_or("BitCast needs the attribute \"to\"")?;
+                let to = DType::from_onnx(to as i32).ok_or_else(|| {
+                    format!("attribute \"to\": BitCast to element type {to} is not supported")
+                })?;
+                Ok(Some(Op::BitCast { to }))
+            }
             "IsInf" => un(U::IsInf(
                 a.int_or("detect_negative", 1)? != 0,
                 a.int_or("detect_positive", 1)? != 0,
@@ -547,6 +577,7 @@ impl Op {
             Op::Resize(_) => "Resize".into(),
             Op::Cast { .. } => "Cast".into(),
             Op::CastLike => "CastLike".into(),
+            Op::BitCast { .. } => "BitCast".into(),
             Op::Index(i) => i.name().into(),
             Op::NonMaxSuppression { .. } => "NonMaxSuppression".into(),
             Op::Einsum(_) => "Einsum".into(),
@@ -564,7 +595,7 @@ impl Op {
     /// LayerNormalization's mean and inverse standard deviation stay f32 (`stash_type` 1).
     pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
         let half = match self {
-            Op::Cast { .. } | Op::CastLike => None,
+            Op::Cast { .. } | Op::CastLike | Op::BitCast { .. } => None,
             _ => inputs
                 .iter()
                 .flatten()
@@ -656,6 +687,7 @@ impl Op {
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::Cast { to } => one(Ok(elementwise::cast(input(inputs, 0)?, *to))),
+            Op::BitCast { to } => one(elementwise::bit_cast(input(inputs, 0)?, *to)),
             Op::CastLike => one(Ok(elementwise::cast(
                 input(inputs, 0)?,
                 input(inputs, 1)?.dtype(),

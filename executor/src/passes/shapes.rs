@@ -174,6 +174,7 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
         | Op::PRelu
         | Op::CumSum { .. }
         | Op::CastLike
+        | Op::BitCast { .. }
         | Op::GroupNorm { .. }
         | Op::Index(IndexOp::ScatterElements { .. } | IndexOp::ScatterNd { .. })
         | Op::Shape(ShapeOp::Trilu { .. }) => same(),

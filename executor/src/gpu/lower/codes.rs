@@ -46,7 +46,8 @@ pub fn unary(u: Unary) -> Option<(UnaryCode, f32, f32)> {
         | Unary::ThresholdedRelu(_)
         | Unary::Swish(_)
         | Unary::IsInf(..)
-        | Unary::IsNaN => return None,
+        | Unary::IsNaN
+        | Unary::BitwiseNot => return None,
     })
 }
 
