@@ -245,10 +245,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "ReduceMax/ReduceMin of bool are not implemented",
-        &["test_reduce_max_bool_inputs", "test_reduce_min_bool_inputs"],
-    ),
-    (
         "Resize antialias is not implemented",
         &[
             "test_resize_downsample_scales_linear_antialias",

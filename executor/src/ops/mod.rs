@@ -98,6 +98,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ConvTranspose",
     "Cos",
     "Cosh",
+    "CumProd",
     "CumSum",
     "DepthToSpace",
     "Div",
@@ -154,6 +155,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Reciprocal",
     "ReduceL1",
     "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
     "ReduceMax",
     "ReduceMean",
     "ReduceMin",
@@ -266,6 +269,10 @@ pub enum Op {
     },
     Einsum(einsum::Einsum),
     CumSum {
+        exclusive: bool,
+        reverse: bool,
+    },
+    CumProd {
         exclusive: bool,
         reverse: bool,
     },
@@ -453,9 +460,9 @@ impl Op {
                 }))
             }
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL2"
-            | "ReduceL1" | "ReduceSumSquare" => Ok(Some(Op::Reduce(reduce::ReduceAttrs::parse(
-                op_type, a, opset,
-            )?))),
+            | "ReduceL1" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => Ok(Some(
+                Op::Reduce(reduce::ReduceAttrs::parse(op_type, a, opset)?),
+            )),
             "Resize" | "Upsample" => Ok(Some(Op::Resize(resize::ResizeAttrs::parse(op_type, a)?))),
             "Cast" => {
                 let to = a.int("to")?.ok_or("Cast needs `to`")?;
@@ -476,6 +483,10 @@ impl Op {
                     .ok_or("Einsum needs the attribute \"equation\"")?,
             )?))),
             "CumSum" => Ok(Some(Op::CumSum {
+                exclusive: a.int_or("exclusive", 0)? != 0,
+                reverse: a.int_or("reverse", 0)? != 0,
+            })),
+            "CumProd" => Ok(Some(Op::CumProd {
                 exclusive: a.int_or("exclusive", 0)? != 0,
                 reverse: a.int_or("reverse", 0)? != 0,
             })),
@@ -582,6 +593,7 @@ impl Op {
             Op::NonMaxSuppression { .. } => "NonMaxSuppression".into(),
             Op::Einsum(_) => "Einsum".into(),
             Op::CumSum { .. } => "CumSum".into(),
+            Op::CumProd { .. } => "CumProd".into(),
             Op::GroupNorm {
                 groups: Some(_), ..
             } => "GroupNormalization".into(),
@@ -697,7 +709,12 @@ impl Op {
                 one(nms::non_max_suppression(inputs, *center_point_box))
             }
             Op::Einsum(e) => one(e.eval(cx, inputs)),
-            Op::CumSum { exclusive, reverse } => one(reduce::cum_sum(inputs, *exclusive, *reverse)),
+            Op::CumSum { exclusive, reverse } => {
+                one(reduce::cumulative(inputs, false, *exclusive, *reverse))
+            }
+            Op::CumProd { exclusive, reverse } => {
+                one(reduce::cumulative(inputs, true, *exclusive, *reverse))
+            }
             Op::GroupNorm {
                 groups,
                 eps,

@@ -173,6 +173,7 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
         | Op::Lrn { .. }
         | Op::PRelu
         | Op::CumSum { .. }
+        | Op::CumProd { .. }
         | Op::CastLike
         | Op::BitCast { .. }
         | Op::GroupNorm { .. }

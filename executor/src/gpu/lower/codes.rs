@@ -99,8 +99,9 @@ pub fn act(a: Option<Activation>) -> Act {
     }
 }
 
-pub fn reduce(k: ReduceKind) -> ReduceCode {
-    match k {
+/// The reduction code of a kind the device has a kernel for.
+pub fn reduce(k: ReduceKind) -> Option<ReduceCode> {
+    Some(match k {
         ReduceKind::ReduceSum => ReduceCode::Sum,
         ReduceKind::ReduceMean => ReduceCode::Mean,
         ReduceKind::ReduceMax => ReduceCode::Max,
@@ -109,5 +110,6 @@ pub fn reduce(k: ReduceKind) -> ReduceCode {
         ReduceKind::ReduceSumSquare => ReduceCode::SumSquare,
         ReduceKind::ReduceL1 => ReduceCode::L1,
         ReduceKind::ReduceL2 => ReduceCode::L2,
-    }
+        ReduceKind::ReduceLogSum | ReduceKind::ReduceLogSumExp => return None,
+    })
 }
