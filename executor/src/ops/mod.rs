@@ -91,6 +91,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Ceil",
     "Celu",
     "Clip",
+    "Compress",
     "Concat",
     "Constant",
     "ConstantOfShape",
@@ -109,6 +110,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Erf",
     "Exp",
     "Expand",
+    "EyeLike",
     "Flatten",
     "Floor",
     "Gather",
@@ -121,6 +123,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Greater",
     "GreaterOrEqual",
     "GroupNormalization",
+    "Hardmax",
     "HardSigmoid",
     "HardSwish",
     "Identity",
@@ -133,11 +136,13 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LessOrEqual",
     "Log",
     "LogSoftmax",
+    "LpNormalization",
     "LRN",
     "MatMul",
     "Max",
     "MaxPool",
     "Mean",
+    "MeanVarianceNormalization",
     "Min",
     "Mish",
     "Mod",
@@ -166,6 +171,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Relu",
     "Reshape",
     "Resize",
+    "ReverseSequence",
     "Round",
     "Scatter",
     "ScatterElements",
@@ -275,6 +281,14 @@ pub enum Op {
     CumProd {
         exclusive: bool,
         reverse: bool,
+    },
+    /// `p` is 1 or 2.
+    LpNorm {
+        axis: i64,
+        p: u8,
+    },
+    MeanVarianceNorm {
+        axes: Vec<i64>,
     },
     /// GroupNormalization with `groups`, InstanceNormalization without (a group per channel);
     /// `per_group`: one scale and bias per group (GroupNormalization before opset 21).
@@ -490,6 +504,17 @@ impl Op {
                 exclusive: a.int_or("exclusive", 0)? != 0,
                 reverse: a.int_or("reverse", 0)? != 0,
             })),
+            "LpNormalization" => Ok(Some(Op::LpNorm {
+                axis: a.int_or("axis", -1)?,
+                p: match a.int_or("p", 2)? {
+                    1 => 1,
+                    2 => 2,
+                    p => return Err(format!("attribute \"p\" is {p}, not 1 or 2")),
+                },
+            })),
+            "MeanVarianceNormalization" => Ok(Some(Op::MeanVarianceNorm {
+                axes: a.ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]),
+            })),
             "InstanceNormalization" => Ok(Some(Op::GroupNorm {
                 groups: None,
                 eps: a.float_or("epsilon", 1e-5)?,
@@ -598,6 +623,8 @@ impl Op {
                 groups: Some(_), ..
             } => "GroupNormalization".into(),
             Op::GroupNorm { groups: None, .. } => "InstanceNormalization".into(),
+            Op::LpNorm { .. } => "LpNormalization".into(),
+            Op::MeanVarianceNorm { .. } => "MeanVarianceNormalization".into(),
         }
     }
 
@@ -720,6 +747,8 @@ impl Op {
                 eps,
                 per_group,
             } => one(norm::group_norm(inputs, *groups, *eps, *per_group)),
+            Op::LpNorm { axis, p } => one(norm::lp_norm(input(inputs, 0)?, *axis, *p)),
+            Op::MeanVarianceNorm { axes } => one(norm::mean_variance_norm(input(inputs, 0)?, axes)),
         }
     }
 }
