@@ -1,5 +1,5 @@
 //! A small reader and writer for NumPy `.npy` files (format 1.0–3.0, little-endian, C order):
-//! f32, f64, f16, i64, i32, i8, u8 and bool (bfloat16 has no NumPy dtype).
+//! f32, f64, f16, i64, i32, i16, i8, u64, u32, u16, u8 and bool (bfloat16 has no NumPy dtype).
 
 use crate::tensor::{DType, Tensor, checked_numel};
 use crate::tensor_proto::{from_le_bytes, to_le_bytes};
@@ -9,7 +9,9 @@ use thiserror::Error;
 pub enum NpyError {
     #[error("not a .npy file: {0}")]
     Format(String),
-    #[error("unsupported .npy dtype {0:?} (supported: <f4 <f8 <f2 <i8 <i4 |i1 |u1 |b1)")]
+    #[error(
+        "unsupported .npy dtype {0:?} (supported: <f4 <f8 <f2 <i8 <i4 <i2 |i1 <u8 <u4 <u2 |u1 |b1)"
+    )]
     DType(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
@@ -24,7 +26,11 @@ fn descr(d: DType) -> Result<&'static str, NpyError> {
         DType::BF16 => return Err(NpyError::DType("bfloat16".into())),
         DType::I64 => "<i8",
         DType::I32 => "<i4",
+        DType::I16 => "<i2",
         DType::I8 => "|i1",
+        DType::U64 => "<u8",
+        DType::U32 => "<u4",
+        DType::U16 => "<u2",
         DType::U8 => "|u1",
         DType::Bool => "|b1",
     })
@@ -87,6 +93,10 @@ pub fn from_bytes(b: &[u8]) -> Result<Tensor, NpyError> {
         "<f2" => DType::F16,
         "<i8" => DType::I64,
         "<i4" => DType::I32,
+        "<i2" => DType::I16,
+        "<u8" => DType::U64,
+        "<u4" => DType::U32,
+        "<u2" => DType::U16,
         "|i1" | "<i1" => DType::I8,
         "|u1" | "<u1" => DType::U8,
         "|b1" | "<b1" => DType::Bool,
@@ -141,6 +151,11 @@ mod tests {
             ]),
             Data::I64(vec![-1, 7]),
             Data::I32(vec![3, 4]),
+            Data::I16(vec![i16::MIN, 5]),
+            Data::I8(vec![-128, 1]),
+            Data::U64(vec![u64::MAX, 0]),
+            Data::U32(vec![u32::MAX, 9]),
+            Data::U16(vec![u16::MAX, 2]),
             Data::U8(vec![0, 255]),
             Data::Bool(vec![true, false]),
         ] {

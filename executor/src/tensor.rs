@@ -18,7 +18,11 @@ pub enum DType {
     BF16,
     I64,
     I32,
+    I16,
     I8,
+    U64,
+    U32,
+    U16,
     U8,
     Bool,
 }
@@ -33,7 +37,11 @@ impl DType {
             t::BFLOAT16 => DType::BF16,
             t::INT64 => DType::I64,
             t::INT32 => DType::I32,
+            t::INT16 => DType::I16,
             t::INT8 => DType::I8,
+            t::UINT64 => DType::U64,
+            t::UINT32 => DType::U32,
+            t::UINT16 => DType::U16,
             t::UINT8 => DType::U8,
             t::BOOL => DType::Bool,
             _ => return None,
@@ -48,7 +56,11 @@ impl DType {
             DType::BF16 => t::BFLOAT16,
             DType::I64 => t::INT64,
             DType::I32 => t::INT32,
+            DType::I16 => t::INT16,
             DType::I8 => t::INT8,
+            DType::U64 => t::UINT64,
+            DType::U32 => t::UINT32,
+            DType::U16 => t::UINT16,
             DType::U8 => t::UINT8,
             DType::Bool => t::BOOL,
         }
@@ -59,9 +71,9 @@ impl DType {
     }
     pub fn size(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
-            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
@@ -76,7 +88,11 @@ pub enum Data {
     BF16(Vec<bf16>),
     I64(Vec<i64>),
     I32(Vec<i32>),
+    I16(Vec<i16>),
     I8(Vec<i8>),
+    U64(Vec<u64>),
+    U32(Vec<u32>),
+    U16(Vec<u16>),
     U8(Vec<u8>),
     Bool(Vec<bool>),
 }
@@ -92,6 +108,10 @@ macro_rules! with_data {
             $crate::tensor::Data::BF16($v) => $body,
             $crate::tensor::Data::I64($v) => $body,
             $crate::tensor::Data::I32($v) => $body,
+            $crate::tensor::Data::I16($v) => $body,
+            $crate::tensor::Data::U64($v) => $body,
+            $crate::tensor::Data::U32($v) => $body,
+            $crate::tensor::Data::U16($v) => $body,
             $crate::tensor::Data::I8($v) => $body,
             $crate::tensor::Data::U8($v) => $body,
             $crate::tensor::Data::Bool($v) => $body,
@@ -110,9 +130,45 @@ macro_rules! map_data {
             $crate::tensor::Data::BF16($v) => $crate::tensor::Data::BF16($body),
             $crate::tensor::Data::I64($v) => $crate::tensor::Data::I64($body),
             $crate::tensor::Data::I32($v) => $crate::tensor::Data::I32($body),
+            $crate::tensor::Data::I16($v) => $crate::tensor::Data::I16($body),
+            $crate::tensor::Data::U64($v) => $crate::tensor::Data::U64($body),
+            $crate::tensor::Data::U32($v) => $crate::tensor::Data::U32($body),
+            $crate::tensor::Data::U16($v) => $crate::tensor::Data::U16($body),
             $crate::tensor::Data::I8($v) => $crate::tensor::Data::I8($body),
             $crate::tensor::Data::U8($v) => $crate::tensor::Data::U8($body),
             $crate::tensor::Data::Bool($v) => $crate::tensor::Data::Bool($body),
+        }
+    };
+}
+
+/// Like `map_data!` over the integer variants; any other buffer goes to `$rest => $other`,
+/// which must diverge or give a `Data` itself.
+#[macro_export]
+macro_rules! map_int {
+    ($data:expr, $v:ident => $body:expr, $rest:ident => $other:expr) => {
+        match $data {
+            $crate::tensor::Data::I64($v) => $crate::tensor::Data::I64($body),
+            $crate::tensor::Data::I32($v) => $crate::tensor::Data::I32($body),
+            $crate::tensor::Data::I16($v) => $crate::tensor::Data::I16($body),
+            $crate::tensor::Data::I8($v) => $crate::tensor::Data::I8($body),
+            $crate::tensor::Data::U64($v) => $crate::tensor::Data::U64($body),
+            $crate::tensor::Data::U32($v) => $crate::tensor::Data::U32($body),
+            $crate::tensor::Data::U16($v) => $crate::tensor::Data::U16($body),
+            $crate::tensor::Data::U8($v) => $crate::tensor::Data::U8($body),
+            $rest => $other,
+        }
+    };
+}
+
+/// Like `map_int!` over the numeric variants: f32, f64 and every integer type (not bool,
+/// float16 or bfloat16).
+#[macro_export]
+macro_rules! map_numeric {
+    ($data:expr, $v:ident => $body:expr, $rest:ident => $other:expr) => {
+        match $data {
+            $crate::tensor::Data::F32($v) => $crate::tensor::Data::F32($body),
+            $crate::tensor::Data::F64($v) => $crate::tensor::Data::F64($body),
+            d => $crate::map_int!(d, $v => $body, $rest => $other),
         }
     };
 }
@@ -126,6 +182,10 @@ impl Data {
             Data::BF16(_) => DType::BF16,
             Data::I64(_) => DType::I64,
             Data::I32(_) => DType::I32,
+            Data::I16(_) => DType::I16,
+            Data::U64(_) => DType::U64,
+            Data::U32(_) => DType::U32,
+            Data::U16(_) => DType::U16,
             Data::I8(_) => DType::I8,
             Data::U8(_) => DType::U8,
             Data::Bool(_) => DType::Bool,
@@ -145,6 +205,10 @@ impl Data {
             DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
             DType::I64 => Data::I64(vec![0; n]),
             DType::I32 => Data::I32(vec![0; n]),
+            DType::I16 => Data::I16(vec![0; n]),
+            DType::U64 => Data::U64(vec![0; n]),
+            DType::U32 => Data::U32(vec![0; n]),
+            DType::U16 => Data::U16(vec![0; n]),
             DType::I8 => Data::I8(vec![0; n]),
             DType::U8 => Data::U8(vec![0; n]),
             DType::Bool => Data::Bool(vec![false; n]),
@@ -159,6 +223,10 @@ impl Data {
             DType::BF16 => Data::BF16(Vec::with_capacity(cap)),
             DType::I64 => Data::I64(Vec::with_capacity(cap)),
             DType::I32 => Data::I32(Vec::with_capacity(cap)),
+            DType::I16 => Data::I16(Vec::with_capacity(cap)),
+            DType::U64 => Data::U64(Vec::with_capacity(cap)),
+            DType::U32 => Data::U32(Vec::with_capacity(cap)),
+            DType::U16 => Data::U16(Vec::with_capacity(cap)),
             DType::I8 => Data::I8(Vec::with_capacity(cap)),
             DType::U8 => Data::U8(Vec::with_capacity(cap)),
             DType::Bool => Data::Bool(Vec::with_capacity(cap)),
@@ -173,6 +241,10 @@ impl Data {
             (Data::BF16(a), Data::BF16(b)) => a.extend_from_slice(&b[range]),
             (Data::I64(a), Data::I64(b)) => a.extend_from_slice(&b[range]),
             (Data::I32(a), Data::I32(b)) => a.extend_from_slice(&b[range]),
+            (Data::I16(a), Data::I16(b)) => a.extend_from_slice(&b[range]),
+            (Data::U64(a), Data::U64(b)) => a.extend_from_slice(&b[range]),
+            (Data::U32(a), Data::U32(b)) => a.extend_from_slice(&b[range]),
+            (Data::U16(a), Data::U16(b)) => a.extend_from_slice(&b[range]),
             (Data::I8(a), Data::I8(b)) => a.extend_from_slice(&b[range]),
             (Data::U8(a), Data::U8(b)) => a.extend_from_slice(&b[range]),
             (Data::Bool(a), Data::Bool(b)) => a.extend_from_slice(&b[range]),
@@ -345,12 +417,21 @@ impl Tensor {
             ))),
         }
     }
-    /// Integer contents (int64/int32/int8/uint8), as used by shape-like inputs.
+    /// Integer contents (any integer type; a uint64 past int64 is an error), as used by
+    /// shape-like inputs.
     pub fn to_i64_vec(&self) -> OpResult<Vec<i64>> {
         Ok(match &self.data {
             Data::I64(v) => v.clone(),
             Data::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::I16(v) => v.iter().map(|&x| x as i64).collect(),
             Data::I8(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::U64(v) => v
+                .iter()
+                .map(|&x| i64::try_from(x))
+                .collect::<Result<_, _>>()
+                .map_err(|_| OpError::Shape("a uint64 value past int64".into()))?,
+            Data::U32(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::U16(v) => v.iter().map(|&x| x as i64).collect(),
             Data::U8(v) => v.iter().map(|&x| x as i64).collect(),
             d => {
                 return Err(OpError::DType(format!(
@@ -369,7 +450,11 @@ impl Tensor {
             Data::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
             Data::I64(v) => v.iter().map(|&x| x as f64).collect(),
             Data::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::I16(v) => v.iter().map(|&x| x as f64).collect(),
             Data::I8(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U64(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::U16(v) => v.iter().map(|&x| x as f64).collect(),
             Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
             Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
         }

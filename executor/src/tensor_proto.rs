@@ -77,7 +77,11 @@ pub fn decode_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor,
                 ),
                 DType::I64 => Data::I64(t.int64_data.clone()),
                 DType::I32 => Data::I32(t.int32_data.clone()),
+                DType::I16 => Data::I16(t.int32_data.iter().map(|&v| v as i16).collect()),
                 DType::I8 => Data::I8(t.int32_data.iter().map(|&v| v as i8).collect()),
+                DType::U64 => Data::U64(t.uint64_data.clone()),
+                DType::U32 => Data::U32(t.uint64_data.iter().map(|&v| v as u32).collect()),
+                DType::U16 => Data::U16(t.int32_data.iter().map(|&v| v as u16).collect()),
                 DType::U8 => Data::U8(t.int32_data.iter().map(|&v| v as u8).collect()),
                 DType::Bool => Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect()),
             }
@@ -91,6 +95,7 @@ fn typed_len(t: &TensorProto, dtype: DType) -> usize {
         DType::F32 => t.float_data.len(),
         DType::F64 => t.double_data.len(),
         DType::I64 => t.int64_data.len(),
+        DType::U64 | DType::U32 => t.uint64_data.len(),
         _ => t.int32_data.len(),
     }
 }
@@ -108,6 +113,10 @@ pub(crate) fn from_le_bytes(dtype: DType, raw: &[u8]) -> Data {
         DType::BF16 => Data::BF16(conv(raw, bf16::from_le_bytes)),
         DType::I64 => Data::I64(conv(raw, i64::from_le_bytes)),
         DType::I32 => Data::I32(conv(raw, i32::from_le_bytes)),
+        DType::I16 => Data::I16(conv(raw, i16::from_le_bytes)),
+        DType::U64 => Data::U64(conv(raw, u64::from_le_bytes)),
+        DType::U32 => Data::U32(conv(raw, u32::from_le_bytes)),
+        DType::U16 => Data::U16(conv(raw, u16::from_le_bytes)),
         DType::I8 => Data::I8(raw.iter().map(|&b| b as i8).collect()),
         DType::U8 => Data::U8(raw.to_vec()),
         DType::Bool => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
@@ -122,6 +131,10 @@ pub(crate) fn to_le_bytes(data: &Data) -> Vec<u8> {
         Data::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::U64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Data::I8(v) => v.iter().map(|&x| x as u8).collect(),
         Data::U8(v) => v.clone(),
         Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
@@ -231,5 +244,33 @@ mod tests {
             ..Default::default()
         };
         assert!(decode_tensor(&short, None).is_err());
+    }
+
+    #[test]
+    fn sixteen_bit_and_unsigned_integers_decode_from_their_typed_fields() {
+        let typed = |data_type, int32_data: Vec<i32>, uint64_data: Vec<u64>| TensorProto {
+            dims: vec![2],
+            data_type,
+            int32_data,
+            uint64_data,
+            ..Default::default()
+        };
+        let cases = [
+            (typed(5, vec![-3, 300], vec![]), Data::I16(vec![-3, 300])),
+            (typed(4, vec![65535, 1], vec![]), Data::U16(vec![65535, 1])),
+            (
+                typed(12, vec![], vec![4_000_000_000, 1]),
+                Data::U32(vec![4_000_000_000, 1]),
+            ),
+            (
+                typed(13, vec![], vec![u64::MAX, 0]),
+                Data::U64(vec![u64::MAX, 0]),
+            ),
+        ];
+        for (proto, data) in cases {
+            let t = decode_tensor(&proto, None).unwrap();
+            assert_eq!(t.data, data);
+            assert_eq!(decode_tensor(&encode_tensor("r", &t), None).unwrap(), t);
+        }
     }
 }

@@ -45,7 +45,7 @@ const EDGES: &[i64] = &[
 ];
 
 /// ONNX element types, supported and not.
-const DTYPES: &[i32] = &[0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 16, 99];
+const DTYPES: &[i32] = &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 99];
 
 const OPSETS: &[i64] = &[1, 5, 6, 7, 9, 10, 11, 12, 13, 17, 18, 21, 27];
 

@@ -8,7 +8,7 @@ use super::index::each_index;
 use super::{Cx, elementwise::Num};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::half_here;
-use crate::tensor::{Data, Tensor, checked_numel, strides};
+use crate::tensor::{DType, Data, Tensor, checked_numel, strides};
 
 /// Labels `a`–`z` and `A`–`Z` are 0..52; the axes under `...` are 52 on.
 const ELLIPSIS_BASE: usize = 52;
@@ -310,16 +310,12 @@ struct Labeled {
 
 macro_rules! numeric {
     ($data:expr, $v:ident => $body:expr) => {
-        match $data {
-            Data::F32($v) => Data::F32($body),
-            Data::F64($v) => Data::F64($body),
-            Data::I64($v) => Data::I64($body),
-            Data::I32($v) => Data::I32($body),
-            Data::I8($v) => Data::I8($body),
-            Data::U8($v) => Data::U8($body),
-            Data::Bool(_) => return Err(OpError::DType("Einsum of bool".into())),
-            Data::F16(_) | Data::BF16(_) => return Err(half_here()),
-        }
+        $crate::map_numeric!($data, $v => $body, d => {
+            return Err(match d.dtype() {
+                DType::Bool => OpError::DType("Einsum of bool".into()),
+                _ => half_here(),
+            })
+        })
     };
 }
 
@@ -539,9 +535,19 @@ fn batched_matmul(cx: &Cx, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         (Data::F64(x), Data::F64(y)) => Data::F64(go(x, y, &offsets, (m, k, n), total)),
         (Data::I64(x), Data::I64(y)) => Data::I64(go(x, y, &offsets, (m, k, n), total)),
         (Data::I32(x), Data::I32(y)) => Data::I32(go(x, y, &offsets, (m, k, n), total)),
+        (Data::I16(x), Data::I16(y)) => Data::I16(go(x, y, &offsets, (m, k, n), total)),
         (Data::I8(x), Data::I8(y)) => Data::I8(go(x, y, &offsets, (m, k, n), total)),
+        (Data::U64(x), Data::U64(y)) => Data::U64(go(x, y, &offsets, (m, k, n), total)),
+        (Data::U32(x), Data::U32(y)) => Data::U32(go(x, y, &offsets, (m, k, n), total)),
+        (Data::U16(x), Data::U16(y)) => Data::U16(go(x, y, &offsets, (m, k, n), total)),
         (Data::U8(x), Data::U8(y)) => Data::U8(go(x, y, &offsets, (m, k, n), total)),
-        _ => return Err(OpError::DType("Einsum of bool".into())),
+        (x, y) => {
+            return Err(OpError::DType(format!(
+                "Einsum of {:?} and {:?}",
+                x.dtype(),
+                y.dtype()
+            )));
+        }
     };
     Tensor::new(shape, data)
 }

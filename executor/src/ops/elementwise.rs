@@ -36,6 +36,31 @@ pub enum Unary {
     Round,
     Sign,
     Mish,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
+    /// `x / (1 + |x|)`.
+    Softsign,
+    /// `max(0, x) + min(0, alpha * (exp(x / alpha) - 1))`, with alpha.
+    Celu(f32),
+    /// `x + bias` below `-lambd`, `x - bias` above `lambd`, else 0: (bias, lambd).
+    Shrink(f32, f32),
+    /// `x` where `x > alpha`, else 0.
+    ThresholdedRelu(f32),
+    /// `x * sigmoid(alpha * x)`.
+    Swish(f32),
+    /// Whether each element is infinite, counting (negative, positive) infinities: bool out.
+    IsInf(bool, bool),
+    /// Whether each element is NaN: bool out.
+    IsNaN,
+    /// Every bit of an integer flipped.
+    BitwiseNot,
 }
 
 impl Unary {
@@ -104,6 +129,21 @@ impl Unary {
                 }
             }
             Unary::Mish => x * Unary::Softplus.f32(x).tanh(),
+            // Computed in f64 and rounded once.
+            Unary::Tan
+            | Unary::Asin
+            | Unary::Acos
+            | Unary::Atan
+            | Unary::Sinh
+            | Unary::Cosh
+            | Unary::Asinh
+            | Unary::Acosh
+            | Unary::Atanh
+            | Unary::Softsign
+            | Unary::Celu(_)
+            | Unary::Shrink(..)
+            | Unary::ThresholdedRelu(_)
+            | Unary::Swish(_) => self.f64(x as f64) as f32,
             other => other.as_activation().map_or(x, |a| a.apply(x)),
         }
     }
@@ -135,6 +175,38 @@ impl Unary {
                 }
             }
             Unary::Mish => x * (if x > 20.0 { x } else { x.exp().ln_1p() }).tanh(),
+            Unary::Tan => x.tan(),
+            Unary::Asin => x.asin(),
+            Unary::Acos => x.acos(),
+            Unary::Atan => x.atan(),
+            Unary::Sinh => x.sinh(),
+            Unary::Cosh => x.cosh(),
+            Unary::Asinh => x.asinh(),
+            Unary::Acosh => x.acosh(),
+            Unary::Atanh => x.atanh(),
+            Unary::Softsign => x / (1.0 + x.abs()),
+            Unary::Celu(a) => {
+                let a = a as f64;
+                x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0)
+            }
+            Unary::Shrink(bias, lambd) => {
+                let (bias, lambd) = (bias as f64, lambd as f64);
+                if x < -lambd {
+                    x + bias
+                } else if x > lambd {
+                    x - bias
+                } else {
+                    0.0
+                }
+            }
+            Unary::ThresholdedRelu(a) => {
+                if x > a as f64 {
+                    x
+                } else {
+                    0.0
+                }
+            }
+            Unary::Swish(a) => x / (1.0 + (-(a as f64) * x).exp()),
             other => other.f32(x as f32) as f64,
         }
     }
@@ -144,6 +216,10 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
     let shape = x.shape.clone();
     let data = match (&x.data, u) {
         (_, Unary::Identity) => x.data.clone(),
+        (_, Unary::IsNaN | Unary::IsInf(..)) => Data::Bool(classify(u, x)?),
+        (Data::F32(_) | Data::F64(_), Unary::Not | Unary::BitwiseNot) => {
+            return Err(OpError::DType(format!("{u:?} on {:?}", x.dtype())));
+        }
         (Data::F32(v), _) => {
             let mut out = v.clone();
             match u.as_activation() {
@@ -154,22 +230,44 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
         }
         (Data::F64(v), _) => Data::F64(v.iter().map(|&x| u.f64(x)).collect()),
         (Data::Bool(v), Unary::Not) => Data::Bool(v.iter().map(|&x| !x).collect()),
-        (Data::I64(v), Unary::Neg) => Data::I64(v.iter().map(|&x| x.wrapping_neg()).collect()),
-        (Data::I64(v), Unary::Abs) => Data::I64(v.iter().map(|&x| x.wrapping_abs()).collect()),
-        (Data::I64(v), Unary::Relu) => Data::I64(v.iter().map(|&x| x.max(0)).collect()),
-        (Data::I32(v), Unary::Neg) => Data::I32(v.iter().map(|&x| x.wrapping_neg()).collect()),
-        (Data::I32(v), Unary::Abs) => Data::I32(v.iter().map(|&x| x.wrapping_abs()).collect()),
-        (Data::I32(v), Unary::Relu) => Data::I32(v.iter().map(|&x| x.max(0)).collect()),
-        (Data::I8(v), Unary::Neg) => Data::I8(v.iter().map(|&x| x.wrapping_neg()).collect()),
-        (Data::I8(v), Unary::Abs) => Data::I8(v.iter().map(|&x| x.wrapping_abs()).collect()),
-        (Data::U8(v), Unary::Abs) => Data::U8(v.clone()),
-        (Data::I64(v), Unary::Sign) => Data::I64(v.iter().map(|&x| x.signum()).collect()),
-        (Data::I32(v), Unary::Sign) => Data::I32(v.iter().map(|&x| x.signum()).collect()),
-        (Data::I8(v), Unary::Sign) => Data::I8(v.iter().map(|&x| x.signum()).collect()),
-        (Data::U8(v), Unary::Sign) => Data::U8(v.iter().map(|&x| x.min(1)).collect()),
-        (d, _) => return Err(OpError::DType(format!("{u:?} on {:?}", d.dtype()))),
+        (d, _) => crate::map_int!(d, v => int_unary(u, v)?, d => {
+            return Err(OpError::DType(format!("{u:?} on {:?}", d.dtype())));
+        }),
     };
     Ok(Tensor { shape, data })
+}
+
+/// IsNaN or IsInf of every element of a float tensor.
+fn classify(u: Unary, x: &Tensor) -> OpResult<Vec<bool>> {
+    if !matches!(x.dtype(), DType::F32 | DType::F64) {
+        return Err(OpError::DType(format!("{u:?} on {:?}", x.dtype())));
+    }
+    let test = |v: f64| match u {
+        Unary::IsInf(negative, positive) => {
+            v.is_infinite() && if v < 0.0 { negative } else { positive }
+        }
+        _ => v.is_nan(),
+    };
+    Ok(x.to_f64_vec().into_iter().map(test).collect())
+}
+
+/// `u` on integers: Neg, Abs, Relu, Sign and BitwiseNot (Neg of signed types only); wrapping
+/// where the result does not fit (the negation of the most negative value is itself).
+fn int_unary<T: Int>(u: Unary, v: &[T]) -> OpResult<Vec<T>> {
+    let f: fn(T) -> T = match u {
+        Unary::Neg if T::SIGNED => T::wrapping_neg,
+        Unary::Abs => T::wrapping_abs,
+        Unary::Relu => |x| if x < T::ZERO { T::ZERO } else { x },
+        Unary::Sign => T::sign,
+        Unary::BitwiseNot => |x| !x,
+        _ => {
+            return Err(OpError::DType(format!(
+                "{u:?} on {}",
+                std::any::type_name::<T>()
+            )));
+        }
+    };
+    Ok(v.iter().map(|&x| f(x)).collect())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,6 +291,27 @@ pub enum Binary {
     And,
     Or,
     Xor,
+    BitwiseAnd,
+    BitwiseOr,
+    BitwiseXor,
+    /// BitShift with direction LEFT: shifts of the width or more give 0.
+    BitShiftLeft,
+    /// BitShift with direction RIGHT.
+    BitShiftRight,
+}
+
+impl Binary {
+    /// An op on the bits of integers.
+    fn is_bitwise(self) -> bool {
+        matches!(
+            self,
+            Binary::BitwiseAnd
+                | Binary::BitwiseOr
+                | Binary::BitwiseXor
+                | Binary::BitShiftLeft
+                | Binary::BitShiftRight
+        )
+    }
 }
 
 /// The numpy broadcast of two shapes.
@@ -315,6 +434,8 @@ pub(crate) trait Num: Copy + PartialOrd {
     fn rem_trunc(self, o: Self) -> Self;
     /// Remainder with the sign of the divisor.
     fn rem_floor(self, o: Self) -> Self;
+    /// `v` converted as Cast does (integers saturate, NaN becomes 0).
+    fn from_f64(v: f64) -> Self;
 }
 
 macro_rules! num_float {
@@ -336,6 +457,9 @@ macro_rules! num_float {
             fn pow(self, o: Self) -> Self {
                 self.powf(o)
             }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
             fn rem_trunc(self, o: Self) -> Self {
                 self % o
             }
@@ -350,8 +474,53 @@ macro_rules! num_float {
         }
     };
 }
+/// The integer element types.
+pub(crate) trait Int:
+    Num
+    + Ord
+    + std::ops::BitAnd<Output = Self>
+    + std::ops::BitOr<Output = Self>
+    + std::ops::BitXor<Output = Self>
+    + std::ops::Not<Output = Self>
+{
+    const SIGNED: bool;
+    const ZERO: Self;
+    fn wrapping_neg(self) -> Self;
+    fn wrapping_abs(self) -> Self;
+    /// -1, 0 or 1.
+    fn sign(self) -> Self;
+    /// Shifted left or right by `by` bits; by the width or more (or a negative count), 0.
+    fn shift(self, by: Self, left: bool) -> Self;
+}
+
 macro_rules! num_int {
-    ($t:ty) => {
+    ($t:ty, $signed:expr) => {
+        #[allow(unused_comparisons)]
+        impl Int for $t {
+            const SIGNED: bool = $signed;
+            const ZERO: Self = 0;
+            fn wrapping_neg(self) -> Self {
+                <$t>::wrapping_neg(self)
+            }
+            fn wrapping_abs(self) -> Self {
+                if self < 0 {
+                    <$t>::wrapping_neg(self)
+                } else {
+                    self
+                }
+            }
+            fn sign(self) -> Self {
+                (self > 0) as $t - (self < 0) as $t
+            }
+            fn shift(self, by: Self, left: bool) -> Self {
+                let by = u32::try_from(by as i128).ok();
+                let shifted = match left {
+                    true => by.and_then(|b| self.checked_shl(b)),
+                    false => by.and_then(|b| self.checked_shr(b)),
+                };
+                shifted.unwrap_or(0)
+            }
+        }
         impl Num for $t {
             const FLOAT: bool = false;
             fn add(self, o: Self) -> Self {
@@ -369,6 +538,9 @@ macro_rules! num_int {
             }
             fn pow(self, o: Self) -> Self {
                 (self as f64).powf(o as f64) as $t
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
             }
             // As for division, a zero divisor gives 0 rather than a panic.
             fn rem_trunc(self, o: Self) -> Self {
@@ -391,10 +563,14 @@ macro_rules! num_int {
 }
 num_float!(f32);
 num_float!(f64);
-num_int!(i64);
-num_int!(i32);
-num_int!(i8);
-num_int!(u8);
+num_int!(i64, true);
+num_int!(i32, true);
+num_int!(i16, true);
+num_int!(i8, true);
+num_int!(u64, false);
+num_int!(u32, false);
+num_int!(u16, false);
+num_int!(u8, false);
 
 /// NaN test for any `PartialOrd` element (only floats can be unordered with themselves).
 pub(crate) fn is_nan<T: PartialOrd>(x: T) -> bool {
@@ -436,11 +612,22 @@ fn arith<T: Num>(
         Binary::And | Binary::Or | Binary::Xor => {
             return Err(OpError::DType(format!("{op:?} needs bool inputs")));
         }
+        Binary::BitwiseAnd
+        | Binary::BitwiseOr
+        | Binary::BitwiseXor
+        | Binary::BitShiftLeft
+        | Binary::BitShiftRight => {
+            return Err(OpError::DType(format!("{op:?} needs integer inputs")));
+        }
     })
 }
 
 pub fn binary(op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     let out = broadcast_shape(&a.shape, &b.shape)?;
+    if op.is_bitwise() {
+        let data = bitwise(op, a, b, &out)?;
+        return Ok(Tensor { shape: out, data });
+    }
     // Pow may raise to an exponent of another type: compute in the base's type.
     let b_cast;
     let b = if op == Binary::Pow && a.dtype() != b.dtype() {
@@ -462,7 +649,11 @@ pub fn binary(op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         (Data::F64(x), Data::F64(y)) => go!(x, y, F64),
         (Data::I64(x), Data::I64(y)) => go!(x, y, I64),
         (Data::I32(x), Data::I32(y)) => go!(x, y, I32),
+        (Data::I16(x), Data::I16(y)) => go!(x, y, I16),
         (Data::I8(x), Data::I8(y)) => go!(x, y, I8),
+        (Data::U64(x), Data::U64(y)) => go!(x, y, U64),
+        (Data::U32(x), Data::U32(y)) => go!(x, y, U32),
+        (Data::U16(x), Data::U16(y)) => go!(x, y, U16),
         (Data::U8(x), Data::U8(y)) => go!(x, y, U8),
         (Data::Bool(x), Data::Bool(y)) => Data::Bool(match op {
             Binary::And => broadcast_map(x, &a.shape, y, &b.shape, &out, |p, q| p && q),
@@ -480,6 +671,48 @@ pub fn binary(op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         }
     };
     Ok(Tensor { shape: out, data })
+}
+
+/// BitwiseAnd, BitwiseOr and BitwiseXor of any integer type, BitShift of unsigned ones.
+fn bitwise(op: Binary, a: &Tensor, b: &Tensor, out: &[usize]) -> OpResult<Data> {
+    fn bits<T: Int>(
+        op: Binary,
+        (a, ash): (&[T], &[usize]),
+        (b, bsh): (&[T], &[usize]),
+        out: &[usize],
+    ) -> OpResult<Vec<T>> {
+        let f: fn(T, T) -> T = match op {
+            Binary::BitwiseAnd => |x, y| x & y,
+            Binary::BitwiseOr => |x, y| x | y,
+            Binary::BitwiseXor => |x, y| x ^ y,
+            Binary::BitShiftLeft if !T::SIGNED => |x, y| x.shift(y, true),
+            Binary::BitShiftRight if !T::SIGNED => |x, y| x.shift(y, false),
+            _ => {
+                return Err(OpError::DType(format!(
+                    "{op:?} on {}",
+                    std::any::type_name::<T>()
+                )));
+            }
+        };
+        Ok(broadcast_map(a, ash, b, bsh, out, f))
+    }
+    macro_rules! ints {
+        ($($v:ident),*) => {
+            match (&a.data, &b.data) {
+                $((Data::$v(x), Data::$v(y)) => {
+                    Data::$v(bits(op, (x, &a.shape), (y, &b.shape), out)?)
+                })*
+                (x, y) => {
+                    return Err(OpError::DType(format!(
+                        "{op:?} of {:?} and {:?}",
+                        x.dtype(),
+                        y.dtype()
+                    )));
+                }
+            }
+        };
+    }
+    Ok(ints!(I64, I32, I16, I8, U64, U32, U16, U8))
 }
 
 pub fn legacy_broadcast(op: Binary, axis: Option<i64>, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
@@ -565,35 +798,37 @@ pub fn clip(
                 if y > hi { hi } else { y }
             });
         }
-        Data::F64(v) => v.iter_mut().for_each(|x| {
-            *x = x
-                .max(lo.unwrap_or(f64::NEG_INFINITY))
-                .min(hi.unwrap_or(f64::INFINITY))
-        }),
-        Data::I64(v) => v.iter_mut().for_each(|x| {
-            *x = (*x)
-                .max(lo.map_or(i64::MIN, |l| l as i64))
-                .min(hi.map_or(i64::MAX, |h| h as i64))
-        }),
-        Data::I32(v) => v.iter_mut().for_each(|x| {
-            *x = (*x)
-                .max(lo.map_or(i32::MIN, |l| l as i32))
-                .min(hi.map_or(i32::MAX, |h| h as i32))
-        }),
-        Data::I8(v) => v.iter_mut().for_each(|x| {
-            *x = (*x)
-                .max(lo.map_or(i8::MIN, |l| l as i8))
-                .min(hi.map_or(i8::MAX, |h| h as i8))
-        }),
-        Data::U8(v) => v.iter_mut().for_each(|x| {
-            *x = (*x)
-                .max(lo.map_or(u8::MIN, |l| l as u8))
-                .min(hi.map_or(u8::MAX, |h| h as u8))
-        }),
+        Data::F64(v) => clamp(v, lo, hi),
+        Data::I64(v) => clamp(v, lo, hi),
+        Data::I32(v) => clamp(v, lo, hi),
+        Data::I16(v) => clamp(v, lo, hi),
+        Data::I8(v) => clamp(v, lo, hi),
+        Data::U64(v) => clamp(v, lo, hi),
+        Data::U32(v) => clamp(v, lo, hi),
+        Data::U16(v) => clamp(v, lo, hi),
+        Data::U8(v) => clamp(v, lo, hi),
         Data::Bool(_) => return Err(OpError::DType("Clip on bool".into())),
         Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
     }
     Ok(out)
+}
+
+/// Clips `v` to `[lo, hi]` (each converted to the element type, saturating); where lo > hi
+/// everything becomes hi, and NaN stays NaN.
+fn clamp<T: Num>(v: &mut [T], lo: Option<f64>, hi: Option<f64>) {
+    let (lo, hi) = (lo.map(T::from_f64), hi.map(T::from_f64));
+    for x in v {
+        if let Some(l) = lo
+            && *x < l
+        {
+            *x = l;
+        }
+        if let Some(h) = hi
+            && *x > h
+        {
+            *x = h;
+        }
+    }
 }
 
 pub fn where_(c: &Tensor, x: &Tensor, y: &Tensor) -> OpResult<Tensor> {
@@ -633,7 +868,7 @@ pub fn where_(c: &Tensor, x: &Tensor, y: &Tensor) -> OpResult<Tensor> {
             }
         };
     }
-    let data = sel!(F32, F64, I64, I32, I8, U8, Bool);
+    let data = sel!(F32, F64, I64, I32, I16, I8, U64, U32, U16, U8, Bool);
     Ok(Tensor { shape: out, data })
 }
 
@@ -652,7 +887,11 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
                 DType::BF16 => Data::BF16($v.iter().map(|&e| bf16::from_f64(e as f64)).collect()),
                 DType::I64 => Data::I64($v.iter().map(|&e| e as i64).collect()),
                 DType::I32 => Data::I32($v.iter().map(|&e| e as i32).collect()),
+                DType::I16 => Data::I16($v.iter().map(|&e| e as i16).collect()),
                 DType::I8 => Data::I8($v.iter().map(|&e| e as i8).collect()),
+                DType::U64 => Data::U64($v.iter().map(|&e| e as u64).collect()),
+                DType::U32 => Data::U32($v.iter().map(|&e| e as u32).collect()),
+                DType::U16 => Data::U16($v.iter().map(|&e| e as u16).collect()),
                 DType::U8 => Data::U8($v.iter().map(|&e| e as u8).collect()),
                 DType::Bool => Data::Bool($v.iter().map(|&e| e as f64 != 0.0).collect()),
             }
@@ -669,7 +908,11 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
         }
         Data::I64(v) => from!(v),
         Data::I32(v) => from!(v),
+        Data::I16(v) => from!(v),
         Data::I8(v) => from!(v),
+        Data::U64(v) => from!(v),
+        Data::U32(v) => from!(v),
+        Data::U16(v) => from!(v),
         Data::U8(v) => from!(v),
         Data::Bool(v) => {
             let u: Vec<u8> = v.iter().map(|&b| b as u8).collect();
@@ -680,6 +923,24 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
         shape: x.shape.clone(),
         data,
     }
+}
+
+/// BitCast: the same little-endian bytes read as `to`, which must be as wide as the input's
+/// element type.
+pub fn bit_cast(x: &Tensor, to: DType) -> OpResult<Tensor> {
+    if x.dtype().size() != to.size() {
+        return Err(OpError::DType(format!(
+            "BitCast of {:?} ({} bytes) to {to:?} ({} bytes)",
+            x.dtype(),
+            x.dtype().size(),
+            to.size()
+        )));
+    }
+    let bytes = crate::tensor_proto::to_le_bytes(&x.data);
+    Tensor::new(
+        x.shape.clone(),
+        crate::tensor_proto::from_le_bytes(to, &bytes),
+    )
 }
 
 #[cfg(test)]
@@ -724,5 +985,85 @@ mod tests {
             where_(&c, &x, &y).unwrap().as_f32().unwrap(),
             &[1., 0., 3., 0.]
         );
+    }
+
+    #[test]
+    fn unsigned_and_sixteen_bit_integers_compute_in_their_own_type() {
+        let u = |v: Vec<u64>| Tensor::new(vec![v.len()], Data::U64(v)).unwrap();
+        let sum = binary(Binary::Add, &u(vec![u64::MAX, 1]), &u(vec![1, 2])).unwrap();
+        assert_eq!(sum.data, Data::U64(vec![0, 3]));
+        let big = binary(Binary::Greater, &u(vec![u64::MAX]), &u(vec![1 << 63])).unwrap();
+        assert_eq!(big.data, Data::Bool(vec![true]));
+        let i = Tensor::new(vec![3], Data::I16(vec![-7, 7, i16::MIN])).unwrap();
+        let three = Tensor::new(vec![1], Data::I16(vec![3])).unwrap();
+        assert_eq!(
+            binary(Binary::Mod, &i, &three).unwrap().data,
+            Data::I16(vec![2, 1, 1])
+        );
+        let cx = Cx::new(1);
+        assert_eq!(
+            unary(&cx, Unary::Neg, &i).unwrap().data,
+            Data::I16(vec![7, -7, i16::MIN])
+        );
+        assert_eq!(
+            unary(&cx, Unary::Sign, &i).unwrap().data,
+            Data::I16(vec![-1, 1, -1])
+        );
+        assert!(unary(&cx, Unary::Neg, &u(vec![1])).is_err());
+        let x = Tensor::f32(vec![2], vec![-1.0, 70000.0]).unwrap();
+        assert_eq!(cast(&x, DType::U16).data, Data::U16(vec![0, u16::MAX]));
+        let mut c = u(vec![0, 5, 9]);
+        if let Data::U64(v) = &mut c.data {
+            clamp(v, Some(-3.0), Some(6.0));
+        }
+        assert_eq!(c.data, Data::U64(vec![0, 5, 6]));
+    }
+
+    #[test]
+    fn is_inf_counts_only_the_signs_asked_for_and_refuses_integers() {
+        let cx = Cx::new(1);
+        let x = Tensor::f32(
+            vec![4],
+            vec![f32::NEG_INFINITY, 1.0, f32::INFINITY, f32::NAN],
+        )
+        .unwrap();
+        let run = |u| unary(&cx, u, &x).unwrap().data;
+        assert_eq!(
+            run(Unary::IsInf(true, false)),
+            Data::Bool(vec![true, false, false, false])
+        );
+        assert_eq!(
+            run(Unary::IsInf(false, true)),
+            Data::Bool(vec![false, false, true, false])
+        );
+        assert_eq!(
+            run(Unary::IsNaN),
+            Data::Bool(vec![false, false, false, true])
+        );
+        let i = Tensor::i64(vec![1], vec![1]).unwrap();
+        assert!(unary(&cx, Unary::IsNaN, &i).is_err());
+        let s = Tensor::f32(vec![3], vec![-2.0, 0.3, 2.0]).unwrap();
+        let shrunk = unary(&cx, Unary::Shrink(1.5, 0.5), &s).unwrap();
+        assert_eq!(shrunk.as_f32().unwrap(), &[-0.5, 0.0, 0.5]);
+    }
+
+    #[test]
+    fn bit_ops_clear_on_wide_shifts_and_refuse_floats() {
+        let u = |v: Vec<u8>| Tensor::new(vec![v.len()], Data::U8(v)).unwrap();
+        let left = binary(Binary::BitShiftLeft, &u(vec![1, 1, 255]), &u(vec![7, 8, 1])).unwrap();
+        assert_eq!(left.data, Data::U8(vec![128, 0, 254]));
+        let i = Tensor::new(vec![1], Data::I32(vec![-8])).unwrap();
+        assert!(binary(Binary::BitShiftRight, &i, &i).is_err());
+        assert_eq!(
+            binary(Binary::BitwiseXor, &i, &i).unwrap().data,
+            Data::I32(vec![0])
+        );
+        let f = Tensor::scalar_f32(1.0);
+        assert!(binary(Binary::BitwiseAnd, &f, &f).is_err());
+        assert!(unary(&Cx::new(1), Unary::BitwiseNot, &f).is_err());
+        assert!(unary(&Cx::new(1), Unary::Not, &f).is_err());
+        let bits = bit_cast(&f, DType::I32).unwrap();
+        assert_eq!(bits.data, Data::I32(vec![0x3f80_0000]));
+        assert!(bit_cast(&f, DType::I64).is_err());
     }
 }

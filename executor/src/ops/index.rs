@@ -1,5 +1,6 @@
-//! Ops that select or place elements by position: TopK, ArgMax/ArgMin, GatherElements,
-//! GatherND, ScatterElements (and the older Scatter), ScatterND, NonZero and OneHot. Every index
+//! Ops that select or place elements by position: TopK, ArgMax/ArgMin, Hardmax,
+//! GatherElements, GatherND, ScatterElements (and the older Scatter), ScatterND, NonZero,
+//! OneHot, Compress and ReverseSequence. Every index
 //! read from a tensor is checked against the dimension it addresses: an index out of range is
 //! an error naming the op, never a read or write out of bounds.
 
@@ -80,6 +81,21 @@ pub enum IndexOp {
     OneHot {
         axis: i64,
     },
+    /// A one where ArgMax (the first largest) is along `axis`, zeros elsewhere; `legacy`
+    /// (before opset 13): along the input coerced to 2-D at `axis`.
+    Hardmax {
+        axis: i64,
+        legacy: bool,
+    },
+    /// The slices along `axis` (of the flattened input, if none) where the condition is true.
+    Compress {
+        axis: Option<i64>,
+    },
+    /// The first `sequence_lens[b]` steps along `time_axis` reversed in every batch entry `b`.
+    ReverseSequence {
+        batch_axis: i64,
+        time_axis: i64,
+    },
 }
 
 impl IndexOp {
@@ -120,6 +136,17 @@ impl IndexOp {
             "OneHot" => IndexOp::OneHot {
                 axis: a.int_or("axis", -1)?,
             },
+            "Hardmax" => IndexOp::Hardmax {
+                axis: a.int_or("axis", if opset < 13 { 1 } else { -1 })?,
+                legacy: opset < 13,
+            },
+            "Compress" => IndexOp::Compress {
+                axis: a.int("axis")?,
+            },
+            "ReverseSequence" => IndexOp::ReverseSequence {
+                batch_axis: a.int_or("batch_axis", 1)?,
+                time_axis: a.int_or("time_axis", 0)?,
+            },
             _ => return Ok(None),
         }))
     }
@@ -135,6 +162,9 @@ impl IndexOp {
             IndexOp::ScatterNd { .. } => "ScatterND",
             IndexOp::NonZero => "NonZero",
             IndexOp::OneHot { .. } => "OneHot",
+            IndexOp::Hardmax { .. } => "Hardmax",
+            IndexOp::Compress { .. } => "Compress",
+            IndexOp::ReverseSequence { .. } => "ReverseSequence",
         }
     }
 
@@ -178,6 +208,17 @@ impl IndexOp {
             IndexOp::OneHot { axis } => {
                 one(one_hot(x()?, input(inputs, 1)?, input(inputs, 2)?, *axis))
             }
+            IndexOp::Hardmax { axis, legacy } => one(hardmax(x()?, *axis, *legacy)),
+            IndexOp::Compress { axis } => one(compress(x()?, input(inputs, 1)?, *axis)),
+            IndexOp::ReverseSequence {
+                batch_axis,
+                time_axis,
+            } => one(reverse_sequence(
+                x()?,
+                input(inputs, 1)?,
+                *batch_axis,
+                *time_axis,
+            )),
         }
     }
 }
@@ -328,6 +369,101 @@ fn arg_extreme(x: &Tensor, max: bool, axis: i64, keepdims: bool, last: bool) -> 
     }
     let out = with_data!(&x.data, v => arg_positions(v, outer, n, inner, max, last));
     Tensor::new(shape, Data::I64(out))
+}
+
+fn hardmax(x: &Tensor, axis: i64, legacy: bool) -> OpResult<Tensor> {
+    if !matches!(x.dtype(), DType::F32 | DType::F64) {
+        return Err(OpError::DType(format!("Hardmax of {:?}", x.dtype())));
+    }
+    let axis = axis_in(axis, x.rank())?;
+    let (outer, n, inner) = match legacy {
+        true => (
+            x.shape[..axis].iter().product(),
+            x.shape[axis..].iter().product(),
+            1,
+        ),
+        false => around(&x.shape, axis),
+    };
+    let mut hot = vec![0.0; x.len()];
+    if n > 0 {
+        let picks = with_data!(&x.data, v => arg_positions(v, outer, n, inner, true, false));
+        for (k, &j) in picks.iter().enumerate() {
+            hot[(k / inner * n + j as usize) * inner + k % inner] = 1.0;
+        }
+    }
+    let hot = Tensor::new(x.shape.clone(), Data::F64(hot))?;
+    Ok(super::elementwise::cast(&hot, x.dtype()))
+}
+
+fn compress(x: &Tensor, condition: &Tensor, axis: Option<i64>) -> OpResult<Tensor> {
+    let (Data::Bool(keep), 1) = (&condition.data, condition.rank()) else {
+        return Err(OpError::DType(format!(
+            "Compress condition must be a bool vector, not {:?} {:?}",
+            condition.dtype(),
+            condition.shape
+        )));
+    };
+    let flat;
+    let (x, axis) = match axis {
+        Some(a) => (x, axis_in(a, x.rank())?),
+        None => {
+            flat = x.clone().reshaped(vec![x.len()])?;
+            (&flat, 0)
+        }
+    };
+    let (outer, n, inner) = around(&x.shape, axis);
+    if keep.len() > n {
+        return shape_err(format!(
+            "Compress condition of {} entries for an axis of {n}",
+            keep.len()
+        ));
+    }
+    let kept: Vec<usize> = (0..keep.len()).filter(|&j| keep[j]).collect();
+    let mut at = Vec::with_capacity(outer * kept.len() * inner);
+    for o in 0..outer {
+        for &j in &kept {
+            let start = (o * n + j) * inner;
+            at.extend(start..start + inner);
+        }
+    }
+    let mut shape = x.shape.clone();
+    shape[axis] = kept.len();
+    Tensor::new(shape, x.data.gather(&at))
+}
+
+fn reverse_sequence(x: &Tensor, lens: &Tensor, batch: i64, time: i64) -> OpResult<Tensor> {
+    let (b, t) = (axis_in(batch, x.rank())?, axis_in(time, x.rank())?);
+    if b == t {
+        return shape_err(format!("ReverseSequence batch and time are both axis {b}"));
+    }
+    let lens = lens.to_i64_vec()?;
+    if lens.len() != x.shape[b] {
+        return shape_err(format!(
+            "ReverseSequence has {} sequence lengths for a batch of {}",
+            lens.len(),
+            x.shape[b]
+        ));
+    }
+    let steps = x.shape[t];
+    let lens = lens
+        .iter()
+        .map(|&l| usize::try_from(l).ok().filter(|&l| l <= steps))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| {
+            OpError::Shape(format!(
+                "ReverseSequence lengths {lens:?} outside 0..={steps}"
+            ))
+        })?;
+    let st = strides(&x.shape);
+    let mut at = Vec::with_capacity(x.len());
+    each_index(&x.shape, |pos| {
+        let (l, p) = (lens[pos[b]], pos[t]);
+        let from = if p < l { l - 1 - p } else { p };
+        let off: usize = pos.iter().zip(&st).map(|(i, s)| i * s).sum();
+        at.push(off - p * st[t] + from * st[t]);
+        Ok(())
+    })?;
+    Tensor::new(x.shape.clone(), x.data.gather(&at))
 }
 
 /// The position of the largest (`max`) or smallest element along the axis, the first or the
@@ -521,7 +657,7 @@ fn scatter(data: &Tensor, at: &[usize], upd: &Tensor, red: Reduction) -> OpResul
             }
         };
     }
-    typed!(F32, F64, I64, I32, I8, U8);
+    typed!(F32, F64, I64, I32, I16, I8, U64, U32, U16, U8);
     Tensor::new(data.shape.clone(), out)
 }
 
@@ -850,5 +986,25 @@ mod tests {
         ));
         assert!(run(op(-1), &[&ind, &depth, &f32s(&[3], &[0., 1., 2.])]).is_err());
         assert!(run(op(2), &[&ind, &depth, &values]).is_err());
+    }
+
+    #[test]
+    fn compress_and_reverse_sequence_check_their_lengths() {
+        let x = Tensor::i64(vec![2, 3], vec![0, 1, 2, 3, 4, 5]).unwrap();
+        let cond = |v: Vec<bool>| Tensor::new(vec![v.len()], Data::Bool(v)).unwrap();
+        let kept = compress(&x, &cond(vec![false, true]), Some(1)).unwrap();
+        assert_eq!(
+            (kept.shape.clone(), kept.to_i64_vec()),
+            (vec![2, 1], Ok(vec![1, 4]))
+        );
+        let flat = compress(&x, &cond(vec![true, false, true]), None).unwrap();
+        assert_eq!(flat.to_i64_vec(), Ok(vec![0, 2]));
+        assert!(compress(&x, &cond(vec![true; 4]), Some(1)).is_err());
+        let lens = |v: Vec<i64>| Tensor::i64(vec![v.len()], v).unwrap();
+        let rev = reverse_sequence(&x, &lens(vec![3, 2]), 0, 1).unwrap();
+        assert_eq!(rev.to_i64_vec(), Ok(vec![2, 1, 0, 4, 3, 5]));
+        assert!(reverse_sequence(&x, &lens(vec![4, 0]), 0, 1).is_err());
+        assert!(reverse_sequence(&x, &lens(vec![1]), 0, 1).is_err());
+        assert!(reverse_sequence(&x, &lens(vec![1, 1]), 1, 1).is_err());
     }
 }

@@ -71,16 +71,31 @@ impl Cx {
 /// Every ONNX operator (default domain) the importer accepts.
 pub const SUPPORTED_OPS: &[&str] = &[
     "Abs",
+    "Acos",
+    "Acosh",
     "Add",
     "And",
     "ArgMax",
     "ArgMin",
+    "Asin",
+    "Asinh",
+    "Atan",
+    "Atanh",
     "Attention",
     "AveragePool",
     "BatchNormalization",
+    "BitCast",
+    "BitShift",
+    "BitwiseAnd",
+    "BitwiseNot",
+    "BitwiseOr",
+    "BitwiseXor",
     "Cast",
+    "CastLike",
     "Ceil",
+    "Celu",
     "Clip",
+    "Compress",
     "Concat",
     "Constant",
     "ConstantOfShape",
@@ -88,6 +103,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ConvTranspose",
     "ConvInteger",
     "Cos",
+    "Cosh",
+    "CumProd",
     "CumSum",
     "DepthToSpace",
     "DequantizeLinear",
@@ -100,6 +117,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Erf",
     "Exp",
     "Expand",
+    "EyeLike",
     "Flatten",
     "Floor",
     "Gather",
@@ -112,22 +130,27 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Greater",
     "GreaterOrEqual",
     "GroupNormalization",
+    "Hardmax",
     "HardSigmoid",
     "HardSwish",
     "Identity",
     "InstanceNormalization",
+    "IsInf",
+    "IsNaN",
     "LayerNormalization",
     "LeakyRelu",
     "Less",
     "LessOrEqual",
     "Log",
     "LogSoftmax",
+    "LpNormalization",
     "LRN",
     "MatMul",
     "MatMulInteger",
     "Max",
     "MaxPool",
     "Mean",
+    "MeanVarianceNormalization",
     "Min",
     "Mish",
     "Mod",
@@ -149,6 +172,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Reciprocal",
     "ReduceL1",
     "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
     "ReduceMax",
     "ReduceMean",
     "ReduceMin",
@@ -158,6 +183,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Relu",
     "Reshape",
     "Resize",
+    "ReverseSequence",
     "RMSNormalization",
     "Round",
     "RotaryEmbedding",
@@ -166,21 +192,27 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ScatterND",
     "Selu",
     "Shape",
+    "Shrink",
     "Sigmoid",
     "Sign",
     "Sin",
+    "Sinh",
     "Size",
     "Slice",
     "Softmax",
     "Softplus",
     "SoftmaxCrossEntropyLoss",
+    "Softsign",
     "SpaceToDepth",
     "Split",
     "Sqrt",
     "Squeeze",
     "Sub",
     "Sum",
+    "Swish",
+    "Tan",
     "Tanh",
+    "ThresholdedRelu",
     "Tile",
     "TopK",
     "Transpose",
@@ -248,6 +280,12 @@ pub enum Op {
     Cast {
         to: DType,
     },
+    /// Cast to the element type of the second input.
+    CastLike,
+    /// The same bytes read as another element type of the same width.
+    BitCast {
+        to: DType,
+    },
     /// Selection and placement by index: TopK, ArgMax/ArgMin, gathers, scatters, NonZero,
     /// OneHot.
     Index(index::IndexOp),
@@ -265,6 +303,18 @@ pub enum Op {
     Loss(loss::LossAttrs),
     /// Linear quantization and the integer products.
     Quant(quant::QuantOp),
+    CumProd {
+        exclusive: bool,
+        reverse: bool,
+    },
+    /// `p` is 1 or 2.
+    LpNorm {
+        axis: i64,
+        p: u8,
+    },
+    MeanVarianceNorm {
+        axes: Vec<i64>,
+    },
     /// GroupNormalization with `groups`, InstanceNormalization without (a group per channel);
     /// `per_group`: one scale and bias per group (GroupNormalization before opset 21).
     GroupNorm {
@@ -330,6 +380,48 @@ impl Op {
             "Round" => un(U::Round),
             "Sign" => un(U::Sign),
             "Mish" => un(U::Mish),
+            "Tan" => un(U::Tan),
+            "Asin" => un(U::Asin),
+            "Acos" => un(U::Acos),
+            "Atan" => un(U::Atan),
+            "Sinh" => un(U::Sinh),
+            "Cosh" => un(U::Cosh),
+            "Asinh" => un(U::Asinh),
+            "Acosh" => un(U::Acosh),
+            "Atanh" => un(U::Atanh),
+            "Softsign" => un(U::Softsign),
+            "Celu" => un(U::Celu(a.float_or("alpha", 1.0)?)),
+            "Shrink" => un(U::Shrink(
+                a.float_or("bias", 0.0)?,
+                a.float_or("lambd", 0.5)?,
+            )),
+            "ThresholdedRelu" => un(U::ThresholdedRelu(a.float_or("alpha", 1.0)?)),
+            "Swish" => un(U::Swish(a.float_or("alpha", 1.0)?)),
+            "IsNaN" => un(U::IsNaN),
+            "BitwiseNot" => un(U::BitwiseNot),
+            "BitwiseAnd" => Ok(Some(Op::Binary(B::BitwiseAnd))),
+            "BitwiseOr" => Ok(Some(Op::Binary(B::BitwiseOr))),
+            "BitwiseXor" => Ok(Some(Op::Binary(B::BitwiseXor))),
+            "BitShift" => Ok(Some(Op::Binary(match a.string("direction")?.as_deref() {
+                Some("LEFT") => B::BitShiftLeft,
+                Some("RIGHT") => B::BitShiftRight,
+                d => {
+                    return Err(format!(
+                        "attribute \"direction\" is {d:?}, not LEFT or RIGHT"
+                    ));
+                }
+            }))),
+            "BitCast" => {
+                let to = a.int("to")?.ok_or("BitCast needs the attribute \"to\"")?;
+                let to = DType::from_onnx(to as i32).ok_or_else(|| {
+                    format!("attribute \"to\": BitCast to element type {to} is not supported")
+                })?;
+                Ok(Some(Op::BitCast { to }))
+            }
+            "IsInf" => un(U::IsInf(
+                a.int_or("detect_negative", 1)? != 0,
+                a.int_or("detect_positive", 1)? != 0,
+            )),
             "Mod" => Ok(Some(Op::Binary(match a.int_or("fmod", 0)? {
                 0 => B::Mod,
                 1 => B::Fmod,
@@ -423,9 +515,9 @@ impl Op {
                 }))
             }
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL2"
-            | "ReduceL1" | "ReduceSumSquare" => Ok(Some(Op::Reduce(reduce::ReduceAttrs::parse(
-                op_type, a, opset,
-            )?))),
+            | "ReduceL1" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => Ok(Some(
+                Op::Reduce(reduce::ReduceAttrs::parse(op_type, a, opset)?),
+            )),
             "Resize" | "Upsample" => Ok(Some(Op::Resize(resize::ResizeAttrs::parse(op_type, a)?))),
             "Cast" => {
                 let to = a.int("to")?.ok_or("Cast needs `to`")?;
@@ -433,6 +525,7 @@ impl Op {
                     .ok_or_else(|| format!("Cast to element type {to} is not supported"))?;
                 Ok(Some(Op::Cast { to }))
             }
+            "CastLike" => Ok(Some(Op::CastLike)),
             "NonMaxSuppression" => Ok(Some(Op::NonMaxSuppression {
                 center_point_box: match a.int_or("center_point_box", 0)? {
                     0 => false,
@@ -447,6 +540,21 @@ impl Op {
             "CumSum" => Ok(Some(Op::CumSum {
                 exclusive: a.int_or("exclusive", 0)? != 0,
                 reverse: a.int_or("reverse", 0)? != 0,
+            })),
+            "CumProd" => Ok(Some(Op::CumProd {
+                exclusive: a.int_or("exclusive", 0)? != 0,
+                reverse: a.int_or("reverse", 0)? != 0,
+            })),
+            "LpNormalization" => Ok(Some(Op::LpNorm {
+                axis: a.int_or("axis", -1)?,
+                p: match a.int_or("p", 2)? {
+                    1 => 1,
+                    2 => 2,
+                    p => return Err(format!("attribute \"p\" is {p}, not 1 or 2")),
+                },
+            })),
+            "MeanVarianceNormalization" => Ok(Some(Op::MeanVarianceNorm {
+                axes: a.ints("axes")?.unwrap_or_else(|| vec![0, 2, 3]),
             })),
             "InstanceNormalization" => Ok(Some(Op::GroupNorm {
                 groups: None,
@@ -553,15 +661,20 @@ impl Op {
             Op::Shape(s) => s.name().into(),
             Op::Resize(_) => "Resize".into(),
             Op::Cast { .. } => "Cast".into(),
+            Op::CastLike => "CastLike".into(),
+            Op::BitCast { .. } => "BitCast".into(),
             Op::Index(i) => i.name().into(),
             Op::Quant(q) => q.name().into(),
             Op::NonMaxSuppression { .. } => "NonMaxSuppression".into(),
             Op::Einsum(_) => "Einsum".into(),
             Op::CumSum { .. } => "CumSum".into(),
+            Op::CumProd { .. } => "CumProd".into(),
             Op::GroupNorm {
                 groups: Some(_), ..
             } => "GroupNormalization".into(),
             Op::GroupNorm { groups: None, .. } => "InstanceNormalization".into(),
+            Op::LpNorm { .. } => "LpNormalization".into(),
+            Op::MeanVarianceNorm { .. } => "MeanVarianceNormalization".into(),
         }
     }
 
@@ -572,7 +685,7 @@ impl Op {
     /// standard deviation stay f32 (`stash_type` 1).
     pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
         let half = match self {
-            Op::Cast { .. } | Op::Quant(_) => None,
+            Op::Cast { .. } | Op::CastLike | Op::BitCast { .. } | Op::Quant(_) => None,
             _ => inputs
                 .iter()
                 .flatten()
@@ -668,18 +781,30 @@ impl Op {
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::Cast { to } => one(Ok(elementwise::cast(input(inputs, 0)?, *to))),
+            Op::BitCast { to } => one(elementwise::bit_cast(input(inputs, 0)?, *to)),
+            Op::CastLike => one(Ok(elementwise::cast(
+                input(inputs, 0)?,
+                input(inputs, 1)?.dtype(),
+            ))),
             Op::Index(i) => i.eval(inputs),
             Op::Quant(q) => q.eval(cx, inputs),
             Op::NonMaxSuppression { center_point_box } => {
                 one(nms::non_max_suppression(inputs, *center_point_box))
             }
             Op::Einsum(e) => one(e.eval(cx, inputs)),
-            Op::CumSum { exclusive, reverse } => one(reduce::cum_sum(inputs, *exclusive, *reverse)),
+            Op::CumSum { exclusive, reverse } => {
+                one(reduce::cumulative(inputs, false, *exclusive, *reverse))
+            }
+            Op::CumProd { exclusive, reverse } => {
+                one(reduce::cumulative(inputs, true, *exclusive, *reverse))
+            }
             Op::GroupNorm {
                 groups,
                 eps,
                 per_group,
             } => one(norm::group_norm(inputs, *groups, *eps, *per_group)),
+            Op::LpNorm { axis, p } => one(norm::lp_norm(input(inputs, 0)?, *axis, *p)),
+            Op::MeanVarianceNorm { axes } => one(norm::mean_variance_norm(input(inputs, 0)?, axes)),
         }
     }
 }

@@ -1,11 +1,78 @@
 //! Normalisations: BatchNormalization (inference), LRN, Softmax/LogSoftmax, LayerNormalization,
-//! RMSNormalization, GroupNormalization and InstanceNormalization.
+//! RMSNormalization, GroupNormalization, InstanceNormalization, LpNormalization and
+//! MeanVarianceNormalization.
 
+use super::elementwise::{Binary, binary, cast};
 use super::elementwise::{broadcast_map, broadcast_shape};
+use super::reduce::{ReduceAttrs, ReduceKind, reduce};
 use super::{Cx, input, opt_input};
-use crate::error::{OpResult, shape_err};
-use crate::tensor::{Tensor, checked_numel, norm_axis};
+use crate::error::{OpError, OpResult, shape_err};
+use crate::tensor::{DType, Data, Tensor, axis_in, checked_numel, norm_axis};
 use cotenant_kernels::norm::{layer_norm_rows, mean_inv_std, rms_norm_rows, softmax_rows};
+
+/// The mean (or another reduction) of `x` over `axes`, keeping them as axes of size 1.
+fn reduce_kept(kind: ReduceKind, x: &Tensor, axes: &[i64]) -> OpResult<Tensor> {
+    let r = ReduceAttrs {
+        kind,
+        axes: Some(axes.to_vec()),
+        keepdims: true,
+        noop_with_empty_axes: false,
+    };
+    reduce(&r, &[Some(x)])
+}
+
+fn float_only(x: &Tensor, op: &str) -> OpResult<()> {
+    match x.dtype() {
+        DType::F32 | DType::F64 => Ok(()),
+        d => Err(OpError::DType(format!("{op} of {d:?}"))),
+    }
+}
+
+/// `x` divided by its L1 (`p` 1) or L2 (`p` 2) norm along `axis`; a zero norm gives zeros.
+pub fn lp_norm(x: &Tensor, axis: i64, p: u8) -> OpResult<Tensor> {
+    float_only(x, "LpNormalization")?;
+    let kind = match p {
+        1 => ReduceKind::ReduceL1,
+        _ => ReduceKind::ReduceL2,
+    };
+    let axis = axis_in(axis, x.rank())?;
+    let norm = reduce_kept(kind, x, &[axis as i64])?;
+    let v = broadcast_map(
+        &x.to_f64_vec(),
+        &x.shape,
+        &norm.to_f64_vec(),
+        &norm.shape,
+        &x.shape,
+        |v, n| if n == 0.0 { 0.0 } else { v / n },
+    );
+    Ok(cast(
+        &Tensor::new(x.shape.clone(), Data::F64(v))?,
+        x.dtype(),
+    ))
+}
+
+/// `(x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9)` with the expectations over `axes`, as ONNX's
+/// function body defines MeanVarianceNormalization.
+pub fn mean_variance_norm(x: &Tensor, axes: &[i64]) -> OpResult<Tensor> {
+    float_only(x, "MeanVarianceNormalization")?;
+    let mean = reduce_kept(ReduceKind::ReduceMean, x, axes)?;
+    let mean_of_squares = reduce_kept(ReduceKind::ReduceMean, &binary(Binary::Mul, x, x)?, axes)?;
+    let variance = binary(
+        Binary::Sub,
+        &mean_of_squares,
+        &binary(Binary::Mul, &mean, &mean)?,
+    )?;
+    let std = variance
+        .to_f64_vec()
+        .iter()
+        .map(|v| v.sqrt() + 1e-9)
+        .collect();
+    let std = cast(
+        &Tensor::new(variance.shape.clone(), Data::F64(std))?,
+        x.dtype(),
+    );
+    binary(Binary::Div, &binary(Binary::Sub, x, &mean)?, &std)
+}
 
 pub fn batch_norm(inputs: &[Option<&Tensor>], eps: f32) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;

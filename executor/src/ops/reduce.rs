@@ -1,11 +1,11 @@
-//! Reductions over a set of axes (ReduceMean/Sum/Max/Min/Prod/L1/L2/SumSquare), and CumSum,
-//! the running sum along one axis.
+//! Reductions over a set of axes (ReduceMean/Sum/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp),
+//! and CumSum and CumProd, the running sum and product along one axis.
 
 use super::elementwise::Num;
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Data, Tensor, axis_in, strides};
+use crate::tensor::{DType, Data, Tensor, axis_in, strides};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ReduceKind {
@@ -17,6 +17,8 @@ pub enum ReduceKind {
     ReduceL1,
     ReduceL2,
     ReduceSumSquare,
+    ReduceLogSum,
+    ReduceLogSumExp,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +40,8 @@ impl ReduceAttrs {
             "ReduceProd" => ReduceProd,
             "ReduceL1" => ReduceL1,
             "ReduceL2" => ReduceL2,
+            "ReduceLogSum" => ReduceLogSum,
+            "ReduceLogSumExp" => ReduceLogSumExp,
             _ => ReduceSumSquare,
         };
         Ok(ReduceAttrs {
@@ -82,7 +86,7 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
         .product();
     let vals = x.to_f64_vec();
     let init = match r.kind {
-        ReduceKind::ReduceMax => f64::NEG_INFINITY,
+        ReduceKind::ReduceMax | ReduceKind::ReduceLogSumExp => f64::NEG_INFINITY,
         ReduceKind::ReduceMin => f64::INFINITY,
         ReduceKind::ReduceProd => 1.0,
         _ => 0.0,
@@ -100,7 +104,8 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
             ReduceKind::ReduceProd => *a *= v,
             ReduceKind::ReduceL1 => *a += v.abs(),
             ReduceKind::ReduceL2 | ReduceKind::ReduceSumSquare => *a += v * v,
-            ReduceKind::ReduceMean | ReduceKind::ReduceSum => *a += v,
+            ReduceKind::ReduceMean | ReduceKind::ReduceSum | ReduceKind::ReduceLogSum => *a += v,
+            ReduceKind::ReduceLogSumExp => *a = log_add_exp(*a, v),
         }
         for i in (0..rank).rev() {
             idx[i] += 1;
@@ -113,6 +118,7 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     match r.kind {
         ReduceKind::ReduceMean => acc.iter_mut().for_each(|a| *a /= count.max(1) as f64),
         ReduceKind::ReduceL2 => acc.iter_mut().for_each(|a| *a = a.sqrt()),
+        ReduceKind::ReduceLogSum => acc.iter_mut().for_each(|a| *a = a.ln()),
         _ => {}
     }
     let shape: Vec<usize> = if r.keepdims {
@@ -125,26 +131,40 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
             .map(|(d, _)| *d)
             .collect()
     };
-    let data = match x.data {
-        Data::F32(_) => Data::F32(acc.iter().map(|&v| v as f32).collect()),
-        Data::F64(_) => Data::F64(acc),
-        Data::I64(_) => Data::I64(acc.iter().map(|&v| v as i64).collect()),
-        Data::I32(_) => Data::I32(acc.iter().map(|&v| v as i32).collect()),
-        Data::U8(_) => Data::U8(acc.iter().map(|&v| v as u8).collect()),
-        Data::I8(_) => Data::I8(acc.iter().map(|&v| v as i8).collect()),
-        Data::Bool(_) => return Err(OpError::DType("reduction of bool".into())),
-        Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
+    let data = match x.dtype() {
+        // Over no elements, the identity: false for ReduceMax, true for ReduceMin.
+        DType::Bool if matches!(r.kind, ReduceKind::ReduceMax | ReduceKind::ReduceMin) => {
+            Data::Bool(acc.iter().map(|&v| v > 0.0).collect())
+        }
+        DType::Bool => return Err(OpError::DType(format!("{:?} of bool", r.kind))),
+        d if d.is_half() => return Err(super::half_here()),
+        d => super::elementwise::cast(&Tensor::new(vec![acc.len()], Data::F64(acc))?, d).data,
     };
     Tensor::new(shape, data)
 }
 
-/// CumSum along the axis that input 1 (one integer) names; `exclusive` leaves each element out
-/// of its own sum, `reverse` sums from the end of the axis.
-pub fn cum_sum(inputs: &[Option<&Tensor>], exclusive: bool, reverse: bool) -> OpResult<Tensor> {
+/// `ln(exp(a) + exp(b))` without overflow; equal infinities stay infinite.
+fn log_add_exp(a: f64, b: f64) -> f64 {
+    if a == b {
+        return a + std::f64::consts::LN_2;
+    }
+    let (hi, lo) = if a > b { (a, b) } else { (b, a) };
+    hi + (lo - hi).exp().ln_1p()
+}
+
+/// CumSum (or with `product` CumProd) along the axis that input 1 (one integer) names;
+/// `exclusive` leaves each element out of its own sum, `reverse` runs from the end of the axis.
+pub fn cumulative(
+    inputs: &[Option<&Tensor>],
+    product: bool,
+    exclusive: bool,
+    reverse: bool,
+) -> OpResult<Tensor> {
+    let name = if product { "CumProd" } else { "CumSum" };
     let x = input(inputs, 0)?;
     let axis = match input(inputs, 1)?.to_i64_vec()?.as_slice() {
         [a] => axis_in(*a, x.rank())?,
-        v => return shape_err(format!("CumSum axis must be one value, not {}", v.len())),
+        v => return shape_err(format!("{name} axis must be one value, not {}", v.len())),
     };
     let outer: usize = x.shape[..axis].iter().product();
     let n = x.shape[axis];
@@ -152,21 +172,25 @@ pub fn cum_sum(inputs: &[Option<&Tensor>], exclusive: bool, reverse: bool) -> Op
     fn scan<T: Num + Default>(
         v: &[T],
         (outer, n, inner): (usize, usize, usize),
-        exclusive: bool,
-        reverse: bool,
+        product: bool,
+        (exclusive, reverse): (bool, bool),
     ) -> Vec<T> {
+        let (start, step): (T, fn(T, T) -> T) = match product {
+            true => (T::from_f64(1.0), T::mul),
+            false => (T::from_f64(0.0), T::add),
+        };
         let mut out = vec![T::default(); v.len()];
         for o in 0..outer {
             for i in 0..inner {
-                let mut acc = T::default();
-                for step in 0..n {
-                    let j = if reverse { n - 1 - step } else { step };
+                let mut acc = start;
+                for k in 0..n {
+                    let j = if reverse { n - 1 - k } else { k };
                     let at = (o * n + j) * inner + i;
                     if exclusive {
                         out[at] = acc;
-                        acc = acc.add(v[at]);
+                        acc = step(acc, v[at]);
                     } else {
-                        acc = acc.add(v[at]);
+                        acc = step(acc, v[at]);
                         out[at] = acc;
                     }
                 }
@@ -175,16 +199,12 @@ pub fn cum_sum(inputs: &[Option<&Tensor>], exclusive: bool, reverse: bool) -> Op
         out
     }
     let dims = (outer, n, inner);
-    let data = match &x.data {
-        Data::F32(v) => Data::F32(scan(v, dims, exclusive, reverse)),
-        Data::F64(v) => Data::F64(scan(v, dims, exclusive, reverse)),
-        Data::I64(v) => Data::I64(scan(v, dims, exclusive, reverse)),
-        Data::I32(v) => Data::I32(scan(v, dims, exclusive, reverse)),
-        Data::I8(v) => Data::I8(scan(v, dims, exclusive, reverse)),
-        Data::U8(v) => Data::U8(scan(v, dims, exclusive, reverse)),
-        Data::Bool(_) => return Err(OpError::DType("CumSum of bool".into())),
-        Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
-    };
+    let data = crate::map_numeric!(&x.data, v => scan(v, dims, product, (exclusive, reverse)), d => {
+        return Err(match d.dtype() {
+            DType::Bool => OpError::DType(format!("{name} of bool")),
+            _ => super::half_here(),
+        });
+    });
     Tensor::new(x.shape.clone(), data)
 }
 
@@ -198,7 +218,7 @@ mod tests {
         let axis = |a: i64| Tensor::i64(vec![], vec![a]).unwrap();
         let run = |a: i64, ex, rev| {
             let ax = axis(a);
-            cum_sum(&[Some(&x), Some(&ax)], ex, rev).map(|t| t.to_i64_vec().unwrap())
+            cumulative(&[Some(&x), Some(&ax)], false, ex, rev).map(|t| t.to_i64_vec().unwrap())
         };
         assert_eq!(run(1, false, false), Ok(vec![1, 3, 6, 4, 9, 15]));
         assert_eq!(run(-1, true, false), Ok(vec![0, 1, 3, 0, 4, 9]));
@@ -206,8 +226,38 @@ mod tests {
         assert_eq!(run(0, true, true), Ok(vec![4, 5, 6, 0, 0, 0]));
         assert!(run(2, false, false).is_err());
         let two = Tensor::i64(vec![2], vec![0, 1]).unwrap();
-        assert!(cum_sum(&[Some(&x), Some(&two)], false, false).is_err());
+        assert!(cumulative(&[Some(&x), Some(&two)], false, false, false).is_err());
         let f = Tensor::scalar_f32(0.0);
-        assert!(cum_sum(&[Some(&x), Some(&f)], false, false).is_err());
+        assert!(cumulative(&[Some(&x), Some(&f)], false, false, false).is_err());
+        let ax = axis(1);
+        let prod = cumulative(&[Some(&x), Some(&ax)], true, true, false).unwrap();
+        assert_eq!(prod.to_i64_vec(), Ok(vec![1, 1, 2, 1, 4, 20]));
+    }
+
+    #[test]
+    fn log_sum_exp_neither_overflows_nor_loses_infinities() {
+        let r = ReduceAttrs {
+            kind: ReduceKind::ReduceLogSumExp,
+            axes: None,
+            keepdims: false,
+            noop_with_empty_axes: false,
+        };
+        let x = Tensor::new(vec![2], Data::F64(vec![1000.0, 1000.0])).unwrap();
+        let y = reduce(&r, &[Some(&x)]).unwrap().to_f64_vec()[0];
+        assert!((y - (1000.0 + std::f64::consts::LN_2)).abs() < 1e-9);
+        let inf = Tensor::new(vec![2], Data::F64(vec![f64::INFINITY; 2])).unwrap();
+        assert_eq!(
+            reduce(&r, &[Some(&inf)]).unwrap().to_f64_vec(),
+            vec![f64::INFINITY]
+        );
+        let none = Tensor::new(vec![0], Data::Bool(vec![])).unwrap();
+        let min = ReduceAttrs {
+            kind: ReduceKind::ReduceMin,
+            ..r
+        };
+        assert_eq!(
+            reduce(&min, &[Some(&none)]).unwrap().data,
+            Data::Bool(vec![true])
+        );
     }
 }

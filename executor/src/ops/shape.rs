@@ -2,12 +2,12 @@
 //! Concat, Split, Slice, Gather, Pad, Shape, Size, ConstantOfShape, Range, DepthToSpace,
 //! SpaceToDepth and Trilu. They work on any element type.
 
-use super::elementwise::{broadcast_map, broadcast_shape};
+use super::elementwise::{Num, broadcast_map, broadcast_shape};
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::map_data;
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Data, Tensor, axis_in, checked_numel, norm_axis, strides};
+use crate::tensor::{DType, Data, Tensor, axis_in, checked_numel, norm_axis, strides};
 
 /// Slice before opset 10: starts, ends and optional axes as attributes.
 pub type SliceAttrs = (Vec<i64>, Vec<i64>, Option<Vec<i64>>);
@@ -69,6 +69,12 @@ pub enum ShapeOp {
     },
     Trilu {
         upper: bool,
+    },
+    /// A matrix of the input's shape with ones on diagonal `k`, of element type `dtype` (the
+    /// input's if none).
+    EyeLike {
+        dtype: Option<DType>,
+        k: i64,
     },
 }
 
@@ -172,6 +178,15 @@ impl ShapeOp {
             "Trilu" => ShapeOp::Trilu {
                 upper: a.int_or("upper", 1)? != 0,
             },
+            "EyeLike" => ShapeOp::EyeLike {
+                dtype: match a.int("dtype")? {
+                    None => None,
+                    Some(d) => Some(DType::from_onnx(d as i32).ok_or_else(|| {
+                        format!("attribute \"dtype\": element type {d} is not supported")
+                    })?),
+                },
+                k: a.int_or("k", 0)?,
+            },
             _ => return Ok(None),
         }))
     }
@@ -197,6 +212,7 @@ impl ShapeOp {
             ShapeOp::DepthToSpace { .. } => "DepthToSpace",
             ShapeOp::SpaceToDepth { .. } => "SpaceToDepth",
             ShapeOp::Trilu { .. } => "Trilu",
+            ShapeOp::EyeLike { .. } => "EyeLike",
         }
     }
 
@@ -360,6 +376,7 @@ impl ShapeOp {
                 one(space_to_depth(input(inputs, 0)?, *blocksize))
             }
             ShapeOp::Trilu { upper } => one(trilu(input(inputs, 0)?, opt_input(inputs, 1), *upper)),
+            ShapeOp::EyeLike { dtype, k } => one(eye_like(input(inputs, 0)?, *dtype, *k)),
             _ => Err(OpError::Unsupported(self.name().into())),
         }
     }
@@ -838,25 +855,25 @@ fn range(start: &Tensor, limit: &Tensor, delta: &Tensor) -> OpResult<Tensor> {
         }
         Data::F64(_) => Data::F64((0..n).map(|i| s + i as f64 * d).collect()),
         // Wrapping, as integer tensors do elsewhere: hostile bounds must not panic.
-        Data::I64(_) => {
-            let (s, d) = (s as i64, d as i64);
-            Data::I64(
-                (0..n)
-                    .map(|i| s.wrapping_add((i as i64).wrapping_mul(d)))
-                    .collect(),
-            )
-        }
-        Data::I32(_) => {
-            let (s, d) = (s as i32, d as i32);
-            Data::I32(
-                (0..n)
-                    .map(|i| s.wrapping_add((i as i32).wrapping_mul(d)))
-                    .collect(),
-            )
-        }
-        _ => return Err(OpError::DType("Range type".into())),
+        ref other => crate::map_int!(other, v => int_range(v, s, d, n), t => {
+            return Err(OpError::DType(format!("Range of {:?}", t.dtype())));
+        }),
     };
     Tensor::new(vec![n], data)
+}
+
+/// `n` integers from `s` in steps of `d` (each converted to `T` first, as Cast does), wrapping;
+/// `_like` only names the type.
+fn int_range<T: Num>(_like: &[T], s: f64, d: f64, n: usize) -> Vec<T> {
+    let (s, d) = (T::from_f64(s), T::from_f64(d));
+    let mut at = s;
+    (0..n)
+        .map(|_| {
+            let v = at;
+            at = at.add(d);
+            v
+        })
+        .collect()
 }
 
 /// The four axes of an [N, C, H, W] input of DepthToSpace or SpaceToDepth.
@@ -931,6 +948,22 @@ fn trilu(x: &Tensor, k: Option<&Tensor>, upper: bool) -> OpResult<Tensor> {
         out
     });
     Tensor::new(x.shape.clone(), data)
+}
+
+fn eye_like(x: &Tensor, dtype: Option<DType>, k: i64) -> OpResult<Tensor> {
+    let &[rows, cols] = x.shape.as_slice() else {
+        return shape_err(format!("EyeLike needs a matrix, not {:?}", x.shape));
+    };
+    let mut eye = vec![0.0; rows * cols];
+    for i in 0..rows {
+        // Diagonal offsets fit in i64: both sizes are within the executor's element limit.
+        let j = i as i64 + k;
+        if (0..cols as i64).contains(&j) {
+            eye[i * cols + j as usize] = 1.0;
+        }
+    }
+    let eye = Tensor::new(x.shape.clone(), Data::F64(eye))?;
+    Ok(super::elementwise::cast(&eye, dtype.unwrap_or(x.dtype())))
 }
 
 #[cfg(test)]

@@ -174,9 +174,19 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
         | Op::Lrn { .. }
         | Op::PRelu
         | Op::CumSum { .. }
+        | Op::CumProd { .. }
+        | Op::LpNorm { .. }
+        | Op::MeanVarianceNorm { .. }
+        | Op::CastLike
+        | Op::BitCast { .. }
         | Op::GroupNorm { .. }
-        | Op::Index(IndexOp::ScatterElements { .. } | IndexOp::ScatterNd { .. })
-        | Op::Shape(ShapeOp::Trilu { .. }) => same(),
+        | Op::Index(
+            IndexOp::ScatterElements { .. }
+            | IndexOp::ScatterNd { .. }
+            | IndexOp::Hardmax { .. }
+            | IndexOp::ReverseSequence { .. },
+        )
+        | Op::Shape(ShapeOp::Trilu { .. } | ShapeOp::EyeLike { .. }) => same(),
         Op::Cast { to } => {
             let mut k = shape_only(shape_of(ins, 0).cloned());
             if *to == DType::I64 {

@@ -31,6 +31,23 @@ pub fn unary(u: Unary) -> Option<(UnaryCode, f32, f32)> {
         Unary::Selu(a, g) => (C::Selu, a, g),
         Unary::Not | Unary::Identity => return None,
         Unary::Sin | Unary::Cos | Unary::Round | Unary::Sign | Unary::Mish => return None,
+        Unary::Tan
+        | Unary::Asin
+        | Unary::Acos
+        | Unary::Atan
+        | Unary::Sinh
+        | Unary::Cosh
+        | Unary::Asinh
+        | Unary::Acosh
+        | Unary::Atanh
+        | Unary::Softsign
+        | Unary::Celu(_)
+        | Unary::Shrink(..)
+        | Unary::ThresholdedRelu(_)
+        | Unary::Swish(_)
+        | Unary::IsInf(..)
+        | Unary::IsNaN
+        | Unary::BitwiseNot => return None,
     })
 }
 
@@ -82,8 +99,9 @@ pub fn act(a: Option<Activation>) -> Act {
     }
 }
 
-pub fn reduce(k: ReduceKind) -> ReduceCode {
-    match k {
+/// The reduction code of a kind the device has a kernel for.
+pub fn reduce(k: ReduceKind) -> Option<ReduceCode> {
+    Some(match k {
         ReduceKind::ReduceSum => ReduceCode::Sum,
         ReduceKind::ReduceMean => ReduceCode::Mean,
         ReduceKind::ReduceMax => ReduceCode::Max,
@@ -92,5 +110,6 @@ pub fn reduce(k: ReduceKind) -> ReduceCode {
         ReduceKind::ReduceSumSquare => ReduceCode::SumSquare,
         ReduceKind::ReduceL1 => ReduceCode::L1,
         ReduceKind::ReduceL2 => ReduceCode::L2,
-    }
+        ReduceKind::ReduceLogSum | ReduceKind::ReduceLogSumExp => return None,
+    })
 }

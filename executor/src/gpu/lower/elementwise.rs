@@ -16,6 +16,7 @@ pub fn covers(op: &Op) -> bool {
     match op {
         Op::Unary(u) => codes::unary(*u).is_some(),
         Op::Binary(b) => codes::binary(*b).is_some(),
+        Op::Reduce(r) => codes::reduce(r.kind).is_some(),
         _ => true,
     }
 }

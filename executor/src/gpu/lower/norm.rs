@@ -140,7 +140,10 @@ pub fn reduce(r: &ReduceAttrs, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> 
     let p = reduce_plan(x.shape, &axes, r.keepdims)
         .ok_or_else(|| Decline("axes that are not one contiguous run".into()))?;
     let y = cx.output(0, DType::F32, p.out_shape.clone())?;
-    let code = codes::reduce(r.kind) as i32;
+    let Some(code) = codes::reduce(r.kind) else {
+        return decline(format!("{:?} has no kernel", r.kind));
+    };
+    let code = code as i32;
     if p.outer * p.inner == 0 {
         cx.whole();
         return Ok(());
