@@ -43,7 +43,11 @@ impl Serialize for JsonData<'_> {
             Data::BF16(v) => s.collect_seq(v.iter().map(|x| x.is_finite().then(|| x.to_f32()))),
             Data::I64(v) => s.collect_seq(v),
             Data::I32(v) => s.collect_seq(v),
+            Data::I16(v) => s.collect_seq(v),
             Data::I8(v) => s.collect_seq(v),
+            Data::U64(v) => s.collect_seq(v),
+            Data::U32(v) => s.collect_seq(v),
+            Data::U16(v) => s.collect_seq(v),
             Data::U8(v) => s.collect_seq(v),
             Data::Bool(v) => s.collect_seq(v),
         }
@@ -100,12 +104,7 @@ pub fn encode_response(
 }
 
 fn element_bytes(data: &Data) -> usize {
-    match data {
-        Data::F64(_) | Data::I64(_) => 8,
-        Data::F32(_) | Data::I32(_) => 4,
-        Data::F16(_) | Data::BF16(_) => 2,
-        Data::I8(_) | Data::U8(_) | Data::Bool(_) => 1,
-    }
+    super::dtype_size(data.dtype())
 }
 
 /// Appends the raw little-endian bytes of `data`: one copy where the host is little-endian
@@ -125,6 +124,10 @@ pub fn append_bytes(out: &mut Vec<u8>, data: &Data) {
         Data::BF16(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
         Data::I64(v) => le(out, v, |x| x.to_le_bytes()),
         Data::I32(v) => le(out, v, |x| x.to_le_bytes()),
+        Data::I16(v) => le(out, v, |x| x.to_le_bytes()),
+        Data::U64(v) => le(out, v, |x| x.to_le_bytes()),
+        Data::U32(v) => le(out, v, |x| x.to_le_bytes()),
+        Data::U16(v) => le(out, v, |x| x.to_le_bytes()),
         Data::I8(v) => out.extend(v.iter().map(|x| *x as u8)),
         Data::U8(v) => out.extend_from_slice(v),
         Data::Bool(v) => out.extend(v.iter().map(|x| u8::from(*x))),

@@ -83,9 +83,9 @@ impl WireType {
 pub fn dtype_size(dtype: DType) -> usize {
     match dtype {
         DType::Bool | DType::U8 | DType::I8 => 1,
-        DType::I32 | DType::F32 => 4,
-        DType::I64 | DType::F64 => 8,
-        DType::F16 | DType::BF16 => 2,
+        DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
+        DType::I32 | DType::U32 | DType::F32 => 4,
+        DType::I64 | DType::U64 | DType::F64 => 8,
     }
 }
 
@@ -98,7 +98,11 @@ pub fn wire_name(dtype: DType) -> &'static str {
         DType::BF16 => "BF16",
         DType::I64 => "INT64",
         DType::I32 => "INT32",
+        DType::I16 => "INT16",
         DType::I8 => "INT8",
+        DType::U64 => "UINT64",
+        DType::U32 => "UINT32",
+        DType::U16 => "UINT16",
         DType::U8 => "UINT8",
         DType::Bool => "BOOL",
     }
