@@ -255,10 +255,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "MatMul in float64 is not implemented",
         &["test_flexattention_double_expanded_ver26"],
     ),
-    (
-        "MaxPool on uint8 is not implemented",
-        &["test_maxpool_2d_uint8"],
-    ),
 ];
 
 /// Node-test families outside an inference executor's scope, with the reason; each case of

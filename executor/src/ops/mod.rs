@@ -90,6 +90,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "CastLike",
     "Ceil",
     "Celu",
+    "CenterCropPad",
     "Clip",
     "Compress",
     "Concat",

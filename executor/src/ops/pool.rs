@@ -1,9 +1,10 @@
-//! MaxPool, AveragePool (1-D/2-D) and the global pools.
+//! MaxPool, AveragePool (1-D/2-D) and the global pools; MaxPool also of 8-bit integers.
 
 use super::Cx;
+use super::elementwise::cast;
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Tensor, checked_numel};
+use crate::tensor::{DType, Tensor, checked_numel};
 use cotenant_kernels::pool::{Pool2d, avg_pool2d, max_pool2d};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -164,6 +165,11 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
 }
 
 pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
+    // 8-bit integers are exact in f32, and a maximum is one of the values it is taken over.
+    if p.max && matches!(x.dtype(), DType::U8 | DType::I8) {
+        let y = pool(cx, p, &cast(x, DType::F32))?;
+        return Ok(y.iter().map(|t| cast(t, x.dtype())).collect());
+    }
     let (g, shape) = pool2d_geometry(p, &x.shape)?;
     let mut y = vec![0.0; checked_numel(&shape)?];
     if y.is_empty() {

@@ -173,6 +173,14 @@ fn shape_op(op: &ShapeOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>>
             let (_, out) = pad_shape(&x()?.shape, inputs, pads.as_deref())?;
             elements(&out, dsize(x()?) + 3 * INDEX)?
         }
+        ShapeOp::CenterCropPad { axes } => {
+            let (out, _) = super::shape::center_crop_pad_shape(
+                &x()?.shape,
+                input(inputs, 1)?,
+                axes.as_deref(),
+            )?;
+            elements(&out, dsize(x()?) + 3 * INDEX)?
+        }
         // The inputs joined: a node may name the same value many times.
         ShapeOp::Concat { .. } => inputs
             .iter()
