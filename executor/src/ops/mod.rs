@@ -138,6 +138,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Log",
     "LogSoftmax",
     "LpNormalization",
+    "LpPool",
     "LRN",
     "MatMul",
     "Max",
@@ -236,6 +237,11 @@ pub enum Op {
         act: Option<Activation>,
     },
     Pool(pool::PoolAttrs),
+    /// LpPool of order `p` (positive).
+    LpPool {
+        pool: pool::PoolAttrs,
+        p: u32,
+    },
     GlobalPool {
         max: bool,
     },
@@ -448,6 +454,13 @@ impl Op {
                 a,
                 op_type == "MaxPool",
             )?))),
+            "LpPool" => Ok(Some(Op::LpPool {
+                pool: pool::PoolAttrs::parse(a, false)?,
+                p: match a.int_or("p", 2)? {
+                    p @ 1..=64 => p as u32,
+                    p => return Err(format!("attribute \"p\" is {p}, not within 1..=64")),
+                },
+            })),
             "GlobalAveragePool" => Ok(Some(Op::GlobalPool { max: false })),
             "GlobalMaxPool" => Ok(Some(Op::GlobalPool { max: true })),
             "LRN" => Ok(Some(Op::Lrn {
@@ -593,6 +606,7 @@ impl Op {
                     "AveragePool".into()
                 }
             }
+            Op::LpPool { .. } => "LpPool".into(),
             Op::GlobalPool { max } => {
                 if *max {
                     "GlobalMaxPool".into()
@@ -712,6 +726,7 @@ impl Op {
                 *act,
             )),
             Op::Pool(p) => pool::pool(cx, p, input(inputs, 0)?),
+            Op::LpPool { pool, p } => one(pool::lp_pool(pool, *p, input(inputs, 0)?)),
             Op::GlobalPool { max } => one(pool::global_pool(input(inputs, 0)?, *max)),
             Op::Lrn {
                 size,

@@ -1,10 +1,11 @@
-//! MaxPool, AveragePool (1-D/2-D) and the global pools; MaxPool also of 8-bit integers.
+//! MaxPool, AveragePool, LpPool (1-D/2-D) and the global pools; MaxPool also of 8-bit
+//! integers.
 
 use super::Cx;
 use super::elementwise::cast;
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{DType, Tensor, checked_numel};
+use crate::tensor::{DType, Data, Tensor, checked_numel};
 use cotenant_kernels::pool::{Pool2d, avg_pool2d, max_pool2d};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -181,6 +182,41 @@ pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
         avg_pool2d(&g, x.as_f32()?, &mut y, p.count_include_pad, cx.threads);
     }
     Ok(vec![Tensor::f32(shape, y)?])
+}
+
+/// LpPool: the `p`-norm of every window, padding counting as zeros; computed in f64.
+pub fn lp_pool(pool: &PoolAttrs, p: u32, x: &Tensor) -> OpResult<Tensor> {
+    if !matches!(x.dtype(), DType::F32 | DType::F64) {
+        return Err(OpError::DType(format!("LpPool of {:?}", x.dtype())));
+    }
+    let (g, shape) = pool2d_geometry(pool, &x.shape)?;
+    let mut y = Vec::with_capacity(checked_numel(&shape)?);
+    let v = x.to_f64_vec();
+    // Input position of tap `k` of output `o` along one axis, when it is not padding.
+    let tap = |o: usize, k: usize, stride: usize, dilation: usize, before: usize, len: usize| {
+        (o * stride + k * dilation)
+            .checked_sub(before)
+            .filter(|&i| i < len)
+    };
+    for plane in v.chunks_exact(g.h * g.w).take(g.planes) {
+        for oy in 0..g.oh {
+            for ox in 0..g.ow {
+                let mut sum = 0.0;
+                for ky in 0..g.kh {
+                    let Some(iy) = tap(oy, ky, g.sh, g.dh, g.pt, g.h) else {
+                        continue;
+                    };
+                    for kx in 0..g.kw {
+                        if let Some(ix) = tap(ox, kx, g.sw, g.dw, g.pl, g.w) {
+                            sum += plane[iy * g.w + ix].abs().powi(p as i32);
+                        }
+                    }
+                }
+                y.push(sum.powf(1.0 / p as f64));
+            }
+        }
+    }
+    Ok(cast(&Tensor::new(shape, Data::F64(y))?, x.dtype()))
 }
 
 pub fn global_pool(x: &Tensor, max: bool) -> OpResult<Tensor> {

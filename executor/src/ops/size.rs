@@ -95,6 +95,11 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let (_, out) = super::pool::pool2d_geometry(p, &x()?.shape)?;
             elements(&out, 4)?
         }
+        // Computed in f64: the windows' results, and the output cast from them.
+        Op::LpPool { pool, .. } => {
+            let (_, out) = super::pool::pool2d_geometry(pool, &x()?.shape)?;
+            plus(elements(&out, 8 + dsize(x()?))?, times(x()?.len(), 8)?)?
+        }
         // The resampled tensor and one intermediate of at most its size, plus the taps.
         Op::Resize(r) => {
             let (out, _) = super::resize::resize_shape(r, inputs)?;
