@@ -204,6 +204,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "TopK",
     "Transpose",
     "Trilu",
+    "Unique",
     "Unsqueeze",
     "Upsample",
     "Where",
