@@ -143,6 +143,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "MatMul",
     "Max",
     "MaxPool",
+    "MaxUnpool",
     "Mean",
     "MeanVarianceNormalization",
     "Min",
@@ -238,6 +239,7 @@ pub enum Op {
         act: Option<Activation>,
     },
     Pool(pool::PoolAttrs),
+    MaxUnpool(pool::UnpoolAttrs),
     /// LpPool of order `p` (positive).
     LpPool {
         pool: pool::PoolAttrs,
@@ -455,6 +457,7 @@ impl Op {
                 a,
                 op_type == "MaxPool",
             )?))),
+            "MaxUnpool" => Ok(Some(Op::MaxUnpool(pool::UnpoolAttrs::parse(a)?))),
             "LpPool" => Ok(Some(Op::LpPool {
                 pool: pool::PoolAttrs::parse(a, false)?,
                 p: match a.int_or("p", 2)? {
@@ -608,6 +611,7 @@ impl Op {
                 }
             }
             Op::LpPool { .. } => "LpPool".into(),
+            Op::MaxUnpool(_) => "MaxUnpool".into(),
             Op::GlobalPool { max } => {
                 if *max {
                     "GlobalMaxPool".into()
@@ -728,6 +732,12 @@ impl Op {
             )),
             Op::Pool(p) => pool::pool(cx, p, input(inputs, 0)?),
             Op::LpPool { pool, p } => one(pool::lp_pool(pool, *p, input(inputs, 0)?)),
+            Op::MaxUnpool(u) => one(pool::max_unpool(
+                u,
+                input(inputs, 0)?,
+                input(inputs, 1)?,
+                opt_input(inputs, 2),
+            )),
             Op::GlobalPool { max } => one(pool::global_pool(input(inputs, 0)?, *max)),
             Op::Lrn {
                 size,

@@ -812,7 +812,7 @@ fn pad(
 
 /// The tensor of shape `out` whose element at each multi-index takes, along every axis `a`,
 /// position `maps[a][i]` of `x`, or `value` where any axis maps to `None`.
-fn gather_or_fill(
+pub(crate) fn gather_or_fill(
     x: &Tensor,
     out: Vec<usize>,
     maps: &[Vec<Option<usize>>],

@@ -95,6 +95,13 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let (_, out) = super::pool::pool2d_geometry(p, &x()?.shape)?;
             elements(&out, 4)?
         }
+        // The unpooled tensor and the output holding it, each gathered through an index per
+        // element.
+        Op::MaxUnpool(u) => {
+            let (_, out) =
+                super::pool::max_unpool_shape(u, &x()?.shape, super::opt_input(inputs, 2))?;
+            elements(&out, 2 * (dsize(x()?) + 3 * INDEX))?
+        }
         // Computed in f64: the windows' results, and the output cast from them.
         Op::LpPool { pool, .. } => {
             let (_, out) = super::pool::pool2d_geometry(pool, &x()?.shape)?;
