@@ -92,6 +92,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Celu",
     "CenterCropPad",
     "Clip",
+    "Col2Im",
     "Compress",
     "Concat",
     "Constant",
@@ -218,6 +219,7 @@ pub enum Op {
     /// A 1x1 Conv feeding a depthwise Conv, fused by the fusion pass.
     PointwiseDepthwise(Box<conv::PointwiseDepthwise>),
     ConvTranspose(conv::ConvAttrs),
+    Col2Im(conv::Col2ImAttrs),
     BatchNorm {
         eps: f32,
     },
@@ -323,6 +325,7 @@ impl Op {
         match op_type {
             "Conv" => Ok(Some(Op::Conv(conv::ConvAttrs::parse(a)?))),
             "ConvTranspose" => Ok(Some(Op::ConvTranspose(conv::ConvAttrs::parse(a)?))),
+            "Col2Im" => Ok(Some(Op::Col2Im(conv::Col2ImAttrs::parse(a)?))),
             "BatchNormalization" => {
                 if a.int_or("training_mode", 0)? != 0 {
                     return Err(
@@ -587,6 +590,7 @@ impl Op {
                 )
             }
             Op::ConvTranspose(_) => "ConvTranspose".into(),
+            Op::Col2Im(_) => "Col2Im".into(),
             Op::BatchNorm { .. } => "BatchNormalization".into(),
             Op::Unary(u) => format!("{u:?}"),
             Op::Clip { .. } => "Clip".into(),
@@ -693,6 +697,7 @@ impl Op {
             Op::Conv(c) => one(conv::conv(cx, c, inputs)),
             Op::PointwiseDepthwise(f) => one(conv::pointwise_depthwise(cx, f, inputs)),
             Op::ConvTranspose(c) => one(conv::conv_transpose(cx, c, inputs)),
+            Op::Col2Im(c) => one(conv::col2im(c, inputs)),
             Op::BatchNorm { eps } => one(norm::batch_norm(inputs, *eps)),
             Op::Unary(u) => one(elementwise::unary(cx, *u, input(inputs, 0)?)),
             Op::Clip { min, max } => one(elementwise::clip(cx, inputs, *min, *max)),

@@ -78,6 +78,12 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let columns = elements(&[p.m / p.groups, p.kh, p.kw, p.h, p.w], 4)?;
             plus(elements(&out, 4)?, columns)?
         }
+        // The image in f64 and the output cast from it.
+        Op::Col2Im(c) => {
+            let g =
+                super::conv::col2im_geometry(c, &x()?.shape, input(inputs, 1)?, input(inputs, 2)?)?;
+            elements(&g.out, 8 + dsize(x()?))?
+        }
         Op::PointwiseDepthwise(f) => {
             let conv = super::conv::conv_geometry;
             let (p1, mid) = conv(&f.pointwise, &x()?.shape, &input(inputs, 1)?.shape)?;
