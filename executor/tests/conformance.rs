@@ -223,6 +223,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True",
             "test_averagepool_3d_dilations_small",
             "test_convtranspose_3d",
+            "test_lppool_3d_default",
             "test_maxpool_3d_default",
             "test_maxpool_3d_dilations",
             "test_maxpool_3d_dilations_use_ref_impl",
@@ -280,10 +281,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "MatMul in float64 is not implemented",
         &["test_flexattention_double_expanded_ver26"],
-    ),
-    (
-        "MaxPool on uint8 is not implemented",
-        &["test_maxpool_2d_uint8"],
     ),
 ];
 

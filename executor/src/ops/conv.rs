@@ -1,11 +1,13 @@
 //! Conv and ConvTranspose (1-D and 2-D, NCHW): attribute handling and output geometry; the
-//! arithmetic is in `cotenant_kernels::conv`.
+//! arithmetic is in `cotenant_kernels::conv`. Also Col2Im, which sums columns back into an
+//! image of any rank.
 
 use super::elementwise::{Binary, binary};
+use super::index::each_index;
 use super::{Activation, Cx, input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{MAX_ELEMENTS, Tensor, checked_numel};
+use crate::tensor::{DType, Data, MAX_ELEMENTS, Tensor, checked_numel};
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv_transpose2d, conv2d};
 use cotenant_kernels::direct_conv::{self, PackedFilter, direct_conv};
 use cotenant_kernels::fused::{self, Stage};
@@ -549,4 +551,177 @@ pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpR
         a.apply_slice(cx.threads, &mut out);
     }
     Tensor::f32(shape, out)
+}
+/// Col2Im's window along each image axis; absent lists mean dilation 1, no padding, stride 1.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Col2ImAttrs {
+    pub dilations: Option<Vec<usize>>,
+    pub pads: Option<Vec<usize>>,
+    pub strides: Option<Vec<usize>>,
+}
+
+impl Col2ImAttrs {
+    pub fn parse(a: &Attrs) -> Result<Col2ImAttrs, String> {
+        let c = Col2ImAttrs {
+            dilations: a.usizes("dilations")?,
+            pads: a.usizes("pads")?,
+            strides: a.usizes("strides")?,
+        };
+        if c.dilations
+            .iter()
+            .chain(&c.strides)
+            .flatten()
+            .any(|&v| v == 0)
+        {
+            return Err("attributes \"dilations\" and \"strides\" must be positive".into());
+        }
+        Ok(c)
+    }
+}
+
+/// Where Col2Im puts its columns: the output shape `[N, C, image...]`, and per image axis the
+/// block size, the number of block positions, stride, dilation and padding before.
+pub(crate) struct Col2Im {
+    pub out: Vec<usize>,
+    block: Vec<usize>,
+    blocks: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    before: Vec<usize>,
+}
+
+pub(crate) fn col2im_geometry(
+    a: &Col2ImAttrs,
+    x: &[usize],
+    image: &Tensor,
+    block: &Tensor,
+) -> OpResult<Col2Im> {
+    let image = super::shape::to_dims(&image.to_i64_vec()?)?;
+    let block = super::shape::to_dims(&block.to_i64_vec()?)?;
+    let s = image.len();
+    if s == 0 || block.len() != s || x.len() != 3 {
+        return shape_err(format!(
+            "Col2Im of {x:?} into an image {image:?} by blocks {block:?}"
+        ));
+    }
+    let listed = |v: &Option<Vec<usize>>, n: usize, d: usize| match v {
+        Some(v) if v.len() != n => shape_err(format!(
+            "Col2Im attribute has {} entries, expected {n}",
+            v.len()
+        )),
+        Some(v) => Ok(v.clone()),
+        None => Ok(vec![d; n]),
+    };
+    let (dilations, pads, strides) = (
+        listed(&a.dilations, s, 1)?,
+        listed(&a.pads, 2 * s, 0)?,
+        listed(&a.strides, s, 1)?,
+    );
+    let k = checked_numel(&block)?;
+    if k == 0 || !x[1].is_multiple_of(k) {
+        return shape_err(format!("Col2Im of {} channels by blocks {block:?}", x[1]));
+    }
+    let mut blocks = Vec::with_capacity(s);
+    for i in 0..s {
+        let eff = span(block[i], dilations[i])?;
+        let padded = sum3(image[i], pads[i], pads[i + s])?;
+        if padded < eff {
+            return shape_err(format!(
+                "Col2Im block {eff} larger than padded image {padded}"
+            ));
+        }
+        blocks.push((padded - eff) / strides[i] + 1);
+    }
+    if checked_numel(&blocks)? != x[2] {
+        return shape_err(format!(
+            "Col2Im of {} columns where the image has {blocks:?} block positions",
+            x[2]
+        ));
+    }
+    let mut out = vec![x[0], x[1] / k];
+    out.extend(&image);
+    checked_numel(&out)?;
+    Ok(Col2Im {
+        out,
+        block,
+        blocks,
+        strides,
+        dilations,
+        before: pads[..s].to_vec(),
+    })
+}
+
+/// Col2Im: every column of `[N, C * block, L]` summed back into the image positions its
+/// block covers (padding dropped); computed in f64.
+pub fn col2im(a: &Col2ImAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    if !matches!(x.dtype(), DType::F32 | DType::F64) {
+        return Err(OpError::DType(format!("Col2Im of {:?}", x.dtype())));
+    }
+    let g = col2im_geometry(a, &x.shape, input(inputs, 1)?, input(inputs, 2)?)?;
+    let image = &g.out[2..];
+    let plane: usize = image.iter().product();
+    let (k, l) = (x.shape[1] / g.out[1], x.shape[2]);
+    let v = x.to_f64_vec();
+    let mut y = vec![0.0; checked_numel(&g.out)?];
+    for (nc, out) in y
+        .chunks_exact_mut(plane.max(1))
+        .enumerate()
+        .take(g.out[0] * g.out[1])
+    {
+        let columns = &v[nc * k * l..][..k * l];
+        let mut kf = 0;
+        each_index(&g.block, |tap| {
+            let mut lf = 0;
+            each_index(&g.blocks, |at| {
+                let mut off = Some(0);
+                for i in 0..image.len() {
+                    let p = (at[i] * g.strides[i] + tap[i] * g.dilations[i])
+                        .checked_sub(g.before[i])
+                        .filter(|&p| p < image[i]);
+                    off = off.zip(p).map(|(o, p)| o * image[i] + p);
+                }
+                if let Some(o) = off {
+                    out[o] += columns[kf * l + lf];
+                }
+                lf += 1;
+                Ok(())
+            })?;
+            kf += 1;
+            Ok(())
+        })?;
+    }
+    Ok(super::elementwise::cast(
+        &Tensor::new(g.out, Data::F64(y))?,
+        x.dtype(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn col2im_sums_overlapping_blocks_and_checks_its_geometry() {
+        let a = Col2ImAttrs {
+            dilations: None,
+            pads: None,
+            strides: None,
+        };
+        let dims = |v: Vec<i64>| Tensor::i64(vec![v.len()], v).unwrap();
+        // One channel, blocks of 2 over an image of 3: two positions overlapping at the middle.
+        let x = Tensor::f32(vec![1, 2, 2], vec![1.0, 2.0, 10.0, 20.0]).unwrap();
+        let run = |image: Vec<i64>, block: Vec<i64>| {
+            let (i, b) = (dims(image), dims(block));
+            col2im(&a, &[Some(&x), Some(&i), Some(&b)])
+        };
+        assert_eq!(
+            run(vec![3], vec![2]).unwrap().as_f32().unwrap(),
+            &[1.0, 12.0, 20.0]
+        );
+        assert!(run(vec![4], vec![2]).is_err());
+        assert!(run(vec![1 << 40], vec![2]).is_err());
+        assert!(run(vec![3], vec![0]).is_err());
+        assert!(run(vec![3, 1], vec![2]).is_err());
+    }
 }

@@ -1,6 +1,6 @@
 //! Ops that select or place elements by position: TopK, ArgMax/ArgMin, Hardmax,
 //! GatherElements, GatherND, ScatterElements (and the older Scatter), ScatterND, NonZero,
-//! OneHot, Compress and ReverseSequence. Every index
+//! OneHot, Compress, ReverseSequence and Unique. Every index
 //! read from a tensor is checked against the dimension it addresses: an index out of range is
 //! an error naming the op, never a read or write out of bounds.
 
@@ -96,6 +96,13 @@ pub enum IndexOp {
         batch_axis: i64,
         time_axis: i64,
     },
+    /// The distinct slices along `axis` (elements of the flattened input, if none), sorted or
+    /// in order of first occurrence, with their first positions, the position of every input
+    /// slice among them, and their counts.
+    Unique {
+        axis: Option<i64>,
+        sorted: bool,
+    },
 }
 
 impl IndexOp {
@@ -147,6 +154,10 @@ impl IndexOp {
                 batch_axis: a.int_or("batch_axis", 1)?,
                 time_axis: a.int_or("time_axis", 0)?,
             },
+            "Unique" => IndexOp::Unique {
+                axis: a.int("axis")?,
+                sorted: a.int_or("sorted", 1)? != 0,
+            },
             _ => return Ok(None),
         }))
     }
@@ -165,6 +176,7 @@ impl IndexOp {
             IndexOp::Hardmax { .. } => "Hardmax",
             IndexOp::Compress { .. } => "Compress",
             IndexOp::ReverseSequence { .. } => "ReverseSequence",
+            IndexOp::Unique { .. } => "Unique",
         }
     }
 
@@ -209,6 +221,7 @@ impl IndexOp {
                 one(one_hot(x()?, input(inputs, 1)?, input(inputs, 2)?, *axis))
             }
             IndexOp::Hardmax { axis, legacy } => one(hardmax(x()?, *axis, *legacy)),
+            IndexOp::Unique { axis, sorted } => unique(x()?, *axis, *sorted),
             IndexOp::Compress { axis } => one(compress(x()?, input(inputs, 1)?, *axis)),
             IndexOp::ReverseSequence {
                 batch_axis,
@@ -429,6 +442,70 @@ fn compress(x: &Tensor, condition: &Tensor, axis: Option<i64>) -> OpResult<Tenso
     let mut shape = x.shape.clone();
     shape[axis] = kept.len();
     Tensor::new(shape, x.data.gather(&at))
+}
+
+fn unique(x: &Tensor, axis: Option<i64>, sorted: bool) -> OpResult<Vec<Tensor>> {
+    let flat;
+    let (x, axis) = match axis {
+        Some(a) => (x, axis_in(a, x.rank())?),
+        None => {
+            flat = x.clone().reshaped(vec![x.len()])?;
+            (&flat, 0)
+        }
+    };
+    let (outer, n, inner) = around(&x.shape, axis);
+    // The flat positions of slice `k` along the axis, in row-major order.
+    let slice =
+        |k: usize| (0..outer).flat_map(move |o| (0..inner).map(move |i| (o * n + k) * inner + i));
+    // Slices in ascending order (NaN above numbers and equal to itself), ties by position.
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut same = vec![false; n];
+    with_data!(&x.data, v => {
+        let cmp = |a: usize, b: usize| {
+            slice(a)
+                .zip(slice(b))
+                .map(|(i, j)| nan_high(v[i], v[j]))
+                .find(|o| o.is_ne())
+                .unwrap_or(Ordering::Equal)
+        };
+        order.sort_by(|&a, &b| cmp(a, b).then(a.cmp(&b)));
+        for w in 1..n {
+            same[w] = cmp(order[w - 1], order[w]).is_eq();
+        }
+    });
+    // Groups of equal slices: each group's first member is its first occurrence.
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (w, &k) in order.iter().enumerate() {
+        match groups.last_mut() {
+            Some(g) if same[w] => g.push(k),
+            _ => groups.push(vec![k]),
+        }
+    }
+    if !sorted {
+        groups.sort_by_key(|g| g[0]);
+    }
+    let mut inverse = vec![0i64; n];
+    for (at, g) in groups.iter().enumerate() {
+        for &k in g {
+            inverse[k] = at as i64;
+        }
+    }
+    let mut picks = Vec::with_capacity(outer * groups.len() * inner);
+    for o in 0..outer {
+        for g in &groups {
+            let start = (o * n + g[0]) * inner;
+            picks.extend(start..start + inner);
+        }
+    }
+    let mut shape = x.shape.clone();
+    shape[axis] = groups.len();
+    let ints = |v: Vec<i64>| Tensor::i64(vec![v.len()], v);
+    Ok(vec![
+        Tensor::new(shape, x.data.gather(&picks))?,
+        ints(groups.iter().map(|g| g[0] as i64).collect())?,
+        ints(inverse)?,
+        ints(groups.iter().map(|g| g.len() as i64).collect())?,
+    ])
 }
 
 fn reverse_sequence(x: &Tensor, lens: &Tensor, batch: i64, time: i64) -> OpResult<Tensor> {
@@ -1006,5 +1083,23 @@ mod tests {
         assert!(reverse_sequence(&x, &lens(vec![4, 0]), 0, 1).is_err());
         assert!(reverse_sequence(&x, &lens(vec![1]), 0, 1).is_err());
         assert!(reverse_sequence(&x, &lens(vec![1, 1]), 1, 1).is_err());
+    }
+
+    #[test]
+    fn unique_groups_equal_slices_and_nans() {
+        let x = Tensor::f32(vec![5], vec![2.0, f32::NAN, 1.0, 2.0, f32::NAN]).unwrap();
+        let out = unique(&x, None, false).unwrap();
+        let ints = |k: usize| out[k].to_i64_vec().unwrap();
+        assert_eq!(out[0].shape, vec![3]);
+        assert_eq!(out[0].as_f32().unwrap()[..1], [2.0]);
+        assert_eq!(
+            (ints(1), ints(2), ints(3)),
+            (vec![0, 1, 2], vec![0, 1, 2, 0, 1], vec![2, 2, 1])
+        );
+        let rows = Tensor::i64(vec![3, 2], vec![5, 1, 0, 9, 5, 1]).unwrap();
+        let out = unique(&rows, Some(0), true).unwrap();
+        assert_eq!(out[0].to_i64_vec(), Ok(vec![0, 9, 5, 1]));
+        assert_eq!(out[2].to_i64_vec(), Ok(vec![1, 0, 1]));
+        assert!(unique(&rows, Some(2), true).is_err());
     }
 }

@@ -94,7 +94,9 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "CastLike",
     "Ceil",
     "Celu",
+    "CenterCropPad",
     "Clip",
+    "Col2Im",
     "Compress",
     "Concat",
     "Constant",
@@ -144,11 +146,13 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Log",
     "LogSoftmax",
     "LpNormalization",
+    "LpPool",
     "LRN",
     "MatMul",
     "MatMulInteger",
     "Max",
     "MaxPool",
+    "MaxUnpool",
     "Mean",
     "MeanVarianceNormalization",
     "Min",
@@ -217,6 +221,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "TopK",
     "Transpose",
     "Trilu",
+    "Unique",
     "Unsqueeze",
     "Upsample",
     "Where",
@@ -229,6 +234,7 @@ pub enum Op {
     /// A 1x1 Conv feeding a depthwise Conv, fused by the fusion pass.
     PointwiseDepthwise(Box<conv::PointwiseDepthwise>),
     ConvTranspose(conv::ConvAttrs),
+    Col2Im(conv::Col2ImAttrs),
     BatchNorm {
         eps: f32,
     },
@@ -250,6 +256,12 @@ pub enum Op {
         act: Option<Activation>,
     },
     Pool(pool::PoolAttrs),
+    MaxUnpool(pool::UnpoolAttrs),
+    /// LpPool of order `p` (positive).
+    LpPool {
+        pool: pool::PoolAttrs,
+        p: u32,
+    },
     GlobalPool {
         max: bool,
     },
@@ -338,6 +350,7 @@ impl Op {
         match op_type {
             "Conv" => Ok(Some(Op::Conv(conv::ConvAttrs::parse(a)?))),
             "ConvTranspose" => Ok(Some(Op::ConvTranspose(conv::ConvAttrs::parse(a)?))),
+            "Col2Im" => Ok(Some(Op::Col2Im(conv::Col2ImAttrs::parse(a)?))),
             "BatchNormalization" => {
                 if a.int_or("training_mode", 0)? != 0 {
                     return Err(
@@ -472,6 +485,14 @@ impl Op {
                 a,
                 op_type == "MaxPool",
             )?))),
+            "MaxUnpool" => Ok(Some(Op::MaxUnpool(pool::UnpoolAttrs::parse(a)?))),
+            "LpPool" => Ok(Some(Op::LpPool {
+                pool: pool::PoolAttrs::parse(a, false)?,
+                p: match a.int_or("p", 2)? {
+                    p @ 1..=64 => p as u32,
+                    p => return Err(format!("attribute \"p\" is {p}, not within 1..=64")),
+                },
+            })),
             "GlobalAveragePool" => Ok(Some(Op::GlobalPool { max: false })),
             "GlobalMaxPool" => Ok(Some(Op::GlobalPool { max: true })),
             "LRN" => Ok(Some(Op::Lrn {
@@ -613,6 +634,7 @@ impl Op {
                 )
             }
             Op::ConvTranspose(_) => "ConvTranspose".into(),
+            Op::Col2Im(_) => "Col2Im".into(),
             Op::BatchNorm { .. } => "BatchNormalization".into(),
             Op::Unary(u) => format!("{u:?}"),
             Op::Clip { .. } => "Clip".into(),
@@ -636,6 +658,8 @@ impl Op {
                     "AveragePool".into()
                 }
             }
+            Op::LpPool { .. } => "LpPool".into(),
+            Op::MaxUnpool(_) => "MaxUnpool".into(),
             Op::GlobalPool { max } => {
                 if *max {
                     "GlobalMaxPool".into()
@@ -724,6 +748,7 @@ impl Op {
             Op::Conv(c) => one(conv::conv(cx, c, inputs)),
             Op::PointwiseDepthwise(f) => one(conv::pointwise_depthwise(cx, f, inputs)),
             Op::ConvTranspose(c) => one(conv::conv_transpose(cx, c, inputs)),
+            Op::Col2Im(c) => one(conv::col2im(c, inputs)),
             Op::BatchNorm { eps } => one(norm::batch_norm(inputs, *eps)),
             Op::Unary(u) => one(elementwise::unary(cx, *u, input(inputs, 0)?)),
             Op::Clip { min, max } => one(elementwise::clip(cx, inputs, *min, *max)),
@@ -762,6 +787,13 @@ impl Op {
                 *act,
             )),
             Op::Pool(p) => pool::pool(cx, p, input(inputs, 0)?),
+            Op::LpPool { pool, p } => one(pool::lp_pool(pool, *p, input(inputs, 0)?)),
+            Op::MaxUnpool(u) => one(pool::max_unpool(
+                u,
+                input(inputs, 0)?,
+                input(inputs, 1)?,
+                opt_input(inputs, 2),
+            )),
             Op::GlobalPool { max } => one(pool::global_pool(input(inputs, 0)?, *max)),
             Op::Lrn {
                 size,

@@ -1,9 +1,11 @@
-//! MaxPool, AveragePool (1-D/2-D) and the global pools.
+//! MaxPool, AveragePool, LpPool (1-D/2-D), the global pools and MaxUnpool; MaxPool also of
+//! 8-bit integers.
 
 use super::Cx;
+use super::elementwise::cast;
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Tensor, checked_numel};
+use crate::tensor::{DType, Data, Tensor, checked_numel};
 use cotenant_kernels::pool::{Pool2d, avg_pool2d, max_pool2d};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -164,6 +166,11 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
 }
 
 pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
+    // 8-bit integers are exact in f32, and a maximum is one of the values it is taken over.
+    if p.max && matches!(x.dtype(), DType::U8 | DType::I8) {
+        let y = pool(cx, p, &cast(x, DType::F32))?;
+        return Ok(y.iter().map(|t| cast(t, x.dtype())).collect());
+    }
     let (g, shape) = pool2d_geometry(p, &x.shape)?;
     let mut y = vec![0.0; checked_numel(&shape)?];
     if y.is_empty() {
@@ -175,6 +182,157 @@ pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
         avg_pool2d(&g, x.as_f32()?, &mut y, p.count_include_pad, cx.threads);
     }
     Ok(vec![Tensor::f32(shape, y)?])
+}
+
+/// MaxUnpool's window: what it takes to recover the shape a pooling came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnpoolAttrs {
+    pub kernel_shape: Vec<usize>,
+    pub strides: Option<Vec<usize>>,
+    pub pads: Option<Vec<usize>>,
+}
+
+impl UnpoolAttrs {
+    pub fn parse(a: &Attrs) -> Result<UnpoolAttrs, String> {
+        let u = UnpoolAttrs {
+            kernel_shape: a
+                .usizes("kernel_shape")?
+                .ok_or("attribute \"kernel_shape\" is required")?,
+            strides: a.usizes("strides")?,
+            pads: a.usizes("pads")?,
+        };
+        if u.kernel_shape.contains(&0) || u.strides.iter().flatten().any(|&s| s == 0) {
+            return Err("attributes \"kernel_shape\" and \"strides\" must be positive".into());
+        }
+        Ok(u)
+    }
+}
+
+/// MaxUnpool's shapes: the one its pooling came from (each spatial axis grown back to
+/// `(in - 1) * stride + kernel - pads`), which its indices address, and the output's, which is
+/// input 2 when given (at least as large: the unpooled tensor sits in its leading corner).
+pub(crate) fn max_unpool_shape(
+    u: &UnpoolAttrs,
+    x: &[usize],
+    output_shape: Option<&Tensor>,
+) -> OpResult<(Vec<usize>, Vec<usize>)> {
+    let spatial = x.len().saturating_sub(2);
+    let listed = |v: &Option<Vec<usize>>, n: usize, d: usize| match v {
+        Some(v) if v.len() != n => shape_err(format!(
+            "MaxUnpool attribute has {} entries, expected {n}",
+            v.len()
+        )),
+        Some(v) => Ok(v.clone()),
+        None => Ok(vec![d; n]),
+    };
+    if spatial == 0 || u.kernel_shape.len() != spatial {
+        return shape_err(format!(
+            "MaxUnpool kernel_shape {:?} for an input {x:?}",
+            u.kernel_shape
+        ));
+    }
+    let strides = listed(&u.strides, spatial, 1)?;
+    let pads = listed(&u.pads, 2 * spatial, 0)?;
+    let mut unpooled = x[..2].to_vec();
+    for i in 0..spatial {
+        let grown = x[i + 2]
+            .saturating_sub(1)
+            .checked_mul(strides[i])
+            .and_then(|v| v.checked_add(u.kernel_shape[i]))
+            .ok_or(OpError::TooLarge(usize::MAX))?;
+        let d = grown
+            .checked_sub(pads[i].saturating_add(pads[i + spatial]))
+            .ok_or_else(|| OpError::Shape("MaxUnpool pads larger than its window".into()))?;
+        unpooled.push(d);
+    }
+    checked_numel(&unpooled)?;
+    let out = match output_shape {
+        None => unpooled.clone(),
+        Some(t) => {
+            let dims = super::shape::to_dims(&t.to_i64_vec()?)?;
+            if dims.len() != x.len() || dims.iter().zip(&unpooled).any(|(o, u)| o < u) {
+                return shape_err(format!(
+                    "MaxUnpool output shape {dims:?} cannot hold the unpooled {unpooled:?}"
+                ));
+            }
+            checked_numel(&dims)?;
+            dims
+        }
+    };
+    Ok((unpooled, out))
+}
+
+/// MaxUnpool: zeros with each element of `x` at the flat position its index (as MaxPool's
+/// Indices output gives them) names in the unpooled shape, in the leading corner of the output.
+pub fn max_unpool(
+    u: &UnpoolAttrs,
+    x: &Tensor,
+    indices: &Tensor,
+    output_shape: Option<&Tensor>,
+) -> OpResult<Tensor> {
+    let (unpooled, out) = max_unpool_shape(u, &x.shape, output_shape)?;
+    if indices.shape != x.shape {
+        return shape_err(format!(
+            "MaxUnpool indices {:?} for an input {:?}",
+            indices.shape, x.shape
+        ));
+    }
+    let n = checked_numel(&unpooled)?;
+    // Every element reads the input, or the zero placed after it.
+    let mut from = vec![x.len(); n];
+    for (k, &i) in indices.to_i64_vec()?.iter().enumerate() {
+        let at = usize::try_from(i).ok().filter(|&i| i < n).ok_or_else(|| {
+            OpError::Shape(format!(
+                "MaxUnpool index {i} outside an unpooled tensor of {n}"
+            ))
+        })?;
+        from[at] = k;
+    }
+    let mut all = x.data.clone();
+    all.extend_from(&Data::zeros(x.dtype(), 1), 0..1);
+    let y = Tensor::new(unpooled, all.gather(&from))?;
+    if y.shape == out {
+        return Ok(y);
+    }
+    let corner: Vec<Vec<Option<usize>>> = (0..out.len())
+        .map(|a| (0..out[a]).map(|i| (i < y.shape[a]).then_some(i)).collect())
+        .collect();
+    super::shape::gather_or_fill(&y, out, &corner, 0.0)
+}
+
+/// LpPool: the `p`-norm of every window, padding counting as zeros; computed in f64.
+pub fn lp_pool(pool: &PoolAttrs, p: u32, x: &Tensor) -> OpResult<Tensor> {
+    if !matches!(x.dtype(), DType::F32 | DType::F64) {
+        return Err(OpError::DType(format!("LpPool of {:?}", x.dtype())));
+    }
+    let (g, shape) = pool2d_geometry(pool, &x.shape)?;
+    let mut y = Vec::with_capacity(checked_numel(&shape)?);
+    let v = x.to_f64_vec();
+    // Input position of tap `k` of output `o` along one axis, when it is not padding.
+    let tap = |o: usize, k: usize, stride: usize, dilation: usize, before: usize, len: usize| {
+        (o * stride + k * dilation)
+            .checked_sub(before)
+            .filter(|&i| i < len)
+    };
+    for plane in v.chunks_exact(g.h * g.w).take(g.planes) {
+        for oy in 0..g.oh {
+            for ox in 0..g.ow {
+                let mut sum = 0.0;
+                for ky in 0..g.kh {
+                    let Some(iy) = tap(oy, ky, g.sh, g.dh, g.pt, g.h) else {
+                        continue;
+                    };
+                    for kx in 0..g.kw {
+                        if let Some(ix) = tap(ox, kx, g.sw, g.dw, g.pl, g.w) {
+                            sum += plane[iy * g.w + ix].abs().powi(p as i32);
+                        }
+                    }
+                }
+                y.push(sum.powf(1.0 / p as f64));
+            }
+        }
+    }
+    Ok(cast(&Tensor::new(shape, Data::F64(y))?, x.dtype()))
 }
 
 pub fn global_pool(x: &Tensor, max: bool) -> OpResult<Tensor> {
@@ -202,4 +360,28 @@ pub fn global_pool(x: &Tensor, max: bool) -> OpResult<Tensor> {
     let mut shape = x.shape[..2].to_vec();
     shape.extend(std::iter::repeat_n(1, x.rank() - 2));
     Tensor::f32(shape, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_unpool_places_values_and_checks_indices_and_shapes() {
+        let u = UnpoolAttrs {
+            kernel_shape: vec![2],
+            strides: Some(vec![2]),
+            pads: None,
+        };
+        let x = Tensor::f32(vec![1, 1, 2], vec![5.0, 7.0]).unwrap();
+        let at = |v: Vec<i64>| Tensor::i64(vec![1, 1, 2], v).unwrap();
+        let y = max_unpool(&u, &x, &at(vec![1, 2]), None).unwrap();
+        assert_eq!(y.as_f32().unwrap(), &[0.0, 5.0, 7.0, 0.0]);
+        let shape = |v: Vec<i64>| Tensor::i64(vec![3], v).unwrap();
+        let wide = max_unpool(&u, &x, &at(vec![1, 2]), Some(&shape(vec![1, 1, 5]))).unwrap();
+        assert_eq!(wide.as_f32().unwrap(), &[0.0, 5.0, 7.0, 0.0, 0.0]);
+        assert!(max_unpool(&u, &x, &at(vec![1, 4]), None).is_err());
+        assert!(max_unpool(&u, &x, &at(vec![1, 2]), Some(&shape(vec![1, 1, 3]))).is_err());
+        assert!(max_unpool(&u, &x, &at(vec![1, 2]), Some(&shape(vec![1 << 40, 1, 4]))).is_err());
+    }
 }

@@ -1,6 +1,6 @@
 //! Data-movement and shape ops: Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, Tile,
-//! Concat, Split, Slice, Gather, Pad, Shape, Size, ConstantOfShape, Range, DepthToSpace,
-//! SpaceToDepth and Trilu. They work on any element type.
+//! Concat, Split, Slice, Gather, Pad, CenterCropPad, Shape, Size, ConstantOfShape, Range,
+//! DepthToSpace, SpaceToDepth, Trilu and EyeLike. They work on any element type.
 
 use super::elementwise::{Num, broadcast_map, broadcast_shape};
 use super::{input, opt_input};
@@ -49,6 +49,11 @@ pub enum ShapeOp {
         mode: String,
         pads: Option<Vec<i64>>,
         value: f32,
+    },
+    /// The input cropped or zero-padded, centred, to the sizes of input 1 along `axes` (all
+    /// axes if none).
+    CenterCropPad {
+        axes: Option<Vec<i64>>,
     },
     Shape {
         start: i64,
@@ -153,6 +158,9 @@ impl ShapeOp {
                     value: a.float_or("value", 0.0)?,
                 }
             }
+            "CenterCropPad" => ShapeOp::CenterCropPad {
+                axes: a.ints("axes")?,
+            },
             "Shape" => ShapeOp::Shape {
                 start: a.int_or("start", 0)?,
                 end: a.int("end")?,
@@ -205,6 +213,7 @@ impl ShapeOp {
             ShapeOp::Slice { .. } => "Slice",
             ShapeOp::Gather { .. } => "Gather",
             ShapeOp::Pad { .. } => "Pad",
+            ShapeOp::CenterCropPad { .. } => "CenterCropPad",
             ShapeOp::Shape { .. } => "Shape",
             ShapeOp::Size => "Size",
             ShapeOp::ConstantOfShape { .. } => "ConstantOfShape",
@@ -348,6 +357,11 @@ impl ShapeOp {
             ShapeOp::Slice { attrs } => one(slice(inputs, attrs.as_ref())),
             ShapeOp::Gather { axis } => one(gather(input(inputs, 0)?, input(inputs, 1)?, *axis)),
             ShapeOp::Pad { mode, pads, value } => one(pad(inputs, mode, pads.as_deref(), *value)),
+            ShapeOp::CenterCropPad { axes } => one(center_crop_pad(
+                input(inputs, 0)?,
+                input(inputs, 1)?,
+                axes.as_deref(),
+            )),
             ShapeOp::Shape { start, end } => {
                 let x = input(inputs, 0)?;
                 let r = x.rank() as i64;
@@ -793,6 +807,18 @@ fn pad(
             .collect();
         maps.push(map);
     }
+    gather_or_fill(x, out, &maps, value)
+}
+
+/// The tensor of shape `out` whose element at each multi-index takes, along every axis `a`,
+/// position `maps[a][i]` of `x`, or `value` where any axis maps to `None`.
+pub(crate) fn gather_or_fill(
+    x: &Tensor,
+    out: Vec<usize>,
+    maps: &[Vec<Option<usize>>],
+    value: f64,
+) -> OpResult<Tensor> {
+    let r = x.rank();
     let n = checked_numel(&out)?;
     let xs = strides(&x.shape);
     let os = strides(&out);
@@ -818,6 +844,57 @@ fn pad(
     let idx: Vec<usize> = src.iter().map(|s| s.unwrap_or(x.len())).collect();
     let data = all.gather(&idx);
     Tensor::new(out, data)
+}
+
+/// The output shape of CenterCropPad on an input of shape `x`, and along each axis the input
+/// position of the output's first element (negative where the output starts with padding).
+pub(crate) fn center_crop_pad_shape(
+    x: &[usize],
+    sizes: &Tensor,
+    axes: Option<&[i64]>,
+) -> OpResult<(Vec<usize>, Vec<i64>)> {
+    let r = x.len();
+    let axes: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&a| axis_in(a, r)).collect::<OpResult<_>>()?,
+        None => (0..r).collect(),
+    };
+    let sizes = sizes.to_i64_vec()?;
+    if sizes.len() != axes.len() {
+        return shape_err(format!(
+            "CenterCropPad has {} sizes for {} axes",
+            sizes.len(),
+            axes.len()
+        ));
+    }
+    let (mut out, mut first) = (x.to_vec(), vec![0i64; r]);
+    for (&a, &s) in axes.iter().zip(&sizes) {
+        let s = usize::try_from(s)
+            .map_err(|_| OpError::Shape(format!("CenterCropPad to a size of {s}")))?;
+        // The odd element of a crop is taken from the end, of a pad added at the end.
+        first[a] = match s <= x[a] {
+            true => ((x[a] - s) / 2) as i64,
+            false => -(((s - x[a]) / 2) as i64),
+        };
+        out[a] = s;
+    }
+    checked_numel(&out)?;
+    Ok((out, first))
+}
+
+fn center_crop_pad(x: &Tensor, sizes: &Tensor, axes: Option<&[i64]>) -> OpResult<Tensor> {
+    let (out, first) = center_crop_pad_shape(&x.shape, sizes, axes)?;
+    let maps: Vec<Vec<Option<usize>>> = (0..x.rank())
+        .map(|a| {
+            (0..out[a])
+                .map(|i| {
+                    usize::try_from(i as i64 + first[a])
+                        .ok()
+                        .filter(|&s| s < x.shape[a])
+                })
+                .collect()
+        })
+        .collect();
+    gather_or_fill(x, out, &maps, 0.0)
 }
 
 /// The element count of Range: `ceil((limit - start) / delta)`, at least 0.
@@ -1018,5 +1095,19 @@ mod tests {
             trilu(&iota(&[0, 5]), None, false).unwrap().shape,
             vec![0, 5]
         );
+    }
+
+    #[test]
+    fn center_crop_pad_crops_and_pads_about_the_centre() {
+        let x = iota(&[3, 4]);
+        let sizes = |v: Vec<i64>| Tensor::i64(vec![v.len()], v).unwrap();
+        let y = center_crop_pad(&x, &sizes(vec![1, 7]), None).unwrap();
+        assert_eq!(y.shape, vec![1, 7]);
+        assert_eq!(y.to_i64_vec(), Ok(vec![0, 4, 5, 6, 7, 0, 0]));
+        let cols = center_crop_pad(&x, &sizes(vec![2]), Some(&[-1])).unwrap();
+        assert_eq!(cols.to_i64_vec(), Ok(vec![1, 2, 5, 6, 9, 10]));
+        assert!(center_crop_pad(&x, &sizes(vec![1 << 40, 1 << 40]), None).is_err());
+        assert!(center_crop_pad(&x, &sizes(vec![-1, 2]), None).is_err());
+        assert!(center_crop_pad(&x, &sizes(vec![2]), None).is_err());
     }
 }

@@ -79,6 +79,12 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let columns = elements(&[p.m / p.groups, p.kh, p.kw, p.h, p.w], 4)?;
             plus(elements(&out, 4)?, columns)?
         }
+        // The image in f64 and the output cast from it.
+        Op::Col2Im(c) => {
+            let g =
+                super::conv::col2im_geometry(c, &x()?.shape, input(inputs, 1)?, input(inputs, 2)?)?;
+            elements(&g.out, 8 + dsize(x()?))?
+        }
         Op::PointwiseDepthwise(f) => {
             let conv = super::conv::conv_geometry;
             let (p1, mid) = conv(&f.pointwise, &x()?.shape, &input(inputs, 1)?.shape)?;
@@ -95,6 +101,18 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
         Op::Pool(p) => {
             let (_, out) = super::pool::pool2d_geometry(p, &x()?.shape)?;
             elements(&out, 4)?
+        }
+        // The unpooled tensor and the output holding it, each gathered through an index per
+        // element.
+        Op::MaxUnpool(u) => {
+            let (_, out) =
+                super::pool::max_unpool_shape(u, &x()?.shape, super::opt_input(inputs, 2))?;
+            elements(&out, 2 * (dsize(x()?) + 3 * INDEX))?
+        }
+        // Computed in f64: the windows' results, and the output cast from them.
+        Op::LpPool { pool, .. } => {
+            let (_, out) = super::pool::pool2d_geometry(pool, &x()?.shape)?;
+            plus(elements(&out, 8 + dsize(x()?))?, times(x()?.len(), 8)?)?
         }
         // The resampled tensor and one intermediate of at most its size, plus the taps.
         Op::Resize(r) => {
@@ -204,6 +222,14 @@ fn shape_op(op: &ShapeOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>>
         // Pad keeps an optional source index and a gather index per output element.
         ShapeOp::Pad { pads, .. } => {
             let (_, out) = pad_shape(&x()?.shape, inputs, pads.as_deref())?;
+            elements(&out, dsize(x()?) + 3 * INDEX)?
+        }
+        ShapeOp::CenterCropPad { axes } => {
+            let (out, _) = super::shape::center_crop_pad_shape(
+                &x()?.shape,
+                input(inputs, 1)?,
+                axes.as_deref(),
+            )?;
             elements(&out, dsize(x()?) + 3 * INDEX)?
         }
         // The inputs joined: a node may name the same value many times.
