@@ -356,6 +356,47 @@ mod tests {
         }
     }
 
+    /// A token id past the vocabulary is the request's error on every device (the agent answers
+    /// 400), never the device's (503), and the engine serves the next request.
+    #[test]
+    fn an_index_out_of_range_is_the_requests_error_on_every_device() {
+        let options = crate::zoo::ZooOptions {
+            seed: 1,
+            bert: crate::zoo::BertOptions {
+                layers: 1,
+                hidden: 32,
+                heads: 2,
+                seq: 8,
+                vocab: 50,
+            },
+        };
+        let bytes = crate::zoo::build("bert", &options)
+            .map(|m| prost::Message::encode_to_vec(&m))
+            .unwrap();
+        let model = Arc::new(Model::from_bytes(&bytes).unwrap());
+        use crate::{RunError, Tensor};
+        let ids = |v: i64| {
+            vec![(
+                "input_ids".to_string(),
+                Tensor::i64(vec![1, 8], vec![v; 8]).unwrap(),
+            )]
+        };
+        for request in [DeviceRequest::Cpu, DeviceRequest::Sim] {
+            let (device, _) = Device::choose(request, 0, u64::MAX, false).unwrap();
+            let mut engine = device.place("t", &model).unwrap().engine(1, None).unwrap();
+            match engine.run(ids(1_000_000_000)) {
+                Err(RunError::Node { node, source, .. }) => {
+                    assert!(
+                        source.to_string().contains("1000000000"),
+                        "{request:?}: {node}: {source}"
+                    )
+                }
+                other => panic!("{request:?}: {other:?}"),
+            }
+            assert!(engine.run(ids(3)).is_ok(), "{request:?}");
+        }
+    }
+
     /// A tenant whose weights do not fit its budget is refused at placement, and the device
     /// still places another.
     #[test]

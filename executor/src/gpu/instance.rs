@@ -659,9 +659,10 @@ impl Instance {
                 .iter()
                 .find(|&&i| i < -(*len as i64) || i >= *len as i64)
             {
-                return Err(GpuError::Input(format!(
-                    "index {bad} out of range [-{len}, {len}) for {node}"
-                )));
+                return Err(GpuError::Index {
+                    node: node.clone(),
+                    why: format!("index {bad} out of range [-{len}, {len})"),
+                });
             }
         }
         Ok(())
