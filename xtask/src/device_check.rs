@@ -1,7 +1,8 @@
 //! `cargo xtask device-check`: builds the CUDA device check here (release, `--features cuda`,
 //! x86-64) and writes a self-contained bundle to `target/device-bundle/` for a GPU host: the
-//! `device_check` and `gacer_search` binaries, `torch_eager.py` and `run.sh`, which runs them
-//! and writes `$OUT/device-<date>.md`. The GPU host needs no Rust toolchain.
+//! `device_check` and `gacer_search` binaries, `torch_eager.py`, the agent built with `cuda` and
+//! `gpu_agent_check.py` with the example tenants, and `run.sh`, which runs them and writes
+//! `$OUT/device-<date>.md`. The GPU host needs no Rust toolchain.
 
 use anyhow::{Context, bail};
 use std::path::Path;
@@ -13,10 +14,12 @@ const MAX_BUNDLE_BYTES: u64 = 60 << 20;
 const RUN_SH: &str = r##"#!/usr/bin/env bash
 # cotenant device check on a GPU host: CUDA kernels and zoo models vs the CPU backend with the
 # copies and host waits of one batch counted, GPU latency against PyTorch eager's, tenant mixes
-# under the three schedules at batch 1, 4 and 8 with GPU utilisation and a GACER timeline. Writes
-# $OUT/device-<date>.md (or ./device-out/ without $OUT) and prints it. Finishes in under 8 minutes
-# (each step has its own timeout: 200 + 90 + 150 s). DEVICE=sim tries the whole flow on the
-# simulated GPU of a machine without one.
+# under the three schedules at batch 1, 4 and 8 with GPU utilisation and a GACER timeline, and the
+# agent serving the example tenants on the GPU (answers against onnxruntime, bad requests, load,
+# NVML metrics). Writes $OUT/device-<date>.md (or ./device-out/ without $OUT) and prints it.
+# Finishes in under 9 minutes (each step has its own timeout: 200 + 90 + 150 + 300 s).
+# STEPS=kernels,torch,mixes,agent picks steps (default: all). DEVICE=sim tries the kernel and mix
+# steps on the simulated GPU of a machine without one.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$PWD/device-out}"
@@ -39,6 +42,9 @@ fi
 export LD_LIBRARY_PATH="${dirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export COTENANT_PTX_CACHE="${TMPDIR:-/tmp}/cotenant-ptx"
 export RUST_BACKTRACE=1
+steps=",${STEPS:-kernels,torch,mixes,agent},"
+want() { case "$steps" in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+rc=0; grc=0; arc=0
 
 {
   echo "# device check $stamp"
@@ -50,15 +56,17 @@ export RUST_BACKTRACE=1
   echo
 } > "$report"
 
+if want kernels; then
 echo "== device_check (CUDA vs CPU, CUDA latency)"
 timeout 200 "$here/device_check" --device "${DEVICE:-cuda}" --out "$out/rust.md" --json "$out/gpu.json" --iters "${ITERS:-20}" 2>&1 | tee "$out/rust.log"
 rc=${PIPESTATUS[0]}
 if [ -f "$out/rust.md" ]; then cat "$out/rust.md" >> "$report"; else echo "device_check wrote no report (exit $rc)" >> "$report"; fi
 if [ "$rc" -ne 0 ]; then { echo; echo "device_check log (last 40 lines):"; echo '```'; tail -40 "$out/rust.log"; echo '```'; } >> "$report"; fi
 echo >> "$report"
+fi
 
 echo "== torch_eager.py (PyTorch eager latency)"
-if [ -n "$py" ]; then
+if want torch && [ -n "$py" ]; then
   timeout 90 "$py" "$here/torch_eager.py" --iters "${ITERS:-20}" --json "$out/torch.json" > "$out/torch.md" 2> "$out/torch.err"
   trc=$?
   cat "$out/torch.md" >> "$report"
@@ -77,21 +85,34 @@ for key in sorted(ours):
 PY
   fi
   if [ "$trc" -ne 0 ]; then { echo; echo "torch_eager.py exit $trc:"; echo '```'; tail -20 "$out/torch.err"; echo '```'; } >> "$report"; fi
-else
+elif want torch; then
   echo "no python on this host: PyTorch eager not measured" >> "$report"
 fi
 echo >> "$report"
 
+if want mixes; then
 echo "== gacer_search --device cuda (tenant mixes: sequential, multi-stream, gacer)"
 timeout 150 "$here/gacer_search" --device "${DEVICE:-cuda}" --duration "${MIX_SECS:-2}" --threads 8 > "$out/mixes.md" 2> "$out/mixes.err"
 grc=$?
 cat "$out/mixes.md" >> "$report"
 if [ "$grc" -ne 0 ]; then { echo; echo "gacer_search exit $grc:"; echo '```'; tail -20 "$out/mixes.err"; echo '```'; } >> "$report"; fi
 echo >> "$report"
-echo "device_check exit status: $rc (0 all passed, 1 a check failed, 2 no usable GPU, 124 timeout); gacer_search: $grc" >> "$report"
+fi
+
+echo "== gpu_agent_check.py (the agent on the GPU: example tenants, schedules multi-stream and gacer)"
+if want agent && [ -n "$py" ] && [ "${DEVICE:-cuda}" = cuda ]; then
+  timeout 300 "$py" "$here/gpu_agent_check.py" --agent "$here/cotenant-agent" --tenants "$here/tenants" \
+    --out "$out/agent.md" --secs "${AGENT_SECS:-10}" > "$out/agent.log" 2>&1
+  arc=$?
+  if [ -f "$out/agent.md" ]; then cat "$out/agent.md" >> "$report"; else { echo "gpu_agent_check.py wrote no report (exit $arc):"; echo '```'; tail -30 "$out/agent.log"; echo '```'; } >> "$report"; fi
+  echo >> "$report"
+fi
+
+echo "device_check exit status: $rc (0 all passed, 1 a check failed, 2 no usable GPU, 124 timeout); gacer_search: $grc; gpu_agent_check: $arc" >> "$report"
 echo
 cat "$report"
-exit $rc
+[ "$rc" -ne 0 ] && exit $rc
+exit $arc
 "##;
 
 pub fn run(args: &[&str]) -> anyhow::Result<()> {
@@ -113,20 +134,41 @@ pub fn run(args: &[&str]) -> anyhow::Result<()> {
         "gacer_search",
     ]);
     crate::run(build)?;
+    let mut agent = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    agent.args([
+        "build",
+        "--release",
+        "-p",
+        "cotenant-agent",
+        "--features",
+        "cuda",
+    ]);
+    crate::run(agent)?;
     let bundle = root.join("target/device-bundle");
     let _ = std::fs::remove_dir_all(&bundle);
     std::fs::create_dir_all(&bundle).with_context(|| format!("creating {}", bundle.display()))?;
-    for example in ["device_check", "gacer_search"] {
-        let bin = crate::target_dir().join("release/examples").join(example);
-        let dest = bundle.join(example);
+    let release = crate::target_dir().join("release");
+    for (bin, name) in [
+        (release.join("examples/device_check"), "device_check"),
+        (release.join("examples/gacer_search"), "gacer_search"),
+        (release.join("cotenant-agent"), "cotenant-agent"),
+    ] {
+        let dest = bundle.join(name);
         std::fs::copy(&bin, &dest).with_context(|| format!("copying {}", bin.display()))?;
         // Debug line tables are not needed there; strip when the tool exists (smaller to carry).
         let _ = Command::new("strip").arg(&dest).status();
     }
-    std::fs::copy(
-        root.join("executor/bench/torch_eager.py"),
-        bundle.join("torch_eager.py"),
-    )?;
+    for (from, to) in [
+        ("executor/bench/torch_eager.py", "torch_eager.py"),
+        ("node-agent/bench/gpu_agent_check.py", "gpu_agent_check.py"),
+    ] {
+        std::fs::copy(root.join(from), bundle.join(to))?;
+    }
+    let tenants = bundle.join("tenants");
+    std::fs::create_dir_all(&tenants)?;
+    for example in ["resnet50.yaml", "mobilenet-v2.yaml", "bert-encoder.yaml"] {
+        std::fs::copy(root.join("examples").join(example), tenants.join(example))?;
+    }
     write_executable(&bundle.join("run.sh"), RUN_SH)?;
     let size: u64 = std::fs::read_dir(&bundle)?
         .filter_map(|e| e.ok()?.metadata().ok())

@@ -61,7 +61,11 @@ fn main() -> anyhow::Result<()> {
 
 /// The repository root (xtask lives one level below it).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    // `cargo xtask` sets the variable for the run: the checkout it was started in, also when a
+    // target directory shared between checkouts holds an xtask binary built in another one.
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
         .parent()
         .map(PathBuf::from)
         .unwrap_or_default()
