@@ -176,6 +176,18 @@ const ATTRS: &[&str] = &[
     "num_heads",
     "rotary_embedding_dim",
     "ignore_index",
+    "p",
+    "auto_pad",
+    "storage_order",
+    "count_include_pad",
+    "batch_axis",
+    "time_axis",
+    "dtype",
+    "direction",
+    "epsilon",
+    "alpha",
+    "mode",
+    "reduction",
 ];
 
 fn mutate(m: &mut ModelProto, muts: &[Mutation]) {

@@ -421,7 +421,11 @@ pub fn from_bytes(wire: WireType, b: &[u8]) -> Data {
     match wire {
         WireType::Bool => Data::Bool(b.iter().map(|&x| x != 0).collect()),
         WireType::U8 => Data::U8(b.to_vec()),
+        WireType::U16 => Data::U16(pod(b, u16::from_le_bytes)),
+        WireType::U32 => Data::U32(pod(b, u32::from_le_bytes)),
+        WireType::U64 => Data::U64(pod(b, u64::from_le_bytes)),
         WireType::I8 => Data::I8(b.iter().map(|&x| x as i8).collect()),
+        WireType::I16 => Data::I16(pod(b, i16::from_le_bytes)),
         WireType::I32 => Data::I32(pod(b, i32::from_le_bytes)),
         WireType::I64 => Data::I64(pod(b, i64::from_le_bytes)),
         WireType::F16 => Data::F16(le(b, |a| f16::from_bits(u16::from_le_bytes(a)))),
@@ -429,19 +433,6 @@ pub fn from_bytes(wire: WireType, b: &[u8]) -> Data {
         WireType::F32 => Data::F32(pod(b, f32::from_le_bytes)),
         WireType::F64 => Data::F64(pod(b, f64::from_le_bytes)),
     }
-}
-
-/// A typed buffer that JSON elements are appended to, each checked against the datatype.
-enum Sink {
-    Bool(Vec<bool>),
-    U8(Vec<u8>),
-    I8(Vec<i8>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    F32(Vec<f32>),
-    F64(Vec<f64>),
 }
 
 /// One JSON scalar.
@@ -464,33 +455,31 @@ impl fmt::Display for Scalar {
     }
 }
 
+/// The typed buffer JSON elements are appended to, each checked against the datatype.
+struct Sink(Data);
+
 impl Sink {
     fn new(wire: WireType, capacity: usize) -> Sink {
-        match wire {
-            WireType::Bool => Sink::Bool(Vec::with_capacity(capacity)),
-            WireType::U8 => Sink::U8(Vec::with_capacity(capacity)),
-            WireType::I8 => Sink::I8(Vec::with_capacity(capacity)),
-            WireType::I32 => Sink::I32(Vec::with_capacity(capacity)),
-            WireType::I64 => Sink::I64(Vec::with_capacity(capacity)),
-            WireType::F16 => Sink::F16(Vec::with_capacity(capacity)),
-            WireType::BF16 => Sink::BF16(Vec::with_capacity(capacity)),
-            WireType::F32 => Sink::F32(Vec::with_capacity(capacity)),
-            WireType::F64 => Sink::F64(Vec::with_capacity(capacity)),
-        }
+        let data = match wire {
+            WireType::Bool => Data::Bool(Vec::with_capacity(capacity)),
+            WireType::U8 => Data::U8(Vec::with_capacity(capacity)),
+            WireType::U16 => Data::U16(Vec::with_capacity(capacity)),
+            WireType::U32 => Data::U32(Vec::with_capacity(capacity)),
+            WireType::U64 => Data::U64(Vec::with_capacity(capacity)),
+            WireType::I8 => Data::I8(Vec::with_capacity(capacity)),
+            WireType::I16 => Data::I16(Vec::with_capacity(capacity)),
+            WireType::I32 => Data::I32(Vec::with_capacity(capacity)),
+            WireType::I64 => Data::I64(Vec::with_capacity(capacity)),
+            WireType::F16 => Data::F16(Vec::with_capacity(capacity)),
+            WireType::BF16 => Data::BF16(Vec::with_capacity(capacity)),
+            WireType::F32 => Data::F32(Vec::with_capacity(capacity)),
+            WireType::F64 => Data::F64(Vec::with_capacity(capacity)),
+        };
+        Sink(data)
     }
 
     fn len(&self) -> usize {
-        match self {
-            Sink::Bool(v) => v.len(),
-            Sink::U8(v) => v.len(),
-            Sink::I8(v) => v.len(),
-            Sink::I32(v) => v.len(),
-            Sink::I64(v) => v.len(),
-            Sink::F16(v) => v.len(),
-            Sink::BF16(v) => v.len(),
-            Sink::F32(v) => v.len(),
-            Sink::F64(v) => v.len(),
-        }
+        self.0.len()
     }
 
     /// Appends `x`, or says why it is not an element of this datatype.
@@ -509,51 +498,41 @@ impl Sink {
             Scalar::Bool(_) => None,
         };
         let misfit = || format!("element {x} does not fit the datatype");
-        match self {
-            Sink::Bool(v) => match x {
+        match &mut self.0 {
+            Data::Bool(v) => match x {
                 Scalar::Bool(b) => v.push(b),
                 _ => return Err(misfit()),
             },
-            Sink::U8(v) => v.push(int(x).ok_or_else(misfit)?),
-            Sink::I8(v) => v.push(int(x).ok_or_else(misfit)?),
-            Sink::I32(v) => v.push(int(x).ok_or_else(misfit)?),
-            Sink::I64(v) => v.push(int(x).ok_or_else(misfit)?),
+            Data::U8(v) => v.push(int(x).ok_or_else(misfit)?),
+            Data::U16(v) => v.push(int(x).ok_or_else(misfit)?),
+            Data::U32(v) => v.push(int(x).ok_or_else(misfit)?),
+            Data::U64(v) => v.push(int(x).ok_or_else(misfit)?),
+            Data::I8(v) => v.push(int(x).ok_or_else(misfit)?),
+            Data::I16(v) => v.push(int(x).ok_or_else(misfit)?),
+            Data::I32(v) => v.push(int(x).ok_or_else(misfit)?),
+            Data::I64(v) => v.push(int(x).ok_or_else(misfit)?),
             // A number beyond FP32's range would silently become infinity.
-            Sink::F32(v) => v.push(
+            Data::F32(v) => v.push(
                 float
                     .map(|f| f as f32)
                     .filter(|f| f.is_finite())
                     .ok_or_else(misfit)?,
             ),
-            Sink::F16(v) => v.push(
+            Data::F16(v) => v.push(
                 float
                     .map(f16::from_f64)
                     .filter(|h| h.is_finite())
                     .ok_or_else(misfit)?,
             ),
-            Sink::BF16(v) => v.push(
+            Data::BF16(v) => v.push(
                 float
                     .map(bf16::from_f64)
                     .filter(|h| h.is_finite())
                     .ok_or_else(misfit)?,
             ),
-            Sink::F64(v) => v.push(float.ok_or_else(misfit)?),
+            Data::F64(v) => v.push(float.ok_or_else(misfit)?),
         }
         Ok(())
-    }
-
-    fn into_data(self) -> Data {
-        match self {
-            Sink::Bool(v) => Data::Bool(v),
-            Sink::U8(v) => Data::U8(v),
-            Sink::I8(v) => Data::I8(v),
-            Sink::I32(v) => Data::I32(v),
-            Sink::I64(v) => Data::I64(v),
-            Sink::F16(v) => Data::F16(v),
-            Sink::BF16(v) => Data::BF16(v),
-            Sink::F32(v) => Data::F32(v),
-            Sink::F64(v) => Data::F64(v),
-        }
     }
 }
 
@@ -708,5 +687,5 @@ fn from_json(
             walk.sink.len()
         ));
     }
-    Ok(walk.sink.into_data())
+    Ok(walk.sink.0)
 }

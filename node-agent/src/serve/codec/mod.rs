@@ -22,7 +22,11 @@ pub const MAX_ELEMENTS: usize = 1 << 28;
 pub enum WireType {
     Bool,
     U8,
+    U16,
+    U32,
+    U64,
     I8,
+    I16,
     I32,
     I64,
     F16,
@@ -36,14 +40,18 @@ impl WireType {
         Ok(match s {
             "BOOL" => WireType::Bool,
             "UINT8" => WireType::U8,
+            "UINT16" => WireType::U16,
+            "UINT32" => WireType::U32,
+            "UINT64" => WireType::U64,
             "INT8" => WireType::I8,
+            "INT16" => WireType::I16,
             "INT32" => WireType::I32,
             "INT64" => WireType::I64,
             "FP16" => WireType::F16,
             "BF16" => WireType::BF16,
             "FP32" => WireType::F32,
             "FP64" => WireType::F64,
-            "BYTES" | "UINT16" | "UINT32" | "UINT64" | "INT16" => {
+            "BYTES" => {
                 return Err(ApiError::bad_request(format!(
                     "datatype {s} is not supported by this server"
                 )));
@@ -54,12 +62,7 @@ impl WireType {
 
     /// Bytes of one element on the wire.
     pub fn size(self) -> usize {
-        match self {
-            WireType::Bool | WireType::U8 | WireType::I8 => 1,
-            WireType::F16 | WireType::BF16 => 2,
-            WireType::I32 | WireType::F32 => 4,
-            WireType::I64 | WireType::F64 => 8,
-        }
+        dtype_size(self.dtype())
     }
 
     /// The executor dtype it decodes to: each datatype to its own, so a tensor is sent in the
@@ -68,7 +71,11 @@ impl WireType {
         match self {
             WireType::Bool => DType::Bool,
             WireType::U8 => DType::U8,
+            WireType::U16 => DType::U16,
+            WireType::U32 => DType::U32,
+            WireType::U64 => DType::U64,
             WireType::I8 => DType::I8,
+            WireType::I16 => DType::I16,
             WireType::I32 => DType::I32,
             WireType::I64 => DType::I64,
             WireType::F16 => DType::F16,

@@ -135,6 +135,34 @@ fn every_datatype_decodes_from_json_and_binary() {
             [(-7i64).to_le_bytes(), (1i64 << 40).to_le_bytes()].concat(),
         ),
         (
+            DType::I16,
+            "INT16",
+            "[-32768,300]",
+            Data::I16(vec![i16::MIN, 300]),
+            [i16::MIN.to_le_bytes(), 300i16.to_le_bytes()].concat(),
+        ),
+        (
+            DType::U16,
+            "UINT16",
+            "[65535,2]",
+            Data::U16(vec![u16::MAX, 2]),
+            [u16::MAX.to_le_bytes(), 2u16.to_le_bytes()].concat(),
+        ),
+        (
+            DType::U32,
+            "UINT32",
+            "[4294967295,0]",
+            Data::U32(vec![u32::MAX, 0]),
+            [u32::MAX.to_le_bytes(), 0u32.to_le_bytes()].concat(),
+        ),
+        (
+            DType::U64,
+            "UINT64",
+            "[18446744073709551615,1]",
+            Data::U64(vec![u64::MAX, 1]),
+            [u64::MAX.to_le_bytes(), 1u64.to_le_bytes()].concat(),
+        ),
+        (
             DType::F64,
             "FP64",
             "[0.5,-3]",
@@ -172,6 +200,19 @@ fn every_datatype_decodes_from_json_and_binary() {
         );
         let r = binary(&model, &header, bytes).unwrap_or_else(|e| panic!("{wire}: {}", e.message));
         assert_eq!(&r.inputs[0].1.data, want, "{wire} binary");
+    }
+    // Integers outside their datatype's range are refused, never wrapped.
+    for (dtype, wire, data) in [
+        (DType::I16, "INT16", "[32768]"),
+        (DType::U16, "UINT16", "[-1]"),
+        (DType::U32, "UINT32", "[4294967296]"),
+        (DType::U64, "UINT64", "[-1]"),
+    ] {
+        let body = format!(
+            r#"{{"inputs":[{{"name":"x","shape":[1],"datatype":"{wire}","data":{data}}}]}}"#
+        );
+        let e = json(&Model::one(dtype, None), &body).expect_err(wire);
+        assert!(e.message.contains("does not fit"), "{wire}: {}", e.message);
     }
     // An FP16 number beyond its range, and the wrong float type for the model, are refused.
     let half = Model::one(DType::F16, None);

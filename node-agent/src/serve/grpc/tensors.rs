@@ -144,13 +144,15 @@ fn source<'a>(
 }
 
 /// Elements in the contents field that carries `wire`, as Triton assigns them (8- to 32-bit
-/// signed integers in `int_contents`, unsigned in `uint_contents`); `None` for FP16 and BF16,
+/// signed integers in `int_contents`, unsigned in `uint_contents`, 64-bit ones in
+/// `int64_contents` and `uint64_contents`); `None` for FP16 and BF16,
 /// which have no typed field.
 fn contents_len(wire: WireType, c: &InferTensorContents) -> Option<usize> {
     Some(match wire {
         WireType::Bool => c.bool_contents.len(),
-        WireType::U8 => c.uint_contents.len(),
-        WireType::I8 | WireType::I32 => c.int_contents.len(),
+        WireType::U8 | WireType::U16 | WireType::U32 => c.uint_contents.len(),
+        WireType::U64 => c.uint64_contents.len(),
+        WireType::I8 | WireType::I16 | WireType::I32 => c.int_contents.len(),
         WireType::I64 => c.int64_contents.len(),
         WireType::F32 => c.fp32_contents.len(),
         WireType::F64 => c.fp64_contents.len(),
@@ -174,7 +176,11 @@ fn from_contents(wire: WireType, c: &InferTensorContents) -> Result<Data, ApiErr
     Ok(match wire {
         WireType::Bool => Data::Bool(c.bool_contents.clone()),
         WireType::U8 => Data::U8(narrow(&c.uint_contents)?),
+        WireType::U16 => Data::U16(narrow(&c.uint_contents)?),
+        WireType::U32 => Data::U32(c.uint_contents.clone()),
+        WireType::U64 => Data::U64(c.uint64_contents.clone()),
         WireType::I8 => Data::I8(narrow(&c.int_contents)?),
+        WireType::I16 => Data::I16(narrow(&c.int_contents)?),
         WireType::I32 => Data::I32(c.int_contents.clone()),
         WireType::I64 => Data::I64(c.int64_contents.clone()),
         WireType::F32 => Data::F32(c.fp32_contents.clone()),
@@ -216,4 +222,41 @@ pub fn encode(
         raw.push(bytes);
     }
     (tensors, raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 16- to 64-bit integers come from the fields Triton puts them in, and a value outside
+    /// the datatype's range is refused rather than wrapped.
+    #[test]
+    fn wide_and_unsigned_integers_come_from_triton_s_fields() {
+        let c = InferTensorContents {
+            int_contents: vec![-300, 7],
+            uint_contents: vec![65_535, 4_000_000_000],
+            uint64_contents: vec![u64::MAX],
+            ..Default::default()
+        };
+        assert_eq!(contents_len(WireType::I16, &c), Some(2));
+        assert_eq!(contents_len(WireType::U64, &c), Some(1));
+        assert_eq!(
+            from_contents(WireType::I16, &c).unwrap(),
+            Data::I16(vec![-300, 7])
+        );
+        assert_eq!(
+            from_contents(WireType::U32, &c).unwrap(),
+            Data::U32(vec![65_535, 4_000_000_000])
+        );
+        assert_eq!(
+            from_contents(WireType::U64, &c).unwrap(),
+            Data::U64(vec![u64::MAX])
+        );
+        let e = from_contents(WireType::U16, &c).expect_err("4e9 is no UINT16");
+        assert!(
+            e.message.contains("out of its datatype's range"),
+            "{}",
+            e.message
+        );
+    }
 }
