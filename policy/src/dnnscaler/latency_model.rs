@@ -3,7 +3,10 @@
 //!
 //! Batch size is interpolated along the measured points at one instance; instances scale the
 //! single-instance value by a contention factor interpolated along the measured points at batch
-//! one. A measured point is always returned exactly. Beyond the last point the curve goes on
+//! one. A measured point with both knobs above one (a joint point) calibrates that product: the
+//! ratio of what it measured to what the product predicts there scales every other prediction
+//! with both knobs above one, since batches and instances compete for the same device and their
+//! gains do not simply multiply. A measured point is always returned exactly. Beyond the last point the curve goes on
 //! with its last slope; with a single point it assumes no gain at all (time grows linearly with
 //! the batch, instances serialise), so an unprofiled knob is never predicted optimistically.
 
@@ -17,6 +20,8 @@ pub struct LatencyModel {
     by_batch: Vec<[f64; 5]>,
     /// (instances, p99 factor, mean-time factor, util factor) at batch one, relative to (1,1).
     by_instances: Vec<[f64; 4]>,
+    /// (p99, mean time, util) measured at a joint point over the product's prediction there.
+    joint: [f64; 3],
     exact: Vec<ProfilePoint>,
 }
 
@@ -92,12 +97,48 @@ impl LatencyModel {
         if by_instances.is_empty() {
             by_instances.push([1.0, 1.0, 1.0, 1.0]);
         }
-        LatencyModel {
+        let mut model = LatencyModel {
             weight_bytes: profile.weight_bytes,
             by_batch,
             by_instances,
+            joint: [1.0; 3],
             exact: profile.points.clone(),
+        };
+        // The joint point with the most work in flight calibrates the product.
+        let joint = profile
+            .points
+            .iter()
+            .filter(|p| p.batch > 1 && p.instances > 1)
+            .max_by_key(|p| p.knobs().concurrency());
+        if let Some(p) = joint {
+            let k = p.knobs();
+            let measured = [p.p99_ms, mean_batch_ms(p), p.gpu_util.unwrap_or(f64::NAN)];
+            let ratios: Vec<f64> = (0..3)
+                .map(|col| measured[col] / model.product(k, col))
+                .collect();
+            for (factor, ratio) in model.joint.iter_mut().zip(ratios) {
+                if ratio.is_finite() && ratio > 0.0 {
+                    *factor = ratio;
+                }
+            }
         }
+        model
+    }
+
+    /// The batch curve times the instance factor, for column 0 (p99), 1 (mean time) or 2
+    /// (util); calibrated by the joint point where both knobs are above one.
+    fn product(&self, k: Knobs, col: usize) -> f64 {
+        let (batch_col, instance_col) = [(1, 1), (2, 2), (4, 3)][col];
+        self.batch_col(k.batch, batch_col) * self.instance_factor(k.instances, instance_col)
+    }
+
+    fn calibrated(&self, k: Knobs, col: usize) -> f64 {
+        let joint = if k.batch > 1 && k.instances > 1 {
+            self.joint[col]
+        } else {
+            1.0
+        };
+        self.product(k, col) * joint
     }
 
     fn exact(&self, k: Knobs) -> Option<&ProfilePoint> {
@@ -127,8 +168,7 @@ impl LatencyModel {
         if let Some(p) = self.exact(k) {
             return p.p99_ms.max(mean_batch_ms(p));
         }
-        let p99 = self.batch_col(k.batch, 1) * self.instance_factor(k.instances, 1);
-        p99.max(self.service_ms(k))
+        self.calibrated(k, 0).max(self.service_ms(k))
     }
 
     /// Mean time of one batch execution at `k` (each instance, under the others' contention).
@@ -136,7 +176,7 @@ impl LatencyModel {
         if let Some(p) = self.exact(k) {
             return mean_batch_ms(p);
         }
-        self.batch_col(k.batch, 2) * self.instance_factor(k.instances, 2)
+        self.calibrated(k, 1)
     }
 
     /// Samples per second one replica completes at `k` when always busy.
@@ -159,7 +199,7 @@ impl LatencyModel {
     pub fn gpu_util(&self, k: Knobs) -> f64 {
         let u = match self.exact(k).and_then(|p| p.gpu_util) {
             Some(u) => u,
-            None => self.batch_col(k.batch, 4) * self.instance_factor(k.instances, 3),
+            None => self.calibrated(k, 2),
         };
         if u.is_finite() && u > 0.0 {
             u.min(1.0)
@@ -226,6 +266,35 @@ mod tests {
         // Joint knobs combine the batch curve with the instance contention factor.
         assert!(m.p99_ms(Knobs::new(8, 4)) > 22.0);
         assert!(m.throughput(Knobs::new(4, 1)) > 100.0);
+    }
+
+    /// Batches and instances that compete for one device gain less together than the product
+    /// of their gains: a measured joint point scales the predictions at other joint knobs.
+    #[test]
+    fn a_joint_point_calibrates_the_other_joint_predictions() {
+        let alone = LatencyModel::from_profile(&profile());
+        let product = alone.throughput(Knobs::new(8, 4));
+        let mut p = profile();
+        // The product predicts 4 x 4 far above what it measured.
+        let predicted = alone.throughput(Knobs::new(4, 4));
+        p.points.push(pt(4, 4, predicted / 2.0, 40.0));
+        let m = LatencyModel::from_profile(&p);
+        assert_eq!(m.throughput(Knobs::new(4, 4)), predicted / 2.0);
+        let calibrated = m.throughput(Knobs::new(8, 4));
+        assert!(
+            (calibrated - product / 2.0).abs() < 1e-9 * product,
+            "{calibrated} vs {product}"
+        );
+        // Knobs with one instance or batch one keep their own curves.
+        assert_eq!(
+            m.throughput(Knobs::new(4, 1)),
+            alone.throughput(Knobs::new(4, 1))
+        );
+        assert_eq!(
+            m.throughput(Knobs::new(1, 3)),
+            alone.throughput(Knobs::new(1, 3))
+        );
+        assert!(m.p99_ms(Knobs::new(8, 4)) > alone.p99_ms(Knobs::new(8, 4)));
     }
 
     #[test]
