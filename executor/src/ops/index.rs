@@ -10,6 +10,7 @@ use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{DType, Data, Tensor, axis_in, checked_numel, norm_axis, strides};
 use crate::with_data;
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 /// How ScatterElements and ScatterND combine an update with the value it lands on.
@@ -416,14 +417,8 @@ fn compress(x: &Tensor, condition: &Tensor, axis: Option<i64>) -> OpResult<Tenso
             condition.shape
         )));
     };
-    let flat;
-    let (x, axis) = match axis {
-        Some(a) => (x, axis_in(a, x.rank())?),
-        None => {
-            flat = x.clone().reshaped(vec![x.len()])?;
-            (&flat, 0)
-        }
-    };
+    let (x, axis) = on_axis(x, axis)?;
+    let x: &Tensor = &x;
     let (outer, n, inner) = around(&x.shape, axis);
     if keep.len() > n {
         return shape_err(format!(
@@ -444,15 +439,17 @@ fn compress(x: &Tensor, condition: &Tensor, axis: Option<i64>) -> OpResult<Tenso
     Tensor::new(shape, x.data.gather(&at))
 }
 
+/// `x` and the axis an op works along: `axis` normalised, or `x` flattened when none is given.
+fn on_axis(x: &Tensor, axis: Option<i64>) -> OpResult<(Cow<'_, Tensor>, usize)> {
+    Ok(match axis {
+        Some(a) => (Cow::Borrowed(x), axis_in(a, x.rank())?),
+        None => (Cow::Owned(x.clone().reshaped(vec![x.len()])?), 0),
+    })
+}
+
 fn unique(x: &Tensor, axis: Option<i64>, sorted: bool) -> OpResult<Vec<Tensor>> {
-    let flat;
-    let (x, axis) = match axis {
-        Some(a) => (x, axis_in(a, x.rank())?),
-        None => {
-            flat = x.clone().reshaped(vec![x.len()])?;
-            (&flat, 0)
-        }
-    };
+    let (x, axis) = on_axis(x, axis)?;
+    let x: &Tensor = &x;
     let (outer, n, inner) = around(&x.shape, axis);
     // The flat positions of slice `k` along the axis, in row-major order.
     let slice =
