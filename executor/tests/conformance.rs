@@ -191,16 +191,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "QuantizeLinear and DequantizeLinear of int16 and uint16 are not implemented",
-        &[
-            "test_dequantizelinear_int16",
-            "test_dequantizelinear_uint16",
-            "test_quantizelinear_blocked_symmetric",
-            "test_quantizelinear_int16",
-            "test_quantizelinear_uint16",
-        ],
-    ),
-    (
         "3-D pooling and convolution are not implemented",
         &[
             "test_AvgPool3d",

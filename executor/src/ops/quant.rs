@@ -58,7 +58,11 @@ impl QuantOp {
         Ok(Some(match op_type {
             "QuantizeLinear" => QuantOp::Quantize(QuantizeAttrs {
                 layout: QuantAxis::parse(a)?,
-                output_dtype: dtype_attr(a, "output_dtype", &[DType::I8, DType::U8])?,
+                output_dtype: dtype_attr(
+                    a,
+                    "output_dtype",
+                    &[DType::I8, DType::U8, DType::I16, DType::U16],
+                )?,
                 precision: dtype_attr(a, "precision", &[DType::F32, DType::F16, DType::BF16])?,
             }),
             "DequantizeLinear" => QuantOp::Dequantize(DequantizeAttrs {
@@ -203,8 +207,10 @@ fn range(dtype: DType) -> OpResult<(f64, f64)> {
     match dtype {
         DType::I8 => Ok((-128.0, 127.0)),
         DType::U8 => Ok((0.0, 255.0)),
+        DType::I16 => Ok((-32768.0, 32767.0)),
+        DType::U16 => Ok((0.0, 65535.0)),
         d => Err(OpError::DType(format!(
-            "quantized values must be int8 or uint8, not {d:?}"
+            "quantized values must be int8, uint8, int16 or uint16, not {d:?}"
         ))),
     }
 }
@@ -215,6 +221,8 @@ fn saturate(dtype: DType, n: usize, value: impl Fn(usize) -> f64) -> OpResult<Da
     let v = (0..n).map(|i| value(i).clamp(lo, hi));
     Ok(match dtype {
         DType::I8 => Data::I8(v.map(|v| v as i8).collect()),
+        DType::I16 => Data::I16(v.map(|v| v as i16).collect()),
+        DType::U16 => Data::U16(v.map(|v| v as u16).collect()),
         _ => Data::U8(v.map(|v| v as u8).collect()),
     })
 }
@@ -304,9 +312,12 @@ fn dequantize(
     scale: &Tensor,
     zp: Option<&Tensor>,
 ) -> OpResult<Tensor> {
-    if !matches!(x.dtype(), DType::I8 | DType::U8 | DType::I32) {
+    if !matches!(
+        x.dtype(),
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::I32
+    ) {
         return Err(OpError::DType(format!(
-            "DequantizeLinear of {:?}: int8, uint8 and int32 are supported",
+            "DequantizeLinear of {:?}: int8, uint8, int16, uint16 and int32 are supported",
             x.dtype()
         )));
     }
