@@ -81,6 +81,22 @@ pub enum ShapeOp {
         dtype: Option<DType>,
         k: i64,
     },
+    /// A window of the length its scalar input gives, of element type `dtype`; `periodic`
+    /// windows are one sample of a window one longer (for spectral analysis), the others are
+    /// symmetric.
+    Window {
+        window: Window,
+        periodic: bool,
+        dtype: DType,
+    },
+}
+
+/// The window functions of ONNX's signal operators.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Window {
+    Hann,
+    Hamming,
+    Blackman,
 }
 
 /// The required positive `blocksize` of DepthToSpace and SpaceToDepth.
@@ -195,6 +211,20 @@ impl ShapeOp {
                 },
                 k: a.int_or("k", 0)?,
             },
+            "HannWindow" | "HammingWindow" | "BlackmanWindow" => ShapeOp::Window {
+                window: match op {
+                    "HannWindow" => Window::Hann,
+                    "HammingWindow" => Window::Hamming,
+                    _ => Window::Blackman,
+                },
+                periodic: a.int_or("periodic", 1)? != 0,
+                dtype: {
+                    let d = a.int_or("output_datatype", 1)?;
+                    DType::from_onnx(d as i32).ok_or_else(|| {
+                        format!("attribute \"output_datatype\": element type {d} is not supported")
+                    })?
+                },
+            },
             _ => return Ok(None),
         }))
     }
@@ -222,6 +252,11 @@ impl ShapeOp {
             ShapeOp::SpaceToDepth { .. } => "SpaceToDepth",
             ShapeOp::Trilu { .. } => "Trilu",
             ShapeOp::EyeLike { .. } => "EyeLike",
+            ShapeOp::Window { window, .. } => match window {
+                Window::Hann => "HannWindow",
+                Window::Hamming => "HammingWindow",
+                Window::Blackman => "BlackmanWindow",
+            },
         }
     }
 
@@ -391,6 +426,11 @@ impl ShapeOp {
             }
             ShapeOp::Trilu { upper } => one(trilu(input(inputs, 0)?, opt_input(inputs, 1), *upper)),
             ShapeOp::EyeLike { dtype, k } => one(eye_like(input(inputs, 0)?, *dtype, *k)),
+            ShapeOp::Window {
+                window: w,
+                periodic,
+                dtype,
+            } => one(window(input(inputs, 0)?, *w, *periodic, *dtype)),
             _ => Err(OpError::Unsupported(self.name().into())),
         }
     }
@@ -1043,9 +1083,64 @@ fn eye_like(x: &Tensor, dtype: Option<DType>, k: i64) -> OpResult<Tensor> {
     Ok(super::elementwise::cast(&eye, dtype.unwrap_or(x.dtype())))
 }
 
+/// The length a window operator's scalar `size` input asks for.
+pub(crate) fn window_len(size: &Tensor) -> OpResult<usize> {
+    let n = match size.to_i64_vec()?.as_slice() {
+        &[n] => n,
+        _ => {
+            return shape_err(format!(
+                "a window's size must be a scalar, not {:?}",
+                size.shape
+            ));
+        }
+    };
+    let n = usize::try_from(n).map_err(|_| OpError::Shape(format!("window size {n}")))?;
+    checked_numel(&[n])?;
+    Ok(n)
+}
+
+fn window(size: &Tensor, w: Window, periodic: bool, dtype: DType) -> OpResult<Tensor> {
+    let n = window_len(size)?;
+    // A symmetric window of n samples is a periodic one of n - 1, plus its last sample.
+    let period = if periodic { n } else { n.saturating_sub(1) } as f64;
+    let values = (0..n)
+        .map(|i| {
+            let x = std::f64::consts::TAU * i as f64 / period;
+            match w {
+                Window::Hann => 0.5 - 0.5 * x.cos(),
+                Window::Hamming => 25.0 / 46.0 - 21.0 / 46.0 * x.cos(),
+                Window::Blackman => 0.42 - 0.5 * x.cos() + 0.08 * (2.0 * x).cos(),
+            }
+        })
+        .collect();
+    let window = Tensor::new(vec![n], Data::F64(values))?;
+    Ok(super::elementwise::cast(&window, dtype))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windows_are_symmetric_or_periodic_and_refuse_bad_sizes() {
+        let size = |n: i64| Tensor::i64(vec![], vec![n]).unwrap();
+        let hann = window(&size(5), Window::Hann, false, DType::F64).unwrap();
+        let v = hann.to_f64_vec();
+        assert_eq!(hann.shape, [5]);
+        for (got, want) in v.iter().zip([0.0, 0.5, 1.0, 0.5, 0.0]) {
+            assert!((got - want).abs() < 1e-12, "{v:?}");
+        }
+        // Periodic: the first n samples of the symmetric window one longer.
+        let periodic = window(&size(4), Window::Blackman, true, DType::F64).unwrap();
+        let longer = window(&size(5), Window::Blackman, false, DType::F64).unwrap();
+        assert_eq!(periodic.to_f64_vec(), longer.to_f64_vec()[..4]);
+        let hamming = window(&size(3), Window::Hamming, false, DType::F32).unwrap();
+        assert_eq!(hamming.dtype(), DType::F32);
+        assert!(window(&size(-1), Window::Hann, true, DType::F32).is_err());
+        assert!(window(&size(1 << 40), Window::Hann, true, DType::F32).is_err());
+        let two = Tensor::i64(vec![2], vec![3, 4]).unwrap();
+        assert!(window(&two, Window::Hann, true, DType::F32).is_err());
+    }
 
     fn iota(shape: &[usize]) -> Tensor {
         let n = shape.iter().product::<usize>();

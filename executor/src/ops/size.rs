@@ -8,7 +8,9 @@
 
 use super::index::{IndexOp, gather_nd_shape, one_hot_depth, one_hot_shape};
 use super::quant::QuantOp;
-use super::shape::{ShapeOp, expand_shape, gather_shape, pad_shape, range_len, slice_of};
+use super::shape::{
+    ShapeOp, expand_shape, gather_shape, pad_shape, range_len, slice_of, window_len,
+};
 use super::{Op, input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::elementwise::broadcast_shape;
@@ -219,6 +221,8 @@ fn shape_op(op: &ShapeOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>>
             let n = range_len(x()?, input(inputs, 1)?, input(inputs, 2)?)?;
             times(n, dsize(x()?))?
         }
+        // Computed in f64, then cast.
+        ShapeOp::Window { dtype, .. } => times(window_len(x()?)?, 8 + dtype.size())?,
         // Pad keeps an optional source index and a gather index per output element.
         ShapeOp::Pad { pads, .. } => {
             let (_, out) = pad_shape(&x()?.shape, inputs, pads.as_deref())?;
