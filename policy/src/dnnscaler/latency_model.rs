@@ -6,9 +6,10 @@
 //! one. A measured point with both knobs above one (a joint point) calibrates that product: the
 //! ratio of what it measured to what the product predicts there scales every other prediction
 //! with both knobs above one, since batches and instances compete for the same device and their
-//! gains do not simply multiply. A measured point is always returned exactly. Beyond the last point the curve goes on
-//! with its last slope; with a single point it assumes no gain at all (time grows linearly with
-//! the batch, instances serialise), so an unprofiled knob is never predicted optimistically.
+//! gains do not simply multiply. A measured point is always returned exactly. Beyond the last
+//! point the curve goes on with its last slope; with a single point it assumes no gain at all
+//! (time grows linearly with the batch, instances serialise), so an unprofiled knob is never
+//! predicted optimistically.
 
 use crate::knobs::Knobs;
 use crate::profile::{Profile, ProfilePoint};
@@ -126,12 +127,13 @@ impl LatencyModel {
     }
 
     /// The batch curve times the instance factor, for column 0 (p99), 1 (mean time) or 2
-    /// (util); calibrated by the joint point where both knobs are above one.
+    /// (util).
     fn product(&self, k: Knobs, col: usize) -> f64 {
         let (batch_col, instance_col) = [(1, 1), (2, 2), (4, 3)][col];
         self.batch_col(k.batch, batch_col) * self.instance_factor(k.instances, instance_col)
     }
 
+    /// [`Self::product`], scaled by the joint point's ratio where both knobs are above one.
     fn calibrated(&self, k: Knobs, col: usize) -> f64 {
         let joint = if k.batch > 1 && k.instances > 1 {
             self.joint[col]
