@@ -140,10 +140,21 @@ pub fn place_at_most(
             }
         }
     }
+    // Replicas per agent now: a tenant that scales down keeps its replicas on the busiest
+    // agents, so that the emptiest ones drain and the pool can shrink.
+    let mut on_agent: HashMap<&str, usize> = HashMap::new();
+    for r in current {
+        *on_agent.entry(r.agent.as_str()).or_default() += 1;
+    }
     let mut kept = vec![0u32; demands.len()];
     for (t, replicas) in by_tenant.iter_mut().enumerate() {
         let d = &demands[t];
-        replicas.sort_by(|x, y| y.ready.cmp(&x.ready).then_with(|| x.agent.cmp(&y.agent)));
+        replicas.sort_by(|x, y| {
+            y.ready
+                .cmp(&x.ready)
+                .then_with(|| on_agent[y.agent.as_str()].cmp(&on_agent[x.agent.as_str()]))
+                .then_with(|| x.agent.cmp(&y.agent))
+        });
         let mut kept_ready = false;
         let mut displaced: Vec<&CurrentReplica> = Vec::new();
         for r in replicas.iter() {
@@ -297,6 +308,21 @@ mod tests {
         assert_eq!(plan.keep, vec![at("x", "b")]);
         // y fills b exactly rather than opening a.
         assert_eq!(plan.start, vec![at("y", "b")]);
+    }
+
+    /// A tenant that scales down keeps the replica that shares its agent, whatever the names,
+    /// so the agent it alone held empties and the pool can shrink.
+    #[test]
+    fn scaling_down_keeps_replicas_on_the_busiest_agents() {
+        let agents = [agent("a", 10), agent("b", 10)];
+        let current = [
+            running("x", "a", 2),
+            running("x", "b", 2),
+            running("y", "b", 2),
+        ];
+        let plan = place(&agents, &[demand("x", 1, 2), demand("y", 1, 2)], &current);
+        assert_eq!(plan.stop, vec![at("x", "a")]);
+        assert!(plan.keep.contains(&at("x", "b")) && plan.keep.contains(&at("y", "b")));
     }
 
     #[test]
