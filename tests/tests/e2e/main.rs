@@ -32,13 +32,24 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     ] {
         c.infer_through_slice(t, &models.path(file));
     }
-    c.step("observed latency in rn's status", 60, || {
+    // A light load while waiting: a tenant whose profiled knobs need more memory than its agent
+    // has left moves to another agent, and the new replica's window starts empty.
+    let light = c.load_image_model("rn", 2.0);
+    c.step("observed latency in rn's status", 120, || {
         let p99 = c.jsonpath("mt", "rn", "{.status.observed.latencyMillis}");
         match p99.parse::<f64>() {
             Ok(ms) if ms > 0.0 => Ok(()),
             _ => Err(format!("status.observed.latencyMillis = {p99:?}")),
         }
     });
+    // The step may end before any of these requests is answered; none may fail.
+    let answers = light.stop();
+    assert!(
+        answers
+            .keys()
+            .all(|code| ["200", "429", "503"].contains(&code.as_str())),
+        "while waiting for rn's latency: {answers:?}"
+    );
     let events = c.events_of("rn");
     assert!(
         events.contains("ApproachChosen") && events.contains("profile: batch 1 x 1 instances"),
