@@ -70,11 +70,7 @@ impl AttentionAttrs {
             return Err(format!("attribute \"softcap\" is {softcap}, not >= 0"));
         }
         Ok(AttentionAttrs {
-            is_causal: match a.int_or("is_causal", 0)? {
-                0 => false,
-                1 => true,
-                c => return Err(format!("attribute \"is_causal\" is {c}, not 0 or 1")),
-            },
+            is_causal: a.flag("is_causal", false)?,
             q_heads: heads("q_num_heads")?,
             kv_heads: heads("kv_num_heads")?,
             qk_output,
@@ -376,11 +372,7 @@ impl RotaryAttrs {
             }
         };
         Ok(RotaryAttrs {
-            interleaved: match a.int_or("interleaved", 0)? {
-                0 => false,
-                1 => true,
-                i => return Err(format!("attribute \"interleaved\" is {i}, not 0 or 1")),
-            },
+            interleaved: a.flag("interleaved", false)?,
             heads: positive("num_heads")?,
             rotary_dim: positive("rotary_embedding_dim")?,
         })

@@ -34,6 +34,14 @@ impl<'a> Attrs<'a> {
     pub fn int_or(&self, name: &str, d: i64) -> R<i64> {
         Ok(self.int(name)?.unwrap_or(d))
     }
+    /// A 0/1 integer attribute; any other value is an error naming it.
+    pub fn flag(&self, name: &str, d: bool) -> R<bool> {
+        match self.int_or(name, i64::from(d))? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(format!("attribute {name:?} is {v}, not 0 or 1")),
+        }
+    }
     pub fn float_or(&self, name: &str, d: f32) -> R<f32> {
         Ok(self.typed(name, at::FLOAT)?.map_or(d, |a| a.f))
     }

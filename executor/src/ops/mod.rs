@@ -438,10 +438,10 @@ impl Op {
                 a.int_or("detect_negative", 1)? != 0,
                 a.int_or("detect_positive", 1)? != 0,
             )),
-            "Mod" => Ok(Some(Op::Binary(match a.int_or("fmod", 0)? {
-                0 => B::Mod,
-                1 => B::Fmod,
-                f => return Err(format!("attribute \"fmod\" is {f}, not 0 or 1")),
+            "Mod" => Ok(Some(Op::Binary(if a.flag("fmod", false)? {
+                B::Fmod
+            } else {
+                B::Mod
             }))),
             "Dropout" => Ok(Some(Op::Dropout)),
             "Clip" => Ok(Some(Op::Clip {
@@ -551,11 +551,7 @@ impl Op {
             }
             "CastLike" => Ok(Some(Op::CastLike)),
             "NonMaxSuppression" => Ok(Some(Op::NonMaxSuppression {
-                center_point_box: match a.int_or("center_point_box", 0)? {
-                    0 => false,
-                    1 => true,
-                    c => return Err(format!("attribute \"center_point_box\" is {c}, not 0 or 1")),
-                },
+                center_point_box: a.flag("center_point_box", false)?,
             })),
             "Einsum" => Ok(Some(Op::Einsum(einsum::Einsum::parse(
                 &a.string("equation")?
