@@ -217,7 +217,7 @@ impl ShapeOp {
                     "HammingWindow" => Window::Hamming,
                     _ => Window::Blackman,
                 },
-                periodic: a.int_or("periodic", 1)? != 0,
+                periodic: a.flag("periodic", true)?,
                 dtype: {
                     let d = a.int_or("output_datatype", 1)?;
                     DType::from_onnx(d as i32).ok_or_else(|| {
