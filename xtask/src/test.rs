@@ -129,7 +129,7 @@ pub fn e2e(extra: &[&str]) -> anyhow::Result<()> {
 }
 
 /// `cargo xtask bench scale [TENANTS AGENTS]`: the operator at scale on the local control plane
-/// (`tests/tests/scale`), 2,000 tenants on up to 200 agents unless given, printing its table.
+/// (`tests/tests/scale`), 2,000 tenants filling 200 agents unless given, printing its table.
 pub fn scale(args: &[&str]) -> anyhow::Result<()> {
     let (tenants, agents) = match args {
         [] => ("2000", "200"),

@@ -22,8 +22,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 pub use tenant::{EventToRecord, TenantDecision, TenantRecall};
 
-/// A tenant whose model size is not known yet is placed as if it took this fraction of the
-/// largest agent's memory.
+/// A tenant whose model size is not known yet, in a pool where no size is known, is placed as if
+/// it took this fraction of the largest agent's memory.
 const UNKNOWN_MODEL_SHARE: u64 = 16;
 
 /// Memory of one agent when neither the pool nor the agent says (80 GiB, a common GPU size).
@@ -460,26 +460,40 @@ pub fn decide_tenants(
     now_rfc3339: &str,
 ) -> TenantsDecided {
     recall.retain(|uid, _| known.contains(uid));
+    let decided: Vec<(TenantDecision, bool)> = seen
+        .iter()
+        .map(|s| {
+            let tenant_recall = recall
+                .entry(s.uid.clone())
+                .or_insert_with(|| TenantRecall::new(s.tenant));
+            let d = tenant::decide(
+                s.tenant,
+                &s.reports,
+                tenant_recall,
+                tuning,
+                now_s,
+                now_rfc3339,
+            );
+            let unknown = tenant_recall.round.is_none() && d.memory_bytes == 0;
+            (d, unknown)
+        })
+        .collect();
+    // A model whose size no agent has reported yet is placed at a guess, so that new tenants
+    // spread instead of piling onto the first agent and the pool grows for them early.
+    let guess = SizeGuess::new(
+        seen.iter()
+            .zip(&decided)
+            .filter(|(_, (_, unknown))| !unknown)
+            .map(|(s, (d, _))| (s.tenant.spec.model.uri.as_str(), d.memory_bytes)),
+        largest_agent,
+    );
     let mut out = TenantsDecided::default();
-    for s in seen {
+    for (s, (d, unknown)) in seen.iter().zip(decided) {
         let uid = &s.uid;
-        let tenant_recall = recall
-            .entry(uid.clone())
-            .or_insert_with(|| TenantRecall::new(s.tenant));
-        let d = tenant::decide(
-            s.tenant,
-            &s.reports,
-            tenant_recall,
-            tuning,
-            now_s,
-            now_rfc3339,
-        );
+        let tenant_recall = &recall[uid];
         let too_big = d.memory_bytes > largest_agent;
-        // A model whose size no agent has reported yet is placed as if it took a share of the
-        // largest agent, so new tenants spread instead of piling onto the first agent.
-        let unknown = tenant_recall.round.is_none() && d.memory_bytes == 0;
         let placed_bytes = if unknown {
-            largest_agent / UNKNOWN_MODEL_SHARE
+            guess.bytes(&s.tenant.spec.model.uri)
         } else {
             d.memory_bytes
         };
@@ -510,6 +524,40 @@ pub fn decide_tenants(
         });
     }
     out
+}
+
+/// The memory a tenant whose model size is not known yet is placed with: what a tenant of the
+/// same model takes, else the mean of the sizes known in the pool, else a share of the largest
+/// agent ([`UNKNOWN_MODEL_SHARE`]).
+#[derive(Debug)]
+struct SizeGuess<'a> {
+    by_model: HashMap<&'a str, u64>,
+    otherwise: u64,
+}
+
+impl<'a> SizeGuess<'a> {
+    /// `known`: (model URI, bytes) of the tenants whose size is known. Sizes over the largest
+    /// agent (tenants that cannot be placed) say nothing about the others.
+    fn new(known: impl Iterator<Item = (&'a str, u64)>, largest_agent: u64) -> Self {
+        let mut by_model = HashMap::new();
+        let (mut total, mut count) = (0u128, 0u128);
+        for (model, bytes) in known.filter(|&(_, b)| b > 0 && b <= largest_agent) {
+            by_model.insert(model, bytes);
+            total += u128::from(bytes);
+            count += 1;
+        }
+        let otherwise = total
+            .checked_div(count)
+            .map_or(largest_agent / UNKNOWN_MODEL_SHARE, |mean| mean as u64);
+        SizeGuess {
+            by_model,
+            otherwise,
+        }
+    }
+
+    fn bytes(&self, model: &str) -> u64 {
+        self.by_model.get(model).copied().unwrap_or(self.otherwise)
+    }
 }
 
 /// Where the replicas go this round.

@@ -52,6 +52,11 @@ impl Size {
             steady: Duration::from_secs(var("COTENANT_SCALE_STEADY_S", 30) as u64),
         }
     }
+
+    /// The pool's cap: 10% above the agents the tenants' memory fills (see the pool below).
+    fn max_agents(&self) -> usize {
+        self.agents + self.agents.div_ceil(10)
+    }
 }
 
 /// CPU seconds and resident memory of a process, from /proc.
@@ -225,7 +230,7 @@ fn operator_at_scale() {
     let cp = ns.control_plane();
     let n = ns.name.as_str();
     cp.install_chart("scale", n).expect("chart installs");
-    let nodes = size.agents.div_ceil(GPUS_PER_NODE as usize);
+    let nodes = size.max_agents().div_ceil(GPUS_PER_NODE as usize);
     for i in 0..nodes {
         cp.add_node(&format!("{n}-gpu-{i}"), GPUS_PER_NODE)
             .expect("node");
@@ -280,13 +285,16 @@ fn operator_at_scale() {
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(30)));
 
-    // One pool for everything; each agent's memory holds about N/M tenants.
+    // One pool for everything; each agent's memory holds about N/M tenants, so the tenants need
+    // about M agents. Its cap leaves room above that, as a pool's cap must: packing thousands
+    // of tenants of different loads into exactly as many agents as their memory fills would
+    // need a perfect packing, and agents that die need replacements.
     let pool = format!("pool-{n}");
     let per_agent = size.tenants.div_ceil(size.agents).max(1);
     let memory_mib = 2_400 * per_agent + 1_024;
     cp.kubectl_apply(&format!(
         "apiVersion: cotenant.dev/v1alpha1\nkind: GpuPool\nmetadata:\n  name: {pool}\nspec:\n  agentNamespace: {n}\n  maxAgents: {}\n  gpuMemoryMiB: {memory_mib}\n  template:\n    image: cotenant/agent:test\n",
-        size.agents
+        size.max_agents()
     ))
     .expect("pool");
 
@@ -513,7 +521,7 @@ fn operator_at_scale() {
          | {} agents silenced ({} tenants on them): no tenant placed on one after | {:.1} s |\n\
          | those tenants Ready again | {ready_again} of {}, {:.1} s after the silence |\n",
         size.tenants,
-        size.agents,
+        size.max_agents(),
         agents_used,
         nodes,
         all_placed.map_or("-".to_string(), |d| format!("{:.1} s", d.as_secs_f64())),

@@ -465,3 +465,21 @@ fn pool_status_says_at_max_then_pending_then_ready() {
         (1, ("AgentsReady".into(), "1 agent(s) ready".into()))
     );
 }
+
+#[test]
+fn an_unknown_model_is_guessed_from_the_same_model_then_the_pool_then_the_agent() {
+    let agent = 16 << 30;
+    let none = SizeGuess::new(std::iter::empty(), agent);
+    assert_eq!(none.bytes("a"), agent / UNKNOWN_MODEL_SHARE);
+    let known = [
+        ("a", 3 << 30),
+        ("b", 1 << 30),
+        ("huge", agent * 2),
+        ("zero", 0),
+    ];
+    let guess = SizeGuess::new(known.into_iter(), agent);
+    assert_eq!(guess.bytes("a"), 3 << 30);
+    assert_eq!(guess.bytes("b"), 1 << 30);
+    // The mean of the placeable sizes: neither the tenant too big for any agent nor a zero.
+    assert_eq!(guess.bytes("c"), 2 << 30);
+}
