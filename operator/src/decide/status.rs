@@ -6,8 +6,11 @@
 //! threshold or the SLO flips, and the messages quote that summary. Its `measuredAt` says how
 //! old it is; a steady tenant's status is never rewritten. What measurements alone move (the
 //! summary, and SLOMet with the phase that follows it) moves at most once per [`DWELL_S`], so
-//! a latency hovering at the SLO does not rewrite the status every round. The live numbers are
-//! the agents' Prometheus metrics.
+//! a latency hovering at the SLO does not rewrite the status every round. A summary taken while
+//! the knobs or the replica count were new measured a configuration in transition: it is
+//! replaced once the configuration has served for [`DWELL_S`], so that later noise is compared
+//! with what the configuration settled at (one write per configuration change). The live
+//! numbers are the agents' Prometheus metrics.
 
 use super::tenant::{Aggregate, TenantDecision};
 use crate::reason::Reason;
@@ -74,7 +77,13 @@ pub fn tenant_status(
     };
     if a.replicas > 0 {
         let flipped = was_met.is_some_and(|m| m != slo_met);
-        s.observed = Some(summary(s.observed.as_ref(), a, now, flipped));
+        s.observed = Some(summary(
+            s.observed.as_ref(),
+            a,
+            now,
+            flipped,
+            d.configured_for_s,
+        ));
     }
     // The latency the messages quote: the summary's, so they move only when it does.
     let quoted_ms = s
@@ -235,11 +244,14 @@ fn shed_note(a: &Aggregate) -> String {
 
 /// The observations to keep in the status: `previous` while every value stays within the
 /// thresholds of it and the SLO did not flip; otherwise this round's values, measured `now`.
+/// `configured_for_s` is how long the tenant's knobs and replica count have been what they are:
+/// a `previous` measured before they had served [`DWELL_S`] is replaced once they have.
 pub fn summary(
     previous: Option<&Observed>,
     a: &Aggregate,
     now: Timestamp,
     slo_flipped: bool,
+    configured_for_s: f64,
 ) -> Observed {
     let latency = if a.latency_ms.is_finite() {
         round(a.latency_ms)
@@ -256,20 +268,25 @@ pub fn summary(
     let Some(p) = previous else {
         return current;
     };
-    let young = p
+    let measured_at = p
         .measured_at
         .as_deref()
-        .and_then(|t| t.parse::<Timestamp>().ok())
-        .is_some_and(|t| !dwelt(t, now));
+        .and_then(|t| t.parse::<Timestamp>().ok());
+    let young = measured_at.is_some_and(|t| !dwelt(t, now));
     if young && !slo_flipped {
         return p.clone();
     }
+    // Measured in the configuration's first DWELL_S, which it has now served.
+    let in_transition = configured_for_s >= DWELL_S
+        && measured_at
+            .is_some_and(|t| now.duration_since(t).as_secs_f64() > configured_for_s - DWELL_S);
     let moved =
         |old: f64, new: f64| (new - old).abs() > (RELATIVE_CHANGE * old.abs()).max(ABSOLUTE_CHANGE);
     let attainment_moved = (p.slo_attainment >= ATTAINMENT_TARGET)
         != (current.slo_attainment >= ATTAINMENT_TARGET)
         || (p.slo_attainment - current.slo_attainment).abs() > ATTAINMENT_CHANGE;
     let stale = slo_flipped
+        || in_transition
         || moved(p.arrival_rate_per_second, current.arrival_rate_per_second)
         || moved(p.throughput_per_second, current.throughput_per_second)
         || moved(p.latency_millis, current.latency_millis)

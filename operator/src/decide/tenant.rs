@@ -24,6 +24,10 @@ pub struct TenantRecall {
     replicas: u32,
     /// Weight bytes an agent reported, known before any profile.
     pub weight_bytes: Option<u64>,
+    /// The knobs and replica count decided last, and when they last changed (operator seconds;
+    /// `None` until they first change under this operator).
+    configured: Option<(Knobs, u32)>,
+    configured_at_s: Option<f64>,
 }
 
 impl TenantRecall {
@@ -37,6 +41,8 @@ impl TenantRecall {
             round: None,
             replicas: replicas.max(1),
             weight_bytes: None,
+            configured: None,
+            configured_at_s: None,
         }
     }
 
@@ -71,11 +77,15 @@ pub struct Aggregate {
     pub attainment: Option<f64>,
     /// Requests admission control refused.
     pub shed: u64,
+    /// Seconds since the replica that took up its knobs last did so (infinite where no
+    /// replica says).
+    pub knobs_age_s: f64,
 }
 
 pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
     let mut a = Aggregate {
         latency_ms: f64::NAN,
+        knobs_age_s: f64::INFINITY,
         ..Aggregate::default()
     };
     let mut attained = 0.0;
@@ -92,6 +102,9 @@ pub fn aggregate(reports: &[&TenantReport]) -> Aggregate {
         }
         if let Some(c) = r.compute_at_percentile_millis.filter(|c| c.is_finite()) {
             a.compute_ms = Some(a.compute_ms.map_or(c, |w| w.max(c)));
+        }
+        if r.since_knobs_changed_seconds >= 0.0 {
+            a.knobs_age_s = a.knobs_age_s.min(r.since_knobs_changed_seconds);
         }
         let w = &r.window;
         a.arrival_rate += w.arrival_rate_per_second;
@@ -150,6 +163,9 @@ pub struct TenantDecision {
     /// Why the model cannot run, as its agent reported.
     pub failure: Option<String>,
     pub aggregate: Aggregate,
+    /// Seconds the replicas have served at the current knobs and replica count: what the
+    /// aggregate measures is this configuration's once that is long enough.
+    pub configured_for_s: f64,
     pub events: Vec<EventToRecord>,
 }
 
@@ -332,6 +348,14 @@ pub fn decide(
         }
         None => (Knobs::ONE, 1, recall.weight_bytes.unwrap_or(0), 0.0),
     };
+    let was = recall.configured.replace((knobs, replicas));
+    if was.is_some_and(|w| w != (knobs, replicas)) {
+        recall.configured_at_s = Some(now_s);
+    }
+    let configured_for_s = recall
+        .configured_at_s
+        .map_or(f64::INFINITY, |at| now_s - at)
+        .min(aggregate.knobs_age_s);
     let wants_profile = (measured.is_none() && failure.is_none())
         .then(|| bounds.clamp(Knobs::new(PROFILE_K, PROFILE_K)));
     TenantDecision {
@@ -345,6 +369,7 @@ pub fn decide(
         wants_profile,
         failure,
         aggregate,
+        configured_for_s,
         events,
     }
 }

@@ -642,14 +642,14 @@ fn a_steady_tenants_status_does_not_move_with_noise() {
         attainment: Some(0.995),
         ..tenant::Aggregate::default()
     };
-    let same = status::summary(Some(&kept), &steady, now, false);
+    let same = status::summary(Some(&kept), &steady, now, false, f64::INFINITY);
     assert_eq!(same, kept);
     let moved = tenant::Aggregate {
         latency_ms: 55.0,
         ..steady
     };
     assert_eq!(
-        status::summary(Some(&kept), &moved, now, false).latency_millis,
+        status::summary(Some(&kept), &moved, now, false, f64::INFINITY).latency_millis,
         55.0
     );
     let busier = tenant::Aggregate {
@@ -657,7 +657,7 @@ fn a_steady_tenants_status_does_not_move_with_noise() {
         ..steady
     };
     assert_eq!(
-        status::summary(Some(&kept), &busier, now, false).arrival_rate_per_second,
+        status::summary(Some(&kept), &busier, now, false, f64::INFINITY).arrival_rate_per_second,
         14.0
     );
     let missing = tenant::Aggregate {
@@ -665,22 +665,63 @@ fn a_steady_tenants_status_does_not_move_with_noise() {
         ..steady
     };
     assert_eq!(
-        status::summary(Some(&kept), &missing, now, false).slo_attainment,
+        status::summary(Some(&kept), &missing, now, false, f64::INFINITY).slo_attainment,
         0.98
     );
-    let flipped = status::summary(Some(&kept), &steady, now, true);
+    let flipped = status::summary(Some(&kept), &steady, now, true, f64::INFINITY);
     assert_eq!(flipped.latency_millis, 41.0);
     // A summary younger than the dwell time stays, however the values moved, unless the SLO
     // flipped.
     let young = measured + std::time::Duration::from_secs(5);
-    assert_eq!(status::summary(Some(&kept), &moved, young, false), kept);
     assert_eq!(
-        status::summary(Some(&kept), &moved, young, true).latency_millis,
+        status::summary(Some(&kept), &moved, young, false, f64::INFINITY),
+        kept
+    );
+    assert_eq!(
+        status::summary(Some(&kept), &moved, young, true, f64::INFINITY).latency_millis,
         55.0
     );
     // Age alone rewrites nothing: a steady tenant's status stays as it is.
     let later = now + std::time::Duration::from_secs(3600);
-    assert_eq!(status::summary(Some(&kept), &steady, later, false), kept);
+    assert_eq!(
+        status::summary(Some(&kept), &steady, later, false, f64::INFINITY),
+        kept
+    );
+
+    // A summary measured in the first dwell time of the knobs and replicas the tenant runs now
+    // is replaced once they have run that long, however little the values moved: it measured a
+    // transition, and later noise is compared with where the configuration settled.
+    let dwell = status::DWELL_S;
+    let rebased = status::summary(Some(&kept), &steady, now, false, dwell + 5.0);
+    assert_eq!(rebased.latency_millis, 41.0);
+    assert_ne!(rebased.measured_at, kept.measured_at);
+    // Not before then…
+    assert_eq!(
+        status::summary(Some(&kept), &steady, now, false, dwell - 1.0),
+        kept
+    );
+    // …and not when it was measured after the configuration had served the dwell time.
+    assert_eq!(
+        status::summary(Some(&kept), &steady, now, false, 2.0 * dwell + 5.0),
+        kept
+    );
+    assert_eq!(
+        status::summary(
+            Some(&rebased),
+            &moved_a_little(&steady),
+            later,
+            false,
+            3600.0 + dwell + 5.0
+        ),
+        rebased
+    );
+}
+
+fn moved_a_little(a: &tenant::Aggregate) -> tenant::Aggregate {
+    tenant::Aggregate {
+        latency_ms: a.latency_ms * 1.05,
+        ..*a
+    }
 }
 
 /// A latency hovering at the SLO flips SLOMet at most once per dwell time, so it does not

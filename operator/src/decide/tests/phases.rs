@@ -50,6 +50,7 @@ fn decision(replicas: u32, memory_bytes: u64) -> TenantDecision {
         wants_profile: Some(Knobs::new(4, 4)),
         failure: None,
         aggregate: Aggregate::default(),
+        configured_for_s: f64::INFINITY,
         events: Vec::new(),
     }
 }
