@@ -1,5 +1,6 @@
 //! A small reader and writer for NumPy `.npy` files (format 1.0–3.0, little-endian, C order):
-//! f32, f64, f16, i64, i32, i16, i8, u64, u32, u16, u8 and bool (bfloat16 has no NumPy dtype).
+//! f32, f64, f16, i64, i32, i16, i8, u64, u32, u16, u8 and bool (bfloat16 and the low-bit types
+//! of `tensor::lowbit` have no NumPy dtype).
 
 use crate::tensor::{DType, Tensor, checked_numel};
 use crate::tensor_proto::{from_le_bytes, to_le_bytes};
@@ -17,7 +18,8 @@ pub enum NpyError {
     Io(#[from] std::io::Error),
 }
 
-/// The NumPy dtype of `d`; bfloat16 has none (ml_dtypes writes an opaque `<V2`).
+/// The NumPy dtype of `d`; bfloat16 and the low-bit types have none (NumPy itself knows
+/// them only through ml_dtypes).
 fn descr(d: DType) -> Result<&'static str, NpyError> {
     Ok(match d {
         DType::F32 => "<f4",
@@ -33,6 +35,7 @@ fn descr(d: DType) -> Result<&'static str, NpyError> {
         DType::U16 => "<u2",
         DType::U8 => "|u1",
         DType::Bool => "|b1",
+        DType::Low(l) => return Err(NpyError::DType(format!("{l:?}"))),
     })
 }
 

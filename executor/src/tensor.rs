@@ -3,6 +3,9 @@
 use crate::error::{OpError, OpResult};
 pub use half::{bf16, f16};
 
+pub mod lowbit;
+pub use lowbit::{CastMode, E8M0Round, Low};
+
 /// Largest element count any single tensor may have (4 GiB of f32): a guard against files and
 /// shape inputs that declare absurd sizes, far above any real activation or weight.
 pub const MAX_ELEMENTS: usize = 1 << 30;
@@ -25,6 +28,8 @@ pub enum DType {
     U16,
     U8,
     Bool,
+    /// float8, float4, int4 and int2 types: stored and converted, not computed with.
+    Low(Low),
 }
 
 impl DType {
@@ -44,7 +49,7 @@ impl DType {
             t::UINT16 => DType::U16,
             t::UINT8 => DType::U8,
             t::BOOL => DType::Bool,
-            _ => return None,
+            _ => return Low::from_onnx(code).map(DType::Low),
         })
     }
     pub fn onnx(self) -> i32 {
@@ -63,6 +68,7 @@ impl DType {
             DType::U16 => t::UINT16,
             DType::U8 => t::UINT8,
             DType::Bool => t::BOOL,
+            DType::Low(l) => l.onnx(),
         }
     }
     /// float16 or bfloat16.
@@ -74,7 +80,8 @@ impl DType {
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 | DType::U64 => 8,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
-            DType::I8 | DType::U8 | DType::Bool => 1,
+            // A low-bit type holds one code per byte (TensorProto packs 4- and 2-bit ones).
+            DType::I8 | DType::U8 | DType::Bool | DType::Low(_) => 1,
         }
     }
 }
@@ -95,6 +102,29 @@ pub enum Data {
     U16(Vec<u16>),
     U8(Vec<u8>),
     Bool(Vec<bool>),
+    /// One code per element (see [`lowbit`]).
+    Low(Low, Vec<u8>),
+}
+
+/// The element type of a [`Data::Low`] bound by value or by reference (for the macros).
+#[doc(hidden)]
+pub trait LowTag {
+    fn tag(self) -> Low;
+}
+impl LowTag for Low {
+    fn tag(self) -> Low {
+        self
+    }
+}
+impl LowTag for &Low {
+    fn tag(self) -> Low {
+        *self
+    }
+}
+impl LowTag for &mut Low {
+    fn tag(self) -> Low {
+        *self
+    }
 }
 
 /// Runs `$body` with `$v` bound to the inner Vec of any variant.
@@ -115,6 +145,7 @@ macro_rules! with_data {
             $crate::tensor::Data::I8($v) => $body,
             $crate::tensor::Data::U8($v) => $body,
             $crate::tensor::Data::Bool($v) => $body,
+            $crate::tensor::Data::Low(_, $v) => $body,
         }
     };
 }
@@ -137,6 +168,9 @@ macro_rules! map_data {
             $crate::tensor::Data::I8($v) => $crate::tensor::Data::I8($body),
             $crate::tensor::Data::U8($v) => $crate::tensor::Data::U8($body),
             $crate::tensor::Data::Bool($v) => $crate::tensor::Data::Bool($body),
+            $crate::tensor::Data::Low(__low, $v) => {
+                $crate::tensor::Data::Low($crate::tensor::LowTag::tag(__low), $body)
+            }
         }
     };
 }
@@ -189,6 +223,7 @@ impl Data {
             Data::I8(_) => DType::I8,
             Data::U8(_) => DType::U8,
             Data::Bool(_) => DType::Bool,
+            Data::Low(l, _) => DType::Low(*l),
         }
     }
     pub fn len(&self) -> usize {
@@ -212,6 +247,7 @@ impl Data {
             DType::I8 => Data::I8(vec![0; n]),
             DType::U8 => Data::U8(vec![0; n]),
             DType::Bool => Data::Bool(vec![false; n]),
+            DType::Low(l) => Data::Low(l, vec![0; n]),
         }
     }
     /// An empty buffer of `dtype` with room for `cap` elements.
@@ -230,6 +266,7 @@ impl Data {
             DType::I8 => Data::I8(Vec::with_capacity(cap)),
             DType::U8 => Data::U8(Vec::with_capacity(cap)),
             DType::Bool => Data::Bool(Vec::with_capacity(cap)),
+            DType::Low(l) => Data::Low(l, Vec::with_capacity(cap)),
         }
     }
     /// Appends `other[range]`; false when the element types differ.
@@ -248,6 +285,7 @@ impl Data {
             (Data::I8(a), Data::I8(b)) => a.extend_from_slice(&b[range]),
             (Data::U8(a), Data::U8(b)) => a.extend_from_slice(&b[range]),
             (Data::Bool(a), Data::Bool(b)) => a.extend_from_slice(&b[range]),
+            (Data::Low(ka, a), Data::Low(kb, b)) if ka == kb => a.extend_from_slice(&b[range]),
             _ => return false,
         }
         true
@@ -433,6 +471,7 @@ impl Tensor {
             Data::U32(v) => v.iter().map(|&x| x as i64).collect(),
             Data::U16(v) => v.iter().map(|&x| x as i64).collect(),
             Data::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            Data::Low(l, v) if l.is_int() => v.iter().map(|&c| l.int(c)).collect(),
             d => {
                 return Err(OpError::DType(format!(
                     "expected an integer tensor, got {:?}",
@@ -457,6 +496,7 @@ impl Tensor {
             Data::U16(v) => v.iter().map(|&x| x as f64).collect(),
             Data::U8(v) => v.iter().map(|&x| x as f64).collect(),
             Data::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+            Data::Low(l, v) => v.iter().map(|&c| l.to_f32(c) as f64).collect(),
         }
     }
     pub fn reshaped(mut self, shape: Vec<usize>) -> OpResult<Tensor> {

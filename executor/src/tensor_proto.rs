@@ -4,7 +4,7 @@
 
 use crate::error::ImportError;
 use crate::proto::TensorProto;
-use crate::tensor::{DType, Data, Tensor, bf16, checked_numel, f16};
+use crate::tensor::{DType, Data, Tensor, bf16, checked_numel, f16, lowbit};
 use std::path::Path;
 
 fn bad_tensor(t: &TensorProto, reason: impl Into<String>) -> ImportError {
@@ -24,9 +24,10 @@ pub fn decode_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor,
         .map(|&d| usize::try_from(d).map_err(|_| bad_tensor(t, format!("negative dimension {d}"))))
         .collect::<Result<Vec<_>, _>>()?;
     let n = checked_numel(&shape).map_err(|e| bad_tensor(t, e.to_string()))?;
+    let bytes = raw_len(dtype, n);
     let external;
     let raw: Option<&[u8]> = if t.data_location == 1 {
-        external = read_external(t, base_dir, n * dtype.size())?;
+        external = read_external(t, base_dir, bytes)?;
         Some(&external)
     } else if !t.raw_data.is_empty()
         || (n == 0 && t.raw_data.is_empty() && typed_len(t, dtype) == 0)
@@ -37,24 +38,31 @@ pub fn decode_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor,
     };
     let data = match raw {
         Some(raw) => {
-            if raw.len() != n * dtype.size() {
+            if raw.len() != bytes {
                 return Err(bad_tensor(
                     t,
                     format!(
-                        "raw data has {} bytes, shape {shape:?} needs {}",
+                        "raw data has {} bytes, shape {shape:?} needs {bytes}",
                         raw.len(),
-                        n * dtype.size()
                     ),
                 ));
             }
-            from_le_bytes(dtype, raw)
+            match dtype {
+                DType::Low(l) => Data::Low(l, lowbit::unpack(l, raw, n)),
+                _ => from_le_bytes(dtype, raw),
+            }
         }
         None => {
-            if typed_len(t, dtype) != n {
+            // Packed types hold several elements per int32_data entry.
+            let want = match dtype {
+                DType::Low(l) => l.packed_len(n),
+                _ => n,
+            };
+            if typed_len(t, dtype) != want {
                 return Err(bad_tensor(
                     t,
                     format!(
-                        "holds {} values, shape {shape:?} needs {n}",
+                        "holds {} values, shape {shape:?} needs {want}",
                         typed_len(t, dtype)
                     ),
                 ));
@@ -84,10 +92,30 @@ pub fn decode_tensor(t: &TensorProto, base_dir: Option<&Path>) -> Result<Tensor,
                 DType::U16 => Data::U16(t.int32_data.iter().map(|&v| v as u16).collect()),
                 DType::U8 => Data::U8(t.int32_data.iter().map(|&v| v as u8).collect()),
                 DType::Bool => Data::Bool(t.int32_data.iter().map(|&v| v != 0).collect()),
+                // Bit patterns (packed for 4- and 2-bit types), one byte per int32_data entry.
+                DType::Low(l) => {
+                    let bytes = t
+                        .int32_data
+                        .iter()
+                        .map(|&v| u8::try_from(v))
+                        .collect::<Result<Vec<u8>, _>>()
+                        .map_err(|_| {
+                            bad_tensor(t, format!("{l:?} int32_data entry outside 0..=255"))
+                        })?;
+                    Data::Low(l, lowbit::unpack(l, &bytes, n))
+                }
             }
         }
     };
     Ok(Tensor { shape, data })
+}
+
+/// Bytes that `n` elements of `dtype` take as raw data (packed for 4- and 2-bit types).
+pub fn raw_len(dtype: DType, n: usize) -> usize {
+    match dtype {
+        DType::Low(l) => l.packed_len(n),
+        _ => n * dtype.size(),
+    }
 }
 
 fn typed_len(t: &TensorProto, dtype: DType) -> usize {
@@ -120,6 +148,8 @@ pub(crate) fn from_le_bytes(dtype: DType, raw: &[u8]) -> Data {
         DType::I8 => Data::I8(raw.iter().map(|&b| b as i8).collect()),
         DType::U8 => Data::U8(raw.to_vec()),
         DType::Bool => Data::Bool(raw.iter().map(|&b| b != 0).collect()),
+        // Every element the bytes hold (a packed tensor's padding included).
+        DType::Low(l) => Data::Low(l, lowbit::unpack(l, raw, raw.len() * (8 / l.bits()))),
     }
 }
 
@@ -138,6 +168,7 @@ pub(crate) fn to_le_bytes(data: &Data) -> Vec<u8> {
         Data::I8(v) => v.iter().map(|&x| x as u8).collect(),
         Data::U8(v) => v.clone(),
         Data::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+        Data::Low(l, v) => lowbit::pack(*l, v),
     }
 }
 
@@ -244,6 +275,45 @@ mod tests {
             ..Default::default()
         };
         assert!(decode_tensor(&short, None).is_err());
+    }
+
+    #[test]
+    fn packed_types_decode_from_either_field_and_refuse_wrong_lengths() {
+        use crate::tensor::Low;
+        let proto = |raw: Vec<u8>, typed: Vec<i32>| TensorProto {
+            dims: vec![3],
+            data_type: 22,
+            raw_data: raw.into(),
+            int32_data: typed,
+            ..Default::default()
+        };
+        // int4 [-1, 7, -8]: two to a byte, the first in the low bits.
+        let t = decode_tensor(&proto(vec![0x7f, 0x08], vec![]), None).unwrap();
+        assert_eq!(t.data, Data::Low(Low::I4, vec![0xf, 0x7, 0x8]));
+        assert_eq!(t.to_i64_vec().unwrap(), vec![-1, 7, -8]);
+        assert_eq!(decode_tensor(&encode_tensor("r", &t), None).unwrap(), t);
+        assert_eq!(
+            decode_tensor(&proto(vec![], vec![0x7f, 0x08]), None).unwrap(),
+            t
+        );
+        for raw in [vec![0x7f], vec![0x7f, 0x08, 0x00]] {
+            let e = decode_tensor(&proto(raw, vec![]), None).unwrap_err();
+            assert!(e.to_string().contains("needs 2"), "{e}");
+        }
+        assert!(decode_tensor(&proto(vec![], vec![0x7f]), None).is_err());
+        let e = decode_tensor(&proto(vec![], vec![0x7f, 0x108]), None).unwrap_err();
+        assert!(e.to_string().contains("outside 0..=255"), "{e}");
+        // float8: one byte each.
+        let f8 = TensorProto {
+            dims: vec![2],
+            data_type: 17,
+            raw_data: vec![0x38, 0xfe].into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            decode_tensor(&f8, None).unwrap().to_f64_vec(),
+            vec![1.0, -448.0]
+        );
     }
 
     #[test]

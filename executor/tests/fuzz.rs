@@ -44,8 +44,14 @@ const EDGES: &[i64] = &[
     i64::MAX / 2,
 ];
 
-/// ONNX element types, supported and not.
-const DTYPES: &[i32] = &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 99];
+/// ONNX element types, supported and not (17 to 26: float8, float4, int4, int2).
+const DTYPES: &[i32] = &[
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 99,
+];
+
+/// The element types of small quantized operands: uint8 and int8 (the most), float8 e4m3fn and
+/// e5m2, uint4, int4, float4 e2m1, float8 e8m0, uint2 and int2.
+const QUANTIZED: &[i32] = &[2, 3, 2, 3, 17, 19, 21, 22, 23, 24, 25, 26];
 
 const OPSETS: &[i64] = &[1, 5, 6, 7, 9, 10, 11, 12, 13, 17, 18, 21, 27];
 
@@ -166,6 +172,7 @@ const ATTRS: &[&str] = &[
     "output_dtype",
     "precision",
     "saturate",
+    "round_mode",
     "stash_type",
     "is_causal",
     "q_num_heads",
@@ -357,20 +364,26 @@ fn mutate(m: &mut ModelProto, muts: &[Mutation]) {
     }
 }
 
-/// An int64 initializer of edge values, a small float one or a small 8-bit one (quantized
-/// values and zero points), as operand `i` of a one-node graph.
+/// An int64 initializer of edge values, a small float one or a small quantized one (8-bit,
+/// or 4- and 2-bit packed, sometimes with a byte too many), as operand `i` of a one-node graph.
 fn operand(name: &str, b: u64) -> TensorProto {
     if b % 4 == 3 {
         let dims: Vec<i64> = (0..(b >> 4) as usize % 4)
             .map(|i| ((b >> (8 + 2 * i)) % 3) as i64 + 1)
             .collect();
         let n: i64 = dims.iter().product();
+        let data_type = QUANTIZED[(b >> 2) as usize % QUANTIZED.len()];
+        let per = match data_type {
+            21..=23 => 2,
+            25 | 26 => 4,
+            _ => 1,
+        };
+        let bytes = (n + per - 1) / per + i64::from((b >> 40).is_multiple_of(5));
         TensorProto {
             name: name.into(),
             dims,
-            // uint8 or int8
-            data_type: if (b >> 2).is_multiple_of(2) { 2 } else { 3 },
-            raw_data: (0..n)
+            data_type,
+            raw_data: (0..bytes)
                 .map(|i| (i * 37 + (b >> 16) as i64) as u8)
                 .collect::<Vec<u8>>()
                 .into(),
@@ -406,7 +419,7 @@ fn operand(name: &str, b: u64) -> TensorProto {
 }
 
 /// The graph input of a one-node graph: rank 0 to 5, small or empty dimensions, the first one
-/// often the batch; float most of the time.
+/// often the batch; float most of the time, sometimes float8, int4 or float4.
 fn graph_input(k: u64) -> ValueInfoProto {
     let rank = (k % 6) as usize;
     let dims: Vec<i64> = (0..rank)
@@ -419,7 +432,7 @@ fn graph_input(k: u64) -> ValueInfoProto {
             _ => 3,
         })
         .collect();
-    let elem = [1, 1, 1, 7, 9, 6, 11, 2, 3][(k >> 40) as usize % 9];
+    let elem = [1, 1, 1, 7, 9, 6, 11, 2, 3, 17, 22, 23][(k >> 40) as usize % 12];
     value_info("x", elem, &dims)
 }
 

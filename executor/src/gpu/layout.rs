@@ -191,7 +191,7 @@ fn refuse_half(plan: &Plan) -> Result<(), LayoutError> {
             Src::Value(v) => half.contains(v).then_some("reads"),
         });
         let makes = match step.op {
-            Op::Cast { to } | Op::BitCast { to } if to.is_half() => Some("makes"),
+            Op::Cast { to, .. } | Op::BitCast { to } if to.is_half() => Some("makes"),
             _ => None,
         };
         if let Some(how) = reads.or(makes) {

@@ -3,7 +3,7 @@
 
 use super::{Activation, Cx, input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
-use crate::tensor::{DType, Data, Tensor, checked_numel, strides};
+use crate::tensor::{CastMode, DType, Data, Tensor, checked_numel, strides};
 use cotenant_kernels::activation::{erf, map_inplace};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -807,7 +807,9 @@ pub fn clip(
         Data::U32(v) => clamp(v, lo, hi),
         Data::U16(v) => clamp(v, lo, hi),
         Data::U8(v) => clamp(v, lo, hi),
-        Data::Bool(_) => return Err(OpError::DType("Clip on bool".into())),
+        Data::Bool(_) | Data::Low(..) => {
+            return Err(OpError::DType(format!("Clip of {:?}", x.dtype())));
+        }
         Data::F16(_) | Data::BF16(_) => return Err(super::half_here()),
     }
     Ok(out)
@@ -877,6 +879,13 @@ pub fn where_(c: &Tensor, x: &Tensor, y: &Tensor) -> OpResult<Tensor> {
 /// `!= 0`, and a cast to float16/bfloat16 rounds once, to nearest even, from the exact value
 /// (integers and f32 go through f64, which holds them exactly).
 pub fn cast(x: &Tensor, to: DType) -> Tensor {
+    cast_with(x, to, CastMode::default())
+}
+
+/// [`cast`] with Cast's attributes for low-bit targets: float ones round to nearest even (e8m0
+/// by `mode`) from the exact value, with `mode`'s overflow rule; integer ones truncate toward
+/// zero and wrap. Low-bit sources widen exactly (to f32 or i64) first.
+pub fn cast_with(x: &Tensor, to: DType, mode: CastMode) -> Tensor {
     use crate::tensor::{bf16, f16};
     macro_rules! from {
         ($v:expr) => {
@@ -894,6 +903,12 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
                 DType::U16 => Data::U16($v.iter().map(|&e| e as u16).collect()),
                 DType::U8 => Data::U8($v.iter().map(|&e| e as u8).collect()),
                 DType::Bool => Data::Bool($v.iter().map(|&e| e as f64 != 0.0).collect()),
+                DType::Low(l) if l.is_int() => {
+                    Data::Low(l, $v.iter().map(|&e| l.from_int(e as i64)).collect())
+                }
+                DType::Low(l) => {
+                    Data::Low(l, $v.iter().map(|&e| l.from_f64(e as f64, mode)).collect())
+                }
             }
         };
     }
@@ -904,7 +919,18 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
         // Half precision widens to f32 exactly.
         Data::F16(_) | Data::BF16(_) => {
             let w = super::widen(x);
-            return cast(&w, to);
+            return cast_with(&w, to, mode);
+        }
+        Data::Low(l, v) => {
+            let wide = match l.is_int() {
+                true => Data::I64(v.iter().map(|&c| l.int(c)).collect()),
+                false => Data::F32(v.iter().map(|&c| l.to_f32(c)).collect()),
+            };
+            let w = Tensor {
+                shape: x.shape.clone(),
+                data: wide,
+            };
+            return cast_with(&w, to, mode);
         }
         Data::I64(v) => from!(v),
         Data::I32(v) => from!(v),
@@ -928,6 +954,14 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
 /// BitCast: the same little-endian bytes read as `to`, which must be as wide as the input's
 /// element type.
 pub fn bit_cast(x: &Tensor, to: DType) -> OpResult<Tensor> {
+    if let Some(low) = [x.dtype(), to]
+        .into_iter()
+        .find(|d| matches!(d, DType::Low(_)))
+    {
+        return Err(OpError::DType(format!(
+            "BitCast of {low:?} is not supported"
+        )));
+    }
     if x.dtype().size() != to.size() {
         return Err(OpError::DType(format!(
             "BitCast of {:?} ({} bytes) to {to:?} ({} bytes)",

@@ -20,7 +20,7 @@ pub mod shape;
 pub mod size;
 
 use crate::error::{OpError, OpResult};
-use crate::tensor::{DType, Data, Tensor};
+use crate::tensor::{CastMode, DType, Data, E8M0Round, Tensor};
 use attrs::Attrs;
 pub use cotenant_kernels::activation::Activation;
 use std::cell::RefCell;
@@ -294,9 +294,10 @@ pub enum Op {
     Resize(resize::ResizeAttrs),
     Cast {
         to: DType,
+        mode: CastMode,
     },
     /// Cast to the element type of the second input.
-    CastLike,
+    CastLike(CastMode),
     /// The same bytes read as another element type of the same width.
     BitCast {
         to: DType,
@@ -547,9 +548,12 @@ impl Op {
                 let to = a.int("to")?.ok_or("Cast needs `to`")?;
                 let to = DType::from_onnx(to as i32)
                     .ok_or_else(|| format!("Cast to element type {to} is not supported"))?;
-                Ok(Some(Op::Cast { to }))
+                Ok(Some(Op::Cast {
+                    to,
+                    mode: cast_mode(a)?,
+                }))
             }
-            "CastLike" => Ok(Some(Op::CastLike)),
+            "CastLike" => Ok(Some(Op::CastLike(cast_mode(a)?))),
             "NonMaxSuppression" => Ok(Some(Op::NonMaxSuppression {
                 center_point_box: a.flag("center_point_box", false)?,
             })),
@@ -684,7 +688,7 @@ impl Op {
             Op::Shape(s) => s.name().into(),
             Op::Resize(_) => "Resize".into(),
             Op::Cast { .. } => "Cast".into(),
-            Op::CastLike => "CastLike".into(),
+            Op::CastLike(_) => "CastLike".into(),
             Op::BitCast { .. } => "BitCast".into(),
             Op::Index(i) => i.name().into(),
             Op::Quant(q) => q.name().into(),
@@ -707,8 +711,21 @@ impl Op {
     /// the quantization ops read half scales themselves; LayerNormalization's mean and inverse
     /// standard deviation stay f32 (`stash_type` 1).
     pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
+        let low = inputs.iter().flatten().find_map(|t| match t.dtype() {
+            DType::Low(l) => Some(l),
+            _ => None,
+        });
+        if let Some(low) = low
+            && !self.takes_low()
+        {
+            return Err(OpError::DType(format!(
+                "{} of {low:?}: float8, float4, int4 and int2 tensors are only cast, quantized, \
+                 dequantized and moved (reshaped, transposed, sliced, gathered, joined)",
+                self.name()
+            )));
+        }
         let half = match self {
-            Op::Cast { .. } | Op::CastLike | Op::BitCast { .. } | Op::Quant(_) => None,
+            Op::Cast { .. } | Op::CastLike(_) | Op::BitCast { .. } | Op::Quant(_) => None,
             _ => inputs
                 .iter()
                 .flatten()
@@ -739,6 +756,38 @@ impl Op {
             }
         }
         Ok(outs)
+    }
+
+    /// The op takes low-bit inputs (`tensor::lowbit`): it converts them, or only moves their
+    /// elements.
+    fn takes_low(&self) -> bool {
+        use index::IndexOp as I;
+        use shape::ShapeOp as S;
+        match self {
+            Op::Cast { .. } | Op::CastLike(_) | Op::Unary(elementwise::Unary::Identity) => true,
+            Op::Quant(q) => matches!(
+                q,
+                quant::QuantOp::Quantize(_) | quant::QuantOp::Dequantize(_)
+            ),
+            Op::Shape(s) => matches!(
+                s,
+                S::Reshape { .. }
+                    | S::Flatten { .. }
+                    | S::Transpose { .. }
+                    | S::Squeeze { .. }
+                    | S::Unsqueeze { .. }
+                    | S::Expand
+                    | S::Tile
+                    | S::Concat { .. }
+                    | S::Split { .. }
+                    | S::Slice { .. }
+                    | S::Gather { .. }
+                    | S::Shape { .. }
+                    | S::Size
+            ),
+            Op::Index(i) => matches!(i, I::GatherElements { .. } | I::GatherNd { .. }),
+            _ => false,
+        }
     }
 
     fn eval_native(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
@@ -811,11 +860,12 @@ impl Op {
             Op::Reduce(r) => one(reduce::reduce(r, inputs)),
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
-            Op::Cast { to } => one(Ok(elementwise::cast(input(inputs, 0)?, *to))),
+            Op::Cast { to, mode } => one(Ok(elementwise::cast_with(input(inputs, 0)?, *to, *mode))),
             Op::BitCast { to } => one(elementwise::bit_cast(input(inputs, 0)?, *to)),
-            Op::CastLike => one(Ok(elementwise::cast(
+            Op::CastLike(mode) => one(Ok(elementwise::cast_with(
                 input(inputs, 0)?,
                 input(inputs, 1)?.dtype(),
+                *mode,
             ))),
             Op::Index(i) => i.eval(inputs),
             Op::Quant(q) => q.eval(cx, inputs),
@@ -909,6 +959,17 @@ pub fn opt_input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tens
     inputs.get(i).copied().flatten()
 }
 
+/// Cast's `saturate` and `round_mode` attributes.
+fn cast_mode(a: &Attrs) -> Result<CastMode, String> {
+    let round = a.string_or("round_mode", "up")?;
+    Ok(CastMode {
+        saturate: a.flag("saturate", true)?,
+        e8m0: E8M0Round::parse(&round).ok_or_else(|| {
+            format!("attribute \"round_mode\" is {round:?}, not up, down or nearest")
+        })?,
+    })
+}
+
 /// The value of a `Constant` node.
 pub fn constant_attr(a: &Attrs) -> Result<Tensor, String> {
     if let Some(t) = a.tensor("value")? {
@@ -930,4 +991,47 @@ pub fn constant_attr(a: &Attrs) -> Result<Tensor, String> {
         "Constant without a supported value attribute (sparse and string values are not supported)"
             .into(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Low;
+
+    #[test]
+    fn low_bit_tensors_are_cast_and_moved_but_not_computed_with() {
+        let cx = Cx::new(1);
+        let x = Tensor::f32(vec![2, 2], vec![1.0, -2.0, 0.5, 1000.0]).unwrap();
+        let to = DType::Low(Low::F8E4M3FN);
+        let cast = |saturate| Op::Cast {
+            to,
+            mode: CastMode {
+                saturate,
+                ..CastMode::default()
+            },
+        };
+        let y = cast(true).eval(&cx, &[Some(&x)]).unwrap().remove(0);
+        assert_eq!(y.to_f64_vec(), vec![1.0, -2.0, 0.5, 448.0]);
+        let nan = cast(false).eval(&cx, &[Some(&x)]).unwrap().remove(0);
+        assert!(nan.to_f64_vec()[3].is_nan());
+        let t = Op::Shape(shape::ShapeOp::Transpose { perm: None })
+            .eval(&cx, &[Some(&y)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(t.dtype(), to);
+        assert_eq!(t.to_f64_vec(), vec![1.0, 0.5, -2.0, 448.0]);
+        let joined = Op::Shape(shape::ShapeOp::Concat { axis: 0 })
+            .eval(&cx, &[Some(&y), Some(&t)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(joined.shape, vec![4, 2]);
+        let e = Op::Unary(elementwise::Unary::Relu)
+            .eval(&cx, &[Some(&y)])
+            .unwrap_err();
+        assert!(e.to_string().contains("F8E4M3FN"), "{e}");
+        // int4 back to int8 sign-extends.
+        let i4 = Tensor::new(vec![2], Data::Low(Low::I4, vec![0xf, 0x7])).unwrap();
+        let back = elementwise::cast(&i4, DType::I8);
+        assert_eq!(back.data, Data::I8(vec![-1, 7]));
+    }
 }

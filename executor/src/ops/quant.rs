@@ -3,7 +3,9 @@
 //! subtract zero points and accumulate exactly in `i32` (`cotenant_kernels::igemm`); the QLinear
 //! ops then requantize as the ONNX reference does: the accumulator times
 //! `scale_a * scale_b / scale_y` (worked in the scales' precision) plus the output zero point,
-//! rounded half to even and saturated. Quantized element types are int8 and uint8.
+//! rounded half to even and saturated. The products take int8 and uint8; QuantizeLinear and
+//! DequantizeLinear also take int16, uint16, the 4- and 2-bit integers, and the float8 and
+//! float4 types (whose zero points must be zero: they scale without an offset).
 //!
 //! These ops read float16/bfloat16 scales themselves (`Op::eval` does not widen them), since the
 //! reference rounds its scale arithmetic to the scales' type.
@@ -13,7 +15,7 @@ use super::conv::{ConvAttrs, conv_geometry};
 use super::matmul::MatMulShape;
 use super::{Cx, input, narrow, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
-use crate::tensor::{DType, Data, Tensor, axis_in, bf16, checked_numel, f16};
+use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_numel, f16};
 use cotenant_kernels::conv::conv2d_integer;
 use cotenant_kernels::igemm::igemm;
 
@@ -44,7 +46,27 @@ pub struct QuantizeAttrs {
     pub output_dtype: Option<DType>,
     /// The type `x / scale` is worked in; by default the inputs' common float type.
     pub precision: Option<DType>,
+    /// float8 outputs: out-of-range values become the largest finite value (else infinity or
+    /// NaN), as Cast's attribute.
+    pub saturate: bool,
 }
+
+/// The types QuantizeLinear produces.
+const QUANTIZED: &[DType] = &[
+    DType::I8,
+    DType::U8,
+    DType::I16,
+    DType::U16,
+    DType::Low(Low::U4),
+    DType::Low(Low::I4),
+    DType::Low(Low::U2),
+    DType::Low(Low::I2),
+    DType::Low(Low::F8E4M3FN),
+    DType::Low(Low::F8E4M3FNUZ),
+    DType::Low(Low::F8E5M2),
+    DType::Low(Low::F8E5M2FNUZ),
+    DType::Low(Low::F4E2M1),
+];
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct DequantizeAttrs {
@@ -58,12 +80,9 @@ impl QuantOp {
         Ok(Some(match op_type {
             "QuantizeLinear" => QuantOp::Quantize(QuantizeAttrs {
                 layout: QuantAxis::parse(a)?,
-                output_dtype: dtype_attr(
-                    a,
-                    "output_dtype",
-                    &[DType::I8, DType::U8, DType::I16, DType::U16],
-                )?,
+                output_dtype: dtype_attr(a, "output_dtype", QUANTIZED)?,
                 precision: dtype_attr(a, "precision", &[DType::F32, DType::F16, DType::BF16])?,
+                saturate: a.flag("saturate", true)?,
             }),
             "DequantizeLinear" => QuantOp::Dequantize(DequantizeAttrs {
                 layout: QuantAxis::parse(a)?,
@@ -209,8 +228,16 @@ fn range(dtype: DType) -> OpResult<(f64, f64)> {
         DType::U8 => Ok((0.0, 255.0)),
         DType::I16 => Ok((-32768.0, 32767.0)),
         DType::U16 => Ok((0.0, 65535.0)),
+        DType::Low(l) if l.is_int() => {
+            let bits = l.bits() as i32;
+            Ok(match l {
+                Low::I4 | Low::I2 => (-(2f64.powi(bits - 1)), 2f64.powi(bits - 1) - 1.0),
+                _ => (0.0, 2f64.powi(bits) - 1.0),
+            })
+        }
         d => Err(OpError::DType(format!(
-            "quantized values must be int8, uint8, int16 or uint16, not {d:?}"
+            "integer quantized values must be int8, uint8, int16, uint16, int4, uint4, int2 or \
+             uint2, not {d:?}"
         ))),
     }
 }
@@ -223,6 +250,7 @@ fn saturate(dtype: DType, n: usize, value: impl Fn(usize) -> f64) -> OpResult<Da
         DType::I8 => Data::I8(v.map(|v| v as i8).collect()),
         DType::I16 => Data::I16(v.map(|v| v as i16).collect()),
         DType::U16 => Data::U16(v.map(|v| v as u16).collect()),
+        DType::Low(l) => Data::Low(l, v.map(|v| l.from_int(v as i64)).collect()),
         _ => Data::U8(v.map(|v| v as u8).collect()),
     })
 }
@@ -249,7 +277,7 @@ fn in_precision(v: f64, dtype: DType) -> f64 {
 }
 
 /// Zero points (absent: none), which must be of the quantized tensor's type and shaped like its
-/// scales.
+/// scales. Those of float types must be zero, and count as none.
 fn zero_points(zp: Option<&Tensor>, dtype: DType, scale: &[usize]) -> OpResult<Option<Vec<i64>>> {
     let Some(zp) = zp else {
         return Ok(None);
@@ -265,6 +293,16 @@ fn zero_points(zp: Option<&Tensor>, dtype: DType, scale: &[usize]) -> OpResult<O
             "zero point of shape {:?} for scales of shape {scale:?}",
             zp.shape
         ));
+    }
+    if let DType::Low(l) = dtype
+        && !l.is_int()
+    {
+        if zp.to_f64_vec().iter().any(|&z| z != 0.0) {
+            return Err(OpError::Unsupported(format!(
+                "a {l:?} zero point other than 0 (float quantization has no offset)"
+            )));
+        }
+        return Ok(None);
     }
     zp.to_i64_vec().map(Some)
 }
@@ -284,7 +322,13 @@ fn quantize(
         (Some(z), _) => z,
         (None, o) => o.unwrap_or(DType::U8),
     };
-    range(dtype)?;
+    let float = match dtype {
+        DType::Low(l) if !l.is_int() && QUANTIZED.contains(&dtype) => Some(l),
+        _ => {
+            range(dtype)?;
+            None
+        }
+    };
     // int32 inputs divide exactly (in f64), float ones in their common type.
     let precision = q.precision.unwrap_or(match (x.dtype(), scale.dtype()) {
         (DType::I32, _) => DType::F64,
@@ -298,6 +342,22 @@ fn quantize(
     let map = q.layout.map(&x.shape, &scale.shape, "scale")?;
     let sv = floats(scale, "scale")?;
     let zv = zero_points(zp, dtype, &scale.shape)?;
+    if let Some(l) = float {
+        // Rounded to the float type from `x / scale` in the working precision.
+        let mode = CastMode {
+            saturate: q.saturate,
+            ..CastMode::default()
+        };
+        // The reference adds a float4 zero point (always zero), which turns -0 into +0.
+        let offset = l == Low::F4E2M1 && zp.is_some();
+        let codes = (0..xv.len())
+            .map(|i| {
+                let v = in_precision(xv[i] / sv[map.index(i)], precision);
+                l.from_f64(if offset { v + 0.0 } else { v }, mode)
+            })
+            .collect();
+        return Tensor::new(x.shape.clone(), Data::Low(l, codes));
+    }
     let data = saturate(dtype, xv.len(), |i| {
         let p = map.index(i);
         let z = zv.as_ref().map_or(0, |z| z[p]);
@@ -312,26 +372,34 @@ fn dequantize(
     scale: &Tensor,
     zp: Option<&Tensor>,
 ) -> OpResult<Tensor> {
-    if !matches!(
-        x.dtype(),
-        DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::I32
-    ) {
-        return Err(OpError::DType(format!(
-            "DequantizeLinear of {:?}: int8, uint8, int16, uint16 and int32 are supported",
-            x.dtype()
-        )));
-    }
+    let float = match x.dtype() {
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::I32 => false,
+        DType::Low(l) if l != Low::F8E8M0 => !l.is_int(),
+        d => {
+            return Err(OpError::DType(format!(
+                "DequantizeLinear of {d:?}: int8, uint8, int16, uint16, int32, int4, uint4, \
+                 int2, uint2, float8 (not e8m0) and float4 are supported"
+            )));
+        }
+    };
     let map = d.layout.map(&x.shape, &scale.shape, "scale")?;
     let sv = floats(scale, "scale")?;
     let zv = zero_points(zp, x.dtype(), &scale.shape)?;
-    let xv = x.to_i64_vec()?;
-    let y: Vec<f32> = (0..xv.len())
-        .map(|i| {
-            let p = map.index(i);
-            let z = zv.as_ref().map_or(0, |z| z[p]);
-            (xv[i] - z) as f32 * sv[p] as f32
-        })
-        .collect();
+    let y: Vec<f32> = if float {
+        let xv = x.to_f64_vec();
+        (0..xv.len())
+            .map(|i| xv[i] as f32 * sv[map.index(i)] as f32)
+            .collect()
+    } else {
+        let xv = x.to_i64_vec()?;
+        (0..xv.len())
+            .map(|i| {
+                let p = map.index(i);
+                let z = zv.as_ref().map_or(0, |z| z[p]);
+                (xv[i] - z) as f32 * sv[p] as f32
+            })
+            .collect()
+    };
     let y = Tensor::f32(x.shape.clone(), y)?;
     Ok(narrow(&y, d.output_dtype.unwrap_or(scale.dtype())))
 }
@@ -564,6 +632,7 @@ mod tests {
             layout: layout(1, 0),
             output_dtype: None,
             precision: None,
+            saturate: true,
         };
         let x = Tensor::f32(vec![6], vec![1.0, 3.0, 5.0, -1.0, 1000.0, -1000.0]).unwrap();
         let s = Tensor::scalar_f32(2.0);

@@ -122,10 +122,10 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let taps = out.iter().try_fold(0usize, |a, &d| plus(a, d))?;
             plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?
         }
-        Op::Cast { to } => elements(&x()?.shape, to.size())?,
+        Op::Cast { to, .. } => elements(&x()?.shape, to.size())?,
         // The bias, the scores and the fourth output, each one f32 per score at most.
         Op::Attention(a) => times(super::attention::score_elements(a, inputs)?, 3 * 4)?,
-        Op::CastLike => elements(&x()?.shape, dsize(input(inputs, 1)?))?,
+        Op::CastLike(_) => elements(&x()?.shape, dsize(input(inputs, 1)?))?,
         Op::Index(i) => return index_op(i, inputs),
         Op::Quant(q) => return quant_op(q, inputs),
         // Every intermediate product and its reordered copy.

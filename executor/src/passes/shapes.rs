@@ -177,7 +177,7 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
         | Op::CumProd { .. }
         | Op::LpNorm { .. }
         | Op::MeanVarianceNorm { .. }
-        | Op::CastLike
+        | Op::CastLike(_)
         | Op::BitCast { .. }
         | Op::GroupNorm { .. }
         | Op::Index(
@@ -187,7 +187,7 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
             | IndexOp::ReverseSequence { .. },
         )
         | Op::Shape(ShapeOp::Trilu { .. } | ShapeOp::EyeLike { .. }) => same(),
-        Op::Cast { to } => {
+        Op::Cast { to, .. } => {
             let mut k = shape_only(shape_of(ins, 0).cloned());
             if *to == DType::I64 {
                 k.elements = elements_of(ins, 0).cloned();
