@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::proto::{int_attr, ints_attr, value_info};
+use common::proto::{int_attr, ints_attr, string_attr, value_info};
 use cotenant_executor::device::Gpu;
 use cotenant_executor::memory::MemoryBudget;
 use cotenant_executor::ops::SUPPORTED_OPS;
@@ -195,7 +195,97 @@ const ATTRS: &[&str] = &[
     "alpha",
     "mode",
     "reduction",
+    "align_corners",
+    "padding_mode",
 ];
+
+/// Floats that find the edges of coordinate arithmetic: signed zeros, the grid's -1 and 1,
+/// halves (rounding ties), far outside, and the non-finite.
+const FLOAT_EDGES: &[f32] = &[
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    -1.5,
+    3.0,
+    1e-30,
+    1e30,
+    -1e30,
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+];
+
+/// A one-node GridSample (or AffineGrid) graph: an input `[1, 2, dims...]` sampled at a grid
+/// of edge values (or a grid made from a theta of edge values for that size).
+fn sampling(
+    dims: &[usize],
+    points: &[usize],
+    values: &[usize],
+    attrs: Vec<AttributeProto>,
+    affine: bool,
+) -> ModelProto {
+    let r = dims.len();
+    let pick = |i: usize| match values.len() {
+        0 => 0.0,
+        n => FLOAT_EDGES[values[i % n] % FLOAT_EDGES.len()],
+    };
+    let floats = |name: &str, shape: Vec<i64>| {
+        let n: i64 = shape.iter().product();
+        TensorProto {
+            name: name.into(),
+            dims: shape,
+            data_type: 1,
+            float_data: (0..n as usize).map(pick).collect(),
+            ..Default::default()
+        }
+    };
+    let mut x_dims = vec![1, 2];
+    x_dims.extend(dims.iter().map(|&d| d as i64));
+    let (op, inputs, initializer) = if affine {
+        let size = TensorProto {
+            name: "size".into(),
+            dims: vec![x_dims.len() as i64],
+            data_type: 7,
+            int64_data: x_dims.clone(),
+            ..Default::default()
+        };
+        let theta = floats("theta", vec![1, r as i64, r as i64 + 1]);
+        ("AffineGrid", vec!["theta", "size"], vec![theta, size])
+    } else {
+        let mut g = vec![1];
+        g.extend((0..r).map(|i| points[i % points.len()] as i64));
+        g.push(r as i64);
+        ("GridSample", vec!["x", "grid"], vec![floats("grid", g)])
+    };
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 22,
+        }],
+        graph: Some(GraphProto {
+            node: vec![NodeProto {
+                input: inputs.into_iter().map(String::from).collect(),
+                output: vec!["y".into()],
+                name: "n".into(),
+                op_type: op.into(),
+                attribute: attrs,
+                ..Default::default()
+            }],
+            initializer,
+            input: if affine {
+                vec![]
+            } else {
+                vec![value_info("x", 1, &x_dims)]
+            },
+            output: vec![value_info("y", 1, &[])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
 
 fn mutate(m: &mut ModelProto, muts: &[Mutation]) {
     for &(kind, a, b) in muts {
@@ -512,6 +602,25 @@ proptest! {
             })
             .collect();
         let m = one_node(SUPPORTED_OPS[op], x, &extra, attrs, OPSETS[opset]);
+        import_plan_run(&m.encode_to_vec());
+    }
+
+    #[test]
+    fn hostile_sampling_grids_never_panic(
+        dims in proptest::collection::vec(0usize..4, 0..5),
+        points in proptest::collection::vec(0usize..3, 1..4),
+        values in proptest::collection::vec(any::<usize>(), 0..48),
+        mode in 0usize..4,
+        padding in 0usize..4,
+        align in 0i64..3,
+        affine in any::<bool>(),
+    ) {
+        let attrs = vec![
+            string_attr("mode", ["linear", "nearest", "cubic", "bicubic"][mode]),
+            string_attr("padding_mode", ["zeros", "border", "reflection", "wrap"][padding]),
+            int_attr("align_corners", align),
+        ];
+        let m = sampling(&dims, &points, &values, attrs, affine);
         import_plan_run(&m.encode_to_vec());
     }
 }

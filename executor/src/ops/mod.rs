@@ -7,6 +7,7 @@ pub mod attrs;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
+pub mod grid;
 pub mod index;
 pub mod loss;
 pub mod matmul;
@@ -74,6 +75,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Acos",
     "Acosh",
     "Add",
+    "AffineGrid",
     "And",
     "ArgMax",
     "ArgMin",
@@ -132,6 +134,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GlobalMaxPool",
     "Greater",
     "GreaterOrEqual",
+    "GridSample",
     "GroupNormalization",
     "HammingWindow",
     "HannWindow",
@@ -292,6 +295,11 @@ pub enum Op {
     Reduce(reduce::ReduceAttrs),
     Shape(shape::ShapeOp),
     Resize(resize::ResizeAttrs),
+    GridSample(grid::GridSampleAttrs),
+    /// A sampling grid from affine matrices (input 0) for the size input 1 gives.
+    AffineGrid {
+        align_corners: bool,
+    },
     Cast {
         to: DType,
         mode: CastMode,
@@ -544,6 +552,10 @@ impl Op {
                 Op::Reduce(reduce::ReduceAttrs::parse(op_type, a, opset)?),
             )),
             "Resize" | "Upsample" => Ok(Some(Op::Resize(resize::ResizeAttrs::parse(op_type, a)?))),
+            "GridSample" => Ok(Some(Op::GridSample(grid::GridSampleAttrs::parse(a)?))),
+            "AffineGrid" => Ok(Some(Op::AffineGrid {
+                align_corners: a.flag("align_corners", false)?,
+            })),
             "Cast" => {
                 let to = a.int("to")?.ok_or("Cast needs `to`")?;
                 let to = DType::from_onnx(to as i32)
@@ -687,6 +699,8 @@ impl Op {
             Op::Reduce(r) => format!("{:?}", r.kind),
             Op::Shape(s) => s.name().into(),
             Op::Resize(_) => "Resize".into(),
+            Op::GridSample(_) => "GridSample".into(),
+            Op::AffineGrid { .. } => "AffineGrid".into(),
             Op::Cast { .. } => "Cast".into(),
             Op::CastLike(_) => "CastLike".into(),
             Op::BitCast { .. } => "BitCast".into(),
@@ -860,6 +874,12 @@ impl Op {
             Op::Reduce(r) => one(reduce::reduce(r, inputs)),
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
+            Op::GridSample(g) => one(grid::grid_sample(g, input(inputs, 0)?, input(inputs, 1)?)),
+            Op::AffineGrid { align_corners } => one(grid::affine_grid(
+                *align_corners,
+                input(inputs, 0)?,
+                input(inputs, 1)?,
+            )),
             Op::Cast { to, mode } => one(Ok(elementwise::cast_with(input(inputs, 0)?, *to, *mode))),
             Op::BitCast { to } => one(elementwise::bit_cast(input(inputs, 0)?, *to)),
             Op::CastLike(mode) => one(Ok(elementwise::cast_with(

@@ -122,6 +122,15 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let taps = out.iter().try_fold(0usize, |a, &d| plus(a, d))?;
             plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?
         }
+        // Worked in f64, then the output.
+        Op::GridSample(_) => {
+            let out = super::grid::grid_sample_shape(&x()?.shape, &input(inputs, 1)?.shape)?;
+            elements(&out, 8 + dsize(x()?))?
+        }
+        Op::AffineGrid { .. } => {
+            let out = super::grid::affine_grid_shape(input(inputs, 1)?)?;
+            elements(&out, 8 + dsize(x()?))?
+        }
         Op::Cast { to, .. } => elements(&x()?.shape, to.size())?,
         // The bias, the scores and the fourth output, each one f32 per score at most.
         Op::Attention(a) => times(super::attention::score_elements(a, inputs)?, 3 * 4)?,
