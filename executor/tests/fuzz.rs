@@ -197,6 +197,12 @@ const ATTRS: &[&str] = &[
     "reduction",
     "align_corners",
     "padding_mode",
+    "hidden_size",
+    "layout",
+    "linear_before_reset",
+    "input_forget",
+    "clip",
+    "activations",
 ];
 
 /// Floats that find the edges of coordinate arithmetic: signed zeros, the grid's -1 and 1,

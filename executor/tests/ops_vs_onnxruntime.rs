@@ -95,6 +95,20 @@ fn ints(rng: &mut Rng, shape: &[usize], lo: i64, hi: i64) -> Tensor {
     .unwrap()
 }
 
+/// int32 sequence lengths.
+fn lengths(v: &[i32]) -> Tensor {
+    Tensor::new(vec![v.len()], Data::I32(v.to_vec())).unwrap()
+}
+
+fn strings_attr(name: &str, v: &[&str]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: 8,
+        strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        ..Default::default()
+    }
+}
+
 fn scalar(v: i64) -> Tensor {
     Tensor::i64(vec![], vec![v]).unwrap()
 }
@@ -412,6 +426,99 @@ fn cases() -> Vec<Case> {
             consts: vec![],
             order: vec!["x"],
             outputs: vec![DType::F32],
+        },
+        Case {
+            name: "rnn_bidirectional_sequence_lens",
+            op: "RNN",
+            opset: 22,
+            attrs: vec![
+                int_attr("hidden_size", 3),
+                string_attr("direction", "bidirectional"),
+            ],
+            feeds: vec![("x", f32s(r, &[5, 3, 4], |v| v))],
+            consts: vec![
+                ("w", f32s(r, &[2, 3, 4], |v| v * 0.5)),
+                ("r", f32s(r, &[2, 3, 3], |v| v * 0.5)),
+                ("b", f32s(r, &[2, 6], |v| v * 0.5)),
+                ("lens", lengths(&[5, 2, 3])),
+                ("h0", f32s(r, &[2, 3, 3], |v| v)),
+            ],
+            order: vec!["x", "w", "r", "b", "lens", "h0"],
+            outputs: vec![DType::F32, DType::F32],
+        },
+        Case {
+            name: "gru_reverse_linear_before_reset",
+            op: "GRU",
+            opset: 22,
+            attrs: vec![
+                int_attr("hidden_size", 3),
+                string_attr("direction", "reverse"),
+                int_attr("linear_before_reset", 1),
+                float_attr("clip", 1.5),
+            ],
+            feeds: vec![("x", f32s(r, &[4, 3, 2], |v| v))],
+            consts: vec![
+                ("w", f32s(r, &[1, 9, 2], |v| v * 0.5)),
+                ("r", f32s(r, &[1, 9, 3], |v| v * 0.5)),
+                ("b", f32s(r, &[1, 18], |v| v * 0.5)),
+                ("lens", lengths(&[4, 1, 3])),
+                ("h0", f32s(r, &[1, 3, 3], |v| v)),
+            ],
+            order: vec!["x", "w", "r", "b", "lens", "h0"],
+            outputs: vec![DType::F32, DType::F32],
+        },
+        Case {
+            name: "gru_bidirectional_activations",
+            op: "GRU",
+            opset: 22,
+            attrs: vec![
+                int_attr("hidden_size", 2),
+                string_attr("direction", "bidirectional"),
+                strings_attr(
+                    "activations",
+                    &["HardSigmoid", "Softsign", "Sigmoid", "Relu"],
+                ),
+            ],
+            feeds: vec![("x", f32s(r, &[3, 2, 3], |v| v))],
+            consts: vec![
+                ("w", f32s(r, &[2, 6, 3], |v| v * 0.5)),
+                ("r", f32s(r, &[2, 6, 2], |v| v * 0.5)),
+            ],
+            order: vec!["x", "w", "r"],
+            outputs: vec![DType::F32, DType::F32],
+        },
+        Case {
+            name: "lstm_bidirectional_peepholes_clip",
+            op: "LSTM",
+            opset: 22,
+            attrs: vec![
+                int_attr("hidden_size", 3),
+                string_attr("direction", "bidirectional"),
+                float_attr("clip", 2.0),
+                strings_attr(
+                    "activations",
+                    &[
+                        "Sigmoid",
+                        "Tanh",
+                        "Tanh",
+                        "Sigmoid",
+                        "LeakyRelu",
+                        "Softsign",
+                    ],
+                ),
+            ],
+            feeds: vec![("x", f32s(r, &[4, 2, 3], |v| v))],
+            consts: vec![
+                ("w", f32s(r, &[2, 12, 3], |v| v * 0.5)),
+                ("r", f32s(r, &[2, 12, 3], |v| v * 0.5)),
+                ("b", f32s(r, &[2, 24], |v| v * 0.5)),
+                ("lens", lengths(&[4, 2])),
+                ("h0", f32s(r, &[2, 2, 3], |v| v)),
+                ("c0", f32s(r, &[2, 2, 3], |v| v)),
+                ("p", f32s(r, &[2, 9], |v| v * 0.5)),
+            ],
+            order: vec!["x", "w", "r", "b", "lens", "h0", "c0", "p"],
+            outputs: vec![DType::F32, DType::F32, DType::F32],
         },
         Case {
             name: "space_to_depth",

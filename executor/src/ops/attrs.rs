@@ -59,6 +59,14 @@ impl<'a> Attrs<'a> {
             .typed(name, at::STRING)?
             .map(|a| String::from_utf8_lossy(&a.s).into_owned()))
     }
+    pub fn strings(&self, name: &str) -> R<Option<Vec<String>>> {
+        Ok(self.typed(name, at::STRINGS)?.map(|a| {
+            a.strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        }))
+    }
     pub fn string_or(&self, name: &str, d: &str) -> R<String> {
         Ok(self.string(name)?.unwrap_or_else(|| d.to_string()))
     }

@@ -17,6 +17,7 @@ pub mod pool;
 pub mod quant;
 pub mod reduce;
 pub mod resize;
+pub mod rnn;
 pub mod shape;
 pub mod size;
 
@@ -134,6 +135,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GlobalMaxPool",
     "Greater",
     "GreaterOrEqual",
+    "GRU",
     "GridSample",
     "GroupNormalization",
     "HammingWindow",
@@ -154,6 +156,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LpNormalization",
     "LpPool",
     "LRN",
+    "LSTM",
     "MatMul",
     "MatMulInteger",
     "Max",
@@ -193,6 +196,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Relu",
     "Reshape",
     "Resize",
+    "RNN",
     "ReverseSequence",
     "RMSNormalization",
     "Round",
@@ -296,6 +300,8 @@ pub enum Op {
     Shape(shape::ShapeOp),
     Resize(resize::ResizeAttrs),
     GridSample(grid::GridSampleAttrs),
+    /// RNN, GRU and LSTM.
+    Rnn(rnn::RnnAttrs),
     /// A sampling grid from affine matrices (input 0) for the size input 1 gives.
     AffineGrid {
         align_corners: bool,
@@ -553,6 +559,7 @@ impl Op {
             )),
             "Resize" | "Upsample" => Ok(Some(Op::Resize(resize::ResizeAttrs::parse(op_type, a)?))),
             "GridSample" => Ok(Some(Op::GridSample(grid::GridSampleAttrs::parse(a)?))),
+            "RNN" | "GRU" | "LSTM" => Ok(Some(Op::Rnn(rnn::RnnAttrs::parse(op_type, a)?))),
             "AffineGrid" => Ok(Some(Op::AffineGrid {
                 align_corners: a.flag("align_corners", false)?,
             })),
@@ -700,6 +707,11 @@ impl Op {
             Op::Shape(s) => s.name().into(),
             Op::Resize(_) => "Resize".into(),
             Op::GridSample(_) => "GridSample".into(),
+            Op::Rnn(r) => match r.cell {
+                rnn::Cell::Rnn => "RNN".into(),
+                rnn::Cell::Gru { .. } => "GRU".into(),
+                rnn::Cell::Lstm => "LSTM".into(),
+            },
             Op::AffineGrid { .. } => "AffineGrid".into(),
             Op::Cast { .. } => "Cast".into(),
             Op::CastLike(_) => "CastLike".into(),
@@ -875,6 +887,7 @@ impl Op {
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::GridSample(g) => one(grid::grid_sample(g, input(inputs, 0)?, input(inputs, 1)?)),
+            Op::Rnn(r) => rnn::rnn(r, inputs),
             Op::AffineGrid { align_corners } => one(grid::affine_grid(
                 *align_corners,
                 input(inputs, 0)?,

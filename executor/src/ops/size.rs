@@ -131,6 +131,12 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let out = super::grid::affine_grid_shape(input(inputs, 1)?)?;
             elements(&out, 8 + dsize(x()?))?
         }
+        // Y in f64 and as the output, and the states.
+        Op::Rnn(r) => {
+            let s = super::rnn::rnn_shape(r, inputs)?;
+            let y = elements(&s.y(r.batch_first), 8 + dsize(x()?))?;
+            plus(y, elements(&s.state(r.batch_first), 3 * (8 + dsize(x()?)))?)?
+        }
         Op::Cast { to, .. } => elements(&x()?.shape, to.size())?,
         // The bias, the scores and the fourth output, each one f32 per score at most.
         Op::Attention(a) => times(super::attention::score_elements(a, inputs)?, 3 * 4)?,
