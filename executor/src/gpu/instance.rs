@@ -707,7 +707,8 @@ fn gather_checks(model: &Model) -> Vec<(usize, usize, String)> {
         let Some(data) = plan.constants.get(*c) else {
             continue;
         };
-        let Ok(axis) = crate::tensor::norm_axis(*axis, data.rank()) else {
+        // A scalar has no axis to gather along (the op itself refuses it).
+        let Ok(axis) = crate::tensor::axis_in(*axis, data.rank()) else {
             continue;
         };
         if let Some(pos) = plan.inputs.iter().position(|i| i.value == *v)
