@@ -18,8 +18,13 @@ use std::time::{Duration, Instant};
 /// costs one run past it, never an unbounded profile).
 pub const PROFILE_DEADLINE: Duration = Duration::from_secs(120);
 
-/// Measures the three profile points (k = 4, within the bounds), each for `per_point`, within
-/// [`PROFILE_DEADLINE`]. Blocking: call it off the async workers.
+/// Instances at the joint point: DNNScaler's Joint approach keeps this many instances and moves
+/// the batch size. Two, the fewest that show whether instances add to batching, at the least
+/// memory (each instance holds the model's weights).
+pub const JOINT_INSTANCES: u32 = 2;
+
+/// Measures the profile points (k = 4, within the bounds; see [`profile_points`]), each for
+/// `per_point`, within [`PROFILE_DEADLINE`]. Blocking: call it off the async workers.
 pub fn profile(
     name: &str,
     tenant: &Tenant,
@@ -39,10 +44,11 @@ pub fn profile(
     )
 }
 
-/// Measures (batch 1, 1 instance), (batch `k_batch`, 1 instance) and (batch 1, `k_instances`
-/// instances), each for `per_point`, starting no run after `deadline`; repeated settings are
-/// measured once. A model whose requests never share a batch is measured at batch 1 only (its
-/// batch knob cannot move). Blocking: call it off the async workers.
+/// Measures (batch 1, 1 instance), (batch `k_batch`, 1 instance), (batch 1, `k_instances`
+/// instances) and, where both knobs can move, the joint point (batch `k_batch`,
+/// [`JOINT_INSTANCES`] instances), each for `per_point`, starting no run after `deadline`;
+/// repeated settings are measured once. A model whose requests never share a batch is measured
+/// at batch 1 only (its batch knob cannot move). Blocking: call it off the async workers.
 pub fn profile_points(
     name: &str,
     tenant: &Tenant,
@@ -55,11 +61,14 @@ pub fn profile_points(
     let model = tenant.model();
     let k_batch = if batchable(&model.plan) { k_batch } else { 1 };
     let mut settings: Vec<Knobs> = Vec::new();
-    for knobs in [
+    let joint = (k_batch > 1 && k_instances > 1)
+        .then(|| Knobs::new(k_batch, k_instances.min(JOINT_INSTANCES)));
+    let single_knob = [
         Knobs::new(1, 1),
         Knobs::new(k_batch.max(1), 1),
         Knobs::new(1, k_instances.max(1)),
-    ] {
+    ];
+    for knobs in single_knob.into_iter().chain(joint) {
         if !settings.contains(&knobs) {
             settings.push(knobs);
         }

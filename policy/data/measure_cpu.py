@@ -6,8 +6,8 @@ three files next to this script:
   (`cotenant-agent bench --json`), 2 s per point in three interleaved passes, keeping per point
   the pass with the median mean: what simulated batches take.
 - cpu-profile.json: a separate, short pass (1 s per point, as the agent's profiler does) at the
-  points the agent profiles, (1,1), (4,1), (1,4), (4,4), in the profile-table format: what the
-  simulated policies see.
+  points the agent profiles, (1,1), (4,1), (1,4) and the joint point (4,2), in the profile-table
+  format: what the simulated policies see.
 - cpu-interference.json: co-located runs. For each pair of models (a model with itself included),
   each alone with half the threads, then both at once, each with half the threads (the split a
   standalone agent gives two tenants under the default multi-stream schedule). pair[A][B] =
@@ -16,7 +16,8 @@ three files next to this script:
   the threads / at all of them (what hosting a second tenant costs even when it idles).
 
 Usage: python3 policy/data/measure_cpu.py --agent target/release/cotenant-agent
-           [--models squeezenet,mobilenet_v2,resnet18] [--threads 2] [--interference-only]
+           [--models squeezenet,mobilenet_v2,resnet18] [--threads 2]
+           [--interference-only | --profile-only]
 """
 
 import argparse
@@ -54,6 +55,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--interference-only", action="store_true",
                     help="measure the co-located runs only (the batch-1 baseline from cpu-service-times.json)")
+    ap.add_argument("--profile-only", action="store_true", help="measure cpu-profile.json only")
     args = ap.parse_args()
     names = args.models.split(",")
     work = tempfile.mkdtemp(prefix="cotenant-measure-")
@@ -65,6 +67,8 @@ def main():
           f"--models {args.models} --threads {args.threads}"
     device = f"CPU, {os.cpu_count()} cores, {args.threads} threads, shared with other builds while measuring (noisy)"
 
+    if args.profile_only:
+        return write_profile(args, names, paths, cmd, device)
     if args.interference_only:
         with open(os.path.join(HERE, "cpu-service-times.json")) as f:
             service = json.load(f)["models"]
@@ -79,7 +83,7 @@ def main():
                 r = run(args.agent, paths[n], b, m, args.threads, 2)
                 passes[(n, b, m)].append(r)
                 print(f"{n} b={b} m={m}: mean {r['mean_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms", file=sys.stderr)
-    service, profile = [], []
+    service = []
     for n in names:
         points = []
         for b, m in grid:
@@ -89,20 +93,27 @@ def main():
                            "p95_ms": r["p95_ms"], "p99_ms": r["p99_ms"], "runs": r["runs"],
                            "pass_means_ms": [x["mean_ms"] for x in passes[(n, b, m)]]})
         service.append({"model": n, "points": points})
+    with open(os.path.join(HERE, "cpu-service-times.json"), "w") as f:
+        json.dump({"source": f"measured: cotenant-agent bench --json, 2 s per point, the median of 3 interleaved passes ({cmd})", "device": device,
+                   "models": service}, f, indent=1)
+    write_profile(args, names, paths, cmd, device)
+    interference(args, names, paths, service, cmd, device)
+
+
+def write_profile(args, names, paths, cmd, device):
+    """The agent profiler's points, 1 s each, as cpu-profile.json."""
+    profile = []
+    for n in names:
         ppoints, weight = [], 0
-        for b, m in ((1, 1), (4, 1), (1, 4), (4, 4)):
+        for b, m in ((1, 1), (4, 1), (1, 4), (4, 2)):
             r = run(args.agent, paths[n], b, m, args.threads, 1)
             weight = r["weight_bytes"]
             ppoints.append({"batch": b, "instances": m, "throughput": r["throughput_per_s"], "p99_ms": r["p99_ms"],
                             "peak_activation_bytes": r["peak_activation_bytes"]})
         profile.append({"model": n, "weight_bytes": weight, "points": ppoints})
-    with open(os.path.join(HERE, "cpu-service-times.json"), "w") as f:
-        json.dump({"source": f"measured: cotenant-agent bench --json, 2 s per point, the median of 3 interleaved passes ({cmd})", "device": device,
-                   "models": service}, f, indent=1)
     with open(os.path.join(HERE, "cpu-profile.json"), "w") as f:
         json.dump({"source": f"measured: cotenant-agent bench --json, 1 s per point, the agent profiler's points ({cmd})",
                    "device": device, "models": profile}, f, indent=1)
-    interference(args, names, paths, service, cmd, device)
 
 
 def interference(args, names, paths, service, cmd, device):

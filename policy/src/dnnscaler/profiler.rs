@@ -1,7 +1,7 @@
 //! The profiler rule: from points measured at (b=1,m=1), (b=k,m=1) and (b=1,m=k) pick the approach
 //! whose throughput gain over (1,1) is larger; offer `Joint` (m instances each batching b) when a
-//! measured joint point beats both. Only points within the bounds and whose batch p99 alone fits
-//! the SLO count, since a gain the tenant may not use is no gain.
+//! measured joint point beats both by [`JOINT_MARGIN`]. Only points within the bounds and whose
+//! batch p99 alone fits the SLO count, since a gain the tenant may not use is no gain.
 
 use crate::knobs::{ApproachPolicy, Bounds, Knobs};
 use crate::profile::{Profile, ProfilePoint};
@@ -30,6 +30,11 @@ pub struct ApproachChoice {
     pub gain_multi_tenancy: f64,
     pub gain_joint: Option<f64>,
 }
+
+/// How much more throughput than the best single-knob point a joint point must show to be
+/// chosen. A joint replica holds a copy of the weights per instance, so it costs more memory
+/// than the batching one; a gain within the profile's noise does not pay for that.
+pub const JOINT_MARGIN: f64 = 1.25;
 
 fn best<'a>(points: impl Iterator<Item = &'a ProfilePoint>) -> Option<&'a ProfilePoint> {
     points.max_by(|a, b| a.throughput.total_cmp(&b.throughput))
@@ -71,7 +76,7 @@ pub fn choose_approach(profile: &Profile, slo: &Slo, bounds: &Bounds) -> Approac
         ApproachPolicy::Batching => (Approach::Batching, start(batching)),
         ApproachPolicy::MultiTenancy => (Approach::MultiTenancy, start(multi)),
         ApproachPolicy::Auto => match gj {
-            Some(g) if g > gb && g > gm => (Approach::Joint, start(joint)),
+            Some(g) if g > JOINT_MARGIN * gb.max(gm) => (Approach::Joint, start(joint)),
             // Ties go to batching: one instance holds one copy of the activations.
             _ if gb >= gm => (Approach::Batching, start(batching)),
             _ => (Approach::MultiTenancy, start(multi)),
@@ -146,6 +151,14 @@ mod tests {
         ]);
         let c = choose_approach(&p, &slo, &Bounds::default());
         assert_eq!((c.approach, c.knobs), (Approach::Joint, Knobs::new(8, 2)));
+        // A joint point within the margin of the best single knob is not worth its memory.
+        let mut close = p.clone();
+        close.points[3].throughput = 500.0 * JOINT_MARGIN;
+        let c = choose_approach(&close, &slo, &Bounds::default());
+        assert_eq!(
+            (c.approach, c.knobs),
+            (Approach::Batching, Knobs::new(8, 1))
+        );
         let forced = Bounds {
             approach: ApproachPolicy::MultiTenancy,
             ..Bounds::default()

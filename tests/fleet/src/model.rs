@@ -66,7 +66,9 @@ impl Model {
         }
     }
 
-    /// What DNNScaler's profiler would measure: (1, 1), (k, 1) and (1, k).
+    /// What DNNScaler's profiler would measure at the single knobs: (1, 1), (k, 1) and (1, k).
+    /// No joint point: the fleet's tenants run Batching or MultiTenancy, whose memory the
+    /// bench's pool is sized for.
     pub fn profile(&self, model: &str, k: Knobs) -> Profile {
         Profile {
             model: model.to_string(),

@@ -250,8 +250,9 @@ fn standalone_agent_serves_real_clients() {
         .filter(|t| t["state"] == "Ready")
     {
         let points = tenant["profile"]["points"].as_array().map_or(0, Vec::len);
-        // (1, 1), (k, 1) and (1, k); the overload tenant's bounds leave only (1, 1).
-        let want = if tenant["name"] == "overload" { 1 } else { 3 };
+        // (1, 1), (k, 1), (1, k) and the joint point (k, 2); the overload tenant's bounds leave
+        // only (1, 1).
+        let want = if tenant["name"] == "overload" { 1 } else { 4 };
         assert_eq!(points, want, "profile points: {tenant}");
         assert!(
             tenant["knobs"]["batchSize"]
