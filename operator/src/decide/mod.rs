@@ -471,6 +471,7 @@ pub fn decide_tenants(
                 &s.reports,
                 tenant_recall,
                 tuning,
+                largest_agent,
                 now_s,
                 now_rfc3339,
             );

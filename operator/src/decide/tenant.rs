@@ -175,6 +175,7 @@ pub fn decide(
     reports: &[&TenantReport],
     recall: &mut TenantRecall,
     tuning: &super::Tuning,
+    largest_agent: u64,
     now_s: f64,
     now_rfc3339: &str,
 ) -> TenantDecision {
@@ -292,6 +293,12 @@ pub fn decide(
                 compute_at_percentile_ms: aggregate.compute_ms,
                 epoch: epoch(reports, round.controller.knobs(), batch_moves),
             });
+            // Knobs whose replica no agent could hold are out of bounds.
+            let bounds = round.model.within_memory(
+                bounds,
+                round.controller.knobs().instances,
+                largest_agent,
+            );
             let o = round.round(
                 &Measured {
                     per_replica,

@@ -11,7 +11,7 @@
 //! (time grows linearly with the batch, instances serialise), so an unprofiled knob is never
 //! predicted optimistically.
 
-use crate::knobs::Knobs;
+use crate::knobs::{Bounds, Knobs};
 use crate::profile::{Profile, ProfilePoint};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -190,6 +190,26 @@ impl LatencyModel {
     }
 
     /// Device memory one replica needs at `k`: shared weights plus each instance's activations.
+    /// `bounds` with the batch and instance maxima lowered to the largest knobs whose replica
+    /// fits in `limit` bytes: the batch at `instances` instances, the instances at batch one.
+    /// A knob the memory cannot hold is never worth growing to, since no agent could run the
+    /// replica. At least one of each, so the tenant keeps a setting to run at.
+    pub fn within_memory(&self, bounds: Bounds, instances: u32, limit: u64) -> Bounds {
+        let b = bounds.sane();
+        let fits = |k: Knobs| self.memory_bytes(k) <= limit;
+        let largest = |max: u32, knobs: &dyn Fn(u32) -> Knobs| {
+            (1..=max)
+                .take_while(|&n| fits(knobs(n)))
+                .last()
+                .unwrap_or(1)
+        };
+        Bounds {
+            max_batch: largest(b.max_batch, &|n| Knobs::new(n, instances.max(1))),
+            max_instances: largest(b.max_instances, &|n| Knobs::new(1, n)),
+            ..b
+        }
+    }
+
     pub fn memory_bytes(&self, k: Knobs) -> u64 {
         let act = self.batch_col(k.batch, 3).max(0.0);
         self.weight_bytes
@@ -308,6 +328,27 @@ mod tests {
         let m = LatencyModel::from_profile(&p);
         assert!((m.throughput(Knobs::new(4, 1)) - 100.0).abs() < 1e-6);
         assert!((m.throughput(Knobs::new(1, 3)) - 100.0).abs() < 1e-6);
+    }
+
+    /// Knobs whose replica would not fit the memory are outside the bounds: the batch at the
+    /// instance count it runs with, the instances at batch one.
+    #[test]
+    fn bounds_within_memory_stop_below_what_does_not_fit() {
+        let m = LatencyModel::from_profile(&profile());
+        // 10,000 bytes of weights, 1,000 of activations per batch row per instance.
+        let b = m.within_memory(Bounds::default(), 2, 10_000 + 16_000);
+        assert_eq!((b.max_batch, b.max_instances), (8, 8));
+        let b = m.within_memory(Bounds::default(), 1, 10_000 + 3_500);
+        assert_eq!((b.max_batch, b.max_instances), (3, 3));
+        // Nothing fits: one of each stays.
+        let b = m.within_memory(Bounds::default(), 1, 0);
+        assert_eq!((b.max_batch, b.max_instances), (1, 1));
+        // The spec's own maxima stay where they are lower.
+        let narrow = Bounds {
+            max_batch: 2,
+            ..Bounds::default()
+        };
+        assert_eq!(m.within_memory(narrow, 1, u64::MAX).max_batch, 2);
     }
 
     #[test]
