@@ -2,13 +2,15 @@
 //! `tests/python/oip_client.py`), bad requests, failed tenants, metrics and the report;
 //! hostile requests and memory under them (`requests`); who may call a tenant, what errors tell
 //! callers, and where models may come from (`access`); models in an S3-compatible object
-//! store and the model cache (`object_store`); spans to a collector (`telemetry`).
+//! store and the model cache (`object_store`); spans to a collector (`telemetry`); models that
+//! Python packages ship, against onnxruntime (`third_party`).
 
 mod access;
 mod object_store;
 mod perf;
 mod requests;
 mod telemetry;
+mod third_party;
 
 use cotenant_e2e::cluster::free_port;
 use cotenant_e2e::process::{Lifetime, Process};

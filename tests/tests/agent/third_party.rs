@@ -1,0 +1,35 @@
+//! Real models that third-party Python packages ship inside their wheels, from PyTorch, tf2onnx
+//! and paddle2onnx exports, across vision, text and audio, including int8 ones: each runs
+//! through `cotenant-agent run` and onnxruntime on the same seeded random inputs, and every
+//! output must match (`tests/third_party/compare.py`; the list, with each file's sha256, is
+//! `tests/third_party/models.json`). The wheels are downloaded once into the cotenant cache.
+
+use super::python;
+use cotenant_e2e::toolchain::cache_dir;
+use cotenant_e2e::{TestNamespace, workspace_binary};
+use std::process::Command;
+
+#[test]
+#[ignore = "needs COTENANT_PYTHON, the agent binary and the package index: cargo xtask test"]
+fn models_from_python_packages_match_onnxruntime() {
+    let work = std::env::temp_dir().join(format!("cotenant-third-party-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let out = Command::new(python())
+        .arg(TestNamespace::repo_root().join("tests/third_party/compare.py"))
+        .arg("--agent")
+        .arg(workspace_binary("cotenant-agent"))
+        .arg("--cache")
+        .arg(cache_dir().join("third-party-models"))
+        .arg("--work")
+        .arg(&work)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "a third-party model failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}
