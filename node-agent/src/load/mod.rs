@@ -207,6 +207,24 @@ fn start_checked(
             mib(peak)
         )));
     }
+    // Inputs and outputs travel in the inference protocol's datatypes, which have no float8,
+    // float4, int4 or int2.
+    let untyped = model
+        .plan
+        .inputs
+        .iter()
+        .map(|i| ("input", &i.name, i.dtype))
+        .chain(outputs.iter().map(|(n, t)| ("output", n, t.dtype())))
+        .find(|(_, _, dtype)| wire_name(*dtype).is_none());
+    if let Some((what, name, dtype)) = untyped {
+        let kind = match dtype {
+            cotenant_executor::DType::Low(low) => format!("{low:?}"),
+            other => format!("{other:?}"),
+        };
+        return Err(format!(
+            "{what} {name:?} is {kind}, which the inference protocol has no datatype for"
+        ));
+    }
     // Metadata marks the first axis variable wherever requests may carry any number of rows.
     let variable_rows = batchable || model.plan.batch_refusal.is_some();
     let inputs = model
@@ -215,7 +233,7 @@ fn start_checked(
         .iter()
         .map(|i| TensorMeta {
             name: i.name.clone(),
-            datatype: wire_name(i.dtype).to_string(),
+            datatype: wire_name(i.dtype).unwrap_or_default().to_string(),
             shape: i
                 .dims
                 .as_ref()
@@ -234,7 +252,7 @@ fn start_checked(
         .iter()
         .map(|(name, t)| TensorMeta {
             name: name.clone(),
-            datatype: wire_name(t.dtype()).to_string(),
+            datatype: wire_name(t.dtype()).unwrap_or_default().to_string(),
             shape: t
                 .shape
                 .iter()
@@ -434,6 +452,39 @@ pub(crate) mod tests {
         let weights = loaded.tenant.model().plan.weight_bytes();
         assert_eq!(budget, Some((64 << 20) - weights));
         loaded.tenant.shutdown();
+    }
+
+    /// A model whose output is float8 cannot answer over the inference protocol, which has no
+    /// such datatype: its load fails and names the output.
+    #[test]
+    fn a_model_with_a_float8_output_is_refused_at_load() {
+        let mut model = ModelProto::decode(batch_normalising_model().as_slice()).expect("model");
+        let graph = model.graph.as_mut().expect("graph");
+        let to = AttributeProto {
+            name: "to".into(),
+            r#type: attribute_type::INT,
+            i: 17,
+            ..Default::default()
+        };
+        graph.node = vec![NodeProto {
+            input: vec!["x".into()],
+            output: vec!["y".into()],
+            op_type: "Cast".into(),
+            attribute: vec![to],
+            ..Default::default()
+        }];
+        let output = graph.output[0]
+            .r#type
+            .as_mut()
+            .and_then(|t| t.tensor_type.as_mut());
+        output.expect("tensor type").elem_type = 17;
+        model.opset_import[0].version = 21;
+        let e = start(&model.encode_to_vec(), cfg("f8"), sized(64 << 20, 2), None).err();
+        let e = e.expect("float8 output refused");
+        assert!(
+            e.contains("output \"y\" is F8E4M3FN") && e.contains("no datatype"),
+            "{e}"
+        );
     }
 
     /// A panic while loading fails that load with the reason instead of taking the thread (and

@@ -336,7 +336,7 @@ pub fn check_tensor(
     if wire.dtype() != decl.dtype {
         return Err(ApiError::bad_request(format!(
             "datatype {datatype} given, the model expects {}",
-            wire_name(decl.dtype)
+            wire_name(decl.dtype).unwrap_or("a type the protocol lacks")
         )));
     }
     if dims.len() > MAX_RANK {
@@ -531,6 +531,7 @@ impl Sink {
                     .ok_or_else(misfit)?,
             ),
             Data::F64(v) => v.push(float.ok_or_else(misfit)?),
+            Data::Low(..) => return Err(misfit()),
         }
         Ok(())
     }

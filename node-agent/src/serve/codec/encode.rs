@@ -1,7 +1,7 @@
 //! Encoding an inference response: the JSON header is written straight from the output tensors
 //! (non-finite floats as `null`), binary outputs appended as raw little-endian bytes.
 
-use super::wire_name;
+use super::output_wire_name;
 use cotenant_executor::{Data, Tensor};
 use serde::Serialize;
 use serde::ser::Serializer;
@@ -50,6 +50,7 @@ impl Serialize for JsonData<'_> {
             Data::U16(v) => s.collect_seq(v),
             Data::U8(v) => s.collect_seq(v),
             Data::Bool(v) => s.collect_seq(v),
+            Data::Low(_, v) => s.collect_seq(v),
         }
     }
 }
@@ -78,7 +79,7 @@ pub fn encode_response(
         let size = as_binary.then(|| tensor.data.len() * element_bytes(&tensor.data));
         json.push(Output {
             name,
-            datatype: wire_name(tensor.dtype()),
+            datatype: output_wire_name(tensor.dtype()),
             shape: &tensor.shape,
             parameters: size.map(|binary_data_size| BinarySize { binary_data_size }),
             data: (!as_binary).then_some(JsonData(&tensor.data)),
@@ -131,5 +132,6 @@ pub fn append_bytes(out: &mut Vec<u8>, data: &Data) {
         Data::I8(v) => out.extend(v.iter().map(|x| *x as u8)),
         Data::U8(v) => out.extend_from_slice(v),
         Data::Bool(v) => out.extend(v.iter().map(|x| u8::from(*x))),
+        Data::Low(_, v) => out.extend_from_slice(v),
     }
 }

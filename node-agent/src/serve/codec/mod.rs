@@ -89,16 +89,18 @@ impl WireType {
 /// Bytes of one element of an executor dtype in memory.
 pub fn dtype_size(dtype: DType) -> usize {
     match dtype {
-        DType::Bool | DType::U8 | DType::I8 => 1,
+        // float8, float4, int4 and int2 hold one code per byte in memory.
+        DType::Bool | DType::U8 | DType::I8 | DType::Low(_) => 1,
         DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
         DType::I32 | DType::U32 | DType::F32 => 4,
         DType::I64 | DType::U64 | DType::F64 => 8,
     }
 }
 
-/// The wire name of an executor dtype.
-pub fn wire_name(dtype: DType) -> &'static str {
-    match dtype {
+/// The wire name of an executor dtype; `None` for float8, float4, int4 and int2, which the
+/// inference protocol has no datatype for (loading refuses models with such inputs or outputs).
+pub fn wire_name(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
         DType::F32 => "FP32",
         DType::F64 => "FP64",
         DType::F16 => "FP16",
@@ -112,7 +114,14 @@ pub fn wire_name(dtype: DType) -> &'static str {
         DType::U16 => "UINT16",
         DType::U8 => "UINT8",
         DType::Bool => "BOOL",
-    }
+        DType::Low(_) => return None,
+    })
+}
+
+/// [`wire_name`] of an output the model produces: loading refused every model whose outputs
+/// have no datatype, so the fallback (its codes as bytes) is never sent.
+pub fn output_wire_name(dtype: DType) -> &'static str {
+    wire_name(dtype).unwrap_or("UINT8")
 }
 
 #[cfg(test)]

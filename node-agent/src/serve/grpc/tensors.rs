@@ -215,7 +215,7 @@ pub fn encode(
         codec::append_bytes(&mut bytes, &tensor.data);
         tensors.push(InferOutputTensor {
             name,
-            datatype: codec::wire_name(tensor.data.dtype()).to_string(),
+            datatype: codec::output_wire_name(tensor.data.dtype()).to_string(),
             shape: tensor.shape.iter().map(|&d| d as i64).collect(),
             ..Default::default()
         });
