@@ -101,18 +101,24 @@ fn serve_with(agent: &Path, dir: &Path, extra: &[&str], env: &[(&str, &str)]) ->
 
 /// Runs `tests/python/<script>` against the agent, failing with its output and the agent's log.
 fn run_script(python: &Path, server: &Process, script: &str, args: &[&str]) {
-    let out = Command::new(python)
-        .arg(TestNamespace::repo_root().join("tests/python").join(script))
-        .args(args)
-        .output()
-        .expect("python runs");
+    let mut cmd = Command::new(python);
+    cmd.arg(TestNamespace::repo_root().join("tests/python").join(script))
+        .args(args);
+    run_checked(cmd, script, || {
+        format!("agent log:\n{}", server.log_tail(30))
+    });
+}
+
+/// Runs `cmd`, printing its output, and fails with it (and `context()`) when it fails.
+fn run_checked(mut cmd: Command, what: &str, context: impl FnOnce() -> String) {
+    let out = cmd.output().expect("the command runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     eprintln!("{stdout}");
     assert!(
         out.status.success(),
-        "{script} failed:\n{stdout}\n{}\nagent log:\n{}",
+        "{what} failed:\n{stdout}\n{}\n{}",
         String::from_utf8_lossy(&out.stderr),
-        server.log_tail(30)
+        context()
     );
 }
 

