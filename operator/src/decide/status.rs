@@ -7,10 +7,10 @@
 //! old it is; a steady tenant's status is never rewritten. What measurements alone move (the
 //! summary, and SLOMet with the phase that follows it) moves at most once per [`DWELL_S`], so
 //! a latency hovering at the SLO does not rewrite the status every round. A summary taken while
-//! the knobs or the replica count were new measured a configuration in transition: it is
-//! replaced once the configuration has served for [`DWELL_S`], so that later noise is compared
-//! with what the configuration settled at (one write per configuration change). The live
-//! numbers are the agents' Prometheus metrics.
+//! the knobs or the replica count were new measured a configuration in transition: in the
+//! configuration's second [`DWELL_S`] it is replaced at half the thresholds, so that a value
+//! that settled close to a threshold is not pushed over it by later noise. The live numbers are
+//! the agents' Prometheus metrics.
 
 use super::tenant::{Aggregate, TenantDecision};
 use crate::reason::Reason;
@@ -245,7 +245,8 @@ fn shed_note(a: &Aggregate) -> String {
 /// The observations to keep in the status: `previous` while every value stays within the
 /// thresholds of it and the SLO did not flip; otherwise this round's values, measured `now`.
 /// `configured_for_s` is how long the tenant's knobs and replica count have been what they are:
-/// a `previous` measured before they had served [`DWELL_S`] is replaced once they have.
+/// a `previous` measured before they had served [`DWELL_S`] is compared at half the thresholds
+/// while they serve their second [`DWELL_S`].
 pub fn summary(
     previous: Option<&Observed>,
     a: &Aggregate,
@@ -268,25 +269,25 @@ pub fn summary(
     let Some(p) = previous else {
         return current;
     };
-    let measured_at = p
+    let young = p
         .measured_at
         .as_deref()
-        .and_then(|t| t.parse::<Timestamp>().ok());
-    let young = measured_at.is_some_and(|t| !dwelt(t, now));
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .is_some_and(|t| !dwelt(t, now));
     if young && !slo_flipped {
         return p.clone();
     }
-    // Measured in the configuration's first DWELL_S, which it has now served.
-    let in_transition = configured_for_s >= DWELL_S
-        && measured_at
-            .is_some_and(|t| now.duration_since(t).as_secs_f64() > configured_for_s - DWELL_S);
-    let moved =
-        |old: f64, new: f64| (new - old).abs() > (RELATIVE_CHANGE * old.abs()).max(ABSOLUTE_CHANGE);
+    // The configuration in its second DWELL_S: a summary kept for DWELL_S (not young) was
+    // measured before the configuration had served its first.
+    let in_transition = (DWELL_S..2.0 * DWELL_S).contains(&configured_for_s);
+    let share = if in_transition { 0.5 } else { 1.0 };
+    let moved = |old: f64, new: f64| {
+        (new - old).abs() > share * (RELATIVE_CHANGE * old.abs()).max(ABSOLUTE_CHANGE)
+    };
     let attainment_moved = (p.slo_attainment >= ATTAINMENT_TARGET)
         != (current.slo_attainment >= ATTAINMENT_TARGET)
         || (p.slo_attainment - current.slo_attainment).abs() > ATTAINMENT_CHANGE;
     let stale = slo_flipped
-        || in_transition
         || moved(p.arrival_rate_per_second, current.arrival_rate_per_second)
         || moved(p.throughput_per_second, current.throughput_per_second)
         || moved(p.latency_millis, current.latency_millis)

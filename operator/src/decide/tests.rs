@@ -689,26 +689,32 @@ fn a_steady_tenants_status_does_not_move_with_noise() {
     );
 
     // A summary measured in the first dwell time of the knobs and replicas the tenant runs now
-    // is replaced once they have run that long, however little the values moved: it measured a
-    // transition, and later noise is compared with where the configuration settled.
+    // is compared at half the thresholds while they serve their second: it measured a
+    // transition, and a value that settled near a threshold must not cross it later with noise.
     let dwell = status::DWELL_S;
-    let rebased = status::summary(Some(&kept), &steady, now, false, dwell + 5.0);
-    assert_eq!(rebased.latency_millis, 41.0);
+    let settled = tenant::Aggregate {
+        latency_ms: 45.0,
+        ..steady
+    };
+    let rebased = status::summary(Some(&kept), &settled, now, false, dwell + 5.0);
+    assert_eq!(rebased.latency_millis, 45.0, "12% moved, over half of 20%");
     assert_ne!(rebased.measured_at, kept.measured_at);
-    // Not before then…
+    let close = status::summary(Some(&kept), &steady, now, false, dwell + 5.0);
+    assert_eq!(close, kept, "2.5% is within half the threshold");
+    // Not in the configuration's first dwell time…
     assert_eq!(
-        status::summary(Some(&kept), &steady, now, false, dwell - 1.0),
+        status::summary(Some(&kept), &settled, now, false, dwell - 1.0),
         kept
     );
-    // …and not when it was measured after the configuration had served the dwell time.
+    // …nor once it has served two.
     assert_eq!(
-        status::summary(Some(&kept), &steady, now, false, 2.0 * dwell + 5.0),
+        status::summary(Some(&kept), &settled, now, false, 2.0 * dwell + 1.0),
         kept
     );
     assert_eq!(
         status::summary(
             Some(&rebased),
-            &moved_a_little(&steady),
+            &moved_a_little(&settled),
             later,
             false,
             3600.0 + dwell + 5.0

@@ -109,9 +109,19 @@ fn tenant_yaml(i: usize, pool: &str, slo_ms: f64) -> String {
 
 fn apply(cp: &ControlPlane, n: &str, docs: &[String]) {
     for chunk in docs.chunks(APPLY_CHUNK) {
-        let out = cp
-            .kubectl_stdin(&["apply", "-n", n, "-f", "-"], &chunk.join("---\n"))
-            .expect("kubectl");
+        // An API server short of CPU answers a large apply with a timeout; applying again is
+        // safe, and what was created stays.
+        let mut tries = 0;
+        let out = loop {
+            let out = cp
+                .kubectl_stdin(&["apply", "-n", n, "-f", "-"], &chunk.join("---\n"))
+                .expect("kubectl");
+            tries += 1;
+            let timed_out = String::from_utf8_lossy(&out.stderr).contains("Timeout");
+            if out.status.success() || !timed_out || tries == 3 {
+                break out;
+            }
+        };
         assert!(
             out.status.success(),
             "{}",
