@@ -5,13 +5,15 @@
 use crate::error::ImportError;
 use crate::graph::{Dim, Graph, GraphInput, Node};
 use crate::ops::{Op, attrs::Attrs};
-use crate::proto::{DimValue, ModelProto};
+use crate::proto::{DimValue, GraphProto, ModelProto};
 use crate::tensor::{DType, MAX_ELEMENTS};
 use crate::tensor_proto::decode_tensor;
 use prost::Message;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+
+mod subgraph;
 
 /// Reads and imports a model file; external data is looked up next to it.
 pub fn load(path: impl AsRef<Path>) -> Result<Graph, ImportError> {
@@ -45,21 +47,16 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
         opset,
         ..Default::default()
     };
-    let mut ids: HashMap<String, usize> = HashMap::new();
-
-    for t in &gp.initializer {
-        let v = g.add_value(&t.name);
-        if ids.insert(t.name.clone(), v).is_some() {
-            return Err(ImportError::Graph(format!(
-                "initializer {:?} defined twice",
-                t.name
-            )));
-        }
-        g.constants.insert(v, Arc::new(decode_tensor(t, base_dir)?));
-    }
+    let cx = Context {
+        opset,
+        base_dir,
+        depth: 0,
+    };
+    let mut scope = Scope::new(&[]);
+    initializers(gp, &mut g, &mut scope, &cx)?;
     for vi in &gp.input {
         // Older exporters list initializers among the inputs too; those stay constants.
-        if ids.contains_key(&vi.name) {
+        if scope.ids.contains_key(&vi.name) {
             continue;
         }
         let tt = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
@@ -75,7 +72,7 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
             None => None,
         };
         let v = g.add_value(&vi.name);
-        ids.insert(vi.name.clone(), v);
+        scope.ids.insert(vi.name.clone(), v);
         g.inputs.push(GraphInput {
             value: v,
             name: vi.name.clone(),
@@ -84,6 +81,97 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
         });
     }
     name_unknown_axes(&mut g.inputs);
+    import_nodes(gp, &mut g, &mut scope, &cx)?;
+    for vi in &gp.output {
+        let v = scope.ids.get(&vi.name).ok_or_else(|| {
+            ImportError::Graph(format!("graph output {:?} is never produced", vi.name))
+        })?;
+        g.outputs.push(*v);
+    }
+    if g.outputs.is_empty() {
+        return Err(ImportError::Graph("graph has no outputs".into()));
+    }
+    Ok(g)
+}
+
+/// What every graph of one model, the main graph and the subgraphs in it, is imported under.
+pub(crate) struct Context<'a> {
+    pub opset: i64,
+    pub base_dir: Option<&'a Path>,
+    /// How many subgraphs enclose the graph being imported (0: the main graph).
+    pub depth: usize,
+}
+
+/// The names one graph can read while it is imported: its own values, and those of the graphs
+/// enclosing it (a subgraph reads an outer value by name; see `subgraph`).
+pub(crate) struct Scope<'o> {
+    pub ids: HashMap<String, usize>,
+    /// The enclosing graphs' names, outermost first; empty for the main graph.
+    outer: &'o [&'o HashMap<String, usize>],
+    /// The outer names this graph reads, in the order first read, each with the value of this
+    /// graph that stands for it.
+    pub implicit: Vec<(String, usize)>,
+}
+
+impl<'o> Scope<'o> {
+    pub fn new(outer: &'o [&'o HashMap<String, usize>]) -> Scope<'o> {
+        Scope {
+            ids: HashMap::new(),
+            outer,
+            implicit: Vec::new(),
+        }
+    }
+
+    /// The value `name` is in this graph: its own, or a new value standing for an outer one.
+    pub fn resolve(&mut self, g: &mut Graph, name: &str) -> Option<usize> {
+        if let Some(&v) = self.ids.get(name) {
+            return Some(v);
+        }
+        if !self.outer.iter().any(|m| m.contains_key(name)) {
+            return None;
+        }
+        let v = g.add_value(name);
+        self.ids.insert(name.to_string(), v);
+        self.implicit.push((name.to_string(), v));
+        Some(v)
+    }
+
+    /// Every name visible here, for a subgraph of a node of this graph.
+    pub fn chain(&self) -> Vec<&HashMap<String, usize>> {
+        let mut c = self.outer.to_vec();
+        c.push(&self.ids);
+        c
+    }
+}
+
+pub(crate) fn initializers(
+    gp: &GraphProto,
+    g: &mut Graph,
+    scope: &mut Scope<'_>,
+    cx: &Context<'_>,
+) -> Result<(), ImportError> {
+    for t in &gp.initializer {
+        let v = g.add_value(&t.name);
+        if scope.ids.insert(t.name.clone(), v).is_some() {
+            return Err(ImportError::Graph(format!(
+                "initializer {:?} defined twice",
+                t.name
+            )));
+        }
+        g.constants
+            .insert(v, Arc::new(decode_tensor(t, cx.base_dir)?));
+    }
+    Ok(())
+}
+
+/// Parses the nodes of `gp` into `g`, in order, each reading only values defined before it.
+pub(crate) fn import_nodes(
+    gp: &GraphProto,
+    g: &mut Graph,
+    scope: &mut Scope<'_>,
+    cx: &Context<'_>,
+) -> Result<(), ImportError> {
+    let opset = cx.opset;
     for (idx, np) in gp.node.iter().enumerate() {
         let node_name = if np.name.is_empty() {
             format!("{}_{idx}", np.op_type)
@@ -109,10 +197,10 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
             if name.is_empty() {
                 inputs.push(None);
             } else {
-                let v = ids.get(name).ok_or_else(|| {
+                let v = scope.resolve(g, name).ok_or_else(|| {
                     bad(format!("input {name:?} is not defined before this node"))
                 })?;
-                inputs.push(Some(*v));
+                inputs.push(Some(v));
             }
         }
         let attrs = Attrs {
@@ -125,13 +213,30 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
                 .first()
                 .ok_or_else(|| bad("Constant has no output".into()))?;
             let v = g.add_value(out);
-            if ids.insert(out.clone(), v).is_some() {
+            if scope.ids.insert(out.clone(), v).is_some() {
                 return Err(bad(format!("output {out:?} is defined twice")));
             }
             g.constants.insert(v, Arc::new(t));
             continue;
         }
-        let op = match Op::parse(&np.op_type, &attrs, opset, inputs.len(), np.output.len()) {
+        let parsed = match subgraph::control(np, &attrs, scope, cx, inputs.len()) {
+            Some(parsed) => {
+                let (op, implicit) = parsed.map_err(&bad)?;
+                // The outer values the bodies read are inputs of this node, so that the plan
+                // orders it after them and keeps them alive until it has run.
+                for name in implicit {
+                    let v = scope.resolve(g, &name).ok_or_else(|| {
+                        bad(format!(
+                            "a body reads {name:?}, which is not defined before this node"
+                        ))
+                    })?;
+                    inputs.push(Some(v));
+                }
+                Ok(Some(op))
+            }
+            None => Op::parse(&np.op_type, &attrs, opset, inputs.len(), np.output.len()),
+        };
+        let op = match parsed {
             Ok(Some(op)) => op,
             Ok(None) => {
                 return Err(ImportError::UnsupportedOp {
@@ -147,7 +252,7 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
         for out in &np.output {
             // An omitted optional output still gets a value so output positions stay stable.
             let v = g.add_value(out);
-            if !out.is_empty() && ids.insert(out.clone(), v).is_some() {
+            if !out.is_empty() && scope.ids.insert(out.clone(), v).is_some() {
                 return Err(bad(format!("output {out:?} is defined twice")));
             }
             outputs.push(v);
@@ -159,16 +264,7 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
             outputs,
         });
     }
-    for vi in &gp.output {
-        let v = ids.get(&vi.name).ok_or_else(|| {
-            ImportError::Graph(format!("graph output {:?} is never produced", vi.name))
-        })?;
-        g.outputs.push(*v);
-    }
-    if g.outputs.is_empty() {
-        return Err(ImportError::Graph("graph has no outputs".into()));
-    }
-    Ok(g)
+    Ok(())
 }
 
 /// The declared dimensions of input `name`: an unknown axis (`?`, an empty name,

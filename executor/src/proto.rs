@@ -1,6 +1,7 @@
 //! The subset of `onnx.proto` (IR version ≤ 10) the importer reads, as hand-written prost
-//! messages. Field numbers follow onnx.proto; fields we never read (subgraphs, sparse tensors,
-//! training info, functions) are left out and skipped by the decoder.
+//! messages. Field numbers follow onnx.proto; fields we never read (sparse tensors, training
+//! info, functions) are left out and skipped by the decoder. Subgraphs (the bodies of If, Loop
+//! and Scan) are graph attributes; prost's decode recursion limit bounds how deep they nest.
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ModelProto {
@@ -114,6 +115,10 @@ pub struct AttributeProto {
     pub strings: Vec<Vec<u8>>,
     #[prost(message, repeated, tag = "10")]
     pub tensors: Vec<TensorProto>,
+    #[prost(message, optional, boxed, tag = "6")]
+    pub g: Option<Box<GraphProto>>,
+    #[prost(message, repeated, tag = "11")]
+    pub graphs: Vec<GraphProto>,
 }
 
 /// `TensorProto.DataType`.

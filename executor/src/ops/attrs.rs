@@ -1,6 +1,6 @@
 //! Typed access to a node's attributes while parsing it into an [`Op`](super::Op).
 
-use crate::proto::{AttributeProto, attribute_type as at};
+use crate::proto::{AttributeProto, GraphProto, attribute_type as at};
 use crate::tensor::Tensor;
 use crate::tensor_proto::decode_tensor;
 
@@ -66,6 +66,10 @@ impl<'a> Attrs<'a> {
                 .map(|s| String::from_utf8_lossy(s).into_owned())
                 .collect()
         }))
+    }
+    /// A graph attribute (the body of If, Loop or Scan).
+    pub fn graph(&self, name: &str) -> R<Option<&'a GraphProto>> {
+        Ok(self.typed(name, at::GRAPH)?.and_then(|a| a.g.as_deref()))
     }
     pub fn string_or(&self, name: &str, d: &str) -> R<String> {
         Ok(self.string(name)?.unwrap_or_else(|| d.to_string()))

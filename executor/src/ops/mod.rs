@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod attrs;
+pub mod control;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
@@ -144,6 +145,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "HardSigmoid",
     "HardSwish",
     "Identity",
+    "If",
     "InstanceNormalization",
     "IsInf",
     "IsNaN",
@@ -153,6 +155,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LessOrEqual",
     "Log",
     "LogSoftmax",
+    "Loop",
     "LpNormalization",
     "LpPool",
     "LRN",
@@ -201,6 +204,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "RMSNormalization",
     "Round",
     "RotaryEmbedding",
+    "Scan",
     "Scatter",
     "ScatterElements",
     "ScatterND",
@@ -352,6 +356,8 @@ pub enum Op {
         eps: f32,
         per_group: bool,
     },
+    /// If, Loop and Scan, with their bodies.
+    Control(control::ControlOp),
 }
 
 impl Op {
@@ -728,6 +734,7 @@ impl Op {
             Op::GroupNorm { groups: None, .. } => "InstanceNormalization".into(),
             Op::LpNorm { .. } => "LpNormalization".into(),
             Op::MeanVarianceNorm { .. } => "MeanVarianceNormalization".into(),
+            Op::Control(c) => c.name().into(),
         }
     }
 
@@ -737,6 +744,10 @@ impl Op {
     /// the quantization ops read half scales themselves; LayerNormalization's mean and inverse
     /// standard deviation stay f32 (`stash_type` 1).
     pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
+        // Control flow moves values of any type into its bodies, whose ops convert them.
+        if let Op::Control(c) = self {
+            return c.eval(cx, inputs);
+        }
         let low = inputs.iter().flatten().find_map(|t| match t.dtype() {
             DType::Low(l) => Some(l),
             _ => None,
@@ -919,6 +930,7 @@ impl Op {
             } => one(norm::group_norm(inputs, *groups, *eps, *per_group)),
             Op::LpNorm { axis, p } => one(norm::lp_norm(input(inputs, 0)?, *axis, *p)),
             Op::MeanVarianceNorm { axes } => one(norm::mean_variance_norm(input(inputs, 0)?, axes)),
+            Op::Control(c) => c.eval(cx, inputs),
         }
     }
 }

@@ -1,0 +1,258 @@
+//! Subgraphs: the bodies of If, Loop and Scan, each imported into a plan of its own that the
+//! node runs (`ops::control`). A body may read values of the graphs enclosing it by name; each
+//! such name becomes an input of the body after its declared ones, and an input of the node
+//! after its own (`import_nodes` appends them), so that the outer plan orders the node after
+//! those values and keeps them alive until it has run.
+
+use super::{Context, Scope, import_nodes, initializers};
+use crate::error::ImportError;
+use crate::graph::{Graph, GraphInput};
+use crate::ops::Op;
+use crate::ops::attrs::Attrs;
+use crate::ops::control::{Body, ControlOp, ScanAttrs, Subgraph};
+use crate::proto::{GraphProto, NodeProto};
+use crate::tensor::DType;
+use std::sync::Arc;
+
+/// Most subgraphs that may enclose one another (a Loop in an If in a Loop ...).
+pub const MAX_DEPTH: usize = 16;
+
+/// Parses If, Loop and Scan (`None` for any other operator): the op, and the outer names its
+/// bodies read, which the node must read as inputs after its own.
+pub(crate) fn control(
+    np: &NodeProto,
+    a: &Attrs,
+    scope: &Scope<'_>,
+    cx: &Context<'_>,
+    n_inputs: usize,
+) -> Option<Result<(Op, Vec<String>), String>> {
+    if !matches!(np.op_type.as_str(), "If" | "Loop" | "Scan") {
+        return None;
+    }
+    Some(parse(np, a, scope, cx, n_inputs))
+}
+
+fn parse(
+    np: &NodeProto,
+    a: &Attrs,
+    scope: &Scope<'_>,
+    cx: &Context<'_>,
+    n_inputs: usize,
+) -> Result<(Op, Vec<String>), String> {
+    if cx.depth >= MAX_DEPTH {
+        return Err(format!(
+            "subgraphs nest more than {MAX_DEPTH} deep, the most the executor imports"
+        ));
+    }
+    let n_out = np.output.len();
+    // The outer names every body of this node reads, each once: node inputs `n_inputs..`.
+    let mut implicit: Vec<String> = Vec::new();
+    let mut body = |attr: &str, formal: usize, outputs: usize| -> Result<Subgraph, String> {
+        let gp = a
+            .graph(attr)?
+            .ok_or_else(|| format!("the graph attribute {attr:?} is missing"))?;
+        let (g, names, dtypes) = import_body(gp, scope, cx).map_err(|e| format!("{attr}: {e}"))?;
+        let declared = g.inputs.len() - names.len();
+        if declared != formal {
+            return Err(format!(
+                "{attr} declares {declared} inputs where this node gives it {formal}"
+            ));
+        }
+        if g.outputs.len() != outputs {
+            return Err(format!(
+                "{attr} has {} outputs where this node needs {outputs}",
+                g.outputs.len()
+            ));
+        }
+        let feeds = names
+            .into_iter()
+            .map(|n| {
+                let k = implicit.iter().position(|m| *m == n).unwrap_or_else(|| {
+                    implicit.push(n);
+                    implicit.len() - 1
+                });
+                n_inputs + k
+            })
+            .collect();
+        let plan = crate::plan::Model::from_graph(g)
+            .map_err(|e| format!("{attr}: {e}"))?
+            .plan;
+        Ok(Subgraph(Arc::new(Body::new(plan, formal, feeds, dtypes))))
+    };
+    let op = match np.op_type.as_str() {
+        "If" => {
+            if n_inputs != 1 {
+                return Err(format!(
+                    "If reads one input (the condition), not {n_inputs}"
+                ));
+            }
+            let then_branch = body("then_branch", 0, n_out)?;
+            let else_branch = body("else_branch", 0, n_out)?;
+            ControlOp::If {
+                then_branch,
+                else_branch,
+            }
+        }
+        "Loop" => {
+            if n_inputs < 2 {
+                return Err("Loop reads a trip count and a condition (either may be empty)".into());
+            }
+            let carried = n_inputs - 2;
+            if n_out < carried {
+                return Err(format!(
+                    "Loop carries {carried} values but has only {n_out} outputs"
+                ));
+            }
+            ControlOp::Loop {
+                body: body("body", 2 + carried, 1 + n_out)?,
+            }
+        }
+        _ => {
+            let attrs = scan_attrs(a, cx.opset, n_inputs, n_out)?;
+            let formal = attrs.states + attrs.scans;
+            ControlOp::Scan {
+                body: body("body", formal, n_out)?,
+                attrs,
+            }
+        }
+    };
+    Ok((Op::Control(op), implicit))
+}
+
+fn scan_attrs(a: &Attrs, opset: i64, n_inputs: usize, n_out: usize) -> Result<ScanAttrs, String> {
+    let batched = opset < 9;
+    let scans = a
+        .int("num_scan_inputs")?
+        .ok_or("Scan needs the attribute \"num_scan_inputs\"")?;
+    let given = n_inputs - usize::from(batched && n_inputs > 0);
+    let scans = usize::try_from(scans)
+        .ok()
+        .filter(|&m| (1..=given).contains(&m))
+        .ok_or_else(|| {
+            format!("num_scan_inputs is {scans}, not within 1..={given} (the inputs given)")
+        })?;
+    let states = given - scans;
+    if n_out < states {
+        return Err(format!(
+            "Scan carries {states} states but has only {n_out} outputs"
+        ));
+    }
+    let outs = n_out - states;
+    let list = |name: &str, len: usize| -> Result<Vec<i64>, String> {
+        match a.ints(name)? {
+            None => Ok(vec![0; len]),
+            Some(v) if v.len() == len => Ok(v),
+            Some(v) => Err(format!("{name} has {} entries, not {len}", v.len())),
+        }
+    };
+    let flags = |name: &str, len: usize| -> Result<Vec<bool>, String> {
+        list(name, len)?
+            .into_iter()
+            .map(|d| match d {
+                0 => Ok(false),
+                1 => Ok(true),
+                d => Err(format!("{name} holds {d}; a direction is 0 or 1")),
+            })
+            .collect()
+    };
+    let input_reverse = if batched {
+        flags("directions", scans)?
+    } else {
+        flags("scan_input_directions", scans)?
+    };
+    let (input_axes, output_axes) = if batched {
+        (vec![0; scans], vec![0; outs])
+    } else {
+        (
+            list("scan_input_axes", scans)?,
+            list("scan_output_axes", outs)?,
+        )
+    };
+    let output_reverse = if batched {
+        vec![false; outs]
+    } else {
+        flags("scan_output_directions", outs)?
+    };
+    Ok(ScanAttrs {
+        states,
+        scans,
+        input_axes,
+        input_reverse,
+        output_axes,
+        output_reverse,
+        batched,
+    })
+}
+
+/// Imports one body under the names of `outer`: the graph (its declared inputs, then one input
+/// per outer name it reads), those outer names, and the element types its outputs declare.
+fn import_body(
+    gp: &GraphProto,
+    outer: &Scope<'_>,
+    cx: &Context<'_>,
+) -> Result<(Graph, Vec<String>, Vec<Option<DType>>), ImportError> {
+    let chain = outer.chain();
+    let mut scope = Scope::new(&chain);
+    let cx = Context {
+        opset: cx.opset,
+        base_dir: cx.base_dir,
+        depth: cx.depth + 1,
+    };
+    let mut g = Graph {
+        opset: cx.opset,
+        ..Default::default()
+    };
+    initializers(gp, &mut g, &mut scope, &cx)?;
+    let elem = |vi: &crate::proto::ValueInfoProto| {
+        vi.r#type
+            .as_ref()
+            .and_then(|t| t.tensor_type.as_ref())
+            .map(|t| t.elem_type)
+            .filter(|&c| c != 0)
+    };
+    for vi in &gp.input {
+        // Bodies often leave their inputs' types to inference; nothing checks them at run time.
+        let dtype = match elem(vi) {
+            None => DType::F32,
+            Some(code) => DType::from_onnx(code).ok_or_else(|| {
+                ImportError::Graph(format!(
+                    "body input {:?} has unsupported element type {code}",
+                    vi.name
+                ))
+            })?,
+        };
+        let v = g.add_value(&vi.name);
+        if scope.ids.insert(vi.name.clone(), v).is_some() {
+            return Err(ImportError::Graph(format!(
+                "body input {:?} is defined twice",
+                vi.name
+            )));
+        }
+        g.inputs.push(GraphInput {
+            value: v,
+            name: vi.name.clone(),
+            dtype,
+            dims: None,
+        });
+    }
+    import_nodes(gp, &mut g, &mut scope, &cx)?;
+    let mut dtypes = Vec::with_capacity(gp.output.len());
+    for vi in &gp.output {
+        let v = scope.resolve(&mut g, &vi.name).ok_or_else(|| {
+            ImportError::Graph(format!("body output {:?} is never produced", vi.name))
+        })?;
+        g.outputs.push(v);
+        dtypes.push(elem(vi).and_then(DType::from_onnx));
+    }
+    let mut names = Vec::with_capacity(scope.implicit.len());
+    for (name, v) in scope.implicit {
+        g.inputs.push(GraphInput {
+            value: v,
+            name: name.clone(),
+            dtype: DType::F32,
+            dims: None,
+        });
+        names.push(name);
+    }
+    Ok((g, names, dtypes))
+}
