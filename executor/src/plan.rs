@@ -174,8 +174,14 @@ impl Plan {
             .collect()
     }
 
-    /// Holds every later run of this plan to `budget` (see `memory`).
+    /// Holds every later run of this plan, and of the bodies of its control-flow steps, to
+    /// `budget` (see `memory`).
     pub fn set_memory_budget(&mut self, budget: Arc<MemoryBudget>) {
+        for s in &self.steps {
+            if let Op::Control(c) = &s.op {
+                c.set_memory_budget(&budget);
+            }
+        }
         self.budget = Some(budget);
     }
 

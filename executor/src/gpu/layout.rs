@@ -352,6 +352,15 @@ pub fn build(plan: &Plan, input_shapes: &[Vec<usize>]) -> Result<Layout, LayoutE
                     }
                     StepKind::Device
                 }
+                Err(Decline(_)) if matches!(step.op, Op::Control(_)) => {
+                    // A fallback's outputs are sized by a run on zeros; the branch taken, the
+                    // trip count and so the outputs' shapes of control flow depend on the data.
+                    return Err(err(format!(
+                        "{} has no GPU path: its outputs' shapes depend on the values it \
+                         reads; the CPU backend runs this model",
+                        step.op.name()
+                    )));
+                }
                 Err(Decline(why)) => {
                     // Outputs' shapes from the host op on zeros of the inputs' shapes.
                     let zeros: Vec<Option<Tensor>> = ins

@@ -6,13 +6,16 @@
 //! Every run is bounded: a Loop or Scan runs at most [`MAX_ITERATIONS`] iterations, the
 //! outputs it stacks hold at most [`MAX_ELEMENTS`] elements, every body step is sized
 //! (`ops::size`) before it runs, and bodies nest at most `import::subgraph::MAX_DEPTH` deep.
+//! Under a memory budget (`Plan::set_memory_budget` hands it to the bodies), a body's values
+//! and a loop's stacked outputs are held against it as the outer plan's values are.
 
 use super::{Cx, input, opt_input};
-use crate::error::{OpError, OpResult};
+use crate::error::{OpError, OpResult, RunError};
+use crate::memory::{Ledger, MemoryBudget};
 use crate::plan::{Plan, Src, Step};
 use crate::tensor::{DType, Data, MAX_ELEMENTS, Tensor, norm_axis};
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Most iterations one Loop or Scan node runs in one evaluation.
 pub const MAX_ITERATIONS: usize = 1 << 20;
@@ -27,6 +30,8 @@ pub struct Body {
     /// The element type each output declares, where it does (the type of an empty stack).
     pub output_dtypes: Vec<Option<DType>>,
     values: usize,
+    /// The outer plan's memory budget, once it has one.
+    budget: Mutex<Option<Arc<MemoryBudget>>>,
 }
 
 impl Body {
@@ -49,7 +54,25 @@ impl Body {
             implicit,
             output_dtypes,
             values,
+            budget: Mutex::new(None),
         }
+    }
+
+    /// Holds this body's runs, and those of the bodies inside it, to `budget`.
+    pub fn set_memory_budget(&self, budget: &Arc<MemoryBudget>) {
+        *self.budget.lock().unwrap_or_else(|e| e.into_inner()) = Some(budget.clone());
+        for s in &self.plan.steps {
+            if let super::Op::Control(c) = &s.op {
+                c.set_memory_budget(budget);
+            }
+        }
+    }
+
+    fn budget(&self) -> Option<Arc<MemoryBudget>> {
+        self.budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn outputs(&self) -> usize {
@@ -71,8 +94,15 @@ impl Body {
                 formal.len()
             )));
         }
+        let budget = self.budget();
+        let mut ledger = Ledger::new(budget.as_deref());
         let mut values: Vec<Option<Cow<'t, Tensor>>> = vec![None; self.values];
         for (decl, t) in self.plan.inputs.iter().zip(formal) {
+            if let Cow::Owned(t) = &t {
+                ledger
+                    .take(t.bytes(), &decl.name, "body input")
+                    .map_err(over_budget)?;
+            }
             values[decl.value] = Some(t);
         }
         for (decl, &k) in self.plan.inputs[self.formal..].iter().zip(&self.implicit) {
@@ -97,17 +127,30 @@ impl Body {
                         ),
                     });
                 }
-                // Refuses what would exceed the executor's limits before allocating it.
-                super::size::allocation(&s.op, &refs).map_err(|e| in_step(s, e))?;
-                s.op.eval(cx, &refs).map_err(|e| in_step(s, e))?
+                // What the step will allocate, refused past the executor's limits or the
+                // budget before it is.
+                let op = s.op.name();
+                let reserve = super::size::allocation(&s.op, &refs)
+                    .map_err(|e| in_step(s, e))?
+                    .unwrap_or(0);
+                ledger.take(reserve, &s.node, &op).map_err(over_budget)?;
+                let outs = s.op.eval(cx, &refs).map_err(|e| in_step(s, e));
+                ledger.give(reserve);
+                outs?
             };
+            let made = outs.iter().take(s.outputs.len()).map(Tensor::bytes).sum();
+            ledger
+                .take(made, &s.node, &s.op.name())
+                .map_err(over_budget)?;
             for (k, t) in outs.into_iter().enumerate() {
                 if let Some(&o) = s.outputs.get(k) {
                     values[o] = Some(Cow::Owned(t));
                 }
             }
             for &f in &s.frees {
-                values[f] = None;
+                if let Some(Cow::Owned(t)) = values[f].take() {
+                    ledger.give(t.bytes());
+                }
             }
         }
         let outs = &self.plan.outputs;
@@ -130,6 +173,14 @@ impl Body {
             });
         }
         Ok(result)
+    }
+}
+
+/// A body's run past its plan's memory budget, as an op error.
+fn over_budget(e: RunError) -> OpError {
+    match e {
+        RunError::Node { source, .. } => source,
+        e => OpError::Device(e.to_string()),
     }
 }
 
@@ -206,6 +257,22 @@ impl ControlOp {
         }
     }
 
+    /// Holds the runs of this node's bodies to `budget`.
+    pub fn set_memory_budget(&self, budget: &Arc<MemoryBudget>) {
+        match self {
+            ControlOp::If {
+                then_branch,
+                else_branch,
+            } => {
+                then_branch.0.set_memory_budget(budget);
+                else_branch.0.set_memory_budget(budget);
+            }
+            ControlOp::Loop { body } | ControlOp::Scan { body, .. } => {
+                body.0.set_memory_budget(budget)
+            }
+        }
+    }
+
     pub fn eval(&self, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
         match self {
             ControlOp::If {
@@ -249,25 +316,20 @@ fn run_loop(body: &Body, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Te
         }
         None => None,
     };
-    let cond_given = opt_input(inputs, 1);
-    let mut cond = match cond_given {
+    // As in onnxruntime, the body's condition output is read whether or not the node has a
+    // condition input.
+    let mut cond = match opt_input(inputs, 1) {
         Some(t) => truth(t, "the condition")?,
         None => true,
     };
-    if cond_given.is_none()
-        && let Some(m) = trip
-        && m > MAX_ITERATIONS as i64
-    {
-        return Err(OpError::Unsupported(format!(
-            "a trip count of {m} is more than the {MAX_ITERATIONS} iterations a Loop may run"
-        )));
-    }
     let mut carried: Vec<Cow<Tensor>> = (0..carried_n)
         .map(|k| input(inputs, 2 + k).map(Cow::Borrowed))
         .collect::<OpResult<_>>()?;
     let scans_n = body.outputs().saturating_sub(1 + carried_n);
     let mut scans: Vec<Vec<Tensor>> = vec![Vec::new(); scans_n];
     let mut stacked = 0usize;
+    let budget = body.budget();
+    let mut held = Ledger::new(budget.as_deref());
     let mut i: i64 = 0;
     while cond && trip.is_none_or(|m| i < m) {
         if i as usize >= MAX_ITERATIONS {
@@ -291,6 +353,8 @@ fn run_loop(body: &Body, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Te
             if stacked > MAX_ELEMENTS {
                 return Err(OpError::TooLarge(stacked));
             }
+            held.take(t.bytes(), "Loop", "scan output")
+                .map_err(over_budget)?;
             if let Some(s) = scans.get_mut(k) {
                 s.push(t);
             }
@@ -439,6 +503,8 @@ fn scan_once<'t>(
     let outs_n = body.outputs().saturating_sub(a.states);
     let mut parts: Vec<Vec<Tensor>> = vec![Vec::with_capacity(len); outs_n];
     let mut stacked = 0usize;
+    let budget = body.budget();
+    let mut held = Ledger::new(budget.as_deref());
     for step in 0..len {
         let mut formal = std::mem::take(&mut states);
         for (j, t) in scanned.iter().enumerate() {
@@ -456,6 +522,8 @@ fn scan_once<'t>(
             if stacked > MAX_ELEMENTS {
                 return Err(OpError::TooLarge(stacked));
             }
+            held.take(t.bytes(), "Scan", "scan output")
+                .map_err(over_budget)?;
             parts[k].push(t);
         }
     }

@@ -1,4 +1,6 @@
 //! Constant folding: a node whose inputs are all constants is evaluated once at build time.
+//! Control flow (If, Loop, Scan) is not: what its bodies allocate and how long a loop runs are
+//! not known before it runs, and only a run is held to the tenant's memory budget.
 
 use crate::graph::Graph;
 use crate::ops::{Cx, Op};
@@ -14,7 +16,7 @@ pub fn fold_constants(g: &mut Graph) {
     let cx = Cx::new(1);
     let nodes = std::mem::take(&mut g.nodes);
     for node in nodes {
-        let foldable = !matches!(node.op, Op::Dropout)
+        let foldable = !matches!(node.op, Op::Dropout | Op::Control(_))
             && node
                 .inputs
                 .iter()
