@@ -361,6 +361,30 @@ fn scan_runs_its_body_over_the_sequence_axis() {
     assert_eq!(out[1].as_f32().unwrap(), &[3.0, 5.0, 6.0, 30.0, 50.0, 60.0]);
 }
 
+/// Found by `fuzz.rs`: a scanned input without the axis to scan along.
+#[test]
+fn a_scan_over_a_scalar_is_an_error() {
+    let b = body(
+        vec![node("Identity", &["xi"], &["o"], vec![])],
+        &[("xi", 1)],
+        &["o"],
+    );
+    let bytes = model(
+        vec![node(
+            "Scan",
+            &["x"],
+            &["y"],
+            vec![graph_attr("body", b), int_attr("num_scan_inputs", 1)],
+        )],
+        vec![],
+        vec![value_info("x", 1, &[])],
+        &["y"],
+    );
+    let m = Model::from_bytes(&bytes).unwrap();
+    let e = run(&m, vec![("x", Tensor::scalar_f32(1.0))]).unwrap_err();
+    assert!(e.contains("no axis to scan along"), "{e}");
+}
+
 /// An If whose then branch is an If whose then branch ... `depth` deep; every else branch
 /// negates `x` directly.
 fn nested(depth: usize) -> Vec<u8> {

@@ -1,6 +1,7 @@
 //! Structural fuzzing of the importer, the passes and planning: zoo models with mutated
 //! attributes, dimensions, element types, initializers, wiring and opsets, and one-node graphs
-//! of every supported operator with hostile attributes and inputs. Each must import, plan and
+//! of every supported operator with hostile attributes and inputs, and If, Loop and Scan nodes
+//! with fuzzed bodies. Each must import, plan and
 //! run under a memory budget — on the CPU and on the simulated GPU (lowering, memory plan,
 //! kernels) — or fail with an error; none may panic or allocate past the budget.
 //! Crashes this found are kept as named regression tests in `hostile_models.rs`.
@@ -566,6 +567,174 @@ fn one_node(op: &str, x: u64, extra: &[u64], attrs: Vec<AttributeProto>, opset: 
     }
 }
 
+/// Scan's attributes (the first an INT, the others INTS).
+const CONTROL_ATTRS: &[&str] = &[
+    "num_scan_inputs",
+    "scan_input_axes",
+    "scan_input_directions",
+    "scan_output_axes",
+    "scan_output_directions",
+];
+
+/// Ops a fuzzed body chains: each reads the previous value (the first reads the body's first
+/// input, or the outer `x` when it has none); Add also reads the outer `x`.
+const BODY_OPS: &[&str] = &["Concat", "Neg", "Add", "Identity", "ReduceSum", "Cast"];
+
+/// A graph attribute.
+fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: 5,
+        g: Some(Box::new(g)),
+        ..Default::default()
+    }
+}
+
+/// A body of `formal` inputs chaining `ops` (see `BODY_OPS`) into `outputs` outputs, with an If
+/// of the same body inside it `nest` levels deep.
+fn fuzz_body(ops: &[usize], formal: usize, outputs: usize, nest: usize) -> GraphProto {
+    let input: Vec<ValueInfoProto> = (0..formal)
+        .map(|i| value_info(&format!("b{i}"), [7, 9, 1][i.min(2)], &[]))
+        .collect();
+    let mut last = if formal > 0 {
+        "b0".to_string()
+    } else {
+        "x".to_string()
+    };
+    let mut node = Vec::new();
+    for (k, &op) in ops.iter().enumerate() {
+        let op = BODY_OPS[op % BODY_OPS.len()];
+        let out = format!("v{k}");
+        let (inputs, attribute) = match op {
+            "Concat" => (vec![last.clone(), last.clone()], vec![int_attr("axis", 0)]),
+            "Add" => (vec![last.clone(), "x".into()], vec![]),
+            "Cast" => (vec![last.clone()], vec![int_attr("to", 9)]),
+            _ => (vec![last.clone()], vec![]),
+        };
+        node.push(NodeProto {
+            input: inputs,
+            output: vec![out.clone()],
+            name: out.clone(),
+            op_type: op.into(),
+            attribute,
+            ..Default::default()
+        });
+        last = out;
+    }
+    if nest > 0 {
+        let inner = fuzz_body(ops, 0, 1, nest - 1);
+        node.push(NodeProto {
+            input: vec![last.clone()],
+            output: vec!["nested".into()],
+            name: "nested".into(),
+            op_type: "If".into(),
+            attribute: vec![
+                graph_attr("then_branch", inner.clone()),
+                graph_attr("else_branch", inner),
+            ],
+            ..Default::default()
+        });
+        last = "nested".into();
+    }
+    GraphProto {
+        node,
+        input,
+        output: (0..outputs).map(|_| value_info(&last, 1, &[])).collect(),
+        ..Default::default()
+    }
+}
+
+/// A one-node If, Loop or Scan over the input `x` (see `graph_input`), with a fuzzed body.
+#[allow(clippy::too_many_arguments)]
+fn control_flow(
+    kind: usize,
+    x: u64,
+    ops: &[usize],
+    trip: u64,
+    formal: usize,
+    outputs: usize,
+    nest: usize,
+    attrs: Vec<AttributeProto>,
+) -> ModelProto {
+    let body = fuzz_body(ops, formal, outputs, nest);
+    let (op, inputs, mut attribute) = match kind % 3 {
+        0 => (
+            "If",
+            vec!["c".to_string()],
+            vec![
+                graph_attr("then_branch", body.clone()),
+                graph_attr("else_branch", body),
+            ],
+        ),
+        1 => (
+            "Loop",
+            ["m", "c"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain((2..formal).map(|_| "x".into()))
+                .collect(),
+            vec![graph_attr("body", body)],
+        ),
+        _ => (
+            "Scan",
+            vec!["x".to_string(); formal],
+            vec![graph_attr("body", body)],
+        ),
+    };
+    attribute.extend(attrs);
+    attribute.push(int_attr(
+        "num_scan_inputs",
+        1 + (trip % formal.max(1) as u64) as i64,
+    ));
+    // A Loop's body also computes the condition.
+    let node_outputs = if op == "Loop" {
+        outputs.saturating_sub(1)
+    } else {
+        outputs
+    };
+    // Half the time a well-formed trip count and condition, else any operand.
+    let initializer = if trip.is_multiple_of(2) {
+        vec![
+            TensorProto {
+                name: "m".into(),
+                data_type: 7,
+                int64_data: vec![edge(trip >> 1)],
+                ..Default::default()
+            },
+            TensorProto {
+                name: "c".into(),
+                data_type: 9,
+                int32_data: vec![((trip >> 8) & 1) as i32],
+                ..Default::default()
+            },
+        ]
+    } else {
+        vec![operand("m", trip >> 1), operand("c", trip >> 32)]
+    };
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(GraphProto {
+            node: vec![NodeProto {
+                input: inputs,
+                output: (0..node_outputs).map(|i| format!("y{i}")).collect(),
+                name: "n".into(),
+                op_type: op.into(),
+                attribute,
+                ..Default::default()
+            }],
+            initializer,
+            input: vec![graph_input(x)],
+            output: vec![value_info("y0", 1, &[])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 proptest! {
     // No persistence file: every crash found is kept by hand, named, in `hostile_models.rs`.
     #![proptest_config(ProptestConfig {
@@ -608,6 +777,31 @@ proptest! {
             })
             .collect();
         let m = one_node(SUPPORTED_OPS[op], x, &extra, attrs, OPSETS[opset]);
+        import_plan_run(&m.encode_to_vec());
+    }
+
+    #[test]
+    fn hostile_control_flow_never_panics(
+        kind in 0usize..3,
+        x in any::<u64>(),
+        ops in proptest::collection::vec(0usize..BODY_OPS.len(), 0..5),
+        trip in any::<u64>(),
+        formal in 0usize..5,
+        outputs in 0usize..4,
+        nest in 0usize..3,
+        attrs in proptest::collection::vec((0usize..CONTROL_ATTRS.len(), any::<u64>()), 0..3),
+    ) {
+        let attrs = attrs
+            .into_iter()
+            .map(|(k, b)| {
+                let len = (b >> 8) as usize % 4;
+                match k {
+                    0 => int_attr(CONTROL_ATTRS[k], edge(b)),
+                    _ => ints_attr(CONTROL_ATTRS[k], &(0..len).map(|i| edge(b >> (12 + 5 * i))).collect::<Vec<_>>()),
+                }
+            })
+            .collect();
+        let m = control_flow(kind, x, &ops, trip, formal, outputs, nest, attrs);
         import_plan_run(&m.encode_to_vec());
     }
 

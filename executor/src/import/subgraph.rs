@@ -51,7 +51,11 @@ fn parse(
         let gp = a
             .graph(attr)?
             .ok_or_else(|| format!("the graph attribute {attr:?} is missing"))?;
-        let (g, names, dtypes) = import_body(gp, scope, cx).map_err(|e| format!("{attr}: {e}"))?;
+        let Imported {
+            graph: g,
+            outer: names,
+            output_dtypes: dtypes,
+        } = import_body(gp, scope, cx).map_err(|e| format!("{attr}: {e}"))?;
         let declared = g.inputs.len() - names.len();
         if declared != formal {
             return Err(format!(
@@ -184,13 +188,22 @@ fn scan_attrs(a: &Attrs, opset: i64, n_inputs: usize, n_out: usize) -> Result<Sc
     })
 }
 
-/// Imports one body under the names of `outer`: the graph (its declared inputs, then one input
-/// per outer name it reads), those outer names, and the element types its outputs declare.
+/// One imported body.
+struct Imported {
+    /// Its inputs: the declared ones, then one per outer name it reads.
+    graph: Graph,
+    /// The outer names it reads.
+    outer: Vec<String>,
+    /// The element types its outputs declare.
+    output_dtypes: Vec<Option<DType>>,
+}
+
+/// Imports one body under the names of `outer`.
 fn import_body(
     gp: &GraphProto,
     outer: &Scope<'_>,
     cx: &Context<'_>,
-) -> Result<(Graph, Vec<String>, Vec<Option<DType>>), ImportError> {
+) -> Result<Imported, ImportError> {
     let chain = outer.chain();
     let mut scope = Scope::new(&chain);
     let cx = Context {
@@ -254,5 +267,9 @@ fn import_body(
         });
         names.push(name);
     }
-    Ok((g, names, dtypes))
+    Ok(Imported {
+        graph: g,
+        outer: names,
+        output_dtypes: dtypes,
+    })
 }

@@ -484,7 +484,9 @@ fn scan_once<'t>(
     let mut len = None;
     for (j, t) in scanned.iter().enumerate() {
         let axis = norm_axis(a.input_axes.get(j).copied().unwrap_or(0), t.rank())?;
-        let n = t.shape[axis];
+        let n = *t.shape.get(axis).ok_or_else(|| {
+            OpError::Shape(format!("a scalar (input {j}) has no axis to scan along"))
+        })?;
         if len.is_some_and(|l| l != n) {
             return Err(OpError::Shape(format!(
                 "scanned inputs have sequences of {} and {n}",
