@@ -307,7 +307,10 @@ fn truth(t: &Tensor, what: &str) -> OpResult<bool> {
 fn run_loop(body: &Body, cx: &Cx, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
     let carried_n = body.formal.saturating_sub(2);
     let trip = match opt_input(inputs, 0) {
-        Some(t) if t.len() == 1 => Some(t.to_f64_vec()[0] as i64),
+        Some(t) if t.len() == 1 => Some(match &t.data {
+            Data::I64(v) => v[0],
+            _ => t.to_f64_vec()[0] as i64,
+        }),
         Some(t) => {
             return Err(OpError::Shape(format!(
                 "the trip count must have one element, has shape {:?}",
