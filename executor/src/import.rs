@@ -1,6 +1,7 @@
 //! ONNX import: protobuf bytes → [`Graph`]. Decodes initializers (typed fields, raw data,
 //! external data files next to the model), checks the graph is consistent and parses every node
-//! into a typed [`Op`], naming node, op and opset in every error.
+//! into a typed [`Op`], naming node, op and opset in every error. The bodies of If, Loop and
+//! Scan are imported the same way, under the names of the graphs enclosing them (`subgraph`).
 
 use crate::error::ImportError;
 use crate::graph::{Dim, Graph, GraphInput, Node};

@@ -12,6 +12,7 @@ use crate::ops::attrs::Attrs;
 use crate::ops::control::{Body, ControlOp, ScanAttrs, Subgraph};
 use crate::proto::{GraphProto, NodeProto};
 use crate::tensor::DType;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Most subgraphs that may enclose one another (a Loop in an If in a Loop ...).
@@ -47,6 +48,7 @@ fn parse(
     let n_out = np.output.len();
     // The outer names every body of this node reads, each once: node inputs `n_inputs..`.
     let mut implicit: Vec<String> = Vec::new();
+    let mut position: HashMap<String, usize> = HashMap::new();
     let mut body = |attr: &str, formal: usize, outputs: usize| -> Result<Subgraph, String> {
         let gp = a
             .graph(attr)?
@@ -71,7 +73,7 @@ fn parse(
         let feeds = names
             .into_iter()
             .map(|n| {
-                let k = implicit.iter().position(|m| *m == n).unwrap_or_else(|| {
+                let k = *position.entry(n.clone()).or_insert_with(|| {
                     implicit.push(n);
                     implicit.len() - 1
                 });
