@@ -1,7 +1,8 @@
 //! If, Loop and Scan on hand-built models: branches and bodies that read outer values, nested
 //! bodies, and the hostile cases (mismatched branches, runaway loops, growing loop-carried
 //! values, nesting past the limit, the GPU backend). The ONNX node tests cover the operators'
-//! semantics (`conformance.rs`); `silero_vad_matches_onnxruntime` runs a real model with If.
+//! semantics (`conformance.rs`); Silero VAD, a real model with If, is among the third-party
+//! models (`tests/third_party`).
 
 mod common;
 
@@ -12,10 +13,8 @@ use cotenant_executor::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
     attribute_type,
 };
-use cotenant_executor::{CpuBackend, Data, Device, Model, Tensor, npy};
+use cotenant_executor::{CpuBackend, Data, Device, Model, Tensor};
 use prost::Message;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 fn node(op: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
@@ -439,101 +438,4 @@ fn the_gpu_backend_refuses_control_flow_it_cannot_size() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains("If") && e.contains("no GPU path"), "{e}");
-}
-
-fn silero_dir() -> PathBuf {
-    match std::env::var_os("COTENANT_SILERO_VAD") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => panic!("COTENANT_SILERO_VAD is not set (the silero_vad/data folder of its wheel)"),
-    }
-}
-
-/// Every Silero VAD export of the wheel, on three chunks of noise with the state carried from
-/// one to the next, at 16 kHz (and 8 kHz where the model takes `sr`), against onnxruntime.
-#[test]
-#[ignore = "needs COTENANT_SILERO_VAD and COTENANT_PYTHON"]
-fn silero_vad_matches_onnxruntime() {
-    let dir = silero_dir();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/ort_run.py");
-    let tmp = std::env::temp_dir().join(format!("cotenant-silero-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let mut checked = 0;
-    for file in [
-        "silero_vad.onnx",
-        "silero_vad_op18_ifless.onnx",
-        "silero_vad_16k_op15.onnx",
-        "silero_vad_half.onnx",
-    ] {
-        let path = dir.join(file);
-        let m = Model::load(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let takes_sr = m.input_dtype("sr").is_some();
-        let rates: &[i64] = if takes_sr && file != "silero_vad_16k_op15.onnx" {
-            &[16000, 8000]
-        } else {
-            &[16000]
-        };
-        for &sr in rates {
-            let chunk = if sr == 16000 { 512 } else { 256 };
-            let mut seed = 7u64;
-            let mut state = Tensor::f32(vec![2, 1, 128], vec![0.0; 256]).unwrap();
-            for round in 0..3 {
-                let audio: Vec<f32> = (0..chunk)
-                    .map(|_| {
-                        seed = seed
-                            .wrapping_mul(6364136223846793005)
-                            .wrapping_add(1442695040888963407);
-                        ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.6
-                    })
-                    .collect();
-                let mut inputs = vec![
-                    (
-                        "input".to_string(),
-                        Tensor::f32(vec![1, chunk], audio).unwrap(),
-                    ),
-                    ("state".to_string(), state.clone()),
-                ];
-                if takes_sr {
-                    inputs.push(("sr".to_string(), Tensor::i64(vec![], vec![sr]).unwrap()));
-                }
-                let mut args = vec![];
-                for (name, t) in &inputs {
-                    let p = tmp.join(format!("{name}.npy"));
-                    npy::write(&p, t).unwrap();
-                    args.push("--input".to_string());
-                    args.push(format!("{name}={}", p.display()));
-                }
-                let out_dir = tmp.join("ort");
-                let status = Command::new(common::python())
-                    .arg(&script)
-                    .arg("--model")
-                    .arg(&path)
-                    .args(&args)
-                    .arg("--output-dir")
-                    .arg(&out_dir)
-                    .status()
-                    .unwrap();
-                assert!(status.success(), "{file}: onnxruntime failed");
-                let ours = m.plan.run(&CpuBackend::new(2), inputs).unwrap();
-                for (name, t) in &ours {
-                    let want = npy::read(&out_dir.join(format!("{name}.npy"))).unwrap();
-                    assert_eq!(t.shape, want.shape, "{file} sr={sr} round {round}: {name}");
-                    let (a, b) = (t.to_f64_vec(), want.to_f64_vec());
-                    let worst = a
-                        .iter()
-                        .zip(&b)
-                        .map(|(x, y)| (x - y).abs())
-                        .fold(0.0, f64::max);
-                    eprintln!("{file} sr={sr} round {round}: {name} max |diff| {worst:.2e}");
-                    assert!(
-                        worst < 1e-4,
-                        "{file} sr={sr} round {round}: {name} differs by {worst}"
-                    );
-                }
-                state = ours.into_iter().find(|(n, _)| n == "stateN").unwrap().1;
-                checked += 1;
-            }
-        }
-    }
-    assert!(checked >= 12);
-    std::fs::remove_dir_all(&tmp).ok();
 }
