@@ -20,7 +20,7 @@ pub const PROFILE_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Instances at the joint point: DNNScaler's Joint approach keeps this many instances and moves
 /// the batch size. Two, the fewest that show whether instances add to batching, at the least
-/// memory (each instance holds the model's weights).
+/// memory (the instances share the weights, but each holds a batch's activations).
 pub const JOINT_INSTANCES: u32 = 2;
 
 /// Measures the profile points (k = 4, within the bounds; see [`profile_points`]), each for

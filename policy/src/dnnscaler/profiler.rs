@@ -32,7 +32,7 @@ pub struct ApproachChoice {
 }
 
 /// How much more throughput than the best single-knob point a joint point must show to be
-/// chosen. A joint replica holds a copy of the weights per instance, so it costs more memory
+/// chosen. Each instance of a joint replica holds a batch's activations, so it costs more memory
 /// than the batching one; a gain within the profile's noise does not pay for that.
 pub const JOINT_MARGIN: f64 = 1.25;
 
