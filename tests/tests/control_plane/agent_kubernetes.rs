@@ -452,7 +452,8 @@ fn agent_serves_its_gpuagent_as_its_service_account() {
         .as_array()
         .map(Vec::len)
         .unwrap_or(0);
-    assert_eq!(points, 3, "{bert_report}");
+    // (1, 1), (k, 1), (1, k) and the joint point (k, 2).
+    assert_eq!(points, 4, "{bert_report}");
     assert_eq!(http_get(&addr, "/report").expect("no report here").0, 404);
 
     // Knobs change live.
