@@ -24,9 +24,10 @@ pub struct TenantRecall {
     replicas: u32,
     /// Weight bytes an agent reported, known before any profile.
     pub weight_bytes: Option<u64>,
-    /// The knobs and replica count decided last, and when they last changed (operator seconds;
-    /// `None` until they first change under this operator).
-    configured: Option<(Knobs, u32)>,
+    /// The knobs decided last, the replicas serving and the replica count decided, and when
+    /// one of them last changed (operator seconds; `None` until then under this operator). A
+    /// replica that moves is added before the old one goes, so the serving count moves too.
+    configured: Option<(Knobs, u32, u32)>,
     configured_at_s: Option<f64>,
 }
 
@@ -163,8 +164,9 @@ pub struct TenantDecision {
     /// Why the model cannot run, as its agent reported.
     pub failure: Option<String>,
     pub aggregate: Aggregate,
-    /// Seconds the replicas have served at the current knobs and replica count: what the
-    /// aggregate measures is this configuration's once that is long enough.
+    /// Seconds the replicas have served at the current knobs and replica count (of those
+    /// serving and of those decided): what the aggregate measures is this configuration's once
+    /// that is long enough.
     pub configured_for_s: f64,
     pub events: Vec<EventToRecord>,
 }
@@ -355,8 +357,9 @@ pub fn decide(
         }
         None => (Knobs::ONE, 1, recall.weight_bytes.unwrap_or(0), 0.0),
     };
-    let was = recall.configured.replace((knobs, replicas));
-    if was.is_some_and(|w| w != (knobs, replicas)) {
+    let configuration = (knobs, aggregate.replicas, replicas);
+    let was = recall.configured.replace(configuration);
+    if was.is_some_and(|w| w != configuration) {
         recall.configured_at_s = Some(now_s);
     }
     let configured_for_s = recall
