@@ -189,6 +189,11 @@ impl Plan {
         self.budget.as_deref()
     }
 
+    /// How many values the plan's steps and inputs index: a run keeps one slot for each.
+    pub fn value_count(&self) -> usize {
+        self.n_values
+    }
+
     /// Peak bytes of live activations during one run at `batch`, under the plan's liveness
     /// (every value freed after its last reader). Value sizes are measured by runs on zeros at
     /// batch 1 and 2 (held to the plan's memory budget) and extrapolated to `batch`

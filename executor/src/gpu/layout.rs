@@ -208,13 +208,7 @@ fn refuse_half(plan: &Plan) -> Result<(), LayoutError> {
 /// Builds the layout of `plan` for inputs of these shapes (in `plan.inputs`' order).
 pub fn build(plan: &Plan, input_shapes: &[Vec<usize>]) -> Result<Layout, LayoutError> {
     refuse_half(plan)?;
-    let n_values = plan
-        .steps
-        .iter()
-        .flat_map(|s| s.outputs.iter().copied())
-        .chain(plan.inputs.iter().map(|i| i.value))
-        .max()
-        .map_or(0, |m| m + 1);
+    let n_values = plan.value_count();
     let mut meta: Vec<Meta> = vec![Meta::None; n_values];
     let mut sizes: Vec<u64> = vec![0; n_values];
     // Values sharing one region: an alias points at the value that owns its bytes.

@@ -29,7 +29,6 @@ pub struct Body {
     pub implicit: Vec<usize>,
     /// The element type each output declares, where it does (the type of an empty stack).
     pub output_dtypes: Vec<Option<DType>>,
-    values: usize,
     /// The outer plan's memory budget, once it has one.
     budget: Mutex<Option<Arc<MemoryBudget>>>,
 }
@@ -41,19 +40,11 @@ impl Body {
         implicit: Vec<usize>,
         output_dtypes: Vec<Option<DType>>,
     ) -> Body {
-        let values = plan
-            .steps
-            .iter()
-            .flat_map(|s| s.outputs.iter().copied())
-            .chain(plan.inputs.iter().map(|i| i.value))
-            .max()
-            .map_or(0, |m| m + 1);
         Body {
             plan,
             formal,
             implicit,
             output_dtypes,
-            values,
             budget: Mutex::new(None),
         }
     }
@@ -96,7 +87,7 @@ impl Body {
         }
         let budget = self.budget();
         let mut ledger = Ledger::new(budget.as_deref());
-        let mut values: Vec<Option<Cow<'t, Tensor>>> = vec![None; self.values];
+        let mut values: Vec<Option<Cow<'t, Tensor>>> = vec![None; self.plan.value_count()];
         for (decl, t) in self.plan.inputs.iter().zip(formal) {
             if let Cow::Owned(t) = &t {
                 ledger
