@@ -14,18 +14,24 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+mod buffer;
 mod subgraph;
+
+use buffer::ModelBuffer;
 
 /// Reads and imports a model file; external data is looked up next to it.
 pub fn load(path: impl AsRef<Path>) -> Result<Graph, ImportError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| ImportError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    // Decoding from `Bytes` lets every raw_data field point into this one buffer.
-    let model = ModelProto::decode(prost::bytes::Bytes::from(bytes))?;
-    import_model(&model, path.parent())
+    let buffer = std::fs::File::open(path)
+        .and_then(ModelBuffer::read)
+        .map_err(|source| ImportError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+    // Decoding from `Bytes` lets every raw_data field point into this one buffer, whose pages
+    // go back to the system as the initializers are decoded.
+    let model = ModelProto::decode(buffer.bytes())?;
+    import_graph(&model, path.parent(), Some(&buffer))
 }
 
 /// Imports a model from bytes; `base_dir` is where external data files live (none: refuse them).
@@ -35,6 +41,16 @@ pub fn import(bytes: &[u8], base_dir: Option<&Path>) -> Result<Graph, ImportErro
 }
 
 pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph, ImportError> {
+    import_graph(model, base_dir, None)
+}
+
+/// `import_model`; with `buffer`, the buffer `model` was decoded from, whose pages holding the
+/// main graph's initializers are released as each is decoded (`model` must not be read again).
+fn import_graph(
+    model: &ModelProto,
+    base_dir: Option<&Path>,
+    buffer: Option<&ModelBuffer>,
+) -> Result<Graph, ImportError> {
     let opset = model
         .opset_import
         .iter()
@@ -52,6 +68,7 @@ pub fn import_model(model: &ModelProto, base_dir: Option<&Path>) -> Result<Graph
         opset,
         base_dir,
         depth: 0,
+        buffer,
     };
     let mut scope = Scope::new(&[]);
     initializers(gp, &mut g, &mut scope, &cx)?;
@@ -101,6 +118,8 @@ pub(crate) struct Context<'a> {
     pub base_dir: Option<&'a Path>,
     /// How many subgraphs enclose the graph being imported (0: the main graph).
     pub depth: usize,
+    /// The buffer the model was decoded from, where its initializers' pages can be released.
+    pub buffer: Option<&'a ModelBuffer>,
 }
 
 /// The names one graph can read while it is imported: its own values, and those of the graphs
@@ -161,6 +180,10 @@ pub(crate) fn initializers(
         }
         g.constants
             .insert(v, Arc::new(decode_tensor(t, cx.base_dir)?));
+        // The main graph's initializers are decoded once, here: their raw bytes are done with.
+        if let (Some(buffer), 0) = (cx.buffer, cx.depth) {
+            buffer.release(&t.raw_data);
+        }
     }
     Ok(())
 }

@@ -212,6 +212,7 @@ fn import_body(
         opset: cx.opset,
         base_dir: cx.base_dir,
         depth: cx.depth + 1,
+        buffer: None,
     };
     let mut g = Graph {
         opset: cx.opset,
