@@ -22,36 +22,6 @@ use std::path::{Path, PathBuf};
 /// case), so that the list cannot go stale.
 const ALLOWED: &[(&str, &[&str])] = &[
     (
-        "3-D pooling and convolution are not implemented",
-        &[
-            "test_AvgPool3d",
-            "test_AvgPool3d_stride",
-            "test_AvgPool3d_stride1_pad0_gpu_input",
-            "test_Conv3d",
-            "test_Conv3d_dilated",
-            "test_Conv3d_dilated_strided",
-            "test_Conv3d_groups",
-            "test_Conv3d_no_bias",
-            "test_Conv3d_stride",
-            "test_Conv3d_stride_padding",
-            "test_MaxPool3d",
-            "test_MaxPool3d_stride",
-            "test_MaxPool3d_stride_padding",
-            "test_averagepool_3d_default",
-            "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_False",
-            "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_True",
-            "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_False",
-            "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True",
-            "test_averagepool_3d_dilations_small",
-            "test_convtranspose_3d",
-            "test_lppool_3d_default",
-            "test_maxpool_3d_default",
-            "test_maxpool_3d_dilations",
-            "test_maxpool_3d_dilations_use_ref_impl",
-            "test_maxpool_3d_dilations_use_ref_impl_large",
-        ],
-    ),
-    (
         "cubic Resize is not implemented",
         &[
             "test_resize_downsample_scales_cubic",
@@ -83,13 +53,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "test_resize_tf_crop_and_resize_axes_2_3",
             "test_resize_tf_crop_and_resize_axes_3_2",
             "test_resize_tf_crop_and_resize_extrapolation_value",
-        ],
-    ),
-    (
-        "MaxPool's Indices output / storage_order is not implemented",
-        &[
-            "test_maxpool_with_argmax_2d_precomputed_pads",
-            "test_maxpool_with_argmax_2d_precomputed_strides",
         ],
     ),
     (

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod attrs;
 pub mod control;
 pub mod conv;
+pub mod conv_nd;
 pub mod einsum;
 pub mod elementwise;
 pub mod grid;
@@ -15,12 +16,14 @@ pub mod matmul;
 pub mod nms;
 pub mod norm;
 pub mod pool;
+pub mod pool_nd;
 pub mod quant;
 pub mod reduce;
 pub mod resize;
 pub mod rnn;
 pub mod shape;
 pub mod size;
+pub mod window;
 
 use crate::error::{OpError, OpResult};
 use crate::tensor::{CastMode, DType, Data, E8M0Round, Tensor};
@@ -508,10 +511,11 @@ impl Op {
             "MaxPool" | "AveragePool" => Ok(Some(Op::Pool(pool::PoolAttrs::parse(
                 a,
                 op_type == "MaxPool",
+                n_outputs,
             )?))),
             "MaxUnpool" => Ok(Some(Op::MaxUnpool(pool::UnpoolAttrs::parse(a)?))),
             "LpPool" => Ok(Some(Op::LpPool {
-                pool: pool::PoolAttrs::parse(a, false)?,
+                pool: pool::PoolAttrs::parse(a, false, 1)?,
                 p: match a.int_or("p", 2)? {
                     p @ 1..=64 => p as u32,
                     p => return Err(format!("attribute \"p\" is {p}, not within 1..=64")),

@@ -14,7 +14,7 @@ use super::shape::{
 use super::{Op, input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::elementwise::broadcast_shape;
-use crate::tensor::{Tensor, checked_numel};
+use crate::tensor::{DType, Tensor, checked_numel};
 
 /// Bytes per element of the index vectors the gather-based ops build beside their output.
 const INDEX: usize = std::mem::size_of::<usize>();
@@ -69,6 +69,21 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             // The output and a broadcast copy of C.
             elements(&[m, n], 2 * 4)?
         }
+        // Past two spatial axes: the output and one group's im2col columns.
+        Op::Conv(c) if x()?.rank() > 4 => {
+            let g = super::conv_nd::conv_nd_geometry(c, &x()?.shape, &input(inputs, 1)?.shape)?;
+            plus(elements(&g.shape, 4)?, times(g.columns()?, 4)?)?
+        }
+        // Past two spatial axes: the output and one group's columns before they are summed.
+        Op::ConvTranspose(c) if x()?.rank() > 4 => {
+            let g = super::conv_nd::conv_transpose_nd_geometry(
+                c,
+                &x()?.shape,
+                &input(inputs, 1)?.shape,
+            )?;
+            let columns = elements(&[g.m / g.groups, g.window.taps(), g.window.positions()], 4)?;
+            plus(elements(&g.shape, 4)?, columns)?
+        }
         Op::Conv(c) => {
             let w = input(inputs, 1)?;
             let (p, out) = super::conv::conv_geometry(c, &x()?.shape, &w.shape)?;
@@ -100,6 +115,13 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             }
             total
         }
+        // The output, and past two spatial axes or with Indices, the f64 input, output and
+        // per-window state the window-by-window path keeps, and the indices.
+        Op::Pool(p) if p.indices || x()?.rank() > 4 || x()?.dtype() == DType::F64 => {
+            let (_, out) = super::pool_nd::pool_nd_geometry(p, &x()?.shape)?;
+            let window = 8 + 3 * INDEX + 8;
+            plus(elements(&out, dsize(x()?) + window)?, times(x()?.len(), 8)?)?
+        }
         Op::Pool(p) => {
             let (_, out) = super::pool::pool2d_geometry(p, &x()?.shape)?;
             elements(&out, 4)?
@@ -113,8 +135,9 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
         }
         // Computed in f64: the windows' results, and the output cast from them.
         Op::LpPool { pool, .. } => {
-            let (_, out) = super::pool::pool2d_geometry(pool, &x()?.shape)?;
-            plus(elements(&out, 8 + dsize(x()?))?, times(x()?.len(), 8)?)?
+            let (_, out) = super::pool_nd::pool_nd_geometry(pool, &x()?.shape)?;
+            let window = 8 + 3 * INDEX + 8;
+            plus(elements(&out, dsize(x()?) + window)?, times(x()?.len(), 8)?)?
         }
         // The resampled tensor and one intermediate of at most its size, plus the taps.
         Op::Resize(r) => {
