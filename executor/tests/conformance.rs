@@ -20,53 +20,10 @@ use std::path::{Path, PathBuf};
 /// case named exactly or by a prefix ending in `*`. The test fails when a case fails that no
 /// group names, and when a case a group names passes (or an entry names no failing in-scope
 /// case), so that the list cannot go stale.
-const ALLOWED: &[(&str, &[&str])] = &[
-    (
-        "cubic Resize is not implemented",
-        &[
-            "test_resize_downsample_scales_cubic",
-            "test_resize_downsample_scales_cubic_A_n0p5_exclude_outside",
-            "test_resize_downsample_scales_cubic_align_corners",
-            "test_resize_downsample_scales_cubic_antialias",
-            "test_resize_downsample_sizes_cubic",
-            "test_resize_downsample_sizes_cubic_antialias",
-            "test_resize_upsample_scales_cubic",
-            "test_resize_upsample_scales_cubic_A_n0p5_exclude_outside",
-            "test_resize_upsample_scales_cubic_align_corners",
-            "test_resize_upsample_scales_cubic_asymmetric",
-            "test_resize_upsample_sizes_cubic",
-        ],
-    ),
-    (
-        "Resize keep_aspect_ratio_policy other than stretch is not implemented",
-        &[
-            "test_resize_downsample_sizes_nearest_not_larger",
-            "test_resize_downsample_sizes_nearest_not_smaller",
-            "test_resize_upsample_sizes_nearest_not_larger",
-            "test_resize_upsample_sizes_nearest_not_smaller",
-        ],
-    ),
-    (
-        "Resize tf_crop_and_resize (roi) is not implemented",
-        &[
-            "test_resize_tf_crop_and_resize",
-            "test_resize_tf_crop_and_resize_axes_2_3",
-            "test_resize_tf_crop_and_resize_axes_3_2",
-            "test_resize_tf_crop_and_resize_extrapolation_value",
-        ],
-    ),
-    (
-        "Resize antialias is not implemented",
-        &[
-            "test_resize_downsample_scales_linear_antialias",
-            "test_resize_downsample_sizes_linear_antialias",
-        ],
-    ),
-    (
-        "MatMul in float64 is not implemented",
-        &["test_flexattention_double_expanded_ver26"],
-    ),
-];
+const ALLOWED: &[(&str, &[&str])] = &[(
+    "MatMul in float64 is not implemented",
+    &["test_flexattention_double_expanded_ver26"],
+)];
 
 /// Node-test families outside an inference executor's scope, with the reason; each case of
 /// one is counted once, under the first family it belongs to.

@@ -20,6 +20,7 @@ pub mod pool_nd;
 pub mod quant;
 pub mod reduce;
 pub mod resize;
+pub mod resize_filter;
 pub mod rnn;
 pub mod shape;
 pub mod size;

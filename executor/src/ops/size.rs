@@ -140,10 +140,18 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             plus(elements(&out, dsize(x()?) + window)?, times(x()?.len(), 8)?)?
         }
         // The resampled tensor and one intermediate of at most its size, plus the taps.
+        // The resampled tensor and one intermediate of at most its size, plus the taps; by
+        // filter taps, also the f64 intermediates and every tap's weight.
         Op::Resize(r) => {
-            let (out, _) = super::resize::resize_shape(r, inputs)?;
+            let (out, scales) = super::resize::resize_shape(r, inputs)?;
             let taps = out.iter().try_fold(0usize, |a, &d| plus(a, d))?;
-            plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?
+            let two = plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?;
+            if r.filtered(r.legacy || inputs.len() == 2) {
+                let filter = super::resize_filter::work_bytes(r, &x()?.shape, &out, &scales)?;
+                plus(two, filter)?
+            } else {
+                two
+            }
         }
         // Worked in f64, then the output.
         Op::GridSample(_) => {
