@@ -20,10 +20,7 @@ use std::path::{Path, PathBuf};
 /// case named exactly or by a prefix ending in `*`. The test fails when a case fails that no
 /// group names, and when a case a group names passes (or an entry names no failing in-scope
 /// case), so that the list cannot go stale.
-const ALLOWED: &[(&str, &[&str])] = &[(
-    "MatMul in float64 is not implemented",
-    &["test_flexattention_double_expanded_ver26"],
-)];
+const ALLOWED: &[(&str, &[&str])] = &[];
 
 /// Node-test families outside an inference executor's scope, with the reason; each case of
 /// one is counted once, under the first family it belongs to.

@@ -206,6 +206,13 @@ const ATTRS: &[&str] = &[
     "activations",
     "antialias",
     "exclude_outside",
+    "inverse",
+    "onesided",
+    "output_datatype",
+    "output_height",
+    "output_width",
+    "sampling_ratio",
+    "offset_group",
 ];
 
 /// Floats that find the edges of coordinate arithmetic: signed zeros, the grid's -1 and 1,

@@ -7,12 +7,16 @@ pub mod attrs;
 pub mod control;
 pub mod conv;
 pub mod conv_nd;
+pub mod deform_conv;
+pub mod det;
+pub mod dft;
 pub mod einsum;
 pub mod elementwise;
 pub mod grid;
 pub mod index;
 pub mod loss;
 pub mod matmul;
+pub mod mel;
 pub mod nms;
 pub mod norm;
 pub mod pool;
@@ -22,6 +26,7 @@ pub mod reduce;
 pub mod resize;
 pub mod resize_filter;
 pub mod rnn;
+pub mod roi_align;
 pub mod shape;
 pub mod size;
 pub mod window;
@@ -117,8 +122,11 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Cosh",
     "CumProd",
     "CumSum",
+    "DFT",
     "DepthToSpace",
+    "DeformConv",
     "DequantizeLinear",
+    "Det",
     "Div",
     "Dropout",
     "DynamicQuantizeLinear",
@@ -171,6 +179,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "MaxUnpool",
     "Mean",
     "MeanVarianceNormalization",
+    "MelWeightMatrix",
     "Min",
     "Mish",
     "Mod",
@@ -204,6 +213,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Reshape",
     "Resize",
     "RNN",
+    "RoiAlign",
     "ReverseSequence",
     "RMSNormalization",
     "Round",
@@ -226,6 +236,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "SoftmaxCrossEntropyLoss",
     "Softsign",
     "SpaceToDepth",
+    "STFT",
     "Split",
     "Sqrt",
     "Squeeze",
@@ -362,6 +373,17 @@ pub enum Op {
     },
     /// If, Loop and Scan, with their bodies.
     Control(control::ControlOp),
+    Dft(dft::DftAttrs),
+    Stft {
+        onesided: bool,
+    },
+    /// MelWeightMatrix, of element type `to`.
+    MelWeightMatrix {
+        to: DType,
+    },
+    Det,
+    RoiAlign(roi_align::RoiAlignAttrs),
+    DeformConv(deform_conv::DeformConvAttrs),
 }
 
 impl Op {
@@ -631,6 +653,37 @@ impl Op {
                     per_group: opset < 21,
                 }))
             }
+            "DFT" => Ok(Some(Op::Dft(dft::DftAttrs {
+                inverse: a.flag("inverse", false)?,
+                onesided: a.flag("onesided", false)?,
+                // Opset 20 made the axis an input.
+                axis: if opset < 20 {
+                    Some(a.int_or("axis", 1)?)
+                } else {
+                    None
+                },
+            }))),
+            "STFT" => Ok(Some(Op::Stft {
+                onesided: a.flag("onesided", true)?,
+            })),
+            "MelWeightMatrix" => {
+                let to = a.int_or("output_datatype", 1)?;
+                match DType::from_onnx(to as i32) {
+                    Some(to @ (DType::F32 | DType::F64 | DType::F16 | DType::BF16)) => {
+                        Ok(Some(Op::MelWeightMatrix { to }))
+                    }
+                    _ => Err(format!(
+                        "attribute \"output_datatype\" {to} is not a float element type"
+                    )),
+                }
+            }
+            "Det" => Ok(Some(Op::Det)),
+            "RoiAlign" => Ok(Some(Op::RoiAlign(roi_align::RoiAlignAttrs::parse(
+                a, opset,
+            )?))),
+            "DeformConv" => Ok(Some(Op::DeformConv(deform_conv::DeformConvAttrs::parse(
+                a,
+            )?))),
             other => {
                 if let Some(op) = index::IndexOp::parse(other, a, opset)? {
                     return Ok(Some(Op::Index(op)));
@@ -740,6 +793,12 @@ impl Op {
             Op::LpNorm { .. } => "LpNormalization".into(),
             Op::MeanVarianceNorm { .. } => "MeanVarianceNormalization".into(),
             Op::Control(c) => c.name().into(),
+            Op::Dft(_) => "DFT".into(),
+            Op::Stft { .. } => "STFT".into(),
+            Op::MelWeightMatrix { .. } => "MelWeightMatrix".into(),
+            Op::Det => "Det".into(),
+            Op::RoiAlign(_) => "RoiAlign".into(),
+            Op::DeformConv(_) => "DeformConv".into(),
         }
     }
 
@@ -936,6 +995,12 @@ impl Op {
             Op::LpNorm { axis, p } => one(norm::lp_norm(input(inputs, 0)?, *axis, *p)),
             Op::MeanVarianceNorm { axes } => one(norm::mean_variance_norm(input(inputs, 0)?, axes)),
             Op::Control(c) => c.eval(cx, inputs),
+            Op::Dft(a) => one(dft::dft(a, inputs)),
+            Op::Stft { onesided } => one(dft::stft(*onesided, inputs)),
+            Op::MelWeightMatrix { to } => one(mel::mel_weight_matrix(*to, inputs)),
+            Op::Det => one(det::det(input(inputs, 0)?)),
+            Op::RoiAlign(a) => one(roi_align::roi_align(a, inputs)),
+            Op::DeformConv(a) => one(deform_conv::deform_conv(a, inputs)),
         }
     }
 }

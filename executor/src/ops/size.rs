@@ -189,6 +189,38 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let boxes = x()?.shape.get(1).copied().unwrap_or(0);
             plus(times(rows, 3 * 8)?, times(boxes, 8 + 2 * INDEX)?)?
         }
+        // Worked in f64, then the output; the twiddle table and a line's samples.
+        Op::Dft(a) => {
+            let (axis, n, out) = super::dft::dft_shape(a, inputs)?;
+            let line = plus(n, x()?.shape[axis])?;
+            plus(elements(&out, 8 + dsize(x()?))?, times(line, 4 * 8)?)?
+        }
+        Op::Stft { onesided } => {
+            let (_, frame, window, out) = super::dft::stft_shape(*onesided, inputs)?;
+            let frame = plus(frame, window.len())?;
+            plus(elements(&out, 8 + dsize(x()?))?, times(frame, 6 * 8)?)?
+        }
+        Op::MelWeightMatrix { to } => {
+            let out = super::mel::mel_shape(inputs)?;
+            elements(&out, 8 + to.size())?
+        }
+        // The output in f64 and cast, the input in f64, and one bin's samples.
+        Op::RoiAlign(a) => {
+            let out = super::roi_align::roi_align_shape(a, inputs)?;
+            let samples = times(super::roi_align::MAX_SAMPLES, 64)?;
+            let work = plus(times(x()?.len(), 8)?, samples)?;
+            plus(elements(&out, 8 + dsize(x()?))?, work)?
+        }
+        // The output in f64 and cast, the inputs in f64, and one image's columns.
+        Op::DeformConv(a) => {
+            let g = super::deform_conv::deform_geometry(a, inputs)?;
+            let read = inputs
+                .iter()
+                .flatten()
+                .try_fold(0usize, |s, t| plus(s, t.len()))?;
+            let work = plus(times(read, 8)?, times(g.columns()?, 8)?)?;
+            plus(elements(&g.shape(), 8 + dsize(x()?))?, work)?
+        }
         _ => return Ok(None),
     };
     Ok(Some(bytes))

@@ -580,7 +580,7 @@ fn falls_back(model: &Arc<Model>, inputs: &[(&str, Tensor)]) {
 }
 
 #[test]
-fn convolutions_and_pooling_past_two_spatial_axes_run_on_the_host() {
+fn ops_without_a_device_path_run_on_the_host() {
     let shape = [2, 4, 5, 6, 7];
     let conv = single(
         "Conv",
@@ -611,4 +611,15 @@ fn convolutions_and_pooling_past_two_spatial_axes_run_on_the_host() {
         );
         falls_back(&pool, &[x(&shape)]);
     }
+    // Ops with no device path at all.
+    let det = single("Det", &[("x", &[3, 4, 4])], |_| vec![], vec![], 22);
+    falls_back(&det, &[x(&[3, 4, 4])]);
+    let dft = single(
+        "DFT",
+        &[("x", &[2, 8, 1])],
+        |_| vec![],
+        vec![attr_int("axis", 1)],
+        17,
+    );
+    falls_back(&dft, &[x(&[2, 8, 1])]);
 }
