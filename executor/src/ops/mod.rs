@@ -22,6 +22,7 @@ pub mod norm;
 pub mod pool;
 pub mod pool_nd;
 pub mod quant;
+pub mod recurrent_state;
 pub mod reduce;
 pub mod resize;
 pub mod resize_filter;
@@ -106,6 +107,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "BlackmanWindow",
     "Cast",
     "CastLike",
+    "CausalConvWithState",
     "Ceil",
     "Celu",
     "CenterCropPad",
@@ -165,6 +167,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LeakyRelu",
     "Less",
     "LessOrEqual",
+    "LinearAttention",
     "Log",
     "LogSoftmax",
     "Loop",
@@ -245,6 +248,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Swish",
     "Tan",
     "Tanh",
+    "TensorScatter",
     "ThresholdedRelu",
     "Tile",
     "TopK",
@@ -384,6 +388,12 @@ pub enum Op {
     Det,
     RoiAlign(roi_align::RoiAlignAttrs),
     DeformConv(deform_conv::DeformConvAttrs),
+    TensorScatter(recurrent_state::ScatterAttrs),
+    /// CausalConvWithState, with SiLU after it when `silu`.
+    CausalConv {
+        silu: bool,
+    },
+    LinearAttention(recurrent_state::LinearAttentionAttrs),
 }
 
 impl Op {
@@ -684,6 +694,23 @@ impl Op {
             "DeformConv" => Ok(Some(Op::DeformConv(deform_conv::DeformConvAttrs::parse(
                 a,
             )?))),
+            "TensorScatter" => Ok(Some(Op::TensorScatter(
+                recurrent_state::ScatterAttrs::parse(a)?,
+            ))),
+            "CausalConvWithState" => Ok(Some(Op::CausalConv {
+                silu: match a.string_or("activation", "none")?.as_str() {
+                    "none" => false,
+                    "silu" | "swish" => true,
+                    other => {
+                        return Err(format!(
+                            "attribute \"activation\" is {other:?}, not none, silu or swish"
+                        ));
+                    }
+                },
+            })),
+            "LinearAttention" => Ok(Some(Op::LinearAttention(
+                recurrent_state::LinearAttentionAttrs::parse(a)?,
+            ))),
             other => {
                 if let Some(op) = index::IndexOp::parse(other, a, opset)? {
                     return Ok(Some(Op::Index(op)));
@@ -799,6 +826,9 @@ impl Op {
             Op::Det => "Det".into(),
             Op::RoiAlign(_) => "RoiAlign".into(),
             Op::DeformConv(_) => "DeformConv".into(),
+            Op::TensorScatter(_) => "TensorScatter".into(),
+            Op::CausalConv { .. } => "CausalConvWithState".into(),
+            Op::LinearAttention(_) => "LinearAttention".into(),
         }
     }
 
@@ -1001,6 +1031,9 @@ impl Op {
             Op::Det => one(det::det(input(inputs, 0)?)),
             Op::RoiAlign(a) => one(roi_align::roi_align(a, inputs)),
             Op::DeformConv(a) => one(deform_conv::deform_conv(a, inputs)),
+            Op::TensorScatter(a) => one(recurrent_state::tensor_scatter(a, inputs)),
+            Op::CausalConv { silu } => recurrent_state::causal_conv(*silu, inputs),
+            Op::LinearAttention(a) => recurrent_state::linear_attention(a, inputs),
         }
     }
 }

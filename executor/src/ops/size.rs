@@ -221,6 +221,18 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let work = plus(times(read, 8)?, times(g.columns()?, 8)?)?;
             plus(elements(&g.shape(), 8 + dsize(x()?))?, work)?
         }
+        // The output (each query head of a group reads its key/value head's state) and the
+        // state (`dk` by `dv` per key/value head, neither bounded by the inputs' sizes), in f64
+        // and as the outputs.
+        Op::LinearAttention(a) => {
+            let (q, v) = (x()?, input(inputs, 2)?);
+            let (&[b, t, qd], &[_, _, vd]) = (q.shape.as_slice(), v.shape.as_slice()) else {
+                return shape_err("LinearAttention needs [B, T, H*D] operands");
+            };
+            let (dk, dv) = (qd / a.q_heads, vd / a.kv_heads);
+            let out = elements(&[b, t, a.q_heads, dv], 8 + dsize(q))?;
+            plus(out, elements(&[b, a.kv_heads, dk, dv], 8 + dsize(q))?)?
+        }
         _ => return Ok(None),
     };
     Ok(Some(bytes))

@@ -622,4 +622,12 @@ fn ops_without_a_device_path_run_on_the_host() {
         17,
     );
     falls_back(&dft, &[x(&[2, 8, 1])]);
+    let scatter = single(
+        "TensorScatter",
+        &[("x", &[2, 5, 3]), ("u", &[2, 2, 3])],
+        |_| vec![],
+        vec![],
+        24,
+    );
+    falls_back(&scatter, &[x(&[2, 5, 3]), ("u", random(&[2, 2, 3], 5))]);
 }
