@@ -189,16 +189,17 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let boxes = x()?.shape.get(1).copied().unwrap_or(0);
             plus(times(rows, 3 * 8)?, times(boxes, 8 + 2 * INDEX)?)?
         }
-        // Worked in f64, then the output; the twiddle table and a line's samples.
+        // Worked in f64, then the output; the twiddle table, a line's samples and the FFT's
+        // complex buffers (its input, output and the sub-transforms along one recursion).
         Op::Dft(a) => {
             let (axis, n, out) = super::dft::dft_shape(a, inputs)?;
             let line = plus(n, x()?.shape[axis])?;
-            plus(elements(&out, 8 + dsize(x()?))?, times(line, 4 * 8)?)?
+            plus(elements(&out, 8 + dsize(x()?))?, times(line, 16 * 8)?)?
         }
         Op::Stft { onesided } => {
             let (_, frame, window, out) = super::dft::stft_shape(*onesided, inputs)?;
             let frame = plus(frame, window.len())?;
-            plus(elements(&out, 8 + dsize(x()?))?, times(frame, 6 * 8)?)?
+            plus(elements(&out, 8 + dsize(x()?))?, times(frame, 16 * 8)?)?
         }
         Op::MelWeightMatrix { to } => {
             let out = super::mel::mel_shape(inputs)?;
