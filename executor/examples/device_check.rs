@@ -121,6 +121,8 @@ fn pool(max: bool, k: usize, s: usize, p: usize, ceil: bool, include_pad: bool) 
         auto_pad: "NOTSET".into(),
         ceil_mode: ceil,
         count_include_pad: include_pad,
+        column_major: false,
+        indices: false,
     })
 }
 

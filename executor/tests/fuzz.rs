@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::proto::{int_attr, ints_attr, string_attr, value_info};
+use common::proto::{float_attr, int_attr, ints_attr, string_attr, value_info};
 use cotenant_executor::device::Gpu;
 use cotenant_executor::memory::MemoryBudget;
 use cotenant_executor::ops::SUPPORTED_OPS;
@@ -204,6 +204,15 @@ const ATTRS: &[&str] = &[
     "input_forget",
     "clip",
     "activations",
+    "antialias",
+    "exclude_outside",
+    "inverse",
+    "onesided",
+    "output_datatype",
+    "output_height",
+    "output_width",
+    "sampling_ratio",
+    "offset_group",
 ];
 
 /// Floats that find the edges of coordinate arithmetic: signed zeros, the grid's -1 and 1,
@@ -287,6 +296,77 @@ fn sampling(
             } else {
                 vec![value_info("x", 1, &x_dims)]
             },
+            output: vec![value_info("y", 1, &[])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A one-node Resize graph: an input `[1, 2, dims...]` resized by scales or sizes of edge
+/// values, with a region of interest of float edges, under `attrs`.
+fn resizing(
+    dims: &[usize],
+    by_sizes: bool,
+    targets: &[u64],
+    roi: &[usize],
+    attrs: Vec<AttributeProto>,
+) -> ModelProto {
+    let mut x_dims = vec![1, 2];
+    x_dims.extend(dims.iter().map(|&d| d as i64));
+    let r = x_dims.len();
+    let target = |i: usize| targets.get(i % targets.len().max(1)).copied().unwrap_or(0);
+    let roi = TensorProto {
+        name: "roi".into(),
+        dims: vec![roi.len() as i64],
+        data_type: 1,
+        float_data: roi
+            .iter()
+            .map(|&v| FLOAT_EDGES[v % FLOAT_EDGES.len()])
+            .collect(),
+        ..Default::default()
+    };
+    let amount = if by_sizes {
+        TensorProto {
+            name: "amount".into(),
+            dims: vec![r as i64],
+            data_type: 7,
+            int64_data: (0..r).map(|i| edge(target(i)).clamp(-1, 64)).collect(),
+            ..Default::default()
+        }
+    } else {
+        TensorProto {
+            name: "amount".into(),
+            dims: vec![r as i64],
+            data_type: 1,
+            float_data: (0..r)
+                .map(|i| [1.0, 0.5, 0.3, 2.0, 3.7, 1e-6, 0.0, -1.0][target(i) as usize % 8])
+                .collect(),
+            ..Default::default()
+        }
+    };
+    let inputs = if by_sizes {
+        vec!["x", "roi", "", "amount"]
+    } else {
+        vec!["x", "roi", "amount"]
+    };
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 19,
+        }],
+        graph: Some(GraphProto {
+            node: vec![NodeProto {
+                input: inputs.into_iter().map(String::from).collect(),
+                output: vec!["y".into()],
+                name: "n".into(),
+                op_type: "Resize".into(),
+                attribute: attrs,
+                ..Default::default()
+            }],
+            initializer: vec![roi, amount],
+            input: vec![value_info("x", 1, &x_dims)],
             output: vec![value_info("y", 1, &[])],
             ..Default::default()
         }),
@@ -821,6 +901,46 @@ proptest! {
             int_attr("align_corners", align),
         ];
         let m = sampling(&dims, &points, &values, attrs, affine);
+        import_plan_run(&m.encode_to_vec());
+    }
+
+    #[test]
+    fn hostile_resizes_never_panic(
+        dims in proptest::collection::vec(0usize..5, 0..4),
+        by_sizes in any::<bool>(),
+        targets in proptest::collection::vec(any::<u64>(), 0..6),
+        roi in proptest::collection::vec(any::<usize>(), 0..10),
+        mode in 0usize..4,
+        coord in 0usize..8,
+        policy in 0usize..4,
+        flags in 0u8..16,
+        a in 0usize..FLOAT_EDGES.len(),
+    ) {
+        let attrs = vec![
+            string_attr("mode", ["nearest", "linear", "cubic", "bicubic"][mode]),
+            string_attr(
+                "coordinate_transformation_mode",
+                [
+                    "half_pixel",
+                    "half_pixel_symmetric",
+                    "pytorch_half_pixel",
+                    "align_corners",
+                    "asymmetric",
+                    "tf_half_pixel_for_nn",
+                    "tf_crop_and_resize",
+                    "bogus",
+                ][coord],
+            ),
+            string_attr(
+                "keep_aspect_ratio_policy",
+                ["stretch", "not_larger", "not_smaller", "bogus"][policy],
+            ),
+            int_attr("antialias", i64::from(flags & 1)),
+            int_attr("exclude_outside", i64::from((flags >> 1) & 1)),
+            float_attr("cubic_coeff_a", FLOAT_EDGES[a]),
+            float_attr("extrapolation_value", FLOAT_EDGES[(a + 3) % FLOAT_EDGES.len()]),
+        ];
+        let m = resizing(&dims, by_sizes, &targets, &roi, attrs);
         import_plan_run(&m.encode_to_vec());
     }
 }

@@ -303,6 +303,35 @@ fn constant_bombs() -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         (
+            "DFT",
+            one(
+                "DFT",
+                &["x", "length"],
+                vec![int_attr("axis", 1)],
+                vec![f32s("x", &[1, 4, 1]), i64s("length", &[], &[1 << 28])],
+                17,
+            ),
+        ),
+        (
+            "MelWeightMatrix",
+            one(
+                "MelWeightMatrix",
+                &["bins", "length", "rate", "low", "high"],
+                vec![],
+                vec![
+                    i64s("bins", &[], &[1 << 14]),
+                    i64s("length", &[], &[1 << 16]),
+                    i64s("rate", &[], &[8000]),
+                    f32s("low", &[]),
+                    TensorProto {
+                        float_data: vec![4000.0],
+                        ..f32s("high", &[])
+                    },
+                ],
+                17,
+            ),
+        ),
+        (
             "Einsum",
             one(
                 "Einsum",

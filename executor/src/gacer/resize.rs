@@ -49,6 +49,8 @@ fn cuts(op: &Op, inputs: &[Option<&Tensor>]) -> Option<(usize, Vec<Cut>)> {
             }
             Some((rows, c))
         }
+        // MaxPool's Indices count from the first image: a piece's would restart at zero.
+        Op::Pool(p) if p.indices => None,
         Op::BatchNorm { .. }
         | Op::Unary(_)
         | Op::Clip { .. }

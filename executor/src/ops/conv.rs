@@ -1,5 +1,5 @@
 //! Conv and ConvTranspose (1-D and 2-D, NCHW): attribute handling and output geometry; the
-//! arithmetic is in `cotenant_kernels::conv`. Also Col2Im, which sums columns back into an
+//! arithmetic is in `cotenant_kernels::conv`. More spatial axes go to `conv_nd`. Also Col2Im, which sums columns back into an
 //! image of any rank.
 
 use super::elementwise::{Binary, binary};
@@ -292,6 +292,9 @@ pub(crate) fn conv_geometry(
 
 pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
+    if x.rank() > 4 {
+        return super::conv_nd::conv_nd(cx, c, inputs);
+    }
     let (p, shape) = conv_geometry(c, &x.shape, &w.shape)?;
     let bias = bias(b, p.m, "Conv")?;
     // Nothing to compute (a batch of 0, no output channels); the kernels assume work.
@@ -531,6 +534,9 @@ pub(crate) fn conv_transpose_geometry(
 
 pub fn conv_transpose(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
+    if x.rank() > 4 {
+        return super::conv_nd::conv_transpose_nd(cx, c, inputs);
+    }
     let (p, shape) = conv_transpose_geometry(c, &x.shape, &w.shape)?;
     let bias = bias(b, p.m, "ConvTranspose")?;
     if checked_numel(&shape)? == 0 {

@@ -2,9 +2,9 @@
 
 use super::elementwise::{broadcast_map, broadcast_shape};
 use super::{Activation, Cx, input, opt_input};
-use crate::error::{OpResult, shape_err};
+use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Tensor, checked_numel};
+use crate::tensor::{DType, Data, Tensor, checked_numel};
 use cotenant_kernels::dense;
 use cotenant_kernels::gemm::{Mat, sgemm};
 use rayon::prelude::*;
@@ -193,6 +193,9 @@ pub fn matmul(
     act: Option<Activation>,
 ) -> OpResult<Tensor> {
     let s = MatMulShape::of(&a.shape, &b.shape)?;
+    if a.dtype() == DType::F64 || b.dtype() == DType::F64 {
+        return matmul_f64(&s, a, b, bias, act);
+    }
     let (m, k, n) = (s.m, s.k, s.n);
     let (av, bv) = (a.as_f32()?, b.as_f32()?);
     let mut out = cx.take_f32(checked_numel(&s.out)?);
@@ -249,6 +252,49 @@ pub fn matmul(
         act.apply_slice(cx.threads, &mut out);
     }
     Tensor::f32(s.out, out)
+}
+
+/// MatMul of two float64 operands, summed in f64 product by product (no f64 GEMM kernel:
+/// double-precision models are rare and small).
+fn matmul_f64(
+    s: &MatMulShape,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    act: Option<Activation>,
+) -> OpResult<Tensor> {
+    let (Data::F64(av), Data::F64(bv)) = (&a.data, &b.data) else {
+        return Err(OpError::DType(format!(
+            "MatMul of {:?} and {:?}: both must be float64",
+            a.dtype(),
+            b.dtype()
+        )));
+    };
+    if bias.is_some() || act.is_some() {
+        return Err(OpError::Unsupported(
+            "a float64 MatMul with a fused bias or activation".into(),
+        ));
+    }
+    let (m, k, n) = (s.m, s.k, s.n);
+    let mut out = vec![0.0f64; checked_numel(&s.out)?];
+    if m * n > 0 {
+        let (ia, ib) = s.operands();
+        for (bi, dst) in out.chunks_mut(m * n).enumerate() {
+            let (am, bm) = (
+                &av[ia[bi] * m * k..][..m * k],
+                &bv[ib[bi] * k * n..][..k * n],
+            );
+            for i in 0..m {
+                for p in 0..k {
+                    let x = am[i * k + p];
+                    for (d, &y) in dst[i * n..][..n].iter_mut().zip(&bm[p * n..][..n]) {
+                        *d += x * y;
+                    }
+                }
+            }
+        }
+    }
+    Tensor::new(s.out.clone(), Data::F64(out))
 }
 
 #[cfg(test)]

@@ -6,21 +6,31 @@ pub mod attention;
 pub mod attrs;
 pub mod control;
 pub mod conv;
+pub mod conv_nd;
+pub mod deform_conv;
+pub mod det;
+pub mod dft;
 pub mod einsum;
 pub mod elementwise;
 pub mod grid;
 pub mod index;
 pub mod loss;
 pub mod matmul;
+pub mod mel;
 pub mod nms;
 pub mod norm;
 pub mod pool;
+pub mod pool_nd;
 pub mod quant;
+pub mod recurrent_state;
 pub mod reduce;
 pub mod resize;
+pub mod resize_filter;
 pub mod rnn;
+pub mod roi_align;
 pub mod shape;
 pub mod size;
+pub mod window;
 
 use crate::error::{OpError, OpResult};
 use crate::tensor::{CastMode, DType, Data, E8M0Round, Tensor};
@@ -97,6 +107,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "BlackmanWindow",
     "Cast",
     "CastLike",
+    "CausalConvWithState",
     "Ceil",
     "Celu",
     "CenterCropPad",
@@ -113,8 +124,11 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Cosh",
     "CumProd",
     "CumSum",
+    "DFT",
     "DepthToSpace",
+    "DeformConv",
     "DequantizeLinear",
+    "Det",
     "Div",
     "Dropout",
     "DynamicQuantizeLinear",
@@ -153,6 +167,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LeakyRelu",
     "Less",
     "LessOrEqual",
+    "LinearAttention",
     "Log",
     "LogSoftmax",
     "Loop",
@@ -167,6 +182,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "MaxUnpool",
     "Mean",
     "MeanVarianceNormalization",
+    "MelWeightMatrix",
     "Min",
     "Mish",
     "Mod",
@@ -200,6 +216,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Reshape",
     "Resize",
     "RNN",
+    "RoiAlign",
     "ReverseSequence",
     "RMSNormalization",
     "Round",
@@ -222,6 +239,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "SoftmaxCrossEntropyLoss",
     "Softsign",
     "SpaceToDepth",
+    "STFT",
     "Split",
     "Sqrt",
     "Squeeze",
@@ -230,6 +248,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Swish",
     "Tan",
     "Tanh",
+    "TensorScatter",
     "ThresholdedRelu",
     "Tile",
     "TopK",
@@ -358,6 +377,23 @@ pub enum Op {
     },
     /// If, Loop and Scan, with their bodies.
     Control(control::ControlOp),
+    Dft(dft::DftAttrs),
+    Stft {
+        onesided: bool,
+    },
+    /// MelWeightMatrix, of element type `to`.
+    MelWeightMatrix {
+        to: DType,
+    },
+    Det,
+    RoiAlign(roi_align::RoiAlignAttrs),
+    DeformConv(deform_conv::DeformConvAttrs),
+    TensorScatter(recurrent_state::ScatterAttrs),
+    /// CausalConvWithState, with SiLU after it when `silu`.
+    CausalConv {
+        silu: bool,
+    },
+    LinearAttention(recurrent_state::LinearAttentionAttrs),
 }
 
 impl Op {
@@ -508,10 +544,11 @@ impl Op {
             "MaxPool" | "AveragePool" => Ok(Some(Op::Pool(pool::PoolAttrs::parse(
                 a,
                 op_type == "MaxPool",
+                n_outputs,
             )?))),
             "MaxUnpool" => Ok(Some(Op::MaxUnpool(pool::UnpoolAttrs::parse(a)?))),
             "LpPool" => Ok(Some(Op::LpPool {
-                pool: pool::PoolAttrs::parse(a, false)?,
+                pool: pool::PoolAttrs::parse(a, false, 1)?,
                 p: match a.int_or("p", 2)? {
                     p @ 1..=64 => p as u32,
                     p => return Err(format!("attribute \"p\" is {p}, not within 1..=64")),
@@ -626,6 +663,54 @@ impl Op {
                     per_group: opset < 21,
                 }))
             }
+            "DFT" => Ok(Some(Op::Dft(dft::DftAttrs {
+                inverse: a.flag("inverse", false)?,
+                onesided: a.flag("onesided", false)?,
+                // Opset 20 made the axis an input.
+                axis: if opset < 20 {
+                    Some(a.int_or("axis", 1)?)
+                } else {
+                    None
+                },
+            }))),
+            "STFT" => Ok(Some(Op::Stft {
+                onesided: a.flag("onesided", true)?,
+            })),
+            "MelWeightMatrix" => {
+                let to = a.int_or("output_datatype", 1)?;
+                match DType::from_onnx(to as i32) {
+                    Some(to @ (DType::F32 | DType::F64 | DType::F16 | DType::BF16)) => {
+                        Ok(Some(Op::MelWeightMatrix { to }))
+                    }
+                    _ => Err(format!(
+                        "attribute \"output_datatype\" {to} is not a float element type"
+                    )),
+                }
+            }
+            "Det" => Ok(Some(Op::Det)),
+            "RoiAlign" => Ok(Some(Op::RoiAlign(roi_align::RoiAlignAttrs::parse(
+                a, opset,
+            )?))),
+            "DeformConv" => Ok(Some(Op::DeformConv(deform_conv::DeformConvAttrs::parse(
+                a,
+            )?))),
+            "TensorScatter" => Ok(Some(Op::TensorScatter(
+                recurrent_state::ScatterAttrs::parse(a)?,
+            ))),
+            "CausalConvWithState" => Ok(Some(Op::CausalConv {
+                silu: match a.string_or("activation", "none")?.as_str() {
+                    "none" => false,
+                    "silu" | "swish" => true,
+                    other => {
+                        return Err(format!(
+                            "attribute \"activation\" is {other:?}, not none, silu or swish"
+                        ));
+                    }
+                },
+            })),
+            "LinearAttention" => Ok(Some(Op::LinearAttention(
+                recurrent_state::LinearAttentionAttrs::parse(a)?,
+            ))),
             other => {
                 if let Some(op) = index::IndexOp::parse(other, a, opset)? {
                     return Ok(Some(Op::Index(op)));
@@ -735,6 +820,15 @@ impl Op {
             Op::LpNorm { .. } => "LpNormalization".into(),
             Op::MeanVarianceNorm { .. } => "MeanVarianceNormalization".into(),
             Op::Control(c) => c.name().into(),
+            Op::Dft(_) => "DFT".into(),
+            Op::Stft { .. } => "STFT".into(),
+            Op::MelWeightMatrix { .. } => "MelWeightMatrix".into(),
+            Op::Det => "Det".into(),
+            Op::RoiAlign(_) => "RoiAlign".into(),
+            Op::DeformConv(_) => "DeformConv".into(),
+            Op::TensorScatter(_) => "TensorScatter".into(),
+            Op::CausalConv { .. } => "CausalConvWithState".into(),
+            Op::LinearAttention(_) => "LinearAttention".into(),
         }
     }
 
@@ -931,6 +1025,15 @@ impl Op {
             Op::LpNorm { axis, p } => one(norm::lp_norm(input(inputs, 0)?, *axis, *p)),
             Op::MeanVarianceNorm { axes } => one(norm::mean_variance_norm(input(inputs, 0)?, axes)),
             Op::Control(c) => c.eval(cx, inputs),
+            Op::Dft(a) => one(dft::dft(a, inputs)),
+            Op::Stft { onesided } => one(dft::stft(*onesided, inputs)),
+            Op::MelWeightMatrix { to } => one(mel::mel_weight_matrix(*to, inputs)),
+            Op::Det => one(det::det(input(inputs, 0)?)),
+            Op::RoiAlign(a) => one(roi_align::roi_align(a, inputs)),
+            Op::DeformConv(a) => one(deform_conv::deform_conv(a, inputs)),
+            Op::TensorScatter(a) => one(recurrent_state::tensor_scatter(a, inputs)),
+            Op::CausalConv { silu } => recurrent_state::causal_conv(*silu, inputs),
+            Op::LinearAttention(a) => recurrent_state::linear_attention(a, inputs),
         }
     }
 }

@@ -154,6 +154,9 @@ pub fn softmax(cx: &Cx, x: &Tensor, axis: i64, log: bool, legacy: bool) -> OpRes
         return shape_err("Softmax of a scalar");
     }
     let axis = norm_axis(axis, x.rank())?;
+    if let Data::F64(v) = &x.data {
+        return softmax_f64(x, v, axis, log, legacy);
+    }
     let mut out = x.as_f32()?.to_vec();
     // No rows to normalise (and rows of length 0 would split nothing).
     if out.is_empty() {
@@ -180,6 +183,33 @@ pub fn softmax(cx: &Cx, x: &Tensor, axis: i64, log: bool, legacy: bool) -> OpRes
         }
     }
     Tensor::f32(x.shape.clone(), out)
+}
+
+/// Softmax (or LogSoftmax) of a float64 tensor along `axis` (all axes from `axis` with
+/// `legacy`), in f64.
+fn softmax_f64(x: &Tensor, v: &[f64], axis: usize, log: bool, legacy: bool) -> OpResult<Tensor> {
+    let (n, inner) = if legacy {
+        (x.shape[axis..].iter().product::<usize>(), 1)
+    } else {
+        (x.shape[axis], x.shape[axis + 1..].iter().product::<usize>())
+    };
+    let mut out = v.to_vec();
+    if n * inner > 0 {
+        for block in out.chunks_mut(n * inner) {
+            for i in 0..inner {
+                let at = |j: usize| j * inner + i;
+                let max = (0..n)
+                    .map(|j| block[at(j)])
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = (0..n).map(|j| (block[at(j)] - max).exp()).sum();
+                for j in 0..n {
+                    let e = block[at(j)] - max;
+                    block[at(j)] = if log { e - sum.ln() } else { e.exp() / sum };
+                }
+            }
+        }
+    }
+    Tensor::new(x.shape.clone(), Data::F64(out))
 }
 
 pub fn layer_norm(

@@ -1,8 +1,9 @@
-//! MaxPool, AveragePool, LpPool (1-D/2-D), the global pools and MaxUnpool; MaxPool also of
-//! 8-bit integers.
+//! MaxPool and AveragePool (1-D/2-D on their kernels, more axes and MaxPool's Indices output
+//! in `pool_nd`), LpPool, the global pools and MaxUnpool; MaxPool also of 8-bit integers.
 
 use super::Cx;
 use super::elementwise::cast;
+use super::pool_nd::{Reduce, pool_nd};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{DType, Data, Tensor, checked_numel};
@@ -18,13 +19,15 @@ pub struct PoolAttrs {
     pub auto_pad: String,
     pub ceil_mode: bool,
     pub count_include_pad: bool,
+    /// MaxPool's Indices count within each channel column-major (`storage_order` 1).
+    pub column_major: bool,
+    /// The node has MaxPool's second output, Indices.
+    pub indices: bool,
 }
 
 impl PoolAttrs {
-    pub fn parse(a: &Attrs, max: bool) -> Result<PoolAttrs, String> {
-        if a.int_or("storage_order", 0)? != 0 {
-            return Err("storage_order=1 is not supported".into());
-        }
+    /// `outputs`: how many outputs the node has (MaxPool's second is Indices).
+    pub fn parse(a: &Attrs, max: bool, outputs: usize) -> Result<PoolAttrs, String> {
         let p = PoolAttrs {
             max,
             kernel_shape: a
@@ -36,6 +39,8 @@ impl PoolAttrs {
             auto_pad: a.string_or("auto_pad", "NOTSET")?,
             ceil_mode: a.int_or("ceil_mode", 0)? != 0,
             count_include_pad: a.int_or("count_include_pad", 0)? != 0,
+            column_major: a.flag("storage_order", false)?,
+            indices: max && outputs > 1,
         };
         if p.kernel_shape.contains(&0)
             || p.strides
@@ -168,8 +173,13 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
 pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
     // 8-bit integers are exact in f32, and a maximum is one of the values it is taken over.
     if p.max && matches!(x.dtype(), DType::U8 | DType::I8) {
-        let y = pool(cx, p, &cast(x, DType::F32))?;
-        return Ok(y.iter().map(|t| cast(t, x.dtype())).collect());
+        let mut y = pool(cx, p, &cast(x, DType::F32))?;
+        y[0] = cast(&y[0], x.dtype());
+        return Ok(y);
+    }
+    if p.indices || x.rank() > 4 || x.dtype() == DType::F64 {
+        let reduce = if p.max { Reduce::Max } else { Reduce::Average };
+        return pool_nd(p, reduce, x, p.indices);
     }
     let (g, shape) = pool2d_geometry(p, &x.shape)?;
     let mut y = vec![0.0; checked_numel(&shape)?];
@@ -302,37 +312,7 @@ pub fn max_unpool(
 
 /// LpPool: the `p`-norm of every window, padding counting as zeros; computed in f64.
 pub fn lp_pool(pool: &PoolAttrs, p: u32, x: &Tensor) -> OpResult<Tensor> {
-    if !matches!(x.dtype(), DType::F32 | DType::F64) {
-        return Err(OpError::DType(format!("LpPool of {:?}", x.dtype())));
-    }
-    let (g, shape) = pool2d_geometry(pool, &x.shape)?;
-    let mut y = Vec::with_capacity(checked_numel(&shape)?);
-    let v = x.to_f64_vec();
-    // Input position of tap `k` of output `o` along one axis, when it is not padding.
-    let tap = |o: usize, k: usize, stride: usize, dilation: usize, before: usize, len: usize| {
-        (o * stride + k * dilation)
-            .checked_sub(before)
-            .filter(|&i| i < len)
-    };
-    for plane in v.chunks_exact(g.h * g.w).take(g.planes) {
-        for oy in 0..g.oh {
-            for ox in 0..g.ow {
-                let mut sum = 0.0;
-                for ky in 0..g.kh {
-                    let Some(iy) = tap(oy, ky, g.sh, g.dh, g.pt, g.h) else {
-                        continue;
-                    };
-                    for kx in 0..g.kw {
-                        if let Some(ix) = tap(ox, kx, g.sw, g.dw, g.pl, g.w) {
-                            sum += plane[iy * g.w + ix].abs().powi(p as i32);
-                        }
-                    }
-                }
-                y.push(sum.powf(1.0 / p as f64));
-            }
-        }
-    }
-    Ok(cast(&Tensor::new(shape, Data::F64(y))?, x.dtype()))
+    Ok(pool_nd(pool, Reduce::Lp(p), x, false)?.remove(0))
 }
 
 pub fn global_pool(x: &Tensor, max: bool) -> OpResult<Tensor> {

@@ -1,13 +1,37 @@
-//! Resize and Upsample, nearest and (multi)linear, applied one axis at a time (both are separable).
+//! Resize and Upsample, applied one axis at a time (both are separable): nearest and
+//! (multi)linear on two taps here; cubic, antialiased and `tf_crop_and_resize` resampling by
+//! filter taps in `resize_filter`.
 
+use super::resize_filter::{axis_taps, resample_axis as filter_axis};
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
-use crate::tensor::{Tensor, checked_numel};
+use crate::tensor::{DType, Data, Tensor, checked_numel};
 
-#[derive(Clone, Debug, PartialEq)]
+/// The interpolation.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Mode {
+    #[default]
+    Nearest,
+    Linear,
+    Cubic,
+}
+
+/// How output sizes given for several axes keep the input's aspect ratio.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum AspectPolicy {
+    /// Each axis takes its own size.
+    #[default]
+    Stretch,
+    /// One scale for all the axes, the smallest the sizes ask for.
+    NotLarger,
+    /// One scale for all the axes, the largest the sizes ask for.
+    NotSmaller,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ResizeAttrs {
-    pub linear: bool,
+    pub mode: Mode,
     pub coord: String,
     pub nearest_mode: String,
     /// Upsample (or Resize-10): scales only, asymmetric coordinates, floor rounding.
@@ -15,34 +39,88 @@ pub struct ResizeAttrs {
     pub scales_attr: Option<Vec<f32>>,
     pub axes: Option<Vec<i64>>,
     pub exclude_outside: bool,
+    pub cubic_coeff_a: f32,
+    pub antialias: bool,
+    pub policy: AspectPolicy,
+    /// The value of outputs whose source lies outside the region of interest.
+    pub extrapolation_value: f32,
 }
 
 impl ResizeAttrs {
     pub fn parse(op: &str, a: &Attrs) -> Result<ResizeAttrs, String> {
-        let mode = a.string_or("mode", "nearest")?;
-        let linear = match mode.as_str() {
-            "nearest" => false,
-            "linear" | "bilinear" => true,
-            other => return Err(format!("mode {other:?} is not supported (nearest, linear)")),
+        let mode = match a.string_or("mode", "nearest")?.as_str() {
+            "nearest" => Mode::Nearest,
+            "linear" | "bilinear" => Mode::Linear,
+            "cubic" if op == "Resize" => Mode::Cubic,
+            other => {
+                return Err(format!(
+                    "attribute \"mode\" is {other:?}, not nearest, linear or cubic"
+                ));
+            }
         };
-        if a.int_or("antialias", 0)? != 0 {
-            return Err("antialias is not supported".into());
+        let antialias = a.flag("antialias", false)?;
+        if antialias && mode == Mode::Nearest {
+            return Err("attribute \"antialias\" applies to linear and cubic modes only".into());
         }
-        let policy = a.string_or("keep_aspect_ratio_policy", "stretch")?;
-        if policy != "stretch" {
+        let policy = match a.string_or("keep_aspect_ratio_policy", "stretch")?.as_str() {
+            "stretch" => AspectPolicy::Stretch,
+            "not_larger" => AspectPolicy::NotLarger,
+            "not_smaller" => AspectPolicy::NotSmaller,
+            other => {
+                return Err(format!(
+                    "attribute \"keep_aspect_ratio_policy\" is {other:?}, not stretch, \
+                     not_larger or not_smaller"
+                ));
+            }
+        };
+        let coord = a.string_or("coordinate_transformation_mode", "half_pixel")?;
+        if !matches!(
+            coord.as_str(),
+            "half_pixel"
+                | "half_pixel_symmetric"
+                | "pytorch_half_pixel"
+                | "align_corners"
+                | "asymmetric"
+                | "tf_half_pixel_for_nn"
+                | "tf_crop_and_resize"
+        ) {
             return Err(format!(
-                "keep_aspect_ratio_policy {policy:?} is not supported"
+                "attribute \"coordinate_transformation_mode\" {coord:?} is not an ONNX mode"
             ));
         }
+        let nearest_mode = a.string_or("nearest_mode", "round_prefer_floor")?;
+        if !matches!(
+            nearest_mode.as_str(),
+            "round_prefer_floor" | "round_prefer_ceil" | "floor" | "ceil"
+        ) {
+            return Err(format!(
+                "attribute \"nearest_mode\" {nearest_mode:?} is not an ONNX rounding"
+            ));
+        }
+        let cubic_coeff_a = a.float_or("cubic_coeff_a", -0.75)?;
+        let extrapolation_value = a.float_or("extrapolation_value", 0.0)?;
+        if !cubic_coeff_a.is_finite() {
+            return Err(format!("attribute \"cubic_coeff_a\" is {cubic_coeff_a}"));
+        }
         Ok(ResizeAttrs {
-            linear,
-            coord: a.string_or("coordinate_transformation_mode", "half_pixel")?,
-            nearest_mode: a.string_or("nearest_mode", "round_prefer_floor")?,
+            mode,
+            coord,
+            nearest_mode,
             legacy: op == "Upsample",
             scales_attr: a.floats("scales")?,
             axes: a.ints("axes")?,
-            exclude_outside: a.int_or("exclude_outside", 0)? != 0,
+            exclude_outside: a.flag("exclude_outside", false)?,
+            cubic_coeff_a,
+            antialias,
+            policy,
+            extrapolation_value,
         })
+    }
+
+    /// Resampled by filter taps (`resize_filter`) rather than on two taps.
+    pub(crate) fn filtered(&self, legacy: bool) -> bool {
+        !legacy
+            && (self.mode == Mode::Cubic || self.antialias || self.coord == "tf_crop_and_resize")
     }
 }
 
@@ -50,7 +128,7 @@ impl ResizeAttrs {
 pub(crate) fn resize_shape(
     r: &ResizeAttrs,
     inputs: &[Option<&Tensor>],
-) -> OpResult<(Vec<usize>, Vec<f32>)> {
+) -> OpResult<(Vec<usize>, Vec<f64>)> {
     let x = input(inputs, 0)?;
     let rank = x.rank();
     // Input layouts: Upsample-9 (X, scales), Resize-10 (X, scales), Resize-11+ (X, roi, scales, sizes).
@@ -59,14 +137,8 @@ pub(crate) fn resize_shape(
     } else {
         (opt_input(inputs, 2), opt_input(inputs, 3))
     };
-    let axes: Vec<usize> = match &r.axes {
-        Some(a) => a
-            .iter()
-            .map(|&v| crate::tensor::axis_in(v, rank))
-            .collect::<OpResult<_>>()?,
-        None => (0..rank).collect(),
-    };
-    let mut scales = vec![1.0f32; rank];
+    let axes = axes(r, rank)?;
+    let mut scales = vec![1.0f64; rank];
     let mut out = x.shape.clone();
     let sizes = sizes_t
         .filter(|t| !t.is_empty())
@@ -85,7 +157,21 @@ pub(crate) fn resize_shape(
             for (&ax, &s) in axes.iter().zip(&sz) {
                 out[ax] =
                     usize::try_from(s).map_err(|_| OpError::Shape(format!("negative size {s}")))?;
-                scales[ax] = out[ax] as f32 / x.shape[ax].max(1) as f32;
+                scales[ax] = out[ax] as f64 / x.shape[ax].max(1) as f64;
+            }
+            // One scale for every axis: the smallest or largest asked for, and the sizes it
+            // gives (rounded half up).
+            let one = match r.policy {
+                AspectPolicy::Stretch => None,
+                AspectPolicy::NotLarger => axes.iter().map(|&a| scales[a]).reduce(f64::min),
+                AspectPolicy::NotSmaller => axes.iter().map(|&a| scales[a]).reduce(f64::max),
+            };
+            if let Some(scale) = one {
+                for &ax in &axes {
+                    scales[ax] = scale;
+                    // A float-to-int cast saturates: an absurd size is refused below.
+                    out[ax] = (scale * x.shape[ax] as f64 + 0.5) as usize;
+                }
             }
         }
         (None, Some(sc)) => {
@@ -96,7 +182,7 @@ pub(crate) fn resize_shape(
                 if !(s > 0.0 && s.is_finite()) {
                     return shape_err(format!("invalid scale {s}"));
                 }
-                scales[ax] = s;
+                scales[ax] = f64::from(s);
                 // A float-to-int cast saturates: an absurd scale becomes a size refused below.
                 out[ax] = (x.shape[ax] as f32 * s).floor() as usize;
             }
@@ -113,11 +199,61 @@ pub(crate) fn resize_shape(
     Ok((out, scales))
 }
 
+/// The axes the node resizes (attribute `axes`, every axis without it).
+fn axes(r: &ResizeAttrs, rank: usize) -> OpResult<Vec<usize>> {
+    let axes: Vec<usize> = match &r.axes {
+        Some(a) => a
+            .iter()
+            .map(|&v| crate::tensor::axis_in(v, rank))
+            .collect::<OpResult<_>>()?,
+        None => (0..rank).collect(),
+    };
+    let mut seen = vec![false; rank];
+    for &a in &axes {
+        if std::mem::replace(&mut seen[a], true) {
+            return shape_err(format!("attribute \"axes\" names axis {a} twice"));
+        }
+    }
+    Ok(axes)
+}
+
+/// The region of interest of every axis (`tf_crop_and_resize`): input 1, the starts then the
+/// ends of the resized axes as fractions of the input; `[0, 1]` elsewhere.
+fn regions(r: &ResizeAttrs, inputs: &[Option<&Tensor>], rank: usize) -> OpResult<Vec<[f64; 2]>> {
+    let mut roi = vec![[0.0, 1.0]; rank];
+    if r.coord != "tf_crop_and_resize" {
+        return Ok(roi);
+    }
+    let axes = axes(r, rank)?;
+    let given = opt_input(inputs, 1)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| OpError::Shape("tf_crop_and_resize needs the roi input".into()))?;
+    let v = given.to_f64_vec();
+    if v.len() != 2 * axes.len() {
+        return shape_err(format!(
+            "roi has {} values for {} resized axes (a start and an end each)",
+            v.len(),
+            axes.len()
+        ));
+    }
+    for (k, &ax) in axes.iter().enumerate() {
+        let (a, b) = (v[k], v[k + axes.len()]);
+        if !(a.is_finite() && b.is_finite() && a.abs() <= 1e6 && b.abs() <= 1e6) {
+            return shape_err(format!("roi [{a}, {b}] of axis {ax}"));
+        }
+        roi[ax] = [a, b];
+    }
+    Ok(roi)
+}
+
 pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;
     let rank = x.rank();
     let legacy = r.legacy || inputs.len() == 2;
     let (out, scales) = resize_shape(r, inputs)?;
+    if r.filtered(legacy) {
+        return resize_filtered(r, inputs, &out, &scales);
+    }
     let mut cur = x.as_f32()?.to_vec();
     let mut shape = x.shape.clone();
     for ax in 0..rank {
@@ -125,12 +261,42 @@ pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
             continue;
         }
         let taps: Vec<(usize, usize, f32)> = (0..out[ax])
-            .map(|o| tap(r, legacy, o, shape[ax], out[ax], scales[ax]))
+            .map(|o| tap(r, legacy, o, shape[ax], out[ax], scales[ax] as f32))
             .collect();
         cur = resample_axis(&cur, &shape, ax, &taps);
         shape[ax] = out[ax];
     }
     Tensor::f32(shape, cur)
+}
+
+/// Resize by filter taps (cubic, antialiased, crop-and-resize), in f64.
+fn resize_filtered(
+    r: &ResizeAttrs,
+    inputs: &[Option<&Tensor>],
+    out: &[usize],
+    scales: &[f64],
+) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    if !matches!(x.dtype(), DType::F32 | DType::F64) {
+        return Err(OpError::DType(format!("Resize of {:?}", x.dtype())));
+    }
+    let roi = regions(r, inputs, x.rank())?;
+    let mut cur = x.to_f64_vec();
+    let mut shape = x.shape.clone();
+    for ax in 0..x.rank() {
+        let near = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
+        let whole = near(roi[ax][0], 0.0) && near(roi[ax][1], 1.0);
+        if out[ax] == shape[ax] && near(scales[ax], 1.0) && whole {
+            continue;
+        }
+        let taps = axis_taps(r, shape[ax], out[ax], scales[ax], roi[ax])?;
+        cur = filter_axis(&cur, &shape, ax, &taps, f64::from(r.extrapolation_value));
+        shape[ax] = out[ax];
+    }
+    Ok(super::elementwise::cast(
+        &Tensor::new(shape, Data::F64(cur))?,
+        x.dtype(),
+    ))
 }
 
 /// Source indices and weight of the second one for output coordinate `o` along one axis.
@@ -177,7 +343,7 @@ fn tap(
         _ => (o + 0.5) / s - 0.5,
     };
     let last = len - 1;
-    if r.linear {
+    if r.mode == Mode::Linear {
         let x = x.clamp(0.0, last as f32);
         let i0 = x.floor() as usize;
         let i1 = (i0 + 1).min(last);

@@ -14,7 +14,7 @@ use super::shape::{
 use super::{Op, input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::elementwise::broadcast_shape;
-use crate::tensor::{Tensor, checked_numel};
+use crate::tensor::{DType, Tensor, checked_numel};
 
 /// Bytes per element of the index vectors the gather-based ops build beside their output.
 const INDEX: usize = std::mem::size_of::<usize>();
@@ -69,6 +69,21 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             // The output and a broadcast copy of C.
             elements(&[m, n], 2 * 4)?
         }
+        // Past two spatial axes: the output and one group's im2col columns.
+        Op::Conv(c) if x()?.rank() > 4 => {
+            let g = super::conv_nd::conv_nd_geometry(c, &x()?.shape, &input(inputs, 1)?.shape)?;
+            plus(elements(&g.shape, 4)?, times(g.columns()?, 4)?)?
+        }
+        // Past two spatial axes: the output and one group's columns before they are summed.
+        Op::ConvTranspose(c) if x()?.rank() > 4 => {
+            let g = super::conv_nd::conv_transpose_nd_geometry(
+                c,
+                &x()?.shape,
+                &input(inputs, 1)?.shape,
+            )?;
+            let columns = elements(&[g.m / g.groups, g.window.taps(), g.window.positions()], 4)?;
+            plus(elements(&g.shape, 4)?, columns)?
+        }
         Op::Conv(c) => {
             let w = input(inputs, 1)?;
             let (p, out) = super::conv::conv_geometry(c, &x()?.shape, &w.shape)?;
@@ -100,6 +115,13 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             }
             total
         }
+        // The output, and past two spatial axes or with Indices, the f64 input, output and
+        // per-window state the window-by-window path keeps, and the indices.
+        Op::Pool(p) if p.indices || x()?.rank() > 4 || x()?.dtype() == DType::F64 => {
+            let (_, out) = super::pool_nd::pool_nd_geometry(p, &x()?.shape)?;
+            let window = 8 + 3 * INDEX + 8;
+            plus(elements(&out, dsize(x()?) + window)?, times(x()?.len(), 8)?)?
+        }
         Op::Pool(p) => {
             let (_, out) = super::pool::pool2d_geometry(p, &x()?.shape)?;
             elements(&out, 4)?
@@ -113,14 +135,23 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
         }
         // Computed in f64: the windows' results, and the output cast from them.
         Op::LpPool { pool, .. } => {
-            let (_, out) = super::pool::pool2d_geometry(pool, &x()?.shape)?;
-            plus(elements(&out, 8 + dsize(x()?))?, times(x()?.len(), 8)?)?
+            let (_, out) = super::pool_nd::pool_nd_geometry(pool, &x()?.shape)?;
+            let window = 8 + 3 * INDEX + 8;
+            plus(elements(&out, dsize(x()?) + window)?, times(x()?.len(), 8)?)?
         }
         // The resampled tensor and one intermediate of at most its size, plus the taps.
+        // The resampled tensor and one intermediate of at most its size, plus the taps; by
+        // filter taps, also the f64 intermediates and every tap's weight.
         Op::Resize(r) => {
-            let (out, _) = super::resize::resize_shape(r, inputs)?;
+            let (out, scales) = super::resize::resize_shape(r, inputs)?;
             let taps = out.iter().try_fold(0usize, |a, &d| plus(a, d))?;
-            plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?
+            let two = plus(elements(&out, 2 * 4)?, times(taps, 3 * INDEX)?)?;
+            if r.filtered(r.legacy || inputs.len() == 2) {
+                let filter = super::resize_filter::work_bytes(r, &x()?.shape, &out, &scales)?;
+                plus(two, filter)?
+            } else {
+                two
+            }
         }
         // Worked in f64, then the output.
         Op::GridSample(_) => {
@@ -157,6 +188,51 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let rows = super::nms::max_selected(inputs)?;
             let boxes = x()?.shape.get(1).copied().unwrap_or(0);
             plus(times(rows, 3 * 8)?, times(boxes, 8 + 2 * INDEX)?)?
+        }
+        // Worked in f64, then the output; the twiddle table, a line's samples and the FFT's
+        // complex buffers (its input, output and the sub-transforms along one recursion).
+        Op::Dft(a) => {
+            let (axis, n, out) = super::dft::dft_shape(a, inputs)?;
+            let line = plus(n, x()?.shape[axis])?;
+            plus(elements(&out, 8 + dsize(x()?))?, times(line, 16 * 8)?)?
+        }
+        Op::Stft { onesided } => {
+            let (_, frame, window, out) = super::dft::stft_shape(*onesided, inputs)?;
+            let frame = plus(frame, window.len())?;
+            plus(elements(&out, 8 + dsize(x()?))?, times(frame, 16 * 8)?)?
+        }
+        Op::MelWeightMatrix { to } => {
+            let out = super::mel::mel_shape(inputs)?;
+            elements(&out, 8 + to.size())?
+        }
+        // The output in f64 and cast, the input in f64, and one bin's samples.
+        Op::RoiAlign(a) => {
+            let out = super::roi_align::roi_align_shape(a, inputs)?;
+            let samples = times(super::roi_align::MAX_SAMPLES, 64)?;
+            let work = plus(times(x()?.len(), 8)?, samples)?;
+            plus(elements(&out, 8 + dsize(x()?))?, work)?
+        }
+        // The output in f64 and cast, the inputs in f64, and one image's columns.
+        Op::DeformConv(a) => {
+            let g = super::deform_conv::deform_geometry(a, inputs)?;
+            let read = inputs
+                .iter()
+                .flatten()
+                .try_fold(0usize, |s, t| plus(s, t.len()))?;
+            let work = plus(times(read, 8)?, times(g.columns()?, 8)?)?;
+            plus(elements(&g.shape(), 8 + dsize(x()?))?, work)?
+        }
+        // The output (each query head of a group reads its key/value head's state) and the
+        // state (`dk` by `dv` per key/value head, neither bounded by the inputs' sizes), in f64
+        // and as the outputs.
+        Op::LinearAttention(a) => {
+            let (q, v) = (x()?, input(inputs, 2)?);
+            let (&[b, t, qd], &[_, _, vd]) = (q.shape.as_slice(), v.shape.as_slice()) else {
+                return shape_err("LinearAttention needs [B, T, H*D] operands");
+            };
+            let (dk, dv) = (qd / a.q_heads, vd / a.kv_heads);
+            let out = elements(&[b, t, a.q_heads, dv], 8 + dsize(q))?;
+            plus(out, elements(&[b, a.kv_heads, dk, dv], 8 + dsize(q))?)?
         }
         _ => return Ok(None),
     };

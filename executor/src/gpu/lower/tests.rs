@@ -545,3 +545,89 @@ proptest::proptest! {
         check(&mm, &[x(&a3), ("z", random(&[n, kk, nn], 9))]);
     }
 }
+
+/// Runs the model on the CPU and on the simulated device; every step has no device path and
+/// runs on the host (a fallback, never a device kernel computing something else), and the
+/// outputs agree.
+fn falls_back(model: &Arc<Model>, inputs: &[(&str, Tensor)]) {
+    let inputs: Vec<(String, Tensor)> = inputs
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.clone()))
+        .collect();
+    let want = model
+        .plan
+        .run(&CpuBackend::new(1), inputs.clone())
+        .expect("the CPU runs it");
+    let sim: Arc<dyn crate::gpu::DeviceApi> = Arc::new(SimDevice::new(8, 1 << 30));
+    let budget = Budget::new("t", u64::MAX);
+    let weights = Weights::upload(sim.clone(), &model.plan.constants, &budget).expect("weights");
+    let mut inst = Instance::new(sim, model.clone(), weights, budget, None).expect("instance");
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|(_, t)| t.shape.clone()).collect();
+    let layout = inst.layout(&shapes).expect("layout");
+    assert!(
+        layout
+            .kinds
+            .iter()
+            .all(|k| matches!(k, StepKind::Fallback(_))),
+        "{:?}",
+        layout.kinds
+    );
+    let got = inst.run(inputs, &Pieces(1)).expect("runs");
+    for ((n, g), (_, w)) in got.iter().zip(&want) {
+        assert_eq!(g.shape, w.shape, "{n}");
+        assert!(max_rel_diff(g, w) <= 1e-6, "{n}");
+    }
+}
+
+#[test]
+fn ops_without_a_device_path_run_on_the_host() {
+    let shape = [2, 4, 5, 6, 7];
+    let conv = single(
+        "Conv",
+        &[("x", &shape)],
+        |b| vec![b.normal("w", &[6, 2, 3, 3, 3], 0.3)],
+        vec![attr_ints("pads", &[1, 1, 1, 1, 1, 1]), attr_int("group", 2)],
+        13,
+    );
+    falls_back(&conv, &[x(&shape)]);
+    let transpose = single(
+        "ConvTranspose",
+        &[("x", &shape)],
+        |b| vec![b.normal("w", &[4, 3, 2, 2, 2], 0.3)],
+        vec![attr_ints("strides", &[2, 2, 2])],
+        13,
+    );
+    falls_back(&transpose, &[x(&shape)]);
+    for op in ["MaxPool", "AveragePool", "LpPool"] {
+        let pool = single(
+            op,
+            &[("x", &shape)],
+            |_| vec![],
+            vec![
+                attr_ints("kernel_shape", &[3, 2, 3]),
+                attr_ints("strides", &[2, 1, 2]),
+            ],
+            13,
+        );
+        falls_back(&pool, &[x(&shape)]);
+    }
+    // Ops with no device path at all.
+    let det = single("Det", &[("x", &[3, 4, 4])], |_| vec![], vec![], 22);
+    falls_back(&det, &[x(&[3, 4, 4])]);
+    let dft = single(
+        "DFT",
+        &[("x", &[2, 8, 1])],
+        |_| vec![],
+        vec![attr_int("axis", 1)],
+        17,
+    );
+    falls_back(&dft, &[x(&[2, 8, 1])]);
+    let scatter = single(
+        "TensorScatter",
+        &[("x", &[2, 5, 3]), ("u", &[2, 2, 3])],
+        |_| vec![],
+        vec![],
+        24,
+    );
+    falls_back(&scatter, &[x(&[2, 5, 3]), ("u", random(&[2, 2, 3], 5))]);
+}

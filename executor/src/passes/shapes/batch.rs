@@ -171,6 +171,8 @@ impl Check {
     fn separates(&self, n: &Node) -> bool {
         let input = |i: usize| n.inputs.get(i).copied().flatten();
         match &n.op {
+            // MaxPool's Indices count across the whole batch, not per sample.
+            Op::Pool(p) if p.indices => false,
             Op::Conv(_)
             | Op::ConvTranspose(_)
             | Op::PointwiseDepthwise(_)

@@ -1,0 +1,231 @@
+//! The sliding window of a convolution or pooling over any number of spatial axes: kernel,
+//! strides, dilations and padding resolved against an input's spatial extent, and the output
+//! extent they give. The N-D convolutions and poolings (`conv_nd`, `pool_nd`) walk it.
+
+use crate::error::{OpError, OpResult, shape_err};
+use crate::tensor::MAX_ELEMENTS;
+
+/// A window resolved against one input: per spatial axis, the input's extent, the kernel's
+/// taps, stride, dilation, padding before and after, and the output's extent.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Window {
+    pub input: Vec<usize>,
+    pub kernel: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub dilations: Vec<usize>,
+    pub begin: Vec<usize>,
+    pub end: Vec<usize>,
+    pub output: Vec<usize>,
+}
+
+/// The window's attributes as a node gives them (absent lists are the defaults).
+pub(crate) struct WindowAttrs<'a> {
+    pub strides: Option<&'a [usize]>,
+    pub dilations: Option<&'a [usize]>,
+    pub pads: Option<&'a [usize]>,
+    pub auto_pad: &'a str,
+    pub ceil_mode: bool,
+}
+
+/// `v`, checked to have `n` entries, or `n` copies of `default`.
+pub(crate) fn listed(
+    v: Option<&[usize]>,
+    n: usize,
+    default: usize,
+    name: &str,
+) -> OpResult<Vec<usize>> {
+    match v {
+        Some(v) if v.len() != n => shape_err(format!(
+            "attribute \"{name}\" has {} entries for {} spatial axes",
+            v.len(),
+            if name == "pads" { n / 2 } else { n }
+        )),
+        Some(v) => Ok(v.to_vec()),
+        None => Ok(vec![default; n]),
+    }
+}
+
+/// How far a kernel of `k` taps `d` apart reaches: `(k - 1) * d + 1`.
+pub(crate) fn span(k: usize, d: usize) -> OpResult<usize> {
+    super::conv::span(k, d)
+}
+
+impl Window {
+    /// Resolves `a` for a kernel of `kernel` taps over an input of spatial extent `input`:
+    /// explicit or automatic (SAME_UPPER, SAME_LOWER, VALID) padding, floor or ceil rounding
+    /// of the output (the last window must start inside the input or its leading padding).
+    pub fn resolve(input: &[usize], kernel: &[usize], a: &WindowAttrs) -> OpResult<Window> {
+        let n = input.len();
+        if kernel.len() != n {
+            return shape_err(format!(
+                "a kernel of {} axes over {n} spatial axes",
+                kernel.len()
+            ));
+        }
+        let strides = listed(a.strides, n, 1, "strides")?;
+        let dilations = listed(a.dilations, n, 1, "dilations")?;
+        let pads = listed(a.pads, 2 * n, 0, "pads")?;
+        // Past any tensor's size these mean nothing, and past `isize` offsets would overflow.
+        for (name, v) in [
+            ("kernel_shape", kernel),
+            ("strides", &strides[..]),
+            ("dilations", &dilations[..]),
+            ("pads", &pads[..]),
+        ] {
+            if v.iter().any(|&v| v > MAX_ELEMENTS) {
+                return shape_err(format!(
+                    "attribute \"{name}\" {v:?} past the executor's limit of {MAX_ELEMENTS}"
+                ));
+            }
+            if name != "pads" && v.contains(&0) {
+                return shape_err(format!("attribute \"{name}\" {v:?} has a zero entry"));
+            }
+        }
+        let (mut begin, mut end) = (pads[..n].to_vec(), pads[n..].to_vec());
+        let mut output = vec![0; n];
+        for i in 0..n {
+            let eff = span(kernel[i], dilations[i])?;
+            match a.auto_pad {
+                "SAME_UPPER" | "SAME_LOWER" => {
+                    output[i] = input[i].div_ceil(strides[i]);
+                    let total =
+                        (output[i].saturating_sub(1) * strides[i] + eff).saturating_sub(input[i]);
+                    let small = total / 2;
+                    (begin[i], end[i]) = if a.auto_pad == "SAME_UPPER" {
+                        (small, total - small)
+                    } else {
+                        (total - small, small)
+                    };
+                    continue;
+                }
+                "VALID" => (begin[i], end[i]) = (0, 0),
+                "NOTSET" | "" => {}
+                other => return Err(OpError::Unsupported(format!("auto_pad {other:?}"))),
+            }
+            let padded = input[i] + begin[i] + end[i];
+            if padded < eff {
+                return shape_err(format!(
+                    "a window of {eff} along spatial axis {i} is larger than the padded input \
+                     {padded}"
+                ));
+            }
+            output[i] = if a.ceil_mode {
+                (padded - eff).div_ceil(strides[i]) + 1
+            } else {
+                (padded - eff) / strides[i] + 1
+            };
+            if a.ceil_mode && (output[i] - 1) * strides[i] >= input[i] + begin[i] {
+                output[i] -= 1;
+            }
+        }
+        Ok(Window {
+            input: input.to_vec(),
+            kernel: kernel.to_vec(),
+            strides,
+            dilations,
+            begin,
+            end,
+            output,
+        })
+    }
+
+    /// Taps in one window.
+    pub fn taps(&self) -> usize {
+        self.kernel.iter().product()
+    }
+
+    /// Positions in the output (per channel).
+    pub fn positions(&self) -> usize {
+        self.output.iter().product()
+    }
+
+    /// Calls `f(position, tap, offset, inside)` for every output position and every tap of its
+    /// window (positions and taps each row-major): `offset` is the flat offset within one
+    /// channel of the input element the tap reads, `None` where it reads padding (or past
+    /// the padded input, as ceil rounding may); `inside` says whether the tap lies within the
+    /// padded extent (`begin` + input + `end`).
+    pub fn visit(&self, mut f: impl FnMut(usize, usize, Option<usize>, bool)) {
+        let n = self.input.len();
+        let (taps, positions) = (self.taps(), self.positions());
+        let mut o = vec![0; n];
+        let mut t = vec![0; n];
+        for pos in 0..positions {
+            for tap in 0..taps {
+                let mut off = Some(0usize);
+                let mut inside = true;
+                for i in 0..n {
+                    let p = o[i] * self.strides[i] + t[i] * self.dilations[i];
+                    inside &= p < self.begin[i] + self.input[i] + self.end[i];
+                    let at = p.checked_sub(self.begin[i]).filter(|&p| p < self.input[i]);
+                    off = off.zip(at).map(|(f, p)| f * self.input[i] + p);
+                }
+                f(pos, tap, off, inside);
+                step(&mut t, &self.kernel);
+            }
+            step(&mut o, &self.output);
+        }
+    }
+}
+
+/// The next multi-index after `i` within `dims`, row-major (wrapping to zeros at the end).
+pub(crate) fn step(i: &mut [usize], dims: &[usize]) {
+    for a in (0..i.len()).rev() {
+        i[a] += 1;
+        if i[a] < dims[a] {
+            return;
+        }
+        i[a] = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs<'a>(pads: Option<&'a [usize]>, auto_pad: &'a str, ceil: bool) -> WindowAttrs<'a> {
+        WindowAttrs {
+            strides: Some(&[2, 2, 2]),
+            dilations: None,
+            pads,
+            auto_pad,
+            ceil_mode: ceil,
+        }
+    }
+
+    #[test]
+    fn windows_resolve_padding_and_rounding_per_axis() {
+        let w = Window::resolve(&[5, 6, 7], &[3, 3, 3], &attrs(None, "NOTSET", false)).unwrap();
+        assert_eq!(w.output, vec![2, 2, 3]);
+        let w = Window::resolve(&[5, 6, 7], &[3, 3, 3], &attrs(None, "NOTSET", true)).unwrap();
+        assert_eq!(w.output, vec![2, 3, 3]);
+        let w = Window::resolve(&[5, 6, 7], &[3, 3, 3], &attrs(None, "SAME_UPPER", false)).unwrap();
+        assert_eq!(
+            (w.output, w.begin, w.end),
+            (vec![3, 3, 4], vec![1, 0, 1], vec![1, 1, 1])
+        );
+        let pads: &[usize] = &[1, 0, 0, 1, 0, 0];
+        let w = Window::resolve(&[1, 1, 1], &[3, 1, 1], &attrs(Some(pads), "", false)).unwrap();
+        assert_eq!(w.output, vec![1, 1, 1]);
+        let mut offs = Vec::new();
+        w.visit(|o, t, off, inside| offs.push((o, t, off, inside)));
+        assert_eq!(
+            offs,
+            vec![
+                (0, 0, None, true),
+                (0, 1, Some(0), true),
+                (0, 2, None, true)
+            ]
+        );
+        // Too large a kernel, wrong list lengths, absurd strides and unknown modes are errors.
+        assert!(Window::resolve(&[2, 2, 2], &[3, 1, 1], &attrs(None, "", false)).is_err());
+        assert!(Window::resolve(&[2, 2], &[1, 1, 1], &attrs(None, "", false)).is_err());
+        let short: &[usize] = &[1, 1];
+        assert!(Window::resolve(&[2, 2, 2], &[1, 1, 1], &attrs(Some(short), "", false)).is_err());
+        let huge = WindowAttrs {
+            strides: Some(&[1 << 40, 1, 1]),
+            ..attrs(None, "", false)
+        };
+        assert!(Window::resolve(&[2, 2, 2], &[1, 1, 1], &huge).is_err());
+        assert!(Window::resolve(&[2, 2, 2], &[1, 1, 1], &attrs(None, "SAME", false)).is_err());
+    }
+}
