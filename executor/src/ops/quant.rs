@@ -16,8 +16,10 @@ use super::matmul::MatMulShape;
 use super::{Cx, input, narrow, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_numel, f16};
-use cotenant_kernels::conv::conv2d_integer;
+use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
+use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm};
+use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum QuantOp {
@@ -28,6 +30,46 @@ pub enum QuantOp {
     ConvInteger(ConvAttrs),
     QLinearMatMul,
     QLinearConv(ConvAttrs),
+    /// MatMulInteger with constant weights, packed once (`passes::qdq`).
+    PackedMatMul(Arc<PackedMatMul>),
+    /// A quantized Conv (DequantizeLinear → Conv → QuantizeLinear) in integers (`passes::qdq`).
+    QConv(Arc<QConv>),
+}
+
+/// A Conv between DequantizeLinear of its input and QuantizeLinear of its output, worked in
+/// integers: `x` (input 0, int8 or uint8, with a single zero point `x_zero`) convolved exactly
+/// with the constant per-channel int8 weights packed for `qgemm`, then requantized in f32:
+/// `clamp(round(acc · mult[c] + offset[c]) + y_zero)`, where `mult = x_scale · w_scale[c] /
+/// y_scale` and `offset` is the float bias over `y_scale`; the clamp's low end is `y_zero` with
+/// a Relu fused. Equal to the float path on dequantized values up to the rounding of one
+/// quantization step at ties.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QConv {
+    pub conv: ConvAttrs,
+    /// `[M, C, kh, kw]` (or `[M, C, k]`).
+    pub w_shape: Vec<usize>,
+    pub b: PackedB,
+    pub x_dtype: DType,
+    /// Shifted to unsigned (`Int8::unsigned`).
+    pub x_zero: u8,
+    pub mult: Vec<f32>,
+    pub offset: Vec<f32>,
+    pub y_dtype: DType,
+    pub y_zero: f32,
+    pub relu: bool,
+}
+
+/// MatMulInteger of `[a, a's zero point]` by constant weights packed for `qgemm`, with the
+/// dynamic quantization's Cast to float, Mul by the scale (input 2) and Add of a constant bias
+/// fused in when `scaled` (the output is then float: `acc as f32 * scale + bias`, rounded as
+/// those ops round).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedMatMul {
+    /// The weights' shape, `[k, n]`.
+    pub shape: [usize; 2],
+    pub b: PackedB,
+    pub scaled: bool,
+    pub bias: Option<Vec<f32>>,
 }
 
 /// Where the scales and zero points of a quantized tensor apply: one for the whole tensor (a
@@ -110,6 +152,10 @@ impl QuantOp {
             QuantOp::ConvInteger(_) => "ConvInteger",
             QuantOp::QLinearMatMul => "QLinearMatMul",
             QuantOp::QLinearConv(_) => "QLinearConv",
+            QuantOp::PackedMatMul(p) if p.scaled => "MatMulInteger(packed)+Scale",
+            QuantOp::PackedMatMul(_) => "MatMulInteger(packed)",
+            QuantOp::QConv(c) if c.relu => "QConv+Relu",
+            QuantOp::QConv(_) => "QConv",
         }
     }
 
@@ -135,6 +181,8 @@ impl QuantOp {
             }
             QuantOp::QLinearMatMul => vec![qlinear_matmul(cx, inputs)?],
             QuantOp::QLinearConv(c) => vec![qlinear_conv(cx, c, inputs)?],
+            QuantOp::PackedMatMul(p) => vec![packed_matmul(cx, p, inputs)?],
+            QuantOp::QConv(q) => vec![qconv(cx, q, x)?],
         })
     }
 }
@@ -335,11 +383,14 @@ fn quantize(
         (a, b) if a == b => a,
         _ => DType::F32,
     });
+    let map = q.layout.map(&x.shape, &scale.shape, "scale")?;
+    if let Some(y) = quantize_f32(x, scale, zp, dtype, precision, &map)? {
+        return Tensor::new(x.shape.clone(), y);
+    }
     let xv = match x.dtype() {
         DType::I32 => x.to_f64_vec(),
         _ => floats(x, "QuantizeLinear input")?,
     };
-    let map = q.layout.map(&x.shape, &scale.shape, "scale")?;
     let sv = floats(scale, "scale")?;
     let zv = zero_points(zp, dtype, &scale.shape)?;
     if let Some(l) = float {
@@ -366,6 +417,125 @@ fn quantize(
     Tensor::new(x.shape.clone(), data)
 }
 
+/// `x` rounded half to even, for `|x| <= 2^22`: adding and taking away 1.5·2^23 leaves no
+/// fraction bits, and the addition rounds as the FPU does (to nearest, ties to even). Unlike
+/// `round_ties_even` it needs no SSE4.1 (no libm call per element on baseline x86-64).
+fn round_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+/// `clamp(round(x / scale) + zero, lo, hi)` in f32, as the reference works it for f32 `x / scale`
+/// (an f32 quotient is the f64 one rounded to f32): quotients past ±2^22 are clamped first,
+/// where every zero point saturates them the same way, and NaN becomes 0 as there.
+fn quantize_value(x: f32, scale: f32, zero: f32, lo: f32, hi: f32) -> f32 {
+    (round_even((x / scale).clamp(-4_194_304.0, 4_194_304.0)) + zero).clamp(lo, hi)
+}
+
+/// Elements per parameter run and the parameter count of a per-tensor or per-axis layout
+/// (blocked ones: `None`).
+fn runs(map: &ParamMap, len: usize) -> Option<(usize, usize)> {
+    match map.block {
+        0 => Some((len.max(1), 1)),
+        1 => Some((map.inner.max(1), map.dim)),
+        _ => None,
+    }
+}
+
+/// QuantizeLinear of f32 by f32 scales to int8 or uint8 worked in f32, per tensor or per axis:
+/// the reference's result, without its f64 detour. `None` for other cases.
+fn quantize_f32(
+    x: &Tensor,
+    scale: &Tensor,
+    zp: Option<&Tensor>,
+    dtype: DType,
+    precision: DType,
+    map: &ParamMap,
+) -> OpResult<Option<Data>> {
+    let (Ok(xv), Ok(sv), DType::F32) = (x.as_f32(), scale.as_f32(), precision) else {
+        return Ok(None);
+    };
+    if !matches!(dtype, DType::U8 | DType::I8) || zp.is_some_and(|z| z.dtype() != dtype) {
+        return Ok(None);
+    }
+    let Some((run, count)) = runs(map, xv.len()) else {
+        return Ok(None);
+    };
+    let zv = match zero_points(zp, dtype, &scale.shape)? {
+        Some(z) => z.iter().map(|&z| z as f32).collect(),
+        None => vec![0.0; sv.len()],
+    };
+    let (lo, hi) = match dtype {
+        DType::I8 => (-128.0, 127.0),
+        _ => (0.0, 255.0),
+    };
+    let param = |r: usize| if sv.len() == 1 { 0 } else { r % count };
+    Ok(Some(match dtype {
+        DType::I8 => {
+            let mut y = vec![0i8; xv.len()];
+            for (r, (y, x)) in y.chunks_mut(run).zip(xv.chunks(run)).enumerate() {
+                let (s, z) = (sv[param(r)], zv[param(r)]);
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = quantize_value(x, s, z, lo, hi) as i8;
+                }
+            }
+            Data::I8(y)
+        }
+        _ => {
+            let mut y = vec![0u8; xv.len()];
+            for (r, (y, x)) in y.chunks_mut(run).zip(xv.chunks(run)).enumerate() {
+                let (s, z) = (sv[param(r)], zv[param(r)]);
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = quantize_value(x, s, z, lo, hi) as u8;
+                }
+            }
+            Data::U8(y)
+        }
+    }))
+}
+
+/// DequantizeLinear of int8 or uint8 by f32 scales to f32, per tensor or per axis: the
+/// reference's arithmetic (`(x - zero) as f32 * scale`) without its i64 and f64 copies.
+fn dequantize_f32(
+    x: &Tensor,
+    scale: &Tensor,
+    zp: Option<&Tensor>,
+    map: &ParamMap,
+) -> OpResult<Option<Tensor>> {
+    let Ok(sv) = scale.as_f32() else {
+        return Ok(None);
+    };
+    let Some((run, count)) = runs(map, x.len()) else {
+        return Ok(None);
+    };
+    if !matches!(x.dtype(), DType::U8 | DType::I8) {
+        return Ok(None);
+    }
+    let zv = zero_points(zp, x.dtype(), &scale.shape)?.unwrap_or_else(|| vec![0; sv.len()]);
+    let param = |r: usize| if sv.len() == 1 { 0 } else { r % count };
+    let mut y = vec![0f32; x.len()];
+    match &x.data {
+        Data::U8(v) => {
+            for (r, (y, x)) in y.chunks_mut(run).zip(v.chunks(run)).enumerate() {
+                let (s, z) = (sv[param(r)], zv[param(r)] as i32);
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = (x as i32 - z) as f32 * s;
+                }
+            }
+        }
+        Data::I8(v) => {
+            for (r, (y, x)) in y.chunks_mut(run).zip(v.chunks(run)).enumerate() {
+                let (s, z) = (sv[param(r)], zv[param(r)] as i32);
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = (x as i32 - z) as f32 * s;
+                }
+            }
+        }
+        _ => return Ok(None),
+    }
+    Ok(Some(Tensor::f32(x.shape.clone(), y)?))
+}
+
 fn dequantize(
     d: &DequantizeAttrs,
     x: &Tensor,
@@ -383,6 +553,11 @@ fn dequantize(
         }
     };
     let map = d.layout.map(&x.shape, &scale.shape, "scale")?;
+    if matches!(d.output_dtype, None | Some(DType::F32))
+        && let Some(y) = dequantize_f32(x, scale, zp, &map)?
+    {
+        return Ok(y);
+    }
     let sv = floats(scale, "scale")?;
     let zv = zero_points(zp, x.dtype(), &scale.shape)?;
     let y: Vec<f32> = if float {
@@ -411,11 +586,12 @@ fn dynamic_quantize(x: &Tensor) -> OpResult<Vec<Tensor>> {
     let min = v.iter().fold(0.0f32, |m, &e| m.min(e));
     let scale = if max == min { 1.0 } else { max - min } / 255.0;
     let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
-    let y = saturate(DType::U8, v.len(), |i| {
-        ((v[i] / scale).round_ties_even() + zp) as f64
-    })?;
+    let y = v
+        .iter()
+        .map(|&e| quantize_value(e, scale, zp, 0.0, 255.0) as u8)
+        .collect();
     Ok(vec![
-        Tensor::new(x.shape.clone(), y)?,
+        Tensor::new(x.shape.clone(), Data::U8(y))?,
         Tensor::scalar_f32(scale),
         Tensor::new(vec![], Data::U8(vec![zp as u8]))?,
     ])
@@ -510,6 +686,199 @@ fn integer_conv(
     let wv = centred(w, w_zp, Some((p.m, &channel)), "w")?;
     conv2d_integer(&p, &xv, &wv, &mut out, cx.threads);
     Ok((out, shape))
+}
+
+/// `a` (8-bit, with a single zero point) packed for `qgemm` as `m` rows of `k`.
+fn pack_rows(a: &Tensor, zp: Option<&Tensor>, m: usize, k: usize) -> OpResult<PackedA> {
+    if let Some(z) = zp {
+        single(z, "A's zero point")?;
+        if z.dtype() != a.dtype() {
+            return Err(OpError::DType(format!(
+                "A's zero point is {:?}, not {:?}",
+                z.dtype(),
+                a.dtype()
+            )));
+        }
+    }
+    let mut pa = PackedA::default();
+    match (&a.data, zp.map(|z| &z.data)) {
+        (Data::U8(v), z) => {
+            let z = match z {
+                Some(Data::U8(z)) => z[0],
+                _ => 0,
+            };
+            pa.pack(m, k, v, k, z)
+        }
+        (Data::I8(v), z) => {
+            let z = match z {
+                Some(Data::I8(z)) => z[0],
+                _ => 0,
+            };
+            pa.pack(m, k, v, k, z)
+        }
+        (d, _) => {
+            return Err(OpError::DType(format!(
+                "A must be int8 or uint8, not {:?}",
+                d.dtype()
+            )));
+        }
+    }
+    Ok(pa)
+}
+
+/// Constant weights `[k, n]` (int8 or uint8) with their zero point (none, one, or one per
+/// column) packed for `qgemm`; `None` when they are of another type or shape.
+pub fn pack_weights(b: &Tensor, zp: Option<&Tensor>) -> Option<PackedB> {
+    let &[k, n] = b.shape.as_slice() else {
+        return None;
+    };
+    let zn = zp.map_or(1, |z| z.len());
+    if zp.is_some_and(|z| z.rank() > 1 || z.dtype() != b.dtype()) || (zn != 1 && zn != n) {
+        return None;
+    }
+    Some(match (&b.data, zp.map(|z| &z.data)) {
+        (Data::I8(v), None) => PackedB::new(k, n, v, (n, 1), &[0]),
+        (Data::I8(v), Some(Data::I8(z))) => PackedB::new(k, n, v, (n, 1), z),
+        (Data::U8(v), None) => PackedB::new(k, n, v, (n, 1), &[0]),
+        (Data::U8(v), Some(Data::U8(z))) => PackedB::new(k, n, v, (n, 1), z),
+        _ => return None,
+    })
+}
+
+fn packed_matmul(cx: &Cx, p: &PackedMatMul, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let a = input(inputs, 0)?;
+    let s = MatMulShape::of(&a.shape, &p.shape)?;
+    let (k, n) = (p.shape[0], p.shape[1]);
+    let rows = checked_numel(&s.out)? / n.max(1);
+    let pa = pack_rows(a, opt_input(inputs, 1), rows, k)?;
+    let mut acc = vec![0i32; rows * n];
+    qgemm(cx.threads, &pa, &p.b, &mut acc);
+    if !p.scaled {
+        return Tensor::new(s.out, Data::I32(acc));
+    }
+    let scale = input(inputs, 2)?;
+    if scale.len() != 1 || scale.rank() > s.out.len() {
+        return shape_err(format!(
+            "a scale of shape {:?} for a product of shape {:?}",
+            scale.shape, s.out
+        ));
+    }
+    let scale = scale.as_f32()?[0];
+    let mut out = cx.take_f32(acc.len());
+    match &p.bias {
+        Some(bias) => {
+            for (o, a) in out.chunks_exact_mut(n).zip(acc.chunks_exact(n)) {
+                for ((o, &a), &b) in o.iter_mut().zip(a).zip(bias) {
+                    *o = a as f32 * scale + b;
+                }
+            }
+        }
+        None => {
+            for (o, &a) in out.iter_mut().zip(&acc) {
+                *o = a as f32 * scale;
+            }
+        }
+    }
+    Tensor::f32(s.out, out)
+}
+
+/// The rows of the convolution as a matrix product: one per output position of every image,
+/// holding the input window (channels, then kernel rows, then columns; the zero point where the
+/// window hangs over the padding), unsigned.
+fn im2row<T: Int8>(p: &Conv2d, x: &[T], zero: u8, a: &mut PackedA) {
+    let (plane, positions) = (p.h * p.w, p.oh * p.ow);
+    let k = p.c * p.kh * p.kw;
+    a.pack_with(p.n * positions, k, zero, |r, row| {
+        let (img, pos) = (r / positions, r % positions);
+        let (oy, ox) = (pos / p.ow, pos % p.ow);
+        let x = &x[img * p.c * plane..(img + 1) * p.c * plane];
+        let mut o = 0;
+        for ci in 0..p.c {
+            let ch = &x[ci * plane..(ci + 1) * plane];
+            for ky in 0..p.kh {
+                let iy = (oy * p.sh + ky * p.dh).wrapping_sub(p.pt);
+                for kx in 0..p.kw {
+                    let ix = (ox * p.sw + kx * p.dw).wrapping_sub(p.pl);
+                    row[o] = if iy < p.h && ix < p.w {
+                        ch[iy * p.w + ix].unsigned()
+                    } else {
+                        zero
+                    };
+                    o += 1;
+                }
+            }
+        }
+    });
+}
+
+fn qconv(cx: &Cx, q: &QConv, x: &Tensor) -> OpResult<Tensor> {
+    let (p, shape) = conv_geometry(&q.conv, &x.shape, &q.w_shape)?;
+    if x.dtype() != q.x_dtype || p.groups != 1 {
+        return Err(OpError::DType(format!(
+            "quantized Conv of {:?} in {} groups, built for {:?} in one",
+            x.dtype(),
+            p.groups,
+            q.x_dtype
+        )));
+    }
+    let total = checked_numel(&shape)?;
+    let positions = p.oh * p.ow;
+    let rows = p.n * positions;
+    let mut a = PackedA::default();
+    match &x.data {
+        Data::U8(v) => im2row(&p, v, q.x_zero, &mut a),
+        Data::I8(v) => im2row(&p, v, q.x_zero, &mut a),
+        _ => unreachable!("x's type is checked above"),
+    }
+    let mut acc = vec![0i32; rows * p.m];
+    qgemm(cx.threads, &a, &q.b, &mut acc);
+    let (lo, hi) = match q.y_dtype {
+        DType::I8 => (-128.0, 127.0),
+        _ => (0.0, 255.0),
+    };
+    let lo = if q.relu { q.y_zero.max(lo) } else { lo };
+    let requant = |acc: i32, c: usize| {
+        (round_even((acc as f32 * q.mult[c] + q.offset[c]).clamp(-4_194_304.0, 4_194_304.0))
+            + q.y_zero)
+            .clamp(lo, hi)
+    };
+    // acc is [image][position][channel]; the output [image][channel][position].
+    let data = match q.y_dtype {
+        DType::I8 => {
+            let mut y = vec![0i8; total];
+            transpose_out(&acc, &mut y, p.m, positions, |a, c| requant(a, c) as i8);
+            Data::I8(y)
+        }
+        _ => {
+            let mut y = vec![0u8; total];
+            transpose_out(&acc, &mut y, p.m, positions, |a, c| requant(a, c) as u8);
+            Data::U8(y)
+        }
+    };
+    Tensor::new(shape, data)
+}
+
+/// `y[img][c][pos] = f(acc[img][pos][c], c)`, in tiles that keep both sides in cache.
+fn transpose_out<T: Copy>(
+    acc: &[i32],
+    y: &mut [T],
+    channels: usize,
+    positions: usize,
+    f: impl Fn(i32, usize) -> T,
+) {
+    const TILE: usize = 32;
+    let image = channels * positions;
+    for (acc, y) in acc.chunks_exact(image).zip(y.chunks_exact_mut(image)) {
+        for p0 in (0..positions).step_by(TILE) {
+            let p1 = (p0 + TILE).min(positions);
+            for c in 0..channels {
+                let row = &mut y[c * positions + p0..c * positions + p1];
+                for (o, pos) in row.iter_mut().zip(p0..p1) {
+                    *o = f(acc[pos * channels + c], c);
+                }
+            }
+        }
+    }
 }
 
 /// A scale or zero point that must be a single value.
