@@ -72,7 +72,7 @@ pub fn vnni() -> bool {
 }
 
 /// `k × n` weights in the kernel's layout, with their zero points and column sums.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PackedB {
     k: usize,
     n: usize,
@@ -157,17 +157,106 @@ impl PackedB {
     }
 }
 
-/// `m × k` activations in the kernel's layout: rows padded to a multiple of 4, unsigned, with
-/// their sums. Reused across calls (`pack` keeps the buffers).
-#[derive(Clone, Debug, Default)]
+impl PackedB {
+    /// Repacks `k` rows of `n` values (`rows`, `k × n` row-major: activations by channel, or
+    /// an im2col matrix) with the single zero point `zb`, reusing this pack's buffers.
+    ///
+    /// # Panics
+    /// If `rows` is not `k × n`.
+    pub fn pack_rows<T: Int8>(&mut self, k: usize, n: usize, rows: &[T], zb: T) {
+        assert_eq!(rows.len(), k * n, "pack_rows operand size");
+        let kp = k.div_ceil(4) * 4;
+        let panels = n.div_ceil(LANES).div_ceil(NP) * NP;
+        let width = panels * LANES;
+        // Only the padding needs zeros (below); everything else is written.
+        self.data.resize(panels * kp * LANES, 0);
+        self.sums.clear();
+        self.sums.resize(width, 0);
+        self.zero.clear();
+        self.zero.resize(width, zb.signed() as i32);
+        for j in n..width {
+            let at = j / LANES * kp * LANES + j % LANES * 4;
+            for g in 0..kp / 4 {
+                self.data[at + g * 4 * LANES..][..4].fill(0);
+            }
+        }
+        for p in k..kp {
+            for j in 0..width {
+                self.data[(j / LANES * kp + p / 4 * 4) * LANES + j % LANES * 4 + p % 4] = 0;
+            }
+        }
+        for row in rows.chunks_exact(n.max(1)).take(k) {
+            for (s, &v) in self.sums.iter_mut().zip(row) {
+                *s += v.signed() as i32;
+            }
+        }
+        let full = n / LANES;
+        for g in 0..kp / 4 {
+            let group = &mut self.data[..];
+            if 4 * g + 3 < k {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let r: [&[T]; 4] = std::array::from_fn(|q| &rows[(4 * g + q) * n..][..n]);
+                    for panel in 0..full {
+                        let at = (panel * kp + 4 * g) * LANES;
+                        interleave4(r, panel * LANES, T::TO_SIGNED != 0, &mut group[at..at + 64]);
+                    }
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = full;
+            }
+            // What the vector path leaves: partial groups, the last partial panel (and
+            // everything off x86-64).
+            let vector = if cfg!(target_arch = "x86_64") && 4 * g + 3 < k {
+                full * LANES
+            } else {
+                0
+            };
+            for p in (4 * g..4 * g + 4).filter(|&p| p < k) {
+                let row = &rows[p * n..(p + 1) * n];
+                for (j, &v) in row.iter().enumerate().skip(vector) {
+                    let at = (j / LANES * kp + 4 * g) * LANES + j % LANES * 4 + p % 4;
+                    group[at] = v.signed();
+                }
+            }
+        }
+        (self.k, self.n, self.kp, self.panels) = (k, n, kp, panels);
+    }
+}
+
+/// Sixteen columns from `at` of four rows, made signed (`flip`: uint8 less 128), interleaved
+/// into one 64-byte group of the packed layout: column `j`'s four values at `4j..4j + 4`.
+#[cfg(target_arch = "x86_64")]
+fn interleave4<T: Int8>(rows: [&[T]; 4], at: usize, flip: bool, dst: &mut [i8]) {
+    use std::arch::x86_64::*;
+    assert!(dst.len() >= 64 && rows.iter().all(|r| r.len() >= at + 16));
+    // SAFETY: 16 bytes from `at` of each row and 64 of dst are in bounds (asserted); SSE2 is
+    // part of x86-64; T is one byte.
+    unsafe {
+        let flip = _mm_set1_epi8(if flip { -128 } else { 0 });
+        let load = |r: &[T]| _mm_xor_si128(_mm_loadu_si128(r.as_ptr().add(at).cast()), flip);
+        let (a, b, c, d) = (load(rows[0]), load(rows[1]), load(rows[2]), load(rows[3]));
+        let (ab_lo, ab_hi) = (_mm_unpacklo_epi8(a, b), _mm_unpackhi_epi8(a, b));
+        let (cd_lo, cd_hi) = (_mm_unpacklo_epi8(c, d), _mm_unpackhi_epi8(c, d));
+        let o = dst.as_mut_ptr();
+        _mm_storeu_si128(o.cast(), _mm_unpacklo_epi16(ab_lo, cd_lo));
+        _mm_storeu_si128(o.add(16).cast(), _mm_unpackhi_epi16(ab_lo, cd_lo));
+        _mm_storeu_si128(o.add(32).cast(), _mm_unpacklo_epi16(ab_hi, cd_hi));
+        _mm_storeu_si128(o.add(48).cast(), _mm_unpackhi_epi16(ab_hi, cd_hi));
+    }
+}
+
+/// `m × k` values in the kernel's layout: rows padded to a multiple of 4, unsigned, with their
+/// sums and zero points (one, or one per row). Reused across calls (`pack` keeps the buffers).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PackedA {
     m: usize,
     k: usize,
     kp: usize,
     data: Vec<u8>,
     sums: Vec<i32>,
-    /// The zero point, shifted as the values are.
-    zero: i32,
+    /// The zero points (one, or one per row), shifted as the values are.
+    zero: Vec<i32>,
 }
 
 impl PackedA {
@@ -176,9 +265,30 @@ impl PackedA {
     /// # Panics
     /// If `a` is too short.
     pub fn pack<T: Int8>(&mut self, m: usize, k: usize, a: &[T], row: usize, za: T) {
+        self.pack_rows(m, k, a, row, &[za]);
+    }
+
+    /// Packs constant `a` (`m × k` row-major, e.g. convolution weights by output channel) with
+    /// zero points `za` (one, or one per row).
+    ///
+    /// # Panics
+    /// If `a` is not `m × k` or `za` has another count.
+    pub fn weights<T: Int8>(m: usize, k: usize, a: &[T], za: &[T]) -> PackedA {
+        assert_eq!(a.len(), m * k, "PackedA weights size");
+        let mut p = PackedA::default();
+        p.pack_rows(m, k, a, k, za);
+        p
+    }
+
+    fn pack_rows<T: Int8>(&mut self, m: usize, k: usize, a: &[T], row: usize, za: &[T]) {
         if m > 0 && k > 0 {
             assert!(a.len() >= (m - 1) * row + k, "PackedA operand too small");
         }
+        assert!(
+            za.len() == 1 || za.len() == m,
+            "{} zero points for {m} rows",
+            za.len()
+        );
         let kp = k.div_ceil(4) * 4;
         self.data.clear();
         self.data.resize(m * kp, 0);
@@ -189,67 +299,59 @@ impl PackedA {
             let mut sum = 0i32;
             for (d, &s) in dst.iter_mut().zip(src) {
                 *d = s.unsigned();
-                sum += *d as i32;
+                sum = sum.wrapping_add(*d as i32);
             }
             self.sums[i] = sum;
         }
         (self.m, self.k, self.kp) = (m, k, kp);
-        self.zero = za.unsigned() as i32;
-    }
-
-    /// Packs rows written by `fill`, which gets each row's `k` (of `kp`) bytes to fill with
-    /// values already unsigned (`Int8::unsigned`); `zero` is the zero point likewise shifted.
-    pub fn pack_with(
-        &mut self,
-        m: usize,
-        k: usize,
-        zero: u8,
-        mut fill: impl FnMut(usize, &mut [u8]),
-    ) {
-        let kp = k.div_ceil(4) * 4;
-        self.data.clear();
-        self.data.resize(m * kp, 0);
-        self.sums.clear();
-        self.sums.resize(m, 0);
-        for i in 0..m {
-            let row = &mut self.data[i * kp..i * kp + k];
-            fill(i, row);
-            self.sums[i] = row.iter().map(|&v| v as i32).sum();
-        }
-        (self.m, self.k, self.kp) = (m, k, kp);
-        self.zero = zero as i32;
+        self.zero = za.iter().map(|z| z.unsigned() as i32).collect();
     }
 
     pub fn m(&self) -> usize {
         self.m
     }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + 4 * (self.sums.len() + self.zero.len())
+    }
+
+    fn zero_of(&self, i: usize) -> i32 {
+        self.zero[if self.zero.len() == 1 { 0 } else { i }]
+    }
 }
 
-/// `c[i·n + j]` (`m × n`, row-major) `= Σ_p (a[i][p] - za) · (b[p][j] - zb[j])`, split across
-/// `threads`.
+/// `c[i·n + j]` (`m × n`, row-major) `= Σ_p (a[i][p] - za[i]) · (b[p][j] - zb[j])`, split
+/// across `threads`.
 ///
 /// # Panics
 /// If `a` and `b` disagree on `k` or `c` is not `m × n`.
 pub fn qgemm(threads: usize, a: &PackedA, b: &PackedB, c: &mut [i32]) {
+    qgemm_map(threads, a, b, c, |_, _, v, o| o.copy_from_slice(v));
+}
+
+/// [`qgemm`] with each row's results passed through `f` on their way out: `f(i, j0, sums,
+/// out)` gets the sums of row `i` for columns `j0..j0 + sums.len()` (at most 16) and the
+/// elements of `out` (`m × n`, row-major) they become.
+///
+/// # Panics
+/// If `a` and `b` disagree on `k` or `out` is not `m × n`.
+pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
+    threads: usize,
+    a: &PackedA,
+    b: &PackedB,
+    out: &mut [O],
+    f: F,
+) {
     let (m, n) = (a.m, b.n);
     assert_eq!(a.k, b.k, "qgemm reduction lengths");
-    assert_eq!(c.len(), m * n, "qgemm output size");
+    assert_eq!(out.len(), m * n, "qgemm output size");
     if m == 0 || n == 0 {
         return;
     }
-    // Per column: k·za·zb - za·Σb, the part of the correction that does not depend on the row.
-    let za = a.zero;
-    let kz = (b.k as i32).wrapping_mul(za);
-    let columns: Vec<i32> = (0..b.panels * LANES)
-        .map(|j| {
-            b.zero[j]
-                .wrapping_mul(kz)
-                .wrapping_sub(za.wrapping_mul(b.sums[j]))
-        })
-        .collect();
-    let out = SharedOut(c.as_mut_ptr());
+    let out = SharedOut(out.as_mut_ptr());
     let vnni = vnni();
-    // Tasks: blocks of NP panels by blocks of rows; columns first (each reads its own weights).
+    // Tasks: blocks of NP panels by blocks of rows; columns first (each reads its own B).
     let blocks = b.panels / NP;
     let row_tasks = if blocks >= 2 * threads {
         1
@@ -263,14 +365,14 @@ pub fn qgemm(threads: usize, a: &PackedA, b: &PackedB, c: &mut [i32]) {
         let panels = block * NP..(block + 1) * NP;
         if vnni {
             // SAFETY: the CPU has AVX-512F/BW/VNNI (`vnni`); `a` and `b` hold their padded
-            // sizes by construction and `c` is `m × n` (asserted above); tasks write disjoint
-            // (rows, panels) tiles.
+            // sizes by construction and `out` is `m × n` (asserted above); tasks write
+            // disjoint (rows, panels) tiles.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                vnni_tiles(a, b, &columns, rows, panels, out)
+                vnni_tiles(a, b, rows, panels, out, &f)
             }
         } else {
-            portable_tiles(a, b, &columns, rows, panels, out)
+            portable_tiles(a, b, rows, panels, out, &f)
         }
     };
     let tasks = blocks * row_tasks;
@@ -282,21 +384,47 @@ pub fn qgemm(threads: usize, a: &PackedA, b: &PackedB, c: &mut [i32]) {
 }
 
 /// The output shared by tasks that write disjoint tiles of it.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut i32);
-// SAFETY: tasks write disjoint elements (see `qgemm`), and the pointer outlives them.
-unsafe impl Send for SharedOut {}
+struct SharedOut<O>(*mut O);
+impl<O> Clone for SharedOut<O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<O> Copy for SharedOut<O> {}
+// SAFETY: tasks write disjoint elements (see `qgemm_map`), and the pointer outlives them.
+unsafe impl<O: Send> Send for SharedOut<O> {}
 // SAFETY: as above.
-unsafe impl Sync for SharedOut {}
+unsafe impl<O: Send> Sync for SharedOut<O> {}
+
+impl<O> SharedOut<O> {
+    /// Row `i`'s `width` elements from column `j0`.
+    ///
+    /// # Safety
+    /// They lie within the `m × n` output and no one else touches them meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn row(&self, i: usize, n: usize, j0: usize, width: usize) -> &mut [O] {
+        // SAFETY: as the contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(i * n + j0), width) }
+    }
+}
+
+/// The correction of row `i`'s sums for the zero points:
+/// `sum + zb[j]·(k·za[i] - Σa[i]) - za[i]·Σb[j]`.
+fn corrected(a: &PackedA, b: &PackedB, i: usize, j: usize, sum: i32) -> i32 {
+    let za = a.zero_of(i);
+    let t = (b.k as i32).wrapping_mul(za).wrapping_sub(a.sums[i]);
+    sum.wrapping_add(b.zero[j].wrapping_mul(t))
+        .wrapping_sub(za.wrapping_mul(b.sums[j]))
+}
 
 /// The portable kernel: rows `rows` by the columns of `panels`.
-fn portable_tiles(
+fn portable_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     a: &PackedA,
     b: &PackedB,
-    columns: &[i32],
     rows: std::ops::Range<usize>,
     panels: std::ops::Range<usize>,
-    out: SharedOut,
+    out: SharedOut<O>,
+    f: &F,
 ) {
     let (kp, n) = (a.kp, b.n);
     let mut acc = [0i32; LANES];
@@ -317,15 +445,12 @@ fn portable_tiles(
                     *o = o.wrapping_add(s);
                 }
             }
-            for (l, &v) in acc[..width].iter().enumerate() {
-                let j = j0 + l;
-                let r = v
-                    .wrapping_add(columns[j])
-                    .wrapping_sub(b.zero[j].wrapping_mul(a.sums[i]));
-                // SAFETY: i < m and j < n, so the element is within `c` (`m × n`, asserted in
-                // `qgemm`); this task alone writes it.
-                unsafe { *out.0.add(i * n + j) = r };
+            for (l, v) in acc[..width].iter_mut().enumerate() {
+                *v = corrected(a, b, i, j0 + l, *v);
             }
+            // SAFETY: i < m and j0 + width <= n: within the output (`m × n`, asserted in
+            // `qgemm_map`); this task alone writes this tile.
+            f(i, j0, &acc[..width], unsafe { out.row(i, n, j0, width) });
         }
     }
 }
@@ -337,13 +462,13 @@ fn portable_tiles(
 /// elements and no one else writes this tile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn vnni_tiles(
+unsafe fn vnni_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     a: &PackedA,
     b: &PackedB,
-    columns: &[i32],
     rows: std::ops::Range<usize>,
     panels: std::ops::Range<usize>,
-    out: SharedOut,
+    out: SharedOut<O>,
+    f: &F,
 ) {
     let mut i = rows.start;
     while i < rows.end {
@@ -351,12 +476,12 @@ unsafe fn vnni_tiles(
         // SAFETY: as this function's contract; rows i..i + mr are within a.
         unsafe {
             match mr {
-                6 => tile::<6>(a, b, columns, i, panels.start, out),
-                5 => tile::<5>(a, b, columns, i, panels.start, out),
-                4 => tile::<4>(a, b, columns, i, panels.start, out),
-                3 => tile::<3>(a, b, columns, i, panels.start, out),
-                2 => tile::<2>(a, b, columns, i, panels.start, out),
-                _ => tile::<1>(a, b, columns, i, panels.start, out),
+                6 => tile::<6, O, F>(a, b, i, panels.start, out, f),
+                5 => tile::<5, O, F>(a, b, i, panels.start, out, f),
+                4 => tile::<4, O, F>(a, b, i, panels.start, out, f),
+                3 => tile::<3, O, F>(a, b, i, panels.start, out, f),
+                2 => tile::<2, O, F>(a, b, i, panels.start, out, f),
+                _ => tile::<1, O, F>(a, b, i, panels.start, out, f),
             }
         }
         i += mr;
@@ -370,13 +495,13 @@ unsafe fn vnni_tiles(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn tile<const R: usize>(
+unsafe fn tile<const R: usize, O, F: Fn(usize, usize, &[i32], &mut [O])>(
     a: &PackedA,
     b: &PackedB,
-    columns: &[i32],
     i0: usize,
     p0: usize,
-    out: SharedOut,
+    out: SharedOut<O>,
+    f: &F,
 ) {
     use std::arch::x86_64::*;
     let (kp, n) = (a.kp, b.n);
@@ -406,20 +531,33 @@ unsafe fn tile<const R: usize>(
             }
         }
     }
+    let mut vals = [0i32; LANES];
     for q in 0..NP {
         let j0 = (p0 + q) * LANES;
         if j0 >= n {
             break;
         }
-        let mask = crate::mask16(n - j0);
-        // SAFETY: columns and b.zero hold panels × 16 entries.
-        let col = unsafe { _mm512_loadu_si512(columns.as_ptr().add(j0).cast()) };
-        let zb = unsafe { _mm512_loadu_si512(b.zero.as_ptr().add(j0).cast()) };
+        let width = (n - j0).min(LANES);
+        // SAFETY: b.zero and b.sums hold panels × 16 entries.
+        let (zb, sb) = unsafe {
+            (
+                _mm512_loadu_si512(b.zero.as_ptr().add(j0).cast()),
+                _mm512_loadu_si512(b.sums.as_ptr().add(j0).cast()),
+            )
+        };
         for (r, acc) in acc.iter().enumerate() {
-            let sum = _mm512_set1_epi32(a.sums[i0 + r]);
-            let v = _mm512_sub_epi32(_mm512_add_epi32(acc[q], col), _mm512_mullo_epi32(zb, sum));
-            // SAFETY: row i0 + r < m, columns j0.. under the mask < n: within c (m × n).
-            unsafe { _mm512_mask_storeu_epi32(out.0.add((i0 + r) * n + j0).cast(), mask, v) };
+            let i = i0 + r;
+            let za = a.zero_of(i);
+            let t = (b.k as i32).wrapping_mul(za).wrapping_sub(a.sums[i]);
+            let v = _mm512_sub_epi32(
+                _mm512_add_epi32(acc[q], _mm512_mullo_epi32(zb, _mm512_set1_epi32(t))),
+                _mm512_mullo_epi32(_mm512_set1_epi32(za), sb),
+            );
+            // SAFETY: vals holds 16 i32.
+            unsafe { _mm512_storeu_si512(vals.as_mut_ptr().cast(), v) };
+            // SAFETY: row i < m, columns j0..j0 + width <= n: within the output (this
+            // function's contract), written by this task alone.
+            f(i, j0, &vals[..width], unsafe { out.row(i, n, j0, width) });
         }
     }
 }
@@ -473,22 +611,43 @@ mod tests {
         // The portable kernel too, on this CPU.
         if m > 0 && n > 0 {
             let mut c = vec![7i32; m * n];
-            let columns: Vec<i32> = (0..packed.panels * LANES)
-                .map(|j| {
-                    packed.zero[j]
-                        .wrapping_mul((k as i32).wrapping_mul(pa.zero))
-                        .wrapping_sub(pa.zero.wrapping_mul(packed.sums[j]))
-                })
-                .collect();
             portable_tiles(
                 &pa,
                 &packed,
-                &columns,
                 0..m,
                 0..packed.panels,
                 SharedOut(c.as_mut_ptr()),
+                &|_, _, v: &[i32], o: &mut [i32]| o.copy_from_slice(v),
             );
             assert_eq!(c, want, "portable {m}x{n}x{k}");
+        }
+        // b repacked from rows with one zero point, and a as weights with one per row.
+        if zb.len() != 1 {
+            return;
+        }
+        // Over a pack of a larger matrix, whose leftovers must not leak into the padding.
+        let mut rows = PackedB::default();
+        let stale: Vec<i8> = bytes((k + 3) * (n + 17), 9)
+            .iter()
+            .map(|&v| v as i8)
+            .collect();
+        rows.pack_rows(k + 3, n + 17, &stale, -1);
+        rows.pack_rows(k, n, b, zb[0]);
+        // Every other row's zero point is a's first value.
+        let other = a.first().copied().unwrap_or(za);
+        let zas: Vec<A> = (0..m)
+            .map(|i| if i % 2 == 0 { za } else { other })
+            .collect();
+        let w = PackedA::weights(m, k, a, &zas);
+        let mut want = vec![0; m * n];
+        for i in 0..m {
+            let row = reference((1, n, k), &a[i * k..(i + 1) * k], zas[i], b, zb);
+            want[i * n..(i + 1) * n].copy_from_slice(&row);
+        }
+        for threads in [1, 2] {
+            let mut c = vec![7i32; m * n];
+            qgemm(threads, &w, &rows, &mut c);
+            assert_eq!(c, want, "rows-packed {m}x{n}x{k} on {threads} threads");
         }
     }
 
