@@ -18,7 +18,7 @@ use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_numel, f16};
 use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
-use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm};
+use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm, qgemm_map};
 use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -34,6 +34,28 @@ pub enum QuantOp {
     PackedMatMul(Arc<PackedMatMul>),
     /// A quantized Conv (DequantizeLinear → Conv → QuantizeLinear) in integers (`passes::qdq`).
     QConv(Arc<QConv>),
+    /// A quantized Add (DequantizeLinear of both sides → Add → Relu? → QuantizeLinear) in one
+    /// pass (`passes::qdq`).
+    QAdd(QAdd),
+}
+
+/// The scale and zero point of one side of a [`QAdd`], and its type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quantized {
+    pub scale: f32,
+    pub zero: i32,
+    pub dtype: DType,
+}
+
+/// `Q(Relu?(DQ(a) + DQ(b)))`, every scale and zero point single: the same f32 arithmetic as
+/// the separate ops (so the same result), without their f32 tensors in between. Inputs of
+/// different shapes (a broadcast) take the separate ops' path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QAdd {
+    pub a: Quantized,
+    pub b: Quantized,
+    pub y: Quantized,
+    pub relu: bool,
 }
 
 /// A Conv between DequantizeLinear of its input and QuantizeLinear of its output, worked in
@@ -48,9 +70,11 @@ pub struct QConv {
     pub conv: ConvAttrs,
     /// `[M, C, kh, kw]` (or `[M, C, k]`).
     pub w_shape: Vec<usize>,
-    pub b: PackedB,
+    /// The weights, one row per output channel: the matrix product's left side, so that its
+    /// rows come out as the output's channels (NCHW) and the image's columns stream past.
+    pub w: PackedA,
     pub x_dtype: DType,
-    /// Shifted to unsigned (`Int8::unsigned`).
+    /// The raw value (int8 values as their bytes).
     pub x_zero: u8,
     pub mult: Vec<f32>,
     pub offset: Vec<f32>,
@@ -156,6 +180,8 @@ impl QuantOp {
             QuantOp::PackedMatMul(_) => "MatMulInteger(packed)",
             QuantOp::QConv(c) if c.relu => "QConv+Relu",
             QuantOp::QConv(_) => "QConv",
+            QuantOp::QAdd(q) if q.relu => "QAdd+Relu",
+            QuantOp::QAdd(_) => "QAdd",
         }
     }
 
@@ -183,6 +209,7 @@ impl QuantOp {
             QuantOp::QLinearConv(c) => vec![qlinear_conv(cx, c, inputs)?],
             QuantOp::PackedMatMul(p) => vec![packed_matmul(cx, p, inputs)?],
             QuantOp::QConv(q) => vec![qconv(cx, q, x)?],
+            QuantOp::QAdd(q) => vec![qadd(q, x, input(inputs, 1)?)?],
         })
     }
 }
@@ -428,8 +455,29 @@ fn round_even(x: f32) -> f32 {
 /// `clamp(round(x / scale) + zero, lo, hi)` in f32, as the reference works it for f32 `x / scale`
 /// (an f32 quotient is the f64 one rounded to f32): quotients past ±2^22 are clamped first,
 /// where every zero point saturates them the same way, and NaN becomes 0 as there.
-fn quantize_value(x: f32, scale: f32, zero: f32, lo: f32, hi: f32) -> f32 {
-    (round_even((x / scale).clamp(-4_194_304.0, 4_194_304.0)) + zero).clamp(lo, hi)
+///
+/// Returned as `i32` (in `lo..=hi`), and written with `max`/`min` and a select rather than
+/// `clamp` and a saturating cast, so that the loops over it vectorise.
+#[allow(clippy::manual_clamp)] // max/min on purpose: no panic path, NaN-free, vectorises
+fn quantize_value(x: f32, scale: f32, zero: f32, lo: f32, hi: f32) -> i32 {
+    let q = x / scale;
+    let v = (round_even(q.max(-4_194_304.0).min(4_194_304.0)) + zero)
+        .max(lo)
+        .min(hi);
+    let v = if q.is_nan() { 0.0 } else { v };
+    // SAFETY: v is finite and within lo..=hi, a range of 8-bit values.
+    unsafe { v.to_int_unchecked::<i32>() }
+}
+
+/// `round(v) + zero` clamped to `lo..=hi` (integers), as `i32`: the requantization of one sum.
+/// `v` is clamped first (round and clamp commute at integer bounds), which also keeps the loop
+/// free of `clamp`'s checks and saturating casts so that it vectorises.
+#[allow(clippy::manual_clamp)] // as quantize_value
+fn requantize_value(v: f32, zero: f32, lo: f32, hi: f32) -> i32 {
+    // max/min return the other operand for NaN, so the result is always in range.
+    let r = round_even(v.max(lo - zero).min(hi - zero)) + zero;
+    // SAFETY: r is finite and within lo..=hi, a range of 8-bit values.
+    unsafe { r.to_int_unchecked::<i32>() }
 }
 
 /// Elements per parameter run and the parameter count of a per-tensor or per-axis layout
@@ -582,8 +630,19 @@ fn dequantize(
 /// uint8 quantization of `x` over its own range widened to include 0: `[y, scale, zero point]`.
 fn dynamic_quantize(x: &Tensor) -> OpResult<Vec<Tensor>> {
     let v = x.as_f32()?;
-    let max = v.iter().fold(0.0f32, |m, &e| m.max(e));
-    let min = v.iter().fold(0.0f32, |m, &e| m.min(e));
+    // In 16 lanes, so that it vectorises: max and min ignore NaN, so any order gives the
+    // sequential fold's result.
+    let (mut hi, mut lo) = ([0.0f32; 16], [0.0f32; 16]);
+    let chunks = v.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..16 {
+            hi[l] = hi[l].max(c[l]);
+            lo[l] = lo[l].min(c[l]);
+        }
+    }
+    let max = tail.iter().chain(&hi).fold(0.0f32, |m, &e| m.max(e));
+    let min = tail.iter().chain(&lo).fold(0.0f32, |m, &e| m.min(e));
     let scale = if max == min { 1.0 } else { max - min } / 255.0;
     let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
     let y = v
@@ -751,9 +810,9 @@ fn packed_matmul(cx: &Cx, p: &PackedMatMul, inputs: &[Option<&Tensor>]) -> OpRes
     let (k, n) = (p.shape[0], p.shape[1]);
     let rows = checked_numel(&s.out)? / n.max(1);
     let pa = pack_rows(a, opt_input(inputs, 1), rows, k)?;
-    let mut acc = vec![0i32; rows * n];
-    qgemm(cx.threads, &pa, &p.b, &mut acc);
     if !p.scaled {
+        let mut acc = vec![0i32; rows * n];
+        qgemm(cx.threads, &pa, &p.b, &mut acc);
         return Tensor::new(s.out, Data::I32(acc));
     }
     let scale = input(inputs, 2)?;
@@ -764,51 +823,65 @@ fn packed_matmul(cx: &Cx, p: &PackedMatMul, inputs: &[Option<&Tensor>]) -> OpRes
         ));
     }
     let scale = scale.as_f32()?[0];
-    let mut out = cx.take_f32(acc.len());
+    let mut out = cx.take_f32(rows * n);
+    // Cast, Mul and Add as those ops round them, on the sums while they are in cache.
     match &p.bias {
-        Some(bias) => {
-            for (o, a) in out.chunks_exact_mut(n).zip(acc.chunks_exact(n)) {
-                for ((o, &a), &b) in o.iter_mut().zip(a).zip(bias) {
-                    *o = a as f32 * scale + b;
-                }
+        Some(bias) => qgemm_map(cx.threads, &pa, &p.b, &mut out, |_, j0, acc, o| {
+            for ((o, &a), &b) in o.iter_mut().zip(acc).zip(&bias[j0..]) {
+                *o = a as f32 * scale + b;
             }
-        }
-        None => {
-            for (o, &a) in out.iter_mut().zip(&acc) {
+        }),
+        None => qgemm_map(cx.threads, &pa, &p.b, &mut out, |_, _, acc, o| {
+            for (o, &a) in o.iter_mut().zip(acc) {
                 *o = a as f32 * scale;
             }
-        }
+        }),
     }
     Tensor::f32(s.out, out)
 }
 
-/// The rows of the convolution as a matrix product: one per output position of every image,
-/// holding the input window (channels, then kernel rows, then columns; the zero point where the
-/// window hangs over the padding), unsigned.
-fn im2row<T: Int8>(p: &Conv2d, x: &[T], zero: u8, a: &mut PackedA) {
+/// The im2col matrix of one image: a row of `oh·ow` values per (channel, kernel row, kernel
+/// column), the input shifted under the kernel tap (the zero point where it hangs over the
+/// padding).
+fn im2col<T: Int8>(p: &Conv2d, x: &[T], zero: T, cols: &mut Vec<T>) {
     let (plane, positions) = (p.h * p.w, p.oh * p.ow);
-    let k = p.c * p.kh * p.kw;
-    a.pack_with(p.n * positions, k, zero, |r, row| {
-        let (img, pos) = (r / positions, r % positions);
-        let (oy, ox) = (pos / p.ow, pos % p.ow);
-        let x = &x[img * p.c * plane..(img + 1) * p.c * plane];
-        let mut o = 0;
-        for ci in 0..p.c {
-            let ch = &x[ci * plane..(ci + 1) * plane];
-            for ky in 0..p.kh {
-                let iy = (oy * p.sh + ky * p.dh).wrapping_sub(p.pt);
-                for kx in 0..p.kw {
-                    let ix = (ox * p.sw + kx * p.dw).wrapping_sub(p.pl);
-                    row[o] = if iy < p.h && ix < p.w {
-                        ch[iy * p.w + ix].unsigned()
+    cols.clear();
+    cols.resize(p.c * p.kh * p.kw * positions, zero);
+    let mut rows = cols.chunks_exact_mut(positions.max(1));
+    for ci in 0..p.c {
+        let ch = &x[ci * plane..(ci + 1) * plane];
+        for ky in 0..p.kh {
+            for kx in 0..p.kw {
+                let Some(row) = rows.next() else { return };
+                for oy in 0..p.oh {
+                    let iy = (oy * p.sh + ky * p.dh).wrapping_sub(p.pt);
+                    if iy >= p.h {
+                        continue;
+                    }
+                    let (src, dst) = (
+                        &ch[iy * p.w..(iy + 1) * p.w],
+                        &mut row[oy * p.ow..(oy + 1) * p.ow],
+                    );
+                    let off = kx * p.dw;
+                    if p.sw == 1 {
+                        // ix = ox + off - pl, valid for ox in lo..hi.
+                        let lo = p.pl.saturating_sub(off).min(p.ow);
+                        let hi = (p.w + p.pl).saturating_sub(off).min(p.ow);
+                        if lo < hi {
+                            dst[lo..hi].copy_from_slice(&src[lo + off - p.pl..hi + off - p.pl]);
+                        }
                     } else {
-                        zero
-                    };
-                    o += 1;
+                        for (ox, d) in dst.iter_mut().enumerate() {
+                            let ix = (ox * p.sw + off).wrapping_sub(p.pl);
+                            if ix < p.w {
+                                *d = src[ix];
+                            }
+                        }
+                    }
                 }
             }
         }
-    });
+    }
 }
 
 fn qconv(cx: &Cx, q: &QConv, x: &Tensor) -> OpResult<Tensor> {
@@ -822,63 +895,169 @@ fn qconv(cx: &Cx, q: &QConv, x: &Tensor) -> OpResult<Tensor> {
         )));
     }
     let total = checked_numel(&shape)?;
-    let positions = p.oh * p.ow;
-    let rows = p.n * positions;
-    let mut a = PackedA::default();
-    match &x.data {
-        Data::U8(v) => im2row(&p, v, q.x_zero, &mut a),
-        Data::I8(v) => im2row(&p, v, q.x_zero, &mut a),
+    let data = match (&x.data, q.y_dtype) {
+        (Data::U8(v), DType::I8) => Data::I8(qconv_images(cx, q, &p, v, q.x_zero, total)),
+        (Data::U8(v), _) => Data::U8(qconv_images(cx, q, &p, v, q.x_zero, total)),
+        (Data::I8(v), DType::I8) => Data::I8(qconv_images(cx, q, &p, v, q.x_zero as i8, total)),
+        (Data::I8(v), _) => Data::U8(qconv_images(cx, q, &p, v, q.x_zero as i8, total)),
         _ => unreachable!("x's type is checked above"),
-    }
-    let mut acc = vec![0i32; rows * p.m];
-    qgemm(cx.threads, &a, &q.b, &mut acc);
-    let (lo, hi) = match q.y_dtype {
-        DType::I8 => (-128.0, 127.0),
-        _ => (0.0, 255.0),
-    };
-    let lo = if q.relu { q.y_zero.max(lo) } else { lo };
-    let requant = |acc: i32, c: usize| {
-        (round_even((acc as f32 * q.mult[c] + q.offset[c]).clamp(-4_194_304.0, 4_194_304.0))
-            + q.y_zero)
-            .clamp(lo, hi)
-    };
-    // acc is [image][position][channel]; the output [image][channel][position].
-    let data = match q.y_dtype {
-        DType::I8 => {
-            let mut y = vec![0i8; total];
-            transpose_out(&acc, &mut y, p.m, positions, |a, c| requant(a, c) as i8);
-            Data::I8(y)
-        }
-        _ => {
-            let mut y = vec![0u8; total];
-            transpose_out(&acc, &mut y, p.m, positions, |a, c| requant(a, c) as u8);
-            Data::U8(y)
-        }
     };
     Tensor::new(shape, data)
 }
 
-/// `y[img][c][pos] = f(acc[img][pos][c], c)`, in tiles that keep both sides in cache.
-fn transpose_out<T: Copy>(
-    acc: &[i32],
-    y: &mut [T],
-    channels: usize,
-    positions: usize,
-    f: impl Fn(i32, usize) -> T,
-) {
-    const TILE: usize = 32;
-    let image = channels * positions;
-    for (acc, y) in acc.chunks_exact(image).zip(y.chunks_exact_mut(image)) {
-        for p0 in (0..positions).step_by(TILE) {
-            let p1 = (p0 + TILE).min(positions);
-            for c in 0..channels {
-                let row = &mut y[c * positions + p0..c * positions + p1];
-                for (o, pos) in row.iter_mut().zip(p0..p1) {
-                    *o = f(acc[pos * channels + c], c);
-                }
-            }
-        }
+/// An 8-bit output type, as the requantization writes it.
+trait Requantized: Copy + Default + Send {
+    const RANGE: (f32, f32);
+    /// From a value already in range.
+    fn from_i32(v: i32) -> Self;
+}
+impl Requantized for u8 {
+    const RANGE: (f32, f32) = (0.0, 255.0);
+    fn from_i32(v: i32) -> u8 {
+        v as u8
     }
+}
+impl Requantized for i8 {
+    const RANGE: (f32, f32) = (-128.0, 127.0);
+    fn from_i32(v: i32) -> i8 {
+        v as i8
+    }
+}
+
+/// The quantized convolution of every image: `[n][M][oh·ow]`.
+fn qconv_images<T: Int8, Y: Requantized>(
+    cx: &Cx,
+    q: &QConv,
+    p: &Conv2d,
+    x: &[T],
+    zero: T,
+    total: usize,
+) -> Vec<Y> {
+    let (plane, positions) = (p.c * p.h * p.w, p.oh * p.ow);
+    let k = p.c * p.kh * p.kw;
+    let direct = p.is_pointwise();
+    let (lo, hi) = Y::RANGE;
+    let lo = if q.relu { q.y_zero.max(lo) } else { lo };
+    let mut y = vec![Y::default(); total];
+    // The packed image lives on between runs (no page faults, no zeroing).
+    thread_local! {
+        static PACKED: std::cell::RefCell<PackedB> = std::cell::RefCell::default();
+    }
+    let mut b = PACKED.take();
+    let mut cols = Vec::new();
+    for (img, y) in y.chunks_exact_mut(p.m * positions).enumerate() {
+        let x = &x[img * plane..(img + 1) * plane];
+        // A 1x1 convolution with stride 1 reads the image itself, `C × positions`.
+        if direct {
+            b.pack_rows(k, positions, x, zero);
+        } else {
+            im2col(p, x, zero, &mut cols);
+            b.pack_rows(k, positions, &cols, zero);
+        }
+        qgemm_map(cx.threads, &q.w, &b, y, |c, _, acc, out| {
+            let (mult, offset) = (q.mult[c], q.offset[c]);
+            for (o, &a) in out.iter_mut().zip(acc) {
+                *o = Y::from_i32(requantize_value(a as f32 * mult + offset, q.y_zero, lo, hi));
+            }
+        });
+    }
+    PACKED.set(b);
+    y
+}
+
+/// A tensor of 8-bit values with its scale and zero point as a [`DequantizeAttrs`] call.
+fn dequantized(t: &Tensor, q: &Quantized) -> OpResult<Tensor> {
+    let zero = match q.dtype {
+        DType::I8 => Tensor::new(vec![], Data::I8(vec![q.zero as i8]))?,
+        _ => Tensor::new(vec![], Data::U8(vec![q.zero as u8]))?,
+    };
+    let d = DequantizeAttrs {
+        layout: QuantAxis {
+            axis: 1,
+            block_size: 0,
+        },
+        output_dtype: None,
+    };
+    dequantize(&d, t, &Tensor::scalar_f32(q.scale), Some(&zero))
+}
+
+/// `quantize(f(i))` for `n` elements, to the output's type.
+fn quantized_data(y: &Quantized, n: usize, f: impl Fn(usize) -> f32) -> Data {
+    let (lo, hi) = match y.dtype {
+        DType::I8 => (-128.0, 127.0),
+        _ => (0.0, 255.0),
+    };
+    let (sy, zy) = (y.scale, y.zero as f32);
+    match y.dtype {
+        DType::I8 => Data::I8(
+            (0..n)
+                .map(|i| quantize_value(f(i), sy, zy, lo, hi) as i8)
+                .collect(),
+        ),
+        _ => Data::U8(
+            (0..n)
+                .map(|i| quantize_value(f(i), sy, zy, lo, hi) as u8)
+                .collect(),
+        ),
+    }
+}
+
+/// `Q(Relu?((a - za)·sa + (b - zb)·sb))` over two slices of equal length.
+fn qadd_slices<A: Copy + Into<i32>, B: Copy + Into<i32>>(q: &QAdd, a: &[A], b: &[B]) -> Data {
+    match q.y.dtype {
+        DType::I8 => Data::I8(qadd_into(q, a, b, (-128.0, 127.0), |v| v as i8)),
+        _ => Data::U8(qadd_into(q, a, b, (0.0, 255.0), |v| v as u8)),
+    }
+}
+
+/// [`qadd_slices`] to one output type. Every parameter is a local copy and the loop writes a
+/// fresh buffer, so nothing it stores can alias what it reads and the loop vectorises.
+fn qadd_into<A: Copy + Into<i32>, B: Copy + Into<i32>, Y: Copy + Default>(
+    q: &QAdd,
+    a: &[A],
+    b: &[B],
+    (lo, hi): (f32, f32),
+    to: impl Fn(i32) -> Y,
+) -> Vec<Y> {
+    let (sa, za, sb, zb) = (q.a.scale, q.a.zero, q.b.scale, q.b.zero);
+    let (sy, zy, relu) = (q.y.scale, q.y.zero as f32, q.relu);
+    let floor = if relu { 0.0 } else { f32::NEG_INFINITY };
+    let mut y = vec![Y::default(); a.len().min(b.len())];
+    for (y, (&a, &b)) in y.iter_mut().zip(a.iter().zip(b)) {
+        let v = ((a.into() - za) as f32 * sa + (b.into() - zb) as f32 * sb).max(floor);
+        *y = to(quantize_value(v, sy, zy, lo, hi));
+    }
+    y
+}
+
+fn qadd(q: &QAdd, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    if a.shape != b.shape || a.dtype() != q.a.dtype || b.dtype() != q.b.dtype {
+        // A broadcast (or inputs of other types): the separate ops.
+        let sum = super::elementwise::binary(
+            super::elementwise::Binary::Add,
+            &dequantized(a, &q.a)?,
+            &dequantized(b, &q.b)?,
+        )?;
+        let v = sum.as_f32()?;
+        let data = quantized_data(&q.y, v.len(), |i| match q.relu {
+            true => v[i].max(0.0),
+            false => v[i],
+        });
+        return Tensor::new(sum.shape, data);
+    }
+    let data = match (&a.data, &b.data) {
+        (Data::U8(a), Data::U8(b)) => qadd_slices(q, a, b),
+        (Data::U8(a), Data::I8(b)) => qadd_slices(q, a, b),
+        (Data::I8(a), Data::U8(b)) => qadd_slices(q, a, b),
+        (Data::I8(a), Data::I8(b)) => qadd_slices(q, a, b),
+        (a, _) => {
+            return Err(OpError::DType(format!(
+                "a quantized Add of {:?}",
+                a.dtype()
+            )));
+        }
+    };
+    Tensor::new(a.shape.clone(), data)
 }
 
 /// A scale or zero point that must be a single value.

@@ -12,6 +12,9 @@
 //!   zero point) per output channel or one in all, the bias (optional) a constant, and the
 //!   output a single scale and zero point: one integer op ([`QConv`]) from `x` to the output.
 //!
+//! * Add between DequantizeLinear of both sides and QuantizeLinear (a Relu between allowed),
+//!   per tensor: one pass over the 8-bit inputs ([`QAdd`]) with the same f32 arithmetic.
+//!
 //! Anything else (non-constant weights, other zero point shapes, a scale that might not be a
 //! single value) is left as it is, on the reference path.
 
@@ -20,9 +23,9 @@ use crate::graph::Graph;
 use crate::ops::Op;
 use crate::ops::elementwise::Binary;
 use crate::ops::elementwise::Unary;
-use crate::ops::quant::{PackedMatMul, QConv, QuantOp, pack_weights};
+use crate::ops::quant::{PackedMatMul, QAdd, QConv, QuantOp, Quantized, pack_weights};
 use crate::tensor::{DType, Data, Tensor};
-use cotenant_kernels::qgemm::{Int8, PackedB};
+use cotenant_kernels::qgemm::PackedA;
 use std::sync::Arc;
 
 pub fn fuse_qdq(g: &mut Graph) {
@@ -33,6 +36,7 @@ pub fn fuse_qdq(g: &mut Graph) {
         let rewritten = match g.nodes[i].op {
             Op::Quant(QuantOp::MatMulInteger) => pack_matmul(g, i),
             Op::Conv(_) => quantized_conv(g, i),
+            Op::Binary(Binary::Add) => quantized_add(g, i),
             _ => false,
         };
         rewrites += usize::from(rewritten);
@@ -80,13 +84,97 @@ fn dequantizer(g: &Graph, d: usize) -> Option<Dequantizer> {
     Some((input(0)?, scale, zero, a.layout.axis))
 }
 
-/// A single zero point of an 8-bit type as `(type, value shifted to unsigned)`.
+/// A single zero point of an 8-bit type as `(type, raw byte)` (int8 values as their bytes).
 fn zero_u8(z: &Tensor) -> Option<(DType, u8)> {
     match &z.data {
-        Data::U8(v) if v.len() == 1 && z.rank() <= 1 => Some((DType::U8, v[0].unsigned())),
-        Data::I8(v) if v.len() == 1 && z.rank() <= 1 => Some((DType::I8, v[0].unsigned())),
+        Data::U8(v) if v.len() == 1 && z.rank() <= 1 => Some((DType::U8, v[0])),
+        Data::I8(v) if v.len() == 1 && z.rank() <= 1 => Some((DType::I8, v[0] as u8)),
         _ => None,
     }
+}
+
+/// A per-tensor DequantizeLinear's scale and zero point (which must be there: it gives the
+/// type), when `v` is produced by one: `(its input, parameters)`.
+fn dequantized_input(g: &Graph, v: usize) -> Option<(usize, Quantized)> {
+    let (x, s, z, _) = dequantizer(g, producer(g, v)?)?;
+    let (scale, (dtype, _)) = (f32s(&s, 1, true)?, zero_u8(z.as_deref()?)?);
+    let zero = z.as_deref()?.to_f64_vec()[0] as i32;
+    Some((
+        x,
+        Quantized {
+            scale: scale[0],
+            zero,
+            dtype,
+        },
+    ))
+}
+
+/// The node reading `v` (through a Relu, when `relu_ok`) when it is a per-tensor
+/// QuantizeLinear: `(its index, the Relu's, its parameters)`.
+fn quantized_output(g: &Graph, v: usize) -> Option<(usize, Option<usize>, Quantized)> {
+    let uses = g.use_counts();
+    let mut q = sole_reader(g, &uses, v)?;
+    let mut relu = None;
+    if g.nodes[q].op == Op::Unary(Unary::Relu) {
+        relu = Some(q);
+        q = sole_reader(g, &uses, g.nodes[q].outputs[0])?;
+    }
+    let qn = &g.nodes[q];
+    let Op::Quant(QuantOp::Quantize(qa)) = &qn.op else {
+        return None;
+    };
+    if qa.layout.block_size != 0 || !matches!(qa.precision, None | Some(DType::F32)) {
+        return None;
+    }
+    let qin = |k: usize| qn.inputs.get(k).copied().flatten();
+    let sy = f32s(g.constants.get(&qin(1)?)?, 1, true)?;
+    let zy = g.constants.get(&qin(2)?)?;
+    let (dtype, _) = zero_u8(zy)?;
+    if qa.output_dtype.is_some_and(|o| o != dtype) {
+        return None;
+    }
+    let zero = zy.to_f64_vec()[0] as i32;
+    Some((
+        q,
+        relu,
+        Quantized {
+            scale: sy[0],
+            zero,
+            dtype,
+        },
+    ))
+}
+
+/// Rewrites `Q(Relu?(DQ(a) + DQ(b)))` at Add `i` to one [`QAdd`]; whether it did.
+fn quantized_add(g: &mut Graph, i: usize) -> bool {
+    let n = &g.nodes[i];
+    let (Some(Some(a)), Some(Some(b)), 1) = (n.inputs.first(), n.inputs.get(1), n.outputs.len())
+    else {
+        return false;
+    };
+    let (Some((a, qa)), Some((b, qb))) = (dequantized_input(g, *a), dequantized_input(g, *b))
+    else {
+        return false;
+    };
+    let Some((q, relu, qy)) = quantized_output(g, n.outputs[0]) else {
+        return false;
+    };
+    let (name, out) = (n.name.clone(), g.nodes[q].outputs[0]);
+    let node = &mut g.nodes[q];
+    node.name = name;
+    node.op = Op::Quant(QuantOp::QAdd(QAdd {
+        a: qa,
+        b: qb,
+        y: qy,
+        relu: relu.is_some(),
+    }));
+    node.inputs = vec![Some(a), Some(b)];
+    node.outputs = vec![out];
+    if let Some(r) = relu {
+        g.nodes.remove(r);
+    }
+    g.nodes.remove(i);
+    true
 }
 
 /// Rewrites Conv `i` and the quantization around it to one [`QConv`]; whether it did.
@@ -136,12 +224,12 @@ fn quantized_conv(g: &mut Graph, i: usize) -> bool {
     {
         return false;
     }
-    // Weight k × m: element (p, oc) at w[oc * k + p].
-    let b = match (&wt.data, zw.as_ref().map(|z| &z.data)) {
-        (Data::I8(v), None) => PackedB::new(k, m, v, (1, k), &[0]),
-        (Data::I8(v), Some(Data::I8(z))) => PackedB::new(k, m, v, (1, k), z),
-        (Data::U8(v), None) => PackedB::new(k, m, v, (1, k), &[0]),
-        (Data::U8(v), Some(Data::U8(z))) => PackedB::new(k, m, v, (1, k), z),
+    // One row of k per output channel.
+    let w = match (&wt.data, zw.as_ref().map(|z| &z.data)) {
+        (Data::I8(v), None) => PackedA::weights(m, k, v, &[0]),
+        (Data::I8(v), Some(Data::I8(z))) => PackedA::weights(m, k, v, z),
+        (Data::U8(v), None) => PackedA::weights(m, k, v, &[0]),
+        (Data::U8(v), Some(Data::U8(z))) => PackedA::weights(m, k, v, z),
         _ => return false,
     };
     // The bias: absent, a constant, or DQ of a constant.
@@ -207,7 +295,7 @@ fn quantized_conv(g: &mut Graph, i: usize) -> bool {
     let op = QConv {
         conv: c.clone(),
         w_shape,
-        b,
+        w,
         x_dtype,
         x_zero,
         mult: (0..m)
@@ -653,6 +741,67 @@ mod tests {
                 let got = fused.run(&be, x).expect("runs");
                 assert_eq!(want[0].1.data, got[0].1.data);
             }
+        }
+    }
+
+    /// `Q(Relu(DQ(x) + DQ(x2)))`, x `[batch, 3, 4, 5]` and x2 of `shape2`.
+    fn add_graph(shape2: &[usize]) -> Graph {
+        let mut g = G::new();
+        let x = g.input("x", DType::U8, &[1, 3, 4, 5]);
+        let x2 = g.input("x2", DType::I8, shape2);
+        let (s1, z1) = (
+            g.constant(Tensor::scalar_f32(0.07)),
+            g.constant(t(&[], Data::U8(vec![100]))),
+        );
+        let (s2, z2) = (
+            g.constant(Tensor::scalar_f32(0.03)),
+            g.constant(t(&[], Data::I8(vec![-5]))),
+        );
+        let a = g.node(
+            "DequantizeLinear",
+            &[Some(x), Some(s1), Some(z1)],
+            1,
+            vec![],
+        )[0];
+        let b = g.node(
+            "DequantizeLinear",
+            &[Some(x2), Some(s2), Some(z2)],
+            1,
+            vec![],
+        )[0];
+        let sum = g.node("Add", &[Some(a), Some(b)], 1, vec![])[0];
+        let r = g.node("Relu", &[Some(sum)], 1, vec![])[0];
+        let (sy, zy) = (
+            g.constant(Tensor::scalar_f32(0.05)),
+            g.constant(t(&[], Data::U8(vec![7]))),
+        );
+        let q = g.node("QuantizeLinear", &[Some(r), Some(sy), Some(zy)], 1, vec![])[0];
+        g.output(q)
+    }
+
+    #[test]
+    fn quantized_adds_are_one_pass_and_exact() {
+        for (shape2, batch) in [(vec![1, 3, 4, 5], 1), (vec![1, 3, 1, 1], 2)] {
+            let n2: usize = shape2.iter().product();
+            let inputs = || {
+                vec![
+                    (
+                        "x".to_string(),
+                        t(&[batch, 3, 4, 5], Data::U8(bytes(batch * 60, 1))),
+                    ),
+                    (
+                        "x2".to_string(),
+                        t(
+                            &shape2,
+                            Data::I8(bytes(n2, 2).iter().map(|&b| b as i8).collect()),
+                        ),
+                    ),
+                ]
+            };
+            let (names, want, got) = run_both(add_graph(&shape2), &inputs);
+            assert_eq!(names, ["QAdd+Relu"]);
+            assert_eq!(want.shape, got.shape);
+            assert_eq!(want.data, got.data, "x2 of {shape2:?}");
         }
     }
 
