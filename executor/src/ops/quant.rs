@@ -209,7 +209,7 @@ impl QuantOp {
             QuantOp::QLinearConv(c) => vec![qlinear_conv(cx, c, inputs)?],
             QuantOp::PackedMatMul(p) => vec![packed_matmul(cx, p, inputs)?],
             QuantOp::QConv(q) => vec![qconv(cx, q, x)?],
-            QuantOp::QAdd(q) => vec![qadd(q, x, input(inputs, 1)?)?],
+            QuantOp::QAdd(q) => vec![qadd(cx, q, x, input(inputs, 1)?)?],
         })
     }
 }
@@ -1003,34 +1003,52 @@ fn quantized_data(y: &Quantized, n: usize, f: impl Fn(usize) -> f32) -> Data {
 }
 
 /// `Q(Relu?((a - za)·sa + (b - zb)·sb))` over two slices of equal length.
-fn qadd_slices<A: Copy + Into<i32>, B: Copy + Into<i32>>(q: &QAdd, a: &[A], b: &[B]) -> Data {
+fn qadd_slices<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync>(
+    threads: usize,
+    q: &QAdd,
+    a: &[A],
+    b: &[B],
+) -> Data {
     match q.y.dtype {
-        DType::I8 => Data::I8(qadd_into(q, a, b, (-128.0, 127.0), |v| v as i8)),
-        _ => Data::U8(qadd_into(q, a, b, (0.0, 255.0), |v| v as u8)),
+        DType::I8 => Data::I8(qadd_into(threads, q, a, b, (-128.0, 127.0), |v| v as i8)),
+        _ => Data::U8(qadd_into(threads, q, a, b, (0.0, 255.0), |v| v as u8)),
     }
 }
 
 /// [`qadd_slices`] to one output type. Every parameter is a local copy and the loop writes a
 /// fresh buffer, so nothing it stores can alias what it reads and the loop vectorises.
-fn qadd_into<A: Copy + Into<i32>, B: Copy + Into<i32>, Y: Copy + Default>(
+fn qadd_into<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync, Y: Copy + Default + Send>(
+    threads: usize,
     q: &QAdd,
     a: &[A],
     b: &[B],
     (lo, hi): (f32, f32),
-    to: impl Fn(i32) -> Y,
+    to: impl Fn(i32) -> Y + Sync,
 ) -> Vec<Y> {
     let (sa, za, sb, zb) = (q.a.scale, q.a.zero, q.b.scale, q.b.zero);
     let (sy, zy, relu) = (q.y.scale, q.y.zero as f32, q.relu);
     let floor = if relu { 0.0 } else { f32::NEG_INFINITY };
     let mut y = vec![Y::default(); a.len().min(b.len())];
-    for (y, (&a, &b)) in y.iter_mut().zip(a.iter().zip(b)) {
-        let v = ((a.into() - za) as f32 * sa + (b.into() - zb) as f32 * sb).max(floor);
-        *y = to(quantize_value(v, sy, zy, lo, hi));
+    let chunk = |(y, (a, b)): (&mut [Y], (&[A], &[B]))| {
+        for (y, (&a, &b)) in y.iter_mut().zip(a.iter().zip(b)) {
+            let v = ((a.into() - za) as f32 * sa + (b.into() - zb) as f32 * sb).max(floor);
+            *y = to(quantize_value(v, sy, zy, lo, hi));
+        }
+    };
+    // Split across the threads in cache-sized pieces when there is enough to split.
+    const PIECE: usize = 1 << 14;
+    if threads > 1 && y.len() >= 2 * PIECE {
+        use rayon::prelude::*;
+        y.par_chunks_mut(PIECE)
+            .zip(a.par_chunks(PIECE).zip(b.par_chunks(PIECE)))
+            .for_each(chunk);
+    } else {
+        chunk((&mut y[..], (a, b)));
     }
     y
 }
 
-fn qadd(q: &QAdd, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+fn qadd(cx: &Cx, q: &QAdd, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     if a.shape != b.shape || a.dtype() != q.a.dtype || b.dtype() != q.b.dtype {
         // A broadcast (or inputs of other types): the separate ops.
         let sum = super::elementwise::binary(
@@ -1046,10 +1064,10 @@ fn qadd(q: &QAdd, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         return Tensor::new(sum.shape, data);
     }
     let data = match (&a.data, &b.data) {
-        (Data::U8(a), Data::U8(b)) => qadd_slices(q, a, b),
-        (Data::U8(a), Data::I8(b)) => qadd_slices(q, a, b),
-        (Data::I8(a), Data::U8(b)) => qadd_slices(q, a, b),
-        (Data::I8(a), Data::I8(b)) => qadd_slices(q, a, b),
+        (Data::U8(a), Data::U8(b)) => qadd_slices(cx.threads, q, a, b),
+        (Data::U8(a), Data::I8(b)) => qadd_slices(cx.threads, q, a, b),
+        (Data::I8(a), Data::U8(b)) => qadd_slices(cx.threads, q, a, b),
+        (Data::I8(a), Data::I8(b)) => qadd_slices(cx.threads, q, a, b),
         (a, _) => {
             return Err(OpError::DType(format!(
                 "a quantized Add of {:?}",
