@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Benchmarks the cotenant executor against onnxruntime on the same zoo models and machine.
 
-For resnet50, mobilenet_v2 and the BERT encoder (seq 128) at batch 1 and 8 it measures latency
+For resnet50, mobilenet_v2 and the BERT encoder (seq 128), and the int8 versions of resnet50 and
+BERT (`resnet50_int8`, `bert_int8`, see QUANTIZE), at batch 1 and 8 it measures latency
 percentiles, throughput and peak RSS of `cotenant-agent bench --json` and of an onnxruntime
 session with the same thread count, then prints a markdown table of ratios (ours / onnxruntime).
 Peak RSS of both sides is measured the same way: ru_maxrss of a child process, read by a small
 wrapper process that runs only that child.
 
 Usage: compare.py --agent target/release/cotenant-agent [--threads 2] [--duration 10]
-                  [--models resnet50,mobilenet_v2,bert] [--batches 1,8] [--workdir DIR]
+                  [--models resnet50,mobilenet_v2,bert,resnet50_int8,bert_int8] [--batches 1,8] [--workdir DIR]
+
+The int8 models are written from the zoo's float ones by onnxruntime's own quantizer (in this
+Python), and both sides then run the same quantized file.
 """
 
 import argparse
@@ -26,6 +30,42 @@ sys.stdout.write(r.stdout.decode())
 print("\nMAXRSS_KIB", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 sys.exit(r.returncode)
 """
+
+# Writes the int8 version of a float zoo model: argv = float model, int8 model, kind. `static`
+# (resnet50): QDQ format, per-channel QInt8 weights and QUInt8 activations (onnxruntime's CPU
+# default, u8 x s8), calibrated on a few seeded random inputs, after onnxruntime's recommended
+# pre-processing (which folds the BatchNormalizations into the Convs). `dynamic` (BERT): QInt8 weights,
+# activations quantized at run time (DynamicQuantizeLinear + MatMulInteger).
+QUANTIZE = r"""
+import os, sys
+import numpy as np
+import onnx
+from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                      quantize_dynamic, quantize_static)
+from onnxruntime.quantization.shape_inference import quant_pre_process
+src, dst, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "dynamic":
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    sys.exit(0)
+rng = np.random.default_rng(1)
+inputs = []
+for i in onnx.load(src, load_external_data=False).graph.input:
+    dims = [d.dim_value if d.HasField("dim_value") else 1 for d in i.type.tensor_type.shape.dim]
+    inputs.append((i.name, dims))
+class Reader(CalibrationDataReader):
+    def __init__(self):
+        self.feeds = iter([{n: rng.standard_normal(d).astype(np.float32) for n, d in inputs} for _ in range(4)])
+    def get_next(self):
+        return next(self.feeds, None)
+pre = dst + ".pre.onnx"
+quant_pre_process(src, pre)
+quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+os.remove(pre)
+"""
+
+# The int8 models: their float zoo model and how onnxruntime quantizes it.
+INT8 = {"resnet50_int8": ("resnet50", "static"), "bert_int8": ("bert", "dynamic")}
 
 ORT_BENCH = r"""
 import json, sys, time
@@ -89,7 +129,7 @@ def main() -> None:
     p.add_argument("--agent", required=True, help="path to a release cotenant-agent binary")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
-    p.add_argument("--models", default="resnet50,mobilenet_v2,bert")
+    p.add_argument("--models", default="resnet50,mobilenet_v2,bert,resnet50_int8,bert_int8")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--workdir", default=None, help="where to write the zoo models (default: a temp dir)")
     p.add_argument("--plot", help="write the ratio chart to this SVG or PNG")
@@ -99,8 +139,12 @@ def main() -> None:
     rows = []
     for model in a.models.split(","):
         path = os.path.join(work, f"{model}.onnx")
-        if not os.path.exists(path):
-            subprocess.run([a.agent, "zoo", model, "--out", path, "--seed", "1"], check=True)
+        base, kind = INT8.get(model, (model, None))
+        base_path = os.path.join(work, f"{base}.onnx")
+        if not os.path.exists(base_path):
+            subprocess.run([a.agent, "zoo", base, "--out", base_path, "--seed", "1"], check=True)
+        if kind and not os.path.exists(path):
+            subprocess.run([sys.executable, "-c", QUANTIZE, base_path, path, kind], check=True)
         for batch in [int(b) for b in a.batches.split(",")]:
             ours, ours_rss = measured([a.agent, "bench", "--model", path, "--batch", str(batch), "--instances", "1", "--threads", str(a.threads), "--duration", f"{a.duration}s", "--json"])
             ort, ort_rss = measured([sys.executable, "-c", ORT_BENCH, path, str(batch), str(a.threads), str(a.duration)])

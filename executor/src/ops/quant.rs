@@ -16,8 +16,10 @@ use super::matmul::MatMulShape;
 use super::{Cx, input, narrow, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_numel, f16};
-use cotenant_kernels::conv::conv2d_integer;
+use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
+use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm, qgemm_map};
+use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum QuantOp {
@@ -28,6 +30,70 @@ pub enum QuantOp {
     ConvInteger(ConvAttrs),
     QLinearMatMul,
     QLinearConv(ConvAttrs),
+    /// MatMulInteger with constant weights, packed once (`passes::qdq`).
+    PackedMatMul(Arc<PackedMatMul>),
+    /// A quantized Conv (DequantizeLinear → Conv → QuantizeLinear) in integers (`passes::qdq`).
+    QConv(Arc<QConv>),
+    /// A quantized Add (DequantizeLinear of both sides → Add → Relu? → QuantizeLinear) in one
+    /// pass (`passes::qdq`).
+    QAdd(QAdd),
+}
+
+/// The scale and zero point of one side of a [`QAdd`], and its type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quantized {
+    pub scale: f32,
+    pub zero: i32,
+    pub dtype: DType,
+}
+
+/// `Q(Relu?(DQ(a) + DQ(b)))`, every scale and zero point single: the same f32 arithmetic as
+/// the separate ops (so the same result), without their f32 tensors in between. Inputs of
+/// different shapes (a broadcast) take the separate ops' path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QAdd {
+    pub a: Quantized,
+    pub b: Quantized,
+    pub y: Quantized,
+    pub relu: bool,
+}
+
+/// A Conv between DequantizeLinear of its input and QuantizeLinear of its output, worked in
+/// integers: `x` (input 0, int8 or uint8, with a single zero point `x_zero`) convolved exactly
+/// with the constant per-channel int8 weights packed for `qgemm`, then requantized in f32:
+/// `clamp(round(acc · mult[c] + offset[c]) + y_zero)`, where `mult = x_scale · w_scale[c] /
+/// y_scale` and `offset` is the float bias over `y_scale`; the clamp's low end is `y_zero` with
+/// a Relu fused. Equal to the float path on dequantized values up to the rounding of one
+/// quantization step at ties.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QConv {
+    pub conv: ConvAttrs,
+    /// `[M, C, kh, kw]` (or `[M, C, k]`).
+    pub w_shape: Vec<usize>,
+    /// The weights, one row per output channel: the matrix product's left side, so that its
+    /// rows come out as the output's channels (NCHW) and the image's columns stream past.
+    pub w: PackedA,
+    pub x_dtype: DType,
+    /// The raw value (int8 values as their bytes).
+    pub x_zero: u8,
+    pub mult: Vec<f32>,
+    pub offset: Vec<f32>,
+    pub y_dtype: DType,
+    pub y_zero: f32,
+    pub relu: bool,
+}
+
+/// MatMulInteger of `[a, a's zero point]` by constant weights packed for `qgemm`, with the
+/// dynamic quantization's Cast to float, Mul by the scale (input 2) and Add of a constant bias
+/// fused in when `scaled` (the output is then float: `acc as f32 * scale + bias`, rounded as
+/// those ops round).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedMatMul {
+    /// The weights' shape, `[k, n]`.
+    pub shape: [usize; 2],
+    pub b: PackedB,
+    pub scaled: bool,
+    pub bias: Option<Vec<f32>>,
 }
 
 /// Where the scales and zero points of a quantized tensor apply: one for the whole tensor (a
@@ -110,6 +176,12 @@ impl QuantOp {
             QuantOp::ConvInteger(_) => "ConvInteger",
             QuantOp::QLinearMatMul => "QLinearMatMul",
             QuantOp::QLinearConv(_) => "QLinearConv",
+            QuantOp::PackedMatMul(p) if p.scaled => "MatMulInteger(packed)+Scale",
+            QuantOp::PackedMatMul(_) => "MatMulInteger(packed)",
+            QuantOp::QConv(c) if c.relu => "QConv+Relu",
+            QuantOp::QConv(_) => "QConv",
+            QuantOp::QAdd(q) if q.relu => "QAdd+Relu",
+            QuantOp::QAdd(_) => "QAdd",
         }
     }
 
@@ -135,6 +207,9 @@ impl QuantOp {
             }
             QuantOp::QLinearMatMul => vec![qlinear_matmul(cx, inputs)?],
             QuantOp::QLinearConv(c) => vec![qlinear_conv(cx, c, inputs)?],
+            QuantOp::PackedMatMul(p) => vec![packed_matmul(cx, p, inputs)?],
+            QuantOp::QConv(q) => vec![qconv(cx, q, x)?],
+            QuantOp::QAdd(q) => vec![qadd(cx, q, x, input(inputs, 1)?)?],
         })
     }
 }
@@ -335,11 +410,14 @@ fn quantize(
         (a, b) if a == b => a,
         _ => DType::F32,
     });
+    let map = q.layout.map(&x.shape, &scale.shape, "scale")?;
+    if let Some(y) = quantize_f32(x, scale, zp, dtype, precision, &map)? {
+        return Tensor::new(x.shape.clone(), y);
+    }
     let xv = match x.dtype() {
         DType::I32 => x.to_f64_vec(),
         _ => floats(x, "QuantizeLinear input")?,
     };
-    let map = q.layout.map(&x.shape, &scale.shape, "scale")?;
     let sv = floats(scale, "scale")?;
     let zv = zero_points(zp, dtype, &scale.shape)?;
     if let Some(l) = float {
@@ -366,6 +444,146 @@ fn quantize(
     Tensor::new(x.shape.clone(), data)
 }
 
+/// `x` rounded half to even, for `|x| <= 2^22`: adding and taking away 1.5·2^23 leaves no
+/// fraction bits, and the addition rounds as the FPU does (to nearest, ties to even). Unlike
+/// `round_ties_even` it needs no SSE4.1 (no libm call per element on baseline x86-64).
+fn round_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+/// `clamp(round(x / scale) + zero, lo, hi)` in f32, as the reference works it for f32 `x / scale`
+/// (an f32 quotient is the f64 one rounded to f32): quotients past ±2^22 are clamped first,
+/// where every zero point saturates them the same way, and NaN becomes 0 as there.
+///
+/// Returned as `i32` (in `lo..=hi`), and written with `max`/`min` and a select rather than
+/// `clamp` and a saturating cast, so that the loops over it vectorise.
+#[allow(clippy::manual_clamp)] // max/min on purpose: no panic path, NaN-free, vectorises
+fn quantize_value(x: f32, scale: f32, zero: f32, lo: f32, hi: f32) -> i32 {
+    let q = x / scale;
+    let v = (round_even(q.max(-4_194_304.0).min(4_194_304.0)) + zero)
+        .max(lo)
+        .min(hi);
+    let v = if q.is_nan() { 0.0 } else { v };
+    // SAFETY: v is finite and within lo..=hi, a range of 8-bit values.
+    unsafe { v.to_int_unchecked::<i32>() }
+}
+
+/// `round(v) + zero` clamped to `lo..=hi` (integers), as `i32`: the requantization of one sum.
+/// `v` is clamped first (round and clamp commute at integer bounds), which also keeps the loop
+/// free of `clamp`'s checks and saturating casts so that it vectorises.
+#[allow(clippy::manual_clamp)] // as quantize_value
+fn requantize_value(v: f32, zero: f32, lo: f32, hi: f32) -> i32 {
+    // max/min return the other operand for NaN, so the result is always in range.
+    let r = round_even(v.max(lo - zero).min(hi - zero)) + zero;
+    // SAFETY: r is finite and within lo..=hi, a range of 8-bit values.
+    unsafe { r.to_int_unchecked::<i32>() }
+}
+
+/// Elements per parameter run and the parameter count of a per-tensor or per-axis layout
+/// (blocked ones: `None`).
+fn runs(map: &ParamMap, len: usize) -> Option<(usize, usize)> {
+    match map.block {
+        0 => Some((len.max(1), 1)),
+        1 => Some((map.inner.max(1), map.dim)),
+        _ => None,
+    }
+}
+
+/// QuantizeLinear of f32 by f32 scales to int8 or uint8 worked in f32, per tensor or per axis:
+/// the reference's result, without its f64 detour. `None` for other cases.
+fn quantize_f32(
+    x: &Tensor,
+    scale: &Tensor,
+    zp: Option<&Tensor>,
+    dtype: DType,
+    precision: DType,
+    map: &ParamMap,
+) -> OpResult<Option<Data>> {
+    let (Ok(xv), Ok(sv), DType::F32) = (x.as_f32(), scale.as_f32(), precision) else {
+        return Ok(None);
+    };
+    if !matches!(dtype, DType::U8 | DType::I8) || zp.is_some_and(|z| z.dtype() != dtype) {
+        return Ok(None);
+    }
+    let Some((run, count)) = runs(map, xv.len()) else {
+        return Ok(None);
+    };
+    let zv = match zero_points(zp, dtype, &scale.shape)? {
+        Some(z) => z.iter().map(|&z| z as f32).collect(),
+        None => vec![0.0; sv.len()],
+    };
+    let (lo, hi) = match dtype {
+        DType::I8 => (-128.0, 127.0),
+        _ => (0.0, 255.0),
+    };
+    let param = |r: usize| if sv.len() == 1 { 0 } else { r % count };
+    Ok(Some(match dtype {
+        DType::I8 => {
+            let mut y = vec![0i8; xv.len()];
+            for (r, (y, x)) in y.chunks_mut(run).zip(xv.chunks(run)).enumerate() {
+                let (s, z) = (sv[param(r)], zv[param(r)]);
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = quantize_value(x, s, z, lo, hi) as i8;
+                }
+            }
+            Data::I8(y)
+        }
+        _ => {
+            let mut y = vec![0u8; xv.len()];
+            for (r, (y, x)) in y.chunks_mut(run).zip(xv.chunks(run)).enumerate() {
+                let (s, z) = (sv[param(r)], zv[param(r)]);
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = quantize_value(x, s, z, lo, hi) as u8;
+                }
+            }
+            Data::U8(y)
+        }
+    }))
+}
+
+/// DequantizeLinear of int8 or uint8 by f32 scales to f32, per tensor or per axis: the
+/// reference's arithmetic (`(x - zero) as f32 * scale`) without its i64 and f64 copies.
+fn dequantize_f32(
+    x: &Tensor,
+    scale: &Tensor,
+    zp: Option<&Tensor>,
+    map: &ParamMap,
+) -> OpResult<Option<Tensor>> {
+    let Ok(sv) = scale.as_f32() else {
+        return Ok(None);
+    };
+    let Some((run, count)) = runs(map, x.len()) else {
+        return Ok(None);
+    };
+    if !matches!(x.dtype(), DType::U8 | DType::I8) {
+        return Ok(None);
+    }
+    let zv = zero_points(zp, x.dtype(), &scale.shape)?.unwrap_or_else(|| vec![0; sv.len()]);
+    let param = |r: usize| if sv.len() == 1 { 0 } else { r % count };
+    let mut y = vec![0f32; x.len()];
+    match &x.data {
+        Data::U8(v) => {
+            for (r, (y, x)) in y.chunks_mut(run).zip(v.chunks(run)).enumerate() {
+                let (s, z) = (sv[param(r)], zv[param(r)] as i32);
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = (x as i32 - z) as f32 * s;
+                }
+            }
+        }
+        Data::I8(v) => {
+            for (r, (y, x)) in y.chunks_mut(run).zip(v.chunks(run)).enumerate() {
+                let (s, z) = (sv[param(r)], zv[param(r)] as i32);
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = (x as i32 - z) as f32 * s;
+                }
+            }
+        }
+        _ => return Ok(None),
+    }
+    Ok(Some(Tensor::f32(x.shape.clone(), y)?))
+}
+
 fn dequantize(
     d: &DequantizeAttrs,
     x: &Tensor,
@@ -383,6 +601,11 @@ fn dequantize(
         }
     };
     let map = d.layout.map(&x.shape, &scale.shape, "scale")?;
+    if matches!(d.output_dtype, None | Some(DType::F32))
+        && let Some(y) = dequantize_f32(x, scale, zp, &map)?
+    {
+        return Ok(y);
+    }
     let sv = floats(scale, "scale")?;
     let zv = zero_points(zp, x.dtype(), &scale.shape)?;
     let y: Vec<f32> = if float {
@@ -407,15 +630,27 @@ fn dequantize(
 /// uint8 quantization of `x` over its own range widened to include 0: `[y, scale, zero point]`.
 fn dynamic_quantize(x: &Tensor) -> OpResult<Vec<Tensor>> {
     let v = x.as_f32()?;
-    let max = v.iter().fold(0.0f32, |m, &e| m.max(e));
-    let min = v.iter().fold(0.0f32, |m, &e| m.min(e));
+    // In 16 lanes, so that it vectorises: max and min ignore NaN, so any order gives the
+    // sequential fold's result.
+    let (mut hi, mut lo) = ([0.0f32; 16], [0.0f32; 16]);
+    let chunks = v.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..16 {
+            hi[l] = hi[l].max(c[l]);
+            lo[l] = lo[l].min(c[l]);
+        }
+    }
+    let max = tail.iter().chain(&hi).fold(0.0f32, |m, &e| m.max(e));
+    let min = tail.iter().chain(&lo).fold(0.0f32, |m, &e| m.min(e));
     let scale = if max == min { 1.0 } else { max - min } / 255.0;
     let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
-    let y = saturate(DType::U8, v.len(), |i| {
-        ((v[i] / scale).round_ties_even() + zp) as f64
-    })?;
+    let y = v
+        .iter()
+        .map(|&e| quantize_value(e, scale, zp, 0.0, 255.0) as u8)
+        .collect();
     Ok(vec![
-        Tensor::new(x.shape.clone(), y)?,
+        Tensor::new(x.shape.clone(), Data::U8(y))?,
         Tensor::scalar_f32(scale),
         Tensor::new(vec![], Data::U8(vec![zp as u8]))?,
     ])
@@ -510,6 +745,337 @@ fn integer_conv(
     let wv = centred(w, w_zp, Some((p.m, &channel)), "w")?;
     conv2d_integer(&p, &xv, &wv, &mut out, cx.threads);
     Ok((out, shape))
+}
+
+/// `a` (8-bit, with a single zero point) packed for `qgemm` as `m` rows of `k`.
+fn pack_rows(a: &Tensor, zp: Option<&Tensor>, m: usize, k: usize) -> OpResult<PackedA> {
+    if let Some(z) = zp {
+        single(z, "A's zero point")?;
+        if z.dtype() != a.dtype() {
+            return Err(OpError::DType(format!(
+                "A's zero point is {:?}, not {:?}",
+                z.dtype(),
+                a.dtype()
+            )));
+        }
+    }
+    let mut pa = PackedA::default();
+    match (&a.data, zp.map(|z| &z.data)) {
+        (Data::U8(v), z) => {
+            let z = match z {
+                Some(Data::U8(z)) => z[0],
+                _ => 0,
+            };
+            pa.pack(m, k, v, k, z)
+        }
+        (Data::I8(v), z) => {
+            let z = match z {
+                Some(Data::I8(z)) => z[0],
+                _ => 0,
+            };
+            pa.pack(m, k, v, k, z)
+        }
+        (d, _) => {
+            return Err(OpError::DType(format!(
+                "A must be int8 or uint8, not {:?}",
+                d.dtype()
+            )));
+        }
+    }
+    Ok(pa)
+}
+
+/// Constant weights `[k, n]` (int8 or uint8) with their zero point (none, one, or one per
+/// column) packed for `qgemm`; `None` when they are of another type or shape.
+pub fn pack_weights(b: &Tensor, zp: Option<&Tensor>) -> Option<PackedB> {
+    let &[k, n] = b.shape.as_slice() else {
+        return None;
+    };
+    let zn = zp.map_or(1, |z| z.len());
+    if zp.is_some_and(|z| z.rank() > 1 || z.dtype() != b.dtype()) || (zn != 1 && zn != n) {
+        return None;
+    }
+    Some(match (&b.data, zp.map(|z| &z.data)) {
+        (Data::I8(v), None) => PackedB::new(k, n, v, (n, 1), &[0]),
+        (Data::I8(v), Some(Data::I8(z))) => PackedB::new(k, n, v, (n, 1), z),
+        (Data::U8(v), None) => PackedB::new(k, n, v, (n, 1), &[0]),
+        (Data::U8(v), Some(Data::U8(z))) => PackedB::new(k, n, v, (n, 1), z),
+        _ => return None,
+    })
+}
+
+fn packed_matmul(cx: &Cx, p: &PackedMatMul, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let a = input(inputs, 0)?;
+    let s = MatMulShape::of(&a.shape, &p.shape)?;
+    let (k, n) = (p.shape[0], p.shape[1]);
+    let rows = checked_numel(&s.out)? / n.max(1);
+    let pa = pack_rows(a, opt_input(inputs, 1), rows, k)?;
+    if !p.scaled {
+        let mut acc = vec![0i32; rows * n];
+        qgemm(cx.threads, &pa, &p.b, &mut acc);
+        return Tensor::new(s.out, Data::I32(acc));
+    }
+    let scale = input(inputs, 2)?;
+    if scale.len() != 1 || scale.rank() > s.out.len() {
+        return shape_err(format!(
+            "a scale of shape {:?} for a product of shape {:?}",
+            scale.shape, s.out
+        ));
+    }
+    let scale = scale.as_f32()?[0];
+    let mut out = cx.take_f32(rows * n);
+    // Cast, Mul and Add as those ops round them, on the sums while they are in cache.
+    match &p.bias {
+        Some(bias) => qgemm_map(cx.threads, &pa, &p.b, &mut out, |_, j0, acc, o| {
+            for ((o, &a), &b) in o.iter_mut().zip(acc).zip(&bias[j0..]) {
+                *o = a as f32 * scale + b;
+            }
+        }),
+        None => qgemm_map(cx.threads, &pa, &p.b, &mut out, |_, _, acc, o| {
+            for (o, &a) in o.iter_mut().zip(acc) {
+                *o = a as f32 * scale;
+            }
+        }),
+    }
+    Tensor::f32(s.out, out)
+}
+
+/// The im2col matrix of one image: a row of `oh·ow` values per (channel, kernel row, kernel
+/// column), the input shifted under the kernel tap (the zero point where it hangs over the
+/// padding).
+fn im2col<T: Int8>(p: &Conv2d, x: &[T], zero: T, cols: &mut Vec<T>) {
+    let (plane, positions) = (p.h * p.w, p.oh * p.ow);
+    cols.clear();
+    cols.resize(p.c * p.kh * p.kw * positions, zero);
+    let mut rows = cols.chunks_exact_mut(positions.max(1));
+    for ci in 0..p.c {
+        let ch = &x[ci * plane..(ci + 1) * plane];
+        for ky in 0..p.kh {
+            for kx in 0..p.kw {
+                let Some(row) = rows.next() else { return };
+                for oy in 0..p.oh {
+                    let iy = (oy * p.sh + ky * p.dh).wrapping_sub(p.pt);
+                    if iy >= p.h {
+                        continue;
+                    }
+                    let (src, dst) = (
+                        &ch[iy * p.w..(iy + 1) * p.w],
+                        &mut row[oy * p.ow..(oy + 1) * p.ow],
+                    );
+                    let off = kx * p.dw;
+                    if p.sw == 1 {
+                        // ix = ox + off - pl, valid for ox in lo..hi.
+                        let lo = p.pl.saturating_sub(off).min(p.ow);
+                        let hi = (p.w + p.pl).saturating_sub(off).min(p.ow);
+                        if lo < hi {
+                            dst[lo..hi].copy_from_slice(&src[lo + off - p.pl..hi + off - p.pl]);
+                        }
+                    } else {
+                        for (ox, d) in dst.iter_mut().enumerate() {
+                            let ix = (ox * p.sw + off).wrapping_sub(p.pl);
+                            if ix < p.w {
+                                *d = src[ix];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn qconv(cx: &Cx, q: &QConv, x: &Tensor) -> OpResult<Tensor> {
+    let (p, shape) = conv_geometry(&q.conv, &x.shape, &q.w_shape)?;
+    if x.dtype() != q.x_dtype || p.groups != 1 {
+        return Err(OpError::DType(format!(
+            "quantized Conv of {:?} in {} groups, built for {:?} in one",
+            x.dtype(),
+            p.groups,
+            q.x_dtype
+        )));
+    }
+    let total = checked_numel(&shape)?;
+    let data = match (&x.data, q.y_dtype) {
+        (Data::U8(v), DType::I8) => Data::I8(qconv_images(cx, q, &p, v, q.x_zero, total)),
+        (Data::U8(v), _) => Data::U8(qconv_images(cx, q, &p, v, q.x_zero, total)),
+        (Data::I8(v), DType::I8) => Data::I8(qconv_images(cx, q, &p, v, q.x_zero as i8, total)),
+        (Data::I8(v), _) => Data::U8(qconv_images(cx, q, &p, v, q.x_zero as i8, total)),
+        _ => unreachable!("x's type is checked above"),
+    };
+    Tensor::new(shape, data)
+}
+
+/// An 8-bit output type, as the requantization writes it.
+trait Requantized: Copy + Default + Send {
+    const RANGE: (f32, f32);
+    /// From a value already in range.
+    fn from_i32(v: i32) -> Self;
+}
+impl Requantized for u8 {
+    const RANGE: (f32, f32) = (0.0, 255.0);
+    fn from_i32(v: i32) -> u8 {
+        v as u8
+    }
+}
+impl Requantized for i8 {
+    const RANGE: (f32, f32) = (-128.0, 127.0);
+    fn from_i32(v: i32) -> i8 {
+        v as i8
+    }
+}
+
+/// The quantized convolution of every image: `[n][M][oh·ow]`.
+fn qconv_images<T: Int8, Y: Requantized>(
+    cx: &Cx,
+    q: &QConv,
+    p: &Conv2d,
+    x: &[T],
+    zero: T,
+    total: usize,
+) -> Vec<Y> {
+    let (plane, positions) = (p.c * p.h * p.w, p.oh * p.ow);
+    let k = p.c * p.kh * p.kw;
+    let direct = p.is_pointwise();
+    let (lo, hi) = Y::RANGE;
+    let lo = if q.relu { q.y_zero.max(lo) } else { lo };
+    let mut y = vec![Y::default(); total];
+    // The packed image lives on between runs (no page faults, no zeroing).
+    thread_local! {
+        static PACKED: std::cell::RefCell<PackedB> = std::cell::RefCell::default();
+    }
+    let mut b = PACKED.take();
+    let mut cols = Vec::new();
+    for (img, y) in y.chunks_exact_mut(p.m * positions).enumerate() {
+        let x = &x[img * plane..(img + 1) * plane];
+        // A 1x1 convolution with stride 1 reads the image itself, `C × positions`.
+        if direct {
+            b.pack_rows(k, positions, x, zero);
+        } else {
+            im2col(p, x, zero, &mut cols);
+            b.pack_rows(k, positions, &cols, zero);
+        }
+        qgemm_map(cx.threads, &q.w, &b, y, |c, _, acc, out| {
+            let (mult, offset) = (q.mult[c], q.offset[c]);
+            for (o, &a) in out.iter_mut().zip(acc) {
+                *o = Y::from_i32(requantize_value(a as f32 * mult + offset, q.y_zero, lo, hi));
+            }
+        });
+    }
+    PACKED.set(b);
+    y
+}
+
+/// A tensor of 8-bit values with its scale and zero point as a [`DequantizeAttrs`] call.
+fn dequantized(t: &Tensor, q: &Quantized) -> OpResult<Tensor> {
+    let zero = match q.dtype {
+        DType::I8 => Tensor::new(vec![], Data::I8(vec![q.zero as i8]))?,
+        _ => Tensor::new(vec![], Data::U8(vec![q.zero as u8]))?,
+    };
+    let d = DequantizeAttrs {
+        layout: QuantAxis {
+            axis: 1,
+            block_size: 0,
+        },
+        output_dtype: None,
+    };
+    dequantize(&d, t, &Tensor::scalar_f32(q.scale), Some(&zero))
+}
+
+/// `quantize(f(i))` for `n` elements, to the output's type.
+fn quantized_data(y: &Quantized, n: usize, f: impl Fn(usize) -> f32) -> Data {
+    let (lo, hi) = match y.dtype {
+        DType::I8 => (-128.0, 127.0),
+        _ => (0.0, 255.0),
+    };
+    let (sy, zy) = (y.scale, y.zero as f32);
+    match y.dtype {
+        DType::I8 => Data::I8(
+            (0..n)
+                .map(|i| quantize_value(f(i), sy, zy, lo, hi) as i8)
+                .collect(),
+        ),
+        _ => Data::U8(
+            (0..n)
+                .map(|i| quantize_value(f(i), sy, zy, lo, hi) as u8)
+                .collect(),
+        ),
+    }
+}
+
+/// `Q(Relu?((a - za)·sa + (b - zb)·sb))` over two slices of equal length.
+fn qadd_slices<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync>(
+    threads: usize,
+    q: &QAdd,
+    a: &[A],
+    b: &[B],
+) -> Data {
+    match q.y.dtype {
+        DType::I8 => Data::I8(qadd_into(threads, q, a, b, (-128.0, 127.0), |v| v as i8)),
+        _ => Data::U8(qadd_into(threads, q, a, b, (0.0, 255.0), |v| v as u8)),
+    }
+}
+
+/// [`qadd_slices`] to one output type. Every parameter is a local copy and the loop writes a
+/// fresh buffer, so nothing it stores can alias what it reads and the loop vectorises.
+fn qadd_into<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync, Y: Copy + Default + Send>(
+    threads: usize,
+    q: &QAdd,
+    a: &[A],
+    b: &[B],
+    (lo, hi): (f32, f32),
+    to: impl Fn(i32) -> Y + Sync,
+) -> Vec<Y> {
+    let (sa, za, sb, zb) = (q.a.scale, q.a.zero, q.b.scale, q.b.zero);
+    let (sy, zy, relu) = (q.y.scale, q.y.zero as f32, q.relu);
+    let floor = if relu { 0.0 } else { f32::NEG_INFINITY };
+    let mut y = vec![Y::default(); a.len().min(b.len())];
+    let chunk = |(y, (a, b)): (&mut [Y], (&[A], &[B]))| {
+        for (y, (&a, &b)) in y.iter_mut().zip(a.iter().zip(b)) {
+            let v = ((a.into() - za) as f32 * sa + (b.into() - zb) as f32 * sb).max(floor);
+            *y = to(quantize_value(v, sy, zy, lo, hi));
+        }
+    };
+    // Split across the threads in cache-sized pieces when there is enough to split.
+    const PIECE: usize = 1 << 14;
+    if threads > 1 && y.len() >= 2 * PIECE {
+        use rayon::prelude::*;
+        y.par_chunks_mut(PIECE)
+            .zip(a.par_chunks(PIECE).zip(b.par_chunks(PIECE)))
+            .for_each(chunk);
+    } else {
+        chunk((&mut y[..], (a, b)));
+    }
+    y
+}
+
+fn qadd(cx: &Cx, q: &QAdd, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    if a.shape != b.shape || a.dtype() != q.a.dtype || b.dtype() != q.b.dtype {
+        // A broadcast (or inputs of other types): the separate ops.
+        let sum = super::elementwise::binary(
+            super::elementwise::Binary::Add,
+            &dequantized(a, &q.a)?,
+            &dequantized(b, &q.b)?,
+        )?;
+        let v = sum.as_f32()?;
+        let data = quantized_data(&q.y, v.len(), |i| match q.relu {
+            true => v[i].max(0.0),
+            false => v[i],
+        });
+        return Tensor::new(sum.shape, data);
+    }
+    let data = match (&a.data, &b.data) {
+        (Data::U8(a), Data::U8(b)) => qadd_slices(cx.threads, q, a, b),
+        (Data::U8(a), Data::I8(b)) => qadd_slices(cx.threads, q, a, b),
+        (Data::I8(a), Data::U8(b)) => qadd_slices(cx.threads, q, a, b),
+        (Data::I8(a), Data::I8(b)) => qadd_slices(cx.threads, q, a, b),
+        (a, _) => {
+            return Err(OpError::DType(format!(
+                "a quantized Add of {:?}",
+                a.dtype()
+            )));
+        }
+    };
+    Tensor::new(a.shape.clone(), data)
 }
 
 /// A scale or zero point that must be a single value.

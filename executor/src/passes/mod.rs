@@ -12,6 +12,7 @@ mod fold;
 mod fuse;
 mod gelu;
 mod pointwise_depthwise;
+mod qdq;
 mod residual;
 mod shapes;
 
@@ -28,6 +29,7 @@ pub use shapes::{batch_refusal, fold_shapes, separable_batch};
 use crate::graph::Graph;
 
 pub fn optimize(g: &mut Graph) {
+    qdq::fuse_qdq(g);
     fold_constants(g);
     if fold_shapes(g) > 0 {
         fold_constants(g);

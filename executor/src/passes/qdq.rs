@@ -1,0 +1,876 @@
+//! Integer products with constant weights, rewritten to run on the packed 8-bit kernel
+//! (`cotenant_kernels::qgemm`) with the weights packed once here:
+//!
+//! * MatMulInteger by constant int8/uint8 weights `[k, n]` (zero point absent, one, or one per
+//!   column), with what dynamic quantization puts after it fused in when it is there: a Cast to
+//!   float, a Mul by a single scale (a constant, or the product of DynamicQuantizeLinear's scale
+//!   and a constant), and an Add of a constant bias over the columns.
+//!
+//! * Conv between DequantizeLinear and QuantizeLinear, as the QDQ format writes a quantized
+//!   Conv: `Q(Conv(DQ(x), DQ(w), DQ(bias)))`, optionally with a Relu before the Q, where `x`
+//!   has a single scale and zero point, `w` is a constant int8/uint8 tensor with one scale (and
+//!   zero point) per output channel or one in all, the bias (optional) a constant, and the
+//!   output a single scale and zero point: one integer op ([`QConv`]) from `x` to the output.
+//!
+//! * Add between DequantizeLinear of both sides and QuantizeLinear (a Relu between allowed),
+//!   per tensor: one pass over the 8-bit inputs ([`QAdd`]) with the same f32 arithmetic.
+//!
+//! Anything else (non-constant weights, other zero point shapes, a scale that might not be a
+//! single value) is left as it is, on the reference path.
+
+use super::sole_reader;
+use crate::graph::Graph;
+use crate::ops::Op;
+use crate::ops::elementwise::Binary;
+use crate::ops::elementwise::Unary;
+use crate::ops::quant::{PackedMatMul, QAdd, QConv, QuantOp, Quantized, pack_weights};
+use crate::tensor::{DType, Data, Tensor};
+use cotenant_kernels::qgemm::PackedA;
+use std::sync::Arc;
+
+pub fn fuse_qdq(g: &mut Graph) {
+    let mut i = 0;
+    let mut rewrites = 0;
+    while i < g.nodes.len() {
+        // A rewrite moves the next node to `i` (or leaves one no rule matches).
+        let rewritten = match g.nodes[i].op {
+            Op::Quant(QuantOp::MatMulInteger) => pack_matmul(g, i),
+            Op::Conv(_) => quantized_conv(g, i),
+            Op::Binary(Binary::Add) => quantized_add(g, i),
+            _ => false,
+        };
+        rewrites += usize::from(rewritten);
+        if !rewritten {
+            i += 1;
+        }
+    }
+    if rewrites > 0 {
+        // The weights' DequantizeLinear nodes, which nothing reads now.
+        super::remove_dead(g);
+    }
+}
+
+/// The node producing `v`.
+fn producer(g: &Graph, v: usize) -> Option<usize> {
+    g.nodes.iter().position(|n| n.outputs.contains(&v))
+}
+
+/// A constant's values as f32 when it is an f32 tensor of `len` values (or one, with
+/// `one_ok`) of rank at most 1.
+fn f32s(t: &Tensor, len: usize, one_ok: bool) -> Option<Vec<f32>> {
+    let ok = t.rank() <= 1 && (t.len() == len || (one_ok && t.len() == 1));
+    ok.then(|| t.as_f32().ok().map(<[f32]>::to_vec)).flatten()
+}
+
+/// What a DequantizeLinear reads: the quantized value, the scale, the zero point and the axis.
+type Dequantizer = (usize, Arc<Tensor>, Option<Arc<Tensor>>, i64);
+
+/// DequantizeLinear node `d`'s `(x, scale, zero point)` inputs, when it dequantizes to f32 per
+/// tensor or per axis (`axis` of the input's rank) and its scale and zero point are constants.
+fn dequantizer(g: &Graph, d: usize) -> Option<Dequantizer> {
+    let n = &g.nodes[d];
+    let Op::Quant(QuantOp::Dequantize(a)) = &n.op else {
+        return None;
+    };
+    if a.layout.block_size != 0 || !matches!(a.output_dtype, None | Some(DType::F32)) {
+        return None;
+    }
+    let input = |k: usize| n.inputs.get(k).copied().flatten();
+    let scale = g.constants.get(&input(1)?)?.clone();
+    let zero = match input(2) {
+        Some(z) => Some(g.constants.get(&z)?.clone()),
+        None => None,
+    };
+    Some((input(0)?, scale, zero, a.layout.axis))
+}
+
+/// A single zero point of an 8-bit type as `(type, raw byte)` (int8 values as their bytes).
+fn zero_u8(z: &Tensor) -> Option<(DType, u8)> {
+    match &z.data {
+        Data::U8(v) if v.len() == 1 && z.rank() <= 1 => Some((DType::U8, v[0])),
+        Data::I8(v) if v.len() == 1 && z.rank() <= 1 => Some((DType::I8, v[0] as u8)),
+        _ => None,
+    }
+}
+
+/// A per-tensor DequantizeLinear's scale and zero point (which must be there: it gives the
+/// type), when `v` is produced by one: `(its input, parameters)`.
+fn dequantized_input(g: &Graph, v: usize) -> Option<(usize, Quantized)> {
+    let (x, s, z, _) = dequantizer(g, producer(g, v)?)?;
+    let (scale, (dtype, _)) = (f32s(&s, 1, true)?, zero_u8(z.as_deref()?)?);
+    let zero = z.as_deref()?.to_f64_vec()[0] as i32;
+    Some((
+        x,
+        Quantized {
+            scale: scale[0],
+            zero,
+            dtype,
+        },
+    ))
+}
+
+/// The node reading `v` (through a Relu, when `relu_ok`) when it is a per-tensor
+/// QuantizeLinear: `(its index, the Relu's, its parameters)`.
+fn quantized_output(g: &Graph, v: usize) -> Option<(usize, Option<usize>, Quantized)> {
+    let uses = g.use_counts();
+    let mut q = sole_reader(g, &uses, v)?;
+    let mut relu = None;
+    if g.nodes[q].op == Op::Unary(Unary::Relu) {
+        relu = Some(q);
+        q = sole_reader(g, &uses, g.nodes[q].outputs[0])?;
+    }
+    let qn = &g.nodes[q];
+    let Op::Quant(QuantOp::Quantize(qa)) = &qn.op else {
+        return None;
+    };
+    if qa.layout.block_size != 0 || !matches!(qa.precision, None | Some(DType::F32)) {
+        return None;
+    }
+    let qin = |k: usize| qn.inputs.get(k).copied().flatten();
+    let sy = f32s(g.constants.get(&qin(1)?)?, 1, true)?;
+    let zy = g.constants.get(&qin(2)?)?;
+    let (dtype, _) = zero_u8(zy)?;
+    if qa.output_dtype.is_some_and(|o| o != dtype) {
+        return None;
+    }
+    let zero = zy.to_f64_vec()[0] as i32;
+    Some((
+        q,
+        relu,
+        Quantized {
+            scale: sy[0],
+            zero,
+            dtype,
+        },
+    ))
+}
+
+/// Rewrites `Q(Relu?(DQ(a) + DQ(b)))` at Add `i` to one [`QAdd`]; whether it did.
+fn quantized_add(g: &mut Graph, i: usize) -> bool {
+    let n = &g.nodes[i];
+    let (Some(Some(a)), Some(Some(b)), 1) = (n.inputs.first(), n.inputs.get(1), n.outputs.len())
+    else {
+        return false;
+    };
+    let (Some((a, qa)), Some((b, qb))) = (dequantized_input(g, *a), dequantized_input(g, *b))
+    else {
+        return false;
+    };
+    let Some((q, relu, qy)) = quantized_output(g, n.outputs[0]) else {
+        return false;
+    };
+    let (name, out) = (n.name.clone(), g.nodes[q].outputs[0]);
+    let node = &mut g.nodes[q];
+    node.name = name;
+    node.op = Op::Quant(QuantOp::QAdd(QAdd {
+        a: qa,
+        b: qb,
+        y: qy,
+        relu: relu.is_some(),
+    }));
+    node.inputs = vec![Some(a), Some(b)];
+    node.outputs = vec![out];
+    if let Some(r) = relu {
+        g.nodes.remove(r);
+    }
+    g.nodes.remove(i);
+    true
+}
+
+/// Rewrites Conv `i` and the quantization around it to one [`QConv`]; whether it did.
+fn quantized_conv(g: &mut Graph, i: usize) -> bool {
+    let n = &g.nodes[i];
+    let Op::Conv(c) = &n.op else {
+        return false;
+    };
+    if c.act.is_some() || c.residual || c.group != 1 || n.outputs.len() != 1 {
+        return false;
+    }
+    let input = |k: usize| n.inputs.get(k).copied().flatten();
+    // The input: DQ(x) with one scale and a zero point (which gives x's type).
+    let Some((x, sx, Some(zx), _)) = input(0)
+        .and_then(|v| producer(g, v))
+        .and_then(|d| dequantizer(g, d))
+    else {
+        return false;
+    };
+    let (Some(sx), Some((x_dtype, x_zero))) = (f32s(&sx, 1, true), zero_u8(&zx)) else {
+        return false;
+    };
+    // The weights: DQ of a constant, per output channel (axis 0) or per tensor.
+    let Some((w, sw, zw, axis)) = input(1)
+        .and_then(|v| producer(g, v))
+        .and_then(|d| dequantizer(g, d))
+    else {
+        return false;
+    };
+    let Some(wt) = g.constants.get(&w) else {
+        return false;
+    };
+    let w_shape = wt.shape.clone();
+    if !(3..=4).contains(&w_shape.len()) {
+        return false;
+    }
+    let (m, k) = (w_shape[0], w_shape[1..].iter().product::<usize>());
+    // Several scales must be along the output channels.
+    let Some(sw) =
+        f32s(&sw, m, true).filter(|s| s.len() == 1 || axis == 0 || axis == -(w_shape.len() as i64))
+    else {
+        return false;
+    };
+    if zw
+        .as_ref()
+        .is_some_and(|z| z.rank() > 1 || (z.len() != 1 && z.len() != m) || z.dtype() != wt.dtype())
+    {
+        return false;
+    }
+    // One row of k per output channel.
+    let w = match (&wt.data, zw.as_ref().map(|z| &z.data)) {
+        (Data::I8(v), None) => PackedA::weights(m, k, v, &[0]),
+        (Data::I8(v), Some(Data::I8(z))) => PackedA::weights(m, k, v, z),
+        (Data::U8(v), None) => PackedA::weights(m, k, v, &[0]),
+        (Data::U8(v), Some(Data::U8(z))) => PackedA::weights(m, k, v, z),
+        _ => return false,
+    };
+    // The bias: absent, a constant, or DQ of a constant.
+    let bias = match input(2) {
+        None => vec![0.0; m],
+        Some(v) => match g.constants.get(&v) {
+            Some(t) => match f32s(t, m, false) {
+                Some(b) => b,
+                None => return false,
+            },
+            None => {
+                let Some(b) = producer(g, v)
+                    .and_then(|d| dequantizer(g, d))
+                    .filter(|(_, sb, _, axis)| sb.len() == 1 || *axis == 0 || *axis == -1)
+                    .and_then(|(b, sb, zb, _)| {
+                        dequantized_bias(g.constants.get(&b)?, &sb, zb.as_deref(), m)
+                    })
+                else {
+                    return false;
+                };
+                b
+            }
+        },
+    };
+    // The output: an optional Relu, then Q with one scale and zero point.
+    let uses = g.use_counts();
+    let Some(mut q) = sole_reader(g, &uses, n.outputs[0]) else {
+        return false;
+    };
+    let mut relu = None;
+    if g.nodes[q].op == Op::Unary(Unary::Relu) {
+        relu = Some(q);
+        match sole_reader(g, &uses, g.nodes[q].outputs[0]) {
+            Some(r) => q = r,
+            None => return false,
+        }
+    }
+    let qn = &g.nodes[q];
+    let Op::Quant(QuantOp::Quantize(qa)) = &qn.op else {
+        return false;
+    };
+    if qa.layout.block_size != 0 || !matches!(qa.precision, None | Some(DType::F32)) {
+        return false;
+    }
+    let qin = |k: usize| qn.inputs.get(k).copied().flatten();
+    let (Some(sy), Some(zy)) = (
+        qin(1)
+            .and_then(|v| g.constants.get(&v))
+            .and_then(|t| f32s(t, 1, true)),
+        qin(2).and_then(|v| g.constants.get(&v)),
+    ) else {
+        return false;
+    };
+    let Some((y_dtype, _)) = zero_u8(zy) else {
+        return false;
+    };
+    if qa.output_dtype.is_some_and(|o| o != y_dtype) {
+        return false;
+    }
+    let y_zero = zy.to_f64_vec()[0] as f32;
+    let sy = sy[0] as f64;
+    let pick = |v: &[f32], c: usize| v[if v.len() == 1 { 0 } else { c }] as f64;
+    let op = QConv {
+        conv: c.clone(),
+        w_shape,
+        w,
+        x_dtype,
+        x_zero,
+        mult: (0..m)
+            .map(|c| (sx[0] as f64 * pick(&sw, c) / sy) as f32)
+            .collect(),
+        offset: (0..m).map(|c| (bias[c] as f64 / sy) as f32).collect(),
+        y_dtype,
+        y_zero,
+        relu: relu.is_some(),
+    };
+    let out = qn.outputs[0];
+    let name = n.name.clone();
+    // The new node takes the Q's place (after everything the Conv read); the Conv and Relu go.
+    let node = &mut g.nodes[q];
+    node.name = name;
+    node.op = Op::Quant(QuantOp::QConv(Arc::new(op)));
+    node.inputs = vec![Some(x)];
+    node.outputs = vec![out];
+    if let Some(r) = relu {
+        g.nodes.remove(r);
+    }
+    g.nodes.remove(i);
+    true
+}
+
+/// A bias dequantized from int32 as DequantizeLinear does it, `m` values.
+fn dequantized_bias(b: &Tensor, sb: &Tensor, zb: Option<&Tensor>, m: usize) -> Option<Vec<f32>> {
+    let (Data::I32(bv), Some(sb)) = (&b.data, f32s(sb, m, true)) else {
+        return None;
+    };
+    let zero = match zb.map(|z| &z.data) {
+        None => vec![0],
+        Some(Data::I32(z)) if z.len() == 1 || z.len() == m => z.clone(),
+        _ => return None,
+    };
+    if b.rank() != 1 || bv.len() != m {
+        return None;
+    }
+    let pick = |v: &[f32], c: usize| v[if v.len() == 1 { 0 } else { c }];
+    Some(
+        (0..m)
+            .map(|c| {
+                let z = zero[if zero.len() == 1 { 0 } else { c }];
+                (bv[c] as i64 - z as i64) as f32 * pick(&sb, c)
+            })
+            .collect(),
+    )
+}
+
+/// Whether `v` is certainly a single float32 value of rank at most 1: a constant, the scale
+/// DynamicQuantizeLinear produces, or the product of two such.
+fn single_scale(g: &Graph, v: usize, depth: usize) -> bool {
+    if let Some(t) = g.constants.get(&v) {
+        return t.len() == 1 && t.rank() <= 1 && t.dtype() == DType::F32;
+    }
+    let Some(n) = g.nodes.iter().find(|n| n.outputs.contains(&v)) else {
+        return false;
+    };
+    match &n.op {
+        Op::Quant(QuantOp::DynamicQuantize) => n.outputs.get(1) == Some(&v),
+        Op::Binary(Binary::Mul) if depth > 0 && n.inputs.len() == 2 => n
+            .inputs
+            .iter()
+            .all(|i| i.is_some_and(|i| single_scale(g, i, depth - 1))),
+        _ => false,
+    }
+}
+
+/// Packs MatMulInteger `i`'s weights and fuses the scaling after it; whether it did.
+fn pack_matmul(g: &mut Graph, i: usize) -> bool {
+    let n = &g.nodes[i];
+    let input = |k: usize| n.inputs.get(k).copied().flatten();
+    let (Some(a), Some(b)) = (input(0), input(1)) else {
+        return false;
+    };
+    let Some(w) = g.constants.get(&b) else {
+        return false;
+    };
+    let zp = match input(3) {
+        Some(z) => match g.constants.get(&z) {
+            Some(z) => Some(&**z),
+            None => return false,
+        },
+        None => None,
+    };
+    let Some(packed) = pack_weights(w, zp) else {
+        return false;
+    };
+    let shape = [w.shape[0], w.shape[1]];
+    let a_zp = input(2);
+    let mut op = PackedMatMul {
+        shape,
+        b: packed,
+        scaled: false,
+        bias: None,
+    };
+    let mut inputs = vec![Some(a), a_zp];
+    let mut out = n.outputs[0];
+    let mut remove = vec![];
+    // Cast to float, then Mul by a single scale.
+    let uses = g.use_counts();
+    if let Some(c) = sole_reader(g, &uses, out)
+        && matches!(g.nodes[c].op, Op::Cast { to: DType::F32, .. })
+        && let Some(m) = sole_reader(g, &uses, g.nodes[c].outputs[0])
+        && g.nodes[m].op == Op::Binary(Binary::Mul)
+        && g.nodes[m].inputs.len() == 2
+    {
+        let cast_out = g.nodes[c].outputs[0];
+        let mul = &g.nodes[m];
+        let scale = match (mul.inputs[0], mul.inputs[1]) {
+            (Some(x), Some(s)) if x == cast_out && s != cast_out => Some(s),
+            (Some(s), Some(x)) if x == cast_out && s != cast_out => Some(s),
+            _ => None,
+        };
+        if let Some(s) = scale.filter(|&s| single_scale(g, s, 1)) {
+            op.scaled = true;
+            inputs.push(Some(s));
+            out = mul.outputs[0];
+            remove.extend([c, m]);
+            // Then Add of a constant bias over the columns.
+            if let Some(ad) = sole_reader(g, &uses, out)
+                && g.nodes[ad].op == Op::Binary(Binary::Add)
+                && g.nodes[ad].inputs.len() == 2
+            {
+                let add = &g.nodes[ad];
+                let other = if add.inputs[0] == Some(out) {
+                    add.inputs[1]
+                } else {
+                    add.inputs[0]
+                };
+                let bias = other.filter(|&b| Some(b) != Some(out)).and_then(|b| {
+                    g.constants
+                        .get(&b)
+                        .filter(|t| t.rank() == 1 && t.len() == shape[1])
+                        .and_then(|t| t.as_f32().ok().map(<[f32]>::to_vec))
+                });
+                if let Some(bias) = bias {
+                    op.bias = Some(bias);
+                    out = add.outputs[0];
+                    remove.push(ad);
+                }
+            }
+        }
+    }
+    // The fused node takes the place of the last node it absorbs, after the scale's producer.
+    remove.push(i);
+    remove.sort_unstable();
+    let last = remove.pop().unwrap_or(i);
+    let name = std::mem::take(&mut g.nodes[i].name);
+    let node = &mut g.nodes[last];
+    node.name = name;
+    node.op = Op::Quant(QuantOp::PackedMatMul(Arc::new(op)));
+    node.inputs = inputs;
+    node.outputs = vec![out];
+    for r in remove.into_iter().rev() {
+        g.nodes.remove(r);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::CpuBackend;
+    use crate::graph::{Dim, GraphInput, Node};
+    use crate::ops::attrs::Attrs;
+    use crate::plan::Plan;
+    use crate::proto::AttributeProto;
+    use crate::zoo::builder::attr_ints;
+
+    /// A graph being built by hand (the zoo builder only writes f32 weights).
+    struct G(Graph);
+
+    impl G {
+        fn new() -> G {
+            G(Graph {
+                opset: 21,
+                ..Graph::default()
+            })
+        }
+        fn input(&mut self, name: &str, dtype: DType, dims: &[usize]) -> usize {
+            let v = self.0.add_value(name);
+            let mut d: Vec<Dim> = dims.iter().map(|&d| Dim::Fixed(d)).collect();
+            if name == "x" {
+                d[0] = Dim::Symbol("batch".into());
+            }
+            self.0.inputs.push(GraphInput {
+                value: v,
+                name: name.into(),
+                dtype,
+                dims: Some(d),
+            });
+            v
+        }
+        fn constant(&mut self, t: Tensor) -> usize {
+            let v = self.0.add_value(format!("c{}", self.0.value_names.len()));
+            self.0.constants.insert(v, Arc::new(t));
+            v
+        }
+        fn node(
+            &mut self,
+            op: &str,
+            inputs: &[Option<usize>],
+            outs: usize,
+            attrs: Vec<AttributeProto>,
+        ) -> Vec<usize> {
+            let op = Op::parse(op, &Attrs { list: &attrs }, 21, inputs.len(), outs)
+                .expect("parses")
+                .expect("supported");
+            let outputs: Vec<usize> = (0..outs)
+                .map(|k| {
+                    self.0
+                        .add_value(format!("v{}_{k}", self.0.value_names.len()))
+                })
+                .collect();
+            self.0.nodes.push(Node {
+                name: format!("n{}", self.0.nodes.len()),
+                op,
+                inputs: inputs.to_vec(),
+                outputs: outputs.clone(),
+            });
+            outputs
+        }
+        fn output(mut self, v: usize) -> Graph {
+            self.0.outputs.push(v);
+            self.0
+        }
+    }
+
+    fn t(shape: &[usize], data: Data) -> Tensor {
+        Tensor::new(shape.to_vec(), data).expect("tensor")
+    }
+
+    fn bytes(n: usize, seed: u32) -> Vec<u8> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 20) as u8
+            })
+            .collect()
+    }
+
+    /// How the quantized Conv's parts may vary; the default is the pattern QDQ writes.
+    #[derive(Clone, Copy, Default)]
+    struct Variant {
+        per_tensor: bool,
+        weights_as_input: bool,
+        no_x_zero_point: bool,
+        weight_axis_1: bool,
+        no_relu: bool,
+        int8_x: bool,
+    }
+
+    /// `Q(Relu(Conv(DQ(x), DQ(w), DQ(bias))))`, 4 → 6 channels, 3x3, padded, on 5x6 images.
+    fn conv_graph(v: Variant) -> Graph {
+        let mut g = G::new();
+        let xt = if v.int8_x { DType::I8 } else { DType::U8 };
+        let x = g.input("x", xt, &[1, 4, 5, 6]);
+        let sx = g.constant(Tensor::scalar_f32(0.05));
+        let zx = g.constant(match xt {
+            DType::I8 => t(&[], Data::I8(vec![-7])),
+            _ => t(&[], Data::U8(vec![128])),
+        });
+        let zx = if v.no_x_zero_point { None } else { Some(zx) };
+        let xf = g.node("DequantizeLinear", &[Some(x), Some(sx), zx], 1, vec![])[0];
+        let wv: Vec<i8> = bytes(6 * 4 * 9, 5).iter().map(|&b| b as i8).collect();
+        let w = if v.weights_as_input {
+            g.input("w", DType::I8, &[6, 4, 3, 3])
+        } else {
+            g.constant(t(&[6, 4, 3, 3], Data::I8(wv)))
+        };
+        let sw: Vec<f32> = (0..6).map(|c| 0.01 * (c + 1) as f32).collect();
+        let (sw, zw, axis) = if v.per_tensor {
+            (t(&[], Data::F32(vec![0.02])), t(&[], Data::I8(vec![0])), 0)
+        } else if v.weight_axis_1 {
+            (
+                t(&[4], Data::F32(sw[..4].to_vec())),
+                t(&[4], Data::I8(vec![0; 4])),
+                1,
+            )
+        } else {
+            (
+                t(&[6], Data::F32(sw)),
+                t(&[6], Data::I8(vec![0, 3, -128, 127, 0, 1])),
+                0,
+            )
+        };
+        let (sw, zw) = (g.constant(sw), g.constant(zw));
+        let wf = g.node(
+            "DequantizeLinear",
+            &[Some(w), Some(sw), Some(zw)],
+            1,
+            vec![attr_int("axis", axis)],
+        )[0];
+        let b = g.constant(t(&[6], Data::I32(vec![-300, 0, 1000, 7, -5, 20])));
+        let sb = g.constant(t(
+            &[6],
+            Data::F32((0..6).map(|c| 0.0005 * (c + 1) as f32).collect()),
+        ));
+        let bf = g.node(
+            "DequantizeLinear",
+            &[Some(b), Some(sb)],
+            1,
+            vec![attr_int("axis", 0)],
+        )[0];
+        let pads = attr_ints("pads", &[1, 1, 1, 1]);
+        let mut y = g.node("Conv", &[Some(xf), Some(wf), Some(bf)], 1, vec![pads])[0];
+        if !v.no_relu {
+            y = g.node("Relu", &[Some(y)], 1, vec![])[0];
+        }
+        let sy = g.constant(Tensor::scalar_f32(0.1));
+        let zy = g.constant(t(&[], Data::U8(vec![3])));
+        let q = g.node("QuantizeLinear", &[Some(y), Some(sy), Some(zy)], 1, vec![])[0];
+        g.output(q)
+    }
+
+    fn attr_int(name: &str, v: i64) -> AttributeProto {
+        crate::zoo::builder::attr_int(name, v)
+    }
+
+    fn names(g: &Graph) -> Vec<String> {
+        g.nodes.iter().map(|n| n.op.name()).collect()
+    }
+
+    /// Runs the graph as it is and optimised on `inputs`; the optimised graph's op names and
+    /// both outputs.
+    fn run_both(
+        g: Graph,
+        inputs: &dyn Fn() -> Vec<(String, Tensor)>,
+    ) -> (Vec<String>, Tensor, Tensor) {
+        let raw = Plan::build(&g).expect("plan");
+        let mut opt = g;
+        crate::passes::optimize(&mut opt);
+        let fused = Plan::build(&opt).expect("plan");
+        let be = CpuBackend::new(2);
+        let want = raw.run(&be, inputs()).expect("runs").remove(0).1;
+        let got = fused.run(&be, inputs()).expect("runs").remove(0).1;
+        (names(&opt), want, got)
+    }
+
+    fn conv_inputs(batch: usize, int8_x: bool, weights: bool) -> Vec<(String, Tensor)> {
+        let x = bytes(batch * 4 * 30, 9);
+        let x = match int8_x {
+            true => t(
+                &[batch, 4, 5, 6],
+                Data::I8(x.iter().map(|&b| b as i8).collect()),
+            ),
+            false => t(&[batch, 4, 5, 6], Data::U8(x)),
+        };
+        let mut v = vec![("x".to_string(), x)];
+        if weights {
+            let w: Vec<i8> = bytes(6 * 4 * 9, 5).iter().map(|&b| b as i8).collect();
+            v.push(("w".into(), t(&[6, 4, 3, 3], Data::I8(w))));
+        }
+        v
+    }
+
+    #[test]
+    fn quantized_convs_become_one_integer_op_within_a_step_of_the_float_path() {
+        for variant in [
+            Variant::default(),
+            Variant {
+                per_tensor: true,
+                ..Variant::default()
+            },
+            Variant {
+                no_relu: true,
+                ..Variant::default()
+            },
+            Variant {
+                int8_x: true,
+                ..Variant::default()
+            },
+        ] {
+            for batch in [1, 3] {
+                let (names, want, got) = run_both(conv_graph(variant), &|| {
+                    conv_inputs(batch, variant.int8_x, false)
+                });
+                let fused = if variant.no_relu {
+                    "QConv"
+                } else {
+                    "QConv+Relu"
+                };
+                assert_eq!(names, [fused], "batch {batch}");
+                let (Data::U8(want), Data::U8(got)) = (&want.data, &got.data) else {
+                    panic!("u8 outputs");
+                };
+                assert_eq!(want.len(), got.len());
+                // Integer sums requantized once differ from the float path's by at most one
+                // step, where the float path's rounding lands on the other side of a tie.
+                let off = want.iter().zip(got).filter(|(a, b)| a != b).count();
+                assert!(want.iter().zip(got).all(|(a, b)| a.abs_diff(*b) <= 1));
+                assert!(off * 50 <= want.len(), "{off} of {} differ", want.len());
+                assert!(want.iter().any(|&v| v > 10), "a non-trivial output");
+            }
+        }
+    }
+
+    #[test]
+    fn convs_outside_the_pattern_keep_the_reference_path() {
+        for (variant, weights) in [
+            (
+                Variant {
+                    weights_as_input: true,
+                    ..Variant::default()
+                },
+                true,
+            ),
+            (
+                Variant {
+                    no_x_zero_point: true,
+                    ..Variant::default()
+                },
+                false,
+            ),
+            (
+                Variant {
+                    weight_axis_1: true,
+                    ..Variant::default()
+                },
+                false,
+            ),
+        ] {
+            let g = conv_graph(variant);
+            let mut opt = g.clone();
+            crate::passes::optimize(&mut opt);
+            assert!(
+                !names(&opt).iter().any(|n| n.starts_with("QConv")),
+                "{:?}",
+                names(&opt)
+            );
+            // And it still runs (a per-input-channel weight scale is no Conv DQ can feed).
+            if !variant.weight_axis_1 {
+                let mut x = conv_inputs(2, false, weights);
+                if variant.no_x_zero_point {
+                    x.truncate(1);
+                }
+                let raw = Plan::build(&g).expect("plan");
+                let fused = Plan::build(&opt).expect("plan");
+                let be = CpuBackend::new(2);
+                let want = raw.run(&be, x.clone()).expect("runs");
+                let got = fused.run(&be, x).expect("runs");
+                assert_eq!(want[0].1.data, got[0].1.data);
+            }
+        }
+    }
+
+    /// `Q(Relu(DQ(x) + DQ(x2)))`, x `[batch, 3, 4, 5]` and x2 of `shape2`.
+    fn add_graph(shape2: &[usize]) -> Graph {
+        let mut g = G::new();
+        let x = g.input("x", DType::U8, &[1, 3, 4, 5]);
+        let x2 = g.input("x2", DType::I8, shape2);
+        let (s1, z1) = (
+            g.constant(Tensor::scalar_f32(0.07)),
+            g.constant(t(&[], Data::U8(vec![100]))),
+        );
+        let (s2, z2) = (
+            g.constant(Tensor::scalar_f32(0.03)),
+            g.constant(t(&[], Data::I8(vec![-5]))),
+        );
+        let a = g.node(
+            "DequantizeLinear",
+            &[Some(x), Some(s1), Some(z1)],
+            1,
+            vec![],
+        )[0];
+        let b = g.node(
+            "DequantizeLinear",
+            &[Some(x2), Some(s2), Some(z2)],
+            1,
+            vec![],
+        )[0];
+        let sum = g.node("Add", &[Some(a), Some(b)], 1, vec![])[0];
+        let r = g.node("Relu", &[Some(sum)], 1, vec![])[0];
+        let (sy, zy) = (
+            g.constant(Tensor::scalar_f32(0.05)),
+            g.constant(t(&[], Data::U8(vec![7]))),
+        );
+        let q = g.node("QuantizeLinear", &[Some(r), Some(sy), Some(zy)], 1, vec![])[0];
+        g.output(q)
+    }
+
+    #[test]
+    fn quantized_adds_are_one_pass_and_exact() {
+        for (shape2, batch) in [(vec![1, 3, 4, 5], 1), (vec![1, 3, 1, 1], 2)] {
+            let n2: usize = shape2.iter().product();
+            let inputs = || {
+                vec![
+                    (
+                        "x".to_string(),
+                        t(&[batch, 3, 4, 5], Data::U8(bytes(batch * 60, 1))),
+                    ),
+                    (
+                        "x2".to_string(),
+                        t(
+                            &shape2,
+                            Data::I8(bytes(n2, 2).iter().map(|&b| b as i8).collect()),
+                        ),
+                    ),
+                ]
+            };
+            let (names, want, got) = run_both(add_graph(&shape2), &inputs);
+            assert_eq!(names, ["QAdd+Relu"]);
+            assert_eq!(want.shape, got.shape);
+            assert_eq!(want.data, got.data, "x2 of {shape2:?}");
+        }
+    }
+
+    /// Dynamic quantization of `x [batch, 3, 7] · W [7, 5] + bias` as quantize_dynamic writes it.
+    fn dynamic_graph(weights_as_input: bool, bias: bool) -> Graph {
+        let mut g = G::new();
+        let x = g.input("x", DType::F32, &[1, 3, 7]);
+        let q = g.node("DynamicQuantizeLinear", &[Some(x)], 3, vec![]);
+        let w: Vec<i8> = bytes(35, 3).iter().map(|&b| b as i8).collect();
+        let w = if weights_as_input {
+            g.input("w", DType::I8, &[7, 5])
+        } else {
+            g.constant(t(&[7, 5], Data::I8(w)))
+        };
+        let zw = g.constant(t(&[], Data::I8(vec![-3])));
+        let acc = g.node(
+            "MatMulInteger",
+            &[Some(q[0]), Some(w), Some(q[2]), Some(zw)],
+            1,
+            vec![],
+        )[0];
+        let cast = g.node("Cast", &[Some(acc)], 1, vec![attr_int("to", 1)])[0];
+        let sw = g.constant(Tensor::scalar_f32(0.03));
+        let s = g.node("Mul", &[Some(q[1]), Some(sw)], 1, vec![])[0];
+        let mut y = g.node("Mul", &[Some(cast), Some(s)], 1, vec![])[0];
+        if bias {
+            let b = g.constant(t(&[5], Data::F32(vec![0.5, -1.0, 2.0, 0.0, 3.25])));
+            y = g.node("Add", &[Some(b), Some(y)], 1, vec![])[0];
+        }
+        g.output(y)
+    }
+
+    fn dynamic_inputs(batch: usize, weights: bool) -> Vec<(String, Tensor)> {
+        let x: Vec<f32> = bytes(batch * 21, 4)
+            .iter()
+            .map(|&b| b as f32 / 37.0 - 2.5)
+            .collect();
+        let mut v = vec![(
+            "x".to_string(),
+            Tensor::f32(vec![batch, 3, 7], x).expect("x"),
+        )];
+        if weights {
+            let w: Vec<i8> = bytes(35, 3).iter().map(|&b| b as i8).collect();
+            v.push(("w".into(), t(&[7, 5], Data::I8(w))));
+        }
+        v
+    }
+
+    #[test]
+    fn dynamic_matmuls_run_packed_and_exactly() {
+        for bias in [false, true] {
+            for batch in [1, 4] {
+                let (names, want, got) =
+                    run_both(dynamic_graph(false, bias), &|| dynamic_inputs(batch, false));
+                assert!(
+                    names.contains(&"MatMulInteger(packed)+Scale".to_string()),
+                    "{names:?}"
+                );
+                assert!(
+                    !names.iter().any(|n| n == "Cast" || n == "Add"),
+                    "{names:?}"
+                );
+                assert_eq!(want.shape, got.shape);
+                assert_eq!(want.data, got.data, "bias {bias}, batch {batch}");
+            }
+        }
+        // Weights that are not constant: the reference path.
+        let (names, want, got) = run_both(dynamic_graph(true, true), &|| dynamic_inputs(2, true));
+        assert!(names.contains(&"MatMulInteger".to_string()), "{names:?}");
+        assert_eq!(want.data, got.data);
+    }
+}

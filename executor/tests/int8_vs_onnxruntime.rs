@@ -1,0 +1,139 @@
+//! Small int8 models quantized by onnxruntime's own quantizer, run by the executor and by
+//! onnxruntime on the same inputs: squeezenet by quantize_static (QDQ, per-channel int8
+//! weights, uint8 activations: the quantized Conv and Add paths) and a two-layer BERT by
+//! quantize_dynamic (DynamicQuantizeLinear + MatMulInteger: the packed MatMul path). The largest
+//! difference relative to the output's scale must stay within onnxruntime's int8 tolerance, 1e-2:
+//! the two sides round differently at quantization ties, and a flipped step propagates.
+
+mod common;
+
+use cotenant_executor::zoo::{self, BertOptions, ZooOptions};
+use cotenant_executor::{CpuBackend, Data, Model, Tensor, npy};
+use std::path::Path;
+use std::process::Command;
+
+/// quantize_static (after onnxruntime's pre-processing) or quantize_dynamic, as
+/// executor/bench/compare.py does for resnet50 and BERT.
+const QUANTIZE: &str = r#"
+import os, sys
+import numpy as np
+import onnx
+from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                      quantize_dynamic, quantize_static)
+from onnxruntime.quantization.shape_inference import quant_pre_process
+src, dst, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "dynamic":
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    sys.exit(0)
+rng = np.random.default_rng(1)
+inputs = [(i.name, [d.dim_value if d.HasField("dim_value") else 1 for d in i.type.tensor_type.shape.dim])
+          for i in onnx.load(src).graph.input]
+class Reader(CalibrationDataReader):
+    def __init__(self):
+        self.feeds = iter([{n: rng.standard_normal(d).astype(np.float32) for n, d in inputs} for _ in range(2)])
+    def get_next(self):
+        return next(self.feeds, None)
+pre = dst + ".pre.onnx"
+quant_pre_process(src, pre)
+quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+"#;
+
+fn inputs(model: &Model, batch: usize) -> Vec<(String, Tensor)> {
+    let mut rng = zoo::Rng::new(5 + batch as u64);
+    model
+        .plan
+        .example_inputs(batch)
+        .into_iter()
+        .map(|(name, t)| {
+            let data = match t.dtype() {
+                cotenant_executor::DType::I64 => Data::I64(
+                    (0..t.len())
+                        .map(|_| (rng.next_u64() % 500) as i64)
+                        .collect(),
+                ),
+                _ => Data::F32((0..t.len()).map(|_| rng.normal()).collect()),
+            };
+            let shape = t.shape;
+            (name, Tensor { shape, data })
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
+fn int8_models_match_onnxruntime() {
+    let python = common::python();
+    let ort_run = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/ort_run.py");
+    let dir = std::env::temp_dir().join(format!("cotenant-int8-vs-ort-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let small_bert = BertOptions {
+        layers: 2,
+        hidden: 64,
+        heads: 2,
+        seq: 16,
+        vocab: 500,
+    };
+    let mut report = Vec::new();
+    for (name, kind) in [("squeezenet", "static"), ("bert", "dynamic")] {
+        let float = dir.join(format!("{name}.onnx"));
+        let int8 = dir.join(format!("{name}_int8.onnx"));
+        let options = ZooOptions {
+            seed: 3,
+            bert: small_bert.clone(),
+        };
+        zoo::write(name, &options, &float).unwrap();
+        let out = Command::new(&python)
+            .arg("-c")
+            .arg(QUANTIZE)
+            .args([&float, &int8])
+            .arg(kind)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "quantizing {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let model = Model::load(&int8).unwrap();
+        let backend = CpuBackend::new(2);
+        for batch in [1usize, 3] {
+            let ins = inputs(&model, batch);
+            let ort_dir = dir.join(format!("{name}_{batch}_ort"));
+            let mut cmd = Command::new(&python);
+            cmd.arg(&ort_run)
+                .arg("--model")
+                .arg(&int8)
+                .arg("--output-dir")
+                .arg(&ort_dir);
+            for (n, t) in &ins {
+                let p = dir.join(format!("{name}_{batch}_{n}.npy"));
+                npy::write(&p, t).unwrap();
+                cmd.arg("--input").arg(format!("{n}={}", p.display()));
+            }
+            let out = cmd.output().unwrap();
+            assert!(
+                out.status.success(),
+                "onnxruntime failed on {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            for (oname, t) in model.plan.run(&backend, ins).unwrap() {
+                let reference = npy::read(&ort_dir.join(format!("{oname}.npy"))).unwrap();
+                assert_eq!(t.shape, reference.shape, "{name} batch {batch} {oname}");
+                let (ours, theirs) = (t.as_f32().unwrap(), reference.as_f32().unwrap());
+                let scale = theirs.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+                let worst = ours
+                    .iter()
+                    .zip(theirs)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                let rel = worst / scale;
+                report.push(format!(
+                    "{name} int8 batch {batch}: max |diff| / max |ref| = {rel:.2e}"
+                ));
+                assert!(rel <= 1e-2, "{}", report.join("\n"));
+            }
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+    std::fs::remove_dir_all(&dir).ok();
+}
