@@ -7,6 +7,7 @@ use crate::error::{ImportError, RunError};
 use crate::graph::{Dim, Graph, GraphInput};
 use crate::memory::{Ledger, MemoryBudget};
 use crate::ops::Op;
+use crate::ops::quant::QuantOp;
 use crate::tensor::{DType, Tensor};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -141,13 +142,16 @@ impl Plan {
         })
     }
 
-    /// Bytes of all weights and other constants the plan holds.
+    /// Bytes of all weights and other constants the plan holds, with the weights kernels hold
+    /// reordered (the int8 ones hold theirs only so).
     pub fn weight_bytes(&self) -> usize {
         let packed: usize = self
             .steps
             .iter()
             .filter_map(|s| match &s.op {
                 Op::Conv(c) => c.packed.as_ref().map(|f| f.bytes()),
+                Op::Quant(QuantOp::QConv(q)) => Some(q.w.bytes()),
+                Op::Quant(QuantOp::PackedMatMul(m)) => Some(m.b.bytes()),
                 _ => None,
             })
             .sum();

@@ -96,6 +96,14 @@ fn int8_models_match_onnxruntime() {
             String::from_utf8_lossy(&out.stderr)
         );
         let model = Model::load(&int8).unwrap();
+        // The weights the integer kernels hold packed count against the tenant's memory too:
+        // they are most of the file.
+        let file = std::fs::metadata(&int8).unwrap().len() as usize;
+        assert!(
+            model.plan.weight_bytes() >= file * 3 / 4,
+            "{name}: {} weight bytes for a {file}-byte file",
+            model.plan.weight_bytes()
+        );
         let backend = CpuBackend::new(2);
         for batch in [1usize, 3] {
             let ins = inputs(&model, batch);
