@@ -8,7 +8,7 @@
 mod common;
 
 use cotenant_executor::zoo::{self, BertOptions, ZooOptions};
-use cotenant_executor::{CpuBackend, Data, Model, Tensor, npy};
+use cotenant_executor::{CpuBackend, Model, npy};
 use std::path::Path;
 use std::process::Command;
 
@@ -38,27 +38,6 @@ quant_pre_process(src, pre)
 quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
 "#;
-
-fn inputs(model: &Model, batch: usize) -> Vec<(String, Tensor)> {
-    let mut rng = zoo::Rng::new(5 + batch as u64);
-    model
-        .plan
-        .example_inputs(batch)
-        .into_iter()
-        .map(|(name, t)| {
-            let data = match t.dtype() {
-                cotenant_executor::DType::I64 => Data::I64(
-                    (0..t.len())
-                        .map(|_| (rng.next_u64() % 500) as i64)
-                        .collect(),
-                ),
-                _ => Data::F32((0..t.len()).map(|_| rng.normal()).collect()),
-            };
-            let shape = t.shape;
-            (name, Tensor { shape, data })
-        })
-        .collect()
-}
 
 #[test]
 #[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
@@ -106,7 +85,7 @@ fn int8_models_match_onnxruntime() {
         );
         let backend = CpuBackend::new(2);
         for batch in [1usize, 3] {
-            let ins = inputs(&model, batch);
+            let ins = common::random_inputs(&model, batch, 5 + batch as u64, 500);
             let ort_dir = dir.join(format!("{name}_{batch}_ort"));
             let mut cmd = Command::new(&python);
             cmd.arg(&ort_run)

@@ -4,35 +4,9 @@
 mod common;
 
 use cotenant_executor::zoo::{self, ZooOptions};
-use cotenant_executor::{CpuBackend, Data, Model, Tensor, npy};
+use cotenant_executor::{CpuBackend, Model, npy};
 use std::path::Path;
 use std::process::Command;
-
-fn inputs(model: &Model, batch: usize) -> Vec<(String, Tensor)> {
-    let mut rng = zoo::Rng::new(42 + batch as u64);
-    model
-        .plan
-        .example_inputs(batch)
-        .into_iter()
-        .map(|(name, t)| {
-            let data = match t.dtype() {
-                cotenant_executor::DType::I64 => Data::I64(
-                    (0..t.len())
-                        .map(|_| (rng.next_u64() % 30522) as i64)
-                        .collect(),
-                ),
-                _ => Data::F32((0..t.len()).map(|_| rng.normal()).collect()),
-            };
-            (
-                name,
-                Tensor {
-                    shape: t.shape,
-                    data,
-                },
-            )
-        })
-        .collect()
-}
 
 /// max |ours - ref| / max |ref|, and the largest per-element relative error above a 1e-3·scale floor.
 fn errors(ours: &[f32], reference: &[f32]) -> (f64, f64) {
@@ -74,7 +48,7 @@ fn zoo_models_match_onnxruntime() {
         let model = Model::load(&path).unwrap();
         let backend = CpuBackend::new(2);
         for batch in [1usize, 8] {
-            let ins = inputs(&model, batch);
+            let ins = common::random_inputs(&model, batch, 42 + batch as u64, 30522);
             let mut cmd = Command::new(&python);
             cmd.arg(&script)
                 .arg("--model")

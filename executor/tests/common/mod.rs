@@ -4,8 +4,32 @@
 
 pub mod proto;
 
+use cotenant_executor::{DType, Data, Model, Tensor, zoo};
 use std::path::PathBuf;
 use std::process::Command;
+
+/// Seeded inputs for `model` at `batch`: normal floats, and integer ids below `vocab` (token
+/// ids that stay inside the model's vocabulary).
+pub fn random_inputs(model: &Model, batch: usize, seed: u64, vocab: u64) -> Vec<(String, Tensor)> {
+    let mut rng = zoo::Rng::new(seed);
+    model
+        .plan
+        .example_inputs(batch)
+        .into_iter()
+        .map(|(name, t)| {
+            let data = match t.dtype() {
+                DType::I64 => Data::I64(
+                    (0..t.len())
+                        .map(|_| (rng.next_u64() % vocab) as i64)
+                        .collect(),
+                ),
+                _ => Data::F32((0..t.len()).map(|_| rng.normal()).collect()),
+            };
+            let shape = t.shape;
+            (name, Tensor { shape, data })
+        })
+        .collect()
+}
 
 /// The interpreter of the reference venv (numpy, onnx 1.22, onnxruntime). These tests are
 /// `#[ignore]`d for plain `cargo test`; when run they must not silently pass without it.
