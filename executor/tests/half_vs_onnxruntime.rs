@@ -20,7 +20,6 @@ use cotenant_executor::zoo::{self, BertOptions, Rng, ZooOptions};
 use cotenant_executor::{CpuBackend, DType, Data, Model, Tensor, npy};
 use prost::Message;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// float16 against onnxruntime's float16: one unit in the last place at the output's scale
 /// (both compute in f32 and round each output; they agree to the bit on every case but Gelu).
@@ -422,27 +421,9 @@ fn cast_from_float(half: DType, r: &mut Rng) -> Case {
 
 /// Runs onnxruntime on `model` with `feeds`; its outputs in order.
 fn onnxruntime(dir: &Path, name: &str, model: &[u8], feeds: &[(String, Tensor)]) -> Vec<Tensor> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/ort_run.py");
     let path = dir.join(format!("{name}.onnx"));
     std::fs::write(&path, model).unwrap();
-    let out_dir = dir.join(format!("{name}_ort"));
-    let mut cmd = Command::new(common::python());
-    cmd.arg(&script)
-        .arg("--model")
-        .arg(&path)
-        .arg("--output-dir")
-        .arg(&out_dir);
-    for (n, t) in feeds {
-        let p = dir.join(format!("{name}_{n}.npy"));
-        npy::write(&p, t).unwrap();
-        cmd.arg("--input").arg(format!("{n}={}", p.display()));
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "onnxruntime failed on {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out_dir = common::onnxruntime_outputs(&path, feeds, dir, name);
     let m = ModelProto::decode(model).unwrap();
     m.graph
         .unwrap()

@@ -9,7 +9,6 @@ mod common;
 
 use cotenant_executor::zoo::{self, BertOptions, ZooOptions};
 use cotenant_executor::{CpuBackend, Model, npy};
-use std::path::Path;
 use std::process::Command;
 
 /// quantize_static (after onnxruntime's pre-processing) or quantize_dynamic, as
@@ -43,7 +42,6 @@ quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=Tr
 #[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
 fn int8_models_match_onnxruntime() {
     let python = common::python();
-    let ort_run = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/ort_run.py");
     let dir = std::env::temp_dir().join(format!("cotenant-int8-vs-ort-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let small_bert = BertOptions {
@@ -86,24 +84,8 @@ fn int8_models_match_onnxruntime() {
         let backend = CpuBackend::new(2);
         for batch in [1usize, 3] {
             let ins = common::random_inputs(&model, batch, 5 + batch as u64, 500);
-            let ort_dir = dir.join(format!("{name}_{batch}_ort"));
-            let mut cmd = Command::new(&python);
-            cmd.arg(&ort_run)
-                .arg("--model")
-                .arg(&int8)
-                .arg("--output-dir")
-                .arg(&ort_dir);
-            for (n, t) in &ins {
-                let p = dir.join(format!("{name}_{batch}_{n}.npy"));
-                npy::write(&p, t).unwrap();
-                cmd.arg("--input").arg(format!("{n}={}", p.display()));
-            }
-            let out = cmd.output().unwrap();
-            assert!(
-                out.status.success(),
-                "onnxruntime failed on {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let ort_dir =
+                common::onnxruntime_outputs(&int8, &ins, &dir, &format!("{name}_{batch}"));
             for (oname, t) in model.plan.run(&backend, ins).unwrap() {
                 let reference = npy::read(&ort_dir.join(format!("{oname}.npy"))).unwrap();
                 assert_eq!(t.shape, reference.shape, "{name} batch {batch} {oname}");

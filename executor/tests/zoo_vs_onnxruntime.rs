@@ -5,8 +5,6 @@ mod common;
 
 use cotenant_executor::zoo::{self, ZooOptions};
 use cotenant_executor::{CpuBackend, Model, npy};
-use std::path::Path;
-use std::process::Command;
 
 /// max |ours - ref| / max |ref|, and the largest per-element relative error above a 1e-3·scale floor.
 fn errors(ours: &[f32], reference: &[f32]) -> (f64, f64) {
@@ -27,8 +25,6 @@ fn errors(ours: &[f32], reference: &[f32]) -> (f64, f64) {
 #[test]
 #[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
 fn zoo_models_match_onnxruntime() {
-    let python = common::python();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/ort_run.py");
     let dir = std::env::temp_dir().join(format!("cotenant-zoo-vs-ort-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let only = std::env::var("ZOO_FILTER").unwrap_or_default();
@@ -49,27 +45,11 @@ fn zoo_models_match_onnxruntime() {
         let backend = CpuBackend::new(2);
         for batch in [1usize, 8] {
             let ins = common::random_inputs(&model, batch, 42 + batch as u64, 30522);
-            let mut cmd = Command::new(&python);
-            cmd.arg(&script)
-                .arg("--model")
-                .arg(&path)
-                .arg("--output-dir")
-                .arg(dir.join(format!("{name}_{batch}_ort")));
-            for (n, t) in &ins {
-                let p = dir.join(format!("{name}_{batch}_{n}.npy"));
-                npy::write(&p, t).unwrap();
-                cmd.arg("--input").arg(format!("{n}={}", p.display()));
-            }
-            let out = cmd.output().unwrap();
-            assert!(
-                out.status.success(),
-                "onnxruntime failed on {name}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let ort_dir =
+                common::onnxruntime_outputs(&path, &ins, &dir, &format!("{name}_{batch}"));
             let ours = model.plan.run(&backend, ins).unwrap();
             for (oname, t) in ours {
-                let reference =
-                    npy::read(&dir.join(format!("{name}_{batch}_ort/{oname}.npy"))).unwrap();
+                let reference = npy::read(&ort_dir.join(format!("{oname}.npy"))).unwrap();
                 assert_eq!(
                     t.shape, reference.shape,
                     "{name} batch {batch} output {oname}"

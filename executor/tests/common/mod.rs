@@ -4,9 +4,40 @@
 
 pub mod proto;
 
-use cotenant_executor::{DType, Data, Model, Tensor, zoo};
-use std::path::PathBuf;
+use cotenant_executor::{DType, Data, Model, Tensor, npy, zoo};
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// Runs onnxruntime (`tests/reference/ort_run.py`) on the model at `model` with `inputs`,
+/// written as `{tag}_{input}.npy` into `dir`; returns the directory of its outputs, one
+/// `{output}.npy` each (`{tag}_ort` in `dir`).
+pub fn onnxruntime_outputs(
+    model: &Path,
+    inputs: &[(String, Tensor)],
+    dir: &Path,
+    tag: &str,
+) -> PathBuf {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/ort_run.py");
+    let out_dir = dir.join(format!("{tag}_ort"));
+    let mut cmd = Command::new(python());
+    cmd.arg(&script)
+        .arg("--model")
+        .arg(model)
+        .arg("--output-dir")
+        .arg(&out_dir);
+    for (n, t) in inputs {
+        let p = dir.join(format!("{tag}_{n}.npy"));
+        npy::write(&p, t).unwrap();
+        cmd.arg("--input").arg(format!("{n}={}", p.display()));
+    }
+    let out = cmd.output().expect("running COTENANT_PYTHON");
+    assert!(
+        out.status.success(),
+        "onnxruntime failed on {tag}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out_dir
+}
 
 /// Seeded inputs for `model` at `batch`: normal floats, and integer ids below `vocab` (token
 /// ids that stay inside the model's vocabulary).
