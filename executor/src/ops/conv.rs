@@ -1,6 +1,6 @@
 //! Conv and ConvTranspose (1-D and 2-D, NCHW): attribute handling and output geometry; the
-//! arithmetic is in `cotenant_kernels::conv`. More spatial axes go to `conv_nd`. Also Col2Im, which sums columns back into an
-//! image of any rank.
+//! arithmetic is in `cotenant_kernels::conv`. More spatial axes go to `conv_nd`. Also Col2Im,
+//! which sums columns back into an image of any rank.
 
 use super::elementwise::{Binary, binary};
 use super::index::each_index;
