@@ -4,14 +4,11 @@
 
 use super::Backend;
 use crate::error::OpError;
+use crate::ops::buffers::BufferPool;
 use crate::ops::{Cx, Op};
 use crate::tensor::Tensor;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicUsize;
-
-/// Most buffers the CPU backend keeps for reuse; beyond that the smallest is freed (the large
-/// ones are the expensive ones to get back: fresh pages, faulted in and zeroed, each run).
-const POOL_MAX_BUFFERS: usize = 12;
 
 /// The CPU backend: a private rayon pool sized to the caller's thread budget, so several tenants
 /// can share the cores without oversubscribing them.
@@ -21,7 +18,7 @@ pub struct CpuBackend {
     /// im2col scratch reused across convolutions of a run.
     scratch: Mutex<Vec<f32>>,
     /// Freed activation buffers, reused for new outputs.
-    buffers: Mutex<Vec<Vec<f32>>>,
+    buffers: Mutex<BufferPool>,
     /// One one-thread backend per thread of the pool (none without a pool), each with its own
     /// scratch and buffers.
     lanes: Vec<CpuBackend>,
@@ -52,7 +49,7 @@ impl CpuBackend {
             threads,
             pool,
             scratch: Mutex::new(Vec::new()),
-            buffers: Mutex::new(Vec::new()),
+            buffers: Mutex::default(),
             lanes,
             scopes: AtomicUsize::new(0),
         }
@@ -69,7 +66,12 @@ impl Backend for CpuBackend {
     }
 
     fn scope(&self, f: &mut (dyn FnMut() + Send)) {
-        super::spin::run_scope(self.pool.as_ref(), self.threads, &self.scopes, f)
+        super::spin::run_scope(self.pool.as_ref(), self.threads, &self.scopes, f);
+        // Buffers no op took during a whole run are only memory held.
+        self.buffers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .end_run();
     }
 
     fn execute(&self, op: &Op, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>, OpError> {
@@ -91,14 +93,7 @@ impl Backend for CpuBackend {
 
     fn recycle(&self, t: Tensor) {
         if let crate::tensor::Data::F32(v) = t.data {
-            let mut buffers = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-            buffers.push(v);
-            if buffers.len() > POOL_MAX_BUFFERS {
-                let smallest = (0..buffers.len()).min_by_key(|&i| buffers[i].capacity());
-                if let Some(i) = smallest {
-                    buffers.swap_remove(i);
-                }
-            }
+            self.buffers.lock().unwrap_or_else(|e| e.into_inner()).put(v);
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod attrs;
+pub mod buffers;
 pub mod control;
 pub mod conv;
 pub mod conv_nd;
@@ -45,7 +46,7 @@ pub struct Cx {
     /// Reused im2col scratch.
     pub scratch: RefCell<Vec<f32>>,
     /// Buffers of activations that died earlier in the plan, reused for new outputs.
-    pub pool: RefCell<Vec<Vec<f32>>>,
+    pub pool: RefCell<buffers::BufferPool>,
 }
 
 impl Cx {
@@ -53,7 +54,7 @@ impl Cx {
         Cx {
             threads: threads.max(1),
             scratch: RefCell::new(Vec::new()),
-            pool: RefCell::new(Vec::new()),
+            pool: RefCell::default(),
         }
     }
 
@@ -61,23 +62,7 @@ impl Cx {
     /// activation buffer when one is big enough, so steady-state runs neither fault in fresh
     /// pages nor zero memory. Callers must overwrite every element.
     pub fn take_f32(&self, n: usize) -> Vec<f32> {
-        let mut pool = self.pool.borrow_mut();
-        // Only a buffer that is not wastefully large for this request; of those, the one with
-        // the least to fill in (elements past its initialised length), then the smallest.
-        let best = pool
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.capacity() >= n && v.capacity() <= 4 * n.max(1024))
-            .min_by_key(|(_, v)| (n.saturating_sub(v.len()), v.capacity()))
-            .map(|(i, _)| i);
-        match best {
-            Some(i) => {
-                let mut v = pool.swap_remove(i);
-                v.resize(n, 0.0);
-                v
-            }
-            None => vec![0.0; n],
-        }
+        self.pool.borrow_mut().take(n)
     }
 }
 

@@ -190,7 +190,7 @@ impl QuantOp {
         Ok(match self {
             QuantOp::Quantize(q) => vec![quantize(q, x, input(inputs, 1)?, opt_input(inputs, 2))?],
             QuantOp::Dequantize(d) => {
-                vec![dequantize(d, x, input(inputs, 1)?, opt_input(inputs, 2))?]
+                vec![dequantize(cx, d, x, input(inputs, 1)?, opt_input(inputs, 2))?]
             }
             QuantOp::DynamicQuantize => dynamic_quantize(x)?,
             QuantOp::MatMulInteger => {
@@ -545,6 +545,7 @@ fn quantize_f32(
 /// DequantizeLinear of int8 or uint8 by f32 scales to f32, per tensor or per axis: the
 /// reference's arithmetic (`(x - zero) as f32 * scale`) without its i64 and f64 copies.
 fn dequantize_f32(
+    cx: &Cx,
     x: &Tensor,
     scale: &Tensor,
     zp: Option<&Tensor>,
@@ -561,7 +562,7 @@ fn dequantize_f32(
     }
     let zv = zero_points(zp, x.dtype(), &scale.shape)?.unwrap_or_else(|| vec![0; sv.len()]);
     let param = |r: usize| if sv.len() == 1 { 0 } else { r % count };
-    let mut y = vec![0f32; x.len()];
+    let mut y = cx.take_f32(x.len());
     match &x.data {
         Data::U8(v) => {
             for (r, (y, x)) in y.chunks_mut(run).zip(v.chunks(run)).enumerate() {
@@ -585,6 +586,7 @@ fn dequantize_f32(
 }
 
 fn dequantize(
+    cx: &Cx,
     d: &DequantizeAttrs,
     x: &Tensor,
     scale: &Tensor,
@@ -602,7 +604,7 @@ fn dequantize(
     };
     let map = d.layout.map(&x.shape, &scale.shape, "scale")?;
     if matches!(d.output_dtype, None | Some(DType::F32))
-        && let Some(y) = dequantize_f32(x, scale, zp, &map)?
+        && let Some(y) = dequantize_f32(cx, x, scale, zp, &map)?
     {
         return Ok(y);
     }
@@ -966,7 +968,7 @@ fn qconv_images<T: Int8, Y: Requantized>(
 }
 
 /// A tensor of 8-bit values with its scale and zero point as a [`DequantizeAttrs`] call.
-fn dequantized(t: &Tensor, q: &Quantized) -> OpResult<Tensor> {
+fn dequantized(cx: &Cx, t: &Tensor, q: &Quantized) -> OpResult<Tensor> {
     let zero = match q.dtype {
         DType::I8 => Tensor::new(vec![], Data::I8(vec![q.zero as i8]))?,
         _ => Tensor::new(vec![], Data::U8(vec![q.zero as u8]))?,
@@ -978,7 +980,7 @@ fn dequantized(t: &Tensor, q: &Quantized) -> OpResult<Tensor> {
         },
         output_dtype: None,
     };
-    dequantize(&d, t, &Tensor::scalar_f32(q.scale), Some(&zero))
+    dequantize(cx, &d, t, &Tensor::scalar_f32(q.scale), Some(&zero))
 }
 
 /// `quantize(f(i))` for `n` elements, to the output's type.
@@ -1053,8 +1055,8 @@ fn qadd(cx: &Cx, q: &QAdd, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         // A broadcast (or inputs of other types): the separate ops.
         let sum = super::elementwise::binary(
             super::elementwise::Binary::Add,
-            &dequantized(a, &q.a)?,
-            &dequantized(b, &q.b)?,
+            &dequantized(cx, a, &q.a)?,
+            &dequantized(cx, b, &q.b)?,
         )?;
         let v = sum.as_f32()?;
         let data = quantized_data(&q.y, v.len(), |i| match q.relu {
@@ -1225,26 +1227,26 @@ mod tests {
         };
         // One scale per column.
         let s = Tensor::f32(vec![4], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
-        let y = dequantize(&d(1, 0), &x, &s, None).unwrap();
+        let y = dequantize(&Cx::new(1), &d(1, 0), &x, &s, None).unwrap();
         assert_eq!(
             y.as_f32().unwrap(),
             &[10., 40., 90., 160., 50., 120., 210., 320.]
         );
         // The wrong count, or a zero point of another shape or type.
-        assert!(dequantize(&d(0, 0), &x, &s, None).is_err());
-        assert!(dequantize(&d(1, 0), &x, &s, Some(&u8s(vec![2], vec![0, 0]))).is_err());
+        assert!(dequantize(&Cx::new(1), &d(0, 0), &x, &s, None).is_err());
+        assert!(dequantize(&Cx::new(1), &d(1, 0), &x, &s, Some(&u8s(vec![2], vec![0, 0]))).is_err());
         let i8z = Tensor::new(vec![4], Data::I8(vec![0; 4])).unwrap();
-        assert!(dequantize(&d(1, 0), &x, &s, Some(&i8z)).is_err());
+        assert!(dequantize(&Cx::new(1), &d(1, 0), &x, &s, Some(&i8z)).is_err());
         // Blocks of 3 along the columns: two per row, the last one short.
         let s = Tensor::f32(vec![2, 2], vec![1.0, 10.0, 2.0, 20.0]).unwrap();
         let z = u8s(vec![2, 2], vec![0, 40, 50, 0]);
-        let y = dequantize(&d(1, 3), &x, &s, Some(&z)).unwrap();
+        let y = dequantize(&Cx::new(1), &d(1, 3), &x, &s, Some(&z)).unwrap();
         assert_eq!(
             y.as_f32().unwrap(),
             &[10., 20., 30., 0., 0., 20., 40., 1600.]
         );
-        assert!(dequantize(&d(1, 1), &x, &s, None).is_err());
-        assert!(dequantize(&d(3, 0), &x, &s, None).is_err());
+        assert!(dequantize(&Cx::new(1), &d(1, 1), &x, &s, None).is_err());
+        assert!(dequantize(&Cx::new(1), &d(3, 0), &x, &s, None).is_err());
     }
 
     #[test]

@@ -1,0 +1,119 @@
+//! Recycled activation buffers: f32 buffers of activations that died earlier, handed out again
+//! for new outputs so steady-state runs neither fault in fresh pages nor zero memory.
+//!
+//! Only buffers that get reused are worth their memory. A buffer that lay in the pool through a
+//! whole run without being taken is freed when the next run ends ([`BufferPool::end_run`]), and
+//! the pool never holds more than [`MAX_BUFFERS`]; beyond that the smallest goes (the large ones
+//! are the expensive ones to get back).
+
+/// Most buffers the pool keeps.
+pub const MAX_BUFFERS: usize = 12;
+
+#[derive(Default)]
+pub struct BufferPool {
+    entries: Vec<Entry>,
+}
+
+struct Entry {
+    buf: Vec<f32>,
+    /// Whether a run ended while the buffer lay here.
+    idle: bool,
+}
+
+impl BufferPool {
+    /// A buffer of length `n` with unspecified (but initialised) contents: a pooled one when one
+    /// is big enough and not wastefully large, else a fresh zeroed one.
+    pub fn take(&mut self, n: usize) -> Vec<f32> {
+        // Of the buffers that fit, the one with the least to fill in (elements past its
+        // initialised length), then the smallest.
+        let best = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.buf.capacity() >= n && e.buf.capacity() <= 4 * n.max(1024))
+            .min_by_key(|(_, e)| (n.saturating_sub(e.buf.len()), e.buf.capacity()))
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => {
+                let mut v = self.entries.swap_remove(i).buf;
+                v.resize(n, 0.0);
+                v
+            }
+            None => vec![0.0; n],
+        }
+    }
+
+    /// Takes back a buffer nothing reads any more.
+    pub fn put(&mut self, buf: Vec<f32>) {
+        self.entries.push(Entry { buf, idle: false });
+        if self.entries.len() > MAX_BUFFERS {
+            let smallest = (0..self.entries.len()).min_by_key(|&i| self.entries[i].buf.capacity());
+            if let Some(i) = smallest {
+                self.entries.swap_remove(i);
+            }
+        }
+    }
+
+    /// Marks the end of a run: frees the buffers that lay here through the whole of it.
+    pub fn end_run(&mut self) {
+        self.entries.retain(|e| !e.idle);
+        for e in &mut self.entries {
+            e.idle = true;
+        }
+    }
+
+    /// Bytes the pool holds.
+    pub fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.buf.capacity() * 4).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_no_run_takes_is_freed_after_the_next_run() {
+        let mut pool = BufferPool::default();
+        pool.put(vec![0.0; 1 << 16]);
+        pool.end_run();
+        assert_eq!(pool.bytes(), 4 << 16, "kept through the run it was freed in");
+        pool.end_run();
+        assert_eq!(pool.bytes(), 0, "a whole run went by without taking it");
+    }
+
+    #[test]
+    fn a_buffer_taken_and_returned_each_run_stays() {
+        let mut pool = BufferPool::default();
+        pool.put(vec![1.0; 4096]);
+        for _ in 0..5 {
+            pool.end_run();
+            let v = pool.take(4000);
+            assert_eq!(v.len(), 4000);
+            assert_eq!(v.capacity(), 4096, "the pooled buffer, not a fresh one");
+            pool.put(v);
+        }
+        assert_eq!(pool.bytes(), 4 * 4096);
+    }
+
+    #[test]
+    fn only_buffers_that_fit_without_waste_are_handed_out() {
+        let mut pool = BufferPool::default();
+        pool.put(vec![0.0; 100_000]);
+        assert_eq!(pool.take(1000).capacity(), 1000, "25x too large: a fresh one");
+        assert_eq!(pool.take(200_000).capacity(), 200_000, "too small: a fresh one");
+        assert_eq!(pool.take(50_000).capacity(), 100_000);
+        assert_eq!(pool.bytes(), 0);
+    }
+
+    #[test]
+    fn the_pool_keeps_the_largest_buffers_up_to_its_count() {
+        let mut pool = BufferPool::default();
+        for i in 0..MAX_BUFFERS + 3 {
+            pool.put(vec![0.0; 1000 * (i + 1)]);
+        }
+        assert_eq!(pool.entries.len(), MAX_BUFFERS);
+        let smallest = pool.entries.iter().map(|e| e.buf.capacity()).min();
+        assert_eq!(smallest, Some(4000));
+    }
+}
