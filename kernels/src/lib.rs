@@ -19,6 +19,7 @@ pub mod inverted_residual;
 pub mod norm;
 pub mod pool;
 pub mod qgemm;
+pub mod wide;
 
 /// For a test of an AVX-512 path: whether to skip it on this CPU, which it prints. With
 /// `COTENANT_REQUIRE_AVX512` set, a CPU without `what` fails the test instead, so a machine

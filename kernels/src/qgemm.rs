@@ -18,7 +18,7 @@ use rayon::prelude::*;
 
 /// Columns per panel: one vector of 16 i32 sums.
 const LANES: usize = 16;
-/// Panels per register tile.
+/// Panels per register tile (the last tile of a row takes the panels that are left).
 const NP: usize = 4;
 /// Rows per register tile: `MR × NP` = 24 accumulators of the 32 vector registers.
 const MR: usize = 6;
@@ -78,7 +78,7 @@ pub struct PackedB {
     n: usize,
     /// `k` rounded up to a multiple of 4.
     kp: usize,
-    /// Panels of 16 columns, rounded up to a multiple of [`NP`].
+    /// Panels of 16 columns.
     panels: usize,
     /// `[panel][kp / 4][16 columns][4]`, signed (uint8 values less 128), zero padded.
     data: Vec<i8>,
@@ -113,7 +113,7 @@ impl PackedB {
             );
         }
         let kp = k.div_ceil(4) * 4;
-        let panels = n.div_ceil(LANES).div_ceil(NP) * NP;
+        let panels = n.div_ceil(LANES);
         let width = panels * LANES;
         let mut data = vec![0i8; panels * kp * LANES];
         let mut sums = vec![0i32; width];
@@ -166,7 +166,7 @@ impl PackedB {
     pub fn pack_rows<T: Int8>(&mut self, k: usize, n: usize, rows: &[T], zb: T) {
         assert_eq!(rows.len(), k * n, "pack_rows operand size");
         let kp = k.div_ceil(4) * 4;
-        let panels = n.div_ceil(LANES).div_ceil(NP) * NP;
+        let panels = n.div_ceil(LANES);
         let width = panels * LANES;
         // Only the padding needs zeros (below); everything else is written.
         self.data.resize(panels * kp * LANES, 0);
@@ -352,7 +352,7 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
     let out = SharedOut(out.as_mut_ptr());
     let vnni = vnni();
     // Tasks: blocks of NP panels by blocks of rows; columns first (each reads its own B).
-    let blocks = b.panels / NP;
+    let blocks = b.panels.div_ceil(NP);
     let row_tasks = if blocks >= 2 * threads {
         1
     } else {
@@ -362,7 +362,7 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
     let run = |t: usize| {
         let (block, rt) = (t / row_tasks, t % row_tasks);
         let rows = (rt * rows_per).min(m)..((rt + 1) * rows_per).min(m);
-        let panels = block * NP..(block + 1) * NP;
+        let panels = block * NP..((block + 1) * NP).min(b.panels);
         if vnni {
             // SAFETY: the CPU has AVX-512F/BW/VNNI (`vnni`); `a` and `b` hold their padded
             // sizes by construction and `out` is `m × n` (asserted above); tasks write
@@ -455,7 +455,7 @@ fn portable_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     }
 }
 
-/// The VNNI kernel: rows `rows` by the columns of `panels` (`NP` of them).
+/// The VNNI kernel: rows `rows` by the columns of `panels` (at most `NP` of them).
 ///
 /// # Safety
 /// The CPU has AVX-512F, BW and VNNI; `a`, `b` are consistent packs; `out` holds `a.m × b.n`
@@ -470,32 +470,39 @@ unsafe fn vnni_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     out: SharedOut<O>,
     f: &F,
 ) {
+    let (p0, np) = (panels.start, panels.len());
+    debug_assert!((1..=NP).contains(&np));
+    // Every (rows, panels) tile shape the edges need, each compiled with its own registers.
+    macro_rules! tiles {
+        ($i:expr, $mr:expr, $($r:literal)*) => {
+            match ($mr, np) {
+                $(
+                    ($r, 4) => tile::<$r, 4, O, F>(a, b, $i, p0, out, f),
+                    ($r, 3) => tile::<$r, 3, O, F>(a, b, $i, p0, out, f),
+                    ($r, 2) => tile::<$r, 2, O, F>(a, b, $i, p0, out, f),
+                    ($r, _) => tile::<$r, 1, O, F>(a, b, $i, p0, out, f),
+                )*
+                _ => unreachable!("tiles have 1 to {MR} rows"),
+            }
+        };
+    }
     let mut i = rows.start;
     while i < rows.end {
         let mr = (rows.end - i).min(MR);
         // SAFETY: as this function's contract; rows i..i + mr are within a.
-        unsafe {
-            match mr {
-                6 => tile::<6, O, F>(a, b, i, panels.start, out, f),
-                5 => tile::<5, O, F>(a, b, i, panels.start, out, f),
-                4 => tile::<4, O, F>(a, b, i, panels.start, out, f),
-                3 => tile::<3, O, F>(a, b, i, panels.start, out, f),
-                2 => tile::<2, O, F>(a, b, i, panels.start, out, f),
-                _ => tile::<1, O, F>(a, b, i, panels.start, out, f),
-            }
-        }
+        unsafe { tiles!(i, mr, 6 5 4 3 2 1) }
         i += mr;
     }
 }
 
-/// `R` rows from `i0` by the `NP` panels from `p0`.
+/// `R` rows from `i0` by the `P` panels from `p0`.
 ///
 /// # Safety
-/// As [`vnni_tiles`], with rows `i0..i0 + R` within `a` and panels `p0..p0 + NP` within `b`.
+/// As [`vnni_tiles`], with rows `i0..i0 + R` within `a` and panels `p0..p0 + P` within `b`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn tile<const R: usize, O, F: Fn(usize, usize, &[i32], &mut [O])>(
+unsafe fn tile<const R: usize, const P: usize, O, F: Fn(usize, usize, &[i32], &mut [O])>(
     a: &PackedA,
     b: &PackedB,
     i0: usize,
@@ -505,8 +512,8 @@ unsafe fn tile<const R: usize, O, F: Fn(usize, usize, &[i32], &mut [O])>(
 ) {
     use std::arch::x86_64::*;
     let (kp, n) = (a.kp, b.n);
-    debug_assert!(i0 + R <= a.m && p0 + NP <= b.panels);
-    let mut acc = [[_mm512_setzero_si512(); NP]; R];
+    debug_assert!(i0 + R <= a.m && p0 + P <= b.panels);
+    let mut acc = [[_mm512_setzero_si512(); P]; R];
     // SAFETY: panel p0 and row i0 start within b.data and a.data (this function's contract).
     let (bp, ap) = unsafe {
         (
@@ -516,9 +523,9 @@ unsafe fn tile<const R: usize, O, F: Fn(usize, usize, &[i32], &mut [O])>(
     };
     for g in 0..kp / 4 {
         // (A loop, not a closure: closures do not inherit the target features.)
-        let mut bv = [_mm512_setzero_si512(); NP];
+        let mut bv = [_mm512_setzero_si512(); P];
         for (q, v) in bv.iter_mut().enumerate() {
-            // SAFETY: group g < kp / 4 of panels p0..p0 + NP lies within b.data
+            // SAFETY: group g < kp / 4 of panels p0..p0 + P lies within b.data
             // ([panel][kp / 4][64 bytes]).
             *v = unsafe { _mm512_loadu_si512(bp.add((q * kp + g * 4) * LANES).cast()) };
         }
@@ -532,7 +539,7 @@ unsafe fn tile<const R: usize, O, F: Fn(usize, usize, &[i32], &mut [O])>(
         }
     }
     let mut vals = [0i32; LANES];
-    for q in 0..NP {
+    for q in 0..P {
         let j0 = (p0 + q) * LANES;
         if j0 >= n {
             break;
@@ -657,6 +664,10 @@ mod tests {
         (7, 17, 1),
         (13, 33, 9),
         (6, 64, 4),
+        (13, 49, 36),
+        (7, 196, 20),
+        (9, 40, 8),
+        (8, 20, 5),
         (25, 70, 131),
         (1, 1000, 259),
         (50, 3, 30),

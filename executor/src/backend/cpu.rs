@@ -93,7 +93,10 @@ impl Backend for CpuBackend {
 
     fn recycle(&self, t: Tensor) {
         if let crate::tensor::Data::F32(v) = t.data {
-            self.buffers.lock().unwrap_or_else(|e| e.into_inner()).put(v);
+            self.buffers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .put(v);
         }
     }
 }

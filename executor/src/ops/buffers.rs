@@ -77,7 +77,11 @@ mod tests {
         let mut pool = BufferPool::default();
         pool.put(vec![0.0; 1 << 16]);
         pool.end_run();
-        assert_eq!(pool.bytes(), 4 << 16, "kept through the run it was freed in");
+        assert_eq!(
+            pool.bytes(),
+            4 << 16,
+            "kept through the run it was freed in"
+        );
         pool.end_run();
         assert_eq!(pool.bytes(), 0, "a whole run went by without taking it");
     }
@@ -100,8 +104,16 @@ mod tests {
     fn only_buffers_that_fit_without_waste_are_handed_out() {
         let mut pool = BufferPool::default();
         pool.put(vec![0.0; 100_000]);
-        assert_eq!(pool.take(1000).capacity(), 1000, "25x too large: a fresh one");
-        assert_eq!(pool.take(200_000).capacity(), 200_000, "too small: a fresh one");
+        assert_eq!(
+            pool.take(1000).capacity(),
+            1000,
+            "25x too large: a fresh one"
+        );
+        assert_eq!(
+            pool.take(200_000).capacity(),
+            200_000,
+            "too small: a fresh one"
+        );
         assert_eq!(pool.take(50_000).capacity(), 100_000);
         assert_eq!(pool.bytes(), 0);
     }

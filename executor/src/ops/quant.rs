@@ -19,6 +19,7 @@ use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_n
 use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
 use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm, qgemm_map};
+use cotenant_kernels::wide::wide;
 use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -190,7 +191,13 @@ impl QuantOp {
         Ok(match self {
             QuantOp::Quantize(q) => vec![quantize(q, x, input(inputs, 1)?, opt_input(inputs, 2))?],
             QuantOp::Dequantize(d) => {
-                vec![dequantize(cx, d, x, input(inputs, 1)?, opt_input(inputs, 2))?]
+                vec![dequantize(
+                    cx,
+                    d,
+                    x,
+                    input(inputs, 1)?,
+                    opt_input(inputs, 2),
+                )?]
             }
             QuantOp::DynamicQuantize => dynamic_quantize(x)?,
             QuantOp::MatMulInteger => {
@@ -1032,10 +1039,15 @@ fn qadd_into<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync, Y: Copy + D
     let floor = if relu { 0.0 } else { f32::NEG_INFINITY };
     let mut y = vec![Y::default(); a.len().min(b.len())];
     let chunk = |(y, (a, b)): (&mut [Y], (&[A], &[B]))| {
-        for (y, (&a, &b)) in y.iter_mut().zip(a.iter().zip(b)) {
-            let v = ((a.into() - za) as f32 * sa + (b.into() - zb) as f32 * sb).max(floor);
-            *y = to(quantize_value(v, sy, zy, lo, hi));
-        }
+        wide(
+            #[inline(always)]
+            || {
+                for (y, (&a, &b)) in y.iter_mut().zip(a.iter().zip(b)) {
+                    let v = ((a.into() - za) as f32 * sa + (b.into() - zb) as f32 * sb).max(floor);
+                    *y = to(quantize_value(v, sy, zy, lo, hi));
+                }
+            },
+        )
     };
     // Split across the threads in cache-sized pieces when there is enough to split.
     const PIECE: usize = 1 << 14;
@@ -1234,7 +1246,16 @@ mod tests {
         );
         // The wrong count, or a zero point of another shape or type.
         assert!(dequantize(&Cx::new(1), &d(0, 0), &x, &s, None).is_err());
-        assert!(dequantize(&Cx::new(1), &d(1, 0), &x, &s, Some(&u8s(vec![2], vec![0, 0]))).is_err());
+        assert!(
+            dequantize(
+                &Cx::new(1),
+                &d(1, 0),
+                &x,
+                &s,
+                Some(&u8s(vec![2], vec![0, 0]))
+            )
+            .is_err()
+        );
         let i8z = Tensor::new(vec![4], Data::I8(vec![0; 4])).unwrap();
         assert!(dequantize(&Cx::new(1), &d(1, 0), &x, &s, Some(&i8z)).is_err());
         // Blocks of 3 along the columns: two per row, the last one short.
