@@ -165,6 +165,39 @@ impl PackedB {
     /// If `rows` is not `k × n`.
     pub fn pack_rows<T: Int8>(&mut self, k: usize, n: usize, rows: &[T], zb: T) {
         assert_eq!(rows.len(), k * n, "pack_rows operand size");
+        self.begin(k, n, zb);
+        for g in 0..k.div_ceil(4) {
+            let group: Vec<&[T]> = (4 * g..(4 * g + 4).min(k))
+                .map(|p| &rows[p * n..(p + 1) * n])
+                .collect();
+            self.store_group(g, &group);
+        }
+    }
+
+    /// Repacks `k` rows of `n` values that `fill(p, row)` writes (every element of row `p`),
+    /// with the single zero point `zb`, reusing this pack's buffers. The rows are made four at
+    /// a time in a small buffer: an im2col matrix packed this way never exists whole.
+    pub fn pack_filled<T: Int8>(
+        &mut self,
+        k: usize,
+        n: usize,
+        zb: T,
+        mut fill: impl FnMut(usize, &mut [T]),
+    ) {
+        self.begin(k, n, zb);
+        let mut rows = vec![zb; 4 * n];
+        for g in 0..k.div_ceil(4) {
+            let ps = 4 * g..(4 * g + 4).min(k);
+            for (p, row) in ps.clone().zip(rows.chunks_exact_mut(n.max(1))) {
+                fill(p, row);
+            }
+            let group: Vec<&[T]> = rows.chunks_exact(n.max(1)).take(ps.len()).collect();
+            self.store_group(g, &group);
+        }
+    }
+
+    /// Sets this pack's shape to `k × n` with zero point `zb` and zeroes its padding.
+    fn begin<T: Int8>(&mut self, k: usize, n: usize, zb: T) {
         let kp = k.div_ceil(4) * 4;
         let panels = n.div_ceil(LANES);
         let width = panels * LANES;
@@ -185,42 +218,46 @@ impl PackedB {
                 self.data[(j / LANES * kp + p / 4 * 4) * LANES + j % LANES * 4 + p % 4] = 0;
             }
         }
-        for row in rows.chunks_exact(n.max(1)).take(k) {
-            for (s, &v) in self.sums.iter_mut().zip(row) {
-                *s += v.signed() as i32;
-            }
+        (self.k, self.n, self.kp, self.panels) = (k, n, kp, panels);
+    }
+
+    /// Stores the rows `4g..` (`rows`, one to four of `n` values) into reduction group `g`
+    /// of a pack [`begin`](Self::begin) set up, and adds them to the column sums.
+    fn store_group<T: Int8>(&mut self, g: usize, rows: &[&[T]]) {
+        let (n, kp) = (self.n, self.kp);
+        for row in rows {
+            crate::wide::wide(
+                #[inline(always)]
+                || {
+                    for (s, &v) in self.sums.iter_mut().zip(*row) {
+                        *s += v.signed() as i32;
+                    }
+                },
+            );
         }
         let full = n / LANES;
-        for g in 0..kp / 4 {
-            let group = &mut self.data[..];
-            if 4 * g + 3 < k {
-                #[cfg(target_arch = "x86_64")]
-                {
-                    let r: [&[T]; 4] = std::array::from_fn(|q| &rows[(4 * g + q) * n..][..n]);
-                    for panel in 0..full {
-                        let at = (panel * kp + 4 * g) * LANES;
-                        interleave4(r, panel * LANES, T::TO_SIGNED != 0, &mut group[at..at + 64]);
-                    }
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = full;
-            }
-            // What the vector path leaves: partial groups, the last partial panel (and
-            // everything off x86-64).
-            let vector = if cfg!(target_arch = "x86_64") && 4 * g + 3 < k {
-                full * LANES
-            } else {
-                0
-            };
-            for p in (4 * g..4 * g + 4).filter(|&p| p < k) {
-                let row = &rows[p * n..(p + 1) * n];
-                for (j, &v) in row.iter().enumerate().skip(vector) {
-                    let at = (j / LANES * kp + 4 * g) * LANES + j % LANES * 4 + p % 4;
-                    group[at] = v.signed();
-                }
+        let group = &mut self.data[..];
+        #[cfg(target_arch = "x86_64")]
+        if let &[a, b, c, d] = rows {
+            for panel in 0..full {
+                let at = (panel * kp + 4 * g) * LANES;
+                let flip = T::TO_SIGNED != 0;
+                interleave4([a, b, c, d], panel * LANES, flip, &mut group[at..at + 64]);
             }
         }
-        (self.k, self.n, self.kp, self.panels) = (k, n, kp, panels);
+        // What the vector path leaves: partial groups, the last partial panel (and
+        // everything off x86-64).
+        let vector = if cfg!(target_arch = "x86_64") && rows.len() == 4 {
+            full * LANES
+        } else {
+            0
+        };
+        for (q, row) in rows.iter().enumerate() {
+            for (j, &v) in row.iter().enumerate().skip(vector) {
+                let at = (j / LANES * kp + 4 * g) * LANES + j % LANES * 4 + q;
+                group[at] = v.signed();
+            }
+        }
     }
 }
 
@@ -640,6 +677,11 @@ mod tests {
             .collect();
         rows.pack_rows(k + 3, n + 17, &stale, -1);
         rows.pack_rows(k, n, b, zb[0]);
+        let mut filled = PackedB::default();
+        filled.pack_filled(k, n, zb[0], |p, row| {
+            row.copy_from_slice(&b[p * n..(p + 1) * n])
+        });
+        assert_eq!(filled, rows, "rows made four at a time pack the same");
         // Every other row's zero point is a's first value.
         let other = a.first().copied().unwrap_or(za);
         let zas: Vec<A> = (0..m)

@@ -849,44 +849,35 @@ fn packed_matmul(cx: &Cx, p: &PackedMatMul, inputs: &[Option<&Tensor>]) -> OpRes
     Tensor::f32(s.out, out)
 }
 
-/// The im2col matrix of one image: a row of `oh·ow` values per (channel, kernel row, kernel
-/// column), the input shifted under the kernel tap (the zero point where it hangs over the
-/// padding).
-fn im2col<T: Int8>(p: &Conv2d, x: &[T], zero: T, cols: &mut Vec<T>) {
-    let (plane, positions) = (p.h * p.w, p.oh * p.ow);
-    cols.clear();
-    cols.resize(p.c * p.kh * p.kw * positions, zero);
-    let mut rows = cols.chunks_exact_mut(positions.max(1));
-    for ci in 0..p.c {
-        let ch = &x[ci * plane..(ci + 1) * plane];
-        for ky in 0..p.kh {
-            for kx in 0..p.kw {
-                let Some(row) = rows.next() else { return };
-                for oy in 0..p.oh {
-                    let iy = (oy * p.sh + ky * p.dh).wrapping_sub(p.pt);
-                    if iy >= p.h {
-                        continue;
-                    }
-                    let (src, dst) = (
-                        &ch[iy * p.w..(iy + 1) * p.w],
-                        &mut row[oy * p.ow..(oy + 1) * p.ow],
-                    );
-                    let off = kx * p.dw;
-                    if p.sw == 1 {
-                        // ix = ox + off - pl, valid for ox in lo..hi.
-                        let lo = p.pl.saturating_sub(off).min(p.ow);
-                        let hi = (p.w + p.pl).saturating_sub(off).min(p.ow);
-                        if lo < hi {
-                            dst[lo..hi].copy_from_slice(&src[lo + off - p.pl..hi + off - p.pl]);
-                        }
-                    } else {
-                        for (ox, d) in dst.iter_mut().enumerate() {
-                            let ix = (ox * p.sw + off).wrapping_sub(p.pl);
-                            if ix < p.w {
-                                *d = src[ix];
-                            }
-                        }
-                    }
+/// Row `row` of one image's im2col matrix, `oh·ow` values: the input under kernel tap `row`
+/// (a channel, kernel row and kernel column) at every output position, the zero point where
+/// the tap hangs over the padding.
+fn im2col_row<T: Int8>(p: &Conv2d, x: &[T], row: usize, zero: T, dst: &mut [T]) {
+    let (ci, ky, kx) = (row / (p.kh * p.kw), row / p.kw % p.kh, row % p.kw);
+    let ch = &x[ci * p.h * p.w..(ci + 1) * p.h * p.w];
+    let off = kx * p.dw;
+    // The padding, in one pass rather than a few values at a time.
+    let past_end = (p.oh - 1) * p.sh + (p.kh - 1) * p.dh >= p.h + p.pt
+        || (p.ow - 1) * p.sw + (p.kw - 1) * p.dw >= p.w + p.pl;
+    if p.pt > 0 || p.pl > 0 || past_end {
+        dst.fill(zero);
+    }
+    for (oy, d) in dst.chunks_exact_mut(p.ow).enumerate() {
+        let iy = (oy * p.sh + ky * p.dh).wrapping_sub(p.pt);
+        if iy >= p.h {
+            continue;
+        }
+        let src = &ch[iy * p.w..(iy + 1) * p.w];
+        if p.sw == 1 {
+            // ix = ox + off - pl, valid for ox in lo..hi.
+            let lo = p.pl.saturating_sub(off).min(p.ow);
+            let hi = (p.w + p.pl).saturating_sub(off).min(p.ow);
+            d[lo..hi].copy_from_slice(&src[lo + off - p.pl..hi + off - p.pl]);
+        } else {
+            for (ox, d) in d.iter_mut().enumerate() {
+                let ix = (ox * p.sw + off).wrapping_sub(p.pl);
+                if ix < p.w {
+                    *d = src[ix];
                 }
             }
         }
@@ -933,6 +924,11 @@ impl Requantized for i8 {
     }
 }
 
+/// Output positions one integer product covers at most. Images whose outputs are small (14x14,
+/// 7x7) go into one product several at a time: fewer columns of a 16-wide panel are padding,
+/// and there is more to split across threads.
+const PRODUCT_COLUMNS: usize = 1024;
+
 /// The quantized convolution of every image: `[n][M][oh·ow]`.
 fn qconv_images<T: Int8, Y: Requantized>(
     cx: &Cx,
@@ -944,31 +940,55 @@ fn qconv_images<T: Int8, Y: Requantized>(
 ) -> Vec<Y> {
     let (plane, positions) = (p.c * p.h * p.w, p.oh * p.ow);
     let k = p.c * p.kh * p.kw;
-    let direct = p.is_pointwise();
+    let mut y = vec![Y::default(); total];
+    if total == 0 {
+        return y;
+    }
     let (lo, hi) = Y::RANGE;
     let lo = if q.relu { q.y_zero.max(lo) } else { lo };
-    let mut y = vec![Y::default(); total];
-    // The packed image lives on between runs (no page faults, no zeroing).
+    let requantize = |c: usize, _, acc: &[i32], out: &mut [Y]| {
+        let (mult, offset) = (q.mult[c], q.offset[c]);
+        for (o, &a) in out.iter_mut().zip(acc) {
+            *o = Y::from_i32(requantize_value(a as f32 * mult + offset, q.y_zero, lo, hi));
+        }
+    };
+    // The packed images live on between runs (no page faults, no zeroing).
     thread_local! {
         static PACKED: std::cell::RefCell<PackedB> = std::cell::RefCell::default();
     }
     let mut b = PACKED.take();
-    let mut cols = Vec::new();
-    for (img, y) in y.chunks_exact_mut(p.m * positions).enumerate() {
-        let x = &x[img * plane..(img + 1) * plane];
-        // A 1x1 convolution with stride 1 reads the image itself, `C × positions`.
-        if direct {
-            b.pack_rows(k, positions, x, zero);
+    let per = (PRODUCT_COLUMNS / positions).clamp(1, total / (p.m * positions));
+    let mut staged = Vec::new();
+    for (chunk, y) in y.chunks_mut(per * p.m * positions).enumerate() {
+        let images = y.len() / (p.m * positions);
+        let x = &x[chunk * per * plane..][..images * plane];
+        let n = images * positions;
+        if images == 1 && p.is_pointwise() {
+            // A 1x1 convolution with stride 1 reads the image itself, `C × positions`.
+            b.pack_rows(k, n, x, zero);
         } else {
-            im2col(p, x, zero, &mut cols);
-            b.pack_rows(k, positions, &cols, zero);
+            b.pack_filled(k, n, zero, |row, cols| {
+                for (x, cols) in x.chunks_exact(plane).zip(cols.chunks_exact_mut(positions)) {
+                    match p.is_pointwise() {
+                        true => cols.copy_from_slice(&x[row * positions..(row + 1) * positions]),
+                        false => im2col_row(p, x, row, zero, cols),
+                    }
+                }
+            });
         }
-        qgemm_map(cx.threads, &q.w, &b, y, |c, _, acc, out| {
-            let (mult, offset) = (q.mult[c], q.offset[c]);
-            for (o, &a) in out.iter_mut().zip(acc) {
-                *o = Y::from_i32(requantize_value(a as f32 * mult + offset, q.y_zero, lo, hi));
+        if images == 1 {
+            qgemm_map(cx.threads, &q.w, &b, y, requantize);
+            continue;
+        }
+        // `[M][images·positions]`, then each image's columns to its own `[M][positions]`.
+        staged.clear();
+        staged.resize(p.m * n, Y::default());
+        qgemm_map(cx.threads, &q.w, &b, &mut staged, requantize);
+        for (c, row) in staged.chunks_exact(n).enumerate() {
+            for (img, cols) in row.chunks_exact(positions).enumerate() {
+                y[(img * p.m + c) * positions..][..positions].copy_from_slice(cols);
             }
-        });
+        }
     }
     PACKED.set(b);
     y

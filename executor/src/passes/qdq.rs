@@ -548,6 +548,10 @@ mod tests {
         weight_axis_1: bool,
         no_relu: bool,
         int8_x: bool,
+        /// 1x1, stride 1, unpadded (read straight from the image) instead of 3x3 padded.
+        pointwise: bool,
+        /// Stride 2 and padding only at the bottom and right.
+        strided: bool,
     }
 
     /// `Q(Relu(Conv(DQ(x), DQ(w), DQ(bias))))`, 4 → 6 channels, 3x3, padded, on 5x6 images.
@@ -562,11 +566,12 @@ mod tests {
         });
         let zx = if v.no_x_zero_point { None } else { Some(zx) };
         let xf = g.node("DequantizeLinear", &[Some(x), Some(sx), zx], 1, vec![])[0];
-        let wv: Vec<i8> = bytes(6 * 4 * 9, 5).iter().map(|&b| b as i8).collect();
+        let kk = if v.pointwise { 1 } else { 3 };
+        let wv: Vec<i8> = bytes(6 * 4 * kk * kk, 5).iter().map(|&b| b as i8).collect();
         let w = if v.weights_as_input {
-            g.input("w", DType::I8, &[6, 4, 3, 3])
+            g.input("w", DType::I8, &[6, 4, kk, kk])
         } else {
-            g.constant(t(&[6, 4, 3, 3], Data::I8(wv)))
+            g.constant(t(&[6, 4, kk, kk], Data::I8(wv)))
         };
         let sw: Vec<f32> = (0..6).map(|c| 0.01 * (c + 1) as f32).collect();
         let (sw, zw, axis) = if v.per_tensor {
@@ -602,8 +607,15 @@ mod tests {
             1,
             vec![attr_int("axis", 0)],
         )[0];
-        let pads = attr_ints("pads", &[1, 1, 1, 1]);
-        let mut y = g.node("Conv", &[Some(xf), Some(wf), Some(bf)], 1, vec![pads])[0];
+        let attrs = match (v.pointwise, v.strided) {
+            (true, _) => vec![],
+            (false, true) => vec![
+                attr_ints("pads", &[0, 0, 1, 1]),
+                attr_ints("strides", &[2, 2]),
+            ],
+            (false, false) => vec![attr_ints("pads", &[1, 1, 1, 1])],
+        };
+        let mut y = g.node("Conv", &[Some(xf), Some(wf), Some(bf)], 1, attrs)[0];
         if !v.no_relu {
             y = g.node("Relu", &[Some(y)], 1, vec![])[0];
         }
@@ -670,8 +682,17 @@ mod tests {
                 int8_x: true,
                 ..Variant::default()
             },
+            Variant {
+                pointwise: true,
+                ..Variant::default()
+            },
+            Variant {
+                strided: true,
+                ..Variant::default()
+            },
         ] {
-            for batch in [1, 3] {
+            // 50 images of 30 positions: more than one product's columns.
+            for batch in [1, 3, 50] {
                 let (names, want, got) = run_both(conv_graph(variant), &|| {
                     conv_inputs(batch, variant.int8_x, false)
                 });
