@@ -22,12 +22,12 @@ pub struct Pool2d {
     pub ow: usize,
 }
 
-fn for_planes(
+fn for_planes<T: Send + Sync>(
     p: &Pool2d,
-    input: &[f32],
-    out: &mut [f32],
+    input: &[T],
+    out: &mut [T],
     threads: usize,
-    f: impl Fn(&[f32], &mut [f32]) + Sync,
+    f: impl Fn(&[T], &mut [T]) + Sync,
 ) {
     assert_eq!(input.len(), p.planes * p.h * p.w, "pool input size");
     assert_eq!(out.len(), p.planes * p.oh * p.ow, "pool output size");
@@ -71,47 +71,66 @@ pub fn max_pool2d(p: &Pool2d, input: &[f32], out: &mut [f32], threads: usize) {
     for_planes(p, input, out, threads, |x, o| {
         // A compare that compiles to one `max` (no branch); a plane holding a NaN is done again
         // with the compare that lets NaN propagate like the reference implementations.
-        let saw_nan = max_plane(p, &cols, x, o, |m, v| if v > m { v } else { m });
+        let lowest = f32::NEG_INFINITY;
+        let saw_nan = max_plane(p, &cols, x, o, lowest, |m, v| if v > m { v } else { m });
         if saw_nan {
-            max_plane(
-                p,
-                &cols,
-                x,
-                o,
-                |m, v| if v > m || v.is_nan() { v } else { m },
-            );
+            max_plane(p, &cols, x, o, lowest, |m, v| {
+                if v > m || v.is_nan() { v } else { m }
+            });
         }
     });
 }
 
-/// One plane of max pooling with `pick(max so far, value)`; returns whether it read a NaN.
-/// Separable: the window's rows are first reduced element by element into one band (which
-/// vectorises), then each output takes the maximum of its columns of the band.
-fn max_plane(
+/// Max pooling of 8-bit (or any ordered) values: exact, as a maximum is one of its inputs.
+/// `lowest` is the type's least value (what a window wholly in the padding gives).
+pub fn max_pool2d_ord<T: Copy + Ord + Send + Sync>(
+    p: &Pool2d,
+    input: &[T],
+    out: &mut [T],
+    lowest: T,
+    threads: usize,
+) {
+    let cols: Vec<(usize, usize)> = (0..p.ow)
+        .map(|ox| taps(ox, p.sw, p.dw, p.pl, p.kw, p.w))
+        .collect();
+    for_planes(p, input, out, threads, |x, o| {
+        max_plane(p, &cols, x, o, lowest, Ord::max);
+    });
+}
+
+/// One plane of max pooling with `pick(max so far, value)`, from `lowest`. Separable: the
+/// window's rows are first reduced element by element into one band (which vectorises), then
+/// each output takes the maximum of its columns of the band. Returns whether it read a value
+/// unequal to itself (a NaN).
+fn max_plane<T: Copy + PartialOrd>(
     p: &Pool2d,
     cols: &[(usize, usize)],
-    x: &[f32],
-    o: &mut [f32],
-    pick: impl Fn(f32, f32) -> f32,
+    x: &[T],
+    o: &mut [T],
+    lowest: T,
+    pick: impl Fn(T, T) -> T,
 ) -> bool {
     let mut nan = false;
-    let mut band = vec![f32::NEG_INFINITY; p.w];
+    let mut band = vec![lowest; p.w];
     for (oy, orow) in o.chunks_exact_mut(p.ow).enumerate() {
         let (y0, ny) = taps(oy, p.sh, p.dh, p.pt, p.kh, p.h);
         if ny == 0 {
-            orow.fill(f32::NEG_INFINITY);
+            orow.fill(lowest);
             continue;
         }
-        band.fill(f32::NEG_INFINITY);
+        band.fill(lowest);
         for t in 0..ny {
             let row = &x[(y0 + t * p.dh) * p.w..][..p.w];
             for (b, &v) in band.iter_mut().zip(row) {
-                nan |= v.is_nan();
+                #[allow(clippy::eq_op)] // v != v: a NaN, for any T
+                {
+                    nan |= v != v;
+                }
                 *b = pick(*b, v);
             }
         }
         for (m, &(x0, nx)) in orow.iter_mut().zip(cols) {
-            *m = (0..nx).fold(f32::NEG_INFINITY, |a, u| pick(a, band[x0 + u * p.dw]));
+            *m = (0..nx).fold(lowest, |a, u| pick(a, band[x0 + u * p.dw]));
         }
     }
     nan
@@ -207,6 +226,12 @@ mod tests {
                 }
                 assert_eq!(*g, want, "{p:?} output {i}");
             }
+            // The same on 8-bit values (these are all within i8).
+            let xi: Vec<i8> = x.iter().map(|&v| v as i8).collect();
+            let mut got_i = vec![0i8; got.len()];
+            max_pool2d_ord(&p, &xi, &mut got_i, i8::MIN, 2);
+            let want_i: Vec<i8> = got.iter().map(|&v| v as i8).collect();
+            assert_eq!(got_i, want_i, "{p:?} on int8");
         }
         let p = Pool2d {
             planes: 1,

@@ -7,7 +7,7 @@ use super::pool_nd::{Reduce, pool_nd};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{DType, Data, Tensor, checked_numel};
-use cotenant_kernels::pool::{Pool2d, avg_pool2d, max_pool2d};
+use cotenant_kernels::pool::{Pool2d, avg_pool2d, max_pool2d, max_pool2d_ord};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolAttrs {
@@ -171,8 +171,27 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
 }
 
 pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
-    // 8-bit integers are exact in f32, and a maximum is one of the values it is taken over.
+    // 8-bit integers: a 2-D maximum directly; the others through f32, exact for them (a
+    // maximum is one of the values it is taken over).
     if p.max && matches!(x.dtype(), DType::U8 | DType::I8) {
+        if !p.indices && x.rank() <= 4 {
+            let (g, shape) = pool2d_geometry(p, &x.shape)?;
+            let n = checked_numel(&shape)?;
+            let data = match &x.data {
+                Data::U8(v) => {
+                    let mut y = vec![0u8; n];
+                    max_pool2d_ord(&g, v, &mut y, u8::MIN, cx.threads);
+                    Data::U8(y)
+                }
+                Data::I8(v) => {
+                    let mut y = vec![0i8; n];
+                    max_pool2d_ord(&g, v, &mut y, i8::MIN, cx.threads);
+                    Data::I8(y)
+                }
+                _ => unreachable!("the type is checked above"),
+            };
+            return Ok(vec![Tensor::new(shape, data)?]);
+        }
         let mut y = pool(cx, p, &cast(x, DType::F32))?;
         y[0] = cast(&y[0], x.dtype());
         return Ok(y);

@@ -15,6 +15,10 @@
 //! * Add between DequantizeLinear of both sides and QuantizeLinear (a Relu between allowed),
 //!   per tensor: one pass over the 8-bit inputs ([`QAdd`]) with the same f32 arithmetic.
 //!
+//! * MaxPool between a DequantizeLinear and a QuantizeLinear with the same single scale (positive)
+//!   and zero point: MaxPool of the 8-bit values themselves. The maximum commutes with a
+//!   monotone dequantization, and quantizing a dequantized value gives it back exactly.
+//!
 //! Anything else (non-constant weights, other zero point shapes, a scale that might not be a
 //! single value) is left as it is, on the reference path.
 
@@ -37,6 +41,7 @@ pub fn fuse_qdq(g: &mut Graph) {
             Op::Quant(QuantOp::MatMulInteger) => pack_matmul(g, i),
             Op::Conv(_) => quantized_conv(g, i),
             Op::Binary(Binary::Add) => quantized_add(g, i),
+            Op::Pool(_) => quantized_max_pool(g, i),
             _ => false,
         };
         rewrites += usize::from(rewritten);
@@ -174,6 +179,33 @@ fn quantized_add(g: &mut Graph, i: usize) -> bool {
         g.nodes.remove(r);
     }
     g.nodes.remove(i);
+    true
+}
+
+/// Rewrites `Q(MaxPool(DQ(x)))` at MaxPool `i` to `MaxPool(x)` where the Q undoes the DQ (one
+/// positive scale, the same zero point and type); whether it did.
+fn quantized_max_pool(g: &mut Graph, i: usize) -> bool {
+    let n = &g.nodes[i];
+    let (Op::Pool(p), Some(Some(v)), 1) = (&n.op, n.inputs.first(), n.outputs.len()) else {
+        return false;
+    };
+    if !p.max || p.indices {
+        return false;
+    }
+    let (Some((x, qx)), Some((q, None, qy))) =
+        (dequantized_input(g, *v), quantized_output(g, n.outputs[0]))
+    else {
+        return false;
+    };
+    if qx != qy || !(qx.scale > 0.0 && qx.scale.is_finite()) {
+        return false;
+    }
+    // The pool takes the Q's place (after everything it read), on the 8-bit values.
+    let mut pool = g.nodes.remove(i);
+    let q = if q > i { q - 1 } else { q };
+    pool.inputs[0] = Some(x);
+    pool.outputs = std::mem::take(&mut g.nodes[q].outputs);
+    g.nodes[q] = pool;
     true
 }
 
@@ -762,6 +794,62 @@ mod tests {
                 let got = fused.run(&be, x).expect("runs");
                 assert_eq!(want[0].1.data, got[0].1.data);
             }
+        }
+    }
+
+    /// `Q(MaxPool(DQ(x)))`, 3x3 stride 2 padded, x `[2, 3, 9, 8]` of `xt` dequantized with
+    /// scale 0.05 and zero point 5, quantized with `out_scale` and zero point 5.
+    fn pool_graph(xt: DType, out_scale: f32) -> Graph {
+        let mut g = G::new();
+        let x = g.input("x", xt, &[2, 3, 9, 8]);
+        let zero = match xt {
+            DType::I8 => t(&[], Data::I8(vec![5])),
+            _ => t(&[], Data::U8(vec![5])),
+        };
+        let (sx, zx) = (
+            g.constant(Tensor::scalar_f32(0.05)),
+            g.constant(zero.clone()),
+        );
+        let xf = g.node(
+            "DequantizeLinear",
+            &[Some(x), Some(sx), Some(zx)],
+            1,
+            vec![],
+        )[0];
+        let attrs = vec![
+            attr_ints("kernel_shape", &[3, 3]),
+            attr_ints("strides", &[2, 2]),
+            attr_ints("pads", &[1, 1, 1, 1]),
+        ];
+        let y = g.node("MaxPool", &[Some(xf)], 1, attrs)[0];
+        let (sy, zy) = (g.constant(Tensor::scalar_f32(out_scale)), g.constant(zero));
+        let q = g.node("QuantizeLinear", &[Some(y), Some(sy), Some(zy)], 1, vec![])[0];
+        g.output(q)
+    }
+
+    #[test]
+    fn a_max_pool_between_matching_quantizations_pools_the_8_bit_values() {
+        for (xt, out_scale, fused) in [
+            (DType::U8, 0.05, true),
+            (DType::I8, 0.05, true),
+            // Another output scale: the Q does not undo the DQ.
+            (DType::U8, 0.1, false),
+        ] {
+            let (names, want, got) = run_both(pool_graph(xt, out_scale), &|| {
+                let x = bytes(2 * 3 * 9 * 8, 11);
+                let x = match xt {
+                    DType::I8 => Data::I8(x.iter().map(|&b| b as i8).collect()),
+                    _ => Data::U8(x),
+                };
+                vec![("x".to_string(), t(&[2, 3, 9, 8], x))]
+            });
+            let expected: &[&str] = match fused {
+                true => &["MaxPool"],
+                false => &["DequantizeLinear", "MaxPool", "QuantizeLinear"],
+            };
+            assert_eq!(names, expected, "{xt:?} to scale {out_scale}");
+            assert_eq!(want.shape, [2, 3, 5, 4]);
+            assert_eq!(want, got, "{xt:?} to scale {out_scale}");
         }
     }
 
