@@ -4,7 +4,7 @@
 
 use super::Backend;
 use crate::error::OpError;
-use crate::ops::buffers::BufferPool;
+use crate::ops::buffers::Pools;
 use crate::ops::{Cx, Op};
 use crate::tensor::Tensor;
 use std::sync::Mutex;
@@ -18,7 +18,7 @@ pub struct CpuBackend {
     /// im2col scratch reused across convolutions of a run.
     scratch: Mutex<Vec<f32>>,
     /// Freed activation buffers, reused for new outputs.
-    buffers: Mutex<BufferPool>,
+    buffers: Mutex<Pools>,
     /// One one-thread backend per thread of the pool (none without a pool), each with its own
     /// scratch and buffers.
     lanes: Vec<CpuBackend>,
@@ -92,11 +92,9 @@ impl Backend for CpuBackend {
     }
 
     fn recycle(&self, t: Tensor) {
-        if let crate::tensor::Data::F32(v) = t.data {
-            self.buffers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .put(v);
-        }
+        self.buffers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .put(t.data);
     }
 }

@@ -1,5 +1,6 @@
-//! Recycled activation buffers: f32 buffers of activations that died earlier, handed out again
-//! for new outputs so steady-state runs neither fault in fresh pages nor zero memory.
+//! Recycled activation buffers: buffers of activations that died earlier (f32, and uint8 for
+//! quantized models), handed out again for new outputs so steady-state runs neither fault in
+//! fresh pages nor zero memory.
 //!
 //! Only buffers that get reused are worth their memory. A buffer that lay in the pool through a
 //! whole run without being taken is freed when the next run ends ([`BufferPool::end_run`]), and
@@ -9,21 +10,28 @@
 /// Most buffers the pool keeps.
 pub const MAX_BUFFERS: usize = 12;
 
-#[derive(Default)]
-pub struct BufferPool {
-    entries: Vec<Entry>,
+pub struct BufferPool<T> {
+    entries: Vec<Entry<T>>,
 }
 
-struct Entry {
-    buf: Vec<f32>,
+impl<T> Default for BufferPool<T> {
+    fn default() -> Self {
+        BufferPool {
+            entries: Vec::new(),
+        }
+    }
+}
+
+struct Entry<T> {
+    buf: Vec<T>,
     /// Whether a run ended while the buffer lay here.
     idle: bool,
 }
 
-impl BufferPool {
+impl<T: Copy + Default> BufferPool<T> {
     /// A buffer of length `n` with unspecified (but initialised) contents: a pooled one when one
     /// is big enough and not wastefully large, else a fresh zeroed one.
-    pub fn take(&mut self, n: usize) -> Vec<f32> {
+    pub fn take(&mut self, n: usize) -> Vec<T> {
         // Of the buffers that fit, the one with the least to fill in (elements past its
         // initialised length), then the smallest.
         let best = self
@@ -36,15 +44,15 @@ impl BufferPool {
         match best {
             Some(i) => {
                 let mut v = self.entries.swap_remove(i).buf;
-                v.resize(n, 0.0);
+                v.resize(n, T::default());
                 v
             }
-            None => vec![0.0; n],
+            None => vec![T::default(); n],
         }
     }
 
     /// Takes back a buffer nothing reads any more.
-    pub fn put(&mut self, buf: Vec<f32>) {
+    pub fn put(&mut self, buf: Vec<T>) {
         self.entries.push(Entry { buf, idle: false });
         if self.entries.len() > MAX_BUFFERS {
             let smallest = (0..self.entries.len()).min_by_key(|&i| self.entries[i].buf.capacity());
@@ -64,7 +72,34 @@ impl BufferPool {
 
     /// Bytes the pool holds.
     pub fn bytes(&self) -> usize {
-        self.entries.iter().map(|e| e.buf.capacity() * 4).sum()
+        self.entries
+            .iter()
+            .map(|e| e.buf.capacity() * std::mem::size_of::<T>())
+            .sum()
+    }
+}
+
+/// The pools of every element type that is recycled.
+#[derive(Default)]
+pub struct Pools {
+    pub f32: BufferPool<f32>,
+    pub u8: BufferPool<u8>,
+}
+
+impl Pools {
+    /// Takes back an activation's buffer, when it is of a recycled type.
+    pub fn put(&mut self, data: crate::tensor::Data) {
+        match data {
+            crate::tensor::Data::F32(v) => self.f32.put(v),
+            crate::tensor::Data::U8(v) => self.u8.put(v),
+            _ => {}
+        }
+    }
+
+    /// As [`BufferPool::end_run`], for every pool.
+    pub fn end_run(&mut self) {
+        self.f32.end_run();
+        self.u8.end_run();
     }
 }
 
@@ -74,7 +109,7 @@ mod tests {
 
     #[test]
     fn a_buffer_no_run_takes_is_freed_after_the_next_run() {
-        let mut pool = BufferPool::default();
+        let mut pool = BufferPool::<f32>::default();
         pool.put(vec![0.0; 1 << 16]);
         pool.end_run();
         assert_eq!(
@@ -88,7 +123,7 @@ mod tests {
 
     #[test]
     fn a_buffer_taken_and_returned_each_run_stays() {
-        let mut pool = BufferPool::default();
+        let mut pool = BufferPool::<f32>::default();
         pool.put(vec![1.0; 4096]);
         for _ in 0..5 {
             pool.end_run();
@@ -102,7 +137,7 @@ mod tests {
 
     #[test]
     fn only_buffers_that_fit_without_waste_are_handed_out() {
-        let mut pool = BufferPool::default();
+        let mut pool = BufferPool::<f32>::default();
         pool.put(vec![0.0; 100_000]);
         assert_eq!(
             pool.take(1000).capacity(),
@@ -120,7 +155,7 @@ mod tests {
 
     #[test]
     fn the_pool_keeps_the_largest_buffers_up_to_its_count() {
-        let mut pool = BufferPool::default();
+        let mut pool = BufferPool::<f32>::default();
         for i in 0..MAX_BUFFERS + 3 {
             pool.put(vec![0.0; 1000 * (i + 1)]);
         }

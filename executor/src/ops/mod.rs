@@ -46,7 +46,7 @@ pub struct Cx {
     /// Reused im2col scratch.
     pub scratch: RefCell<Vec<f32>>,
     /// Buffers of activations that died earlier in the plan, reused for new outputs.
-    pub pool: RefCell<buffers::BufferPool>,
+    pub pool: RefCell<buffers::Pools>,
 }
 
 impl Cx {
@@ -62,7 +62,12 @@ impl Cx {
     /// activation buffer when one is big enough, so steady-state runs neither fault in fresh
     /// pages nor zero memory. Callers must overwrite every element.
     pub fn take_f32(&self, n: usize) -> Vec<f32> {
-        self.pool.borrow_mut().take(n)
+        self.pool.borrow_mut().f32.take(n)
+    }
+
+    /// [`Cx::take_f32`] for uint8 values.
+    pub fn take_u8(&self, n: usize) -> Vec<u8> {
+        self.pool.borrow_mut().u8.take(n)
     }
 }
 

@@ -906,21 +906,29 @@ fn qconv(cx: &Cx, q: &QConv, x: &Tensor) -> OpResult<Tensor> {
 }
 
 /// An 8-bit output type, as the requantization writes it.
-trait Requantized: Copy + Default + Send {
+trait Requantized: Copy + Default + Send + Sync {
     const RANGE: (f32, f32);
     /// From a value already in range.
     fn from_i32(v: i32) -> Self;
+    /// A buffer of `n` values to write every one of: a recycled one where `cx` has one.
+    fn buffer(cx: &Cx, n: usize) -> Vec<Self>;
 }
 impl Requantized for u8 {
     const RANGE: (f32, f32) = (0.0, 255.0);
     fn from_i32(v: i32) -> u8 {
         v as u8
     }
+    fn buffer(cx: &Cx, n: usize) -> Vec<u8> {
+        cx.take_u8(n)
+    }
 }
 impl Requantized for i8 {
     const RANGE: (f32, f32) = (-128.0, 127.0);
     fn from_i32(v: i32) -> i8 {
         v as i8
+    }
+    fn buffer(_: &Cx, n: usize) -> Vec<i8> {
+        vec![0; n]
     }
 }
 
@@ -940,7 +948,7 @@ fn qconv_images<T: Int8, Y: Requantized>(
 ) -> Vec<Y> {
     let (plane, positions) = (p.c * p.h * p.w, p.oh * p.ow);
     let k = p.c * p.kh * p.kw;
-    let mut y = vec![Y::default(); total];
+    let mut y = Y::buffer(cx, total);
     if total == 0 {
         return y;
     }
@@ -1033,45 +1041,44 @@ fn quantized_data(y: &Quantized, n: usize, f: impl Fn(usize) -> f32) -> Data {
 
 /// `Q(Relu?((a - za)·sa + (b - zb)·sb))` over two slices of equal length.
 fn qadd_slices<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync>(
-    threads: usize,
+    cx: &Cx,
     q: &QAdd,
     a: &[A],
     b: &[B],
 ) -> Data {
     match q.y.dtype {
-        DType::I8 => Data::I8(qadd_into(threads, q, a, b, (-128.0, 127.0), |v| v as i8)),
-        _ => Data::U8(qadd_into(threads, q, a, b, (0.0, 255.0), |v| v as u8)),
+        DType::I8 => Data::I8(qadd_into(cx, q, a, b)),
+        _ => Data::U8(qadd_into(cx, q, a, b)),
     }
 }
 
 /// [`qadd_slices`] to one output type. Every parameter is a local copy and the loop writes a
-/// fresh buffer, so nothing it stores can alias what it reads and the loop vectorises.
-fn qadd_into<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync, Y: Copy + Default + Send>(
-    threads: usize,
+/// buffer of its own, so nothing it stores can alias what it reads and the loop vectorises.
+fn qadd_into<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync, Y: Requantized>(
+    cx: &Cx,
     q: &QAdd,
     a: &[A],
     b: &[B],
-    (lo, hi): (f32, f32),
-    to: impl Fn(i32) -> Y + Sync,
 ) -> Vec<Y> {
+    let (lo, hi) = Y::RANGE;
     let (sa, za, sb, zb) = (q.a.scale, q.a.zero, q.b.scale, q.b.zero);
     let (sy, zy, relu) = (q.y.scale, q.y.zero as f32, q.relu);
     let floor = if relu { 0.0 } else { f32::NEG_INFINITY };
-    let mut y = vec![Y::default(); a.len().min(b.len())];
+    let mut y = Y::buffer(cx, a.len().min(b.len()));
     let chunk = |(y, (a, b)): (&mut [Y], (&[A], &[B]))| {
         wide(
             #[inline(always)]
             || {
                 for (y, (&a, &b)) in y.iter_mut().zip(a.iter().zip(b)) {
                     let v = ((a.into() - za) as f32 * sa + (b.into() - zb) as f32 * sb).max(floor);
-                    *y = to(quantize_value(v, sy, zy, lo, hi));
+                    *y = Y::from_i32(quantize_value(v, sy, zy, lo, hi));
                 }
             },
         )
     };
     // Split across the threads in cache-sized pieces when there is enough to split.
     const PIECE: usize = 1 << 14;
-    if threads > 1 && y.len() >= 2 * PIECE {
+    if cx.threads > 1 && y.len() >= 2 * PIECE {
         use rayon::prelude::*;
         y.par_chunks_mut(PIECE)
             .zip(a.par_chunks(PIECE).zip(b.par_chunks(PIECE)))
@@ -1098,10 +1105,10 @@ fn qadd(cx: &Cx, q: &QAdd, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         return Tensor::new(sum.shape, data);
     }
     let data = match (&a.data, &b.data) {
-        (Data::U8(a), Data::U8(b)) => qadd_slices(cx.threads, q, a, b),
-        (Data::U8(a), Data::I8(b)) => qadd_slices(cx.threads, q, a, b),
-        (Data::I8(a), Data::U8(b)) => qadd_slices(cx.threads, q, a, b),
-        (Data::I8(a), Data::I8(b)) => qadd_slices(cx.threads, q, a, b),
+        (Data::U8(a), Data::U8(b)) => qadd_slices(cx, q, a, b),
+        (Data::U8(a), Data::I8(b)) => qadd_slices(cx, q, a, b),
+        (Data::I8(a), Data::U8(b)) => qadd_slices(cx, q, a, b),
+        (Data::I8(a), Data::I8(b)) => qadd_slices(cx, q, a, b),
         (a, _) => {
             return Err(OpError::DType(format!(
                 "a quantized Add of {:?}",
