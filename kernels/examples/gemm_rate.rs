@@ -1,10 +1,12 @@
-//! GFLOP/s of `sgemm` and `conv2d` on shapes from the zoo models, on 1 and 2 threads:
+//! GFLOP/s of `sgemm`, `conv2d` and the int8 `qgemm` on shapes from the zoo models, on 1 and 2
+//! threads:
 //! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N] [--only NAME]`.
 //! A tool for tuning the kernels; the model-level comparison is `cargo xtask bench executor`.
 use cotenant_kernels::activation::Activation;
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv2d};
 use cotenant_kernels::direct_conv::{PackedFilter, applies, direct_conv};
 use cotenant_kernels::gemm::{Mat, sgemm};
+use cotenant_kernels::qgemm::{PackedA, PackedB, qgemm};
 use std::time::Instant;
 
 const GEMMS: [(usize, usize, usize, &str); 5] = [
@@ -120,6 +122,20 @@ fn main() {
                 println!(
                     "{threads}t gemm {name:28} {m:5}x{n:5}x{k:5} {:7.1} GFLOP/s",
                     flops / s / 1e9
+                );
+            }
+            for &(m, n, k, name) in GEMMS.iter().filter(|_| only.is_none()) {
+                // The products of an int8 convolution: packed weights by packed activations.
+                let a: Vec<i8> = (0..m * k).map(|i| (i * 7919 % 255) as i8).collect();
+                let b: Vec<u8> = (0..k * n).map(|i| (i * 104_729 % 251) as u8).collect();
+                let pa = PackedA::weights(m, k, &a, &[0]);
+                let pb = PackedB::new(k, n, &b, (n, 1), &[128]);
+                let mut c = vec![0i32; m * n];
+                let ops = 2.0 * (m * n * k) as f64;
+                let s = time(ops, || qgemm(threads, &pa, &pb, &mut c));
+                println!(
+                    "{threads}t qgemm {name:27} {m:5}x{n:5}x{k:5} {:7.1} GOP/s",
+                    ops / s / 1e9
                 );
             }
             let chosen = CONVS
