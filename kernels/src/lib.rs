@@ -18,6 +18,7 @@ pub mod igemm;
 pub mod inverted_residual;
 pub mod norm;
 pub mod pool;
+pub mod qconv;
 pub mod qgemm;
 pub mod wide;
 

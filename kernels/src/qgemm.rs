@@ -17,11 +17,11 @@
 use rayon::prelude::*;
 
 /// Columns per panel: one vector of 16 i32 sums.
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 /// Panels per register tile (the last tile of a row takes the panels that are left).
-const NP: usize = 4;
+pub(crate) const NP: usize = 4;
 /// Rows per register tile: `MR × NP` = 24 accumulators of the 32 vector registers.
-const MR: usize = 6;
+pub(crate) const MR: usize = 6;
 
 /// An 8-bit element type: int8 or uint8.
 pub trait Int8: Copy + Send + Sync + 'static {
@@ -74,18 +74,18 @@ pub fn vnni() -> bool {
 /// `k × n` weights in the kernel's layout, with their zero points and column sums.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PackedB {
-    k: usize,
-    n: usize,
+    pub(crate) k: usize,
+    pub(crate) n: usize,
     /// `k` rounded up to a multiple of 4.
-    kp: usize,
+    pub(crate) kp: usize,
     /// Panels of 16 columns.
-    panels: usize,
+    pub(crate) panels: usize,
     /// `[panel][kp / 4][16 columns][4]`, signed (uint8 values less 128), zero padded.
-    data: Vec<i8>,
+    pub(crate) data: Vec<i8>,
     /// Per column (padded to `panels × 16`): the zero point, shifted as the values are.
-    zero: Vec<i32>,
+    pub(crate) zero: Vec<i32>,
     /// Per column (padded): the sum of the shifted values over the reduction.
-    sums: Vec<i32>,
+    pub(crate) sums: Vec<i32>,
 }
 
 impl PackedB {
@@ -421,7 +421,7 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
 }
 
 /// The output shared by tasks that write disjoint tiles of it.
-struct SharedOut<O>(*mut O);
+pub(crate) struct SharedOut<O>(pub(crate) *mut O);
 impl<O> Clone for SharedOut<O> {
     fn clone(&self) -> Self {
         *self
@@ -439,7 +439,7 @@ impl<O> SharedOut<O> {
     /// # Safety
     /// They lie within the `m × n` output and no one else touches them meanwhile.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn row(&self, i: usize, n: usize, j0: usize, width: usize) -> &mut [O] {
+    pub(crate) unsafe fn row(&self, i: usize, n: usize, j0: usize, width: usize) -> &mut [O] {
         // SAFETY: as the contract.
         unsafe { std::slice::from_raw_parts_mut(self.0.add(i * n + j0), width) }
     }

@@ -18,6 +18,7 @@ use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_numel, f16};
 use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
+use cotenant_kernels::qconv::{self, Byte, Requantize, applies as nhwc_applies};
 use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm, qgemm_map};
 use cotenant_kernels::wide::wide;
 use std::sync::Arc;
@@ -71,9 +72,7 @@ pub struct QConv {
     pub conv: ConvAttrs,
     /// `[M, C, kh, kw]` (or `[M, C, k]`).
     pub w_shape: Vec<usize>,
-    /// The weights, one row per output channel: the matrix product's left side, so that its
-    /// rows come out as the output's channels (NCHW) and the image's columns stream past.
-    pub w: PackedA,
+    pub w: QConvWeights,
     pub x_dtype: DType,
     /// The raw value (int8 values as their bytes).
     pub x_zero: u8,
@@ -82,6 +81,27 @@ pub struct QConv {
     pub y_dtype: DType,
     pub y_zero: f32,
     pub relu: bool,
+}
+
+/// A [`QConv`]'s weights, packed for the layout its activations come in.
+#[derive(Clone, Debug, PartialEq)]
+pub enum QConvWeights {
+    /// One row per output channel, the matrix product's left side: input and output NCHW, the
+    /// image's im2col columns streaming past.
+    Rows(PackedA),
+    /// One column per output channel over the taps in tap-major order: input and output NHWC,
+    /// the image read in place (`cotenant_kernels::qconv`). Weight zero points are zero.
+    Taps(PackedB),
+}
+
+impl QConvWeights {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            QConvWeights::Rows(a) => a.bytes(),
+            QConvWeights::Taps(b) => b.bytes(),
+        }
+    }
 }
 
 /// MatMulInteger of `[a, a's zero point]` by constant weights packed for `qgemm`, with the
@@ -885,6 +905,10 @@ fn im2col_row<T: Int8>(p: &Conv2d, x: &[T], row: usize, zero: T, dst: &mut [T]) 
 }
 
 fn qconv(cx: &Cx, q: &QConv, x: &Tensor) -> OpResult<Tensor> {
+    let w = match &q.w {
+        QConvWeights::Taps(w) => return qconv_nhwc(cx, q, w, x),
+        QConvWeights::Rows(w) => w,
+    };
     let (p, shape) = conv_geometry(&q.conv, &x.shape, &q.w_shape)?;
     if x.dtype() != q.x_dtype || p.groups != 1 {
         return Err(OpError::DType(format!(
@@ -896,13 +920,62 @@ fn qconv(cx: &Cx, q: &QConv, x: &Tensor) -> OpResult<Tensor> {
     }
     let total = checked_numel(&shape)?;
     let data = match (&x.data, q.y_dtype) {
-        (Data::U8(v), DType::I8) => Data::I8(qconv_images(cx, q, &p, v, q.x_zero, total)),
-        (Data::U8(v), _) => Data::U8(qconv_images(cx, q, &p, v, q.x_zero, total)),
-        (Data::I8(v), DType::I8) => Data::I8(qconv_images(cx, q, &p, v, q.x_zero as i8, total)),
-        (Data::I8(v), _) => Data::U8(qconv_images(cx, q, &p, v, q.x_zero as i8, total)),
+        (Data::U8(v), DType::I8) => Data::I8(qconv_images(cx, q, w, &p, v, q.x_zero, total)),
+        (Data::U8(v), _) => Data::U8(qconv_images(cx, q, w, &p, v, q.x_zero, total)),
+        (Data::I8(v), DType::I8) => Data::I8(qconv_images(cx, q, w, &p, v, q.x_zero as i8, total)),
+        (Data::I8(v), _) => Data::U8(qconv_images(cx, q, w, &p, v, q.x_zero as i8, total)),
         _ => unreachable!("x's type is checked above"),
     };
     Tensor::new(shape, data)
+}
+
+/// [`qconv`] of NHWC uint8 `x` to NHWC, by weights packed as taps.
+fn qconv_nhwc(cx: &Cx, q: &QConv, w: &PackedB, x: &Tensor) -> OpResult<Tensor> {
+    let Data::U8(xv) = &x.data else {
+        return Err(OpError::DType(format!(
+            "NHWC quantized Conv of {:?}, built for uint8",
+            x.dtype()
+        )));
+    };
+    if x.rank() != 4 {
+        return shape_err(format!("NHWC quantized Conv of shape {:?}", x.shape));
+    }
+    let nchw = [x.shape[0], x.shape[3], x.shape[1], x.shape[2]];
+    let (mut p, shape) = conv_geometry(&q.conv, &nchw, &q.w_shape)?;
+    p.n = x.shape[0];
+    if !nhwc_applies(&p, w) {
+        return Err(OpError::Unsupported(format!(
+            "NHWC quantized Conv of {p:?} with these weights"
+        )));
+    }
+    let shape = vec![shape[0], shape[2], shape[3], shape[1]];
+    let total = checked_numel(&shape)?;
+    let data = match q.y_dtype {
+        DType::I8 => Data::I8(qconv_nhwc_into(cx, q, &p, w, xv, total)),
+        _ => Data::U8(qconv_nhwc_into(cx, q, &p, w, xv, total)),
+    };
+    Tensor::new(shape, data)
+}
+
+fn qconv_nhwc_into<Y: Requantized + Byte>(
+    cx: &Cx,
+    q: &QConv,
+    p: &Conv2d,
+    w: &PackedB,
+    x: &[u8],
+    total: usize,
+) -> Vec<Y> {
+    let (lo, hi) = Y::RANGE;
+    let rq = Requantize {
+        mult: &q.mult,
+        offset: &q.offset,
+        zero: q.y_zero,
+        lo: if q.relu { q.y_zero.max(lo) } else { lo },
+        hi,
+    };
+    let mut y = Y::buffer(cx, total);
+    qconv::qconv_nhwc(cx.threads, p, x, q.x_zero, w, &rq, &mut y);
+    y
 }
 
 /// An 8-bit output type, as the requantization writes it.
@@ -941,6 +1014,7 @@ const PRODUCT_COLUMNS: usize = 1024;
 fn qconv_images<T: Int8, Y: Requantized>(
     cx: &Cx,
     q: &QConv,
+    w: &PackedA,
     p: &Conv2d,
     x: &[T],
     zero: T,
@@ -985,13 +1059,13 @@ fn qconv_images<T: Int8, Y: Requantized>(
             });
         }
         if images == 1 {
-            qgemm_map(cx.threads, &q.w, &b, y, requantize);
+            qgemm_map(cx.threads, w, &b, y, requantize);
             continue;
         }
         // `[M][images·positions]`, then each image's columns to its own `[M][positions]`.
         staged.clear();
         staged.resize(p.m * n, Y::default());
-        qgemm_map(cx.threads, &q.w, &b, &mut staged, requantize);
+        qgemm_map(cx.threads, w, &b, &mut staged, requantize);
         for (c, row) in staged.chunks_exact(n).enumerate() {
             for (img, cols) in row.chunks_exact(positions).enumerate() {
                 y[(img * p.m + c) * positions..][..positions].copy_from_slice(cols);

@@ -1,4 +1,5 @@
-//! Graph rewrite passes, run in order by [`optimize`]: constant folding (shape subgraphs
+//! Graph rewrite passes, run in order by [`optimize`]: quantized (QDQ) patterns to integer
+//! ops, the NCHW/NHWC transposes between them cancelled, constant folding (shape subgraphs
 //! included, under symbolic dimensions), BatchNorm folded into the
 //! producing Conv, Erf-form GELU recognised, constant bias fused into MatMul, residual Adds fused
 //! into the producing Conv, activations fused into the producing Conv/Gemm/MatMul, a 1x1 Conv
@@ -15,6 +16,7 @@ mod pointwise_depthwise;
 mod qdq;
 mod residual;
 mod shapes;
+mod transposes;
 
 pub use bias::fuse_matmul_bias;
 pub use bn_fold::fold_batch_norm;
@@ -30,6 +32,7 @@ use crate::graph::Graph;
 
 pub fn optimize(g: &mut Graph) {
     qdq::fuse_qdq(g);
+    transposes::cancel_transposes(g);
     fold_constants(g);
     if fold_shapes(g) > 0 {
         fold_constants(g);

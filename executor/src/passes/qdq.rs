@@ -24,12 +24,16 @@
 
 use super::sole_reader;
 use crate::graph::Graph;
+use crate::graph::Node;
 use crate::ops::Op;
 use crate::ops::elementwise::Binary;
 use crate::ops::elementwise::Unary;
-use crate::ops::quant::{PackedMatMul, QAdd, QConv, QuantOp, Quantized, pack_weights};
+use crate::ops::quant::{
+    PackedMatMul, QAdd, QConv, QConvWeights, QuantOp, Quantized, pack_weights,
+};
+use crate::ops::shape::ShapeOp;
 use crate::tensor::{DType, Data, Tensor};
-use cotenant_kernels::qgemm::PackedA;
+use cotenant_kernels::qgemm::{PackedA, PackedB};
 use std::sync::Arc;
 
 pub fn fuse_qdq(g: &mut Graph) {
@@ -243,7 +247,7 @@ fn quantized_conv(g: &mut Graph, i: usize) -> bool {
     if !(3..=4).contains(&w_shape.len()) {
         return false;
     }
-    let (m, k) = (w_shape[0], w_shape[1..].iter().product::<usize>());
+    let m = w_shape[0];
     // Several scales must be along the output channels.
     let Some(sw) =
         f32s(&sw, m, true).filter(|s| s.len() == 1 || axis == 0 || axis == -(w_shape.len() as i64))
@@ -256,13 +260,9 @@ fn quantized_conv(g: &mut Graph, i: usize) -> bool {
     {
         return false;
     }
-    // One row of k per output channel.
-    let w = match (&wt.data, zw.as_ref().map(|z| &z.data)) {
-        (Data::I8(v), None) => PackedA::weights(m, k, v, &[0]),
-        (Data::I8(v), Some(Data::I8(z))) => PackedA::weights(m, k, v, z),
-        (Data::U8(v), None) => PackedA::weights(m, k, v, &[0]),
-        (Data::U8(v), Some(Data::U8(z))) => PackedA::weights(m, k, v, z),
-        _ => return false,
+    let w = match conv_weights(x_dtype, &w_shape, &wt.data, zw.as_deref()) {
+        Some(w) => w,
+        None => return false,
     };
     // The bias: absent, a constant, or DQ of a constant.
     let bias = match input(2) {
@@ -340,17 +340,88 @@ fn quantized_conv(g: &mut Graph, i: usize) -> bool {
     };
     let out = qn.outputs[0];
     let name = n.name.clone();
+    let nhwc = matches!(op.w, QConvWeights::Taps(_));
     // The new node takes the Q's place (after everything the Conv read); the Conv and Relu go.
     let node = &mut g.nodes[q];
-    node.name = name;
+    node.name = name.clone();
     node.op = Op::Quant(QuantOp::QConv(Arc::new(op)));
     node.inputs = vec![Some(x)];
     node.outputs = vec![out];
+    if nhwc {
+        // NHWC inside, NCHW outside: transposes around it, which `transposes` cancels
+        // between neighbours.
+        let (xt, yt) = (
+            g.add_value(format!("{name}/nhwc_input")),
+            g.add_value(format!("{name}/nhwc_output")),
+        );
+        (g.nodes[q].inputs, g.nodes[q].outputs) = (vec![Some(xt)], vec![yt]);
+        let to_nhwc = transpose(format!("{name}/to_nhwc"), NCHW_TO_NHWC, x, xt);
+        let to_nchw = transpose(format!("{name}/to_nchw"), NHWC_TO_NCHW, yt, out);
+        g.nodes.insert(q + 1, to_nchw);
+        g.nodes.insert(q, to_nhwc);
+    }
     if let Some(r) = relu {
         g.nodes.remove(r);
     }
     g.nodes.remove(i);
     true
+}
+
+/// The axis orders between NCHW and NHWC, as Transpose perms.
+pub(super) const NCHW_TO_NHWC: [usize; 4] = [0, 2, 3, 1];
+pub(super) const NHWC_TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+
+/// A Transpose node by `perm` from `x` to `y`.
+pub(super) fn transpose(name: String, perm: [usize; 4], x: usize, y: usize) -> Node {
+    Node {
+        name,
+        op: Op::Shape(ShapeOp::Transpose {
+            perm: Some(perm.to_vec()),
+        }),
+        inputs: vec![Some(x)],
+        outputs: vec![y],
+    }
+}
+
+/// A quantized Conv's weights (`w_shape`, `[M, C, kh, kw]` or 1-D) packed for its input:
+/// as taps for NHWC where the kernel for that applies (uint8 input, int8 weights with zero
+/// zero points, channels in whole groups of 4, 2-D), else as rows for NCHW.
+fn conv_weights(
+    x_dtype: DType,
+    w_shape: &[usize],
+    w: &Data,
+    zw: Option<&Tensor>,
+) -> Option<QConvWeights> {
+    let (m, k) = (w_shape[0], w_shape[1..].iter().product::<usize>());
+    let zero = zw.is_none_or(|z| z.to_f64_vec().iter().all(|&v| v == 0.0));
+    if let (DType::U8, Data::I8(v), true, 4) = (x_dtype, w, zero, w_shape.len()) {
+        let (c, taps) = (w_shape[1], w_shape[2] * w_shape[3]);
+        if c > 0 && c.is_multiple_of(4) && m > 0 {
+            // [M][C][tap] to [(tap, C)][M].
+            let mut cols = vec![0i8; k * m];
+            for (j, row) in v.chunks_exact(k).enumerate() {
+                for (i, &x) in row.iter().enumerate() {
+                    let (ci, t) = (i / taps, i % taps);
+                    cols[(t * c + ci) * m + j] = x;
+                }
+            }
+            return Some(QConvWeights::Taps(PackedB::new(
+                k,
+                m,
+                &cols,
+                (m, 1),
+                &[0i8],
+            )));
+        }
+    }
+    // One row of k per output channel.
+    Some(QConvWeights::Rows(match (w, zw.map(|z| &z.data)) {
+        (Data::I8(v), None) => PackedA::weights(m, k, v, &[0]),
+        (Data::I8(v), Some(Data::I8(z))) => PackedA::weights(m, k, v, z),
+        (Data::U8(v), None) => PackedA::weights(m, k, v, &[0]),
+        (Data::U8(v), Some(Data::U8(z))) => PackedA::weights(m, k, v, z),
+        _ => return None,
+    }))
 }
 
 /// A bias dequantized from int32 as DequantizeLinear does it, `m` values.
@@ -584,6 +655,15 @@ mod tests {
         pointwise: bool,
         /// Stride 2 and padding only at the bottom and right.
         strided: bool,
+        /// Per-channel weights with zero zero points (NHWC with a uint8 input).
+        symmetric: bool,
+    }
+
+    impl Variant {
+        /// Whether the QDQ pass runs this Conv NHWC.
+        fn nhwc(&self) -> bool {
+            !self.int8_x && (self.per_tensor || self.symmetric)
+        }
     }
 
     /// `Q(Relu(Conv(DQ(x), DQ(w), DQ(bias))))`, 4 → 6 channels, 3x3, padded, on 5x6 images.
@@ -615,11 +695,12 @@ mod tests {
                 1,
             )
         } else {
-            (
-                t(&[6], Data::F32(sw)),
-                t(&[6], Data::I8(vec![0, 3, -128, 127, 0, 1])),
-                0,
-            )
+            let zero = if v.symmetric {
+                vec![0; 6]
+            } else {
+                vec![0, 3, -128, 127, 0, 1]
+            };
+            (t(&[6], Data::F32(sw)), t(&[6], Data::I8(zero)), 0)
         };
         let (sw, zw) = (g.constant(sw), g.constant(zw));
         let wf = g.node(
@@ -722,6 +803,26 @@ mod tests {
                 strided: true,
                 ..Variant::default()
             },
+            Variant {
+                symmetric: true,
+                ..Variant::default()
+            },
+            Variant {
+                symmetric: true,
+                pointwise: true,
+                ..Variant::default()
+            },
+            Variant {
+                symmetric: true,
+                strided: true,
+                no_relu: true,
+                ..Variant::default()
+            },
+            Variant {
+                symmetric: true,
+                int8_x: true,
+                ..Variant::default()
+            },
         ] {
             // 50 images of 30 positions: more than one product's columns.
             for batch in [1, 3, 50] {
@@ -733,7 +834,10 @@ mod tests {
                 } else {
                     "QConv+Relu"
                 };
-                assert_eq!(names, [fused], "batch {batch}");
+                match variant.nhwc() {
+                    true => assert_eq!(names, ["Transpose", fused, "Transpose"]),
+                    false => assert_eq!(names, [fused], "batch {batch}"),
+                }
                 let (Data::U8(want), Data::U8(got)) = (&want.data, &got.data) else {
                     panic!("u8 outputs");
                 };
@@ -795,6 +899,79 @@ mod tests {
                 assert_eq!(want[0].1.data, got[0].1.data);
             }
         }
+    }
+
+    /// A QDQ Conv from `x` (uint8 `[n, c, 5, 6]` dequantized with scale 0.05, zero 128) to
+    /// `m` channels, 3x3 padded, symmetric per-channel weights, quantized to scale `sy`, zero 3.
+    fn qdq_conv(g: &mut G, x: usize, c: usize, m: usize, sy: f32, seed: u32) -> usize {
+        let (sx, zx) = (
+            g.constant(Tensor::scalar_f32(0.05)),
+            g.constant(t(&[], Data::U8(vec![128]))),
+        );
+        let xf = g.node(
+            "DequantizeLinear",
+            &[Some(x), Some(sx), Some(zx)],
+            1,
+            vec![],
+        )[0];
+        let wv: Vec<i8> = bytes(m * c * 9, seed)
+            .iter()
+            .map(|&b| b as i8 / 4)
+            .collect();
+        let w = g.constant(t(&[m, c, 3, 3], Data::I8(wv)));
+        let sw = g.constant(t(&[m], Data::F32(vec![0.01; m])));
+        let zw = g.constant(t(&[m], Data::I8(vec![0; m])));
+        let axis = vec![attr_int("axis", 0)];
+        let wf = g.node("DequantizeLinear", &[Some(w), Some(sw), Some(zw)], 1, axis)[0];
+        let pads = vec![attr_ints("pads", &[1, 1, 1, 1])];
+        let y = g.node("Conv", &[Some(xf), Some(wf)], 1, pads)[0];
+        let (sy, zy) = (
+            g.constant(Tensor::scalar_f32(sy)),
+            g.constant(t(&[], Data::U8(vec![3]))),
+        );
+        g.node("QuantizeLinear", &[Some(y), Some(sy), Some(zy)], 1, vec![])[0]
+    }
+
+    #[test]
+    fn a_chain_of_nhwc_convolutions_and_adds_transposes_only_at_its_ends() {
+        // x -> conv a -> conv b; Q(DQ(a) + DQ(b)) -> conv c -> out.
+        let mut g = G::new();
+        let x = g.input("x", DType::U8, &[2, 4, 5, 6]);
+        let a = qdq_conv(&mut g, x, 4, 8, 0.2, 1);
+        let b = qdq_conv(&mut g, a, 8, 8, 0.2, 2);
+        let (s, z) = (
+            g.constant(Tensor::scalar_f32(0.05)),
+            g.constant(t(&[], Data::U8(vec![3]))),
+        );
+        let da = g.node("DequantizeLinear", &[Some(a), Some(s), Some(z)], 1, vec![])[0];
+        let db = g.node("DequantizeLinear", &[Some(b), Some(s), Some(z)], 1, vec![])[0];
+        let sum = g.node("Add", &[Some(da), Some(db)], 1, vec![])[0];
+        let (sq, zq) = (
+            g.constant(Tensor::scalar_f32(0.05)),
+            g.constant(t(&[], Data::U8(vec![128]))),
+        );
+        let q = g.node(
+            "QuantizeLinear",
+            &[Some(sum), Some(sq), Some(zq)],
+            1,
+            vec![],
+        )[0];
+        let out = qdq_conv(&mut g, q, 8, 4, 0.1, 3);
+        let (names, want, got) = run_both(g.output(out), &|| {
+            vec![("x".into(), t(&[2, 4, 5, 6], Data::U8(bytes(2 * 4 * 30, 9))))]
+        });
+        let expected = ["Transpose", "QConv", "QConv", "QAdd", "QConv", "Transpose"];
+        assert_eq!(names, expected);
+        assert_eq!(want.shape, [2, 4, 5, 6]);
+        let (Data::U8(want), Data::U8(got)) = (&want.data, &got.data) else {
+            panic!("u8 outputs");
+        };
+        // Each requantization may land one step off at a tie; three in a row, a few steps.
+        assert!(want.iter().zip(got).all(|(a, b)| a.abs_diff(*b) <= 3));
+        assert!(
+            want.iter().any(|&v| v > 10 && v < 245),
+            "a non-trivial output"
+        );
     }
 
     /// `Q(MaxPool(DQ(x)))`, 3x3 stride 2 padded, x `[2, 3, 9, 8]` of `xt` dequantized with

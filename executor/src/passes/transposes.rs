@@ -1,0 +1,104 @@
+//! Transposes that undo each other cancel, and elementwise 8-bit adds move behind transposes
+//! of both their inputs. The QDQ pass wraps each NHWC quantized convolution in a transpose
+//! from NCHW and one back; with these rewrites a chain of them (residual adds included) keeps
+//! its activations NHWC from its first convolution to its last.
+
+use super::remove_dead;
+use crate::graph::{Graph, Node};
+use crate::ops::Op;
+use crate::ops::quant::QuantOp;
+use crate::ops::shape::ShapeOp;
+
+pub fn cancel_transposes(g: &mut Graph) {
+    let mut changed = false;
+    while hoist_add(g) || cancel_pair(g) {
+        changed = true;
+    }
+    if changed {
+        remove_dead(g);
+    }
+}
+
+/// A Transpose node's perm, when it has one.
+fn perm(n: &Node) -> Option<&[usize]> {
+    match &n.op {
+        Op::Shape(ShapeOp::Transpose { perm: Some(p) }) => Some(p),
+        _ => None,
+    }
+}
+
+/// The Transpose producing `v`: `(its input, its perm)`.
+fn transposed(
+    g: &Graph,
+    producers: &[Option<usize>],
+    v: Option<usize>,
+) -> Option<(usize, Vec<usize>)> {
+    let n = &g.nodes[producers[v?]?];
+    Some(((*n.inputs.first()?)?, perm(n)?.to_vec()))
+}
+
+/// Rewires the readers of one Transpose of a Transpose that undoes it to the first one's
+/// input; whether it found one.
+fn cancel_pair(g: &mut Graph) -> bool {
+    let (producers, uses) = (g.producers(), g.use_counts());
+    for n in &g.nodes {
+        let (Some(p2), Some(&out)) = (perm(n), n.outputs.first()) else {
+            continue;
+        };
+        let Some((src, p1)) = transposed(g, &producers, n.inputs.first().copied().flatten()) else {
+            continue;
+        };
+        let undoes =
+            p1.len() == p2.len() && (0..p2.len()).all(|b| p2[b] < p1.len() && p1[p2[b]] == b);
+        if !undoes || uses[out] == 0 || g.outputs.contains(&out) {
+            continue;
+        }
+        for node in &mut g.nodes {
+            for input in node.inputs.iter_mut().filter(|i| **i == Some(out)) {
+                *input = Some(src);
+            }
+        }
+        return true;
+    }
+    false
+}
+
+/// Moves one QAdd whose inputs are both transposed by the same perm behind that transpose;
+/// whether it found one.
+fn hoist_add(g: &mut Graph) -> bool {
+    let producers = g.producers();
+    for i in 0..g.nodes.len() {
+        let n = &g.nodes[i];
+        if !matches!(n.op, Op::Quant(QuantOp::QAdd(_)))
+            || n.inputs.len() != 2
+            || n.outputs.len() != 1
+        {
+            continue;
+        }
+        let (Some((a, pa)), Some((b, pb))) = (
+            transposed(g, &producers, n.inputs[0]),
+            transposed(g, &producers, n.inputs[1]),
+        ) else {
+            continue;
+        };
+        if pa != pb {
+            continue;
+        }
+        let out = n.outputs[0];
+        let inner = g.add_value(format!("{}/untransposed", g.value_names[out]));
+        let name = format!("{}/transpose", g.nodes[i].name);
+        let node = &mut g.nodes[i];
+        (node.inputs, node.outputs) = (vec![Some(a), Some(b)], vec![inner]);
+        g.nodes.insert(
+            i + 1,
+            Node {
+                name,
+                op: Op::Shape(ShapeOp::Transpose { perm: Some(pa) }),
+                inputs: vec![Some(inner)],
+                outputs: vec![out],
+            },
+        );
+        return true;
+    }
+    false
+}

@@ -1,0 +1,509 @@
+//! Quantized 2-D convolution of NHWC uint8 activations by int8 weights, without im2col.
+//!
+//! In NHWC the `C` channels of one input pixel are contiguous, so the reduction over one kernel
+//! tap is a run of bytes of the image itself. The product reads each output position's taps
+//! straight from the image (a tap over the padding reads a row of zero points), four channels
+//! at a time as `vpdpbusd`'s broadcast operand, against the weights packed once as a
+//! [`PackedB`] with the reduction in tap-major order, `k = (ky·kw + kx)·C + c`. Nothing is
+//! packed per call, and the output comes out NHWC, `[positions][M]`.
+//!
+//! The weights' zero points must be zero (symmetric int8 weights, as onnxruntime's quantizer
+//! writes them); the activations' zero point comes out of the sum as `zx·Σw` per output
+//! channel: `Σ (x - zx)·w = Σ x·w - zx·Σ w`.
+
+use crate::conv::Conv2d;
+use crate::qgemm::{LANES, MR, NP, PackedB, SharedOut, vnni};
+use rayon::prelude::*;
+
+/// Packed weights up to this size are read whole for each tile of output rows.
+const L2_WEIGHTS: usize = 256 << 10;
+
+/// Whether [`qconv_nhwc_map`] computes this convolution with these weights.
+pub fn applies(p: &Conv2d, w: &PackedB) -> bool {
+    p.groups == 1
+        && p.c.is_multiple_of(4)
+        && p.c > 0
+        && w.k == p.kh * p.kw * p.c
+        && w.n == p.m
+        && w.zero.iter().all(|&z| z == 0)
+}
+
+/// How a sum becomes an 8-bit output value, per output channel `j`:
+/// `clamp(round(sum as f32 · mult[j] + offset[j]) + zero, lo, hi)`, rounding half to even, in
+/// that order of f32 operations (a product, then a sum: no fused multiply-add).
+pub struct Requantize<'a> {
+    pub mult: &'a [f32],
+    pub offset: &'a [f32],
+    pub zero: f32,
+    /// The output's range (integers; `lo` is the zero point itself with a ReLU fused).
+    pub lo: f32,
+    pub hi: f32,
+}
+
+impl Requantize<'_> {
+    /// The output value of sum `acc` in channel `j`.
+    pub fn value(&self, j: usize, acc: i32) -> i32 {
+        let v = acc as f32 * self.mult[j] + self.offset[j];
+        // max/min give the bound for NaN, as the vector path does.
+        #[allow(clippy::manual_clamp)]
+        let v = v.max(self.lo - self.zero).min(self.hi - self.zero);
+        (v.round_ties_even() + self.zero) as i32
+    }
+}
+
+mod sealed {
+    pub trait OneByte {}
+    impl OneByte for u8 {}
+    impl OneByte for i8 {}
+}
+
+/// An 8-bit output type: u8 or i8.
+pub trait Byte: sealed::OneByte + Copy + Send + Sync + 'static {
+    /// From a value in the type's range.
+    fn from_i32(v: i32) -> Self;
+}
+impl Byte for u8 {
+    fn from_i32(v: i32) -> u8 {
+        v as u8
+    }
+}
+impl Byte for i8 {
+    fn from_i32(v: i32) -> i8 {
+        v as i8
+    }
+}
+
+/// `out[r·M + j] = requantized(Σ_{ky,kx,c} (x[img][iy][ix][c] - zx) · w[(ky·kw + kx)·C + c][j])`
+/// for every output position `r = (img·oh + oy)·ow + ox` (`iy = oy·sh + ky·dh - pt`, likewise
+/// `ix`), split across `threads`.
+///
+/// # Panics
+/// If the convolution does not [`applies`], `x` or `out` has the wrong size, or `rq` has fewer
+/// than `M` channels.
+pub fn qconv_nhwc<O: Byte>(
+    threads: usize,
+    p: &Conv2d,
+    x: &[u8],
+    zx: u8,
+    w: &PackedB,
+    rq: &Requantize<'_>,
+    out: &mut [O],
+) {
+    assert!(applies(p, w), "qconv_nhwc of {p:?}");
+    assert_eq!(x.len(), p.n * p.h * p.w * p.c, "qconv_nhwc input size");
+    let rows = p.n * p.oh * p.ow;
+    assert_eq!(out.len(), rows * p.m, "qconv_nhwc output size");
+    assert!(
+        rq.mult.len() >= p.m && rq.offset.len() >= p.m,
+        "qconv_nhwc requantization"
+    );
+    if rows == 0 || p.m == 0 {
+        return;
+    }
+    let pad = vec![zx; p.c];
+    let out = SharedOut(out.as_mut_ptr());
+    let vnni = vnni();
+    // Weights that fit in the core's L2 cache are read whole for each row tile, so that the
+    // image streams past once; larger ones in blocks of NP panels, each over all the rows.
+    let span = if w.data.len() <= L2_WEIGHTS {
+        w.panels
+    } else {
+        NP
+    };
+    let blocks = w.panels.div_ceil(span);
+    let row_tiles = rows.div_ceil(MR);
+    // Tasks: blocks of panels by runs of row tiles, at least two per thread.
+    let row_tasks = (2 * threads).div_ceil(blocks).clamp(1, row_tiles);
+    let tiles_per = row_tiles.div_ceil(row_tasks);
+    let run = |t: usize| {
+        let (block, rt) = (t / row_tasks, t % row_tasks);
+        let rows = (rt * tiles_per * MR).min(rows)..((rt + 1) * tiles_per * MR).min(rows);
+        let panels = block * span..((block + 1) * span).min(w.panels);
+        let image = Image {
+            p,
+            x,
+            pad: &pad,
+            zx,
+        };
+        if vnni {
+            // SAFETY: the CPU has AVX-512F/BW/VNNI (`vnni`); the operands' sizes are asserted
+            // above; tasks write disjoint (rows, panels) tiles of `out`.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                vnni_tiles(&image, w, rows, panels, rq, out)
+            }
+        } else {
+            portable_tiles(&image, w, rows, panels, rq, out)
+        }
+    };
+    let tasks = blocks * row_tasks;
+    if threads > 1 && tasks > 1 && rows * p.m * w.k >= crate::PAR_MIN_WORK {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        (0..tasks).for_each(run);
+    }
+}
+
+/// The input of one call: the geometry, the NHWC bytes, and `C` zero points for the padding.
+struct Image<'a> {
+    p: &'a Conv2d,
+    x: &'a [u8],
+    pad: &'a [u8],
+    zx: u8,
+}
+
+impl Image<'_> {
+    /// Where output row `r`'s window starts: the image's first byte, and the top-left tap's
+    /// input row and column (negative over the padding).
+    fn origin(&self, r: usize) -> (usize, isize, isize) {
+        let p = self.p;
+        let (img, pos) = (r / (p.oh * p.ow), r % (p.oh * p.ow));
+        let (oy, ox) = (pos / p.ow, pos % p.ow);
+        (
+            img * p.h * p.w * p.c,
+            (oy * p.sh) as isize - p.pt as isize,
+            (ox * p.sw) as isize - p.pl as isize,
+        )
+    }
+
+    /// The `C` bytes tap `(ky, kx)` of the window at `origin` reads.
+    fn tap(&self, (base, y0, x0): (usize, isize, isize), ky: usize, kx: usize) -> &[u8] {
+        let p = self.p;
+        let (iy, ix) = (y0 + (ky * p.dh) as isize, x0 + (kx * p.dw) as isize);
+        if iy < 0 || ix < 0 || iy >= p.h as isize || ix >= p.w as isize {
+            return self.pad;
+        }
+        &self.x[base + (iy as usize * p.w + ix as usize) * p.c..][..p.c]
+    }
+}
+
+/// The portable kernel: rows `rows` by the columns of `panels`.
+fn portable_tiles<O: Byte>(
+    image: &Image<'_>,
+    w: &PackedB,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    rq: &Requantize<'_>,
+    out: SharedOut<O>,
+) {
+    let (p, kp, n) = (image.p, w.kp, w.n);
+    let mut acc = [0i32; LANES];
+    for panel in panels {
+        let j0 = panel * LANES;
+        let width = (n - j0).min(LANES);
+        let bp = &w.data[panel * kp * LANES..(panel + 1) * kp * LANES];
+        for r in rows.clone() {
+            let origin = image.origin(r);
+            acc.fill(0);
+            for ky in 0..p.kh {
+                for kx in 0..p.kw {
+                    let taps = image.tap(origin, ky, kx);
+                    let k0 = (ky * p.kw + kx) * p.c;
+                    for (q, xs) in taps.chunks_exact(4).enumerate() {
+                        let group = &bp[(k0 / 4 + q) * 4 * LANES..][..4 * LANES];
+                        for (l, o) in acc.iter_mut().enumerate() {
+                            let ws = &group[l * 4..l * 4 + 4];
+                            let s = (0..4).fold(0i32, |s, i| s + xs[i] as i32 * ws[i] as i32);
+                            *o = o.wrapping_add(s);
+                        }
+                    }
+                }
+            }
+            let zx = image.zx as i32;
+            // SAFETY: r < rows and j0 + width <= n: within the output; this task alone writes
+            // this tile.
+            let o = unsafe { out.row(r, n, j0, width) };
+            for (l, (o, &v)) in o.iter_mut().zip(&acc[..width]).enumerate() {
+                let sum = v.wrapping_sub(zx.wrapping_mul(w.sums[j0 + l]));
+                *o = O::from_i32(rq.value(j0 + l, sum));
+            }
+        }
+    }
+}
+
+/// The VNNI kernel: rows `rows` by the columns of `panels`, a tile of rows at a time by all
+/// of the panels.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VNNI; the operands are as [`qconv_nhwc_map`] asserts; no one
+/// else writes these tiles of `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn vnni_tiles<O: Byte>(
+    image: &Image<'_>,
+    w: &PackedB,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    rq: &Requantize<'_>,
+    out: SharedOut<O>,
+) {
+    macro_rules! tiles {
+        ($r0:expr, $mr:expr, $p0:expr, $np:expr, $($r:literal)*) => {
+            match ($mr, $np) {
+                $(
+                    ($r, 4) => tile::<$r, 4, O>(image, w, $r0, $p0, rq, out),
+                    ($r, 3) => tile::<$r, 3, O>(image, w, $r0, $p0, rq, out),
+                    ($r, 2) => tile::<$r, 2, O>(image, w, $r0, $p0, rq, out),
+                    ($r, _) => tile::<$r, 1, O>(image, w, $r0, $p0, rq, out),
+                )*
+                _ => unreachable!("tiles have 1 to {MR} rows"),
+            }
+        };
+    }
+    let mut r = rows.start;
+    while r < rows.end {
+        let mr = (rows.end - r).min(MR);
+        for p0 in panels.clone().step_by(NP) {
+            let np = (panels.end - p0).min(NP);
+            // SAFETY: as this function's contract; rows r..r + mr are output rows, panels
+            // p0..p0 + np are within w.
+            unsafe { tiles!(r, mr, p0, np, 6 5 4 3 2 1) }
+        }
+        r += mr;
+    }
+}
+
+/// `R` output rows from `r0` by the `P` panels from `p0`.
+///
+/// # Safety
+/// As [`vnni_tiles`], with rows `r0..r0 + R` output rows and panels `p0..p0 + P` within `w`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn tile<const R: usize, const P: usize, O: Byte>(
+    image: &Image<'_>,
+    w: &PackedB,
+    r0: usize,
+    p0: usize,
+    rq: &Requantize<'_>,
+    out: SharedOut<O>,
+) {
+    use std::arch::x86_64::*;
+    let (p, kp, n) = (image.p, w.kp, w.n);
+    let origins: [_; R] = std::array::from_fn(|r| image.origin(r0 + r));
+    let mut acc = [[_mm512_setzero_si512(); P]; R];
+    // SAFETY: panel p0 starts within w.data (this function's contract).
+    let bp = unsafe { w.data.as_ptr().add(p0 * kp * LANES) };
+    for ky in 0..p.kh {
+        for kx in 0..p.kw {
+            let taps: [*const u8; R] =
+                std::array::from_fn(|r| image.tap(origins[r], ky, kx).as_ptr());
+            let g0 = (ky * p.kw + kx) * p.c / 4;
+            for q in 0..p.c / 4 {
+                let mut bv = [_mm512_setzero_si512(); P];
+                for (pp, v) in bv.iter_mut().enumerate() {
+                    // SAFETY: group g0 + q < kp / 4 of panels p0..p0 + P lies within w.data
+                    // ([panel][kp / 4][64 bytes]).
+                    *v = unsafe {
+                        _mm512_loadu_si512(bp.add((pp * kp + (g0 + q) * 4) * LANES).cast())
+                    };
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: each tap is C bytes (of the image or of the padding), 4q + 4 <= C.
+                    let xv = unsafe { taps[r].add(4 * q).cast::<i32>().read_unaligned() };
+                    let av = _mm512_set1_epi32(xv);
+                    for (acc, &bv) in acc.iter_mut().zip(&bv) {
+                        *acc = _mm512_dpbusd_epi32(*acc, av, bv);
+                    }
+                }
+            }
+        }
+    }
+    // The requantization of 16 channels at a time, as `Requantize::value` works it.
+    let zx = _mm512_set1_epi32(image.zx as i32);
+    let (zero, lo, hi) = (
+        _mm512_set1_ps(rq.zero),
+        _mm512_set1_ps(rq.lo - rq.zero),
+        _mm512_set1_ps(rq.hi - rq.zero),
+    );
+    for q in 0..P {
+        let j0 = (p0 + q) * LANES;
+        let width = (n - j0).min(LANES);
+        let lanes: __mmask16 = if width == LANES { !0 } else { (1 << width) - 1 };
+        // SAFETY: w.sums holds panels × 16 entries; mult and offset hold n (asserted in
+        // `qconv_nhwc`), of which the mask reads j0..j0 + width.
+        let (sums, mult, offset) = unsafe {
+            (
+                _mm512_loadu_si512(w.sums.as_ptr().add(j0).cast()),
+                _mm512_maskz_loadu_ps(lanes, rq.mult.as_ptr().add(j0)),
+                _mm512_maskz_loadu_ps(lanes, rq.offset.as_ptr().add(j0)),
+            )
+        };
+        let correction = _mm512_mullo_epi32(zx, sums);
+        for (r, acc) in acc.iter().enumerate() {
+            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[q], correction));
+            let v = _mm512_add_ps(_mm512_mul_ps(v, mult), offset);
+            // max/min return their second operand for NaN: the bound.
+            let v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+            let v = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            let v = _mm512_cvttps_epi32(_mm512_add_ps(v, zero));
+            // SAFETY: row r0 + r is an output row, columns j0..j0 + width <= n: within the
+            // output (this function's contract), written by this task alone; O is one byte.
+            unsafe {
+                let o = out.row(r0 + r, n, j0, width).as_mut_ptr();
+                _mm512_mask_cvtepi32_storeu_epi8(o.cast(), lanes, v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(len: usize, seed: u32) -> Vec<u8> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 20) as u8
+            })
+            .collect()
+    }
+
+    /// The convolution tap by tap, NHWC in and out.
+    fn reference(p: &Conv2d, x: &[u8], zx: u8, w: &[i8]) -> Vec<i32> {
+        let taps = p.kh * p.kw;
+        let mut out = vec![0i32; p.n * p.oh * p.ow * p.m];
+        for img in 0..p.n {
+            for oy in 0..p.oh {
+                for ox in 0..p.ow {
+                    let r = (img * p.oh + oy) * p.ow + ox;
+                    for j in 0..p.m {
+                        let mut s = 0i32;
+                        for t in 0..taps {
+                            let (ky, kx) = (t / p.kw, t % p.kw);
+                            let iy = (oy * p.sh + ky * p.dh) as isize - p.pt as isize;
+                            let ix = (ox * p.sw + kx * p.dw) as isize - p.pl as isize;
+                            for c in 0..p.c {
+                                let v =
+                                    if iy < 0 || ix < 0 || iy >= p.h as isize || ix >= p.w as isize
+                                    {
+                                        zx
+                                    } else {
+                                        x[((img * p.h + iy as usize) * p.w + ix as usize) * p.c + c]
+                                    };
+                                s += (v as i32 - zx as i32) * w[(t * p.c + c) * p.m + j] as i32;
+                            }
+                        }
+                        out[r * p.m + j] = s;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_the_tap_by_tap_convolution() {
+        // (n, c, h, w, m, k, stride, dilation, pad top-left, bottom-right)
+        let cases = [
+            (2, 8, 5, 6, 20, 3, 1, 1, 1, 1),
+            (1, 4, 7, 7, 70, 3, 2, 1, 1, 0),
+            (3, 12, 6, 5, 16, 1, 1, 1, 0, 0),
+            (1, 16, 9, 9, 33, 3, 1, 2, 2, 2),
+            (2, 4, 4, 4, 5, 2, 2, 1, 0, 1),
+            (1, 64, 3, 3, 64, 3, 1, 1, 1, 1),
+            // Weights over L2_WEIGHTS: read in blocks of panels.
+            (1, 128, 4, 4, 260, 3, 1, 1, 1, 1),
+        ];
+        for (n, c, h, w, m, k, s, d, pad, extra) in cases {
+            let out = |len: usize| (len + pad + extra - d * (k - 1) - 1) / s + 1;
+            let p = Conv2d {
+                n,
+                c,
+                h,
+                w,
+                m,
+                kh: k,
+                kw: k,
+                sh: s,
+                sw: s,
+                dh: d,
+                dw: d,
+                pt: pad,
+                pl: pad,
+                oh: out(h),
+                ow: out(w),
+                groups: 1,
+            };
+            let x = bytes(n * h * w * c, 3);
+            let wt: Vec<i8> = bytes(k * k * c * m, 7).iter().map(|&b| b as i8).collect();
+            let packed = PackedB::new(k * k * c, m, &wt, (m, 1), &[0i8]);
+            // Scales that spread the sums over the whole range and past it, and a NaN offset.
+            let scale = 0.5 / (k * k * c) as f32;
+            let mult: Vec<f32> = (0..m).map(|j| scale * (1 + j % 5) as f32).collect();
+            let mut offset: Vec<f32> = (0..m).map(|j| j as f32 * 0.75 - 20.0).collect();
+            offset[m / 2] = f32::NAN;
+            let ranges = [
+                (0u8, 0.0, 0.0, 255.0),
+                (131, 3.0, 3.0, 255.0),
+                (255, -5.0, -128.0, 127.0),
+            ];
+            for (zx, zero, lo, hi) in ranges {
+                let rq = Requantize {
+                    mult: &mult,
+                    offset: &offset,
+                    zero,
+                    lo,
+                    hi,
+                };
+                let sums = reference(&p, &x, zx, &wt);
+                let want: Vec<u8> = (sums.iter().enumerate())
+                    .map(|(i, &v)| rq.value(i % m, v) as u8)
+                    .collect();
+                assert!(want.iter().any(|&v| v != want[0]), "outputs that vary");
+                for threads in [1, 3] {
+                    let mut got = vec![7u8; want.len()];
+                    qconv_nhwc(threads, &p, &x, zx, &packed, &rq, &mut got);
+                    assert_eq!(got, want, "{p:?} zx {zx} on {threads} threads");
+                }
+                let mut got = vec![7u8; want.len()];
+                let rows = 0..n * p.oh * p.ow;
+                let image = Image {
+                    p: &p,
+                    x: &x,
+                    pad: &vec![zx; c],
+                    zx,
+                };
+                let panels = 0..packed.panels;
+                for block in panels.clone().step_by(NP) {
+                    let ps = block..(block + NP).min(packed.panels);
+                    let out = SharedOut(got.as_mut_ptr());
+                    portable_tiles(&image, &packed, rows.clone(), ps, &rq, out);
+                }
+                assert_eq!(got, want, "portable {p:?} zx {zx}");
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_compute() {
+        let p = Conv2d {
+            n: 1,
+            c: 3,
+            h: 4,
+            w: 4,
+            m: 8,
+            kh: 1,
+            kw: 1,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            oh: 4,
+            ow: 4,
+            groups: 1,
+            ..Default::default()
+        };
+        let w = PackedB::new(3, 8, &[1i8; 24], (8, 1), &[0i8]);
+        assert!(!applies(&p, &w), "3 channels: not whole groups of 4");
+        let p4 = Conv2d { c: 4, ..p };
+        assert!(applies(
+            &p4,
+            &PackedB::new(4, 8, &[1i8; 32], (8, 1), &[0i8])
+        ));
+        let shifted = PackedB::new(4, 8, &[1i8; 32], (8, 1), &[3i8]);
+        assert!(!applies(&p4, &shifted), "a weight zero point");
+    }
+}
