@@ -155,6 +155,7 @@ struct Image<'a> {
 impl Image<'_> {
     /// Where output row `r`'s window starts: the image's first byte, and the top-left tap's
     /// input row and column (negative over the padding).
+    #[inline(always)]
     fn origin(&self, r: usize) -> (usize, isize, isize) {
         let p = self.p;
         let (img, pos) = (r / (p.oh * p.ow), r % (p.oh * p.ow));
@@ -167,6 +168,7 @@ impl Image<'_> {
     }
 
     /// The `C` bytes tap `(ky, kx)` of the window at `origin` reads.
+    #[inline(always)]
     fn tap(&self, (base, y0, x0): (usize, isize, isize), ky: usize, kx: usize) -> &[u8] {
         let p = self.p;
         let (iy, ix) = (y0 + (ky * p.dh) as isize, x0 + (kx * p.dw) as isize);

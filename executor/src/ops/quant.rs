@@ -894,10 +894,13 @@ fn im2col_row<T: Int8>(p: &Conv2d, x: &[T], row: usize, zero: T, dst: &mut [T]) 
             let hi = (p.w + p.pl).saturating_sub(off).min(p.ow);
             d[lo..hi].copy_from_slice(&src[lo + off - p.pl..hi + off - p.pl]);
         } else {
-            for (ox, d) in d.iter_mut().enumerate() {
-                let ix = (ox * p.sw + off).wrapping_sub(p.pl);
-                if ix < p.w {
-                    *d = src[ix];
+            // ix = ox·sw + off - pl, valid for ox in lo..hi.
+            let lo = p.pl.saturating_sub(off).div_ceil(p.sw).min(p.ow);
+            let hi = (p.w + p.pl).saturating_sub(off).div_ceil(p.sw).min(p.ow);
+            if lo < hi {
+                let from = lo * p.sw + off - p.pl;
+                for (d, &v) in d[lo..hi].iter_mut().zip(src[from..].iter().step_by(p.sw)) {
+                    *d = v;
                 }
             }
         }
