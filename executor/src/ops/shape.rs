@@ -476,12 +476,57 @@ pub fn transpose(x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
         return shape_err(format!("Transpose perm {perm:?} for rank {r}"));
     }
     let out: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    if let Some((batch, rows, cols)) = matrix_transposes(&x.shape, &perm) {
+        return Ok(Tensor {
+            data: map_data!(&x.data, v => transpose_matrices(v, batch, rows, cols)),
+            shape: out,
+        });
+    }
     let st = strides(&x.shape);
     let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
     Ok(Tensor {
         data: map_data!(&x.data, v => permute(v, &out, &pst)),
         shape: out,
     })
+}
+
+/// `perm` as `batch` transposes of `rows × cols` matrices, when it is one: axes `..k` kept,
+/// then the axes from `j` on, then those from `k` to `j` (NCHW to NHWC is `[0, 2, 3, 1]`:
+/// `C × HW` matrices; back is `[0, 3, 1, 2]`), and both sides longer than one.
+fn matrix_transposes(shape: &[usize], perm: &[usize]) -> Option<(usize, usize, usize)> {
+    let r = perm.len();
+    let k = perm
+        .iter()
+        .enumerate()
+        .take_while(|&(i, &p)| i == p)
+        .count();
+    let j = *perm.get(k)?;
+    let moved = (j..r).chain(k..j);
+    if j <= k || perm[k..].iter().copied().ne(moved) {
+        return None;
+    }
+    let product = |axes: &[usize]| axes.iter().product::<usize>();
+    let (rows, cols) = (product(&shape[k..j]), product(&shape[j..]));
+    (rows > 1 && cols > 1).then(|| (product(&shape[..k]), rows, cols))
+}
+
+/// Each `rows × cols` matrix of `src` transposed, in tiles that stay in cache.
+fn transpose_matrices<T: Copy>(src: &[T], batch: usize, rows: usize, cols: usize) -> Vec<T> {
+    const TILE: usize = 32;
+    let size = rows * cols;
+    let mut dst = src[..batch * size].to_vec();
+    for (s, d) in src.chunks_exact(size).zip(dst.chunks_exact_mut(size)) {
+        for r0 in (0..rows).step_by(TILE) {
+            for c0 in (0..cols).step_by(TILE) {
+                for r in r0..(r0 + TILE).min(rows) {
+                    for c in c0..(c0 + TILE).min(cols) {
+                        d[c * rows + r] = s[r * cols + c];
+                    }
+                }
+            }
+        }
+    }
+    dst
 }
 
 /// The elements of `src` in the order of an `out`-shaped walk whose axis `a` steps `pst[a]`
@@ -1120,6 +1165,34 @@ fn window(size: &Tensor, w: Window, periodic: bool, dtype: DType) -> OpResult<Te
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transposes_of_whole_axis_groups_match_the_element_walk() {
+        let shape = [2, 3, 37, 35];
+        let x: Vec<u8> = (0..2 * 3 * 37 * 35).map(|i| (i * 7 % 251) as u8).collect();
+        let t = Tensor::new(shape.to_vec(), Data::U8(x.clone())).unwrap();
+        for perm in [
+            [0, 2, 3, 1],
+            [0, 3, 1, 2],
+            [1, 2, 3, 0],
+            [2, 3, 0, 1],
+            [0, 1, 3, 2],
+        ] {
+            assert!(matrix_transposes(&shape, &perm).is_some(), "{perm:?}");
+            let st = strides(&shape);
+            let out: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+            let y = transpose(&t, Some(&perm)).unwrap();
+            assert_eq!(y.shape, out);
+            assert_eq!(y.data, Data::U8(permute(&x, &out, &pst)), "{perm:?}");
+        }
+        // Not whole groups swapped: the element walk.
+        for perm in [[0, 2, 1, 3], [3, 2, 1, 0], [0, 1, 2, 3]] {
+            assert!(matrix_transposes(&shape, &perm).is_none(), "{perm:?}");
+        }
+        // A side of one: nothing moves.
+        assert!(matrix_transposes(&[4, 1, 5], &[0, 2, 1]).is_none());
+    }
 
     #[test]
     fn windows_are_symmetric_or_periodic_and_refuse_bad_sizes() {

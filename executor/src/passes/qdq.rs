@@ -934,11 +934,12 @@ mod tests {
 
     #[test]
     fn a_chain_of_nhwc_convolutions_and_adds_transposes_only_at_its_ends() {
-        // x -> conv a -> conv b; Q(DQ(a) + DQ(b)) -> conv c -> out.
+        // x -> conv a -> conv b, x -> conv a2; Q(DQ(b) + DQ(a2)) -> conv c -> out.
         let mut g = G::new();
         let x = g.input("x", DType::U8, &[2, 4, 5, 6]);
         let a = qdq_conv(&mut g, x, 4, 8, 0.2, 1);
         let b = qdq_conv(&mut g, a, 8, 8, 0.2, 2);
+        let a = qdq_conv(&mut g, x, 4, 8, 0.2, 4);
         let (s, z) = (
             g.constant(Tensor::scalar_f32(0.05)),
             g.constant(t(&[], Data::U8(vec![3]))),
@@ -960,7 +961,16 @@ mod tests {
         let (names, want, got) = run_both(g.output(out), &|| {
             vec![("x".into(), t(&[2, 4, 5, 6], Data::U8(bytes(2 * 4 * 30, 9))))]
         });
-        let expected = ["Transpose", "QConv", "QConv", "QAdd", "QConv", "Transpose"];
+        // x is transposed once for both convolutions that read it.
+        let expected = [
+            "Transpose",
+            "QConv",
+            "QConv",
+            "QConv",
+            "QAdd",
+            "QConv",
+            "Transpose",
+        ];
         assert_eq!(names, expected);
         assert_eq!(want.shape, [2, 4, 5, 6]);
         let (Data::U8(want), Data::U8(got)) = (&want.data, &got.data) else {

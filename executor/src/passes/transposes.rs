@@ -1,7 +1,8 @@
 //! Transposes that undo each other cancel, and elementwise 8-bit adds move behind transposes
 //! of both their inputs. The QDQ pass wraps each NHWC quantized convolution in a transpose
 //! from NCHW and one back; with these rewrites a chain of them (residual adds included) keeps
-//! its activations NHWC from its first convolution to its last.
+//! its activations NHWC from its first convolution to its last. A transpose repeated on the
+//! same value (one for each convolution reading it) is done once.
 
 use super::remove_dead;
 use crate::graph::{Graph, Node};
@@ -11,7 +12,7 @@ use crate::ops::shape::ShapeOp;
 
 pub fn cancel_transposes(g: &mut Graph) {
     let mut changed = false;
-    while hoist_add(g) || cancel_pair(g) {
+    while hoist_add(g) || cancel_pair(g) || merge_repeat(g) {
         changed = true;
     }
     if changed {
@@ -56,6 +57,33 @@ fn cancel_pair(g: &mut Graph) -> bool {
         for node in &mut g.nodes {
             for input in node.inputs.iter_mut().filter(|i| **i == Some(out)) {
                 *input = Some(src);
+            }
+        }
+        return true;
+    }
+    false
+}
+
+/// Rewires the readers of a Transpose that repeats an earlier one (the same input and perm)
+/// to the earlier one's output; whether it found one.
+fn merge_repeat(g: &mut Graph) -> bool {
+    let uses = g.use_counts();
+    for (i, later) in g.nodes.iter().enumerate() {
+        let (Some(p), Some(&out)) = (perm(later), later.outputs.first()) else {
+            continue;
+        };
+        if uses[out] == 0 || g.outputs.contains(&out) {
+            continue;
+        }
+        let earlier = g.nodes[..i]
+            .iter()
+            .find(|n| perm(n) == Some(p) && n.inputs == later.inputs);
+        let Some(&first) = earlier.and_then(|n| n.outputs.first()) else {
+            continue;
+        };
+        for node in &mut g.nodes {
+            for input in node.inputs.iter_mut().filter(|v| **v == Some(out)) {
+                *input = Some(first);
             }
         }
         return true;
