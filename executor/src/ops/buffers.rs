@@ -3,21 +3,27 @@
 //! fresh pages nor zero memory.
 //!
 //! Only buffers that get reused are worth their memory. A buffer that lay in the pool through a
-//! whole run without being taken is freed when the next run ends ([`BufferPool::end_run`]), and
-//! the pool never holds more than [`MAX_BUFFERS`]; beyond that the smallest goes (the large ones
-//! are the expensive ones to get back).
+//! whole run without being taken is freed when the next run ends ([`BufferPool::end_run`]); a
+//! pool no op took from in the last run keeps nothing; and the pool never holds more than
+//! [`MAX_BUFFERS`], beyond which the smallest goes (the large ones are the expensive ones to get
+//! back).
 
 /// Most buffers the pool keeps.
 pub const MAX_BUFFERS: usize = 12;
 
 pub struct BufferPool<T> {
     entries: Vec<Entry<T>>,
+    /// Whether an op asked for a buffer in this run, and in the last one.
+    taken: bool,
+    taken_before: bool,
 }
 
 impl<T> Default for BufferPool<T> {
     fn default() -> Self {
         BufferPool {
             entries: Vec::new(),
+            taken: false,
+            taken_before: false,
         }
     }
 }
@@ -32,6 +38,7 @@ impl<T: Copy + Default> BufferPool<T> {
     /// A buffer of length `n` with unspecified (but initialised) contents: a pooled one when one
     /// is big enough and not wastefully large, else a fresh zeroed one.
     pub fn take(&mut self, n: usize) -> Vec<T> {
+        self.taken = true;
         // Of the buffers that fit, the one with the least to fill in (elements past its
         // initialised length), then the smallest.
         let best = self
@@ -53,6 +60,9 @@ impl<T: Copy + Default> BufferPool<T> {
 
     /// Takes back a buffer nothing reads any more.
     pub fn put(&mut self, buf: Vec<T>) {
+        if !(self.taken || self.taken_before) {
+            return;
+        }
         self.entries.push(Entry { buf, idle: false });
         if self.entries.len() > MAX_BUFFERS {
             let smallest = (0..self.entries.len()).min_by_key(|&i| self.entries[i].buf.capacity());
@@ -64,6 +74,7 @@ impl<T: Copy + Default> BufferPool<T> {
 
     /// Marks the end of a run: frees the buffers that lay here through the whole of it.
     pub fn end_run(&mut self) {
+        self.taken_before = std::mem::take(&mut self.taken);
         self.entries.retain(|e| !e.idle);
         for e in &mut self.entries {
             e.idle = true;
@@ -108,8 +119,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pool_nothing_takes_from_keeps_nothing() {
+        let mut pool = BufferPool::<u8>::default();
+        for _ in 0..3 {
+            pool.put(vec![0; 1 << 16]);
+            assert_eq!(pool.bytes(), 0);
+            pool.end_run();
+        }
+        let _ = pool.take(10);
+        pool.put(vec![0; 1 << 16]);
+        assert_eq!(pool.bytes(), 1 << 16, "kept once an op takes buffers");
+    }
+
+    #[test]
     fn a_buffer_no_run_takes_is_freed_after_the_next_run() {
         let mut pool = BufferPool::<f32>::default();
+        let _ = pool.take(1);
         pool.put(vec![0.0; 1 << 16]);
         pool.end_run();
         assert_eq!(
@@ -124,6 +149,7 @@ mod tests {
     #[test]
     fn a_buffer_taken_and_returned_each_run_stays() {
         let mut pool = BufferPool::<f32>::default();
+        let _ = pool.take(1);
         pool.put(vec![1.0; 4096]);
         for _ in 0..5 {
             pool.end_run();
@@ -138,6 +164,7 @@ mod tests {
     #[test]
     fn only_buffers_that_fit_without_waste_are_handed_out() {
         let mut pool = BufferPool::<f32>::default();
+        let _ = pool.take(1);
         pool.put(vec![0.0; 100_000]);
         assert_eq!(
             pool.take(1000).capacity(),
@@ -156,6 +183,7 @@ mod tests {
     #[test]
     fn the_pool_keeps_the_largest_buffers_up_to_its_count() {
         let mut pool = BufferPool::<f32>::default();
+        let _ = pool.take(1);
         for i in 0..MAX_BUFFERS + 3 {
             pool.put(vec![0.0; 1000 * (i + 1)]);
         }

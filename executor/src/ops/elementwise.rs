@@ -221,7 +221,8 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
             return Err(OpError::DType(format!("{u:?} on {:?}", x.dtype())));
         }
         (Data::F32(v), _) => {
-            let mut out = v.clone();
+            let mut out = cx.take_f32(v.len());
+            out.copy_from_slice(v);
             match u.as_activation() {
                 Some(a) => a.apply_slice(cx.threads, &mut out),
                 None => map_inplace(cx.threads, &mut out, move |x| u.f32(x)),
