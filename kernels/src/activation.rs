@@ -65,19 +65,18 @@ impl Finish {
 }
 
 /// `x = act(x + bias)` over a slice on the calling thread: the epilogue of the convolution
-/// kernels, run on a block still in cache. Vectorised 8 wide when the CPU has AVX2 (detected
-/// at run time; the crate itself targets baseline x86-64), with the same results either way.
+/// kernels, run on a block still in cache. Vectorised as wide as the CPU allows ([`wide`]), with
+/// the same results either way.
+///
+/// [`wide`]: crate::wide::wide
 pub fn bias_act(data: &mut [f32], bias: Option<f32>, act: Option<Activation>) {
     if bias.is_none() && act.is_none() {
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        unsafe { bias_act_avx2(data, bias, act) };
-        return;
-    }
-    bias_act_body(data, bias, act)
+    crate::wide::wide(
+        #[inline(always)]
+        || bias_act_body(data, bias, act),
+    )
 }
 
 /// Whether this CPU has AVX2 and FMA (cached by the standard library).
@@ -85,12 +84,6 @@ pub fn bias_act(data: &mut [f32], bias: Option<f32>, act: Option<Activation>) {
 #[inline]
 pub(crate) fn avx2_fma() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn bias_act_avx2(data: &mut [f32], bias: Option<f32>, act: Option<Activation>) {
-    bias_act_body(data, bias, act)
 }
 
 /// Matching outside the loops lets each arm vectorise.

@@ -17,20 +17,11 @@ fn rows(threads: usize, data: &mut [f32], len: usize, f: impl Fn(&mut [f32]) + S
 /// Softmax (or log-softmax) of every contiguous row of length `len`, in place.
 pub fn softmax_rows(threads: usize, data: &mut [f32], len: usize, log: bool) {
     rows(threads, data, len, |r| {
-        #[cfg(target_arch = "x86_64")]
-        if crate::activation::avx2_fma() {
-            // SAFETY: the CPU has AVX2 and FMA.
-            unsafe { softmax_row_avx2(r, log) };
-            return;
-        }
-        softmax_row(r, log)
+        crate::wide::wide(
+            #[inline(always)]
+            || softmax_row(r, log),
+        )
     });
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_row_avx2(r: &mut [f32], log: bool) {
-    softmax_row(r, log)
 }
 
 #[inline(always)]
@@ -61,20 +52,11 @@ pub fn layer_norm_rows(
         assert_eq!(b.len(), len, "layer norm bias length");
     }
     rows(threads, data, len, |r| {
-        #[cfg(target_arch = "x86_64")]
-        if crate::activation::avx2_fma() {
-            // SAFETY: the CPU has AVX2 and FMA.
-            unsafe { layer_norm_row_avx2(r, gamma, beta, eps) };
-            return;
-        }
-        layer_norm_row(r, gamma, beta, eps)
+        crate::wide::wide(
+            #[inline(always)]
+            || layer_norm_row(r, gamma, beta, eps),
+        )
     });
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn layer_norm_row_avx2(r: &mut [f32], gamma: &[f32], beta: Option<&[f32]>, eps: f32) {
-    layer_norm_row(r, gamma, beta, eps)
 }
 
 /// A row's mean and inverse standard deviation, `1 / sqrt(var + eps)`: what layer

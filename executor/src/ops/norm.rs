@@ -157,7 +157,8 @@ pub fn softmax(cx: &Cx, x: &Tensor, axis: i64, log: bool, legacy: bool) -> OpRes
     if let Data::F64(v) = &x.data {
         return softmax_f64(x, v, axis, log, legacy);
     }
-    let mut out = x.as_f32()?.to_vec();
+    let mut out = cx.take_f32(x.len());
+    out.copy_from_slice(x.as_f32()?);
     // No rows to normalise (and rows of length 0 would split nothing).
     if out.is_empty() {
         return Tensor::f32(x.shape.clone(), out);

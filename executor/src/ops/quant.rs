@@ -219,7 +219,7 @@ impl QuantOp {
                     opt_input(inputs, 2),
                 )?]
             }
-            QuantOp::DynamicQuantize => dynamic_quantize(x)?,
+            QuantOp::DynamicQuantize => dynamic_quantize(cx, x)?,
             QuantOp::MatMulInteger => {
                 let b = input(inputs, 1)?;
                 let (acc, shape) =
@@ -550,9 +550,14 @@ fn quantize_f32(
             let mut y = vec![0i8; xv.len()];
             for (r, (y, x)) in y.chunks_mut(run).zip(xv.chunks(run)).enumerate() {
                 let (s, z) = (sv[param(r)], zv[param(r)]);
-                for (y, &x) in y.iter_mut().zip(x) {
-                    *y = quantize_value(x, s, z, lo, hi) as i8;
-                }
+                wide(
+                    #[inline(always)]
+                    || {
+                        for (y, &x) in y.iter_mut().zip(x) {
+                            *y = quantize_value(x, s, z, lo, hi) as i8;
+                        }
+                    },
+                );
             }
             Data::I8(y)
         }
@@ -560,9 +565,14 @@ fn quantize_f32(
             let mut y = vec![0u8; xv.len()];
             for (r, (y, x)) in y.chunks_mut(run).zip(xv.chunks(run)).enumerate() {
                 let (s, z) = (sv[param(r)], zv[param(r)]);
-                for (y, &x) in y.iter_mut().zip(x) {
-                    *y = quantize_value(x, s, z, lo, hi) as u8;
-                }
+                wide(
+                    #[inline(always)]
+                    || {
+                        for (y, &x) in y.iter_mut().zip(x) {
+                            *y = quantize_value(x, s, z, lo, hi) as u8;
+                        }
+                    },
+                );
             }
             Data::U8(y)
         }
@@ -657,27 +667,37 @@ fn dequantize(
 }
 
 /// uint8 quantization of `x` over its own range widened to include 0: `[y, scale, zero point]`.
-fn dynamic_quantize(x: &Tensor) -> OpResult<Vec<Tensor>> {
+fn dynamic_quantize(cx: &Cx, x: &Tensor) -> OpResult<Vec<Tensor>> {
     let v = x.as_f32()?;
     // In 16 lanes, so that it vectorises: max and min ignore NaN, so any order gives the
     // sequential fold's result.
     let (mut hi, mut lo) = ([0.0f32; 16], [0.0f32; 16]);
     let chunks = v.chunks_exact(16);
     let tail = chunks.remainder();
-    for c in chunks {
-        for l in 0..16 {
-            hi[l] = hi[l].max(c[l]);
-            lo[l] = lo[l].min(c[l]);
-        }
-    }
+    wide(
+        #[inline(always)]
+        || {
+            for c in chunks {
+                for l in 0..16 {
+                    hi[l] = hi[l].max(c[l]);
+                    lo[l] = lo[l].min(c[l]);
+                }
+            }
+        },
+    );
     let max = tail.iter().chain(&hi).fold(0.0f32, |m, &e| m.max(e));
     let min = tail.iter().chain(&lo).fold(0.0f32, |m, &e| m.min(e));
     let scale = if max == min { 1.0 } else { max - min } / 255.0;
     let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
-    let y = v
-        .iter()
-        .map(|&e| quantize_value(e, scale, zp, 0.0, 255.0) as u8)
-        .collect();
+    let mut y = cx.take_u8(v.len());
+    wide(
+        #[inline(always)]
+        || {
+            for (y, &e) in y.iter_mut().zip(v) {
+                *y = quantize_value(e, scale, zp, 0.0, 255.0) as u8;
+            }
+        },
+    );
     Ok(vec![
         Tensor::new(x.shape.clone(), Data::U8(y))?,
         Tensor::scalar_f32(scale),
@@ -1400,7 +1420,7 @@ mod tests {
     #[test]
     fn dynamic_quantization_spans_zero() {
         let x = Tensor::f32(vec![3], vec![1.0, 2.0, 2.55]).unwrap();
-        let out = dynamic_quantize(&x).unwrap();
+        let out = dynamic_quantize(&Cx::new(1), &x).unwrap();
         assert_eq!(out[0].data, Data::U8(vec![100, 200, 255]));
         assert_eq!(out[1].as_f32().unwrap(), &[0.01]);
         assert_eq!(out[2].data, Data::U8(vec![0]));
