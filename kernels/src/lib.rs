@@ -22,6 +22,18 @@ pub mod qconv;
 pub mod qgemm;
 pub mod wide;
 
+/// Seeded pseudo-random bytes for the kernels' tests.
+#[cfg(test)]
+pub(crate) fn test_bytes(len: usize, seed: u32) -> Vec<u8> {
+    let mut s = seed;
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 20) as u8
+        })
+        .collect()
+}
+
 /// For a test of an AVX-512 path: whether to skip it on this CPU, which it prints. With
 /// `COTENANT_REQUIRE_AVX512` set, a CPU without `what` fails the test instead, so a machine
 /// that should run these paths cannot pass them silently.

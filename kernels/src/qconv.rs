@@ -353,15 +353,7 @@ unsafe fn tile<const R: usize, const P: usize, O: Byte>(
 mod tests {
     use super::*;
 
-    fn bytes(len: usize, seed: u32) -> Vec<u8> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 20) as u8
-            })
-            .collect()
-    }
+    use crate::test_bytes as bytes;
 
     /// The convolution tap by tap, NHWC in and out.
     fn reference(p: &Conv2d, x: &[u8], zx: u8, w: &[i8]) -> Vec<i32> {

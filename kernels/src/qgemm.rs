@@ -611,15 +611,7 @@ mod tests {
     use super::*;
     use crate::igemm::igemm_reference;
 
-    fn bytes(len: usize, seed: u32) -> Vec<u8> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 20) as u8
-            })
-            .collect()
-    }
+    use crate::test_bytes as bytes;
 
     /// The reference igemm on centred operands.
     fn reference<A: Int8 + Into<i32>, B: Int8 + Into<i32>>(

@@ -54,14 +54,19 @@ fn cancel_pair(g: &mut Graph) -> bool {
         if !undoes || uses[out] == 0 || g.outputs.contains(&out) {
             continue;
         }
-        for node in &mut g.nodes {
-            for input in node.inputs.iter_mut().filter(|i| **i == Some(out)) {
-                *input = Some(src);
-            }
-        }
+        rewire(g, out, src);
         return true;
     }
     false
+}
+
+/// Makes every node that reads `from` read `to` instead.
+fn rewire(g: &mut Graph, from: usize, to: usize) {
+    for node in &mut g.nodes {
+        for input in node.inputs.iter_mut().filter(|i| **i == Some(from)) {
+            *input = Some(to);
+        }
+    }
 }
 
 /// Rewires the readers of a Transpose that repeats an earlier one (the same input and perm)
@@ -81,11 +86,7 @@ fn merge_repeat(g: &mut Graph) -> bool {
         let Some(&first) = earlier.and_then(|n| n.outputs.first()) else {
             continue;
         };
-        for node in &mut g.nodes {
-            for input in node.inputs.iter_mut().filter(|v| **v == Some(out)) {
-                *input = Some(first);
-            }
-        }
+        rewire(g, out, first);
         return true;
     }
     false
