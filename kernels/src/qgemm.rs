@@ -167,10 +167,11 @@ impl PackedB {
         assert_eq!(rows.len(), k * n, "pack_rows operand size");
         self.begin(k, n, zb);
         for g in 0..k.div_ceil(4) {
-            let group: Vec<&[T]> = (4 * g..(4 * g + 4).min(k))
-                .map(|p| &rows[p * n..(p + 1) * n])
-                .collect();
-            self.store_group(g, &group);
+            let count = (k - 4 * g).min(4);
+            // Slots past `count` repeat the last row; only the first `count` are stored.
+            let group: [&[T]; 4] =
+                std::array::from_fn(|q| &rows[(4 * g + q.min(count - 1)) * n..][..n]);
+            self.store_group(g, &group[..count]);
         }
     }
 
@@ -191,8 +192,8 @@ impl PackedB {
             for (p, row) in ps.clone().zip(rows.chunks_exact_mut(n.max(1))) {
                 fill(p, row);
             }
-            let group: Vec<&[T]> = rows.chunks_exact(n.max(1)).take(ps.len()).collect();
-            self.store_group(g, &group);
+            let group: [&[T]; 4] = std::array::from_fn(|q| &rows[q * n..(q + 1) * n]);
+            self.store_group(g, &group[..ps.len()]);
         }
     }
 

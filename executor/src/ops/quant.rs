@@ -18,7 +18,7 @@ use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_numel, f16};
 use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
-use cotenant_kernels::qconv::{self, Byte, Requantize, applies as nhwc_applies};
+use cotenant_kernels::qconv::{self, Byte, Requantize, applies as nhwc_applies, round_even};
 use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm, qgemm_map};
 use cotenant_kernels::wide::wide;
 use std::sync::Arc;
@@ -471,14 +471,6 @@ fn quantize(
     Tensor::new(x.shape.clone(), data)
 }
 
-/// `x` rounded half to even, for `|x| <= 2^22`: adding and taking away 1.5·2^23 leaves no
-/// fraction bits, and the addition rounds as the FPU does (to nearest, ties to even). Unlike
-/// `round_ties_even` it needs no SSE4.1 (no libm call per element on baseline x86-64).
-fn round_even(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0;
-    (x + MAGIC) - MAGIC
-}
-
 /// `clamp(round(x / scale) + zero, lo, hi)` in f32, as the reference works it for f32 `x / scale`
 /// (an f32 quotient is the f64 one rounded to f32): quotients past ±2^22 are clamped first,
 /// where every zero point saturates them the same way, and NaN becomes 0 as there.
@@ -494,17 +486,6 @@ fn quantize_value(x: f32, scale: f32, zero: f32, lo: f32, hi: f32) -> i32 {
     let v = if q.is_nan() { 0.0 } else { v };
     // SAFETY: v is finite and within lo..=hi, a range of 8-bit values.
     unsafe { v.to_int_unchecked::<i32>() }
-}
-
-/// `round(v) + zero` clamped to `lo..=hi` (integers), as `i32`: the requantization of one sum.
-/// `v` is clamped first (round and clamp commute at integer bounds), which also keeps the loop
-/// free of `clamp`'s checks and saturating casts so that it vectorises.
-#[allow(clippy::manual_clamp)] // as quantize_value
-fn requantize_value(v: f32, zero: f32, lo: f32, hi: f32) -> i32 {
-    // max/min return the other operand for NaN, so the result is always in range.
-    let r = round_even(v.max(lo - zero).min(hi - zero)) + zero;
-    // SAFETY: r is finite and within lo..=hi, a range of 8-bit values.
-    unsafe { r.to_int_unchecked::<i32>() }
 }
 
 /// Elements per parameter run and the parameter count of a per-tensor or per-axis layout
@@ -540,43 +521,34 @@ fn quantize_f32(
         Some(z) => z.iter().map(|&z| z as f32).collect(),
         None => vec![0.0; sv.len()],
     };
-    let (lo, hi) = match dtype {
-        DType::I8 => (-128.0, 127.0),
-        _ => (0.0, 255.0),
-    };
     let param = |r: usize| if sv.len() == 1 { 0 } else { r % count };
+    let params = |r: usize| (sv[param(r)], zv[param(r)]);
     Ok(Some(match dtype {
-        DType::I8 => {
-            let mut y = vec![0i8; xv.len()];
-            for (r, (y, x)) in y.chunks_mut(run).zip(xv.chunks(run)).enumerate() {
-                let (s, z) = (sv[param(r)], zv[param(r)]);
-                wide(
-                    #[inline(always)]
-                    || {
-                        for (y, &x) in y.iter_mut().zip(x) {
-                            *y = quantize_value(x, s, z, lo, hi) as i8;
-                        }
-                    },
-                );
-            }
-            Data::I8(y)
-        }
-        _ => {
-            let mut y = vec![0u8; xv.len()];
-            for (r, (y, x)) in y.chunks_mut(run).zip(xv.chunks(run)).enumerate() {
-                let (s, z) = (sv[param(r)], zv[param(r)]);
-                wide(
-                    #[inline(always)]
-                    || {
-                        for (y, &x) in y.iter_mut().zip(x) {
-                            *y = quantize_value(x, s, z, lo, hi) as u8;
-                        }
-                    },
-                );
-            }
-            Data::U8(y)
-        }
+        DType::I8 => Data::I8(quantize_runs(xv, run, params)),
+        _ => Data::U8(quantize_runs(xv, run, params)),
     }))
+}
+
+/// [`quantize_value`] of `x` in runs of `run` values, run `r` by `params(r)` (scale, zero).
+fn quantize_runs<Y: Requantized>(
+    x: &[f32],
+    run: usize,
+    params: impl Fn(usize) -> (f32, f32),
+) -> Vec<Y> {
+    let (lo, hi) = Y::RANGE;
+    let mut y = vec![Y::default(); x.len()];
+    for (r, (y, x)) in y.chunks_mut(run).zip(x.chunks(run)).enumerate() {
+        let (s, z) = params(r);
+        wide(
+            #[inline(always)]
+            || {
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = Y::from_i32(quantize_value(x, s, z, lo, hi));
+                }
+            },
+        );
+    }
+    y
 }
 
 /// DequantizeLinear of int8 or uint8 by f32 scales to f32, per tensor or per axis: the
@@ -980,7 +952,7 @@ fn qconv_nhwc(cx: &Cx, q: &QConv, w: &PackedB, x: &Tensor) -> OpResult<Tensor> {
     Tensor::new(shape, data)
 }
 
-fn qconv_nhwc_into<Y: Requantized + Byte>(
+fn qconv_nhwc_into<Y: Requantized>(
     cx: &Cx,
     q: &QConv,
     p: &Conv2d,
@@ -988,41 +960,45 @@ fn qconv_nhwc_into<Y: Requantized + Byte>(
     x: &[u8],
     total: usize,
 ) -> Vec<Y> {
+    let mut y = Y::buffer(cx, total);
+    qconv::qconv_nhwc(
+        cx.threads,
+        p,
+        x,
+        q.x_zero,
+        w,
+        &requantization::<Y>(q),
+        &mut y,
+    );
+    y
+}
+
+/// How `q`'s sums become its output values of type `Y`.
+fn requantization<Y: Requantized>(q: &QConv) -> Requantize<'_> {
     let (lo, hi) = Y::RANGE;
-    let rq = Requantize {
+    Requantize {
         mult: &q.mult,
         offset: &q.offset,
         zero: q.y_zero,
         lo: if q.relu { q.y_zero.max(lo) } else { lo },
         hi,
-    };
-    let mut y = Y::buffer(cx, total);
-    qconv::qconv_nhwc(cx.threads, p, x, q.x_zero, w, &rq, &mut y);
-    y
+    }
 }
 
 /// An 8-bit output type, as the requantization writes it.
-trait Requantized: Copy + Default + Send + Sync {
+trait Requantized: Byte + Default {
     const RANGE: (f32, f32);
-    /// From a value already in range.
-    fn from_i32(v: i32) -> Self;
     /// A buffer of `n` values to write every one of: a recycled one where `cx` has one.
     fn buffer(cx: &Cx, n: usize) -> Vec<Self>;
 }
 impl Requantized for u8 {
     const RANGE: (f32, f32) = (0.0, 255.0);
-    fn from_i32(v: i32) -> u8 {
-        v as u8
-    }
     fn buffer(cx: &Cx, n: usize) -> Vec<u8> {
         cx.take_u8(n)
     }
 }
 impl Requantized for i8 {
     const RANGE: (f32, f32) = (-128.0, 127.0);
-    fn from_i32(v: i32) -> i8 {
-        v as i8
-    }
     fn buffer(_: &Cx, n: usize) -> Vec<i8> {
         vec![0; n]
     }
@@ -1049,14 +1025,8 @@ fn qconv_images<T: Int8, Y: Requantized>(
     if total == 0 {
         return y;
     }
-    let (lo, hi) = Y::RANGE;
-    let lo = if q.relu { q.y_zero.max(lo) } else { lo };
-    let requantize = |c: usize, _, acc: &[i32], out: &mut [Y]| {
-        let (mult, offset) = (q.mult[c], q.offset[c]);
-        for (o, &a) in out.iter_mut().zip(acc) {
-            *o = Y::from_i32(requantize_value(a as f32 * mult + offset, q.y_zero, lo, hi));
-        }
-    };
+    let rq = requantization::<Y>(q);
+    let requantize = |c: usize, _, acc: &[i32], out: &mut [Y]| rq.channel(c, acc, out);
     // The packed images live on between runs (no page faults, no zeroing).
     thread_local! {
         static PACKED: std::cell::RefCell<PackedB> = std::cell::RefCell::default();
