@@ -6,6 +6,7 @@ use cotenant_kernels::activation::Activation;
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv2d};
 use cotenant_kernels::direct_conv::{PackedFilter, applies, direct_conv};
 use cotenant_kernels::gemm::{Mat, sgemm};
+use cotenant_kernels::nhwc_conv::{self, NhwcFilter, conv_nhwc};
 use cotenant_kernels::qgemm::{PackedA, PackedB, qgemm};
 use std::time::Instant;
 
@@ -173,6 +174,17 @@ fn main() {
                     let err = out.iter().zip(&o2).map(|(a, b)| (a - b).abs() / (1.0 + a.abs())).fold(0f32, f32::max);
                     println!(
                         "{threads}t direct batch {n} {name:20} {:7.1} GFLOP/s {:8.3} ms  err {err:e}",
+                        flops / s / 1e9,
+                        s * 1e3
+                    );
+                }
+                if nhwc_conv::available() {
+                    // The same convolution on NHWC activations (the values in another order).
+                    let f = NhwcFilter::new(&w, m, c, kk, kk);
+                    let mut o3 = vec![0f32; out.len()];
+                    let s = time(flops, || conv_nhwc(threads, &p, &x, &f, epi, &mut o3));
+                    println!(
+                        "{threads}t nhwc batch {n} {name:22} {:7.1} GFLOP/s {:8.3} ms",
                         flops / s / 1e9,
                         s * 1e3
                     );

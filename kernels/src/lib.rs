@@ -16,6 +16,7 @@ pub mod fused;
 pub mod gemm;
 pub mod igemm;
 pub mod inverted_residual;
+pub mod nhwc_conv;
 pub mod norm;
 pub mod pool;
 pub mod qconv;

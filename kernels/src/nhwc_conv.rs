@@ -1,0 +1,538 @@
+//! 2-D convolution of NHWC f32 activations on AVX-512 CPUs, without im2col.
+//!
+//! In NHWC the `C` channels of one input pixel are contiguous, so the reduction over one kernel
+//! tap is a run of floats of the image itself. A register tile holds up to 6 output positions
+//! by up to 64 output channels (4 vectors of 16): per reduction step it broadcasts one input
+//! value per position straight from the image (a tap over the padding reads zeros), loads 4
+//! vectors of weights and makes 24 fused multiply-adds. Every lane does useful work whatever the
+//! image size, and nothing is packed per call: the weights are packed once ([`NhwcFilter`]) in
+//! the order the tile reads them, `[16-channel panel][k][16]` with the reduction in tap-major
+//! order, `k = (ky·kw + kx)·C + c`. The output comes out NHWC, `[positions][M]`, with the bias,
+//! a residual (NHWC, the output's shape) and the activation applied on the way out.
+//!
+//! The reduction runs in blocks whose weights fit in the core's L2 cache beside the tile's
+//! input; every output element is summed in the same order (k ascending) whatever the thread
+//! budget, the batch or the tile.
+
+use crate::activation::{Finish, bias_act};
+use crate::conv::{Conv2d, Epilogue};
+use crate::gemm::SharedOut;
+use rayon::prelude::*;
+
+const LANES: usize = 16;
+/// Output positions per register tile.
+const MR: usize = 6;
+/// 16-channel panels per register tile.
+const NP: usize = 4;
+/// Bytes of packed weights one reduction block reads for each tile of positions.
+const BLOCK_WEIGHTS: usize = 384 << 10;
+
+/// Convolution weights packed for [`conv_nhwc`]: `[m.div_ceil(16)][kh·kw·c][16]`, zero past the
+/// last output channel.
+#[derive(PartialEq)]
+pub struct NhwcFilter {
+    m: usize,
+    c: usize,
+    kh: usize,
+    kw: usize,
+    data: Vec<f32>,
+}
+
+impl std::fmt::Debug for NhwcFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "NhwcFilter(m {}, c {}, {}x{})",
+            self.m, self.c, self.kh, self.kw
+        )
+    }
+}
+
+impl NhwcFilter {
+    /// Packs `weight` (`[m, c, kh, kw]`, ONNX's order).
+    pub fn new(weight: &[f32], m: usize, c: usize, kh: usize, kw: usize) -> NhwcFilter {
+        let (taps, k) = (kh * kw, kh * kw * c);
+        assert_eq!(weight.len(), m * k, "filter size");
+        let mut data = vec![0.0; m.div_ceil(LANES) * k * LANES];
+        for (j, filter) in weight.chunks_exact(k.max(1)).enumerate() {
+            let panel = &mut data[(j / LANES) * k * LANES..];
+            for (i, &w) in filter.iter().enumerate() {
+                let (ci, t) = (i / taps, i % taps);
+                panel[(t * c + ci) * LANES + j % LANES] = w;
+            }
+        }
+        NhwcFilter { m, c, kh, kw, data }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+
+    /// Whether these are the weights of convolution `p`.
+    pub fn fits(&self, p: &Conv2d) -> bool {
+        (p.m, p.c, p.kh, p.kw) == (self.m, self.c, self.kh, self.kw)
+    }
+
+    fn panels(&self) -> usize {
+        self.m.div_ceil(LANES)
+    }
+
+    fn k(&self) -> usize {
+        self.kh * self.kw * self.c
+    }
+}
+
+/// Whether this CPU runs [`conv_nhwc`].
+pub fn available() -> bool {
+    crate::avx512f()
+}
+
+/// Whether [`conv_nhwc`] computes convolution `p` (ungrouped, with at least one channel).
+pub fn applies(p: &Conv2d) -> bool {
+    p.groups == 1 && p.c > 0 && p.m > 0
+}
+
+/// `out[r·M + j] = act(bias[j] + residual[r·M + j] + Σ_{ky,kx,c} x[img][iy][ix][c] ·
+/// w[j][c][ky][kx])` for every output position `r = (img·oh + oy)·ow + ox` (`iy = oy·sh + ky·dh -
+/// pt`, likewise `ix`; zero outside the image), split across `threads`.
+///
+/// # Panics
+/// If the CPU lacks AVX-512F ([`available`]), the convolution does not [`applies`], `f` is not
+/// its filter, or `x`, the residual or `out` has the wrong size.
+pub fn conv_nhwc(
+    threads: usize,
+    p: &Conv2d,
+    x: &[f32],
+    f: &NhwcFilter,
+    epi: Epilogue<'_>,
+    out: &mut [f32],
+) {
+    assert!(available(), "conv_nhwc needs AVX-512F");
+    assert!(applies(p) && f.fits(p), "conv_nhwc of {p:?} with {f:?}");
+    assert_eq!(x.len(), p.n * p.h * p.w * p.c, "conv_nhwc input size");
+    let rows = p.n * p.oh * p.ow;
+    assert_eq!(out.len(), rows * p.m, "conv_nhwc output size");
+    if let Some(r) = epi.residual {
+        assert_eq!(r.len(), out.len(), "conv_nhwc residual size");
+    }
+    if let Some(b) = epi.bias {
+        assert_eq!(b.len(), p.m, "conv_nhwc bias size");
+    }
+    if rows == 0 {
+        return;
+    }
+    let zeros = vec![0.0f32; p.c];
+    let image = Image { p, x, pad: &zeros };
+    let k = f.k();
+    // Reduction blocks whose weights (all output channels) fit in L2: each block's positions
+    // then stream past weights already in cache.
+    let kc = (BLOCK_WEIGHTS / (f.panels() * LANES * 4)).clamp(16, k.max(16));
+    let row_tiles = rows.div_ceil(MR);
+    let tasks = if threads > 1 && rows * p.m * k >= crate::PAR_MIN_WORK {
+        (2 * threads).min(row_tiles)
+    } else {
+        1
+    };
+    let tiles_per = row_tiles.div_ceil(tasks);
+    let dst = SharedOut(out.as_mut_ptr());
+    let run = |t: usize| {
+        let rows = (t * tiles_per * MR).min(rows)..((t + 1) * tiles_per * MR).min(rows);
+        for k0 in (0..k).step_by(kc) {
+            let ks = k0..(k0 + kc).min(k);
+            // SAFETY: the CPU has AVX-512F (asserted); the sizes were checked above; tasks
+            // write disjoint rows of `out`.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                tiles(&image, f, rows.clone(), ks, epi, dst)
+            }
+        }
+    };
+    if tasks > 1 {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        run(0);
+    }
+}
+
+/// The input of one call: the geometry, the NHWC image, and `C` zeros for the padding.
+struct Image<'a> {
+    p: &'a Conv2d,
+    x: &'a [f32],
+    pad: &'a [f32],
+}
+
+impl Image<'_> {
+    /// Where the windows of output rows `r0..r0 + n` start (`n <= MR`): the image's first
+    /// float, and the top-left tap's input row and column (negative over the padding). One
+    /// division for the tile, then steps along the output row.
+    #[inline(always)]
+    fn origins(&self, r0: usize, n: usize) -> [Origin; MR] {
+        let p = self.p;
+        let (mut img, pos) = (r0 / (p.oh * p.ow), r0 % (p.oh * p.ow));
+        let (mut oy, mut ox) = (pos / p.ow, pos % p.ow);
+        let mut out = [(0, 0, 0); MR];
+        for o in out.iter_mut().take(n) {
+            *o = (
+                img * p.h * p.w * p.c,
+                (oy * p.sh) as isize - p.pt as isize,
+                (ox * p.sw) as isize - p.pl as isize,
+            );
+            ox += 1;
+            if ox == p.ow {
+                ox = 0;
+                oy += 1;
+                if oy == p.oh {
+                    oy = 0;
+                    img += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// The `C` floats the tap `dy, dx` (input rows and columns) from `origin` reads.
+    #[inline(always)]
+    fn tap(&self, (base, y0, x0): Origin, dy: isize, dx: isize) -> *const f32 {
+        let p = self.p;
+        let (iy, ix) = (y0 + dy, x0 + dx);
+        if iy < 0 || ix < 0 || iy >= p.h as isize || ix >= p.w as isize {
+            return self.pad.as_ptr();
+        }
+        self.x[base + (iy as usize * p.w + ix as usize) * p.c..].as_ptr()
+    }
+}
+
+/// Where an output row's window starts: see [`Image::origins`].
+type Origin = (usize, isize, isize);
+
+/// Rows `rows` by every output channel, over reduction block `ks`, a tile of rows at a time.
+///
+/// # Safety
+/// The CPU has AVX-512F; the operands are as [`conv_nhwc`] asserts; no one else writes these
+/// rows of `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tiles(
+    image: &Image<'_>,
+    f: &NhwcFilter,
+    rows: std::ops::Range<usize>,
+    ks: std::ops::Range<usize>,
+    epi: Epilogue<'_>,
+    out: SharedOut,
+) {
+    macro_rules! tiles {
+        ($o:expr, $r0:expr, $mr:expr, $p0:expr, $np:expr, $($r:literal)*) => {
+            match ($mr, $np) {
+                $(
+                    ($r, 4) => tile::<$r, 4>(image, ($r0, $o), f, $p0, ks.clone(), epi, out),
+                    ($r, 3) => tile::<$r, 3>(image, ($r0, $o), f, $p0, ks.clone(), epi, out),
+                    ($r, 2) => tile::<$r, 2>(image, ($r0, $o), f, $p0, ks.clone(), epi, out),
+                    ($r, _) => tile::<$r, 1>(image, ($r0, $o), f, $p0, ks.clone(), epi, out),
+                )*
+                _ => unreachable!("tiles have 1 to {MR} rows"),
+            }
+        };
+    }
+    let panels = f.panels();
+    // Tiles of as even a size as fit: 49 rows as 4 of 6 and 5 of 5, not 8 of 6 and 1 of 1
+    // (a 1-row tile loads a weight vector per multiply-add).
+    let (start, len) = (rows.start, rows.len());
+    let count = len.div_ceil(MR);
+    for t in 0..count {
+        let r = start + t * len / count;
+        let mr = start + (t + 1) * len / count - r;
+        let origins = image.origins(r, mr);
+        for p0 in (0..panels).step_by(NP) {
+            let np = (panels - p0).min(NP);
+            // SAFETY: as this function's contract; rows r..r + mr are output rows, panels
+            // p0..p0 + np are within f.
+            unsafe { tiles!(&origins, r, mr, p0, np, 6 5 4 3 2 1) }
+        }
+    }
+}
+
+/// `R` output rows from `r0` (their windows at `origins`) by the `P` panels from `p0`, over
+/// reduction block `ks`: the block starting at 0 starts from zero, later ones add to what `out`
+/// holds, and the last one applies the epilogue.
+///
+/// # Safety
+/// As [`tiles`], with rows `r0..r0 + R` output rows and panels `p0..p0 + P` within `f`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn tile<const R: usize, const P: usize>(
+    image: &Image<'_>,
+    (r0, origins): (usize, &[Origin; MR]),
+    f: &NhwcFilter,
+    p0: usize,
+    ks: std::ops::Range<usize>,
+    epi: Epilogue<'_>,
+    out: SharedOut,
+) {
+    use std::arch::x86_64::*;
+    let (p, k, m) = (image.p, f.k(), f.m);
+    let masks: [__mmask16; P] = std::array::from_fn(|q| crate::mask16(m - (p0 + q) * LANES));
+    let at = |r: usize, q: usize| out.at((r0 + r) * m + (p0 + q) * LANES);
+    let mut acc = [[_mm512_setzero_ps(); P]; R];
+    if ks.start > 0 {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (q, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row r0 + r, channels of panel p0 + q under its mask: within `out`.
+                *acc = unsafe { _mm512_maskz_loadu_ps(masks[q], at(r, q)) };
+            }
+        }
+    }
+    // SAFETY: panel p0 starts within f.data (this function's contract).
+    let wp = unsafe { f.data.as_ptr().add(p0 * k * LANES) };
+    let c = p.c;
+    let mut kk = ks.start;
+    while kk < ks.end {
+        // The run of channels of one tap within the block.
+        let (t, c0) = (kk / c, kk % c);
+        let len = (c - c0).min(ks.end - kk);
+        let (dy, dx) = ((t / p.kw * p.dh) as isize, (t % p.kw * p.dw) as isize);
+        // SAFETY: each tap is C floats (of the image or of the padding); c0 + len <= C.
+        let taps: [*const f32; R] =
+            std::array::from_fn(|r| unsafe { image.tap(origins[r], dy, dx).add(c0) });
+        // SAFETY: k indices kk..kk + len of panels p0..p0 + P lie within f.data.
+        acc = unsafe { products(acc, taps, wp.add(kk * LANES), k * LANES, len) };
+        kk += len;
+    }
+    let last = ks.end == k;
+    let finish = Finish::of(epi.act);
+    if last {
+        for q in 0..P {
+            let j0 = (p0 + q) * LANES;
+            // SAFETY: the mask reads channels j0.. below m of the bias (m values).
+            let bias = epi
+                .bias
+                .map(|b| unsafe { _mm512_maskz_loadu_ps(masks[q], b.as_ptr().add(j0)) });
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let mut v = acc[q];
+                if let Some(b) = bias {
+                    v = _mm512_add_ps(v, b);
+                }
+                if let Some(res) = epi.residual {
+                    // SAFETY: the residual has the output's size (asserted by `conv_nhwc`).
+                    let rv = unsafe {
+                        _mm512_maskz_loadu_ps(masks[q], res.as_ptr().add((r0 + r) * m + j0))
+                    };
+                    v = _mm512_add_ps(v, rv);
+                }
+                if let Finish::Clamp(lo, hi) = finish {
+                    // max/min return their second operand for NaN: the lower bound, as the
+                    // scalar activations give.
+                    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+                }
+                acc[q] = v;
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (q, &v) in acc.iter().enumerate() {
+            // SAFETY: row r0 + r, channels of panel p0 + q under its mask: within `out`, written
+            // by this task alone.
+            unsafe { _mm512_mask_storeu_ps(at(r, q), masks[q], v) };
+        }
+        if let (true, Finish::Other(act)) = (last, finish) {
+            let (j0, j1) = (p0 * LANES, ((p0 + P) * LANES).min(m));
+            // SAFETY: as the stores above.
+            let row = unsafe { std::slice::from_raw_parts_mut(at(r, 0), j1 - j0) };
+            bias_act(row, None, Some(act));
+        }
+    }
+}
+
+/// `acc[r][q] += Σ_i taps[r][i] · w[q·stride + i·16..][..16]` for `i < len`. A function of
+/// its own, taking and returning the accumulators by value, so that they stay in registers
+/// (inline in `tile`, they were stored to the stack on every step: half the speed).
+///
+/// # Safety
+/// The CPU has AVX-512F; each `taps[r]` holds `len` floats, and `w` holds panel `q`'s `len`
+/// vectors at `q·stride` for `q < P`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn products<const R: usize, const P: usize>(
+    mut acc: [[std::arch::x86_64::__m512; P]; R],
+    taps: [*const f32; R],
+    w: *const f32,
+    stride: usize,
+    len: usize,
+) -> [[std::arch::x86_64::__m512; P]; R] {
+    use std::arch::x86_64::*;
+    for i in 0..len {
+        // SAFETY: i < len (this function's contract).
+        let wv: [__m512; P] =
+            std::array::from_fn(|q| unsafe { _mm512_loadu_ps(w.add(q * stride + i * LANES)) });
+        for (r, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: i < len.
+            let xv = _mm512_set1_ps(unsafe { *taps[r].add(i) });
+            for (acc, &wv) in acc.iter_mut().zip(&wv) {
+                *acc = _mm512_fmadd_ps(xv, wv, *acc);
+            }
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::activation::Activation;
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        crate::test_bytes(len, seed)
+            .iter()
+            .map(|&b| b as f32 / 64.0 - 2.0)
+            .collect()
+    }
+
+    /// The convolution tap by tap, NHWC in and out, in f64.
+    fn reference(p: &Conv2d, x: &[f32], w: &[f32], epi: &Epilogue<'_>) -> Vec<f32> {
+        let rows = p.n * p.oh * p.ow;
+        let mut out = vec![0.0f32; rows * p.m];
+        for r in 0..rows {
+            let (img, oy, ox) = (r / (p.oh * p.ow), r / p.ow % p.oh, r % p.ow);
+            for j in 0..p.m {
+                let mut s = epi.bias.map_or(0.0, |b| b[j] as f64);
+                for ci in 0..p.c {
+                    for ky in 0..p.kh {
+                        for kx in 0..p.kw {
+                            let iy = (oy * p.sh + ky * p.dh) as isize - p.pt as isize;
+                            let ix = (ox * p.sw + kx * p.dw) as isize - p.pl as isize;
+                            if iy < 0 || ix < 0 || iy >= p.h as isize || ix >= p.w as isize {
+                                continue;
+                            }
+                            let xi = ((img * p.h + iy as usize) * p.w + ix as usize) * p.c + ci;
+                            let wi = ((j * p.c + ci) * p.kh + ky) * p.kw + kx;
+                            s += x[xi] as f64 * w[wi] as f64;
+                        }
+                    }
+                }
+                let s = s as f32 + epi.residual.map_or(0.0, |res| res[r * p.m + j]);
+                out[r * p.m + j] = epi.act.map_or(s, |a| a.apply(s));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_the_tap_by_tap_convolution() {
+        if crate::skip_without(available(), "AVX-512F") {
+            return;
+        }
+        // (n, c, h, w, m, k, stride, dilation, pad top-left, bottom-right)
+        let cases = [
+            (2, 8, 5, 6, 20, 3, 1, 1, 1, 1),
+            (1, 3, 11, 11, 64, 7, 2, 1, 3, 3),
+            (1, 5, 7, 7, 70, 3, 2, 1, 1, 0),
+            (3, 12, 6, 5, 16, 1, 1, 1, 0, 0),
+            (1, 16, 9, 9, 33, 3, 1, 2, 2, 2),
+            (2, 4, 4, 4, 5, 2, 2, 1, 0, 1),
+            (1, 64, 3, 3, 64, 3, 1, 1, 1, 1),
+            // Reduction blocks: weights past BLOCK_WEIGHTS, blocks ending inside a tap.
+            (1, 100, 4, 4, 600, 3, 1, 1, 1, 1),
+            (2, 1000, 2, 3, 130, 1, 1, 1, 0, 0),
+        ];
+        for (n, c, h, w, m, k, s, d, pad, extra) in cases {
+            let out = |len: usize| (len + pad + extra - d * (k - 1) - 1) / s + 1;
+            let p = Conv2d {
+                n,
+                c,
+                h,
+                w,
+                m,
+                kh: k,
+                kw: k,
+                sh: s,
+                sw: s,
+                dh: d,
+                dw: d,
+                pt: pad,
+                pl: pad,
+                oh: out(h),
+                ow: out(w),
+                groups: 1,
+            };
+            let x = values(n * h * w * c, 3);
+            let wt = values(m * c * k * k, 7);
+            let bias = values(m, 11);
+            let res = values(n * p.oh * p.ow * m, 13);
+            let filter = NhwcFilter::new(&wt, m, c, k, k);
+            let epilogues = [
+                Epilogue::default(),
+                Epilogue {
+                    bias: Some(&bias),
+                    residual: Some(&res),
+                    act: Some(Activation::Relu),
+                },
+                Epilogue {
+                    bias: Some(&bias),
+                    residual: None,
+                    act: Some(Activation::Sigmoid),
+                },
+                Epilogue {
+                    bias: None,
+                    residual: None,
+                    act: Some(Activation::Clip(-0.5, 0.5)),
+                },
+            ];
+            for epi in epilogues {
+                let want = reference(&p, &x, &wt, &epi);
+                for threads in [1, 3] {
+                    let mut got = vec![f32::NAN; want.len()];
+                    conv_nhwc(threads, &p, &x, &filter, epi, &mut got);
+                    let tol = 1e-4 * (c * k * k) as f32;
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - e).abs() <= tol,
+                            "{p:?} {epi:?} threads {threads} at {i}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sums_are_the_same_whatever_the_threads_or_batch() {
+        if crate::skip_without(available(), "AVX-512F") {
+            return;
+        }
+        let one = Conv2d {
+            n: 1,
+            c: 40,
+            h: 9,
+            w: 9,
+            m: 48,
+            kh: 3,
+            kw: 3,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            pt: 1,
+            pl: 1,
+            oh: 9,
+            ow: 9,
+            groups: 1,
+        };
+        let four = Conv2d { n: 4, ..one };
+        let x = values(4 * 9 * 9 * 40, 5);
+        let wt = values(48 * 40 * 9, 9);
+        let filter = NhwcFilter::new(&wt, 48, 40, 3, 3);
+        let mut batch = vec![0.0; 4 * 81 * 48];
+        conv_nhwc(2, &four, &x, &filter, Epilogue::default(), &mut batch);
+        for img in 0..4 {
+            let mut single = vec![0.0; 81 * 48];
+            let xi = &x[img * 81 * 40..(img + 1) * 81 * 40];
+            conv_nhwc(1, &one, xi, &filter, Epilogue::default(), &mut single);
+            assert_eq!(
+                single,
+                batch[img * 81 * 48..(img + 1) * 81 * 48],
+                "image {img}"
+            );
+        }
+    }
+}
