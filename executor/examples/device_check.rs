@@ -22,7 +22,7 @@ use cotenant_executor::ops::pool::PoolAttrs;
 use cotenant_executor::ops::reduce::{ReduceAttrs, ReduceKind};
 use cotenant_executor::ops::shape::ShapeOp;
 use cotenant_executor::zoo::{self, ZooOptions};
-use cotenant_executor::{CpuBackend, DType, Device, DeviceRequest, Model, Plan, Tensor};
+use cotenant_executor::{CpuBackend, DType, Device, DeviceRequest, Model, Plan, Target, Tensor};
 use prost::Message;
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -834,7 +834,8 @@ fn main() -> ExitCode {
             let bytes = zoo::build(name, &ZooOptions::default())
                 .map_err(|e| e.to_string())?
                 .encode_to_vec();
-            let model = Arc::new(Model::from_bytes(&bytes).map_err(|e| e.to_string())?);
+            let model =
+                Arc::new(Model::from_bytes_for(&bytes, Target::Gpu).map_err(|e| e.to_string())?);
             let feed = zoo_inputs(&model, 2, &mut r);
             let want = model
                 .plan
@@ -891,7 +892,9 @@ fn main() -> ExitCode {
                 let bytes = zoo::build(name, &ZooOptions::default())
                     .map_err(|e| e.to_string())?
                     .encode_to_vec();
-                let model = Arc::new(Model::from_bytes(&bytes).map_err(|e| e.to_string())?);
+                let model = Arc::new(
+                    Model::from_bytes_for(&bytes, Target::Gpu).map_err(|e| e.to_string())?,
+                );
                 let feed = zoo_inputs(&model, batch, &mut r);
                 let mut inst = instance(&gpu.api, name, &model)?;
                 for _ in 0..3 {

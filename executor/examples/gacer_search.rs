@@ -18,7 +18,7 @@ use cotenant_executor::gacer::{
     TenantWork, co_run, search,
 };
 use cotenant_executor::zoo::{self, ZooOptions};
-use cotenant_executor::{DType, Device, DeviceRequest, Model, Tensor};
+use cotenant_executor::{DType, Device, DeviceRequest, Model, Target, Tensor};
 use prost::Message;
 use std::collections::HashMap;
 use std::error::Error;
@@ -70,7 +70,7 @@ impl Zoo {
             ..Default::default()
         };
         let bytes = zoo::build(name, &o)?.encode_to_vec();
-        let m = Arc::new(Model::from_bytes(&bytes)?);
+        let m = Arc::new(Model::from_bytes_for(&bytes, Target::Gpu)?);
         self.0.insert(name, m.clone());
         Ok(m)
     }

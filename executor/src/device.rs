@@ -188,6 +188,14 @@ impl Device {
         matches!(self, Device::Gpu(_))
     }
 
+    /// What a model to run here is planned for.
+    pub fn target(&self) -> crate::plan::Target {
+        match self {
+            Device::Gpu(_) => crate::plan::Target::Gpu,
+            _ => crate::plan::Target::Cpu,
+        }
+    }
+
     /// The GPU's device API, when this is a GPU.
     pub fn api(&self) -> Option<&Arc<dyn DeviceApi>> {
         match self {
@@ -345,10 +353,10 @@ mod tests {
         let bytes = crate::zoo::build("squeezenet", &Default::default())
             .map(|m| prost::Message::encode_to_vec(&m))
             .unwrap();
-        let model = Arc::new(Model::from_bytes(&bytes).unwrap());
-        let inputs = model.plan.example_inputs(1);
         for request in [DeviceRequest::Cpu, DeviceRequest::Sim] {
             let (device, _) = Device::choose(request, 0, u64::MAX, false).unwrap();
+            let model = Arc::new(Model::from_bytes_for(&bytes, device.target()).unwrap());
+            let inputs = model.plan.example_inputs(1);
             let placed = device.place("t", &model).unwrap();
             let mut engine = placed.engine(1, None).unwrap();
             let out = engine.run(inputs.clone()).unwrap();

@@ -30,5 +30,5 @@ pub use backend::{Backend, CpuBackend};
 pub use device::{Device, DeviceRequest, Placed};
 pub use engine::Engine;
 pub use error::{ImportError, OpError, RunError};
-pub use plan::{Model, Plan};
+pub use plan::{Model, Plan, Target};
 pub use tensor::{DType, Data, Tensor};

@@ -149,7 +149,10 @@ impl Plan {
             .steps
             .iter()
             .filter_map(|s| match &s.op {
-                Op::Conv(c) => c.packed.as_ref().map(|f| f.bytes()),
+                Op::Conv(c) => Some(
+                    c.packed.as_ref().map_or(0, |f| f.bytes())
+                        + c.nhwc_filter.as_ref().map_or(0, |f| f.bytes()),
+                ),
                 Op::Quant(QuantOp::QConv(q)) => Some(q.w.bytes()),
                 Op::Quant(QuantOp::PackedMatMul(m)) => Some(m.b.bytes()),
                 _ => None,
@@ -592,16 +595,37 @@ pub struct Model {
     pub plan: Plan,
 }
 
+/// What a model is planned for. The CPU keeps chains of convolutions' activations in the layout
+/// its kernels read best (NHWC); a GPU computes the ONNX layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Cpu,
+    Gpu,
+}
+
 impl Model {
-    /// Imports, optimises and plans an ONNX file.
+    /// Imports, optimises and plans an ONNX file for the CPU.
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ImportError> {
-        Model::from_graph(crate::import::load(path)?)
+        Model::load_for(path, Target::Cpu)
     }
+    pub fn load_for(path: impl AsRef<Path>, target: Target) -> Result<Model, ImportError> {
+        Model::from_graph_for(crate::import::load(path)?, target)
+    }
+    /// Imports, optimises and plans ONNX bytes for the CPU.
     pub fn from_bytes(bytes: &[u8]) -> Result<Model, ImportError> {
-        Model::from_graph(crate::import::import(bytes, None)?)
+        Model::from_bytes_for(bytes, Target::Cpu)
     }
-    pub fn from_graph(mut g: Graph) -> Result<Model, ImportError> {
+    pub fn from_bytes_for(bytes: &[u8], target: Target) -> Result<Model, ImportError> {
+        Model::from_graph_for(crate::import::import(bytes, None)?, target)
+    }
+    pub fn from_graph(g: Graph) -> Result<Model, ImportError> {
+        Model::from_graph_for(g, Target::Cpu)
+    }
+    pub fn from_graph_for(mut g: Graph, target: Target) -> Result<Model, ImportError> {
         crate::passes::optimize(&mut g);
+        if target == Target::Cpu {
+            crate::passes::nhwc_convolutions(&mut g);
+        }
         Ok(Model {
             plan: Plan::build(&g)?,
         })

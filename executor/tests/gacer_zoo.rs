@@ -10,7 +10,7 @@ use cotenant_executor::gacer::{
     SyncPointer, TenantWork, co_run, profile_model, search,
 };
 use cotenant_executor::zoo::{self, ZooOptions};
-use cotenant_executor::{CpuBackend, Model, Tensor};
+use cotenant_executor::{CpuBackend, Model, Target, Tensor};
 use prost::Message;
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ fn tenant(name: &str, batch: usize, seed: u64) -> TenantWork {
     let bytes = zoo::build(name, &ZooOptions::default())
         .expect("zoo model builds")
         .encode_to_vec();
-    let model = Arc::new(Model::from_bytes(&bytes).expect("zoo model imports"));
+    let model = Arc::new(Model::from_bytes_for(&bytes, Target::Gpu).expect("zoo model imports"));
     let mut rng = zoo::Rng::new(seed);
     let inputs = model
         .plan

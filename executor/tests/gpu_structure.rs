@@ -18,7 +18,7 @@ use cotenant_executor::proto::{
 };
 use cotenant_executor::tensor_proto::encode_tensor;
 use cotenant_executor::zoo::{self, ZooOptions};
-use cotenant_executor::{CpuBackend, Device, Model, Tensor};
+use cotenant_executor::{CpuBackend, Device, Model, Target, Tensor};
 use prost::Message;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,7 +31,7 @@ fn zoo_model(name: &str) -> Arc<Model> {
     let bytes = zoo::build(name, &ZooOptions::default())
         .expect("zoo model builds")
         .encode_to_vec();
-    Arc::new(Model::from_bytes(&bytes).expect("zoo model imports"))
+    Arc::new(Model::from_bytes_for(&bytes, Target::Gpu).expect("zoo model imports"))
 }
 
 fn inputs(m: &Model, batch: usize, seed: u64) -> Vec<(String, Tensor)> {
@@ -458,7 +458,7 @@ fn relu_then(op: &str, consts: Vec<(&str, Tensor)>, attrs: Vec<AttributeProto>) 
         ..Default::default()
     }
     .encode_to_vec();
-    Arc::new(Model::from_bytes(&bytes).expect("imports"))
+    Arc::new(Model::from_bytes_for(&bytes, Target::Gpu).expect("imports"))
 }
 
 /// Operators with no device lowering (TopK, CumSum, Einsum, ...) run on the host between a copy

@@ -159,7 +159,8 @@ fn build(r: &Recipe, seed: u64) -> Model {
         vec![input],
         vec![value_info("output", DType::F32, &out_dims)],
     );
-    Model::from_bytes(&proto.encode_to_vec()).expect("a generated model imports")
+    Model::from_bytes_for(&proto.encode_to_vec(), crate::Target::Gpu)
+        .expect("a generated model imports")
 }
 
 fn tenant(r: &Recipe, batch: usize, seed: u64) -> TenantWork {

@@ -12,6 +12,7 @@ use cotenant_kernels::conv::{Conv2d, Epilogue, conv_transpose2d, conv2d};
 use cotenant_kernels::direct_conv::{self, PackedFilter, direct_conv};
 use cotenant_kernels::fused::{self, Stage};
 use cotenant_kernels::inverted_residual::inverted_residual;
+use cotenant_kernels::nhwc_conv::{self, NhwcFilter, conv_nhwc};
 use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -31,6 +32,11 @@ pub struct ConvAttrs {
     /// The weights reordered for the direct convolution, where the plan found them constant and
     /// the convolution suits it (see `pack_filter`).
     pub packed: Option<Arc<PackedFilter>>,
+    /// Set by the layout pass (`passes::nhwc`): the input, the residual and the output are NHWC
+    /// (`[N, H, W, C]`), the weights still ONNX's `[M, C, kh, kw]`.
+    pub nhwc: bool,
+    /// The weights packed for the NHWC convolution, where the plan found them constant.
+    pub nhwc_filter: Option<Arc<NhwcFilter>>,
 }
 
 impl ConvAttrs {
@@ -51,6 +57,8 @@ impl ConvAttrs {
             residual: false,
             act: None,
             packed: None,
+            nhwc: false,
+            nhwc_filter: None,
         };
         if c.strides
             .iter()
@@ -292,6 +300,9 @@ pub(crate) fn conv_geometry(
 
 pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
+    if c.nhwc {
+        return conv_in_nhwc(cx, c, inputs);
+    }
     if x.rank() > 4 {
         return super::conv_nd::conv_nd(cx, c, inputs);
     }
@@ -302,12 +313,7 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
         return Tensor::f32(shape, Vec::new());
     }
     // A fused residual of another shape (a broadcast Add) is added the general way afterwards.
-    let residual = opt_input(inputs, 3).filter(|_| c.residual);
-    let (in_place, later) = match residual {
-        Some(r) if r.shape == shape => (Some(r.as_f32()?), None),
-        Some(r) => (None, Some(r)),
-        None => (None, None),
-    };
+    let (in_place, later) = residual(c, inputs, &shape)?;
     let mut out = cx.take_f32(checked_numel(&shape)?);
     let epi = Epilogue {
         bias,
@@ -324,7 +330,25 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
         }
         _ => conv2d(&p, x, w.as_f32()?, epi, &mut out, scratch, cx.threads),
     }
-    let y = Tensor::f32(shape, out)?;
+    add_later(cx, c, Tensor::f32(shape, out)?, later)
+}
+
+/// A fused residual of the output's shape, to add in the kernel's epilogue; or one of another
+/// shape (a broadcast Add), to add after it with [`add_later`].
+fn residual<'a>(
+    c: &ConvAttrs,
+    inputs: &[Option<&'a Tensor>],
+    shape: &[usize],
+) -> OpResult<(Option<&'a [f32]>, Option<&'a Tensor>)> {
+    Ok(match opt_input(inputs, 3).filter(|_| c.residual) {
+        Some(r) if r.shape == shape => (Some(r.as_f32()?), None),
+        Some(r) => (None, Some(r)),
+        None => (None, None),
+    })
+}
+
+/// `act(y + r)` for a residual `r` the kernel did not add.
+fn add_later(cx: &Cx, c: &ConvAttrs, y: Tensor, later: Option<&Tensor>) -> OpResult<Tensor> {
     match later {
         None => Ok(y),
         Some(r) => {
@@ -337,8 +361,54 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
     }
 }
 
-/// Reorders a Conv's constant `weight` once for the direct convolution, where this CPU runs
-/// that convolution directly (2-D, ungrouped, undilated, larger than 1x1, AVX-512).
+/// [`conv_geometry`] of a Conv the layout pass made NHWC: input `x` is `[N, H, W, C]`, the
+/// output shape `[N, oh, ow, M]`.
+pub(crate) fn nhwc_geometry(
+    c: &ConvAttrs,
+    x: &[usize],
+    w: &[usize],
+) -> OpResult<(Conv2d, Vec<usize>)> {
+    let &[n, h, wd, ch] = x else {
+        return shape_err(format!("NHWC Conv input must be [N, H, W, C], got {x:?}"));
+    };
+    let (p, _) = conv_geometry(c, &[n, ch, h, wd], w)?;
+    Ok((p, vec![n, p.oh, p.ow, p.m]))
+}
+
+/// A Conv the layout pass made NHWC: `[N, H, W, C]` in, `[N, oh, ow, M]` out, the residual in
+/// the output's layout.
+fn conv_in_nhwc(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
+    let (p, shape) = nhwc_geometry(c, &x.shape, &w.shape)?;
+    if !nhwc_conv::applies(&p) || !nhwc_conv::available() {
+        return Err(OpError::Unsupported(format!("an NHWC Conv of {p:?}")));
+    }
+    let bias = bias(b, p.m, "Conv")?;
+    if checked_numel(&shape)? == 0 {
+        return Tensor::f32(shape, Vec::new());
+    }
+    let packed;
+    let filter = match &c.nhwc_filter {
+        Some(f) if f.fits(&p) => f,
+        _ => {
+            packed = NhwcFilter::new(w.as_f32()?, p.m, p.c, p.kh, p.kw);
+            &packed
+        }
+    };
+    let (in_place, later) = residual(c, inputs, &shape)?;
+    let mut out = cx.take_f32(checked_numel(&shape)?);
+    let epi = Epilogue {
+        bias,
+        residual: in_place,
+        act: if later.is_some() { None } else { c.act },
+    };
+    conv_nhwc(cx.threads, &p, x.as_f32()?, filter, epi, &mut out);
+    add_later(cx, c, Tensor::f32(shape, out)?, later)
+}
+
+/// Reorders a Conv's constant `weight` once: for the NHWC convolution where the layout pass
+/// chose NHWC, else for the direct convolution where this CPU runs that convolution directly
+/// (2-D, ungrouped, undilated, larger than 1x1, AVX-512).
 pub fn pack_filter(c: &mut ConvAttrs, weight: &Tensor) {
     let (&[m, cg, kh, kw], Ok(w)) = (weight.shape.as_slice(), weight.as_f32()) else {
         return;
@@ -348,7 +418,11 @@ pub fn pack_filter(c: &mut ConvAttrs, weight: &Tensor) {
         Some(&[dh, dw]) => [dh, dw],
         Some(_) => return,
     };
-    if direct_conv::suits([kh, kw], dilation, c.group) {
+    if c.nhwc {
+        if c.group == 1 {
+            c.nhwc_filter = Some(Arc::new(NhwcFilter::new(w, m, cg, kh, kw)));
+        }
+    } else if direct_conv::suits([kh, kw], dilation, c.group) {
         c.packed = Some(Arc::new(PackedFilter::new(w, m, cg, kh, kw)));
     }
 }
@@ -706,6 +780,61 @@ pub fn col2im(a: &Col2ImAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An NHWC Conv computes what the NCHW one does, in its layout, packed weights or not; an
+    /// input that is not `[N, H, W, C]` with the weights' channels is a shape error.
+    #[test]
+    fn nhwc_convs_match_nchw_and_refuse_other_inputs() {
+        if !nhwc_conv::available() {
+            eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC convolution needs");
+            return;
+        }
+        let cx = Cx::new(1);
+        let nchw = ConvAttrs {
+            group: 1,
+            auto_pad: "NOTSET".into(),
+            pads: Some(vec![1, 0, 0, 1]),
+            strides: Some(vec![2, 1]),
+            act: Some(Activation::Relu),
+            ..ConvAttrs::default()
+        };
+        let mut nhwc = ConvAttrs {
+            nhwc: true,
+            ..nchw.clone()
+        };
+        let values = |n: usize, k: usize| (0..n).map(move |i| ((i * k) % 13) as f32 / 6.0 - 1.0);
+        let x = Tensor::f32(vec![2, 8, 5, 6], values(480, 7).collect()).unwrap();
+        let w = Tensor::f32(vec![32, 8, 3, 3], values(32 * 72, 5).collect()).unwrap();
+        let b = Tensor::f32(vec![32], values(32, 3).collect()).unwrap();
+        let want = conv(&cx, &nchw, &[Some(&x), Some(&w), Some(&b)]).unwrap();
+        let to_nhwc = |t: &Tensor| super::super::shape::transpose(t, Some(&[0, 2, 3, 1])).unwrap();
+        let want = to_nhwc(&want);
+        let xt = to_nhwc(&x);
+        for packed in [false, true] {
+            if packed {
+                pack_filter(&mut nhwc, &w);
+                assert!(nhwc.nhwc_filter.is_some() && nhwc.packed.is_none());
+            }
+            let got = conv(&cx, &nhwc, &[Some(&xt), Some(&w), Some(&b)]).unwrap();
+            assert_eq!(got.shape, want.shape);
+            let (g, e) = (got.as_f32().unwrap(), want.as_f32().unwrap());
+            assert!(
+                g.iter()
+                    .zip(e)
+                    .all(|(g, e)| (g - e).abs() <= 1e-4 * (1.0 + e.abs()))
+            );
+        }
+        let rank3 = Tensor::f32(vec![8, 5, 6], vec![0.0; 240]).unwrap();
+        let e = conv(&cx, &nhwc, &[Some(&rank3), Some(&w), Some(&b)]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("NHWC Conv input must be [N, H, W, C]"),
+            "{e}"
+        );
+        // The NCHW input given as if NHWC: 6 channels against the weights' 8.
+        let e = conv(&cx, &nhwc, &[Some(&x), Some(&w), Some(&b)]).unwrap_err();
+        assert!(e.to_string().contains("input channels 6"), "{e}");
+    }
 
     #[test]
     fn col2im_sums_overlapping_blocks_and_checks_its_geometry() {

@@ -723,7 +723,8 @@ impl Op {
                     _ => "",
                 };
                 let add = if c.residual { "+Add" } else { "" };
-                format!("Conv{kind}{add}{}", act_suffix(c.act))
+                let layout = if c.nhwc { "(NHWC)" } else { "" };
+                format!("Conv{kind}{layout}{add}{}", act_suffix(c.act))
             }
             Op::PointwiseDepthwise(f) => {
                 let project = f.project.as_ref().map_or(String::new(), |p| {

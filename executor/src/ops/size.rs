@@ -84,6 +84,11 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let columns = elements(&[g.m / g.groups, g.window.taps(), g.window.positions()], 4)?;
             plus(elements(&g.shape, 4)?, columns)?
         }
+        // NHWC: the output alone (no im2col).
+        Op::Conv(c) if c.nhwc => {
+            let w = input(inputs, 1)?;
+            elements(&super::conv::nhwc_geometry(c, &x()?.shape, &w.shape)?.1, 4)?
+        }
         Op::Conv(c) => {
             let w = input(inputs, 1)?;
             let (p, out) = super::conv::conv_geometry(c, &x()?.shape, &w.shape)?;

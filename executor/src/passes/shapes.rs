@@ -221,6 +221,17 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
                 _ => 1,
             };
             let (x, w) = (shape_of(ins, 0), shape_of(ins, w_at));
+            if let Op::Conv(c) = op
+                && c.nhwc
+            {
+                // `[N, H, W, C]` in, `[N, oh, ow, M]` out.
+                let m = w.and_then(|w| w.first().cloned());
+                let n = x.filter(|x| x.len() == 4).map(|x| x[0].clone());
+                return vec![shape_only(
+                    n.zip(m)
+                        .map(|(n, m)| vec![n, Sym::Unknown, Sym::Unknown, m]),
+                )];
+            }
             // A weight of rank 0 is malformed: the op itself reports it at run time.
             vec![shape_only(
                 x.zip(w.and_then(|w| w.first()))

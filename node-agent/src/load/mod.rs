@@ -132,8 +132,8 @@ fn start_checked(
     sizing: Sizing,
     co: Option<Arc<CoSchedule>>,
 ) -> Result<Loaded, String> {
-    let mut model =
-        Model::from_bytes(bytes).map_err(|e| format!("not a usable ONNX model: {e}"))?;
+    let mut model = Model::from_bytes_for(bytes, config.device.target())
+        .map_err(|e| format!("not a usable ONNX model: {e}"))?;
     // The budget: what the weights leave of the limit is what its runs may hold at once.
     let limit = sizing.memory_limit;
     let weights = model.plan.weight_bytes() as u64;

@@ -57,11 +57,11 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     if a.batch == 0 || a.instances == 0 {
         bail!("--batch and --instances must be at least 1");
     }
-    let model = std::sync::Arc::new(super::load_model(&a.model)?);
+    let device = a.device.choose()?;
+    let model = std::sync::Arc::new(super::load_model(&a.model, device.target())?);
     let threads = a.threads.unwrap_or_else(super::default_threads);
     let per_instance = (threads / a.instances).max(1);
     let inputs = super::synthetic_inputs(&model, a.batch, 1);
-    let device = a.device.choose()?;
     // Fail fast on a model that cannot run at all, with its error.
     let mut probe = device
         .place("bench", &model)

@@ -6,11 +6,11 @@ pub mod run;
 pub mod zoo;
 
 use anyhow::Context;
-use cotenant_executor::{DType, Model, Tensor};
+use cotenant_executor::{DType, Model, Target, Tensor};
 
-/// Loads and plans a model, with the path in the error.
-pub fn load_model(path: &std::path::Path) -> anyhow::Result<Model> {
-    Model::load(path).with_context(|| format!("loading model {}", path.display()))
+/// Loads and plans a model for `target`, with the path in the error.
+pub fn load_model(path: &std::path::Path, target: Target) -> anyhow::Result<Model> {
+    Model::load_for(path, target).with_context(|| format!("loading model {}", path.display()))
 }
 
 /// Default thread budget: every core this process may use.

@@ -42,7 +42,7 @@ pub fn file_name(output: &str) -> String {
 }
 
 pub fn main(a: RunArgs) -> anyhow::Result<()> {
-    let model = super::load_model(&a.model)?;
+    let model = super::load_model(&a.model, cotenant_executor::Target::Cpu)?;
     let mut inputs = Vec::new();
     for spec in &a.inputs {
         let Some((name, path)) = spec.split_once('=') else {

@@ -126,6 +126,9 @@ fn chunk(per_image: usize, n: usize) -> usize {
 }
 
 pub fn conv(c: &ConvAttrs, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowered<()> {
+    if c.nhwc {
+        return decline("an NHWC convolution (the CPU's layout)");
+    }
     let (x, px) = f32_in(ins, 0)?;
     let (mut s, out_shape) = Stage::resolve(c, x.shape, ins, px, 0)?;
     s.y = cx.output(0, DType::F32, out_shape)?;

@@ -280,7 +280,8 @@ fn fused_convolutions_match_the_cpu_in_pieces() {
         )],
         vec![value_info("y", DType::F32, &[])],
     );
-    let m = Arc::new(Model::from_bytes(&proto.encode_to_vec()).expect("loads"));
+    let m =
+        Arc::new(Model::from_bytes_for(&proto.encode_to_vec(), crate::Target::Gpu).expect("loads"));
     assert!(
         m.plan
             .steps
@@ -483,7 +484,8 @@ fn gather_with_request_indices_is_checked_on_the_host() {
         vec![value_info("ids", DType::I64, &[None, Some(3)])],
         vec![value_info("y", DType::F32, &[])],
     );
-    let m = Arc::new(Model::from_bytes(&proto.encode_to_vec()).expect("loads"));
+    let m =
+        Arc::new(Model::from_bytes_for(&proto.encode_to_vec(), crate::Target::Gpu).expect("loads"));
     let ids = Tensor::i64(vec![2, 3], vec![0, 9, -1, 3, 4, 5]).expect("ids");
     check(&m, &[("ids", ids)]);
     let dev: Arc<dyn crate::gpu::DeviceApi> = Arc::new(SimDevice::new(8, 1 << 30));

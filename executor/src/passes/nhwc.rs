@@ -1,0 +1,254 @@
+//! Chains of 2-D convolutions run NHWC on AVX-512 CPUs (`kernels::nhwc_conv`): a pixel's
+//! channels are contiguous there, so the kernel vectorises over output channels and loses no
+//! lanes whatever the image size, and reads its taps in place.
+//!
+//! Convolutions connected to each other (one reads another's output, as its input or as its
+//! fused residual) form a chain; a chain of two or more becomes NHWC, each convolution wrapped
+//! in transposes from NCHW and back, which `transposes` then cancels between neighbours: what
+//! remains is one transpose where the chain reads a value from outside it and one where a
+//! value leaves it. A convolution alone would pay both transposes and gain little, so it stays
+//! NCHW, as do the ones the kernel runs slower than the NCHW kernels (few input channels, as in
+//! a stem, or few output channels).
+
+use super::qdq::{NCHW_TO_NHWC, NHWC_TO_NCHW, transpose};
+use super::transposes::cancel_transposes;
+use crate::graph::{Graph, Node};
+use crate::ops::Op;
+use crate::tensor::DType;
+use cotenant_kernels::nhwc_conv;
+
+/// Fewest input channels for which the NHWC kernel beats the direct one: a 3-channel stem
+/// spends its time finding taps (`gemm_rate`: 7x7 stem 70 against 102 GFLOP/s).
+const MIN_CHANNELS: usize = 8;
+/// Fewest output channels: one panel of 16 leaves the tile a quarter full.
+const MIN_OUTPUTS: usize = 32;
+
+pub fn nhwc_convolutions(g: &mut Graph) {
+    if !nhwc_conv::available() {
+        return;
+    }
+    let producers = g.producers();
+    let candidate: Vec<bool> = g.nodes.iter().map(|n| suits(g, n)).collect();
+    // Chains: union-find over the candidates, joined where one reads another's output.
+    let mut root: Vec<usize> = (0..g.nodes.len()).collect();
+    fn find(root: &mut [usize], mut i: usize) -> usize {
+        while root[i] != i {
+            root[i] = root[root[i]];
+            i = root[i];
+        }
+        i
+    }
+    let mut usable = candidate.clone();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if !candidate[i] {
+            continue;
+        }
+        let from = |k: usize| {
+            let v = n.inputs.get(k).copied().flatten()?;
+            producers[v].filter(|&p| candidate[p])
+        };
+        if let Some(p) = from(0) {
+            let (a, b) = (find(&mut root, i), find(&mut root, p));
+            root[a] = b;
+        }
+        if residual(n) {
+            // The residual is transposed with the rest: it must have the output's rank, which
+            // a candidate's output has.
+            match from(3) {
+                Some(p) => {
+                    let (a, b) = (find(&mut root, i), find(&mut root, p));
+                    root[a] = b;
+                }
+                None => usable[i] = false,
+            }
+        }
+    }
+    let mut size = vec![0usize; g.nodes.len()];
+    for i in (0..g.nodes.len()).filter(|&i| usable[i]) {
+        size[find(&mut root, i)] += 1;
+    }
+    let chosen: Vec<usize> = (0..g.nodes.len())
+        .filter(|&i| usable[i] && size[find(&mut root, i)] >= 2)
+        .collect();
+    if chosen.is_empty() {
+        return;
+    }
+    // Last first, so the indices of the ones before stay put.
+    for &i in chosen.iter().rev() {
+        to_nhwc(g, i);
+    }
+    cancel_transposes(g);
+}
+
+/// Whether Conv `n` may run NHWC: 2-D (constant rank-4 f32 weights), ungrouped, with a constant
+/// bias or none, and channels the kernel runs well.
+fn suits(g: &Graph, n: &Node) -> bool {
+    let Op::Conv(c) = &n.op else {
+        return false;
+    };
+    let input = |k: usize| n.inputs.get(k).copied().flatten();
+    let Some(w) = input(1).and_then(|v| g.constants.get(&v)) else {
+        return false;
+    };
+    let bias_ok = input(2).is_none_or(|v| g.constants.contains_key(&v));
+    c.group == 1
+        && !c.nhwc
+        && n.outputs.len() == 1
+        && input(0).is_some()
+        && bias_ok
+        && w.dtype() == DType::F32
+        && matches!(w.shape.as_slice(), &[m, c, _, _] if c >= MIN_CHANNELS && m >= MIN_OUTPUTS)
+}
+
+fn residual(n: &Node) -> bool {
+    matches!(&n.op, Op::Conv(c) if c.residual) && n.inputs.get(3).copied().flatten().is_some()
+}
+
+/// Makes Conv `i` NHWC, with transposes from NCHW on its input and residual and back on its
+/// output.
+fn to_nhwc(g: &mut Graph, i: usize) {
+    let name = g.nodes[i].name.clone();
+    let mut before = Vec::new();
+    for (k, what) in [(0, "input"), (3, "residual")] {
+        let Some(Some(v)) = g.nodes[i].inputs.get(k).copied() else {
+            continue;
+        };
+        if k == 3 && !residual(&g.nodes[i]) {
+            continue;
+        }
+        let t = g.add_value(format!("{name}/nhwc_{what}"));
+        before.push(transpose(
+            format!("{name}/{what}_to_nhwc"),
+            NCHW_TO_NHWC,
+            v,
+            t,
+        ));
+        g.nodes[i].inputs[k] = Some(t);
+    }
+    let out = g.nodes[i].outputs[0];
+    let inner = g.add_value(format!("{name}/nhwc_output"));
+    g.nodes[i].outputs[0] = inner;
+    if let Op::Conv(c) = &mut g.nodes[i].op {
+        c.nhwc = true;
+    }
+    g.nodes.insert(
+        i + 1,
+        transpose(format!("{name}/to_nchw"), NHWC_TO_NCHW, inner, out),
+    );
+    for (j, t) in before.into_iter().enumerate() {
+        g.nodes.insert(i + j, t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::CpuBackend;
+    use crate::graph::Graph;
+    use crate::plan::Plan;
+    use crate::proto::ModelProto;
+    use crate::tensor::{DType, Tensor};
+    use crate::zoo::builder::{Builder, attr_ints, value_info};
+    use prost::Message;
+
+    /// A stem (3 channels: stays NCHW), a max pool, then a residual block of three convolutions
+    /// whose middle output is also a graph output, and a global pool.
+    fn graph() -> Graph {
+        let mut m = Builder::new(3, false);
+        let conv = |m: &mut Builder, x: &str, c: usize, o: usize, k: usize, s: usize| {
+            let w = m.normal("w", &[o, c, k, k], 0.3);
+            let b = m.normal("b", &[o], 0.1);
+            let pads = attr_ints("pads", &[(k / 2) as i64; 4]);
+            m.node(
+                "Conv",
+                &[x, &w, &b],
+                vec![pads, attr_ints("strides", &[s as i64; 2])],
+            )
+        };
+        let stem = conv(&mut m, "x", 3, 16, 3, 1);
+        let pool = m.node(
+            "MaxPool",
+            &[&stem],
+            vec![
+                attr_ints("kernel_shape", &[2, 2]),
+                attr_ints("strides", &[2, 2]),
+            ],
+        );
+        let a = conv(&mut m, &pool, 16, 32, 1, 1);
+        let a = m.node("Relu", &[&a], vec![]);
+        let b = conv(&mut m, &a, 32, 32, 3, 1);
+        let b = m.node("Relu", &[&b], vec![]);
+        m.node_rename_last(&b, "mid");
+        let c = conv(&mut m, "mid", 32, 32, 3, 2);
+        let d = conv(&mut m, &a, 32, 32, 1, 2);
+        let s = m.node("Add", &[&c, &d], vec![]);
+        let s = m.node("Relu", &[&s], vec![]);
+        let y = m.node("GlobalAveragePool", &[&s], vec![]);
+        m.node_rename_last(&y, "y");
+        let proto: ModelProto = m.finish(
+            "nhwc",
+            13,
+            vec![value_info(
+                "x",
+                DType::F32,
+                &[None, Some(3), Some(9), Some(10)],
+            )],
+            vec![
+                value_info("y", DType::F32, &[None, Some(32), Some(1), Some(1)]),
+                value_info("mid", DType::F32, &[None, Some(32), Some(4), Some(5)]),
+            ],
+        );
+        crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+    }
+
+    #[test]
+    fn a_chain_of_convolutions_runs_nhwc_with_transposes_at_its_ends() {
+        if !cotenant_kernels::nhwc_conv::available() {
+            eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC convolution needs");
+            return;
+        }
+        let raw = Plan::build(&graph()).expect("plan");
+        let mut g = graph();
+        crate::passes::optimize(&mut g);
+        super::nhwc_convolutions(&mut g);
+        let names: Vec<String> = g.nodes.iter().map(|n| n.op.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "Conv",
+                "MaxPool",
+                "Transpose",
+                "Conv(NHWC)+Relu",
+                "Conv(NHWC)+Relu",
+                // `mid` leaves the chain: back to NCHW.
+                "Transpose",
+                "Conv(NHWC)",
+                "Conv(NHWC)+Add+Relu",
+                "Transpose",
+                "GlobalAveragePool",
+            ],
+            "{names:?}"
+        );
+        let nhwc = Plan::build(&g).expect("plan");
+        let be = CpuBackend::new(2);
+        for batch in [1, 3] {
+            let x: Vec<f32> = (0..batch * 270)
+                .map(|i| (i % 11) as f32 / 5.0 - 1.0)
+                .collect();
+            let input = || {
+                vec![(
+                    "x".to_string(),
+                    Tensor::f32(vec![batch, 3, 9, 10], x.clone()).expect("x"),
+                )]
+            };
+            let want = raw.run(&be, input()).expect("raw runs");
+            let got = nhwc.run(&be, input()).expect("nhwc runs");
+            for ((n, a), (_, b)) in want.iter().zip(&got) {
+                assert_eq!(a.shape, b.shape, "{n}");
+                let (a, b) = (a.as_f32().expect("f32"), b.as_f32().expect("f32"));
+                for (p, q) in a.iter().zip(b) {
+                    assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{n}: {p} vs {q}");
+                }
+            }
+        }
+    }
+}
