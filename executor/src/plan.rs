@@ -99,6 +99,7 @@ impl Plan {
                 crate::ops::conv::pack_filter(c, &constants[*w]);
             }
         }
+        drop_packed_weights(&mut steps, &mut constants, &outputs);
         // Liveness: a value dies after its last reader, unless it is a graph output.
         let mut last = vec![None; g.value_names.len()];
         for (i, s) in steps.iter().enumerate() {
@@ -587,6 +588,38 @@ impl Plan {
             .collect();
         v.sort_by_key(|e| std::cmp::Reverse(e.2));
         v
+    }
+}
+
+/// Frees the ONNX copy of weights that an NHWC Conv holds packed and nothing else reads: the
+/// Conv then takes its geometry from the packed filter (`ops::conv`), and the model holds its
+/// weights once.
+fn drop_packed_weights(
+    steps: &mut [Step],
+    constants: &mut [Arc<Tensor>],
+    outputs: &[(String, Src)],
+) {
+    let mut readers = vec![0usize; constants.len()];
+    let consts = steps
+        .iter()
+        .flat_map(|s| s.inputs.iter().flatten())
+        .chain(outputs.iter().map(|(_, src)| src));
+    for src in consts {
+        if let Src::Const(i) = src {
+            readers[*i] += 1;
+        }
+    }
+    for s in steps {
+        let (Op::Conv(c), Some(slot)) = (&s.op, s.inputs.get_mut(1)) else {
+            continue;
+        };
+        if let (Some(f), Some(Src::Const(w))) = (&c.nhwc_filter, *slot)
+            && readers[w] == 1
+            && f.shape()[..] == constants[w].shape[..]
+        {
+            constants[w] = Arc::new(Tensor::f32(vec![0], Vec::new()).expect("an empty tensor"));
+            *slot = None;
+        }
     }
 }
 

@@ -19,7 +19,7 @@ const GEMMS: [(usize, usize, usize, &str); 5] = [
 ];
 
 /// (input channels, image size, output channels, kernel size, stride, name)
-const CONVS: [(usize, usize, usize, usize, usize, &str); 21] = [
+const CONVS: [(usize, usize, usize, usize, usize, &str); 23] = [
     (64, 56, 64, 3, 1, "3x3 64 56x56"),
     (128, 56, 128, 3, 2, "3x3 s2 128 56->28"),
     (256, 28, 256, 3, 2, "3x3 s2 256 28->14"),
@@ -31,6 +31,8 @@ const CONVS: [(usize, usize, usize, usize, usize, &str); 21] = [
     (256, 56, 64, 1, 1, "1x1 256->64 56x56"),
     (1024, 14, 256, 1, 1, "1x1 1024->256 14x14"),
     (256, 14, 1024, 1, 1, "1x1 256->1024 14x14"),
+    (2048, 7, 512, 1, 1, "1x1 2048->512 7x7"),
+    (512, 7, 2048, 1, 1, "1x1 512->2048 7x7"),
     (3, 224, 64, 7, 2, "7x7 stem"),
     (3, 224, 32, 3, 2, "mbv2 3x3 stem"),
     // mobilenet_v2's projections (expanded channels -> block output)

@@ -24,8 +24,9 @@ const LANES: usize = 16;
 const MR: usize = 6;
 /// 16-channel panels per register tile.
 const NP: usize = 4;
-/// Bytes of packed weights one reduction block reads for each tile of positions.
-const BLOCK_WEIGHTS: usize = 384 << 10;
+/// Bytes of packed weights one block (of panels by reduction steps) holds in the core's L2
+/// cache while every tile of positions of a task streams past it.
+const BLOCK_WEIGHTS: usize = 512 << 10;
 
 /// Convolution weights packed for [`conv_nhwc`]: `[m.div_ceil(16)][kh·kw·c][16]`, zero past the
 /// last output channel.
@@ -66,6 +67,11 @@ impl NhwcFilter {
 
     pub fn bytes(&self) -> usize {
         self.data.len() * 4
+    }
+
+    /// The weights' shape as ONNX gives it, `[m, c, kh, kw]`.
+    pub fn shape(&self) -> [usize; 4] {
+        [self.m, self.c, self.kh, self.kw]
     }
 
     /// Whether these are the weights of convolution `p`.
@@ -124,9 +130,12 @@ pub fn conv_nhwc(
     let zeros = vec![0.0f32; p.c];
     let image = Image { p, x, pad: &zeros };
     let k = f.k();
-    // Reduction blocks whose weights (all output channels) fit in L2: each block's positions
-    // then stream past weights already in cache.
-    let kc = (BLOCK_WEIGHTS / (f.panels() * LANES * 4)).clamp(16, k.max(16));
+    // Blocks of weights that fit in L2, over which each task's positions stream: the whole
+    // reduction for as many panels as fit (each output is then summed and stored once), split
+    // only where one register tile's panels alone would not fit.
+    let panel_bytes = LANES * 4;
+    let kc = (BLOCK_WEIGHTS / (NP * panel_bytes)).min(k);
+    let nb = (BLOCK_WEIGHTS / (kc * panel_bytes) / NP * NP).max(NP);
     let row_tiles = rows.div_ceil(MR);
     let tasks = if threads > 1 && rows * p.m * k >= crate::PAR_MIN_WORK {
         (2 * threads).min(row_tiles)
@@ -137,13 +146,16 @@ pub fn conv_nhwc(
     let dst = SharedOut(out.as_mut_ptr());
     let run = |t: usize| {
         let rows = (t * tiles_per * MR).min(rows)..((t + 1) * tiles_per * MR).min(rows);
-        for k0 in (0..k).step_by(kc) {
-            let ks = k0..(k0 + kc).min(k);
-            // SAFETY: the CPU has AVX-512F (asserted); the sizes were checked above; tasks
-            // write disjoint rows of `out`.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                tiles(&image, f, rows.clone(), ks, epi, dst)
+        for p0 in (0..f.panels()).step_by(nb) {
+            let panels = p0..(p0 + nb).min(f.panels());
+            for k0 in (0..k).step_by(kc) {
+                let ks = k0..(k0 + kc).min(k);
+                // SAFETY: the CPU has AVX-512F (asserted); the sizes were checked above; tasks
+                // write disjoint rows of `out`.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    tiles(&image, f, rows.clone(), panels.clone(), ks, epi, dst)
+                }
             }
         }
     };
@@ -205,7 +217,8 @@ impl Image<'_> {
 /// Where an output row's window starts: see [`Image::origins`].
 type Origin = (usize, isize, isize);
 
-/// Rows `rows` by every output channel, over reduction block `ks`, a tile of rows at a time.
+/// Rows `rows` by the output channels of `panels`, over reduction block `ks`, a tile of rows
+/// at a time.
 ///
 /// # Safety
 /// The CPU has AVX-512F; the operands are as [`conv_nhwc`] asserts; no one else writes these
@@ -216,6 +229,7 @@ unsafe fn tiles(
     image: &Image<'_>,
     f: &NhwcFilter,
     rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
     ks: std::ops::Range<usize>,
     epi: Epilogue<'_>,
     out: SharedOut,
@@ -233,7 +247,6 @@ unsafe fn tiles(
             }
         };
     }
-    let panels = f.panels();
     // Tiles of as even a size as fit: 49 rows as 4 of 6 and 5 of 5, not 8 of 6 and 1 of 1
     // (a 1-row tile loads a weight vector per multiply-add).
     let (start, len) = (rows.start, rows.len());
@@ -242,8 +255,8 @@ unsafe fn tiles(
         let r = start + t * len / count;
         let mr = start + (t + 1) * len / count - r;
         let origins = image.origins(r, mr);
-        for p0 in (0..panels).step_by(NP) {
-            let np = (panels - p0).min(NP);
+        for p0 in panels.clone().step_by(NP) {
+            let np = (panels.end - p0).min(NP);
             // SAFETY: as this function's contract; rows r..r + mr are output rows, panels
             // p0..p0 + np are within f.
             unsafe { tiles!(&origins, r, mr, p0, np, 6 5 4 3 2 1) }
@@ -431,9 +444,11 @@ mod tests {
             (1, 16, 9, 9, 33, 3, 1, 2, 2, 2),
             (2, 4, 4, 4, 5, 2, 2, 1, 0, 1),
             (1, 64, 3, 3, 64, 3, 1, 1, 1, 1),
-            // Reduction blocks: weights past BLOCK_WEIGHTS, blocks ending inside a tap.
+            // Weights past BLOCK_WEIGHTS: blocks of panels, and a reduction of 2700 in blocks
+            // (2048 and 652) that end inside a tap.
             (1, 100, 4, 4, 600, 3, 1, 1, 1, 1),
             (2, 1000, 2, 3, 130, 1, 1, 1, 0, 0),
+            (1, 300, 3, 4, 40, 3, 1, 1, 1, 1),
         ];
         for (n, c, h, w, m, k, s, d, pad, extra) in cases {
             let out = |len: usize| (len + pad + extra - d * (k - 1) - 1) / s + 1;

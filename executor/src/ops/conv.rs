@@ -299,10 +299,10 @@ pub(crate) fn conv_geometry(
 }
 
 pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
-    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
     if c.nhwc {
         return conv_in_nhwc(cx, c, inputs);
     }
+    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
     if x.rank() > 4 {
         return super::conv_nd::conv_nd(cx, c, inputs);
     }
@@ -375,11 +375,21 @@ pub(crate) fn nhwc_geometry(
     Ok((p, vec![n, p.oh, p.ow, p.m]))
 }
 
+/// The weight shape of an NHWC Conv: its input 1's, or, where the plan freed that copy, its
+/// packed filter's.
+pub(crate) fn nhwc_weight_shape(c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Vec<usize>> {
+    match (opt_input(inputs, 1), &c.nhwc_filter) {
+        (Some(w), _) => Ok(w.shape.clone()),
+        (None, Some(f)) => Ok(f.shape().to_vec()),
+        (None, None) => input(inputs, 1).map(|w| w.shape.clone()),
+    }
+}
+
 /// A Conv the layout pass made NHWC: `[N, H, W, C]` in, `[N, oh, ow, M]` out, the residual in
 /// the output's layout.
 fn conv_in_nhwc(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
-    let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
-    let (p, shape) = nhwc_geometry(c, &x.shape, &w.shape)?;
+    let (x, b) = (input(inputs, 0)?, opt_input(inputs, 2));
+    let (p, shape) = nhwc_geometry(c, &x.shape, &nhwc_weight_shape(c, inputs)?)?;
     if !nhwc_conv::applies(&p) || !nhwc_conv::available() {
         return Err(OpError::Unsupported(format!("an NHWC Conv of {p:?}")));
     }
@@ -391,7 +401,8 @@ fn conv_in_nhwc(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<
     let filter = match &c.nhwc_filter {
         Some(f) if f.fits(&p) => f,
         _ => {
-            packed = NhwcFilter::new(w.as_f32()?, p.m, p.c, p.kh, p.kw);
+            let w = input(inputs, 1)?.as_f32()?;
+            packed = NhwcFilter::new(w, p.m, p.c, p.kh, p.kw);
             &packed
         }
     };

@@ -86,8 +86,8 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
         }
         // NHWC: the output alone (no im2col).
         Op::Conv(c) if c.nhwc => {
-            let w = input(inputs, 1)?;
-            elements(&super::conv::nhwc_geometry(c, &x()?.shape, &w.shape)?.1, 4)?
+            let w = super::conv::nhwc_weight_shape(c, inputs)?;
+            elements(&super::conv::nhwc_geometry(c, &x()?.shape, &w)?.1, 4)?
         }
         Op::Conv(c) => {
             let w = input(inputs, 1)?;

@@ -229,6 +229,17 @@ mod tests {
             "{names:?}"
         );
         let nhwc = Plan::build(&g).expect("plan");
+        // The NHWC Convs hold their weights packed only: the ONNX copy is freed.
+        let packed_only = nhwc
+            .steps
+            .iter()
+            .filter(|s| s.op.name().contains("NHWC"))
+            .all(|s| s.inputs[1].is_none());
+        assert!(packed_only, "the NHWC Convs' ONNX weights are freed");
+        assert!(
+            nhwc.weight_bytes() < raw.weight_bytes() + 4 * 16 * 3 * 9,
+            "weights held once"
+        );
         let be = CpuBackend::new(2);
         for batch in [1, 3] {
             let x: Vec<f32> = (0..batch * 270)
