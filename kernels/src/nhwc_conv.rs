@@ -311,47 +311,76 @@ unsafe fn tile<const R: usize, const P: usize>(
         acc = unsafe { products(acc, taps, wp.add(kk * LANES), k * LANES, len) };
         kk += len;
     }
-    let last = ks.end == k;
+    if ks.end < k {
+        // SAFETY: as below, the rows and channels of this tile.
+        unsafe { store(acc, at, &masks) };
+        return;
+    }
+    // SAFETY: the mask reads channels of panel p0 + q below m of the bias (m values).
+    let bias: [_; P] = std::array::from_fn(|q| {
+        epi.bias
+            .map(|b| unsafe { _mm512_maskz_loadu_ps(masks[q], b.as_ptr().add((p0 + q) * LANES)) })
+    });
     let finish = Finish::of(epi.act);
-    if last {
-        for q in 0..P {
-            let j0 = (p0 + q) * LANES;
-            // SAFETY: the mask reads channels j0.. below m of the bias (m values).
-            let bias = epi
-                .bias
-                .map(|b| unsafe { _mm512_maskz_loadu_ps(masks[q], b.as_ptr().add(j0)) });
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let mut v = acc[q];
-                if let Some(b) = bias {
-                    v = _mm512_add_ps(v, b);
-                }
-                if let Some(res) = epi.residual {
-                    // SAFETY: the residual has the output's size (asserted by `conv_nhwc`).
-                    let rv = unsafe {
-                        _mm512_maskz_loadu_ps(masks[q], res.as_ptr().add((r0 + r) * m + j0))
-                    };
-                    v = _mm512_add_ps(v, rv);
-                }
-                if let Finish::Clamp(lo, hi) = finish {
-                    // max/min return their second operand for NaN: the lower bound, as the
-                    // scalar activations give.
-                    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
-                }
-                acc[q] = v;
+    let (lo, hi) = match finish {
+        Finish::Clamp(lo, hi) => (_mm512_set1_ps(lo), _mm512_set1_ps(hi)),
+        _ => (
+            _mm512_set1_ps(f32::NEG_INFINITY),
+            _mm512_set1_ps(f32::INFINITY),
+        ),
+    };
+    for (r, row) in acc.iter_mut().enumerate() {
+        for (q, v) in row.iter_mut().enumerate() {
+            if let Some(b) = bias[q] {
+                *v = _mm512_add_ps(*v, b);
+            }
+            if let Some(res) = epi.residual {
+                // SAFETY: the residual has the output's size (asserted by `conv_nhwc`).
+                let rv = unsafe {
+                    _mm512_maskz_loadu_ps(
+                        masks[q],
+                        res.as_ptr().add((r0 + r) * m + (p0 + q) * LANES),
+                    )
+                };
+                *v = _mm512_add_ps(*v, rv);
+            }
+            if let Finish::Clamp(..) = finish {
+                // max/min return their second operand for NaN: the lower bound, as the scalar
+                // activations give.
+                *v = _mm512_min_ps(_mm512_max_ps(*v, lo), hi);
             }
         }
     }
-    for (r, acc) in acc.iter().enumerate() {
-        for (q, &v) in acc.iter().enumerate() {
-            // SAFETY: row r0 + r, channels of panel p0 + q under its mask: within `out`, written
-            // by this task alone.
-            unsafe { _mm512_mask_storeu_ps(at(r, q), masks[q], v) };
-        }
-        if let (true, Finish::Other(act)) = (last, finish) {
-            let (j0, j1) = (p0 * LANES, ((p0 + P) * LANES).min(m));
+    // SAFETY: row r0 + r, channels of panel p0 + q under its mask: within `out`, written by
+    // this task alone.
+    unsafe { store(acc, at, &masks) };
+    if let Finish::Other(act) = finish {
+        let (j0, j1) = (p0 * LANES, ((p0 + P) * LANES).min(m));
+        for r in 0..R {
             // SAFETY: as the stores above.
             let row = unsafe { std::slice::from_raw_parts_mut(at(r, 0), j1 - j0) };
             bias_act(row, None, Some(act));
+        }
+    }
+}
+
+/// Stores tile `acc` at `at(r, q)` under each panel's mask.
+///
+/// # Safety
+/// The CPU has AVX-512F; `at(r, q)` is valid for writes of the lanes of `masks[q]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store<const R: usize, const P: usize>(
+    acc: [[std::arch::x86_64::__m512; P]; R],
+    at: impl Fn(usize, usize) -> *mut f32,
+    masks: &[std::arch::x86_64::__mmask16; P],
+) {
+    use std::arch::x86_64::*;
+    for (r, row) in acc.iter().enumerate() {
+        for (q, &v) in row.iter().enumerate() {
+            // SAFETY: this function's contract.
+            unsafe { _mm512_mask_storeu_ps(at(r, q), masks[q], v) };
         }
     }
 }
