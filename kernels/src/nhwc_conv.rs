@@ -7,8 +7,11 @@
 //! vectors of weights and makes 24 fused multiply-adds. Every lane does useful work whatever the
 //! image size, and nothing is packed per call: the weights are packed once ([`NhwcFilter`]) in
 //! the order the tile reads them, `[16-channel panel][k][16]` with the reduction in tap-major
-//! order, `k = (ky·kw + kx)·C + c`. The output comes out NHWC, `[positions][M]`, with the bias,
-//! a residual (NHWC, the output's shape) and the activation applied on the way out.
+//! order, `k = (ky·kw + kx)·C + c`. Where every window of a tile lies inside the image across,
+//! a whole row of taps is one run of `kw·C` floats of the image and of the weights, so a
+//! 3-channel stem reads 21 values per tap row, not 3 per tap. The output comes out NHWC,
+//! `[positions][M]`, with the bias, a residual (NHWC, the output's shape) and the activation
+//! applied on the way out.
 //!
 //! The reduction runs in blocks whose weights fit in the core's L2 cache beside the tile's
 //! input; every output element is summed in the same order (k ascending) whatever the thread
@@ -127,7 +130,8 @@ pub fn conv_nhwc(
     if rows == 0 {
         return;
     }
-    let zeros = vec![0.0f32; p.c];
+    // Zeros for a tap, or a row of taps, over the padding.
+    let zeros = vec![0.0f32; p.kw * p.c];
     let image = Image { p, x, pad: &zeros };
     let k = f.k();
     // Blocks of weights that fit in L2, over which each task's positions stream: the whole
@@ -166,7 +170,7 @@ pub fn conv_nhwc(
     }
 }
 
-/// The input of one call: the geometry, the NHWC image, and `C` zeros for the padding.
+/// The input of one call: the geometry, the NHWC image, and `kw·C` zeros for the padding.
 struct Image<'a> {
     p: &'a Conv2d,
     x: &'a [f32],
@@ -202,7 +206,8 @@ impl Image<'_> {
         out
     }
 
-    /// The `C` floats the tap `dy, dx` (input rows and columns) from `origin` reads.
+    /// Where the tap `dy, dx` (input rows and columns) from `origin` reads its `C` floats (a row
+    /// of taps inside the image across: `kw·C`).
     #[inline(always)]
     fn tap(&self, (base, y0, x0): Origin, dy: isize, dx: isize) -> *const f32 {
         let p = self.p;
@@ -298,13 +303,24 @@ unsafe fn tile<const R: usize, const P: usize>(
     // SAFETY: panel p0 starts within f.data (this function's contract).
     let wp = unsafe { f.data.as_ptr().add(p0 * k * LANES) };
     let c = p.c;
+    // Where every window of the tile lies inside the image across (and taps are adjacent), a
+    // row of taps is `kw·C` contiguous floats of the image, and of the weights.
+    let inside =
+        p.dw == 1 && (origins[..R].iter()).all(|&(_, _, x0)| x0 >= 0 && x0 as usize + p.kw <= p.w);
     let mut kk = ks.start;
     while kk < ks.end {
-        // The run of channels of one tap within the block.
+        // The run within the block: the rest of one tap's channels, or a whole row of taps.
         let (t, c0) = (kk / c, kk % c);
-        let len = (c - c0).min(ks.end - kk);
-        let (dy, dx) = ((t / p.kw * p.dh) as isize, (t % p.kw * p.dw) as isize);
-        // SAFETY: each tap is C floats (of the image or of the padding); c0 + len <= C.
+        let (ky, kx) = (t / p.kw, t % p.kw);
+        let run = if inside && kx == 0 && c0 == 0 {
+            p.kw * c
+        } else {
+            c - c0
+        };
+        let len = run.min(ks.end - kk);
+        let (dy, dx) = ((ky * p.dh) as isize, (kx * p.dw) as isize);
+        // SAFETY: each tap is C floats, and each row of taps of a window inside the image
+        // across kw·C, of the image or of the padding; c0 + len <= run.
         let taps: [*const f32; R] =
             std::array::from_fn(|r| unsafe { image.tap(origins[r], dy, dx).add(c0) });
         // SAFETY: k indices kk..kk + len of panels p0..p0 + P lie within f.data.

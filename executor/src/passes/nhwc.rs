@@ -7,8 +7,8 @@
 //! in transposes from NCHW and back, which `transposes` then cancels between neighbours: what
 //! remains is one transpose where the chain reads a value from outside it and one where a
 //! value leaves it. A convolution alone would pay both transposes and gain little, so it stays
-//! NCHW, as do the ones the kernel runs slower than the NCHW kernels (few input channels, as in
-//! a stem, or few output channels).
+//! NCHW, as do the ones with few output channels, which the kernel runs slower than the NCHW
+//! kernels.
 
 use super::qdq::{NCHW_TO_NHWC, NHWC_TO_NCHW, transpose};
 use super::transposes::cancel_transposes;
@@ -17,9 +17,6 @@ use crate::ops::Op;
 use crate::tensor::DType;
 use cotenant_kernels::nhwc_conv;
 
-/// Fewest input channels for which the NHWC kernel beats the direct one: a 3-channel stem
-/// spends its time finding taps (`gemm_rate`: 7x7 stem 70 against 102 GFLOP/s).
-const MIN_CHANNELS: usize = 8;
 /// Fewest output channels: one panel of 16 leaves the tile a quarter full.
 const MIN_OUTPUTS: usize = 32;
 
@@ -81,7 +78,7 @@ pub fn nhwc_convolutions(g: &mut Graph) {
 }
 
 /// Whether Conv `n` may run NHWC: 2-D (constant rank-4 f32 weights), ungrouped, with a constant
-/// bias or none, and channels the kernel runs well.
+/// bias or none, and enough output channels.
 fn suits(g: &Graph, n: &Node) -> bool {
     let Op::Conv(c) = &n.op else {
         return false;
@@ -97,7 +94,7 @@ fn suits(g: &Graph, n: &Node) -> bool {
         && input(0).is_some()
         && bias_ok
         && w.dtype() == DType::F32
-        && matches!(w.shape.as_slice(), &[m, c, _, _] if c >= MIN_CHANNELS && m >= MIN_OUTPUTS)
+        && matches!(w.shape.as_slice(), &[m, c, _, _] if c > 0 && m >= MIN_OUTPUTS)
 }
 
 fn residual(n: &Node) -> bool {
