@@ -35,6 +35,44 @@ pub(crate) fn test_bytes(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
+/// The geometry of a square test convolution: `(n, c, h, w, m, k, stride, dilation, pad
+/// top-left, pad bottom-right)`.
+#[cfg(test)]
+pub(crate) fn test_conv(
+    (n, c, h, w, m, k, s, d, pad, extra): (
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+    ),
+) -> conv::Conv2d {
+    let out = |len: usize| (len + pad + extra - d * (k - 1) - 1) / s + 1;
+    conv::Conv2d {
+        n,
+        c,
+        h,
+        w,
+        m,
+        kh: k,
+        kw: k,
+        sh: s,
+        sw: s,
+        dh: d,
+        dw: d,
+        pt: pad,
+        pl: pad,
+        oh: out(h),
+        ow: out(w),
+        groups: 1,
+    }
+}
+
 /// For a test of an AVX-512 path: whether to skip it on this CPU, which it prints. With
 /// `COTENANT_REQUIRE_AVX512` set, a CPU without `what` fails the test instead, so a machine
 /// that should run these paths cannot pass them silently.

@@ -495,26 +495,9 @@ mod tests {
             (2, 1000, 2, 3, 130, 1, 1, 1, 0, 0),
             (1, 300, 3, 4, 40, 3, 1, 1, 1, 1),
         ];
-        for (n, c, h, w, m, k, s, d, pad, extra) in cases {
-            let out = |len: usize| (len + pad + extra - d * (k - 1) - 1) / s + 1;
-            let p = Conv2d {
-                n,
-                c,
-                h,
-                w,
-                m,
-                kh: k,
-                kw: k,
-                sh: s,
-                sw: s,
-                dh: d,
-                dw: d,
-                pt: pad,
-                pl: pad,
-                oh: out(h),
-                ow: out(w),
-                groups: 1,
-            };
+        for case in cases {
+            let p = crate::test_conv(case);
+            let (n, c, h, w, m, k) = (p.n, p.c, p.h, p.w, p.m, p.kh);
             let x = values(n * h * w * c, 3);
             let wt = values(m * c * k * k, 7);
             let bias = values(m, 11);

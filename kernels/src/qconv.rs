@@ -428,26 +428,9 @@ mod tests {
             // Weights over L2_WEIGHTS: read in blocks of panels.
             (1, 128, 4, 4, 260, 3, 1, 1, 1, 1),
         ];
-        for (n, c, h, w, m, k, s, d, pad, extra) in cases {
-            let out = |len: usize| (len + pad + extra - d * (k - 1) - 1) / s + 1;
-            let p = Conv2d {
-                n,
-                c,
-                h,
-                w,
-                m,
-                kh: k,
-                kw: k,
-                sh: s,
-                sw: s,
-                dh: d,
-                dw: d,
-                pt: pad,
-                pl: pad,
-                oh: out(h),
-                ow: out(w),
-                groups: 1,
-            };
+        for case in cases {
+            let p = crate::test_conv(case);
+            let (n, c, h, w, m, k) = (p.n, p.c, p.h, p.w, p.m, p.kh);
             let x = bytes(n * h * w * c, 3);
             let wt: Vec<i8> = bytes(k * k * c * m, 7).iter().map(|&b| b as i8).collect();
             let packed = PackedB::new(k * k * c, m, &wt, (m, 1), &[0i8]);

@@ -312,14 +312,8 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
     if checked_numel(&shape)? == 0 {
         return Tensor::f32(shape, Vec::new());
     }
-    // A fused residual of another shape (a broadcast Add) is added the general way afterwards.
-    let (in_place, later) = residual(c, inputs, &shape)?;
+    let (epi, later) = epilogue(c, inputs, &shape, bias)?;
     let mut out = cx.take_f32(checked_numel(&shape)?);
-    let epi = Epilogue {
-        bias,
-        residual: in_place,
-        act: if later.is_some() { None } else { c.act },
-    };
     let (x, scratch) = (x.as_f32()?, &mut cx.scratch.borrow_mut());
     // The direct convolution splits the input into strides² phase planes: past the kernel's
     // size a stride only skips input, and a hostile one (2^40) would ask for 2^40 planes.
@@ -333,18 +327,29 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
     add_later(cx, c, Tensor::f32(shape, out)?, later)
 }
 
-/// A fused residual of the output's shape, to add in the kernel's epilogue; or one of another
-/// shape (a broadcast Add), to add after it with [`add_later`].
-fn residual<'a>(
+/// What the kernel adds and applies on the way out: the bias, a fused residual of the output's
+/// shape and the activation. A residual of another shape (a broadcast Add) comes back apart, to
+/// add after the kernel with [`add_later`], the activation with it.
+fn epilogue<'a>(
     c: &ConvAttrs,
     inputs: &[Option<&'a Tensor>],
     shape: &[usize],
-) -> OpResult<(Option<&'a [f32]>, Option<&'a Tensor>)> {
-    Ok(match opt_input(inputs, 3).filter(|_| c.residual) {
+    bias: Option<&'a [f32]>,
+) -> OpResult<(Epilogue<'a>, Option<&'a Tensor>)> {
+    let (residual, later) = match opt_input(inputs, 3).filter(|_| c.residual) {
         Some(r) if r.shape == shape => (Some(r.as_f32()?), None),
         Some(r) => (None, Some(r)),
         None => (None, None),
-    })
+    };
+    let act = if later.is_some() { None } else { c.act };
+    Ok((
+        Epilogue {
+            bias,
+            residual,
+            act,
+        },
+        later,
+    ))
 }
 
 /// `act(y + r)` for a residual `r` the kernel did not add.
@@ -406,13 +411,8 @@ fn conv_in_nhwc(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<
             &packed
         }
     };
-    let (in_place, later) = residual(c, inputs, &shape)?;
+    let (epi, later) = epilogue(c, inputs, &shape, bias)?;
     let mut out = cx.take_f32(checked_numel(&shape)?);
-    let epi = Epilogue {
-        bias,
-        residual: in_place,
-        act: if later.is_some() { None } else { c.act },
-    };
     conv_nhwc(cx.threads, &p, x.as_f32()?, filter, epi, &mut out);
     add_later(cx, c, Tensor::f32(shape, out)?, later)
 }
