@@ -676,6 +676,7 @@ mod tests {
         }
     }
 
+    /// A square-kernel convolution of an `h × (h + 1)` image with `pad` on every side.
     #[allow(clippy::too_many_arguments)]
     fn geom(
         n: usize,
@@ -688,24 +689,9 @@ mod tests {
         pad: usize,
         groups: usize,
     ) -> Conv2d {
-        let oh = (h + 2 * pad - d * (k - 1) - 1) / s + 1;
         Conv2d {
-            n,
-            c,
-            h,
-            w: h + 1,
-            m,
-            kh: k,
-            kw: k,
-            sh: s,
-            sw: s,
-            dh: d,
-            dw: d,
-            pt: pad,
-            pl: pad,
-            oh,
-            ow: (h + 1 + 2 * pad - d * (k - 1) - 1) / s + 1,
             groups,
+            ..crate::test_conv((n, c, h, h + 1, m, k, s, d, pad, pad))
         }
     }
 
