@@ -7,6 +7,7 @@ use cotenant_kernels::conv::{Conv2d, Epilogue, conv2d};
 use cotenant_kernels::direct_conv::{PackedFilter, applies, direct_conv};
 use cotenant_kernels::gemm::{Mat, sgemm};
 use cotenant_kernels::nhwc_conv::{self, NhwcFilter, conv_nhwc};
+use cotenant_kernels::nhwc_depthwise::depthwise_nhwc;
 use cotenant_kernels::qgemm::{PackedA, PackedB, qgemm};
 use std::time::Instant;
 
@@ -213,6 +214,16 @@ fn main() {
                     flops / s / 1e9,
                     s * 1e3
                 );
+                if nhwc_conv::available() {
+                    // The same convolution on NHWC activations.
+                    let f = NhwcFilter::new(&w, c, 1, 3, 3);
+                    let s = time(flops, || depthwise_nhwc(threads, &p, &x, &f, epi, &mut out));
+                    println!(
+                        "{threads}t nhwc dw batch {batch} {name:17} {:7.1} GFLOP/s {:8.3} ms",
+                        flops / s / 1e9,
+                        s * 1e3
+                    );
+                }
             }
         });
     }

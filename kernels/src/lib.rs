@@ -17,6 +17,7 @@ pub mod gemm;
 pub mod igemm;
 pub mod inverted_residual;
 pub mod nhwc_conv;
+pub mod nhwc_depthwise;
 pub mod norm;
 pub mod pool;
 pub mod qconv;

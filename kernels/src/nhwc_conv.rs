@@ -77,9 +77,14 @@ impl NhwcFilter {
         [self.m, self.c, self.kh, self.kw]
     }
 
-    /// Whether these are the weights of convolution `p`.
+    /// Whether these are the weights of convolution `p` (`c` input channels per group).
     pub fn fits(&self, p: &Conv2d) -> bool {
-        (p.m, p.c, p.kh, p.kw) == (self.m, self.c, self.kh, self.kw)
+        p.groups > 0 && (p.m, p.c / p.groups, p.kh, p.kw) == (self.m, self.c, self.kh, self.kw)
+    }
+
+    /// Panel `q`'s weights, `[k][16]`.
+    pub(crate) fn panel(&self, q: usize) -> &[f32] {
+        &self.data[q * self.k() * LANES..][..self.k() * LANES]
     }
 
     fn panels(&self) -> usize {
@@ -435,26 +440,27 @@ unsafe fn products<const R: usize, const P: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::activation::Activation;
 
-    fn values(len: usize, seed: u32) -> Vec<f32> {
+    pub(crate) fn values(len: usize, seed: u32) -> Vec<f32> {
         crate::test_bytes(len, seed)
             .iter()
             .map(|&b| b as f32 / 64.0 - 2.0)
             .collect()
     }
 
-    /// The convolution tap by tap, NHWC in and out, in f64.
-    fn reference(p: &Conv2d, x: &[f32], w: &[f32], epi: &Epilogue<'_>) -> Vec<f32> {
+    /// The convolution tap by tap, NHWC in and out, in f64 (`groups` groups of channels).
+    pub(crate) fn reference(p: &Conv2d, x: &[f32], w: &[f32], epi: &Epilogue<'_>) -> Vec<f32> {
         let rows = p.n * p.oh * p.ow;
+        let (cg, mg) = (p.c / p.groups, p.m / p.groups);
         let mut out = vec![0.0f32; rows * p.m];
         for r in 0..rows {
             let (img, oy, ox) = (r / (p.oh * p.ow), r / p.ow % p.oh, r % p.ow);
             for j in 0..p.m {
                 let mut s = epi.bias.map_or(0.0, |b| b[j] as f64);
-                for ci in 0..p.c {
+                for ci in 0..cg {
                     for ky in 0..p.kh {
                         for kx in 0..p.kw {
                             let iy = (oy * p.sh + ky * p.dh) as isize - p.pt as isize;
@@ -462,8 +468,10 @@ mod tests {
                             if iy < 0 || ix < 0 || iy >= p.h as isize || ix >= p.w as isize {
                                 continue;
                             }
-                            let xi = ((img * p.h + iy as usize) * p.w + ix as usize) * p.c + ci;
-                            let wi = ((j * p.c + ci) * p.kh + ky) * p.kw + kx;
+                            let xi = ((img * p.h + iy as usize) * p.w + ix as usize) * p.c
+                                + j / mg * cg
+                                + ci;
+                            let wi = ((j * cg + ci) * p.kh + ky) * p.kw + kx;
                             s += x[xi] as f64 * w[wi] as f64;
                         }
                     }

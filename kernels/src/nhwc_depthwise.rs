@@ -1,0 +1,291 @@
+//! Depthwise 2-D convolution (one filter per channel) of NHWC f32 activations on AVX-512 CPUs.
+//!
+//! In NHWC a pixel's channels are contiguous, so each vector holds 16 channels of one position
+//! and every lane does useful work whatever the image size: a block of up to 8 output positions
+//! of one row keeps 8 accumulators per 16-channel panel, and each tap adds one weight vector
+//! times the input vector the tap reads for each position, straight from the image (no padded
+//! copy). Taps over the padding are skipped: a kernel row above or below the image for the
+//! whole block, a column left or right of it per position. The weights are those of
+//! [`NhwcFilter`] with one input channel: `[16-channel panel][tap][16]`. Bias, a residual (NHWC,
+//! the output's shape) and the activation are applied on the way out; each output is summed in
+//! tap order whatever the thread budget or the batch.
+
+use crate::activation::{Finish, bias_act};
+use crate::conv::{Conv2d, Epilogue};
+use crate::gemm::SharedOut;
+use crate::nhwc_conv::NhwcFilter;
+use rayon::prelude::*;
+
+const LANES: usize = 16;
+
+/// Whether [`depthwise_nhwc`] computes convolution `p`: one group per channel, one output
+/// channel per group.
+pub fn applies(p: &Conv2d) -> bool {
+    p.c > 0 && p.groups == p.c && p.m == p.c
+}
+
+/// `out[r·C + j] = act(bias[j] + residual[r·C + j] + Σ_{ky,kx} x[img][iy][ix][j] ·
+/// w[j][0][ky][kx])` for every output position `r = (img·oh + oy)·ow + ox` (`iy = oy·sh + ky·dh
+/// - pt`, likewise `ix`; zero outside the image), split across `threads`.
+///
+/// # Panics
+/// If the CPU lacks AVX-512F ([`crate::nhwc_conv::available`]), the convolution does not
+/// [`applies`], `f` is not its filter, or `x`, the residual or `out` has the wrong size.
+pub fn depthwise_nhwc(
+    threads: usize,
+    p: &Conv2d,
+    x: &[f32],
+    f: &NhwcFilter,
+    epi: Epilogue<'_>,
+    out: &mut [f32],
+) {
+    assert!(crate::avx512f(), "depthwise_nhwc needs AVX-512F");
+    assert!(applies(p) && f.fits(p), "depthwise_nhwc of {p:?} with {f:?}");
+    assert_eq!(x.len(), p.n * p.h * p.w * p.c, "depthwise_nhwc input size");
+    let rows = p.n * p.oh;
+    assert_eq!(out.len(), rows * p.ow * p.m, "depthwise_nhwc output size");
+    if let Some(r) = epi.residual {
+        assert_eq!(r.len(), out.len(), "depthwise_nhwc residual size");
+    }
+    if let Some(b) = epi.bias {
+        assert_eq!(b.len(), p.m, "depthwise_nhwc bias size");
+    }
+    if out.is_empty() {
+        return;
+    }
+    let work = out.len() * p.kh * p.kw;
+    let tasks = if threads > 1 && work >= crate::PAR_MIN_WORK {
+        (2 * threads).min(rows)
+    } else {
+        1
+    };
+    let per = rows.div_ceil(tasks);
+    let dst = SharedOut(out.as_mut_ptr());
+    let run = |t: usize| {
+        for row in (t * per).min(rows)..((t + 1) * per).min(rows) {
+            // SAFETY: the CPU has AVX-512F and the sizes were checked above; tasks write
+            // disjoint output rows.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                output_row(p, x, f, epi, row, dst)
+            }
+        }
+    };
+    if tasks > 1 {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        run(0);
+    }
+}
+
+/// Output row `row` (`img·oh + oy`), every channel.
+///
+/// # Safety
+/// The CPU has AVX-512F; the operands are as [`depthwise_nhwc`] asserts; no one else writes
+/// this row of `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn output_row(
+    p: &Conv2d,
+    x: &[f32],
+    f: &NhwcFilter,
+    epi: Epilogue<'_>,
+    row: usize,
+    out: SharedOut,
+) {
+    let (img, oy) = (row / p.oh, row % p.oh);
+    // The kernel rows inside the image: iy = y0 + ky·dh in 0..h.
+    let y0 = (oy * p.sh) as isize - p.pt as isize;
+    let ky0 = if y0 < 0 { (-y0 as usize).div_ceil(p.dh) } else { 0 };
+    let ky1 = ((p.h as isize - y0).max(0) as usize)
+        .div_ceil(p.dh)
+        .min(p.kh);
+    // The positions whose windows lie inside the image across: ox in lo..hi.
+    let span = (p.kw - 1) * p.dw;
+    let lo = p.pl.div_ceil(p.sw).min(p.ow);
+    let hi = if p.w + p.pl > span {
+        ((p.w + p.pl - span - 1) / p.sw + 1).clamp(lo, p.ow)
+    } else {
+        lo
+    };
+    let first = row * p.ow * p.m;
+    for q in 0..p.m.div_ceil(LANES) {
+        let src = Source {
+            p,
+            // SAFETY: image img, channel q·16: within x.
+            x: unsafe { x.as_ptr().add(img * p.h * p.w * p.c + q * LANES) },
+            w: f.panel(q).as_ptr(),
+            mask: crate::mask16(p.c - q * LANES),
+            kys: (ky0.min(ky1), ky1),
+            y0,
+        };
+        let at = |ox: usize| first + ox * p.m + q * LANES;
+        // SAFETY (all blocks): positions of this row, channels of panel q; the windows of the
+        // unchecked blocks lie inside the image across.
+        unsafe {
+            for ox in (0..lo).chain(hi..p.ow) {
+                block::<1, true>(&src, ox, epi, at(ox), out);
+            }
+            let mut ox = lo;
+            while ox < hi {
+                ox += match hi - ox {
+                    8.. => block::<8, false>(&src, ox, epi, at(ox), out),
+                    4.. => block::<4, false>(&src, ox, epi, at(ox), out),
+                    2.. => block::<2, false>(&src, ox, epi, at(ox), out),
+                    _ => block::<1, false>(&src, ox, epi, at(ox), out),
+                };
+            }
+        }
+    }
+    if let Finish::Other(act) = Finish::of(epi.act) {
+        // SAFETY: this row of `out`, written above by this task alone.
+        let done = unsafe { std::slice::from_raw_parts_mut(out.at(first), p.ow * p.m) };
+        bias_act(done, None, Some(act));
+    }
+}
+
+/// What the blocks of one output row and one 16-channel panel read.
+struct Source<'a> {
+    p: &'a Conv2d,
+    /// The image's first pixel, at the panel's first channel.
+    x: *const f32,
+    /// The panel's weights, `[tap][16]`.
+    w: *const f32,
+    /// The panel's channels below `C`.
+    mask: u16,
+    /// The kernel rows inside the image, and the input row kernel row 0 reads.
+    kys: (usize, usize),
+    y0: isize,
+}
+
+/// Output positions `ox..ox + N` of a row and one panel (the first at `out[at]`, the others
+/// `M` floats apart); returns `N`. `CHECKED` skips the taps left or right of the image.
+///
+/// # Safety
+/// The CPU has AVX-512F; the operands are as [`depthwise_nhwc`] asserts; `ox + N <= ow`; all
+/// windows lie inside the image across unless `CHECKED`; no one else writes these outputs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn block<const N: usize, const CHECKED: bool>(
+    src: &Source<'_>,
+    ox: usize,
+    epi: Epilogue<'_>,
+    at: usize,
+    out: SharedOut,
+) -> usize {
+    use std::arch::x86_64::*;
+    let (p, mask) = (src.p, src.mask);
+    let (c, w) = (p.c as isize, p.w as isize);
+    let step = p.sw * p.c;
+    let x0 = (ox * p.sw) as isize - p.pl as isize;
+    let mut acc = [_mm512_setzero_ps(); N];
+    for ky in src.kys.0..src.kys.1 {
+        let iy = src.y0 + (ky * p.dh) as isize;
+        for kx in 0..p.kw {
+            let ix = x0 + (kx * p.dw) as isize;
+            // SAFETY: tap ky·kw + kx of the panel's weights.
+            let wv = unsafe { _mm512_loadu_ps(src.w.add((ky * p.kw + kx) * LANES)) };
+            // SAFETY (offset): pixel (iy, ix) of the image, inside it where read below.
+            let tap = src.x.wrapping_offset((iy * w + ix) * c);
+            for (i, acc) in acc.iter_mut().enumerate() {
+                if CHECKED && !(0..w).contains(&(ix + (i * p.sw) as isize)) {
+                    continue;
+                }
+                // SAFETY: position ox + i's tap lies inside the image (checked, or this
+                // function's contract); the mask keeps to its channels.
+                let xv = unsafe { _mm512_maskz_loadu_ps(mask, tap.wrapping_add(i * step)) };
+                *acc = _mm512_fmadd_ps(xv, wv, *acc);
+            }
+        }
+    }
+    let bias = epi.bias.map(|b| {
+        // SAFETY: the panel's channels of the bias (M values) under the mask.
+        unsafe { _mm512_maskz_loadu_ps(mask, b.as_ptr().add(at % p.m)) }
+    });
+    let (lo, hi) = match Finish::of(epi.act) {
+        Finish::Clamp(lo, hi) => (Some(_mm512_set1_ps(lo)), _mm512_set1_ps(hi)),
+        _ => (None, _mm512_setzero_ps()),
+    };
+    for (i, mut v) in acc.into_iter().enumerate() {
+        let at = at + i * p.m;
+        if let Some(b) = bias {
+            v = _mm512_add_ps(v, b);
+        }
+        if let Some(res) = epi.residual {
+            // SAFETY: the residual has the output's size (asserted by `depthwise_nhwc`).
+            v = _mm512_add_ps(v, unsafe {
+                _mm512_maskz_loadu_ps(mask, res.as_ptr().add(at))
+            });
+        }
+        if let Some(lo) = lo {
+            // max/min return their second operand for NaN: the lower bound, as the scalar
+            // activations give.
+            v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+        }
+        // SAFETY: output position ox + i, the panel's channels: this function's contract.
+        unsafe { _mm512_mask_storeu_ps(out.at(at), mask, v) };
+    }
+    N
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::activation::Activation;
+    use crate::nhwc_conv::tests::{reference, values};
+
+    #[test]
+    fn matches_the_tap_by_tap_convolution() {
+        if crate::skip_without(crate::avx512f(), "AVX-512F") {
+            return;
+        }
+        // (n, c, h, w, m, k, stride, dilation, pad top-left, bottom-right); m is ignored.
+        let cases = [
+            (1, 32, 9, 11, 0, 3, 1, 1, 1, 1),
+            (2, 20, 7, 7, 0, 3, 2, 1, 1, 1),
+            (1, 144, 10, 10, 0, 3, 2, 1, 0, 1),
+            (1, 5, 6, 17, 0, 5, 1, 1, 2, 2),
+            (3, 48, 4, 4, 0, 3, 1, 2, 2, 2),
+            (1, 16, 3, 20, 0, 3, 1, 1, 0, 0),
+            (1, 40, 2, 2, 0, 3, 1, 1, 1, 1),
+        ];
+        assert!(!applies(&crate::test_conv((1, 4, 3, 3, 4, 3, 1, 1, 1, 1))));
+        for case in cases {
+            let mut p = crate::test_conv(case);
+            (p.m, p.groups) = (p.c, p.c);
+            let (n, c, h, w, k) = (p.n, p.c, p.h, p.w, p.kh);
+            let x = values(n * h * w * c, 3);
+            let wt = values(c * k * k, 7);
+            let bias = values(c, 11);
+            let res = values(n * p.oh * p.ow * c, 13);
+            let filter = NhwcFilter::new(&wt, c, 1, k, k);
+            let epilogues = [
+                Epilogue::default(),
+                Epilogue {
+                    bias: Some(&bias),
+                    residual: Some(&res),
+                    act: Some(Activation::Clip(0.0, 6.0)),
+                },
+                Epilogue {
+                    bias: Some(&bias),
+                    residual: None,
+                    act: Some(Activation::Sigmoid),
+                },
+            ];
+            for epi in epilogues {
+                let want = reference(&p, &x, &wt, &epi);
+                for threads in [1, 3] {
+                    let mut got = vec![f32::NAN; want.len()];
+                    depthwise_nhwc(threads, &p, &x, &filter, epi, &mut got);
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - e).abs() <= 1e-5 * (1.0 + e.abs()),
+                            "{p:?} {epi:?} threads {threads} at {i}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
