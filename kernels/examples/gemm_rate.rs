@@ -20,7 +20,7 @@ const GEMMS: [(usize, usize, usize, &str); 5] = [
 ];
 
 /// (input channels, image size, output channels, kernel size, stride, name)
-const CONVS: [(usize, usize, usize, usize, usize, &str); 23] = [
+const CONVS: [(usize, usize, usize, usize, usize, &str); 29] = [
     (64, 56, 64, 3, 1, "3x3 64 56x56"),
     (128, 56, 128, 3, 2, "3x3 s2 128 56->28"),
     (256, 28, 256, 3, 2, "3x3 s2 256 28->14"),
@@ -45,6 +45,13 @@ const CONVS: [(usize, usize, usize, usize, usize, &str); 23] = [
     (960, 7, 160, 1, 1, "mbv2 1x1 960->160 7"),
     (960, 7, 320, 1, 1, "mbv2 1x1 960->320 7"),
     (320, 7, 1280, 1, 1, "mbv2 1x1 320->1280 7"),
+    // mobilenet_v2's expansions (block input -> expanded channels)
+    (16, 112, 96, 1, 1, "mbv2 1x1 16->96 112"),
+    (24, 56, 144, 1, 1, "mbv2 1x1 24->144 56"),
+    (32, 28, 192, 1, 1, "mbv2 1x1 32->192 28"),
+    (64, 14, 384, 1, 1, "mbv2 1x1 64->384 14"),
+    (96, 14, 576, 1, 1, "mbv2 1x1 96->576 14"),
+    (160, 7, 960, 1, 1, "mbv2 1x1 160->960 7"),
 ];
 
 /// mobilenet_v2's depthwise 3x3 convolutions: (channels, image size, stride, name).

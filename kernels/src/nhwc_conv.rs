@@ -23,8 +23,10 @@ use crate::gemm::SharedOut;
 use rayon::prelude::*;
 
 const LANES: usize = 16;
-/// Output positions per register tile.
+/// Output positions per register tile of four panels; tiles of fewer panels hold more
+/// ([`rows_for`]), up to `MR_MAX`.
 const MR: usize = 6;
+const MR_MAX: usize = 12;
 /// 16-channel panels per register tile.
 const NP: usize = 4;
 /// Bytes of packed weights one block (of panels by reduction steps) holds in the core's L2
@@ -183,15 +185,15 @@ struct Image<'a> {
 }
 
 impl Image<'_> {
-    /// Where the windows of output rows `r0..r0 + n` start (`n <= MR`): the image's first
+    /// Where the windows of output rows `r0..r0 + n` start (`n <= MR_MAX`): the image's first
     /// float, and the top-left tap's input row and column (negative over the padding). One
     /// division for the tile, then steps along the output row.
     #[inline(always)]
-    fn origins(&self, r0: usize, n: usize) -> [Origin; MR] {
+    fn origins(&self, r0: usize, n: usize) -> [Origin; MR_MAX] {
         let p = self.p;
         let (mut img, pos) = (r0 / (p.oh * p.ow), r0 % (p.oh * p.ow));
         let (mut oy, mut ox) = (pos / p.ow, pos % p.ow);
-        let mut out = [(0, 0, 0); MR];
+        let mut out = [(0, 0, 0); MR_MAX];
         for o in out.iter_mut().take(n) {
             *o = (
                 img * p.h * p.w * p.c,
@@ -244,33 +246,48 @@ unsafe fn tiles(
     epi: Epilogue<'_>,
     out: SharedOut,
 ) {
-    macro_rules! tiles {
-        ($o:expr, $r0:expr, $mr:expr, $p0:expr, $np:expr, $($r:literal)*) => {
+    // The (rows, panels) tiles that exist: as many rows as `rows_for` allows.
+    macro_rules! tile {
+        ($o:expr, $r0:expr, $mr:expr, $p0:expr, $np:expr; $($r:literal: $($p:literal)*;)*) => {
             match ($mr, $np) {
-                $(
-                    ($r, 4) => tile::<$r, 4>(image, ($r0, $o), f, $p0, ks.clone(), epi, out),
-                    ($r, 3) => tile::<$r, 3>(image, ($r0, $o), f, $p0, ks.clone(), epi, out),
-                    ($r, 2) => tile::<$r, 2>(image, ($r0, $o), f, $p0, ks.clone(), epi, out),
-                    ($r, _) => tile::<$r, 1>(image, ($r0, $o), f, $p0, ks.clone(), epi, out),
-                )*
-                _ => unreachable!("tiles have 1 to {MR} rows"),
+                $($(($r, $p) => tile::<$r, $p>(image, ($r0, $o), f, $p0, ks.clone(), epi, out),)*)*
+                (mr, np) => unreachable!("no tile of {mr} rows by {np} panels"),
             }
         };
     }
+    // Panels in groups of as even a size as fit (9 as 3 of 3, not 4, 4 and 1), and as many
+    // rows per tile as the group leaves registers for.
+    let groups = panels.len().div_ceil(NP);
+    let per = panels.len().div_ceil(groups);
+    let mr = rows_for(per);
     // Tiles of as even a size as fit: 49 rows as 4 of 6 and 5 of 5, not 8 of 6 and 1 of 1
     // (a 1-row tile loads a weight vector per multiply-add).
     let (start, len) = (rows.start, rows.len());
-    let count = len.div_ceil(MR);
+    let count = len.div_ceil(mr);
     for t in 0..count {
         let r = start + t * len / count;
-        let mr = start + (t + 1) * len / count - r;
-        let origins = image.origins(r, mr);
-        for p0 in panels.clone().step_by(NP) {
-            let np = (panels.end - p0).min(NP);
-            // SAFETY: as this function's contract; rows r..r + mr are output rows, panels
+        let n = start + (t + 1) * len / count - r;
+        let origins = image.origins(r, n);
+        for p0 in panels.clone().step_by(per) {
+            let np = (panels.end - p0).min(per);
+            // SAFETY: as this function's contract; rows r..r + n are output rows, panels
             // p0..p0 + np are within f.
-            unsafe { tiles!(&origins, r, mr, p0, np, 6 5 4 3 2 1) }
+            unsafe {
+                tile!(&origins, r, n, p0, np;
+                    1: 1 2 3 4; 2: 1 2 3 4; 3: 1 2 3 4; 4: 1 2 3 4; 5: 1 2 3 4; 6: 1 2 3 4;
+                    7: 1 2 3; 8: 1 2 3; 9: 1 2; 10: 1 2; 11: 1 2; 12: 1 2;)
+            }
         }
+    }
+}
+
+/// Output rows per register tile of `panels` panels: its accumulators, one weight vector per
+/// panel and the broadcast input fill at most 29 of the 32 vector registers.
+fn rows_for(panels: usize) -> usize {
+    match panels {
+        4.. => MR,
+        3 => 8,
+        _ => MR_MAX,
     }
 }
 
@@ -285,7 +302,7 @@ unsafe fn tiles(
 #[inline]
 unsafe fn tile<const R: usize, const P: usize>(
     image: &Image<'_>,
-    (r0, origins): (usize, &[Origin; MR]),
+    (r0, origins): (usize, &[Origin; MR_MAX]),
     f: &NhwcFilter,
     p0: usize,
     ks: std::ops::Range<usize>,
