@@ -16,6 +16,7 @@ pub mod fused;
 pub mod gemm;
 pub mod igemm;
 pub mod inverted_residual;
+pub mod nhwc_block;
 pub mod nhwc_conv;
 pub mod nhwc_depthwise;
 pub mod norm;
