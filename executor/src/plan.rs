@@ -95,8 +95,10 @@ impl Plan {
             .collect();
         // Weights the CPU reads in another order, reordered once here.
         for s in &mut steps {
-            if let (Op::Conv(c), Some(Some(Src::Const(w)))) = (&mut s.op, s.inputs.get(1)) {
-                crate::ops::conv::pack_filter(c, &constants[*w]);
+            for (c, k) in crate::ops::conv::weighted_convs(&mut s.op) {
+                if let Some(Some(Src::Const(w))) = s.inputs.get(k) {
+                    crate::ops::conv::pack_filter(c, &constants[*w]);
+                }
             }
         }
         drop_packed_weights(&mut steps, &mut constants, &outputs);
@@ -146,13 +148,17 @@ impl Plan {
     /// Bytes of all weights and other constants the plan holds, with the weights kernels hold
     /// reordered (the int8 ones hold theirs only so).
     pub fn weight_bytes(&self) -> usize {
+        let conv = |c: &crate::ops::conv::ConvAttrs| {
+            c.packed.as_ref().map_or(0, |f| f.bytes())
+                + c.nhwc_filter.as_ref().map_or(0, |f| f.bytes())
+        };
         let packed: usize = self
             .steps
             .iter()
             .filter_map(|s| match &s.op {
-                Op::Conv(c) => Some(
-                    c.packed.as_ref().map_or(0, |f| f.bytes())
-                        + c.nhwc_filter.as_ref().map_or(0, |f| f.bytes()),
+                Op::Conv(c) => Some(conv(c)),
+                Op::PointwiseDepthwise(f) => Some(
+                    conv(&f.pointwise) + conv(&f.depthwise) + f.project.as_ref().map_or(0, conv),
                 ),
                 Op::Quant(QuantOp::QConv(q)) => Some(q.w.bytes()),
                 Op::Quant(QuantOp::PackedMatMul(m)) => Some(m.b.bytes()),
@@ -610,14 +616,16 @@ fn drop_packed_weights(
         }
     }
     for s in steps {
-        let (Op::Conv(c), Some(slot)) = (&s.op, s.inputs.get_mut(1)) else {
-            continue;
-        };
-        if let (Some(_), Some(Src::Const(w))) = (&c.nhwc_filter, *slot)
-            && readers[w] == 1
-        {
-            constants[w] = Arc::new(Tensor::f32(vec![0], Vec::new()).expect("an empty tensor"));
-            *slot = None;
+        for (c, k) in crate::ops::conv::weighted_convs(&mut s.op) {
+            let Some(slot) = s.inputs.get_mut(k) else {
+                continue;
+            };
+            if let (Some(_), Some(Src::Const(w))) = (&c.nhwc_filter, *slot)
+                && readers[w] == 1
+            {
+                constants[w] = Arc::new(Tensor::f32(vec![0], Vec::new()).expect("an empty tensor"));
+                *slot = None;
+            }
         }
     }
 }
@@ -654,9 +662,9 @@ impl Model {
         Model::from_graph_for(g, Target::Cpu)
     }
     pub fn from_graph_for(mut g: Graph, target: Target) -> Result<Model, ImportError> {
-        crate::passes::optimize(&mut g);
-        if target == Target::Cpu {
-            crate::passes::nhwc_convolutions(&mut g);
+        match target {
+            Target::Cpu => crate::passes::optimize_for_cpu(&mut g),
+            Target::Gpu => crate::passes::optimize(&mut g),
         }
         Ok(Model {
             plan: Plan::build(&g)?,

@@ -12,7 +12,7 @@ use cotenant_kernels::conv::{Conv2d, Epilogue, conv_transpose2d, conv2d};
 use cotenant_kernels::direct_conv::{self, PackedFilter, direct_conv};
 use cotenant_kernels::fused::{self, Stage};
 use cotenant_kernels::inverted_residual::inverted_residual;
-use cotenant_kernels::nhwc_conv::{self, NhwcFilter, conv_nhwc};
+use cotenant_kernels::nhwc_conv::NhwcFilter;
 use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -125,7 +125,7 @@ fn output_shape(n: usize, m: usize, out_hw: [usize; 2], spatial: usize) -> Vec<u
 }
 
 /// The optional bias input, checked to have one value per output channel.
-fn bias<'a>(b: Option<&'a Tensor>, m: usize, op: &str) -> OpResult<Option<&'a [f32]>> {
+pub(crate) fn bias<'a>(b: Option<&'a Tensor>, m: usize, op: &str) -> OpResult<Option<&'a [f32]>> {
     match b {
         Some(b) if b.len() != m => {
             shape_err(format!("{op} bias has {} values for {m} channels", b.len()))
@@ -300,7 +300,7 @@ pub(crate) fn conv_geometry(
 
 pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     if c.nhwc {
-        return conv_in_nhwc(cx, c, inputs);
+        return super::conv_nhwc::conv_in_nhwc(cx, c, inputs);
     }
     let (x, w, b) = (input(inputs, 0)?, input(inputs, 1)?, opt_input(inputs, 2));
     if x.rank() > 4 {
@@ -330,7 +330,7 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
 /// What the kernel adds and applies on the way out: the bias, a fused residual of the output's
 /// shape and the activation. A residual of another shape (a broadcast Add) comes back apart, to
 /// add after the kernel with [`add_later`], the activation with it.
-fn epilogue<'a>(
+pub(crate) fn epilogue<'a>(
     c: &ConvAttrs,
     inputs: &[Option<&'a Tensor>],
     shape: &[usize],
@@ -353,7 +353,12 @@ fn epilogue<'a>(
 }
 
 /// `act(y + r)` for a residual `r` the kernel did not add.
-fn add_later(cx: &Cx, c: &ConvAttrs, y: Tensor, later: Option<&Tensor>) -> OpResult<Tensor> {
+pub(crate) fn add_later(
+    cx: &Cx,
+    c: &ConvAttrs,
+    y: Tensor,
+    later: Option<&Tensor>,
+) -> OpResult<Tensor> {
     match later {
         None => Ok(y),
         Some(r) => {
@@ -366,55 +371,19 @@ fn add_later(cx: &Cx, c: &ConvAttrs, y: Tensor, later: Option<&Tensor>) -> OpRes
     }
 }
 
-/// [`conv_geometry`] of a Conv the layout pass made NHWC: input `x` is `[N, H, W, C]`, the
-/// output shape `[N, oh, ow, M]`.
-pub(crate) fn nhwc_geometry(
-    c: &ConvAttrs,
-    x: &[usize],
-    w: &[usize],
-) -> OpResult<(Conv2d, Vec<usize>)> {
-    let &[n, h, wd, ch] = x else {
-        return shape_err(format!("NHWC Conv input must be [N, H, W, C], got {x:?}"));
-    };
-    let (p, _) = conv_geometry(c, &[n, ch, h, wd], w)?;
-    Ok((p, vec![n, p.oh, p.ow, p.m]))
-}
-
-/// The weight shape of an NHWC Conv: its input 1's, or, where the plan freed that copy, its
-/// packed filter's.
-pub(crate) fn nhwc_weight_shape(c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Vec<usize>> {
-    match (opt_input(inputs, 1), &c.nhwc_filter) {
-        (Some(w), _) => Ok(w.shape.clone()),
-        (None, Some(f)) => Ok(f.shape().to_vec()),
-        (None, None) => input(inputs, 1).map(|w| w.shape.clone()),
-    }
-}
-
-/// A Conv the layout pass made NHWC: `[N, H, W, C]` in, `[N, oh, ow, M]` out, the residual in
-/// the output's layout.
-fn conv_in_nhwc(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
-    let (x, b) = (input(inputs, 0)?, opt_input(inputs, 2));
-    let (p, shape) = nhwc_geometry(c, &x.shape, &nhwc_weight_shape(c, inputs)?)?;
-    if !nhwc_conv::applies(&p) || !nhwc_conv::available() {
-        return Err(OpError::Unsupported(format!("an NHWC Conv of {p:?}")));
-    }
-    let bias = bias(b, p.m, "Conv")?;
-    if checked_numel(&shape)? == 0 {
-        return Tensor::f32(shape, Vec::new());
-    }
-    let packed;
-    let filter = match &c.nhwc_filter {
-        Some(f) if f.fits(&p) => f,
-        _ => {
-            let w = input(inputs, 1)?.as_f32()?;
-            packed = NhwcFilter::new(w, p.m, p.c, p.kh, p.kw);
-            &packed
+/// The convolutions op `op` holds, each with the input its weight is: a Conv's, or a fused
+/// block's two or three.
+pub fn weighted_convs(op: &mut super::Op) -> Vec<(&mut ConvAttrs, usize)> {
+    match op {
+        super::Op::Conv(c) => vec![(c, 1)],
+        super::Op::PointwiseDepthwise(f) => {
+            let f = &mut **f;
+            let mut v = vec![(&mut f.pointwise, 1), (&mut f.depthwise, 3)];
+            v.extend(f.project.as_mut().map(|p| (p, 5)));
+            v
         }
-    };
-    let (epi, later) = epilogue(c, inputs, &shape, bias)?;
-    let mut out = cx.take_f32(checked_numel(&shape)?);
-    conv_nhwc(cx.threads, &p, x.as_f32()?, filter, epi, &mut out);
-    add_later(cx, c, Tensor::f32(shape, out)?, later)
+        _ => Vec::new(),
+    }
 }
 
 /// Reorders a Conv's constant `weight` once: for the NHWC convolution where the layout pass
@@ -430,7 +399,7 @@ pub fn pack_filter(c: &mut ConvAttrs, weight: &Tensor) {
         Some(_) => return,
     };
     if c.nhwc {
-        if c.group == 1 {
+        if c.group == 1 || (cg == 1 && c.group == m) {
             c.nhwc_filter = Some(Arc::new(NhwcFilter::new(w, m, cg, kh, kw)));
         }
     } else if direct_conv::suits([kh, kw], dilation, c.group) {
@@ -462,6 +431,9 @@ pub fn pointwise_depthwise(
     f: &PointwiseDepthwise,
     inputs: &[Option<&Tensor>],
 ) -> OpResult<Tensor> {
+    if f.pointwise.nhwc {
+        return super::conv_nhwc::pointwise_depthwise_nhwc(cx, f, inputs);
+    }
     let x = input(inputs, 0)?;
     let (w1, b1) = (input(inputs, 1)?, opt_input(inputs, 2));
     let (w2, b2) = (input(inputs, 3)?, opt_input(inputs, 4));
@@ -469,21 +441,7 @@ pub fn pointwise_depthwise(
     let (p2, shape) = conv_geometry(&f.depthwise, &mid, &w2.shape)?;
     if checked_numel(&mid)? == 0 || checked_numel(&shape)? == 0 {
         // Nothing for the fused kernels to do; the plain path handles empty tensors.
-        let y = conv(cx, &f.pointwise, &[Some(x), Some(w1), b1])?;
-        let y = conv(cx, &f.depthwise, &[Some(&y), Some(w2), b2])?;
-        return match &f.project {
-            Some(pr) => conv(
-                cx,
-                pr,
-                &[
-                    Some(&y),
-                    Some(input(inputs, 5)?),
-                    opt_input(inputs, 6),
-                    opt_input(inputs, 7).filter(|_| pr.residual),
-                ],
-            ),
-            None => Ok(y),
-        };
+        return one_by_one(cx, f, inputs);
     }
     let fusable = p1.is_pointwise() && p1.groups == 1 && p2.is_depthwise() && p1.c > 0;
     let Some(pr) = &f.project else {
@@ -529,6 +487,25 @@ pub fn pointwise_depthwise(
         cx.threads,
     );
     Tensor::f32(out_shape, out)
+}
+
+/// The fused convolutions one after the other, each as the plain Conv runs it.
+pub(crate) fn one_by_one(
+    cx: &Cx,
+    f: &PointwiseDepthwise,
+    inputs: &[Option<&Tensor>],
+) -> OpResult<Tensor> {
+    let at = |k: usize| inputs.get(k).copied().flatten();
+    let y = conv(cx, &f.pointwise, &[at(0), at(1), at(2)])?;
+    let y = conv(cx, &f.depthwise, &[Some(&y), at(3), at(4)])?;
+    match &f.project {
+        Some(pr) => conv(
+            cx,
+            pr,
+            &[Some(&y), at(5), at(6), at(7).filter(|_| pr.residual)],
+        ),
+        None => Ok(y),
+    }
 }
 
 fn stage<'a>(
@@ -791,61 +768,6 @@ pub fn col2im(a: &Col2ImAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// An NHWC Conv computes what the NCHW one does, in its layout, packed weights or not; an
-    /// input that is not `[N, H, W, C]` with the weights' channels is a shape error.
-    #[test]
-    fn nhwc_convs_match_nchw_and_refuse_other_inputs() {
-        if !nhwc_conv::available() {
-            eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC convolution needs");
-            return;
-        }
-        let cx = Cx::new(1);
-        let nchw = ConvAttrs {
-            group: 1,
-            auto_pad: "NOTSET".into(),
-            pads: Some(vec![1, 0, 0, 1]),
-            strides: Some(vec![2, 1]),
-            act: Some(Activation::Relu),
-            ..ConvAttrs::default()
-        };
-        let mut nhwc = ConvAttrs {
-            nhwc: true,
-            ..nchw.clone()
-        };
-        let values = |n: usize, k: usize| (0..n).map(move |i| ((i * k) % 13) as f32 / 6.0 - 1.0);
-        let x = Tensor::f32(vec![2, 8, 5, 6], values(480, 7).collect()).unwrap();
-        let w = Tensor::f32(vec![32, 8, 3, 3], values(32 * 72, 5).collect()).unwrap();
-        let b = Tensor::f32(vec![32], values(32, 3).collect()).unwrap();
-        let want = conv(&cx, &nchw, &[Some(&x), Some(&w), Some(&b)]).unwrap();
-        let to_nhwc = |t: &Tensor| super::super::shape::transpose(t, Some(&[0, 2, 3, 1])).unwrap();
-        let want = to_nhwc(&want);
-        let xt = to_nhwc(&x);
-        for packed in [false, true] {
-            if packed {
-                pack_filter(&mut nhwc, &w);
-                assert!(nhwc.nhwc_filter.is_some() && nhwc.packed.is_none());
-            }
-            let got = conv(&cx, &nhwc, &[Some(&xt), Some(&w), Some(&b)]).unwrap();
-            assert_eq!(got.shape, want.shape);
-            let (g, e) = (got.as_f32().unwrap(), want.as_f32().unwrap());
-            assert!(
-                g.iter()
-                    .zip(e)
-                    .all(|(g, e)| (g - e).abs() <= 1e-4 * (1.0 + e.abs()))
-            );
-        }
-        let rank3 = Tensor::f32(vec![8, 5, 6], vec![0.0; 240]).unwrap();
-        let e = conv(&cx, &nhwc, &[Some(&rank3), Some(&w), Some(&b)]).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("NHWC Conv input must be [N, H, W, C]"),
-            "{e}"
-        );
-        // The NCHW input given as if NHWC: 6 channels against the weights' 8.
-        let e = conv(&cx, &nhwc, &[Some(&x), Some(&w), Some(&b)]).unwrap_err();
-        assert!(e.to_string().contains("input channels 6"), "{e}");
-    }
 
     #[test]
     fn col2im_sums_overlapping_blocks_and_checks_its_geometry() {

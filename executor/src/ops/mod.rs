@@ -8,6 +8,7 @@ pub mod buffers;
 pub mod control;
 pub mod conv;
 pub mod conv_nd;
+pub mod conv_nhwc;
 pub mod deform_conv;
 pub mod det;
 pub mod dft;
@@ -731,8 +732,9 @@ impl Op {
                     let add = if p.residual { "+Add" } else { "" };
                     format!("+Conv(1x1){add}{}", act_suffix(p.act))
                 });
+                let layout = if f.pointwise.nhwc { "(NHWC)" } else { "" };
                 format!(
-                    "Conv(1x1){}+Conv(depthwise){}{project}",
+                    "Conv(1x1){}+Conv(depthwise){}{project}{layout}",
                     act_suffix(f.pointwise.act),
                     act_suffix(f.depthwise.act)
                 )

@@ -516,6 +516,16 @@ fn transpose_matrices<T: Copy>(src: &[T], batch: usize, rows: usize, cols: usize
     let size = rows * cols;
     let mut dst = src[..batch * size].to_vec();
     for (s, d) in src.chunks_exact(size).zip(dst.chunks_exact_mut(size)) {
+        if rows < 8 {
+            // Few rows (an image's three channels to NHWC): each output row gathers one
+            // element from each, every input row read in order.
+            for (c, out) in d.chunks_exact_mut(rows).enumerate() {
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = s[r * cols + c];
+                }
+            }
+            continue;
+        }
         for r0 in (0..rows).step_by(TILE) {
             for c0 in (0..cols).step_by(TILE) {
                 for r in r0..(r0 + TILE).min(rows) {

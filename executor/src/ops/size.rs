@@ -86,8 +86,8 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
         }
         // NHWC: the output alone (no im2col).
         Op::Conv(c) if c.nhwc => {
-            let w = super::conv::nhwc_weight_shape(c, inputs)?;
-            elements(&super::conv::nhwc_geometry(c, &x()?.shape, &w)?.1, 4)?
+            let w = super::conv_nhwc::nhwc_weight_shape(c, inputs, 1)?;
+            elements(&super::conv_nhwc::nhwc_geometry(c, &x()?.shape, &w)?.1, 4)?
         }
         Op::Conv(c) => {
             let w = input(inputs, 1)?;
@@ -106,6 +106,17 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let g =
                 super::conv::col2im_geometry(c, &x()?.shape, input(inputs, 1)?, input(inputs, 2)?)?;
             elements(&g.out, 8 + dsize(x()?))?
+        }
+        // NHWC: the output alone (the bands live in per-thread scratch).
+        Op::PointwiseDepthwise(f) if f.pointwise.nhwc => {
+            let geometry = super::conv_nhwc::nhwc_geometry;
+            let shape = super::conv_nhwc::nhwc_weight_shape;
+            let (_, mid) = geometry(&f.pointwise, &x()?.shape, &shape(&f.pointwise, inputs, 1)?)?;
+            let (_, mut out) = geometry(&f.depthwise, &mid, &shape(&f.depthwise, inputs, 3)?)?;
+            if let Some(pr) = &f.project {
+                out = geometry(pr, &out, &shape(pr, inputs, 5)?)?.1;
+            }
+            elements(&out, 4)?
         }
         Op::PointwiseDepthwise(f) => {
             let conv = super::conv::conv_geometry;

@@ -32,7 +32,18 @@ pub use shapes::{batch_refusal, fold_shapes, separable_batch};
 
 use crate::graph::Graph;
 
+/// The layout-neutral rewrites: what a GPU plan runs.
 pub fn optimize(g: &mut Graph) {
+    rewrite(g, false);
+}
+
+/// [`optimize`], with chains of convolutions made NHWC where this CPU has the kernels
+/// (`nhwc`), before the NCHW convolutions' fusions.
+pub fn optimize_for_cpu(g: &mut Graph) {
+    rewrite(g, true);
+}
+
+fn rewrite(g: &mut Graph, nhwc: bool) {
     qdq::fuse_qdq(g);
     transposes::cancel_transposes(g);
     fold_constants(g);
@@ -45,6 +56,9 @@ pub fn optimize(g: &mut Graph) {
     fuse_matmul_bias(g);
     fuse_residual_add(g);
     fuse_activations(g);
+    if nhwc {
+        nhwc_convolutions(g);
+    }
     fuse_pointwise_depthwise(g);
     remove_dead(g);
 }

@@ -18,7 +18,7 @@ use crate::tensor::DType;
 use cotenant_kernels::nhwc_conv;
 
 /// Fewest output channels: one panel of 16 leaves the tile a quarter full.
-const MIN_OUTPUTS: usize = 32;
+const MIN_OUTPUTS: usize = 16;
 
 pub fn nhwc_convolutions(g: &mut Graph) {
     if !nhwc_conv::available() {
@@ -77,8 +77,9 @@ pub fn nhwc_convolutions(g: &mut Graph) {
     cancel_transposes(g);
 }
 
-/// Whether Conv `n` may run NHWC: 2-D (constant rank-4 f32 weights), ungrouped, with a constant
-/// bias or none, and enough output channels.
+/// Whether Conv `n` may run NHWC: 2-D (constant rank-4 f32 weights), ungrouped with enough
+/// output channels or depthwise (one input and one output channel per group), with a constant
+/// bias or none.
 fn suits(g: &Graph, n: &Node) -> bool {
     let Op::Conv(c) = &n.op else {
         return false;
@@ -88,13 +89,17 @@ fn suits(g: &Graph, n: &Node) -> bool {
         return false;
     };
     let bias_ok = input(2).is_none_or(|v| g.constants.contains_key(&v));
-    c.group == 1
+    let channels_ok = match *w.shape.as_slice() {
+        [m, 1, _, _] if c.group == m && m > 0 => true,
+        [m, ci, _, _] => c.group == 1 && ci > 0 && m >= MIN_OUTPUTS,
+        _ => false,
+    };
+    channels_ok
         && !c.nhwc
         && n.outputs.len() == 1
         && input(0).is_some()
         && bias_ok
         && w.dtype() == DType::F32
-        && matches!(w.shape.as_slice(), &[m, c, _, _] if c > 0 && m >= MIN_OUTPUTS)
 }
 
 fn residual(n: &Node) -> bool {
@@ -141,10 +146,11 @@ fn to_nhwc(g: &mut Graph, i: usize) {
 mod tests {
     use crate::backend::CpuBackend;
     use crate::graph::Graph;
+    use crate::ops::Op;
     use crate::plan::Plan;
     use crate::proto::ModelProto;
     use crate::tensor::{DType, Tensor};
-    use crate::zoo::builder::{Builder, attr_ints, value_info};
+    use crate::zoo::builder::{Builder, attr_float, attr_int, attr_ints, value_info};
     use prost::Message;
 
     /// A stem (3 channels: stays NCHW), a max pool, then a residual block of three convolutions
@@ -256,6 +262,125 @@ mod tests {
                 for (p, q) in a.iter().zip(b) {
                     assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{n}: {p} vs {q}");
                 }
+            }
+        }
+    }
+
+    /// MobileNet's first blocks, small: a stem, a depthwise → projection block without
+    /// expansion, a strided block, and a block with its residual.
+    fn inverted_residuals() -> Graph {
+        let mut m = Builder::new(5, false);
+        let relu6 = |m: &mut Builder, v: &str| {
+            m.node(
+                "Clip",
+                &[v],
+                vec![attr_float("min", 0.0), attr_float("max", 6.0)],
+            )
+        };
+        let conv = |m: &mut Builder, x: &str, c: usize, o: usize, k: usize, s: usize, g: usize| {
+            let w = m.normal("w", &[o, c / g, k, k], 0.3);
+            let b = m.normal("b", &[o], 0.1);
+            let attrs = vec![
+                attr_ints("pads", &[(k / 2) as i64; 4]),
+                attr_ints("strides", &[s as i64; 2]),
+                attr_int("group", g as i64),
+            ];
+            m.node("Conv", &[x, &w, &b], attrs)
+        };
+        let block = |m: &mut Builder, x: &str, c: usize, e: usize, o: usize, s: usize| {
+            let h = conv(m, x, c, e, 1, 1, 1);
+            let h = relu6(m, &h);
+            let h = conv(m, &h, e, e, 3, s, e);
+            let h = relu6(m, &h);
+            conv(m, &h, e, o, 1, 1, 1)
+        };
+        let stem = conv(&mut m, "x", 3, 32, 3, 2, 1);
+        let stem = relu6(&mut m, &stem);
+        let d = conv(&mut m, &stem, 32, 32, 3, 1, 32);
+        let d = relu6(&mut m, &d);
+        let a = conv(&mut m, &d, 32, 16, 1, 1, 1);
+        let b = block(&mut m, &a, 16, 48, 24, 2);
+        let c = block(&mut m, &b, 24, 72, 24, 1);
+        let c = m.node("Add", &[&b, &c], vec![]);
+        let y = m.node("GlobalAveragePool", &[&c], vec![]);
+        m.node_rename_last(&y, "y");
+        let proto: ModelProto = m.finish(
+            "mobile",
+            13,
+            vec![value_info(
+                "x",
+                DType::F32,
+                &[None, Some(3), Some(22), Some(19)],
+            )],
+            vec![value_info(
+                "y",
+                DType::F32,
+                &[None, Some(24), Some(1), Some(1)],
+            )],
+        );
+        crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+    }
+
+    /// The depthwise convolutions join the chain, the blocks fuse whole in NHWC (the one
+    /// without expansion as plain Convs), and the values are the NCHW plan's.
+    #[test]
+    fn inverted_residual_blocks_run_nhwc_fused() {
+        if !cotenant_kernels::nhwc_conv::available() {
+            eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC convolution needs");
+            return;
+        }
+        let raw = Plan::build(&inverted_residuals()).expect("plan");
+        let mut g = inverted_residuals();
+        crate::passes::optimize_for_cpu(&mut g);
+        let names: Vec<String> = g.nodes.iter().map(|n| n.op.name()).collect();
+        let block = "Conv(1x1)+Clip(0.0, 6.0)+Conv(depthwise)+Clip(0.0, 6.0)+Conv(1x1)";
+        assert_eq!(
+            names,
+            [
+                "Transpose".to_string(),
+                "Conv(NHWC)+Clip(0.0, 6.0)".into(),
+                "Conv(grouped)(NHWC)+Clip(0.0, 6.0)".into(),
+                "Conv(NHWC)".into(),
+                format!("{block}(NHWC)"),
+                format!("{block}+Add(NHWC)"),
+                "Transpose".into(),
+                "GlobalAveragePool".into(),
+            ],
+            "{names:?}"
+        );
+        let nhwc = Plan::build(&g).expect("plan");
+        assert!(
+            nhwc.steps
+                .iter()
+                .filter(|s| s.op.name().contains("NHWC"))
+                .all(|s| {
+                    // The weights: input 1 of a Conv, inputs 1, 3 and 5 of a fused block.
+                    let fused = matches!(s.op, Op::PointwiseDepthwise(_));
+                    let weights: &[usize] = if fused { &[1, 3, 5] } else { &[1] };
+                    weights.iter().all(|&k| s.inputs[k].is_none())
+                }),
+            "every NHWC convolution holds its weights packed only"
+        );
+        let be = CpuBackend::new(2);
+        for batch in [1, 2] {
+            let x: Vec<f32> = (0..batch * 3 * 22 * 19)
+                .map(|i| (i % 13) as f32 / 6.0 - 1.0)
+                .collect();
+            let input = || {
+                vec![(
+                    "x".to_string(),
+                    Tensor::f32(vec![batch, 3, 22, 19], x.clone()).expect("x"),
+                )]
+            };
+            let want = raw.run(&be, input()).expect("raw runs");
+            let got = nhwc.run(&be, input()).expect("nhwc runs");
+            let (a, b) = (
+                want[0].1.as_f32().expect("f32"),
+                got[0].1.as_f32().expect("f32"),
+            );
+            assert_eq!(want[0].1.shape, got[0].1.shape);
+            for (p, q) in a.iter().zip(b) {
+                assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{p} vs {q}");
             }
         }
     }

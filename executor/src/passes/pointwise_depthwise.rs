@@ -2,6 +2,7 @@
 //! depthwise pair), so the expanded activation stays in cache (`kernels::fused`); and then the
 //! 1x1 Conv reading the pair's output (the projection, with its residual Add if one was fused
 //! in), so the whole inverted residual block runs band by band (`kernels::inverted_residual`).
+//! Convolutions the layout pass made NHWC fuse with each other alone (`kernels::nhwc_block`).
 
 use super::sole_reader;
 use crate::graph::{Graph, Node};
@@ -69,7 +70,11 @@ fn fuse_pair(g: &mut Graph, i: usize) -> bool {
         return false;
     };
     let channels = w1.shape[0];
-    if at(d, 0) != Some(n.outputs[0]) || w2.shape[..2] != [channels, 1] || dw.group != channels {
+    if at(d, 0) != Some(n.outputs[0])
+        || w2.shape[..2] != [channels, 1]
+        || dw.group != channels
+        || dw.nhwc != pw.nhwc
+    {
         return false;
     }
     let op = Op::PointwiseDepthwise(Box::new(PointwiseDepthwise {
@@ -111,7 +116,11 @@ fn fuse_projection(g: &mut Graph, i: usize) -> bool {
     let (Some(w3), Op::Conv(c)) = (conv_weight(g, pr, true), &pr.op) else {
         return false;
     };
-    if at(pr, 0) != Some(n.outputs[0]) || !is_pointwise(c, w3) || w3.shape[1] != channels {
+    if at(pr, 0) != Some(n.outputs[0])
+        || !is_pointwise(c, w3)
+        || w3.shape[1] != channels
+        || c.nhwc != pair.pointwise.nhwc
+    {
         return false;
     }
     let op = Op::PointwiseDepthwise(Box::new(PointwiseDepthwise {

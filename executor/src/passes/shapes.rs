@@ -221,9 +221,12 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
                 _ => 1,
             };
             let (x, w) = (shape_of(ins, 0), shape_of(ins, w_at));
-            if let Op::Conv(c) = op
-                && c.nhwc
-            {
+            let nhwc = match op {
+                Op::Conv(c) => c.nhwc,
+                Op::PointwiseDepthwise(f) => f.pointwise.nhwc,
+                _ => false,
+            };
+            if nhwc {
                 // `[N, H, W, C]` in, `[N, oh, ow, M]` out.
                 let m = w.and_then(|w| w.first().cloned());
                 let n = x.filter(|x| x.len() == 4).map(|x| x[0].clone());
