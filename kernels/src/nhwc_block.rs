@@ -138,10 +138,10 @@ pub fn inverted_residual_nhwc(
         });
     };
     let tasks = p2.n * ranges;
-    if tasks > 1 {
+    if threads > 1 {
         (0..tasks).into_par_iter().for_each(run);
     } else {
-        run(0);
+        (0..tasks).for_each(run);
     }
 }
 

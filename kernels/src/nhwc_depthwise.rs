@@ -40,7 +40,10 @@ pub fn depthwise_nhwc(
     out: &mut [f32],
 ) {
     assert!(crate::avx512f(), "depthwise_nhwc needs AVX-512F");
-    assert!(applies(p) && f.fits(p), "depthwise_nhwc of {p:?} with {f:?}");
+    assert!(
+        applies(p) && f.fits(p),
+        "depthwise_nhwc of {p:?} with {f:?}"
+    );
     assert_eq!(x.len(), p.n * p.h * p.w * p.c, "depthwise_nhwc input size");
     let rows = p.n * p.oh;
     assert_eq!(out.len(), rows * p.ow * p.m, "depthwise_nhwc output size");
@@ -96,7 +99,11 @@ unsafe fn output_row(
     let (img, oy) = (row / p.oh, row % p.oh);
     // The kernel rows inside the image: iy = y0 + ky·dh in 0..h.
     let y0 = (oy * p.sh) as isize - p.pt as isize;
-    let ky0 = if y0 < 0 { (-y0 as usize).div_ceil(p.dh) } else { 0 };
+    let ky0 = if y0 < 0 {
+        (-y0 as usize).div_ceil(p.dh)
+    } else {
+        0
+    };
     let ky1 = ((p.h as isize - y0).max(0) as usize)
         .div_ceil(p.dh)
         .min(p.kh);

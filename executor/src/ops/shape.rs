@@ -512,16 +512,35 @@ fn matrix_transposes(shape: &[usize], perm: &[usize]) -> Option<(usize, usize, u
 
 /// Each `rows × cols` matrix of `src` transposed, in tiles that stay in cache.
 fn transpose_matrices<T: Copy>(src: &[T], batch: usize, rows: usize, cols: usize) -> Vec<T> {
+    let mut dst = src[..batch * rows * cols].to_vec();
+    transpose_matrices_into(src, &mut dst, rows, cols);
+    dst
+}
+
+/// [`transpose`] of an f32 tensor into a buffer from the run's pool (a transpose between
+/// layouts moves whole activations: a fresh buffer would be paged in on every run).
+pub fn transpose_pooled(cx: &super::Cx, x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
+    let matrices = perm.and_then(|p| matrix_transposes(&x.shape, p).filter(|_| p.len() == x.rank()));
+    let (Some((batch, rows, cols)), Ok(src)) = (matrices, x.as_f32()) else {
+        return transpose(x, perm);
+    };
+    let shape = perm.unwrap_or_default().iter().map(|&p| x.shape[p]).collect();
+    let mut dst = cx.take_f32(batch * rows * cols);
+    transpose_matrices_into(src, &mut dst, rows, cols);
+    Tensor::f32(shape, dst)
+}
+
+/// Each `rows × cols` matrix of `src` transposed into `dst`, in tiles that stay in cache.
+fn transpose_matrices_into<T: Copy>(src: &[T], dst: &mut [T], rows: usize, cols: usize) {
     const TILE: usize = 32;
     let size = rows * cols;
-    let mut dst = src[..batch * size].to_vec();
     for (s, d) in src.chunks_exact(size).zip(dst.chunks_exact_mut(size)) {
         if rows < 8 {
-            // Few rows (an image's three channels to NHWC): each output row gathers one
-            // element from each, every input row read in order.
-            for (c, out) in d.chunks_exact_mut(rows).enumerate() {
-                for (r, o) in out.iter_mut().enumerate() {
-                    *o = s[r * cols + c];
+            // Few rows (an image's three channels to NHWC): each input row read in order,
+            // written every `rows` elements.
+            for (r, row) in s.chunks_exact(cols).enumerate() {
+                for (o, &v) in d[r..].iter_mut().step_by(rows).zip(row) {
+                    *o = v;
                 }
             }
             continue;
@@ -536,7 +555,6 @@ fn transpose_matrices<T: Copy>(src: &[T], batch: usize, rows: usize, cols: usize
             }
         }
     }
-    dst
 }
 
 /// The elements of `src` in the order of an `out`-shaped walk whose axis `a` steps `pst[a]`
