@@ -982,9 +982,11 @@ impl Op {
             Op::Loss(l) => loss::loss(cx, l, inputs),
             Op::RotaryEmbedding(r) => one(attention::rotary_embedding(r, inputs)),
             Op::Reduce(r) => one(reduce::reduce(r, inputs)),
-            Op::Shape(shape::ShapeOp::Transpose { perm }) => {
-                one(shape::transpose_pooled(cx, input(inputs, 0)?, perm.as_deref()))
-            }
+            Op::Shape(shape::ShapeOp::Transpose { perm }) => one(shape::transpose_pooled(
+                cx,
+                input(inputs, 0)?,
+                perm.as_deref(),
+            )),
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::GridSample(g) => one(grid::grid_sample(g, input(inputs, 0)?, input(inputs, 1)?)),

@@ -520,11 +520,16 @@ fn transpose_matrices<T: Copy>(src: &[T], batch: usize, rows: usize, cols: usize
 /// [`transpose`] of an f32 tensor into a buffer from the run's pool (a transpose between
 /// layouts moves whole activations: a fresh buffer would be paged in on every run).
 pub fn transpose_pooled(cx: &super::Cx, x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
-    let matrices = perm.and_then(|p| matrix_transposes(&x.shape, p).filter(|_| p.len() == x.rank()));
+    let matrices =
+        perm.and_then(|p| matrix_transposes(&x.shape, p).filter(|_| p.len() == x.rank()));
     let (Some((batch, rows, cols)), Ok(src)) = (matrices, x.as_f32()) else {
         return transpose(x, perm);
     };
-    let shape = perm.unwrap_or_default().iter().map(|&p| x.shape[p]).collect();
+    let shape = perm
+        .unwrap_or_default()
+        .iter()
+        .map(|&p| x.shape[p])
+        .collect();
     let mut dst = cx.take_f32(batch * rows * cols);
     transpose_matrices_into(src, &mut dst, rows, cols);
     Tensor::f32(shape, dst)
