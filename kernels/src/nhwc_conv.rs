@@ -267,7 +267,11 @@ unsafe fn tiles(
     for t in 0..count {
         let r = start + t * len / count;
         let n = start + (t + 1) * len / count - r;
-        let origins = image.origins(r, n);
+        let origins = if image.p.is_pointwise() {
+            [(0, 0, 0); MR_MAX]
+        } else {
+            image.origins(r, n)
+        };
         for p0 in panels.clone().step_by(per) {
             let np = (panels.end - p0).min(per);
             // SAFETY: as this function's contract; rows r..r + n are output rows, panels
@@ -325,11 +329,19 @@ unsafe fn tile<const R: usize, const P: usize>(
     // SAFETY: panel p0 starts within f.data (this function's contract).
     let wp = unsafe { f.data.as_ptr().add(p0 * k * LANES) };
     let c = p.c;
+    if p.is_pointwise() {
+        // A plain matrix product: position r's input is row r of the image.
+        // SAFETY: rows r0..r0 + R are output rows, and so input rows; c0 + len <= C.
+        let taps: [*const f32; R] =
+            std::array::from_fn(|r| unsafe { image.x.as_ptr().add((r0 + r) * c + ks.start) });
+        // SAFETY: k indices ks of panels p0..p0 + P lie within f.data.
+        acc = unsafe { products(acc, taps, wp.add(ks.start * LANES), k * LANES, ks.len()) };
+    }
     // Where every window of the tile lies inside the image across (and taps are adjacent), a
     // row of taps is `kw·C` contiguous floats of the image, and of the weights.
     let inside =
         p.dw == 1 && (origins[..R].iter()).all(|&(_, _, x0)| x0 >= 0 && x0 as usize + p.kw <= p.w);
-    let mut kk = ks.start;
+    let mut kk = if p.is_pointwise() { ks.end } else { ks.start };
     while kk < ks.end {
         // The run within the block: the rest of one tap's channels, or a whole row of taps.
         let (t, c0) = (kk / c, kk % c);
@@ -518,6 +530,7 @@ pub(crate) mod tests {
             // (2048 and 652) that end inside a tap.
             (1, 100, 4, 4, 600, 3, 1, 1, 1, 1),
             (2, 1000, 2, 3, 130, 1, 1, 1, 0, 0),
+            (1, 2100, 2, 3, 20, 1, 1, 1, 0, 0),
             (1, 300, 3, 4, 40, 3, 1, 1, 1, 1),
         ];
         for case in cases {
