@@ -123,6 +123,7 @@ fn pool(max: bool, k: usize, s: usize, p: usize, ceil: bool, include_pad: bool) 
         count_include_pad: include_pad,
         column_major: false,
         indices: false,
+        nhwc: false,
     })
 }
 

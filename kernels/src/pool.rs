@@ -1,4 +1,5 @@
-//! 2-D max and average pooling (NCHW, f32), one output plane per task.
+//! 2-D max and average pooling (NCHW, f32), one output plane per task; and max pooling of NHWC
+//! activations, one output row per task.
 
 use rayon::prelude::*;
 
@@ -175,6 +176,68 @@ pub fn avg_pool2d(
     });
 }
 
+/// Max pooling of NHWC activations (`p.planes` is the channel count `C`, one image of
+/// `p.h × p.w` pixels after another): each output pixel's `C` maxima are taken over whole
+/// input pixels, `C` contiguous values at a time, which vectorises whatever the window.
+/// NaN propagates, as in [`max_pool2d`]; a window wholly in the padding gives -inf.
+pub fn max_pool2d_nhwc(p: &Pool2d, input: &[f32], out: &mut [f32], threads: usize) {
+    let c = p.planes;
+    assert!(c > 0, "max_pool2d_nhwc without channels");
+    let images = input.len() / (p.h * p.w * c).max(1);
+    assert_eq!(input.len(), images * p.h * p.w * c, "pool input size");
+    assert_eq!(out.len(), images * p.oh * p.ow * c, "pool output size");
+    let row = p.ow * c;
+    if row == 0 {
+        return;
+    }
+    let cols: Vec<(usize, usize)> = (0..p.ow)
+        .map(|ox| taps(ox, p.sw, p.dw, p.pl, p.kw, p.w))
+        .collect();
+    let one_row = |(r, o): (usize, &mut [f32])| {
+        let (img, oy) = (r / p.oh, r % p.oh);
+        let x = &input[img * p.h * p.w * c..][..p.h * p.w * c];
+        let rows = taps(oy, p.sh, p.dh, p.pt, p.kh, p.h);
+        // A compare that compiles to one `max`; a row that read a NaN is done again with the
+        // compare that lets NaN propagate.
+        if max_row_nhwc(p, (rows, &cols), x, o, |m, v| if v > m { v } else { m }) {
+            max_row_nhwc(p, (rows, &cols), x, o, |m, v| {
+                if v > m || v.is_nan() { v } else { m }
+            });
+        }
+    };
+    if threads > 1 && input.len() >= crate::PAR_MIN_WORK {
+        out.par_chunks_mut(row).enumerate().for_each(one_row);
+    } else {
+        out.chunks_mut(row).enumerate().for_each(one_row);
+    }
+}
+
+/// One output row of [`max_pool2d_nhwc`] from image `x` (the window's input rows and each
+/// output column's input columns as [`taps`] gives them); whether it read a NaN.
+fn max_row_nhwc(
+    p: &Pool2d,
+    ((y0, ny), cols): ((usize, usize), &[(usize, usize)]),
+    x: &[f32],
+    o: &mut [f32],
+    pick: impl Fn(f32, f32) -> f32,
+) -> bool {
+    let c = p.planes;
+    let mut nan = false;
+    for (m, &(x0, nx)) in o.chunks_exact_mut(c).zip(cols) {
+        m.fill(f32::NEG_INFINITY);
+        for iy in (0..ny).map(|i| y0 + i * p.dh) {
+            for ix in (0..nx).map(|j| x0 + j * p.dw) {
+                let v = &x[(iy * p.w + ix) * c..][..c];
+                for (m, &v) in m.iter_mut().zip(v) {
+                    nan |= v.is_nan();
+                    *m = pick(*m, v);
+                }
+            }
+        }
+    }
+    nan
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,6 +295,13 @@ mod tests {
             max_pool2d_ord(&p, &xi, &mut got_i, i8::MIN, 2);
             let want_i: Vec<i8> = got.iter().map(|&v| v as i8).collect();
             assert_eq!(got_i, want_i, "{p:?} on int8");
+            // The same in NHWC: the two planes as the channels of one image.
+            let nhwc = |v: &[f32], hw: usize| -> Vec<f32> {
+                (0..2 * hw).map(|i| v[(i % 2) * hw + i / 2]).collect()
+            };
+            let mut got_nhwc = vec![0.0; got.len()];
+            max_pool2d_nhwc(&p, &nhwc(&x, h * w), &mut got_nhwc, 2);
+            assert_eq!(got_nhwc, nhwc(&got, p.oh * p.ow), "{p:?} in NHWC");
         }
         let p = Pool2d {
             planes: 1,
@@ -249,6 +319,8 @@ mod tests {
         };
         let mut o = [0.0];
         max_pool2d(&p, &[1.0, f32::NAN, 3.0, 2.0], &mut o, 1);
+        assert!(o[0].is_nan());
+        max_pool2d_nhwc(&p, &[1.0, f32::NAN, 3.0, 2.0], &mut o, 1);
         assert!(o[0].is_nan());
     }
 

@@ -757,13 +757,11 @@ impl Op {
             Op::Dropout => "Dropout".into(),
             Op::Gemm(g) => format!("Gemm{}", act_suffix(g.act)),
             Op::MatMul { act } => format!("MatMul{}", act_suffix(*act)),
-            Op::Pool(p) => {
-                if p.max {
-                    "MaxPool".into()
-                } else {
-                    "AveragePool".into()
-                }
-            }
+            Op::Pool(p) => match (p.max, p.nhwc) {
+                (true, true) => "MaxPool(NHWC)".into(),
+                (true, false) => "MaxPool".into(),
+                _ => "AveragePool".into(),
+            },
             Op::LpPool { .. } => "LpPool".into(),
             Op::MaxUnpool(_) => "MaxUnpool".into(),
             Op::GlobalPool { max } => {

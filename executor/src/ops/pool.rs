@@ -7,7 +7,7 @@ use super::pool_nd::{Reduce, pool_nd};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{DType, Data, Tensor, checked_numel};
-use cotenant_kernels::pool::{Pool2d, avg_pool2d, max_pool2d, max_pool2d_ord};
+use cotenant_kernels::pool::{Pool2d, avg_pool2d, max_pool2d, max_pool2d_nhwc, max_pool2d_ord};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolAttrs {
@@ -23,6 +23,9 @@ pub struct PoolAttrs {
     pub column_major: bool,
     /// The node has MaxPool's second output, Indices.
     pub indices: bool,
+    /// Set by the layout pass (`passes::nhwc`) on a 2-D MaxPool between NHWC convolutions: the
+    /// input and output are `[N, H, W, C]`.
+    pub nhwc: bool,
 }
 
 impl PoolAttrs {
@@ -41,6 +44,7 @@ impl PoolAttrs {
             count_include_pad: a.int_or("count_include_pad", 0)? != 0,
             column_major: a.flag("storage_order", false)?,
             indices: max && outputs > 1,
+            nhwc: false,
         };
         if p.kernel_shape.contains(&0)
             || p.strides
@@ -53,6 +57,33 @@ impl PoolAttrs {
         }
         Ok(p)
     }
+}
+
+/// The geometry and output shape of a MaxPool the layout pass made NHWC: input `x` is
+/// `[N, H, W, C]`, the output `[N, oh, ow, C]`.
+pub(crate) fn nhwc_pool_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, Vec<usize>)> {
+    let &[n, h, w, c] = x else {
+        return shape_err(format!(
+            "NHWC MaxPool input must be [N, H, W, C], got {x:?}"
+        ));
+    };
+    let (g, _) = pool2d_geometry(p, &[n, c, h, w])?;
+    let shape = vec![n, g.oh, g.ow, c];
+    Ok((Pool2d { planes: c, ..g }, shape))
+}
+
+fn max_pool_nhwc(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
+    let (g, shape) = nhwc_pool_geometry(p, &x.shape)?;
+    if !p.max || p.indices {
+        return Err(OpError::Unsupported(
+            "an NHWC pool other than MaxPool".into(),
+        ));
+    }
+    let mut y = cx.take_f32(checked_numel(&shape)?);
+    if !y.is_empty() {
+        max_pool2d_nhwc(&g, x.as_f32()?, &mut y, cx.threads);
+    }
+    Ok(vec![Tensor::f32(shape, y)?])
 }
 
 /// The window of a 1-D or 2-D pooling over an input of shape `x` (kernel, strides, dilations,
@@ -171,6 +202,9 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
 }
 
 pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
+    if p.nhwc {
+        return max_pool_nhwc(cx, p, x);
+    }
     // 8-bit integers: a 2-D maximum directly; the others through f32, exact for them (a
     // maximum is one of the values it is taken over).
     if p.max && matches!(x.dtype(), DType::U8 | DType::I8) {
@@ -201,7 +235,7 @@ pub fn pool(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
         return pool_nd(p, reduce, x, p.indices);
     }
     let (g, shape) = pool2d_geometry(p, &x.shape)?;
-    let mut y = vec![0.0; checked_numel(&shape)?];
+    let mut y = cx.take_f32(checked_numel(&shape)?);
     if y.is_empty() {
         return Ok(vec![Tensor::f32(shape, y)?]);
     }

@@ -150,6 +150,7 @@ mod tests {
             count_include_pad: false,
             column_major: false,
             indices: true,
+            nhwc: false,
         }
     }
 

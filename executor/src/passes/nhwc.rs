@@ -1,14 +1,14 @@
-//! Chains of 2-D convolutions run NHWC on AVX-512 CPUs (`kernels::nhwc_conv`): a pixel's
-//! channels are contiguous there, so the kernel vectorises over output channels and loses no
-//! lanes whatever the image size, and reads its taps in place.
+//! Chains of 2-D convolutions run NHWC on AVX-512 CPUs (`kernels::nhwc_conv`,
+//! `nhwc_depthwise`): a pixel's channels are contiguous there, so the kernels vectorise over
+//! channels and lose no lanes whatever the image size, and read their taps in place.
 //!
 //! Convolutions connected to each other (one reads another's output, as its input or as its
-//! fused residual) form a chain; a chain of two or more becomes NHWC, each convolution wrapped
-//! in transposes from NCHW and back, which `transposes` then cancels between neighbours: what
-//! remains is one transpose where the chain reads a value from outside it and one where a
-//! value leaves it. A convolution alone would pay both transposes and gain little, so it stays
-//! NCHW, as do the ones with few output channels, which the kernel runs slower than the NCHW
-//! kernels.
+//! fused residual) form a chain, and so does a MaxPool behind one of them; a chain of two or
+//! more convolutions becomes NHWC, each node wrapped in transposes from NCHW and back, which
+//! `transposes` then cancels between neighbours: what remains is one transpose where the chain
+//! reads a value from outside it and one where a value leaves it. A convolution alone would pay
+//! both transposes and gain little, so it stays NCHW, as do ungrouped ones with fewer than 16
+//! output channels, which the kernel runs slower than the NCHW kernels.
 
 use super::qdq::{NCHW_TO_NHWC, NHWC_TO_NCHW, transpose};
 use super::transposes::cancel_transposes;
@@ -25,7 +25,7 @@ pub fn nhwc_convolutions(g: &mut Graph) {
         return;
     }
     let producers = g.producers();
-    let candidate: Vec<bool> = g.nodes.iter().map(|n| suits(g, n)).collect();
+    let candidate: Vec<bool> = g.nodes.iter().map(|n| suits(g, n) || max_pool(n)).collect();
     // Chains: union-find over the candidates, joined where one reads another's output.
     let mut root: Vec<usize> = (0..g.nodes.len()).collect();
     fn find(root: &mut [usize], mut i: usize) -> usize {
@@ -44,9 +44,14 @@ pub fn nhwc_convolutions(g: &mut Graph) {
             let v = n.inputs.get(k).copied().flatten()?;
             producers[v].filter(|&p| candidate[p])
         };
-        if let Some(p) = from(0) {
-            let (a, b) = (find(&mut root, i), find(&mut root, p));
-            root[a] = b;
+        match from(0) {
+            Some(p) => {
+                let (a, b) = (find(&mut root, i), find(&mut root, p));
+                root[a] = b;
+            }
+            // A pool joins a chain only behind one of its convolutions.
+            None if max_pool(n) => usable[i] = false,
+            None => {}
         }
         if residual(n) {
             // The residual is transposed with the rest: it must have the output's rank, which
@@ -60,8 +65,9 @@ pub fn nhwc_convolutions(g: &mut Graph) {
             }
         }
     }
+    // A chain's size counts its convolutions.
     let mut size = vec![0usize; g.nodes.len()];
-    for i in (0..g.nodes.len()).filter(|&i| usable[i]) {
+    for i in (0..g.nodes.len()).filter(|&i| usable[i] && !max_pool(&g.nodes[i])) {
         size[find(&mut root, i)] += 1;
     }
     let chosen: Vec<usize> = (0..g.nodes.len())
@@ -102,12 +108,20 @@ fn suits(g: &Graph, n: &Node) -> bool {
         && w.dtype() == DType::F32
 }
 
+/// Whether `n` is a 2-D MaxPool without Indices, which runs NHWC between the convolutions of a
+/// chain (resnet's stem, then its max pool, then its blocks).
+fn max_pool(n: &Node) -> bool {
+    matches!(&n.op, Op::Pool(p) if p.max && !p.indices && !p.nhwc && p.kernel_shape.len() == 2)
+        && n.outputs.len() == 1
+        && n.inputs.first().copied().flatten().is_some()
+}
+
 fn residual(n: &Node) -> bool {
     matches!(&n.op, Op::Conv(c) if c.residual) && n.inputs.get(3).copied().flatten().is_some()
 }
 
-/// Makes Conv `i` NHWC, with transposes from NCHW on its input and residual and back on its
-/// output.
+/// Makes Conv or MaxPool `i` NHWC, with transposes from NCHW on its input and residual and
+/// back on its output.
 fn to_nhwc(g: &mut Graph, i: usize) {
     let name = g.nodes[i].name.clone();
     let mut before = Vec::new();
@@ -130,8 +144,10 @@ fn to_nhwc(g: &mut Graph, i: usize) {
     let out = g.nodes[i].outputs[0];
     let inner = g.add_value(format!("{name}/nhwc_output"));
     g.nodes[i].outputs[0] = inner;
-    if let Op::Conv(c) = &mut g.nodes[i].op {
-        c.nhwc = true;
+    match &mut g.nodes[i].op {
+        Op::Conv(c) => c.nhwc = true,
+        Op::Pool(p) => p.nhwc = true,
+        _ => unreachable!("only convolutions and max pools become NHWC"),
     }
     g.nodes.insert(
         i + 1,
@@ -153,8 +169,8 @@ mod tests {
     use crate::zoo::builder::{Builder, attr_float, attr_int, attr_ints, value_info};
     use prost::Message;
 
-    /// A stem (3 channels: stays NCHW), a max pool, then a residual block of three convolutions
-    /// whose middle output is also a graph output, and a global pool.
+    /// A stem, a max pool, then a residual block of three convolutions whose middle output is
+    /// also a graph output, and a global pool.
     fn graph() -> Graph {
         let mut m = Builder::new(3, false);
         let conv = |m: &mut Builder, x: &str, c: usize, o: usize, k: usize, s: usize| {
@@ -217,9 +233,10 @@ mod tests {
         assert_eq!(
             names,
             [
-                "Conv",
-                "MaxPool",
+                // The input image to NHWC, then the stem and its pool join the chain.
                 "Transpose",
+                "Conv(NHWC)",
+                "MaxPool(NHWC)",
                 "Conv(NHWC)+Relu",
                 "Conv(NHWC)+Relu",
                 // `mid` leaves the chain: back to NCHW.
@@ -236,7 +253,7 @@ mod tests {
         let packed_only = nhwc
             .steps
             .iter()
-            .filter(|s| s.op.name().contains("NHWC"))
+            .filter(|s| matches!(&s.op, Op::Conv(c) if c.nhwc))
             .all(|s| s.inputs[1].is_none());
         assert!(packed_only, "the NHWC Convs' ONNX weights are freed");
         assert!(
@@ -352,7 +369,7 @@ mod tests {
         assert!(
             nhwc.steps
                 .iter()
-                .filter(|s| s.op.name().contains("NHWC"))
+                .filter(|s| s.op.name().contains("NHWC") && !matches!(s.op, Op::Pool(_)))
                 .all(|s| {
                     // The weights: input 1 of a Conv, inputs 1, 3 and 5 of a fused block.
                     let fused = matches!(s.op, Op::PointwiseDepthwise(_));

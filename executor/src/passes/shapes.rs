@@ -246,6 +246,12 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
                     }),
             )]
         }
+        // `[N, H, W, C]` in, `[N, oh, ow, C]` out.
+        Op::Pool(p) if p.nhwc => {
+            vec![shape_only(shape_of(ins, 0).filter(|x| x.len() == 4).map(
+                |x| vec![x[0].clone(), Sym::Unknown, Sym::Unknown, x[3].clone()],
+            ))]
+        }
         Op::Pool(_) => vec![shape_only(shape_of(ins, 0).filter(|x| x.len() >= 3).map(
             |x| {
                 let mut s = x[..2].to_vec();

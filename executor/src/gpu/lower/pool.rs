@@ -8,6 +8,9 @@ use crate::ops::pool::{PoolAttrs, pool2d_geometry};
 use crate::tensor::DType;
 
 pub fn pool(p: &PoolAttrs, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowered<()> {
+    if p.nhwc {
+        return decline("an NHWC max pool (the CPU's layout)");
+    }
     let (x, px) = f32_in(ins, 0)?;
     let (g, shape) = pool2d_geometry(p, x.shape).map_err(|e| super::Decline(e.to_string()))?;
     let y = cx.output(0, DType::F32, shape)?;
