@@ -285,33 +285,18 @@ mod tests {
                 NhwcFilter::new(&w3, m, e, 1, 1),
             );
             let relu6 = Some(Activation::Clip(0.0, 6.0));
-            let ex = NhwcStage {
-                p: &p1,
-                filter: &filters.0,
+            let stage = |p, filter, bias, residual, act| NhwcStage {
+                p,
+                filter,
                 epi: Epilogue {
-                    bias: Some(&b1),
-                    residual: None,
-                    act: relu6,
+                    bias: Some(bias),
+                    residual,
+                    act,
                 },
             };
-            let dw = NhwcStage {
-                p: &p2,
-                filter: &filters.1,
-                epi: Epilogue {
-                    bias: Some(&b2),
-                    residual: None,
-                    act: relu6,
-                },
-            };
-            let pr = NhwcStage {
-                p: &p3,
-                filter: &filters.2,
-                epi: Epilogue {
-                    bias: Some(&b3),
-                    residual: res.then_some(&residual[..]),
-                    act: None,
-                },
-            };
+            let ex = stage(&p1, &filters.0, &b1, None, relu6);
+            let dw = stage(&p2, &filters.1, &b2, None, relu6);
+            let pr = stage(&p3, &filters.2, &b3, res.then_some(&residual[..]), None);
             let mut mid = vec![0.0; n * h * h * e];
             conv_nhwc(1, &p1, &x, &filters.0, ex.epi, &mut mid);
             let mut pair = vec![0.0; n * p2.oh * p2.ow * e];

@@ -534,43 +534,52 @@ pub(crate) mod tests {
             (1, 300, 3, 4, 40, 3, 1, 1, 1, 1),
         ];
         for case in cases {
-            let p = crate::test_conv(case);
-            let (n, c, h, w, m, k) = (p.n, p.c, p.h, p.w, p.m, p.kh);
-            let x = values(n * h * w * c, 3);
-            let wt = values(m * c * k * k, 7);
-            let bias = values(m, 11);
-            let res = values(n * p.oh * p.ow * m, 13);
-            let filter = NhwcFilter::new(&wt, m, c, k, k);
-            let epilogues = [
-                Epilogue::default(),
-                Epilogue {
-                    bias: Some(&bias),
-                    residual: Some(&res),
-                    act: Some(Activation::Relu),
-                },
-                Epilogue {
-                    bias: Some(&bias),
-                    residual: None,
-                    act: Some(Activation::Sigmoid),
-                },
-                Epilogue {
-                    bias: None,
-                    residual: None,
-                    act: Some(Activation::Clip(-0.5, 0.5)),
-                },
-            ];
-            for epi in epilogues {
-                let want = reference(&p, &x, &wt, &epi);
-                for threads in [1, 3] {
-                    let mut got = vec![f32::NAN; want.len()];
-                    conv_nhwc(threads, &p, &x, &filter, epi, &mut got);
-                    let tol = 1e-4 * (c * k * k) as f32;
-                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            (g - e).abs() <= tol,
-                            "{p:?} {epi:?} threads {threads} at {i}: {g} vs {e}"
-                        );
-                    }
+            check_against_the_reference(&crate::test_conv(case), conv_nhwc);
+        }
+    }
+
+    /// An NHWC kernel's outputs for convolution `p` against [`reference`], with four
+    /// epilogues, on 1 and 3 threads.
+    pub(crate) fn check_against_the_reference(
+        p: &Conv2d,
+        kernel: fn(usize, &Conv2d, &[f32], &NhwcFilter, Epilogue<'_>, &mut [f32]),
+    ) {
+        let (n, c, h, w, m, k) = (p.n, p.c, p.h, p.w, p.m, p.kh);
+        let cg = c / p.groups;
+        let x = values(n * h * w * c, 3);
+        let wt = values(m * cg * k * k, 7);
+        let bias = values(m, 11);
+        let res = values(n * p.oh * p.ow * m, 13);
+        let filter = NhwcFilter::new(&wt, m, cg, k, k);
+        let epilogues = [
+            Epilogue::default(),
+            Epilogue {
+                bias: Some(&bias),
+                residual: Some(&res),
+                act: Some(Activation::Relu),
+            },
+            Epilogue {
+                bias: Some(&bias),
+                residual: None,
+                act: Some(Activation::Sigmoid),
+            },
+            Epilogue {
+                bias: None,
+                residual: None,
+                act: Some(Activation::Clip(-0.5, 0.5)),
+            },
+        ];
+        for epi in epilogues {
+            let want = reference(p, &x, &wt, &epi);
+            for threads in [1, 3] {
+                let mut got = vec![f32::NAN; want.len()];
+                kernel(threads, p, &x, &filter, epi, &mut got);
+                let tol = 1e-4 * (cg * k * k) as f32;
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - e).abs() <= tol,
+                        "{p:?} {epi:?} threads {threads} at {i}: {g} vs {e}"
+                    );
                 }
             }
         }

@@ -304,8 +304,7 @@ unsafe fn sums_row3<const N: usize, const S: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::activation::Activation;
-    use crate::nhwc_conv::tests::{reference, values};
+    use crate::nhwc_conv::tests::check_against_the_reference;
 
     #[test]
     fn matches_the_tap_by_tap_convolution() {
@@ -327,38 +326,7 @@ mod tests {
         for case in cases {
             let mut p = crate::test_conv(case);
             (p.m, p.groups) = (p.c, p.c);
-            let (n, c, h, w, k) = (p.n, p.c, p.h, p.w, p.kh);
-            let x = values(n * h * w * c, 3);
-            let wt = values(c * k * k, 7);
-            let bias = values(c, 11);
-            let res = values(n * p.oh * p.ow * c, 13);
-            let filter = NhwcFilter::new(&wt, c, 1, k, k);
-            let epilogues = [
-                Epilogue::default(),
-                Epilogue {
-                    bias: Some(&bias),
-                    residual: Some(&res),
-                    act: Some(Activation::Clip(0.0, 6.0)),
-                },
-                Epilogue {
-                    bias: Some(&bias),
-                    residual: None,
-                    act: Some(Activation::Sigmoid),
-                },
-            ];
-            for epi in epilogues {
-                let want = reference(&p, &x, &wt, &epi);
-                for threads in [1, 3] {
-                    let mut got = vec![f32::NAN; want.len()];
-                    depthwise_nhwc(threads, &p, &x, &filter, epi, &mut got);
-                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                        assert!(
-                            (g - e).abs() <= 1e-5 * (1.0 + e.abs()),
-                            "{p:?} {epi:?} threads {threads} at {i}: {g} vs {e}"
-                        );
-                    }
-                }
-            }
+            check_against_the_reference(&p, depthwise_nhwc);
         }
     }
 }
