@@ -21,6 +21,8 @@ pub mod nhwc_conv;
 pub mod nhwc_depthwise;
 pub mod norm;
 pub mod pool;
+#[cfg(target_arch = "x86_64")]
+mod qavx2;
 pub mod qconv;
 pub mod qgemm;
 pub mod wide;
@@ -96,6 +98,18 @@ pub(crate) fn avx512f() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU runs the AVX2 kernels of the 8-bit products (where VNNI is missing).
+pub(crate) fn qavx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        qavx2::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -3,7 +3,8 @@
 //! uint8.
 //!
 //! The product runs on AVX-512 VNNI (`vpdpbusd`: four u8 × s8 products summed into each i32
-//! lane) where the CPU has it, else on a portable loop over the same layout. `vpdpbusd` wants
+//! lane) where the CPU has it, else on AVX2 (`qavx2`), else on a portable loop over the same
+//! layout. `vpdpbusd` wants
 //! `a` unsigned and `b` signed, so int8 `a` is stored plus 128 and uint8 `b` minus 128, with the
 //! zero points moved the same way: `(a + 128) - (za + 128) = a - za`. The zero points then come
 //! out of the sum as terms of row and column sums:
@@ -388,7 +389,7 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
         return;
     }
     let out = SharedOut(out.as_mut_ptr());
-    let vnni = vnni();
+    let (vnni, avx2) = (vnni(), crate::qavx2_available());
     // Tasks: blocks of NP panels by blocks of rows; columns first (each reads its own B).
     let blocks = b.panels.div_ceil(NP);
     let row_tasks = if blocks >= 2 * threads {
@@ -408,6 +409,12 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 vnni_tiles(a, b, rows, panels, out, &f)
+            }
+        } else if avx2 {
+            // SAFETY: the CPU has AVX2; as above.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                avx2_tiles(a, b, rows, panels, out, &f)
             }
         } else {
             portable_tiles(a, b, rows, panels, out, &f)
@@ -490,6 +497,78 @@ fn portable_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
             // `qgemm_map`); this task alone writes this tile.
             f(i, j0, &acc[..width], unsafe { out.row(i, n, j0, width) });
         }
+    }
+}
+
+/// The AVX2 kernel: rows `rows` by the columns of `panels`, a panel at a time, each by tiles
+/// of rows.
+///
+/// # Safety
+/// The CPU has AVX2; `a`, `b` are consistent packs; `out` holds `a.m × b.n` elements and no
+/// one else writes this tile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn avx2_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
+    a: &PackedA,
+    b: &PackedB,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    out: SharedOut<O>,
+    f: &F,
+) {
+    for panel in panels {
+        if panel * LANES >= b.n {
+            break;
+        }
+        let mut i = rows.start;
+        while i < rows.end {
+            let mr = (rows.end - i).min(crate::qavx2::ROWS);
+            // SAFETY: as this function's contract; rows i..i + mr are within a.
+            unsafe {
+                match mr {
+                    2 => avx2_tile::<2, O, F>(a, b, i, panel, out, f),
+                    _ => avx2_tile::<1, O, F>(a, b, i, panel, out, f),
+                }
+            }
+            i += mr;
+        }
+    }
+}
+
+/// `R` rows from `i0` by panel `panel`, on AVX2.
+///
+/// # Safety
+/// As [`avx2_tiles`], with rows `i0..i0 + R` within `a` and `panel` within `b`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn avx2_tile<const R: usize, O, F: Fn(usize, usize, &[i32], &mut [O])>(
+    a: &PackedA,
+    b: &PackedB,
+    i0: usize,
+    panel: usize,
+    out: SharedOut<O>,
+    f: &F,
+) {
+    use crate::qavx2;
+    let (kp, n, j0) = (a.kp, b.n, panel * LANES);
+    let width = (n - j0).min(LANES);
+    // SAFETY: rows i0..i0 + R and the panel lie within a.data and b.data (this function's
+    // contract), kp bytes of each row and kp / 4 blocks of the panel.
+    let acc = unsafe {
+        let rows = std::array::from_fn(|r| a.data.as_ptr().add((i0 + r) * kp));
+        let bp = b.data.as_ptr().add(panel * kp * LANES);
+        qavx2::products::<R>(qavx2::zeros(), rows, bp, kp / 4)
+    };
+    for (r, acc) in acc.iter().enumerate() {
+        let i = i0 + r;
+        // SAFETY: the CPU has AVX2.
+        let mut vals = unsafe { qavx2::column_sums(acc) };
+        for (l, v) in vals[..width].iter_mut().enumerate() {
+            *v = corrected(a, b, i, j0 + l, *v);
+        }
+        // SAFETY: i < m and j0 + width <= n: within the output; this task alone writes it.
+        f(i, j0, &vals[..width], unsafe { out.row(i, n, j0, width) });
     }
 }
 
@@ -645,18 +724,28 @@ mod tests {
             qgemm(threads, &pa, &packed, &mut c);
             assert_eq!(c, want, "{m}x{n}x{k} on {threads} threads");
         }
-        // The portable kernel too, on this CPU.
+        // The portable and AVX2 kernels too, on this CPU.
         if m > 0 && n > 0 {
+            let copy = |_, _, v: &[i32], o: &mut [i32]| o.copy_from_slice(v);
             let mut c = vec![7i32; m * n];
+            let panels = 0..packed.panels;
             portable_tiles(
                 &pa,
                 &packed,
                 0..m,
-                0..packed.panels,
+                panels.clone(),
                 SharedOut(c.as_mut_ptr()),
-                &|_, _, v: &[i32], o: &mut [i32]| o.copy_from_slice(v),
+                &copy,
             );
             assert_eq!(c, want, "portable {m}x{n}x{k}");
+            #[cfg(target_arch = "x86_64")]
+            if crate::qavx2_available() {
+                let mut c = vec![7i32; m * n];
+                let out = SharedOut(c.as_mut_ptr());
+                // SAFETY: the CPU has AVX2; the packs are consistent and c is m × n.
+                unsafe { avx2_tiles(&pa, &packed, 0..m, panels, out, &copy) };
+                assert_eq!(c, want, "AVX2 {m}x{n}x{k}");
+            }
         }
         // b repacked from rows with one zero point, and a as weights with one per row.
         if zb.len() != 1 {
