@@ -181,6 +181,34 @@ pub fn avg_pool2d(
 /// input pixels, `C` contiguous values at a time, which vectorises whatever the window.
 /// NaN propagates, as in [`max_pool2d`]; a window wholly in the padding gives -inf.
 pub fn max_pool2d_nhwc(p: &Pool2d, input: &[f32], out: &mut [f32], threads: usize) {
+    // A compare that compiles to one `max`; a row that read a NaN is done again with the
+    // compare that lets NaN propagate.
+    let propagating = |m: f32, v: f32| if v > m || v.is_nan() { v } else { m };
+    max_pool_nhwc(p, input, out, f32::NEG_INFINITY, threads, propagating);
+}
+
+/// [`max_pool2d_nhwc`] of 8-bit (or any ordered) values, exact; `lowest` is the type's least
+/// value (what a window wholly in the padding gives).
+pub fn max_pool2d_nhwc_ord<T: Copy + Ord + Send + Sync>(
+    p: &Pool2d,
+    input: &[T],
+    out: &mut [T],
+    lowest: T,
+    threads: usize,
+) {
+    max_pool_nhwc(p, input, out, lowest, threads, Ord::max);
+}
+
+/// Max pooling of NHWC values by `pick(max so far, value)` for the rows that read a value
+/// unequal to itself (a NaN), by the plain compare for the others.
+fn max_pool_nhwc<T: Copy + PartialOrd + Send + Sync>(
+    p: &Pool2d,
+    input: &[T],
+    out: &mut [T],
+    lowest: T,
+    threads: usize,
+    propagating: impl Fn(T, T) -> T + Sync,
+) {
     let c = p.planes;
     assert!(c > 0, "max_pool2d_nhwc without channels");
     let images = input.len() / (p.h * p.w * c).max(1);
@@ -193,16 +221,19 @@ pub fn max_pool2d_nhwc(p: &Pool2d, input: &[f32], out: &mut [f32], threads: usiz
     let cols: Vec<(usize, usize)> = (0..p.ow)
         .map(|ox| taps(ox, p.sw, p.dw, p.pl, p.kw, p.w))
         .collect();
-    let one_row = |(r, o): (usize, &mut [f32])| {
+    let one_row = |(r, o): (usize, &mut [T])| {
         let (img, oy) = (r / p.oh, r % p.oh);
         let x = &input[img * p.h * p.w * c..][..p.h * p.w * c];
         let rows = taps(oy, p.sh, p.dh, p.pt, p.kh, p.h);
-        // A compare that compiles to one `max`; a row that read a NaN is done again with the
-        // compare that lets NaN propagate.
-        if max_row_nhwc(p, (rows, &cols), x, o, |m, v| if v > m { v } else { m }) {
-            max_row_nhwc(p, (rows, &cols), x, o, |m, v| {
-                if v > m || v.is_nan() { v } else { m }
-            });
+        if max_row_nhwc(
+            p,
+            (rows, &cols),
+            x,
+            o,
+            lowest,
+            |m, v| if v > m { v } else { m },
+        ) {
+            max_row_nhwc(p, (rows, &cols), x, o, lowest, &propagating);
         }
     };
     if threads > 1 && input.len() >= crate::PAR_MIN_WORK {
@@ -214,22 +245,25 @@ pub fn max_pool2d_nhwc(p: &Pool2d, input: &[f32], out: &mut [f32], threads: usiz
 
 /// One output row of [`max_pool2d_nhwc`] from image `x` (the window's input rows and each
 /// output column's input columns as [`taps`] gives them); whether it read a NaN.
-fn max_row_nhwc(
+fn max_row_nhwc<T: Copy + PartialOrd>(
     p: &Pool2d,
     ((y0, ny), cols): ((usize, usize), &[(usize, usize)]),
-    x: &[f32],
-    o: &mut [f32],
-    pick: impl Fn(f32, f32) -> f32,
+    x: &[T],
+    o: &mut [T],
+    lowest: T,
+    pick: impl Fn(T, T) -> T,
 ) -> bool {
     let c = p.planes;
     let mut nan = false;
     for (m, &(x0, nx)) in o.chunks_exact_mut(c).zip(cols) {
-        m.fill(f32::NEG_INFINITY);
+        m.fill(lowest);
         for iy in (0..ny).map(|i| y0 + i * p.dh) {
             for ix in (0..nx).map(|j| x0 + j * p.dw) {
                 let v = &x[(iy * p.w + ix) * c..][..c];
                 for (m, &v) in m.iter_mut().zip(v) {
-                    nan |= v.is_nan();
+                    #[allow(clippy::eq_op)]
+                    let unequal = v != v;
+                    nan |= unequal;
                     *m = pick(*m, v);
                 }
             }
@@ -296,12 +330,19 @@ mod tests {
             let want_i: Vec<i8> = got.iter().map(|&v| v as i8).collect();
             assert_eq!(got_i, want_i, "{p:?} on int8");
             // The same in NHWC: the two planes as the channels of one image.
-            let nhwc = |v: &[f32], hw: usize| -> Vec<f32> {
+            fn nhwc<T: Copy>(v: &[T], hw: usize) -> Vec<T> {
                 (0..2 * hw).map(|i| v[(i % 2) * hw + i / 2]).collect()
-            };
+            }
             let mut got_nhwc = vec![0.0; got.len()];
             max_pool2d_nhwc(&p, &nhwc(&x, h * w), &mut got_nhwc, 2);
             assert_eq!(got_nhwc, nhwc(&got, p.oh * p.ow), "{p:?} in NHWC");
+            let mut got_nhwc_i = vec![0i8; got.len()];
+            max_pool2d_nhwc_ord(&p, &nhwc(&xi, h * w), &mut got_nhwc_i, i8::MIN, 2);
+            assert_eq!(
+                got_nhwc_i,
+                nhwc(&want_i, p.oh * p.ow),
+                "{p:?} in NHWC on int8"
+            );
         }
         let p = Pool2d {
             planes: 1,

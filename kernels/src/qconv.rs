@@ -7,6 +7,11 @@
 //! [`PackedB`] with the reduction in tap-major order, `k = (ky·kw + kx)·C + c`. Nothing is
 //! packed per call, and the output comes out NHWC, `[positions][M]`.
 //!
+//! With fewer channels (an RGB stem's 3), a tap is not a whole group of four. Where the taps of
+//! a kernel row lie side by side (no dilation along x), the reduction runs over whole kernel
+//! rows instead: `kw·C` bytes of the image, rounded up to four with zero weights, so
+//! `k = ky·run + kx·C + c` ([`pack_filter`] chooses).
+//!
 //! The weights' zero points must be zero (symmetric int8 weights, as onnxruntime's quantizer
 //! writes them); the activations' zero point comes out of the sum as `zx·Σw` per output
 //! channel: `Σ (x - zx)·w = Σ x·w - zx·Σ w`.
@@ -18,12 +23,66 @@ use rayon::prelude::*;
 /// Packed weights up to this size are read whole for each tile of output rows.
 const L2_WEIGHTS: usize = 256 << 10;
 
-/// Whether [`qconv_nhwc_map`] computes this convolution with these weights.
+/// The longest kernel row read as one run of bytes.
+const RUN_MAX: usize = 64;
+
+/// How a window's reduction is read: `runs` runs of `len` bytes each per kernel row, one per
+/// tap (`C` a multiple of 4) or one per kernel row (its `kw·C` bytes rounded up to 4); `None`
+/// where neither fits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Runs {
+    per_row: usize,
+    len: usize,
+}
+
+fn runs(c: usize, kw: usize, dw: usize) -> Option<Runs> {
+    if c == 0 || kw == 0 {
+        None
+    } else if c.is_multiple_of(4) {
+        Some(Runs {
+            per_row: kw,
+            len: c,
+        })
+    } else {
+        let len = (kw * c).div_ceil(4) * 4;
+        (dw == 1 && len <= RUN_MAX).then_some(Runs { per_row: 1, len })
+    }
+}
+
+/// Weights `w`, ONNX's `[M][C][kh][kw]` with zero points of zero, packed for [`qconv_nhwc`]
+/// of a convolution with dilation `dw` along x; `None` where it cannot compute one.
+///
+/// # Panics
+/// If `w` holds fewer than `M·C·kh·kw` values.
+pub fn pack_filter(
+    m: usize,
+    c: usize,
+    (kh, kw): (usize, usize),
+    dw: usize,
+    w: &[i8],
+) -> Option<PackedB> {
+    let r = runs(c, kw, dw)?;
+    if m == 0 || kh == 0 {
+        return None;
+    }
+    let taps = kh * kw;
+    let k = kh * r.per_row * r.len;
+    // [M][C][ky][kx] to [ky·run + kx·C + c][M] (the same as tap-major where C is whole
+    // groups); the bytes that round a row up keep zero weights.
+    let mut cols = vec![0i8; k * m];
+    for (j, filter) in w[..m * c * taps].chunks_exact(c * taps).enumerate() {
+        for (i, &v) in filter.iter().enumerate() {
+            let (ci, ky, kx) = (i / taps, i % taps / kw, i % kw);
+            cols[(ky * r.per_row * r.len + kx * c + ci) * m + j] = v;
+        }
+    }
+    Some(PackedB::new(k, m, &cols, (m, 1), &[0i8]))
+}
+
+/// Whether [`qconv_nhwc`] computes this convolution with these weights.
 pub fn applies(p: &Conv2d, w: &PackedB) -> bool {
     p.groups == 1
-        && p.c.is_multiple_of(4)
-        && p.c > 0
-        && w.k == p.kh * p.kw * p.c
+        && runs(p.c, p.kw, p.dw).is_some_and(|r| w.k == p.kh * r.per_row * r.len)
         && w.n == p.m
         && w.zero.iter().all(|&z| z == 0)
 }
@@ -127,9 +186,10 @@ pub fn qconv_nhwc<O: Byte>(
     if rows == 0 || p.m == 0 {
         return;
     }
-    let pad = vec![zx; p.c];
+    let runs = runs(p.c, p.kw, p.dw).expect("applies");
+    let pad = vec![zx; runs.len];
     let out = SharedOut(out.as_mut_ptr());
-    let vnni = vnni();
+    let (vnni, avx2) = (vnni(), crate::qavx2_available());
     // Weights that fit in the core's L2 cache are read whole for each row tile, so that the
     // image streams past once; larger ones in blocks of NP panels, each over all the rows.
     let span = if w.data.len() <= L2_WEIGHTS {
@@ -151,6 +211,7 @@ pub fn qconv_nhwc<O: Byte>(
             x,
             pad: &pad,
             zx,
+            runs,
         };
         if vnni {
             // SAFETY: the CPU has AVX-512F/BW/VNNI (`vnni`); the operands' sizes are asserted
@@ -158,6 +219,12 @@ pub fn qconv_nhwc<O: Byte>(
             #[cfg(target_arch = "x86_64")]
             unsafe {
                 vnni_tiles(&image, w, rows, panels, rq, out)
+            }
+        } else if avx2 {
+            // SAFETY: the CPU has AVX2; as above.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                avx2_tiles(&image, w, rows, panels, rq, out)
             }
         } else {
             portable_tiles(&image, w, rows, panels, rq, out)
@@ -171,12 +238,14 @@ pub fn qconv_nhwc<O: Byte>(
     }
 }
 
-/// The input of one call: the geometry, the NHWC bytes, and `C` zero points for the padding.
+/// The input of one call: the geometry, the NHWC bytes, a run of zero points for the
+/// padding, and how the reduction is read.
 struct Image<'a> {
     p: &'a Conv2d,
     x: &'a [u8],
     pad: &'a [u8],
     zx: u8,
+    runs: Runs,
 }
 
 impl Image<'_> {
@@ -204,6 +273,43 @@ impl Image<'_> {
         }
         &self.x[base + (iy as usize * p.w + ix as usize) * p.c..][..p.c]
     }
+
+    /// The run of bytes `(ky, kx)` of the window at `origin` reads: a tap's `C` bytes, or a
+    /// whole kernel row's (`kx` = 0). A row that reaches over the padding (or past the end of
+    /// `x`, with the bytes that round it up) is copied to `stage` with zero points.
+    #[inline(always)]
+    fn run<'s>(
+        &'s self,
+        origin: (usize, isize, isize),
+        (ky, kx): (usize, usize),
+        stage: &'s mut [u8; RUN_MAX],
+    ) -> &'s [u8] {
+        if self.p.c.is_multiple_of(4) {
+            return self.tap(origin, ky, kx);
+        }
+        let (p, len) = (self.p, self.runs.len);
+        let (base, y0, x0) = origin;
+        let iy = y0 + (ky * p.dh) as isize;
+        if iy < 0 || iy >= p.h as isize {
+            return self.pad;
+        }
+        let row = base + iy as usize * p.w * p.c;
+        if x0 >= 0 && x0 as usize + p.kw <= p.w {
+            let start = row + x0 as usize * p.c;
+            if start + len <= self.x.len() {
+                return &self.x[start..start + len];
+            }
+        }
+        stage[..len].fill(self.zx);
+        for kx in 0..p.kw {
+            let ix = x0 + kx as isize;
+            if ix >= 0 && ix < p.w as isize {
+                let from = row + ix as usize * p.c;
+                stage[kx * p.c..][..p.c].copy_from_slice(&self.x[from..from + p.c]);
+            }
+        }
+        &stage[..len]
+    }
 }
 
 /// The portable kernel: rows `rows` by the columns of `panels`.
@@ -221,13 +327,14 @@ fn portable_tiles<O: Byte>(
         let j0 = panel * LANES;
         let width = (n - j0).min(LANES);
         let bp = &w.data[panel * kp * LANES..(panel + 1) * kp * LANES];
+        let mut stage = [0u8; RUN_MAX];
         for r in rows.clone() {
             let origin = image.origin(r);
             acc.fill(0);
             for ky in 0..p.kh {
-                for kx in 0..p.kw {
-                    let taps = image.tap(origin, ky, kx);
-                    let k0 = (ky * p.kw + kx) * p.c;
+                for kx in 0..image.runs.per_row {
+                    let taps = image.run(origin, (ky, kx), &mut stage);
+                    let k0 = (ky * image.runs.per_row + kx) * image.runs.len;
                     for (q, xs) in taps.chunks_exact(4).enumerate() {
                         let group = &bp[(k0 / 4 + q) * 4 * LANES..][..4 * LANES];
                         for (l, o) in acc.iter_mut().enumerate() {
@@ -246,6 +353,86 @@ fn portable_tiles<O: Byte>(
                 let sum = v.wrapping_sub(zx.wrapping_mul(w.sums[j0 + l]));
                 *o = O::from_i32(rq.value(j0 + l, sum));
             }
+        }
+    }
+}
+
+/// The AVX2 kernel: rows `rows` by the columns of `panels`, a panel at a time, each by tiles
+/// of rows.
+///
+/// # Safety
+/// The CPU has AVX2; the operands are as [`qconv_nhwc`] asserts; no one else writes these
+/// tiles of `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn avx2_tiles<O: Byte>(
+    image: &Image<'_>,
+    w: &PackedB,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    rq: &Requantize<'_>,
+    out: SharedOut<O>,
+) {
+    let mut stage = [[0u8; RUN_MAX]; crate::qavx2::ROWS];
+    for panel in panels {
+        let mut r = rows.start;
+        while r < rows.end {
+            let mr = (rows.end - r).min(crate::qavx2::ROWS);
+            // SAFETY: as this function's contract; rows r..r + mr are output rows.
+            unsafe {
+                match mr {
+                    2 => avx2_tile::<2, O>(image, w, (r, panel), rq, out, &mut stage),
+                    _ => avx2_tile::<1, O>(image, w, (r, panel), rq, out, &mut stage),
+                }
+            }
+            r += mr;
+        }
+    }
+}
+
+/// `R` output rows from `r0` by panel `panel`, on AVX2.
+///
+/// # Safety
+/// As [`avx2_tiles`], with rows `r0..r0 + R` output rows and `panel` within `w`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn avx2_tile<const R: usize, O: Byte>(
+    image: &Image<'_>,
+    w: &PackedB,
+    (r0, panel): (usize, usize),
+    rq: &Requantize<'_>,
+    out: SharedOut<O>,
+    stage: &mut [[u8; RUN_MAX]; crate::qavx2::ROWS],
+) {
+    use crate::qavx2;
+    let (p, kp, n, j0) = (image.p, w.kp, w.n, panel * LANES);
+    let width = (n - j0).min(LANES);
+    let origins: [_; R] = std::array::from_fn(|r| image.origin(r0 + r));
+    // SAFETY: the panel starts within w.data (this function's contract).
+    let bp = unsafe { w.data.as_ptr().add(panel * kp * LANES) };
+    let Runs { per_row, len } = image.runs;
+    // SAFETY: the CPU has AVX2.
+    let mut acc = unsafe { qavx2::zeros::<R>() };
+    for ky in 0..p.kh {
+        for kx in 0..per_row {
+            let taps: [*const u8; R] =
+                std::array::from_fn(|r| image.run(origins[r], (ky, kx), &mut stage[r]).as_ptr());
+            let g0 = (ky * per_row + kx) * len / 4;
+            // SAFETY: each run is `len` bytes; blocks g0..g0 + len / 4 lie within the panel.
+            acc = unsafe { qavx2::products::<R>(acc, taps, bp.add(g0 * 4 * LANES), len / 4) };
+        }
+    }
+    let zx = image.zx as i32;
+    for (r, acc) in acc.iter().enumerate() {
+        // SAFETY: the CPU has AVX2.
+        let sums = unsafe { qavx2::column_sums(acc) };
+        // SAFETY: row r0 + r is an output row, columns j0..j0 + width <= n: within the
+        // output, written by this task alone.
+        let o = unsafe { out.row(r0 + r, n, j0, width) };
+        for (l, (o, &v)) in o.iter_mut().zip(&sums[..width]).enumerate() {
+            let sum = v.wrapping_sub(zx.wrapping_mul(w.sums[j0 + l]));
+            *o = O::from_i32(rq.value(j0 + l, sum));
         }
     }
 }
@@ -311,14 +498,16 @@ unsafe fn tile<const R: usize, const P: usize, O: Byte>(
     let (p, kp, n) = (image.p, w.kp, w.n);
     let origins: [_; R] = std::array::from_fn(|r| image.origin(r0 + r));
     let mut acc = [[_mm512_setzero_si512(); P]; R];
+    let mut stage = [[0u8; RUN_MAX]; R];
     // SAFETY: panel p0 starts within w.data (this function's contract).
     let bp = unsafe { w.data.as_ptr().add(p0 * kp * LANES) };
+    let Runs { per_row, len } = image.runs;
     for ky in 0..p.kh {
-        for kx in 0..p.kw {
+        for kx in 0..per_row {
             let taps: [*const u8; R] =
-                std::array::from_fn(|r| image.tap(origins[r], ky, kx).as_ptr());
-            let g0 = (ky * p.kw + kx) * p.c / 4;
-            for q in 0..p.c / 4 {
+                std::array::from_fn(|r| image.run(origins[r], (ky, kx), &mut stage[r]).as_ptr());
+            let g0 = (ky * per_row + kx) * len / 4;
+            for q in 0..len / 4 {
                 let mut bv = [_mm512_setzero_si512(); P];
                 for (pp, v) in bv.iter_mut().enumerate() {
                     // SAFETY: group g0 + q < kp / 4 of panels p0..p0 + P lies within w.data
@@ -328,7 +517,8 @@ unsafe fn tile<const R: usize, const P: usize, O: Byte>(
                     };
                 }
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    // SAFETY: each tap is C bytes (of the image or of the padding), 4q + 4 <= C.
+                    // SAFETY: each run is `len` bytes (of the image, the padding or the stage),
+                    // 4q + 4 <= len.
                     let xv = unsafe { taps[r].add(4 * q).cast::<i32>().read_unaligned() };
                     let av = _mm512_set1_epi32(xv);
                     for (acc, &bv) in acc.iter_mut().zip(&bv) {
@@ -382,7 +572,7 @@ mod tests {
 
     use crate::test_bytes as bytes;
 
-    /// The convolution tap by tap, NHWC in and out.
+    /// The convolution tap by tap, NHWC in and out, of ONNX's `[M][C][kh][kw]` weights.
     fn reference(p: &Conv2d, x: &[u8], zx: u8, w: &[i8]) -> Vec<i32> {
         let taps = p.kh * p.kw;
         let mut out = vec![0i32; p.n * p.oh * p.ow * p.m];
@@ -404,7 +594,8 @@ mod tests {
                                     } else {
                                         x[((img * p.h + iy as usize) * p.w + ix as usize) * p.c + c]
                                     };
-                                s += (v as i32 - zx as i32) * w[(t * p.c + c) * p.m + j] as i32;
+                                let wv = w[(j * p.c + c) * taps + t];
+                                s += (v as i32 - zx as i32) * wv as i32;
                             }
                         }
                         out[r * p.m + j] = s;
@@ -427,13 +618,21 @@ mod tests {
             (1, 64, 3, 3, 64, 3, 1, 1, 1, 1),
             // Weights over L2_WEIGHTS: read in blocks of panels.
             (1, 128, 4, 4, 260, 3, 1, 1, 1, 1),
+            // Fewer channels than a group: whole kernel rows, an RGB stem's among them.
+            (2, 3, 11, 10, 64, 7, 2, 1, 3, 3),
+            (1, 3, 9, 9, 20, 3, 1, 1, 1, 1),
+            (1, 1, 6, 7, 5, 5, 1, 1, 2, 2),
+            (1, 5, 6, 6, 17, 3, 2, 1, 1, 0),
+            // The last windows end at the image's last byte, their rows rounded up past it.
+            (1, 3, 9, 9, 8, 3, 1, 1, 0, 0),
         ];
         for case in cases {
             let p = crate::test_conv(case);
             let (n, c, h, w, m, k) = (p.n, p.c, p.h, p.w, p.m, p.kh);
             let x = bytes(n * h * w * c, 3);
             let wt: Vec<i8> = bytes(k * k * c * m, 7).iter().map(|&b| b as i8).collect();
-            let packed = PackedB::new(k * k * c, m, &wt, (m, 1), &[0i8]);
+            let packed = pack_filter(m, c, (k, k), p.dw, &wt).expect("a packing");
+            assert!(applies(&p, &packed), "{p:?}");
             // Scales that spread the sums over the whole range and past it, and a NaN offset.
             let scale = 0.5 / (k * k * c) as f32;
             let mult: Vec<f32> = (0..m).map(|j| scale * (1 + j % 5) as f32).collect();
@@ -464,11 +663,13 @@ mod tests {
                 }
                 let mut got = vec![7u8; want.len()];
                 let rows = 0..n * p.oh * p.ow;
+                let runs = runs(c, p.kw, p.dw).expect("runs");
                 let image = Image {
                     p: &p,
                     x: &x,
-                    pad: &vec![zx; c],
+                    pad: &vec![zx; runs.len],
                     zx,
+                    runs,
                 };
                 let panels = 0..packed.panels;
                 for block in panels.clone().step_by(NP) {
@@ -477,6 +678,14 @@ mod tests {
                     portable_tiles(&image, &packed, rows.clone(), ps, &rq, out);
                 }
                 assert_eq!(got, want, "portable {p:?} zx {zx}");
+                #[cfg(target_arch = "x86_64")]
+                if crate::qavx2_available() {
+                    let mut got = vec![7u8; want.len()];
+                    let out = SharedOut(got.as_mut_ptr());
+                    // SAFETY: the CPU has AVX2; the operands are as qconv_nhwc asserts.
+                    unsafe { avx2_tiles(&image, &packed, rows.clone(), panels.clone(), &rq, out) };
+                    assert_eq!(got, want, "AVX2 {p:?} zx {zx}");
+                }
             }
         }
     }
@@ -500,8 +709,32 @@ mod tests {
             groups: 1,
             ..Default::default()
         };
-        let w = PackedB::new(3, 8, &[1i8; 24], (8, 1), &[0i8]);
-        assert!(!applies(&p, &w), "3 channels: not whole groups of 4");
+        let w = pack_filter(8, 3, (1, 1), 1, &[1i8; 24]).expect("a row of 3 bytes, rounded to 4");
+        assert!(applies(&p, &w), "3 channels: one run of a kernel row");
+        let unrounded = PackedB::new(3, 8, &[1i8; 24], (8, 1), &[0i8]);
+        assert!(
+            !applies(&p, &unrounded),
+            "a reduction not rounded up to whole groups"
+        );
+        let wide = Conv2d {
+            kh: 3,
+            kw: 3,
+            dh: 2,
+            dw: 2,
+            oh: 0,
+            ow: 0,
+            ..p
+        };
+        assert!(
+            !applies(&wide, &PackedB::new(27, 8, &[1i8; 216], (8, 1), &[0i8])),
+            "3 channels, dilated taps"
+        );
+        assert!(pack_filter(8, 3, (3, 3), 2, &[1i8; 216]).is_none());
+        assert!(
+            pack_filter(8, 3, (1, 30), 1, &[1i8; 720]).is_none(),
+            "a row over {RUN_MAX} bytes"
+        );
+        assert!(!applies(&Conv2d { groups: 3, ..p }, &w), "groups");
         let p4 = Conv2d { c: 4, ..p };
         assert!(applies(
             &p4,

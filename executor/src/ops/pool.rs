@@ -7,7 +7,9 @@ use super::pool_nd::{Reduce, pool_nd};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{DType, Data, Tensor, checked_numel};
-use cotenant_kernels::pool::{Pool2d, avg_pool2d, max_pool2d, max_pool2d_nhwc, max_pool2d_ord};
+use cotenant_kernels::pool::{
+    Pool2d, avg_pool2d, max_pool2d, max_pool2d_nhwc, max_pool2d_nhwc_ord, max_pool2d_ord,
+};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolAttrs {
@@ -23,8 +25,8 @@ pub struct PoolAttrs {
     pub column_major: bool,
     /// The node has MaxPool's second output, Indices.
     pub indices: bool,
-    /// Set by the layout pass (`passes::nhwc`) on a 2-D MaxPool between NHWC convolutions: the
-    /// input and output are `[N, H, W, C]`.
+    /// Set by the layout passes (`passes::nhwc`, `passes::transposes`) on a 2-D MaxPool between
+    /// NHWC convolutions: the input and output are `[N, H, W, C]`.
     pub nhwc: bool,
 }
 
@@ -79,11 +81,28 @@ fn max_pool_nhwc(cx: &Cx, p: &PoolAttrs, x: &Tensor) -> OpResult<Vec<Tensor>> {
             "an NHWC pool other than MaxPool".into(),
         ));
     }
-    let mut y = cx.take_f32(checked_numel(&shape)?);
-    if !y.is_empty() {
-        max_pool2d_nhwc(&g, x.as_f32()?, &mut y, cx.threads);
+    let n = checked_numel(&shape)?;
+    if n == 0 {
+        return Ok(vec![Tensor::zeros(x.dtype(), shape)?]);
     }
-    Ok(vec![Tensor::f32(shape, y)?])
+    let data = match &x.data {
+        Data::U8(v) => {
+            let mut y = cx.take_u8(n);
+            max_pool2d_nhwc_ord(&g, v, &mut y, u8::MIN, cx.threads);
+            Data::U8(y)
+        }
+        Data::I8(v) => {
+            let mut y = vec![0i8; n];
+            max_pool2d_nhwc_ord(&g, v, &mut y, i8::MIN, cx.threads);
+            Data::I8(y)
+        }
+        _ => {
+            let mut y = cx.take_f32(n);
+            max_pool2d_nhwc(&g, x.as_f32()?, &mut y, cx.threads);
+            Data::F32(y)
+        }
+    };
+    Ok(vec![Tensor::new(shape, data)?])
 }
 
 /// The window of a 1-D or 2-D pooling over an input of shape `x` (kernel, strides, dilations,

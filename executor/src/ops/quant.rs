@@ -89,8 +89,9 @@ pub enum QConvWeights {
     /// One row per output channel, the matrix product's left side: input and output NCHW, the
     /// image's im2col columns streaming past.
     Rows(PackedA),
-    /// One column per output channel over the taps in tap-major order: input and output NHWC,
-    /// the image read in place (`cotenant_kernels::qconv`). Weight zero points are zero.
+    /// One column per output channel over the taps in tap-major order, or over whole kernel
+    /// rows where a tap has fewer than 4 channels: input and output NHWC, the image read in
+    /// place (`cotenant_kernels::qconv::pack_filter`). Weight zero points are zero.
     Taps(PackedB),
 }
 

@@ -133,7 +133,10 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
         }
         // The output, and past two spatial axes or with Indices, the f64 input, output and
         // per-window state the window-by-window path keeps, and the indices.
-        Op::Pool(p) if p.nhwc => elements(&super::pool::nhwc_pool_geometry(p, &x()?.shape)?.1, 4)?,
+        Op::Pool(p) if p.nhwc => elements(
+            &super::pool::nhwc_pool_geometry(p, &x()?.shape)?.1,
+            dsize(x()?),
+        )?,
         Op::Pool(p) if p.indices || x()?.rank() > 4 || x()?.dtype() == DType::F64 => {
             let (_, out) = super::pool_nd::pool_nd_geometry(p, &x()?.shape)?;
             let window = 8 + 3 * INDEX + 8;

@@ -33,7 +33,7 @@ use crate::ops::quant::{
 };
 use crate::ops::shape::ShapeOp;
 use crate::tensor::{DType, Data, Tensor};
-use cotenant_kernels::qgemm::{PackedA, PackedB};
+use cotenant_kernels::{qconv, qgemm::PackedA};
 use std::sync::Arc;
 
 pub fn fuse_qdq(g: &mut Graph) {
@@ -260,7 +260,11 @@ fn quantized_conv(g: &mut Graph, i: usize) -> bool {
     {
         return false;
     }
-    let w = match conv_weights(x_dtype, &w_shape, &wt.data, zw.as_deref()) {
+    let dw = c
+        .dilations
+        .as_ref()
+        .map_or(1, |d| d.last().copied().unwrap_or(1));
+    let w = match conv_weights(x_dtype, &w_shape, dw, &wt.data, zw.as_deref()) {
         Some(w) => w,
         None => return false,
     };
@@ -383,36 +387,22 @@ pub(super) fn transpose(name: String, perm: [usize; 4], x: usize, y: usize) -> N
     }
 }
 
-/// A quantized Conv's weights (`w_shape`, `[M, C, kh, kw]` or 1-D) packed for its input:
-/// as taps for NHWC where the kernel for that applies (uint8 input, int8 weights with zero
-/// zero points, channels in whole groups of 4, 2-D), else as rows for NCHW.
+/// A quantized Conv's weights (`w_shape`, `[M, C, kh, kw]` or 1-D; dilation `dw` along x)
+/// packed for its input: for NHWC where the kernel for that applies (uint8 input, int8
+/// weights with zero zero points, 2-D, see `qconv::pack_filter`), else as rows for NCHW.
 fn conv_weights(
     x_dtype: DType,
     w_shape: &[usize],
+    dw: usize,
     w: &Data,
     zw: Option<&Tensor>,
 ) -> Option<QConvWeights> {
     let (m, k) = (w_shape[0], w_shape[1..].iter().product::<usize>());
     let zero = zw.is_none_or(|z| z.to_f64_vec().iter().all(|&v| v == 0.0));
-    if let (DType::U8, Data::I8(v), true, 4) = (x_dtype, w, zero, w_shape.len()) {
-        let (c, taps) = (w_shape[1], w_shape[2] * w_shape[3]);
-        if c > 0 && c.is_multiple_of(4) && m > 0 {
-            // [M][C][tap] to [(tap, C)][M].
-            let mut cols = vec![0i8; k * m];
-            for (j, row) in v.chunks_exact(k).enumerate() {
-                for (i, &x) in row.iter().enumerate() {
-                    let (ci, t) = (i / taps, i % taps);
-                    cols[(t * c + ci) * m + j] = x;
-                }
-            }
-            return Some(QConvWeights::Taps(PackedB::new(
-                k,
-                m,
-                &cols,
-                (m, 1),
-                &[0i8],
-            )));
-        }
+    if let (DType::U8, Data::I8(v), true, &[_, c, kh, kw]) = (x_dtype, w, zero, w_shape)
+        && let Some(packed) = qconv::pack_filter(m, c, (kh, kw), dw, v)
+    {
+        return Some(QConvWeights::Taps(packed));
     }
     // One row of k per output channel.
     Some(QConvWeights::Rows(match (w, zw.map(|z| &z.data)) {
@@ -978,6 +968,52 @@ mod tests {
         };
         // Each requantization may land one step off at a tie; three in a row, a few steps.
         assert!(want.iter().zip(got).all(|(a, b)| a.abs_diff(*b) <= 3));
+        assert!(
+            want.iter().any(|&v| v > 10 && v < 245),
+            "a non-trivial output"
+        );
+    }
+
+    #[test]
+    fn an_rgb_stem_and_its_max_pool_join_the_nhwc_chain() {
+        // x (3 channels) -> conv -> Q(MaxPool(DQ)) -> conv -> out.
+        let mut g = G::new();
+        let x = g.input("x", DType::U8, &[2, 3, 9, 8]);
+        let stem = qdq_conv(&mut g, x, 3, 8, 0.2, 1);
+        let (s, z) = (
+            g.constant(Tensor::scalar_f32(0.2)),
+            g.constant(t(&[], Data::U8(vec![3]))),
+        );
+        let d = g.node(
+            "DequantizeLinear",
+            &[Some(stem), Some(s), Some(z)],
+            1,
+            vec![],
+        )[0];
+        let attrs = vec![
+            attr_ints("kernel_shape", &[3, 3]),
+            attr_ints("strides", &[2, 2]),
+            attr_ints("pads", &[1, 1, 1, 1]),
+        ];
+        let pooled = g.node("MaxPool", &[Some(d)], 1, attrs)[0];
+        let q = g.node(
+            "QuantizeLinear",
+            &[Some(pooled), Some(s), Some(z)],
+            1,
+            vec![],
+        )[0];
+        let out = qdq_conv(&mut g, q, 8, 4, 0.1, 3);
+        let (names, want, got) = run_both(g.output(out), &|| {
+            vec![("x".into(), t(&[2, 3, 9, 8], Data::U8(bytes(2 * 3 * 72, 9))))]
+        });
+        let expected = ["Transpose", "QConv", "MaxPool(NHWC)", "QConv", "Transpose"];
+        assert_eq!(names, expected);
+        assert_eq!(want.shape, [2, 4, 5, 4]);
+        let (Data::U8(want), Data::U8(got)) = (&want.data, &got.data) else {
+            panic!("u8 outputs");
+        };
+        // Two requantizations, each of which may land one step off at a tie.
+        assert!(want.iter().zip(got).all(|(a, b)| a.abs_diff(*b) <= 2));
         assert!(
             want.iter().any(|&v| v > 10 && v < 245),
             "a non-trivial output"

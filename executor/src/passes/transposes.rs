@@ -1,18 +1,21 @@
-//! Transposes that undo each other cancel, and elementwise 8-bit adds move behind transposes
-//! of both their inputs. The QDQ pass wraps each NHWC quantized convolution in a transpose
-//! from NCHW and one back; with these rewrites a chain of them (residual adds included) keeps
-//! its activations NHWC from its first convolution to its last. A transpose repeated on the
-//! same value (one for each convolution reading it) is done once.
+//! Transposes that undo each other cancel, elementwise 8-bit adds move behind transposes of
+//! both their inputs, and a 2-D MaxPool of an NHWC value transposed to NCHW pools it in NHWC
+//! before the transpose. The QDQ pass wraps each NHWC quantized convolution in a transpose
+//! from NCHW and one back; with these rewrites a chain of them (residual adds and max pools
+//! included) keeps its activations NHWC from its first convolution to its last. A transpose
+//! repeated on the same value (one for each convolution reading it) is done once.
 
+use super::qdq::NHWC_TO_NCHW;
 use super::remove_dead;
 use crate::graph::{Graph, Node};
 use crate::ops::Op;
+use crate::ops::pool::PoolAttrs;
 use crate::ops::quant::QuantOp;
 use crate::ops::shape::ShapeOp;
 
 pub fn cancel_transposes(g: &mut Graph) {
     let mut changed = false;
-    while hoist_add(g) || cancel_pair(g) || merge_repeat(g) {
+    while hoist_add(g) || hoist_max_pool(g) || cancel_pair(g) || merge_repeat(g) {
         changed = true;
     }
     if changed {
@@ -113,20 +116,54 @@ fn hoist_add(g: &mut Graph) -> bool {
         if pa != pb {
             continue;
         }
-        let out = n.outputs[0];
-        let inner = g.add_value(format!("{}/untransposed", g.value_names[out]));
-        let name = format!("{}/transpose", g.nodes[i].name);
-        let node = &mut g.nodes[i];
-        (node.inputs, node.outputs) = (vec![Some(a), Some(b)], vec![inner]);
-        g.nodes.insert(
-            i + 1,
-            Node {
-                name,
-                op: Op::Shape(ShapeOp::Transpose { perm: Some(pa) }),
-                inputs: vec![Some(inner)],
-                outputs: vec![out],
-            },
-        );
+        move_behind(g, i, vec![Some(a), Some(b)], pa);
+        return true;
+    }
+    false
+}
+
+/// Makes node `i` (one output) read `inputs` and adds a Transpose by `perm` of what it now
+/// computes, which its output's readers read.
+fn move_behind(g: &mut Graph, i: usize, inputs: Vec<Option<usize>>, perm: Vec<usize>) {
+    let out = g.nodes[i].outputs[0];
+    let inner = g.add_value(format!("{}/untransposed", g.value_names[out]));
+    let name = format!("{}/transpose", g.nodes[i].name);
+    let node = &mut g.nodes[i];
+    (node.inputs, node.outputs) = (inputs, vec![inner]);
+    g.nodes.insert(
+        i + 1,
+        Node {
+            name,
+            op: Op::Shape(ShapeOp::Transpose { perm: Some(perm) }),
+            inputs: vec![Some(inner)],
+            outputs: vec![out],
+        },
+    );
+}
+
+/// Moves one 2-D MaxPool (no Indices) of an NHWC-to-NCHW transpose behind it, pooling the
+/// NHWC value; whether it found one.
+fn hoist_max_pool(g: &mut Graph) -> bool {
+    let producers = g.producers();
+    for i in 0..g.nodes.len() {
+        let n = &g.nodes[i];
+        let Op::Pool(p) = &n.op else {
+            continue;
+        };
+        if !p.max || p.indices || p.nhwc || p.kernel_shape.len() != 2 || n.outputs.len() != 1 {
+            continue;
+        }
+        let Some((x, perm)) = transposed(g, &producers, n.inputs.first().copied().flatten()) else {
+            continue;
+        };
+        if perm != NHWC_TO_NCHW {
+            continue;
+        }
+        g.nodes[i].op = Op::Pool(PoolAttrs {
+            nhwc: true,
+            ..p.clone()
+        });
+        move_behind(g, i, vec![Some(x)], perm);
         return true;
     }
     false
