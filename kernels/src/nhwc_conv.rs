@@ -1,4 +1,4 @@
-//! 2-D convolution of NHWC f32 activations on AVX-512 CPUs, without im2col.
+//! 2-D convolution of NHWC f32 activations on AVX-512 or AVX2 CPUs, without im2col.
 //!
 //! In NHWC the `C` channels of one input pixel are contiguous, so the reduction over one kernel
 //! tap is a run of floats of the image itself. A register tile holds up to 6 output positions
@@ -12,6 +12,9 @@
 //! 3-channel stem reads 21 values per tap row, not 3 per tap. The output comes out NHWC,
 //! `[positions][M]`, with the bias, a residual (NHWC, the output's shape) and the activation
 //! applied on the way out.
+//!
+//! On AVX2 (16 vector registers of 8 lanes) a tile is up to 6 positions by one panel, its 16
+//! channels as two vectors, on the same packed weights.
 //!
 //! The reduction runs in blocks whose weights fit in the core's L2 cache beside the tile's
 //! input; every output element is summed in the same order (k ascending) whatever the thread
@@ -100,7 +103,14 @@ impl NhwcFilter {
 
 /// Whether this CPU runs [`conv_nhwc`].
 pub fn available() -> bool {
-    crate::avx512f()
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::avx512f() || crate::activation::avx2_fma()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// Whether [`conv_nhwc`] computes convolution `p` (ungrouped, with at least one channel).
@@ -113,8 +123,8 @@ pub fn applies(p: &Conv2d) -> bool {
 /// pt`, likewise `ix`; zero outside the image), split across `threads`.
 ///
 /// # Panics
-/// If the CPU lacks AVX-512F ([`available`]), the convolution does not [`applies`], `f` is not
-/// its filter, or `x`, the residual or `out` has the wrong size.
+/// If the CPU lacks AVX-512F and AVX2 ([`available`]), the convolution does not [`applies`], `f`
+/// is not its filter, or `x`, the residual or `out` has the wrong size.
 pub fn conv_nhwc(
     threads: usize,
     p: &Conv2d,
@@ -123,7 +133,25 @@ pub fn conv_nhwc(
     epi: Epilogue<'_>,
     out: &mut [f32],
 ) {
-    assert!(available(), "conv_nhwc needs AVX-512F");
+    assert!(available(), "conv_nhwc needs AVX-512F or AVX2");
+    conv_on(crate::avx512f(), threads, p, x, f, epi, out);
+}
+
+/// [`conv_nhwc`] on the AVX-512 kernel, or on the AVX2 one.
+fn conv_on(
+    avx512: bool,
+    threads: usize,
+    p: &Conv2d,
+    x: &[f32],
+    f: &NhwcFilter,
+    epi: Epilogue<'_>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    assert!(
+        crate::avx512f() || !avx512 && crate::activation::avx2_fma(),
+        "conv_nhwc on this CPU"
+    );
     assert!(applies(p) && f.fits(p), "conv_nhwc of {p:?} with {f:?}");
     assert_eq!(x.len(), p.n * p.h * p.w * p.c, "conv_nhwc input size");
     let rows = p.n * p.oh * p.ow;
@@ -161,11 +189,14 @@ pub fn conv_nhwc(
             let panels = p0..(p0 + nb).min(f.panels());
             for k0 in (0..k).step_by(kc) {
                 let ks = k0..(k0 + kc).min(k);
-                // SAFETY: the CPU has AVX-512F (asserted); the sizes were checked above; tasks
-                // write disjoint rows of `out`.
+                // SAFETY: the CPU has AVX-512F, or else AVX2 and FMA (asserted); the sizes
+                // were checked above; tasks write disjoint rows of `out`.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    tiles(&image, f, rows.clone(), panels.clone(), ks, epi, dst)
+                    match avx512 {
+                        true => tiles(&image, f, rows.clone(), panels.clone(), ks, epi, dst),
+                        false => tiles_avx2(&image, f, rows.clone(), panels.clone(), ks, epi, dst),
+                    }
                 }
             }
         }
@@ -469,6 +500,195 @@ unsafe fn products<const R: usize, const P: usize>(
     acc
 }
 
+/// [`tiles`] on AVX2: tiles of up to [`MR`] rows by one panel.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; the operands are as [`conv_nhwc`] asserts; no one else writes
+/// these rows of `out`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tiles_avx2(
+    image: &Image<'_>,
+    f: &NhwcFilter,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    ks: std::ops::Range<usize>,
+    epi: Epilogue<'_>,
+    out: SharedOut,
+) {
+    let (start, len) = (rows.start, rows.len());
+    let count = len.div_ceil(MR);
+    for t in 0..count {
+        let r = start + t * len / count;
+        let n = start + (t + 1) * len / count - r;
+        let origins = if image.p.is_pointwise() {
+            [(0, 0, 0); MR_MAX]
+        } else {
+            image.origins(r, n)
+        };
+        for p0 in panels.clone() {
+            let o = (r, &origins);
+            // SAFETY: as this function's contract; rows r..r + n are output rows, panel p0 is
+            // within f.
+            unsafe {
+                match n {
+                    1 => tile_avx2::<1>(image, o, f, p0, ks.clone(), epi, out),
+                    2 => tile_avx2::<2>(image, o, f, p0, ks.clone(), epi, out),
+                    3 => tile_avx2::<3>(image, o, f, p0, ks.clone(), epi, out),
+                    4 => tile_avx2::<4>(image, o, f, p0, ks.clone(), epi, out),
+                    5 => tile_avx2::<5>(image, o, f, p0, ks.clone(), epi, out),
+                    _ => tile_avx2::<6>(image, o, f, p0, ks.clone(), epi, out),
+                }
+            }
+        }
+    }
+}
+
+/// [`tile`] on AVX2: `R` output rows from `r0` by panel `p0`, its 16 channels as two vectors.
+///
+/// # Safety
+/// As [`tiles_avx2`], with rows `r0..r0 + R` output rows and panel `p0` within `f`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn tile_avx2<const R: usize>(
+    image: &Image<'_>,
+    (r0, origins): (usize, &[Origin; MR_MAX]),
+    f: &NhwcFilter,
+    p0: usize,
+    ks: std::ops::Range<usize>,
+    epi: Epilogue<'_>,
+    out: SharedOut,
+) {
+    use std::arch::x86_64::*;
+    let (p, k, m, j0) = (image.p, f.k(), f.m, p0 * LANES);
+    // Lanes below `width` of 8: a mask for maskload/maskstore.
+    let mask = |width: usize| {
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(width.min(8) as i32), lanes)
+    };
+    let masks = [mask(m - j0), mask((m - j0).saturating_sub(8))];
+    let at = |r: usize, h: usize| out.at((r0 + r) * m + j0 + h * 8);
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    if ks.start > 0 {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            for (h, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row r0 + r, channels of panel p0 under the mask: within `out`.
+                *acc = unsafe { _mm256_maskload_ps(at(r, h), masks[h]) };
+            }
+        }
+    }
+    // SAFETY: panel p0 starts within f.data (this function's contract).
+    let wp = unsafe { f.data.as_ptr().add(p0 * k * LANES) };
+    let c = p.c;
+    if p.is_pointwise() {
+        // SAFETY: rows r0..r0 + R are output rows, and so input rows; c0 + len <= C.
+        let taps: [*const f32; R] =
+            std::array::from_fn(|r| unsafe { image.x.as_ptr().add((r0 + r) * c + ks.start) });
+        // SAFETY: k indices ks of panel p0 lie within f.data.
+        acc = unsafe { products_avx2(acc, taps, wp.add(ks.start * LANES), ks.len()) };
+    }
+    // The runs of the reduction, as in `tile`.
+    let inside =
+        p.dw == 1 && (origins[..R].iter()).all(|&(_, _, x0)| x0 >= 0 && x0 as usize + p.kw <= p.w);
+    let mut kk = if p.is_pointwise() { ks.end } else { ks.start };
+    while kk < ks.end {
+        let (t, c0) = (kk / c, kk % c);
+        let (ky, kx) = (t / p.kw, t % p.kw);
+        let run = if inside && kx == 0 && c0 == 0 {
+            p.kw * c
+        } else {
+            c - c0
+        };
+        let len = run.min(ks.end - kk);
+        let (dy, dx) = ((ky * p.dh) as isize, (kx * p.dw) as isize);
+        // SAFETY: as in `tile`.
+        let taps: [*const f32; R] =
+            std::array::from_fn(|r| unsafe { image.tap(origins[r], dy, dx).add(c0) });
+        // SAFETY: k indices kk..kk + len of panel p0 lie within f.data.
+        acc = unsafe { products_avx2(acc, taps, wp.add(kk * LANES), len) };
+        kk += len;
+    }
+    let last = ks.end == k;
+    let finish = Finish::of(epi.act);
+    if last {
+        let (lo, hi) = match finish {
+            Finish::Clamp(lo, hi) => (_mm256_set1_ps(lo), _mm256_set1_ps(hi)),
+            _ => (
+                _mm256_set1_ps(f32::NEG_INFINITY),
+                _mm256_set1_ps(f32::INFINITY),
+            ),
+        };
+        for (r, row) in acc.iter_mut().enumerate() {
+            for (h, v) in row.iter_mut().enumerate() {
+                if let Some(b) = epi.bias {
+                    // SAFETY: the mask reads channels below m of the bias (m values).
+                    *v = _mm256_add_ps(*v, unsafe {
+                        _mm256_maskload_ps(b.as_ptr().add(j0 + h * 8), masks[h])
+                    });
+                }
+                if let Some(res) = epi.residual {
+                    // SAFETY: the residual has the output's size (asserted by `conv_nhwc`).
+                    *v = _mm256_add_ps(*v, unsafe {
+                        _mm256_maskload_ps(res.as_ptr().add((r0 + r) * m + j0 + h * 8), masks[h])
+                    });
+                }
+                if let Finish::Clamp(..) = finish {
+                    // max/min return their second operand for NaN: the lower bound.
+                    *v = _mm256_min_ps(_mm256_max_ps(*v, lo), hi);
+                }
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (h, &v) in row.iter().enumerate() {
+            // SAFETY: row r0 + r, channels of panel p0 under the mask: within `out`, written
+            // by this task alone.
+            unsafe { _mm256_maskstore_ps(at(r, h), masks[h], v) };
+        }
+    }
+    if let (true, Finish::Other(act)) = (last, finish) {
+        let j1 = (j0 + LANES).min(m);
+        for r in 0..R {
+            // SAFETY: as the stores above.
+            let row = unsafe { std::slice::from_raw_parts_mut(at(r, 0), j1 - j0) };
+            bias_act(row, None, Some(act));
+        }
+    }
+}
+
+/// [`products`] on AVX2 for one panel: `acc[r][h] += Σ_i taps[r][i] · w[i·16 + 8h..][..8]`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; each `taps[r]` holds `len` floats, and `w` holds `len` rows of 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn products_avx2<const R: usize>(
+    mut acc: [[std::arch::x86_64::__m256; 2]; R],
+    taps: [*const f32; R],
+    w: *const f32,
+    len: usize,
+) -> [[std::arch::x86_64::__m256; 2]; R] {
+    use std::arch::x86_64::*;
+    for i in 0..len {
+        // SAFETY: i < len (this function's contract).
+        let (w0, w1) = unsafe {
+            (
+                _mm256_loadu_ps(w.add(i * LANES)),
+                _mm256_loadu_ps(w.add(i * LANES + 8)),
+            )
+        };
+        for (r, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: i < len.
+            let xv = _mm256_set1_ps(unsafe { *taps[r].add(i) });
+            acc[0] = _mm256_fmadd_ps(xv, w0, acc[0]);
+            acc[1] = _mm256_fmadd_ps(xv, w1, acc[1]);
+        }
+    }
+    acc
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -515,7 +735,7 @@ pub(crate) mod tests {
 
     #[test]
     fn matches_the_tap_by_tap_convolution() {
-        if crate::skip_without(available(), "AVX-512F") {
+        if crate::skip_without(available(), "AVX-512F or AVX2") {
             return;
         }
         // (n, c, h, w, m, k, stride, dilation, pad top-left, bottom-right)
@@ -536,6 +756,21 @@ pub(crate) mod tests {
         ];
         for case in cases {
             check_against_the_reference(&crate::test_conv(case), conv_nhwc);
+            // The AVX2 kernel too, where the AVX-512 one ran above.
+            #[cfg(target_arch = "x86_64")]
+            if crate::avx512f() && crate::activation::avx2_fma() {
+                fn avx2(
+                    t: usize,
+                    p: &Conv2d,
+                    x: &[f32],
+                    f: &NhwcFilter,
+                    e: Epilogue<'_>,
+                    o: &mut [f32],
+                ) {
+                    conv_on(false, t, p, x, f, e, o)
+                }
+                check_against_the_reference(&crate::test_conv(case), avx2);
+            }
         }
     }
 
@@ -588,7 +823,7 @@ pub(crate) mod tests {
 
     #[test]
     fn sums_are_the_same_whatever_the_threads_or_batch() {
-        if crate::skip_without(available(), "AVX-512F") {
+        if crate::skip_without(available(), "AVX-512F or AVX2") {
             return;
         }
         let one = Conv2d {

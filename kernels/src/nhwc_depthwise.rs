@@ -24,12 +24,17 @@ pub fn applies(p: &Conv2d) -> bool {
     p.c > 0 && p.groups == p.c && p.m == p.c
 }
 
+/// Whether this CPU runs [`depthwise_nhwc`] and the fused blocks of `nhwc_block`.
+pub fn available() -> bool {
+    crate::avx512f()
+}
+
 /// `out[r·C + j] = act(bias[j] + residual[r·C + j] + Σ_{ky,kx} x[img][iy][ix][j] ·
 /// w[j][0][ky][kx])` for every output position `r = (img·oh + oy)·ow + ox` (`iy = oy·sh + ky·dh
 /// - pt`, likewise `ix`; zero outside the image), split across `threads`.
 ///
 /// # Panics
-/// If the CPU lacks AVX-512F ([`crate::nhwc_conv::available`]), the convolution does not
+/// If the CPU lacks AVX-512F ([`available`]), the convolution does not
 /// [`applies`], `f` is not its filter, or `x`, the residual or `out` has the wrong size.
 pub fn depthwise_nhwc(
     threads: usize,

@@ -46,7 +46,7 @@ pub(crate) fn nhwc_weight_shape(
 pub(crate) fn conv_in_nhwc(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let (x, b) = (input(inputs, 0)?, opt_input(inputs, 2));
     let (p, shape) = nhwc_geometry(c, &x.shape, &nhwc_weight_shape(c, inputs, 1)?)?;
-    let depthwise = nhwc_depthwise::applies(&p);
+    let depthwise = nhwc_depthwise::applies(&p) && nhwc_depthwise::available();
     if !(nhwc_conv::applies(&p) || depthwise) || !nhwc_conv::available() {
         return Err(OpError::Unsupported(format!("an NHWC Conv of {p:?}")));
     }
@@ -128,7 +128,7 @@ pub(crate) fn pointwise_depthwise_nhwc(
     if checked_numel(&mid)? == 0
         || checked_numel(&out_shape)? == 0
         || residual.is_some_and(|r| r.shape != out_shape)
-        || !nhwc_conv::available()
+        || !nhwc_depthwise::available()
     {
         return one_by_one(cx, f, inputs);
     }
@@ -162,7 +162,9 @@ mod tests {
     #[test]
     fn nhwc_convs_match_nchw_and_refuse_other_inputs() {
         if !nhwc_conv::available() {
-            eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC convolution needs");
+            eprintln!(
+                "skipped: this CPU lacks AVX-512F and AVX2, one of which the NHWC convolution needs"
+            );
             return;
         }
         let cx = Cx::new(1);
@@ -217,7 +219,7 @@ mod tests {
     /// that is not `[N, H, W, C]` is a shape error.
     #[test]
     fn nhwc_blocks_match_nchw() {
-        if !nhwc_conv::available() {
+        if !nhwc_depthwise::available() {
             eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC convolution needs");
             return;
         }

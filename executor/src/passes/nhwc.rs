@@ -15,7 +15,7 @@ use super::transposes::cancel_transposes;
 use crate::graph::{Graph, Node};
 use crate::ops::Op;
 use crate::tensor::DType;
-use cotenant_kernels::nhwc_conv;
+use cotenant_kernels::{nhwc_conv, nhwc_depthwise};
 
 /// Fewest output channels: one panel of 16 leaves the tile a quarter full.
 const MIN_OUTPUTS: usize = 16;
@@ -96,7 +96,7 @@ fn suits(g: &Graph, n: &Node) -> bool {
     };
     let bias_ok = input(2).is_none_or(|v| g.constants.contains_key(&v));
     let channels_ok = match *w.shape.as_slice() {
-        [m, 1, _, _] if c.group == m && m > 0 => true,
+        [m, 1, _, _] if c.group == m && m > 0 => nhwc_depthwise::available(),
         [m, ci, _, _] => c.group == 1 && ci > 0 && m >= MIN_OUTPUTS,
         _ => false,
     };
@@ -222,7 +222,9 @@ mod tests {
     #[test]
     fn a_chain_of_convolutions_runs_nhwc_with_transposes_at_its_ends() {
         if !cotenant_kernels::nhwc_conv::available() {
-            eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC convolution needs");
+            eprintln!(
+                "skipped: this CPU lacks AVX-512F and AVX2, one of which the NHWC convolution needs"
+            );
             return;
         }
         let raw = Plan::build(&graph()).expect("plan");
@@ -342,7 +344,7 @@ mod tests {
     /// without expansion as plain Convs), and the values are the NCHW plan's.
     #[test]
     fn inverted_residual_blocks_run_nhwc_fused() {
-        if !cotenant_kernels::nhwc_conv::available() {
+        if !cotenant_kernels::nhwc_depthwise::available() {
             eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC convolution needs");
             return;
         }
