@@ -260,6 +260,55 @@ impl Image<'_> {
 /// Where an output row's window starts: see [`Image::origins`].
 type Origin = (usize, isize, isize);
 
+/// One run of a tile's reduction: `len` steps from `kk`, read from tap `(dy, dx)` (input rows
+/// and columns from the window's origin) at channel `c0`.
+struct Run {
+    kk: usize,
+    len: usize,
+    dy: isize,
+    dx: isize,
+    c0: usize,
+}
+
+/// The runs of reduction block `ks` a tile of windows at `origins` reads (none for a 1x1
+/// convolution, which reads the image's rows directly): the rest of one tap's channels, or,
+/// where every window lies inside the image across (and taps are adjacent), a whole row of taps,
+/// `kw·C` contiguous floats of the image and of the weights.
+#[inline(always)]
+fn runs<'a>(
+    p: &'a Conv2d,
+    origins: &[Origin],
+    ks: &std::ops::Range<usize>,
+) -> impl Iterator<Item = Run> + 'a {
+    let inside =
+        p.dw == 1 && (origins.iter()).all(|&(_, _, x0)| x0 >= 0 && x0 as usize + p.kw <= p.w);
+    let (c, end) = (p.c, ks.end);
+    let mut kk = if p.is_pointwise() { end } else { ks.start };
+    std::iter::from_fn(move || {
+        if kk >= end {
+            return None;
+        }
+        let (t, c0) = (kk / c, kk % c);
+        let (ky, kx) = (t / p.kw, t % p.kw);
+        let run = if inside && kx == 0 && c0 == 0 {
+            p.kw * c
+        } else {
+            c - c0
+        };
+        let len = run.min(end - kk);
+        let (dy, dx) = ((ky * p.dh) as isize, (kx * p.dw) as isize);
+        let item = Run {
+            kk,
+            len,
+            dy,
+            dx,
+            c0,
+        };
+        kk += len;
+        Some(item)
+    })
+}
+
 /// Rows `rows` by the output channels of `panels`, over reduction block `ks`, a tile of rows
 /// at a time.
 ///
@@ -368,29 +417,20 @@ unsafe fn tile<const R: usize, const P: usize>(
         // SAFETY: k indices ks of panels p0..p0 + P lie within f.data.
         acc = unsafe { products(acc, taps, wp.add(ks.start * LANES), k * LANES, ks.len()) };
     }
-    // Where every window of the tile lies inside the image across (and taps are adjacent), a
-    // row of taps is `kw·C` contiguous floats of the image, and of the weights.
-    let inside =
-        p.dw == 1 && (origins[..R].iter()).all(|&(_, _, x0)| x0 >= 0 && x0 as usize + p.kw <= p.w);
-    let mut kk = if p.is_pointwise() { ks.end } else { ks.start };
-    while kk < ks.end {
-        // The run within the block: the rest of one tap's channels, or a whole row of taps.
-        let (t, c0) = (kk / c, kk % c);
-        let (ky, kx) = (t / p.kw, t % p.kw);
-        let run = if inside && kx == 0 && c0 == 0 {
-            p.kw * c
-        } else {
-            c - c0
-        };
-        let len = run.min(ks.end - kk);
-        let (dy, dx) = ((ky * p.dh) as isize, (kx * p.dw) as isize);
+    for Run {
+        kk,
+        len,
+        dy,
+        dx,
+        c0,
+    } in runs(p, &origins[..R], &ks)
+    {
         // SAFETY: each tap is C floats, and each row of taps of a window inside the image
-        // across kw·C, of the image or of the padding; c0 + len <= run.
+        // across kw·C, of the image or of the padding; c0 + len <= the run.
         let taps: [*const f32; R] =
             std::array::from_fn(|r| unsafe { image.tap(origins[r], dy, dx).add(c0) });
         // SAFETY: k indices kk..kk + len of panels p0..p0 + P lie within f.data.
         acc = unsafe { products(acc, taps, wp.add(kk * LANES), k * LANES, len) };
-        kk += len;
     }
     if ks.end < k {
         // SAFETY: as below, the rows and channels of this tile.
@@ -588,26 +628,19 @@ unsafe fn tile_avx2<const R: usize>(
         // SAFETY: k indices ks of panel p0 lie within f.data.
         acc = unsafe { products_avx2(acc, taps, wp.add(ks.start * LANES), ks.len()) };
     }
-    // The runs of the reduction, as in `tile`.
-    let inside =
-        p.dw == 1 && (origins[..R].iter()).all(|&(_, _, x0)| x0 >= 0 && x0 as usize + p.kw <= p.w);
-    let mut kk = if p.is_pointwise() { ks.end } else { ks.start };
-    while kk < ks.end {
-        let (t, c0) = (kk / c, kk % c);
-        let (ky, kx) = (t / p.kw, t % p.kw);
-        let run = if inside && kx == 0 && c0 == 0 {
-            p.kw * c
-        } else {
-            c - c0
-        };
-        let len = run.min(ks.end - kk);
-        let (dy, dx) = ((ky * p.dh) as isize, (kx * p.dw) as isize);
+    for Run {
+        kk,
+        len,
+        dy,
+        dx,
+        c0,
+    } in runs(p, &origins[..R], &ks)
+    {
         // SAFETY: as in `tile`.
         let taps: [*const f32; R] =
             std::array::from_fn(|r| unsafe { image.tap(origins[r], dy, dx).add(c0) });
         // SAFETY: k indices kk..kk + len of panel p0 lie within f.data.
         acc = unsafe { products_avx2(acc, taps, wp.add(kk * LANES), len) };
-        kk += len;
     }
     let last = ks.end == k;
     let finish = Finish::of(epi.act);
