@@ -1020,6 +1020,27 @@ mod tests {
         );
     }
 
+    /// A model's own NHWC-to-NCHW Transpose before a MaxPool is no NHWC kernel's output: the
+    /// pool keeps its layout (and so any element type the NCHW pool takes).
+    #[test]
+    fn a_max_pool_of_a_models_own_transpose_keeps_its_layout() {
+        for dtype in [DType::F32, DType::F64] {
+            let mut g = G::new();
+            let x = g.input("x", dtype, &[1, 5, 6, 3]);
+            let perm = vec![attr_ints("perm", &[0, 3, 1, 2])];
+            let t = g.node("Transpose", &[Some(x)], 1, perm)[0];
+            let attrs = vec![attr_ints("kernel_shape", &[2, 2])];
+            let y = g.node("MaxPool", &[Some(t)], 1, attrs)[0];
+            let (names, want, got) = run_both(g.output(y), &|| {
+                let v: Vec<f32> = (0..90).map(|i| ((i * 7) % 11) as f32).collect();
+                let x = Tensor::f32(vec![1, 5, 6, 3], v).expect("x");
+                vec![("x".into(), crate::ops::elementwise::cast(&x, dtype))]
+            });
+            assert_eq!(names, ["Transpose", "MaxPool"], "{dtype:?}");
+            assert_eq!(want, got, "{dtype:?}");
+        }
+    }
+
     /// `Q(MaxPool(DQ(x)))`, 3x3 stride 2 padded, x `[2, 3, 9, 8]` of `xt` dequantized with
     /// scale 0.05 and zero point 5, quantized with `out_scale` and zero point 5.
     fn pool_graph(xt: DType, out_scale: f32) -> Graph {

@@ -141,8 +141,8 @@ fn move_behind(g: &mut Graph, i: usize, inputs: Vec<Option<usize>>, perm: Vec<us
     );
 }
 
-/// Moves one 2-D MaxPool (no Indices) of an NHWC-to-NCHW transpose behind it, pooling the
-/// NHWC value; whether it found one.
+/// Moves one 2-D MaxPool (no Indices) of an NHWC-to-NCHW transpose of an NHWC kernel's output
+/// behind the transpose, pooling the NHWC value; whether it found one.
 fn hoist_max_pool(g: &mut Graph) -> bool {
     let producers = g.producers();
     for i in 0..g.nodes.len() {
@@ -156,7 +156,15 @@ fn hoist_max_pool(g: &mut Graph) -> bool {
         let Some((x, perm)) = transposed(g, &producers, n.inputs.first().copied().flatten()) else {
             continue;
         };
-        if perm != NHWC_TO_NCHW {
+        // Only values the NHWC kernels wrote, whose types (8-bit, f32) the NHWC pool takes.
+        let nhwc_kernel = producers[x].is_some_and(|k| match &g.nodes[k].op {
+            Op::Quant(QuantOp::QConv(_) | QuantOp::QAdd(_)) => true,
+            Op::Conv(c) => c.nhwc,
+            Op::PointwiseDepthwise(f) => f.pointwise.nhwc,
+            Op::Pool(p) => p.nhwc,
+            _ => false,
+        });
+        if perm != NHWC_TO_NCHW || !nhwc_kernel {
             continue;
         }
         g.nodes[i].op = Op::Pool(PoolAttrs {
