@@ -495,6 +495,9 @@ pub fn transpose(x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
 /// `C × HW` matrices; back is `[0, 3, 1, 2]`), and both sides longer than one.
 fn matrix_transposes(shape: &[usize], perm: &[usize]) -> Option<(usize, usize, usize)> {
     let r = perm.len();
+    if shape.len() != r {
+        return None;
+    }
     let k = perm
         .iter()
         .enumerate()
@@ -520,8 +523,7 @@ fn transpose_matrices<T: Copy>(src: &[T], batch: usize, rows: usize, cols: usize
 /// [`transpose`] of an f32 tensor into a buffer from the run's pool (a transpose between
 /// layouts moves whole activations: a fresh buffer would be paged in on every run).
 pub fn transpose_pooled(cx: &super::Cx, x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
-    let matrices =
-        perm.and_then(|p| matrix_transposes(&x.shape, p).filter(|_| p.len() == x.rank()));
+    let matrices = perm.and_then(|p| matrix_transposes(&x.shape, p));
     let (Some((batch, rows, cols)), Ok(src)) = (matrices, x.as_f32()) else {
         return transpose(x, perm);
     };
@@ -1225,6 +1227,12 @@ mod tests {
         }
         // A side of one: nothing moves.
         assert!(matrix_transposes(&[4, 1, 5], &[0, 2, 1]).is_none());
+        // A perm of another rank than the tensor's is no matrix transpose (the op refuses it).
+        assert!(matrix_transposes(&[6], &[0, 3, 1, 2]).is_none());
+        let cx = crate::ops::Cx::new(1);
+        let x = Tensor::f32(vec![6], vec![0.0; 6]).unwrap();
+        let e = transpose_pooled(&cx, &x, Some(&[0, 3, 1, 2])).unwrap_err();
+        assert!(e.to_string().contains("Transpose perm"), "{e}");
     }
 
     #[test]
