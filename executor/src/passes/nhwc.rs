@@ -28,7 +28,8 @@ pub fn nhwc_convolutions(g: &mut Graph) {
     let mut candidate: Vec<bool> = g.nodes.iter().map(|n| suits(g, n) || max_pool(n)).collect();
     if !nhwc_depthwise::available() {
         // A convolution beside a depthwise one, which stays NCHW here, would pay transposes
-        // and lose the NCHW fusion of the pair (MobileNet's blocks: half the speed).
+        // and lose the NCHW fusion of the pair (MobileNet: a quarter of the run in
+        // transposes, 54 against 70 runs/s).
         for (i, n) in g.nodes.iter().enumerate() {
             if depthwise(g, n) {
                 candidate[i] = false;
