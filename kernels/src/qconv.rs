@@ -26,15 +26,16 @@ const L2_WEIGHTS: usize = 256 << 10;
 /// The longest kernel row read as one run of bytes.
 const RUN_MAX: usize = 64;
 
-/// How a window's reduction is read: `runs` runs of `len` bytes each per kernel row, one per
-/// tap (`C` a multiple of 4) or one per kernel row (its `kw·C` bytes rounded up to 4); `None`
-/// where neither fits.
+/// How a window's reduction is read: `per_row` runs of `len` bytes per kernel row, one per tap
+/// (`C` a multiple of 4) or one for the whole row (its `kw·C` bytes rounded up to 4).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Runs {
     per_row: usize,
     len: usize,
 }
 
+/// The runs of a convolution with `c` channels, `kw` taps across and dilation `dw` along x;
+/// `None` where neither kind fits.
 fn runs(c: usize, kw: usize, dw: usize) -> Option<Runs> {
     if c == 0 || kw == 0 {
         None
