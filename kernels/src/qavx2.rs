@@ -3,57 +3,55 @@
 //! each group of 4 reduction steps one 64-byte block `[16 columns][4]` of signed bytes, the
 //! left operand's 4 unsigned bytes broadcast against it.
 //!
-//! AVX2 has no `vpdpbusd`, and `vpmaddubsw` saturates its 16-bit pair sums, so the bytes are
-//! widened to 16 bits instead: the left operand's 4 bytes zero-extended and repeated across the
-//! vector, 16 bytes of the block (4 columns by 4 steps) sign-extended, and `vpmaddwd` sums the
-//! pairs exactly into 32 bits (two partial sums per column, added at the end).
+//! AVX2 has no `vpdpbusd`. Its `vpmaddubsw` multiplies unsigned by signed bytes but saturates
+//! the 16-bit sum of each pair of products, so it is exact only where no pair of weights can
+//! reach past the 16-bit range: `255·(|w₀| + |w₁|) ≤ 32767`, that is `|w₀| + |w₁| ≤ 128`, as
+//! with 7-bit weights (onnxruntime's `reduce_range`). Such packs ([`PackedB::narrow`]) run
+//! [`Narrow`]; any other runs [`Wide`], which widens the bytes to 16 bits and sums pairs with
+//! `vpmaddwd`, exact for every weight at about two thirds of the rate.
+//!
+//! [`PackedB::narrow`]: crate::qgemm::PackedB
 
 use std::arch::x86_64::*;
-
-/// Rows per register tile: `R` rows by one panel keep `4R` accumulators, `R` broadcast rows, a
-/// block of weights and a product in the 16 vector registers (with 3 rows, one accumulator
-/// went to the stack: a third of the time).
-pub(crate) const ROWS: usize = 2;
-
-/// One panel's accumulators for one row: vector `h` holds columns `4h..4h + 4`, two partial
-/// sums each.
-pub(crate) type Sums = [__m256i; 4];
 
 /// Whether this CPU runs the AVX2 kernels.
 pub(crate) fn available() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
 }
 
-/// `acc[r] += Σ_g rows[r][4g..4g + 4] · b[g]` for `groups` groups of 4, where `b` points at the
-/// first group's 64-byte block of one panel. Taking and returning the accumulators by value
-/// keeps them in registers.
-///
-/// # Safety
-/// The CPU has AVX2; each `rows[r]` holds `4·groups` bytes and `b` holds `groups` blocks.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(crate) unsafe fn products<const R: usize>(
-    mut acc: [Sums; R],
-    rows: [*const u8; R],
-    b: *const i8,
-    groups: usize,
-) -> [Sums; R] {
-    for g in 0..groups {
-        let av: [__m256i; R] = std::array::from_fn(|r| {
-            // SAFETY: 4g + 4 <= 4·groups bytes of row r (this function's contract).
-            let x = unsafe { rows[r].add(4 * g).cast::<i32>().read_unaligned() };
-            _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(x)))
-        });
-        for h in 0..4 {
-            // SAFETY: block g of b (this function's contract), bytes 16h..16h + 16 of its 64.
-            let wv =
-                _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(b.add(g * 64 + h * 16).cast()) });
-            for (acc, &av) in acc.iter_mut().zip(&av) {
-                acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(av, wv));
-            }
-        }
-    }
-    acc
+/// One way of summing byte products into 32-bit column sums.
+pub(crate) trait Products {
+    /// Rows per register tile: as many as keep the accumulators, the broadcast rows, the
+    /// weights and a product in the 16 vector registers.
+    const ROWS: usize;
+    /// One panel's accumulators for one row.
+    type Sums: Copy;
+
+    /// Accumulators at zero.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    unsafe fn zeros<const R: usize>() -> [Self::Sums; R];
+
+    /// `acc[r] += Σ_g rows[r][4g..4g + 4] · b[g]` for `groups` groups of 4, where `b` points
+    /// at the first group's 64-byte block of one panel. Taking and returning the accumulators
+    /// by value keeps them in registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; each `rows[r]` holds `4·groups` bytes and `b` holds `groups` blocks
+    /// (which, for [`Narrow`], pass its pair bound).
+    unsafe fn products<const R: usize>(
+        acc: [Self::Sums; R],
+        rows: [*const u8; R],
+        b: *const i8,
+        groups: usize,
+    ) -> [Self::Sums; R];
+
+    /// The 16 column sums of one row's accumulators: columns 0..8, then 8..16.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    unsafe fn columns(acc: &Self::Sums) -> [__m256i; 2];
 }
 
 /// The 16 column sums of one row's accumulators, in column order.
@@ -62,10 +60,9 @@ pub(crate) unsafe fn products<const R: usize>(
 /// The CPU has AVX2.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(crate) unsafe fn column_sums(acc: &Sums) -> [i32; 16] {
-    // hadd gives columns [0 1 4 5 | 2 3 6 7]; the permute puts the pairs in order.
-    let lo = _mm256_permute4x64_epi64::<0xD8>(_mm256_hadd_epi32(acc[0], acc[1]));
-    let hi = _mm256_permute4x64_epi64::<0xD8>(_mm256_hadd_epi32(acc[2], acc[3]));
+pub(crate) unsafe fn column_sums<K: Products>(acc: &K::Sums) -> [i32; 16] {
+    // SAFETY: the CPU has AVX2.
+    let [lo, hi] = unsafe { K::columns(acc) };
     let mut out = [0i32; 16];
     // SAFETY: out holds 16 i32, two vectors of 8.
     unsafe {
@@ -75,12 +72,116 @@ pub(crate) unsafe fn column_sums(acc: &Sums) -> [i32; 16] {
     out
 }
 
-/// Accumulators at zero.
+/// Row `r`'s 4 bytes of group `g`, as one 32-bit value.
 ///
 /// # Safety
-/// The CPU has AVX2.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(crate) unsafe fn zeros<const R: usize>() -> [Sums; R] {
-    [[_mm256_setzero_si256(); 4]; R]
+/// `row` holds `4g + 4` bytes.
+#[inline(always)]
+unsafe fn group_of(row: *const u8, g: usize) -> i32 {
+    // SAFETY: as the contract.
+    unsafe { row.add(4 * g).cast::<i32>().read_unaligned() }
+}
+
+/// Exact for every weight: the left operand's 4 bytes zero-extended and repeated across the
+/// vector, 16 bytes of the block (4 columns by 4 steps) sign-extended, and `vpmaddwd` summing
+/// the pairs into 32 bits. Vector `h` of a row's sums holds columns `4h..4h + 4`, two partial
+/// sums each (added at the end).
+pub(crate) struct Wide;
+
+impl Products for Wide {
+    /// With 3 rows one accumulator went to the stack: a third of the time.
+    const ROWS: usize = 2;
+    type Sums = [__m256i; 4];
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn zeros<const R: usize>() -> [Self::Sums; R] {
+        [[_mm256_setzero_si256(); 4]; R]
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn products<const R: usize>(
+        mut acc: [Self::Sums; R],
+        rows: [*const u8; R],
+        b: *const i8,
+        groups: usize,
+    ) -> [Self::Sums; R] {
+        for g in 0..groups {
+            let av: [__m256i; R] = std::array::from_fn(|r| {
+                // SAFETY: 4g + 4 <= 4·groups bytes of row r (this function's contract).
+                let x = unsafe { group_of(rows[r], g) };
+                _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(x)))
+            });
+            for h in 0..4 {
+                // SAFETY: block g of b (this function's contract), bytes 16h..16h + 16 of 64.
+                let wv =
+                    _mm256_cvtepi8_epi16(unsafe { _mm_loadu_si128(b.add(g * 64 + h * 16).cast()) });
+                for (acc, &av) in acc.iter_mut().zip(&av) {
+                    acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(av, wv));
+                }
+            }
+        }
+        acc
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn columns(acc: &Self::Sums) -> [__m256i; 2] {
+        // hadd gives columns [0 1 4 5 | 2 3 6 7]; the permute puts the pairs in order.
+        [
+            _mm256_permute4x64_epi64::<0xD8>(_mm256_hadd_epi32(acc[0], acc[1])),
+            _mm256_permute4x64_epi64::<0xD8>(_mm256_hadd_epi32(acc[2], acc[3])),
+        ]
+    }
+}
+
+/// For packs whose weight pairs pass the bound: the left operand's 4 bytes repeated across the
+/// vector, `vpmaddubsw` against half a block (8 columns by 4 steps) giving each column's two
+/// pair sums, `vpmaddwd` by ones adding them into 32 bits. Vector `h` of a row's sums holds
+/// columns `8h..8h + 8`, in order.
+pub(crate) struct Narrow;
+
+impl Products for Narrow {
+    /// 8 accumulators, 4 broadcast rows, 2 half blocks, the ones and a product.
+    const ROWS: usize = 4;
+    type Sums = [__m256i; 2];
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn zeros<const R: usize>() -> [Self::Sums; R] {
+        [[_mm256_setzero_si256(); 2]; R]
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn products<const R: usize>(
+        mut acc: [Self::Sums; R],
+        rows: [*const u8; R],
+        b: *const i8,
+        groups: usize,
+    ) -> [Self::Sums; R] {
+        let ones = _mm256_set1_epi16(1);
+        for g in 0..groups {
+            // SAFETY: block g of b (this function's contract), its two 32-byte halves.
+            let wv: [__m256i; 2] = std::array::from_fn(|h| unsafe {
+                _mm256_loadu_si256(b.add(g * 64 + h * 32).cast())
+            });
+            for (acc, row) in acc.iter_mut().zip(rows) {
+                // SAFETY: 4g + 4 <= 4·groups bytes of the row (this function's contract).
+                let av = _mm256_set1_epi32(unsafe { group_of(row, g) });
+                for h in 0..2 {
+                    let pairs = _mm256_maddubs_epi16(av, wv[h]);
+                    acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        acc
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn columns(acc: &Self::Sums) -> [__m256i; 2] {
+        *acc
+    }
 }

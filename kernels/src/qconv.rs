@@ -359,7 +359,7 @@ fn portable_tiles<O: Byte>(
 }
 
 /// The AVX2 kernel: rows `rows` by the columns of `panels`, a panel at a time, each by tiles
-/// of rows.
+/// of rows, with the fast products where the weights allow them.
 ///
 /// # Safety
 /// The CPU has AVX2; the operands are as [`qconv_nhwc`] asserts; no one else writes these
@@ -374,67 +374,167 @@ unsafe fn avx2_tiles<O: Byte>(
     rq: &Requantize<'_>,
     out: SharedOut<O>,
 ) {
-    let mut stage = [[0u8; RUN_MAX]; crate::qavx2::ROWS];
-    for panel in panels {
-        let mut r = rows.start;
-        while r < rows.end {
-            let mr = (rows.end - r).min(crate::qavx2::ROWS);
-            // SAFETY: as this function's contract; rows r..r + mr are output rows.
-            unsafe {
-                match mr {
-                    2 => avx2_tile::<2, O>(image, w, (r, panel), rq, out, &mut stage),
-                    _ => avx2_tile::<1, O>(image, w, (r, panel), rq, out, &mut stage),
-                }
-            }
-            r += mr;
+    use crate::qavx2::{Narrow, Wide};
+    // SAFETY: as this function's contract; Narrow only where w's pairs pass its bound.
+    unsafe {
+        if w.narrow {
+            avx2_products::<Narrow, O>(image, w, rows, panels, rq, out)
+        } else {
+            avx2_products::<Wide, O>(image, w, rows, panels, rq, out)
         }
     }
 }
 
-/// `R` output rows from `r0` by panel `panel`, on AVX2.
+/// The most rows of an AVX2 tile.
+const AVX2_ROWS: usize = 4;
+
+/// [`avx2_tiles`] by the products `K`.
 ///
 /// # Safety
-/// As [`avx2_tiles`], with rows `r0..r0 + R` output rows and `panel` within `w`.
+/// As [`avx2_tiles`]; `w` passes `K`'s bound.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn avx2_products<K: crate::qavx2::Products, O: Byte>(
+    image: &Image<'_>,
+    w: &PackedB,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    rq: &Requantize<'_>,
+    out: SharedOut<O>,
+) {
+    let mut stage = [[0u8; RUN_MAX]; AVX2_ROWS];
+    let mut r = rows.start;
+    while r < rows.end {
+        let mr = (rows.end - r).min(K::ROWS).min(AVX2_ROWS);
+        // Where the tile's windows start, worked out once for all the panels (two divisions
+        // a row: as much as the products of a small reduction).
+        let origins = std::array::from_fn(|i| image.origin(r + i.min(mr - 1)));
+        for panel in panels.clone() {
+            let tile = (r, panel, &origins);
+            // SAFETY: as this function's contract; rows r..r + mr are output rows.
+            unsafe {
+                match mr {
+                    4 => avx2_tile::<K, 4, O>(image, w, tile, rq, out, &mut stage),
+                    3 => avx2_tile::<K, 3, O>(image, w, tile, rq, out, &mut stage),
+                    2 => avx2_tile::<K, 2, O>(image, w, tile, rq, out, &mut stage),
+                    _ => avx2_tile::<K, 1, O>(image, w, tile, rq, out, &mut stage),
+                }
+            }
+        }
+        r += mr;
+    }
+}
+
+/// `R` output rows from `r0` (whose windows start at `origins`) by panel `panel`, on AVX2.
+///
+/// # Safety
+/// As [`avx2_products`], with rows `r0..r0 + R` output rows and `panel` within `w`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn avx2_tile<const R: usize, O: Byte>(
+unsafe fn avx2_tile<K: crate::qavx2::Products, const R: usize, O: Byte>(
     image: &Image<'_>,
     w: &PackedB,
-    (r0, panel): (usize, usize),
+    (r0, panel, origins): (usize, usize, &[(usize, isize, isize); AVX2_ROWS]),
     rq: &Requantize<'_>,
     out: SharedOut<O>,
-    stage: &mut [[u8; RUN_MAX]; crate::qavx2::ROWS],
+    stage: &mut [[u8; RUN_MAX]; AVX2_ROWS],
 ) {
-    use crate::qavx2;
     let (p, kp, n, j0) = (image.p, w.kp, w.n, panel * LANES);
     let width = (n - j0).min(LANES);
-    let origins: [_; R] = std::array::from_fn(|r| image.origin(r0 + r));
     // SAFETY: the panel starts within w.data (this function's contract).
     let bp = unsafe { w.data.as_ptr().add(panel * kp * LANES) };
     let Runs { per_row, len } = image.runs;
     // SAFETY: the CPU has AVX2.
-    let mut acc = unsafe { qavx2::zeros::<R>() };
+    let mut acc = unsafe { K::zeros::<R>() };
     for ky in 0..p.kh {
         for kx in 0..per_row {
             let taps: [*const u8; R] =
                 std::array::from_fn(|r| image.run(origins[r], (ky, kx), &mut stage[r]).as_ptr());
             let g0 = (ky * per_row + kx) * len / 4;
             // SAFETY: each run is `len` bytes; blocks g0..g0 + len / 4 lie within the panel.
-            acc = unsafe { qavx2::products::<R>(acc, taps, bp.add(g0 * 4 * LANES), len / 4) };
+            acc = unsafe { K::products::<R>(acc, taps, bp.add(g0 * 4 * LANES), len / 4) };
         }
     }
-    let zx = image.zx as i32;
     for (r, acc) in acc.iter().enumerate() {
-        // SAFETY: the CPU has AVX2.
-        let sums = unsafe { qavx2::column_sums(acc) };
         // SAFETY: row r0 + r is an output row, columns j0..j0 + width <= n: within the
-        // output, written by this task alone.
-        let o = unsafe { out.row(r0 + r, n, j0, width) };
-        for (l, (o, &v)) in o.iter_mut().zip(&sums[..width]).enumerate() {
+        // output, written by this task alone; the CPU has AVX2.
+        unsafe {
+            let o = out.row(r0 + r, n, j0, width);
+            avx2_requantize(K::columns(acc), image.zx, w, rq, j0, o);
+        }
+    }
+}
+
+/// `out[l]` = column `j0 + l`'s sum (from `cols`, columns `j0..j0 + 16`) requantized as
+/// [`Requantize::value`] works it, eight columns at a time where the panel is whole.
+///
+/// # Safety
+/// The CPU has AVX2; `j0` starts a panel of `w` and `out` holds at most the panel's columns
+/// below `w.n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn avx2_requantize<O: Byte>(
+    cols: [std::arch::x86_64::__m256i; 2],
+    zx: u8,
+    w: &PackedB,
+    rq: &Requantize<'_>,
+    j0: usize,
+    out: &mut [O],
+) {
+    use std::arch::x86_64::*;
+    let zx = zx as i32;
+    if out.len() < LANES {
+        let mut sums = [0i32; LANES];
+        // SAFETY: sums holds 16 i32, two vectors of 8.
+        unsafe {
+            _mm256_storeu_si256(sums.as_mut_ptr().cast(), cols[0]);
+            _mm256_storeu_si256(sums.as_mut_ptr().add(8).cast(), cols[1]);
+        }
+        for (l, (o, &v)) in out.iter_mut().zip(&sums).enumerate() {
             let sum = v.wrapping_sub(zx.wrapping_mul(w.sums[j0 + l]));
             *o = O::from_i32(rq.value(j0 + l, sum));
         }
+        return;
+    }
+    let (zero, lo, hi) = (
+        _mm256_set1_ps(rq.zero),
+        _mm256_set1_ps(rq.lo - rq.zero),
+        _mm256_set1_ps(rq.hi - rq.zero),
+    );
+    // Byte 0 of each 32-bit value, gathered into the low 4 bytes of each 128-bit half, then
+    // the two halves' 4 bytes side by side.
+    let low_bytes = _mm256_setr_epi8(
+        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, //
+        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    );
+    let halves = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+    for (h, &acc) in cols.iter().enumerate() {
+        let j = j0 + 8 * h;
+        // SAFETY: columns j..j + 8 lie within the panel (w.sums holds whole panels) and below
+        // w.n <= mult.len(), offset.len() (asserted in `qconv_nhwc`): the panel is whole.
+        let (sums, mult, offset) = unsafe {
+            (
+                _mm256_loadu_si256(w.sums.as_ptr().add(j).cast()),
+                _mm256_loadu_ps(rq.mult.as_ptr().add(j)),
+                _mm256_loadu_ps(rq.offset.as_ptr().add(j)),
+            )
+        };
+        let sum = _mm256_sub_epi32(acc, _mm256_mullo_epi32(_mm256_set1_epi32(zx), sums));
+        let v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), mult), offset);
+        // max/min return their second operand for NaN: the bound.
+        let v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+        let v = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+        let v = _mm256_cvttps_epi32(_mm256_add_ps(v, zero));
+        let bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, low_bytes), halves);
+        // SAFETY: out holds 16 one-byte elements, of which these are 8h..8h + 8.
+        unsafe {
+            _mm_storel_epi64(
+                out.as_mut_ptr().add(8 * h).cast(),
+                _mm256_castsi256_si128(bytes),
+            )
+        };
     }
 }
 
@@ -631,61 +731,68 @@ mod tests {
             let p = crate::test_conv(case);
             let (n, c, h, w, m, k) = (p.n, p.c, p.h, p.w, p.m, p.kh);
             let x = bytes(n * h * w * c, 3);
-            let wt: Vec<i8> = bytes(k * k * c * m, 7).iter().map(|&b| b as i8).collect();
-            let packed = pack_filter(m, c, (k, k), p.dw, &wt).expect("a packing");
-            assert!(applies(&p, &packed), "{p:?}");
-            // Scales that spread the sums over the whole range and past it, and a NaN offset.
-            let scale = 0.5 / (k * k * c) as f32;
-            let mult: Vec<f32> = (0..m).map(|j| scale * (1 + j % 5) as f32).collect();
-            let mut offset: Vec<f32> = (0..m).map(|j| j as f32 * 0.75 - 20.0).collect();
-            offset[m / 2] = f32::NAN;
-            let ranges = [
-                (0u8, 0.0, 0.0, 255.0),
-                (131, 3.0, 3.0, 255.0),
-                (255, -5.0, -128.0, 127.0),
-            ];
-            for (zx, zero, lo, hi) in ranges {
-                let rq = Requantize {
-                    mult: &mult,
-                    offset: &offset,
-                    zero,
-                    lo,
-                    hi,
-                };
-                let sums = reference(&p, &x, zx, &wt);
-                let want: Vec<u8> = (sums.iter().enumerate())
-                    .map(|(i, &v)| rq.value(i % m, v) as u8)
-                    .collect();
-                assert!(want.iter().any(|&v| v != want[0]), "outputs that vary");
-                for threads in [1, 3] {
+            // Full-range weights, and 7-bit ones (AVX2's narrow products).
+            let full: Vec<i8> = bytes(k * k * c * m, 7).iter().map(|&b| b as i8).collect();
+            let seven: Vec<i8> = full.iter().map(|&v| v >> 1).collect();
+            for (wt, narrow) in [(full, false), (seven, true)] {
+                let packed = pack_filter(m, c, (k, k), p.dw, &wt).expect("a packing");
+                assert!(applies(&p, &packed), "{p:?}");
+                assert_eq!(packed.narrow, narrow, "{p:?}");
+                // Scales that spread the sums over the whole range and past it, and a NaN offset.
+                let scale = 0.5 / (k * k * c) as f32;
+                let mult: Vec<f32> = (0..m).map(|j| scale * (1 + j % 5) as f32).collect();
+                let mut offset: Vec<f32> = (0..m).map(|j| j as f32 * 0.75 - 20.0).collect();
+                offset[m / 2] = f32::NAN;
+                let ranges = [
+                    (0u8, 0.0, 0.0, 255.0),
+                    (131, 3.0, 3.0, 255.0),
+                    (255, -5.0, -128.0, 127.0),
+                ];
+                for (zx, zero, lo, hi) in ranges {
+                    let rq = Requantize {
+                        mult: &mult,
+                        offset: &offset,
+                        zero,
+                        lo,
+                        hi,
+                    };
+                    let sums = reference(&p, &x, zx, &wt);
+                    let want: Vec<u8> = (sums.iter().enumerate())
+                        .map(|(i, &v)| rq.value(i % m, v) as u8)
+                        .collect();
+                    assert!(want.iter().any(|&v| v != want[0]), "outputs that vary");
+                    for threads in [1, 3] {
+                        let mut got = vec![7u8; want.len()];
+                        qconv_nhwc(threads, &p, &x, zx, &packed, &rq, &mut got);
+                        assert_eq!(got, want, "{p:?} zx {zx} on {threads} threads");
+                    }
                     let mut got = vec![7u8; want.len()];
-                    qconv_nhwc(threads, &p, &x, zx, &packed, &rq, &mut got);
-                    assert_eq!(got, want, "{p:?} zx {zx} on {threads} threads");
-                }
-                let mut got = vec![7u8; want.len()];
-                let rows = 0..n * p.oh * p.ow;
-                let runs = runs(c, p.kw, p.dw).expect("runs");
-                let image = Image {
-                    p: &p,
-                    x: &x,
-                    pad: &vec![zx; runs.len],
-                    zx,
-                    runs,
-                };
-                let panels = 0..packed.panels;
-                for block in panels.clone().step_by(NP) {
-                    let ps = block..(block + NP).min(packed.panels);
-                    let out = SharedOut(got.as_mut_ptr());
-                    portable_tiles(&image, &packed, rows.clone(), ps, &rq, out);
-                }
-                assert_eq!(got, want, "portable {p:?} zx {zx}");
-                #[cfg(target_arch = "x86_64")]
-                if crate::qavx2_available() {
-                    let mut got = vec![7u8; want.len()];
-                    let out = SharedOut(got.as_mut_ptr());
-                    // SAFETY: the CPU has AVX2; the operands are as qconv_nhwc asserts.
-                    unsafe { avx2_tiles(&image, &packed, rows.clone(), panels.clone(), &rq, out) };
-                    assert_eq!(got, want, "AVX2 {p:?} zx {zx}");
+                    let rows = 0..n * p.oh * p.ow;
+                    let runs = runs(c, p.kw, p.dw).expect("runs");
+                    let image = Image {
+                        p: &p,
+                        x: &x,
+                        pad: &vec![zx; runs.len],
+                        zx,
+                        runs,
+                    };
+                    let panels = 0..packed.panels;
+                    for block in panels.clone().step_by(NP) {
+                        let ps = block..(block + NP).min(packed.panels);
+                        let out = SharedOut(got.as_mut_ptr());
+                        portable_tiles(&image, &packed, rows.clone(), ps, &rq, out);
+                    }
+                    assert_eq!(got, want, "portable {p:?} zx {zx}");
+                    #[cfg(target_arch = "x86_64")]
+                    if crate::qavx2_available() {
+                        let mut got = vec![7u8; want.len()];
+                        let out = SharedOut(got.as_mut_ptr());
+                        // SAFETY: the CPU has AVX2; the operands are as qconv_nhwc asserts.
+                        unsafe {
+                            avx2_tiles(&image, &packed, rows.clone(), panels.clone(), &rq, out)
+                        };
+                        assert_eq!(got, want, "AVX2 {p:?} zx {zx}");
+                    }
                 }
             }
         }

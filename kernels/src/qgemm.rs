@@ -87,6 +87,10 @@ pub struct PackedB {
     pub(crate) zero: Vec<i32>,
     /// Per column (padded): the sum of the shifted values over the reduction.
     pub(crate) sums: Vec<i32>,
+    /// Whether no two values of a column at adjacent reduction steps `2q, 2q + 1` exceed 128
+    /// in magnitude together, so that 16-bit sums of their products by unsigned bytes cannot
+    /// overflow (AVX2's fast product, `qavx2::Narrow`). Weights only; run-time packs say no.
+    pub(crate) narrow: bool,
 }
 
 impl PackedB {
@@ -133,6 +137,9 @@ impl PackedB {
                 _ => zb[if zb.len() == 1 { 0 } else { j }].signed() as i32,
             })
             .collect();
+        let narrow = data
+            .chunks_exact(2)
+            .all(|p| p[0].unsigned_abs() as u16 + p[1].unsigned_abs() as u16 <= 128);
         PackedB {
             k,
             n,
@@ -141,6 +148,7 @@ impl PackedB {
             data,
             zero,
             sums,
+            narrow,
         }
     }
 
@@ -221,6 +229,7 @@ impl PackedB {
             }
         }
         (self.k, self.n, self.kp, self.panels) = (k, n, kp, panels);
+        self.narrow = false;
     }
 
     /// Stores the rows `4g..` (`rows`, one to four of `n` values) into reduction group `g`
@@ -501,7 +510,7 @@ fn portable_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
 }
 
 /// The AVX2 kernel: rows `rows` by the columns of `panels`, a panel at a time, each by tiles
-/// of rows.
+/// of rows, with the fast products where the weights allow them.
 ///
 /// # Safety
 /// The CPU has AVX2; `a`, `b` are consistent packs; `out` holds `a.m × b.n` elements and no
@@ -516,18 +525,45 @@ unsafe fn avx2_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     out: SharedOut<O>,
     f: &F,
 ) {
+    use crate::qavx2::{Narrow, Wide};
+    // SAFETY: as this function's contract; Narrow only where b's pairs pass its bound.
+    unsafe {
+        if b.narrow {
+            avx2_products::<Narrow, O, F>(a, b, rows, panels, out, f)
+        } else {
+            avx2_products::<Wide, O, F>(a, b, rows, panels, out, f)
+        }
+    }
+}
+
+/// [`avx2_tiles`] by the products `K`.
+///
+/// # Safety
+/// As [`avx2_tiles`]; `b` passes `K`'s bound.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn avx2_products<K: crate::qavx2::Products, O, F: Fn(usize, usize, &[i32], &mut [O])>(
+    a: &PackedA,
+    b: &PackedB,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    out: SharedOut<O>,
+    f: &F,
+) {
     for panel in panels {
         if panel * LANES >= b.n {
             break;
         }
         let mut i = rows.start;
         while i < rows.end {
-            let mr = (rows.end - i).min(crate::qavx2::ROWS);
+            let mr = (rows.end - i).min(K::ROWS);
             // SAFETY: as this function's contract; rows i..i + mr are within a.
             unsafe {
                 match mr {
-                    2 => avx2_tile::<2, O, F>(a, b, i, panel, out, f),
-                    _ => avx2_tile::<1, O, F>(a, b, i, panel, out, f),
+                    4 => avx2_tile::<K, 4, O, F>(a, b, i, panel, out, f),
+                    3 => avx2_tile::<K, 3, O, F>(a, b, i, panel, out, f),
+                    2 => avx2_tile::<K, 2, O, F>(a, b, i, panel, out, f),
+                    _ => avx2_tile::<K, 1, O, F>(a, b, i, panel, out, f),
                 }
             }
             i += mr;
@@ -538,11 +574,16 @@ unsafe fn avx2_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
 /// `R` rows from `i0` by panel `panel`, on AVX2.
 ///
 /// # Safety
-/// As [`avx2_tiles`], with rows `i0..i0 + R` within `a` and `panel` within `b`.
+/// As [`avx2_products`], with rows `i0..i0 + R` within `a` and `panel` within `b`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn avx2_tile<const R: usize, O, F: Fn(usize, usize, &[i32], &mut [O])>(
+unsafe fn avx2_tile<
+    K: crate::qavx2::Products,
+    const R: usize,
+    O,
+    F: Fn(usize, usize, &[i32], &mut [O]),
+>(
     a: &PackedA,
     b: &PackedB,
     i0: usize,
@@ -550,20 +591,19 @@ unsafe fn avx2_tile<const R: usize, O, F: Fn(usize, usize, &[i32], &mut [O])>(
     out: SharedOut<O>,
     f: &F,
 ) {
-    use crate::qavx2;
     let (kp, n, j0) = (a.kp, b.n, panel * LANES);
     let width = (n - j0).min(LANES);
     // SAFETY: rows i0..i0 + R and the panel lie within a.data and b.data (this function's
-    // contract), kp bytes of each row and kp / 4 blocks of the panel.
+    // contract), kp bytes of each row and kp / 4 blocks of the panel; the CPU has AVX2.
     let acc = unsafe {
         let rows = std::array::from_fn(|r| a.data.as_ptr().add((i0 + r) * kp));
         let bp = b.data.as_ptr().add(panel * kp * LANES);
-        qavx2::products::<R>(qavx2::zeros(), rows, bp, kp / 4)
+        K::products::<R>(K::zeros(), rows, bp, kp / 4)
     };
     for (r, acc) in acc.iter().enumerate() {
         let i = i0 + r;
         // SAFETY: the CPU has AVX2.
-        let mut vals = unsafe { qavx2::column_sums(acc) };
+        let mut vals = unsafe { crate::qavx2::column_sums::<K>(acc) };
         for (l, v) in vals[..width].iter_mut().enumerate() {
             *v = corrected(a, b, i, j0 + l, *v);
         }
@@ -827,15 +867,43 @@ mod tests {
     }
 
     #[test]
+    fn seven_bit_weights_take_the_narrow_products() {
+        for &(m, n, k) in SHAPES {
+            let a = bytes(m * k, 1);
+            let b: Vec<i8> = bytes(k * n, 2).iter().map(|&v| (v as i8) >> 1).collect();
+            assert!(PackedB::new(k, n, &b, (n, 1), &[0]).narrow, "{m}x{n}x{k}");
+            for (za, zb) in [(0u8, 0i8), (255, -64), (3, 63)] {
+                check((m, n, k), &a, za, &b, &[zb]);
+            }
+            // uint8 weights are packed less 128: these are the same.
+            let bu: Vec<u8> = b.iter().map(|&v| (v as i16 + 128) as u8).collect();
+            assert!(PackedB::new(k, n, &bu, (n, 1), &[128]).narrow);
+            check((m, n, k), &a, 7, &bu, &[128]);
+        }
+        // At the bound and one past it.
+        let pair = |x: i8, y: i8| PackedB::new(2, 1, &[x, y], (1, 1), &[0i8]).narrow;
+        assert!(pair(-128, 0) && pair(64, -64) && pair(100, 28));
+        assert!(!pair(127, 2) && !pair(-128, -1) && !pair(65, 64));
+        let mut rows = PackedB::new(4, 1, &[0i8; 4], (1, 1), &[0i8]);
+        rows.pack_rows(4, 1, &[0i8; 4], 0);
+        assert!(
+            !rows.narrow,
+            "activations packed at run time are never taken as narrow"
+        );
+    }
+
+    #[test]
     fn wraps_like_int32_on_overflow() {
-        let k = 70_001;
-        let (a, b) = (vec![255u8; k], vec![-128i8; k]);
-        let packed = PackedB::new(k, 1, &b, (1, 1), &[127]);
-        let mut pa = PackedA::default();
-        pa.pack(1, k, &a, k, 0);
-        let mut c = vec![0];
-        qgemm(1, &pa, &packed, &mut c);
-        assert_eq!(c[0], (255i64 * -255 * k as i64) as i32);
+        // Full-range weights, and 7-bit ones (the narrow products on AVX2).
+        for (w, k) in [(-128i8, 70_001), (-64, 140_001)] {
+            let (a, b) = (vec![255u8; k], vec![w; k]);
+            let packed = PackedB::new(k, 1, &b, (1, 1), &[127]);
+            let mut pa = PackedA::default();
+            pa.pack(1, k, &a, k, 0);
+            let mut c = vec![0];
+            qgemm(1, &pa, &packed, &mut c);
+            assert_eq!(c[0], (255i64 * (w as i64 - 127) * k as i64) as i32);
+        }
     }
 
     #[test]
