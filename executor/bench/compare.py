@@ -35,7 +35,9 @@ sys.exit(r.returncode)
 # (resnet50): QDQ format, per-channel QInt8 weights and QUInt8 activations (onnxruntime's CPU
 # default, u8 x s8), calibrated on a few seeded random inputs, after onnxruntime's recommended
 # pre-processing (which folds the BatchNormalizations into the Convs). `dynamic` (BERT): QInt8 weights,
-# activations quantized at run time (DynamicQuantizeLinear + MatMulInteger).
+# activations quantized at run time (DynamicQuantizeLinear + MatMulInteger). Both with 7-bit weights
+# (`reduce_range`), as onnxruntime advises for x86 CPUs without VNNI: its u8 x s8 kernels there
+# saturate 16-bit pair sums of full-range weights (wrong answers, see BENCH.md).
 QUANTIZE = r"""
 import os, sys
 import numpy as np
@@ -45,7 +47,7 @@ from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantT
 from onnxruntime.quantization.shape_inference import quant_pre_process
 src, dst, kind = sys.argv[1], sys.argv[2], sys.argv[3]
 if kind == "dynamic":
-    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8, reduce_range=True)
     sys.exit(0)
 rng = np.random.default_rng(1)
 inputs = []
@@ -60,7 +62,7 @@ class Reader(CalibrationDataReader):
 pre = dst + ".pre.onnx"
 quant_pre_process(src, pre)
 quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, reduce_range=True)
 os.remove(pre)
 """
 
