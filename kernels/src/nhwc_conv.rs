@@ -608,13 +608,32 @@ unsafe fn tile_avx2<const R: usize>(
         _mm256_cmpgt_epi32(_mm256_set1_epi32(width.min(8) as i32), lanes)
     };
     let masks = [mask(m - j0), mask((m - j0).saturating_sub(8))];
+    // A whole panel's loads and stores need no masks (a masked store costs several plain ones
+    // on some CPUs: as much as the products of a small reduction).
+    let whole = m - j0 >= LANES;
+    // SAFETY (load, store): callers pass 8 floats of a row of 16 channels of panel p0 in an
+    // `m`-wide array (bias, residual, out), of which the mask keeps those below m.
+    let load = |at: *const f32, h: usize| unsafe {
+        if whole {
+            _mm256_loadu_ps(at)
+        } else {
+            _mm256_maskload_ps(at, masks[h])
+        }
+    };
+    let store = |at: *mut f32, h: usize, v: __m256| unsafe {
+        if whole {
+            _mm256_storeu_ps(at, v)
+        } else {
+            _mm256_maskstore_ps(at, masks[h], v)
+        }
+    };
     let at = |r: usize, h: usize| out.at((r0 + r) * m + j0 + h * 8);
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     if ks.start > 0 {
         for (r, acc) in acc.iter_mut().enumerate() {
             for (h, acc) in acc.iter_mut().enumerate() {
-                // SAFETY: row r0 + r, channels of panel p0 under the mask: within `out`.
-                *acc = unsafe { _mm256_maskload_ps(at(r, h), masks[h]) };
+                // Row r0 + r, channels of panel p0: within `out`.
+                *acc = load(at(r, h), h);
             }
         }
     }
@@ -655,16 +674,13 @@ unsafe fn tile_avx2<const R: usize>(
         for (r, row) in acc.iter_mut().enumerate() {
             for (h, v) in row.iter_mut().enumerate() {
                 if let Some(b) = epi.bias {
-                    // SAFETY: the mask reads channels below m of the bias (m values).
-                    *v = _mm256_add_ps(*v, unsafe {
-                        _mm256_maskload_ps(b.as_ptr().add(j0 + h * 8), masks[h])
-                    });
+                    // SAFETY: the bias holds m values.
+                    *v = _mm256_add_ps(*v, load(unsafe { b.as_ptr().add(j0 + h * 8) }, h));
                 }
                 if let Some(res) = epi.residual {
                     // SAFETY: the residual has the output's size (asserted by `conv_nhwc`).
-                    *v = _mm256_add_ps(*v, unsafe {
-                        _mm256_maskload_ps(res.as_ptr().add((r0 + r) * m + j0 + h * 8), masks[h])
-                    });
+                    let at = unsafe { res.as_ptr().add((r0 + r) * m + j0 + h * 8) };
+                    *v = _mm256_add_ps(*v, load(at, h));
                 }
                 if let Finish::Clamp(..) = finish {
                     // max/min return their second operand for NaN: the lower bound.
@@ -675,9 +691,8 @@ unsafe fn tile_avx2<const R: usize>(
     }
     for (r, row) in acc.iter().enumerate() {
         for (h, &v) in row.iter().enumerate() {
-            // SAFETY: row r0 + r, channels of panel p0 under the mask: within `out`, written
-            // by this task alone.
-            unsafe { _mm256_maskstore_ps(at(r, h), masks[h], v) };
+            // Row r0 + r, channels of panel p0: within `out`, written by this task alone.
+            store(at(r, h), h, v);
         }
     }
     if let (true, Finish::Other(act)) = (last, finish) {
