@@ -61,7 +61,7 @@ pub fn applies(ex: &NhwcStage<'_>, dw: &NhwcStage<'_>, pr: Option<&NhwcStage<'_>
 /// without a projection), NHWC in and out.
 ///
 /// # Panics
-/// If the CPU lacks AVX-512F, the stages do not [`applies`], or `x`, the residual or `out`
+/// If the CPU has neither AVX-512F nor AVX2 + FMA, the stages do not [`applies`], or `x`, the residual or `out`
 /// has the wrong size.
 pub fn inverted_residual_nhwc(
     ex: NhwcStage<'_>,
@@ -71,7 +71,10 @@ pub fn inverted_residual_nhwc(
     out: &mut [f32],
     threads: usize,
 ) {
-    assert!(crate::avx512f(), "inverted_residual_nhwc needs AVX-512F");
+    assert!(
+        nhwc_depthwise::available(),
+        "inverted_residual_nhwc needs AVX-512F or AVX2"
+    );
     assert!(
         applies(&ex, &dw, pr.as_ref()),
         "inverted_residual_nhwc of {:?}, {:?}, {:?}",
@@ -261,7 +264,7 @@ mod tests {
     /// split (the 40x40 image's expanded rows exceed a band).
     #[test]
     fn matches_the_stages_one_after_the_other() {
-        if crate::skip_without(crate::avx512f(), "AVX-512F") {
+        if crate::skip_without(nhwc_depthwise::available(), "AVX-512F or AVX2 + FMA") {
             return;
         }
         // (n, input channels, image, expanded, output channels, stride, residual)

@@ -1,14 +1,16 @@
-//! Depthwise 2-D convolution (one filter per channel) of NHWC f32 activations on AVX-512 CPUs.
+//! Depthwise 2-D convolution (one filter per channel) of NHWC f32 activations, on AVX-512 or
+//! AVX2 + FMA CPUs.
 //!
-//! In NHWC a pixel's channels are contiguous, so each vector holds 16 channels of one position
-//! and every lane does useful work whatever the image size: a block of up to 8 output positions
-//! of one row keeps 8 accumulators per 16-channel panel, and each tap adds one weight vector
-//! times the input vector the tap reads for each position, straight from the image (no padded
-//! copy). Taps over the padding are skipped: a kernel row above or below the image for the
-//! whole block, a column left or right of it per position. The weights are those of
-//! [`NhwcFilter`] with one input channel: `[16-channel panel][tap][16]`. Bias, a residual (NHWC,
-//! the output's shape) and the activation are applied on the way out; each output is summed in
-//! tap order whatever the thread budget or the batch.
+//! In NHWC a pixel's channels are contiguous, so a 16-channel panel of one position (one
+//! AVX-512 vector, or two AVX2 ones: [`Lanes16`]) makes every lane do useful work whatever the
+//! image size: a block of up to 8 output positions (4 on AVX2) of one row keeps one accumulator
+//! per position and panel, and each tap adds one weight panel times the input panel the tap
+//! reads for each position, straight from the image (no padded copy). Taps over the padding are
+//! skipped: a kernel row above or below the image for the whole block, a column left or right
+//! of it per position. The weights are those of [`NhwcFilter`] with one input channel:
+//! `[16-channel panel][tap][16]`. Bias, a residual (NHWC, the output's shape) and the
+//! activation are applied on the way out; each output is summed in tap order whatever the
+//! instruction set, the thread budget or the batch.
 
 use crate::activation::{Finish, bias_act};
 use crate::conv::{Conv2d, Epilogue};
@@ -26,7 +28,7 @@ pub fn applies(p: &Conv2d) -> bool {
 
 /// Whether this CPU runs [`depthwise_nhwc`] and the fused blocks of `nhwc_block`.
 pub fn available() -> bool {
-    crate::avx512f()
+    crate::nhwc_conv::available()
 }
 
 /// `out[r·C + j] = act(bias[j] + residual[r·C + j] + Σ_{ky,kx} x[img][iy][ix][j] ·
@@ -34,7 +36,7 @@ pub fn available() -> bool {
 /// - pt`, likewise `ix`; zero outside the image), split across `threads`.
 ///
 /// # Panics
-/// If the CPU lacks AVX-512F ([`available`]), the convolution does not
+/// If the CPU has neither AVX-512F nor AVX2 + FMA ([`available`]), the convolution does not
 /// [`applies`], `f` is not its filter, or `x`, the residual or `out` has the wrong size.
 pub fn depthwise_nhwc(
     threads: usize,
@@ -44,7 +46,25 @@ pub fn depthwise_nhwc(
     epi: Epilogue<'_>,
     out: &mut [f32],
 ) {
-    assert!(crate::avx512f(), "depthwise_nhwc needs AVX-512F");
+    assert!(available(), "depthwise_nhwc needs AVX-512F or AVX2");
+    depthwise_on(crate::avx512f(), threads, p, x, f, epi, out);
+}
+
+/// [`depthwise_nhwc`] on the AVX-512 kernel, or on the AVX2 one.
+fn depthwise_on(
+    avx512: bool,
+    threads: usize,
+    p: &Conv2d,
+    x: &[f32],
+    f: &NhwcFilter,
+    epi: Epilogue<'_>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    assert!(
+        crate::avx512f() || !avx512 && crate::activation::avx2_fma(),
+        "depthwise_nhwc on this CPU"
+    );
     assert!(
         applies(p) && f.fits(p),
         "depthwise_nhwc of {p:?} with {f:?}"
@@ -71,11 +91,15 @@ pub fn depthwise_nhwc(
     let dst = SharedOut(out.as_mut_ptr());
     let run = |t: usize| {
         for row in (t * per).min(rows)..((t + 1) * per).min(rows) {
-            // SAFETY: the CPU has AVX-512F and the sizes were checked above; tasks write
-            // disjoint output rows.
+            // SAFETY: the CPU has the kernel's instructions (asserted above) and the sizes were
+            // checked above; tasks write disjoint output rows.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                output_row(p, x, f, epi, row, dst)
+                if avx512 {
+                    output_row_avx512(p, x, f, epi, row, dst)
+                } else {
+                    output_row_avx2(p, x, f, epi, row, dst)
+                }
             }
         }
     };
@@ -86,14 +110,237 @@ pub fn depthwise_nhwc(
     }
 }
 
+/// [`output_row`] on AVX-512.
+///
+/// # Safety
+/// The CPU has AVX-512F; as [`output_row`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn output_row_avx512(
+    p: &Conv2d,
+    x: &[f32],
+    f: &NhwcFilter,
+    epi: Epilogue<'_>,
+    row: usize,
+    out: SharedOut,
+) {
+    // SAFETY: this function's contract.
+    unsafe { output_row::<Avx512>(p, x, f, epi, row, out) }
+}
+
+/// [`output_row`] on AVX2 + FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; as [`output_row`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn output_row_avx2(
+    p: &Conv2d,
+    x: &[f32],
+    f: &NhwcFilter,
+    epi: Epilogue<'_>,
+    row: usize,
+    out: SharedOut,
+) {
+    // SAFETY: this function's contract.
+    unsafe { output_row::<Avx2>(p, x, f, epi, row, out) }
+}
+
+/// 16 channels of f32 in registers, and the operations the kernel needs on them. Every method
+/// is inlined into a function compiled for the instruction set (`output_row_*`).
+///
+/// # Safety
+/// The methods need the implementation's instruction set.
+#[cfg(target_arch = "x86_64")]
+trait Lanes16: Copy {
+    /// The most output positions of one block (each holds one accumulator).
+    const BLOCK: usize;
+    /// Which of the 16 channels exist.
+    type Mask: Copy;
+    unsafe fn mask(remaining: usize) -> Self::Mask;
+    unsafe fn zero() -> Self;
+    unsafe fn splat(v: f32) -> Self;
+    /// 16 values from `p`.
+    unsafe fn load(p: *const f32) -> Self;
+    /// The channels of `m` from `p`, zero elsewhere; nothing else is read.
+    unsafe fn load_masked(m: Self::Mask, p: *const f32) -> Self;
+    /// The channels of `m` to `p`; nothing else is written.
+    unsafe fn store_masked(self, m: Self::Mask, p: *mut f32);
+    /// `self + a·b`, rounded once.
+    unsafe fn fmadd(self, a: Self, b: Self) -> Self;
+    unsafe fn add(self, b: Self) -> Self;
+    /// `min(max(self, lo), hi)`, NaN giving `lo`.
+    unsafe fn clamp(self, lo: Self, hi: Self) -> Self;
+}
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// One AVX-512 vector.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx512(__m512);
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes16 for Avx512 {
+    const BLOCK: usize = 8;
+    type Mask = u16;
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn mask(remaining: usize) -> u16 {
+        crate::mask16(remaining)
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn zero() -> Self {
+        Avx512(_mm512_setzero_ps())
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn splat(v: f32) -> Self {
+        Avx512(_mm512_set1_ps(v))
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller's.
+        Avx512(unsafe { _mm512_loadu_ps(p) })
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load_masked(m: u16, p: *const f32) -> Self {
+        // SAFETY: the caller's.
+        Avx512(unsafe { _mm512_maskz_loadu_ps(m, p) })
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn store_masked(self, m: u16, p: *mut f32) {
+        // SAFETY: the caller's.
+        unsafe { _mm512_mask_storeu_ps(p, m, self.0) }
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn fmadd(self, a: Self, b: Self) -> Self {
+        Avx512(_mm512_fmadd_ps(a.0, b.0, self.0))
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn add(self, b: Self) -> Self {
+        Avx512(_mm512_add_ps(self.0, b.0))
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn clamp(self, lo: Self, hi: Self) -> Self {
+        // max/min return their second operand for NaN: the lower bound.
+        Avx512(_mm512_min_ps(_mm512_max_ps(self.0, lo.0), hi.0))
+    }
+}
+
+/// Two AVX2 vectors: channels 0..8 and 8..16.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx2([__m256; 2]);
+
+/// An AVX2 panel's channels: all 16 (plain loads and stores), or those of the lane masks.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx2Mask {
+    all: bool,
+    halves: [__m256i; 2],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes16 for Avx2 {
+    /// 4 positions: 8 accumulators, a weight panel and an input panel in 16 registers.
+    const BLOCK: usize = 4;
+    type Mask = Avx2Mask;
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn mask(remaining: usize) -> Avx2Mask {
+        let count = _mm256_set1_epi32(remaining.min(LANES) as i32);
+        Avx2Mask {
+            all: remaining >= LANES,
+            halves: [
+                _mm256_cmpgt_epi32(count, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                _mm256_cmpgt_epi32(count, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)),
+            ],
+        }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn zero() -> Self {
+        Avx2([_mm256_setzero_ps(); 2])
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn splat(v: f32) -> Self {
+        Avx2([_mm256_set1_ps(v); 2])
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller's.
+        unsafe { Avx2([_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]) }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn load_masked(m: Avx2Mask, p: *const f32) -> Self {
+        // SAFETY: the caller's (a masked-off lane is not read).
+        unsafe {
+            if m.all {
+                Self::load(p)
+            } else {
+                Avx2([
+                    _mm256_maskload_ps(p, m.halves[0]),
+                    _mm256_maskload_ps(p.add(8), m.halves[1]),
+                ])
+            }
+        }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn store_masked(self, m: Avx2Mask, p: *mut f32) {
+        // SAFETY: the caller's (a masked-off lane is not written).
+        unsafe {
+            if m.all {
+                _mm256_storeu_ps(p, self.0[0]);
+                _mm256_storeu_ps(p.add(8), self.0[1]);
+            } else {
+                _mm256_maskstore_ps(p, m.halves[0], self.0[0]);
+                _mm256_maskstore_ps(p.add(8), m.halves[1], self.0[1]);
+            }
+        }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn fmadd(self, a: Self, b: Self) -> Self {
+        Avx2(std::array::from_fn(|h| {
+            _mm256_fmadd_ps(a.0[h], b.0[h], self.0[h])
+        }))
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn add(self, b: Self) -> Self {
+        Avx2(std::array::from_fn(|h| _mm256_add_ps(self.0[h], b.0[h])))
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn clamp(self, lo: Self, hi: Self) -> Self {
+        // max/min return their second operand for NaN: the lower bound.
+        Avx2(std::array::from_fn(|h| {
+            _mm256_min_ps(_mm256_max_ps(self.0[h], lo.0[h]), hi.0[h])
+        }))
+    }
+}
+
 /// Output row `row` (`img·oh + oy`), every channel.
 ///
 /// # Safety
-/// The CPU has AVX-512F; the operands are as [`depthwise_nhwc`] asserts; no one else writes
-/// this row of `out`.
+/// The CPU has `V`'s instructions (this is inlined into a function compiled for them); the
+/// operands are as [`depthwise_nhwc`] asserts; no one else writes this row of `out`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn output_row(
+#[inline(always)]
+unsafe fn output_row<V: Lanes16>(
     p: &Conv2d,
     x: &[f32],
     f: &NhwcFilter,
@@ -122,12 +369,13 @@ unsafe fn output_row(
     };
     let first = row * p.ow * p.m;
     for q in 0..p.m.div_ceil(LANES) {
-        let src = Source {
+        let src = Source::<V> {
             p,
             // SAFETY: image img, channel q·16: within x.
             x: unsafe { x.as_ptr().add(img * p.h * p.w * p.c + q * LANES) },
             w: f.panel(q).as_ptr(),
-            mask: crate::mask16(p.c - q * LANES),
+            // SAFETY: the CPU has V's instructions.
+            mask: unsafe { V::mask(p.c - q * LANES) },
             kys: (ky0.min(ky1), ky1),
             y0,
         };
@@ -136,15 +384,17 @@ unsafe fn output_row(
         // unchecked blocks lie inside the image across.
         unsafe {
             for ox in (0..lo).chain(hi..p.ow) {
-                block::<1, true>(&src, ox, epi, at(ox), out);
+                block::<V, 1, true>(&src, ox, epi, at(ox), out);
             }
             let mut ox = lo;
             while ox < hi {
                 ox += match hi - ox {
-                    8.. => block::<8, false>(&src, ox, epi, at(ox), out),
-                    4.. => block::<4, false>(&src, ox, epi, at(ox), out),
-                    2.. => block::<2, false>(&src, ox, epi, at(ox), out),
-                    _ => block::<1, false>(&src, ox, epi, at(ox), out),
+                    n if n >= 8 && V::BLOCK >= 8 => {
+                        block::<V, 8, false>(&src, ox, epi, at(ox), out)
+                    }
+                    4.. => block::<V, 4, false>(&src, ox, epi, at(ox), out),
+                    2.. => block::<V, 2, false>(&src, ox, epi, at(ox), out),
+                    _ => block::<V, 1, false>(&src, ox, epi, at(ox), out),
                 };
             }
         }
@@ -157,14 +407,15 @@ unsafe fn output_row(
 }
 
 /// What the blocks of one output row and one 16-channel panel read.
-struct Source<'a> {
+#[cfg(target_arch = "x86_64")]
+struct Source<'a, V: Lanes16> {
     p: &'a Conv2d,
     /// The image's first pixel, at the panel's first channel.
     x: *const f32,
     /// The panel's weights, `[tap][16]`.
     w: *const f32,
     /// The panel's channels below `C`.
-    mask: u16,
+    mask: V::Mask,
     /// The kernel rows inside the image, and the input row kernel row 0 reads.
     kys: (usize, usize),
     y0: isize,
@@ -174,55 +425,49 @@ struct Source<'a> {
 /// `M` floats apart); returns `N`. `CHECKED` skips the taps left or right of the image.
 ///
 /// # Safety
-/// The CPU has AVX-512F; the operands are as [`depthwise_nhwc`] asserts; `ox + N <= ow`; all
-/// windows lie inside the image across unless `CHECKED`; no one else writes these outputs.
+/// As [`output_row`]; `ox + N <= ow`; all windows lie inside the image across unless
+/// `CHECKED`; no one else writes these outputs.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn block<const N: usize, const CHECKED: bool>(
-    src: &Source<'_>,
+#[inline(always)]
+unsafe fn block<V: Lanes16, const N: usize, const CHECKED: bool>(
+    src: &Source<'_, V>,
     ox: usize,
     epi: Epilogue<'_>,
     at: usize,
     out: SharedOut,
 ) -> usize {
-    use std::arch::x86_64::*;
     let (p, mask) = (src.p, src.mask);
     let row3 = !CHECKED && p.kw == 3 && p.dw == 1;
     // SAFETY: this function's contract.
-    let acc = unsafe {
-        match p.sw {
-            1 if row3 => sums_row3::<N, 1>(src, ox),
-            2 if row3 => sums_row3::<N, 2>(src, ox),
-            _ => sums::<N, CHECKED>(src, ox),
+    unsafe {
+        let acc = match p.sw {
+            1 if row3 => sums_row3::<V, N, 1>(src, ox),
+            2 if row3 => sums_row3::<V, N, 2>(src, ox),
+            _ => sums::<V, N, CHECKED>(src, ox),
+        };
+        // The panel's channels of the bias (M values) under the mask.
+        let bias = epi
+            .bias
+            .map(|b| V::load_masked(mask, b.as_ptr().add(at % p.m)));
+        let clamp = match Finish::of(epi.act) {
+            Finish::Clamp(lo, hi) => Some((V::splat(lo), V::splat(hi))),
+            _ => None,
+        };
+        for (i, mut v) in acc.into_iter().enumerate() {
+            let at = at + i * p.m;
+            if let Some(b) = bias {
+                v = v.add(b);
+            }
+            if let Some(res) = epi.residual {
+                // The residual has the output's size (asserted by `depthwise_nhwc`).
+                v = v.add(V::load_masked(mask, res.as_ptr().add(at)));
+            }
+            if let Some((lo, hi)) = clamp {
+                v = v.clamp(lo, hi);
+            }
+            // Output position ox + i, the panel's channels: this function's contract.
+            v.store_masked(mask, out.at(at));
         }
-    };
-    let bias = epi.bias.map(|b| {
-        // SAFETY: the panel's channels of the bias (M values) under the mask.
-        unsafe { _mm512_maskz_loadu_ps(mask, b.as_ptr().add(at % p.m)) }
-    });
-    let (lo, hi) = match Finish::of(epi.act) {
-        Finish::Clamp(lo, hi) => (Some(_mm512_set1_ps(lo)), _mm512_set1_ps(hi)),
-        _ => (None, _mm512_setzero_ps()),
-    };
-    for (i, mut v) in acc.into_iter().enumerate() {
-        let at = at + i * p.m;
-        if let Some(b) = bias {
-            v = _mm512_add_ps(v, b);
-        }
-        if let Some(res) = epi.residual {
-            // SAFETY: the residual has the output's size (asserted by `depthwise_nhwc`).
-            v = _mm512_add_ps(v, unsafe {
-                _mm512_maskz_loadu_ps(mask, res.as_ptr().add(at))
-            });
-        }
-        if let Some(lo) = lo {
-            // max/min return their second operand for NaN: the lower bound, as the scalar
-            // activations give.
-            v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-        }
-        // SAFETY: output position ox + i, the panel's channels: this function's contract.
-        unsafe { _mm512_mask_storeu_ps(out.at(at), mask, v) };
     }
     N
 }
@@ -232,24 +477,23 @@ unsafe fn block<const N: usize, const CHECKED: bool>(
 /// # Safety
 /// As [`block`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn sums<const N: usize, const CHECKED: bool>(
-    src: &Source<'_>,
+#[inline(always)]
+unsafe fn sums<V: Lanes16, const N: usize, const CHECKED: bool>(
+    src: &Source<'_, V>,
     ox: usize,
-) -> [std::arch::x86_64::__m512; N] {
-    use std::arch::x86_64::*;
+) -> [V; N] {
     let p = src.p;
     let (c, w) = (p.c as isize, p.w as isize);
     let step = p.sw * p.c;
     let x0 = (ox * p.sw) as isize - p.pl as isize;
-    let mut acc = [_mm512_setzero_ps(); N];
+    // SAFETY: the CPU has V's instructions.
+    let mut acc = [unsafe { V::zero() }; N];
     for ky in src.kys.0..src.kys.1 {
         let iy = src.y0 + (ky * p.dh) as isize;
         for kx in 0..p.kw {
             let ix = x0 + (kx * p.dw) as isize;
             // SAFETY: tap ky·kw + kx of the panel's weights.
-            let wv = unsafe { _mm512_loadu_ps(src.w.add((ky * p.kw + kx) * LANES)) };
+            let wv = unsafe { V::load(src.w.add((ky * p.kw + kx) * LANES)) };
             // SAFETY (offset): pixel (iy, ix) of the image, inside it where read below.
             let tap = src.x.wrapping_offset((iy * w + ix) * c);
             for (i, acc) in acc.iter_mut().enumerate() {
@@ -258,8 +502,10 @@ unsafe fn sums<const N: usize, const CHECKED: bool>(
                 }
                 // SAFETY: position ox + i's tap lies inside the image (checked, or this
                 // function's contract); the mask keeps to its channels.
-                let xv = unsafe { _mm512_maskz_loadu_ps(src.mask, tap.wrapping_add(i * step)) };
-                *acc = _mm512_fmadd_ps(xv, wv, *acc);
+                *acc = unsafe {
+                    let xv = V::load_masked(src.mask, tap.wrapping_add(i * step));
+                    acc.fmadd(xv, wv)
+                };
             }
         }
     }
@@ -268,38 +514,39 @@ unsafe fn sums<const N: usize, const CHECKED: bool>(
 
 /// [`sums`] of a 3-wide kernel at stride `S` (1 or 2) and dilation 1 across, windows inside
 /// the image: neighbouring positions share taps, so each kernel row loads its `S·(N - 1) + 3`
-/// input vectors once and keeps them in registers (not `3·N` loads). The same products in the
+/// input panels once and keeps them in registers (not `3·N` loads). The same products in the
 /// same order.
 ///
 /// # Safety
 /// As [`block`], unchecked; `N <= 8`, `S <= 2`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn sums_row3<const N: usize, const S: usize>(
-    src: &Source<'_>,
+#[inline(always)]
+unsafe fn sums_row3<V: Lanes16, const N: usize, const S: usize>(
+    src: &Source<'_, V>,
     ox: usize,
-) -> [std::arch::x86_64::__m512; N] {
-    use std::arch::x86_64::*;
+) -> [V; N] {
     let p = src.p;
     let (c, w) = (p.c as isize, p.w as isize);
     let x0 = (ox * S) as isize - p.pl as isize;
-    let mut acc = [_mm512_setzero_ps(); N];
+    // SAFETY: the CPU has V's instructions.
+    let zero = unsafe { V::zero() };
+    let mut acc = [zero; N];
     for ky in src.kys.0..src.kys.1 {
         let iy = src.y0 + (ky * p.dh) as isize;
         // SAFETY: taps 3·ky.. of the panel's weights.
-        let wv: [__m512; 3] =
-            std::array::from_fn(|kx| unsafe { _mm512_loadu_ps(src.w.add((ky * 3 + kx) * LANES)) });
+        let wv: [V; 3] =
+            std::array::from_fn(|kx| unsafe { V::load(src.w.add((ky * 3 + kx) * LANES)) });
         // SAFETY (offset): pixels x0..x0 + S·(N - 1) + 3 of row iy lie inside the image.
         let row = src.x.wrapping_offset((iy * w + x0) * c);
-        let mut xs = [_mm512_setzero_ps(); 17];
+        let mut xs = [zero; 17];
         for (j, xv) in xs.iter_mut().enumerate().take(S * (N - 1) + 3) {
             // SAFETY: as above; the mask keeps to the panel's channels.
-            *xv = unsafe { _mm512_maskz_loadu_ps(src.mask, row.wrapping_add(j * p.c)) };
+            *xv = unsafe { V::load_masked(src.mask, row.wrapping_add(j * p.c)) };
         }
         for (i, acc) in acc.iter_mut().enumerate() {
             for (kx, &wv) in wv.iter().enumerate() {
-                *acc = _mm512_fmadd_ps(xs[i * S + kx], wv, *acc);
+                // SAFETY: the CPU has V's instructions.
+                *acc = unsafe { acc.fmadd(xs[i * S + kx], wv) };
             }
         }
     }
@@ -313,7 +560,7 @@ mod tests {
 
     #[test]
     fn matches_the_tap_by_tap_convolution() {
-        if crate::skip_without(crate::avx512f(), "AVX-512F") {
+        if crate::skip_without(available(), "AVX-512F or AVX2 + FMA") {
             return;
         }
         // (n, c, h, w, m, k, stride, dilation, pad top-left, bottom-right); m is ignored.
@@ -332,6 +579,21 @@ mod tests {
             let mut p = crate::test_conv(case);
             (p.m, p.groups) = (p.c, p.c);
             check_against_the_reference(&p, depthwise_nhwc);
+            // The AVX2 kernel too, where the AVX-512 one ran above.
+            #[cfg(target_arch = "x86_64")]
+            if crate::avx512f() && crate::activation::avx2_fma() {
+                fn avx2(
+                    t: usize,
+                    p: &Conv2d,
+                    x: &[f32],
+                    f: &NhwcFilter,
+                    e: Epilogue<'_>,
+                    o: &mut [f32],
+                ) {
+                    depthwise_on(false, t, p, x, f, e, o)
+                }
+                check_against_the_reference(&p, avx2);
+            }
         }
     }
 }

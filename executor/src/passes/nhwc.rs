@@ -25,32 +25,7 @@ pub fn nhwc_convolutions(g: &mut Graph) {
         return;
     }
     let producers = g.producers();
-    let mut candidate: Vec<bool> = g.nodes.iter().map(|n| suits(g, n) || max_pool(n)).collect();
-    if !nhwc_depthwise::available() {
-        // A convolution beside a depthwise one, which stays NCHW here, would pay transposes
-        // and lose the NCHW fusion of the pair (MobileNet: a quarter of the run in
-        // transposes, 54 against 70 runs/s).
-        for (i, n) in g.nodes.iter().enumerate() {
-            if depthwise(g, n) {
-                candidate[i] = false;
-                for v in n.inputs.iter().take(1).flatten() {
-                    if let Some(p) = producers[*v] {
-                        candidate[p] = false;
-                    }
-                }
-                for (j, m) in g.nodes.iter().enumerate() {
-                    if m.inputs
-                        .first()
-                        .copied()
-                        .flatten()
-                        .is_some_and(|v| n.outputs.contains(&v))
-                    {
-                        candidate[j] = false;
-                    }
-                }
-            }
-        }
-    }
+    let candidate: Vec<bool> = g.nodes.iter().map(|n| suits(g, n) || max_pool(n)).collect();
     // Chains: union-find over the candidates, joined where one reads another's output.
     let mut root: Vec<usize> = (0..g.nodes.len()).collect();
     fn find(root: &mut [usize], mut i: usize) -> usize {
@@ -131,20 +106,6 @@ fn suits(g: &Graph, n: &Node) -> bool {
         && input(0).is_some()
         && bias_ok
         && w.dtype() == DType::F32
-}
-
-/// Whether `n` is a depthwise Conv (one input channel per group, constant weights).
-fn depthwise(g: &Graph, n: &Node) -> bool {
-    let Op::Conv(c) = &n.op else {
-        return false;
-    };
-    let w = n
-        .inputs
-        .get(1)
-        .copied()
-        .flatten()
-        .and_then(|v| g.constants.get(&v));
-    matches!(w.map(|w| w.shape.as_slice()), Some(&[m, 1, _, _]) if c.group == m && m > 1)
 }
 
 /// Whether `n` is a 2-D MaxPool without Indices, which runs NHWC between the convolutions of a
@@ -384,16 +345,7 @@ mod tests {
     #[test]
     fn inverted_residual_blocks_run_nhwc_fused() {
         if !cotenant_kernels::nhwc_depthwise::available() {
-            // Without the NHWC depthwise kernel no convolution beside a depthwise one goes
-            // NHWC: the blocks keep their NCHW fusion, and no transposes are added.
-            let mut g = inverted_residuals();
-            crate::passes::optimize_for_cpu(&mut g);
-            let names: Vec<String> = g.nodes.iter().map(|n| n.op.name()).collect();
-            assert!(
-                !names.iter().any(|n| n.contains("NHWC") || n == "Transpose"),
-                "{names:?}"
-            );
-            eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC depthwise kernel needs");
+            eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 + FMA");
             return;
         }
         let raw = Plan::build(&inverted_residuals()).expect("plan");
