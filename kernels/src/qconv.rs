@@ -402,22 +402,37 @@ unsafe fn avx2_products<K: crate::qavx2::Products, O: Byte>(
     rq: &Requantize<'_>,
     out: SharedOut<O>,
 ) {
-    let mut stage = [[0u8; RUN_MAX]; AVX2_ROWS];
+    // The runs of a tile's rows, worked out once for all the panels: two divisions a row for
+    // the window (as much as the products of a small reduction), and an RGB stem's border rows
+    // staged with zero points. `taps[i][r]`: run `i` (`ky·per_row + kx`) of row `r`.
+    let per_row = image.runs.per_row;
+    let count = image.p.kh * per_row;
+    let staged = !image.p.c.is_multiple_of(4);
+    let mut stage = vec![[0u8; RUN_MAX]; if staged { count * AVX2_ROWS } else { 1 }];
+    let mut taps = vec![[std::ptr::null::<u8>(); AVX2_ROWS]; count];
     let mut r = rows.start;
     while r < rows.end {
         let mr = (rows.end - r).min(K::ROWS).min(AVX2_ROWS);
-        // Where the tile's windows start, worked out once for all the panels (two divisions
-        // a row: as much as the products of a small reduction).
-        let origins = std::array::from_fn(|i| image.origin(r + i.min(mr - 1)));
+        let origins: [_; AVX2_ROWS] = std::array::from_fn(|i| image.origin(r + i.min(mr - 1)));
+        for (i, run) in taps.iter_mut().enumerate() {
+            for (row, (tap, &origin)) in run.iter_mut().zip(&origins).enumerate() {
+                let s = if staged { i * AVX2_ROWS + row } else { 0 };
+                *tap = image
+                    .run(origin, (i / per_row, i % per_row), &mut stage[s])
+                    .as_ptr();
+            }
+        }
         for panel in panels.clone() {
-            let tile = (r, panel, &origins);
-            // SAFETY: as this function's contract; rows r..r + mr are output rows.
+            let tile = (r, panel, taps.as_slice());
+            // SAFETY: as this function's contract; rows r..r + mr are output rows, whose runs
+            // (in the image, its padding or `stage`, untouched until the next tile) `taps`
+            // holds.
             unsafe {
                 match mr {
-                    4 => avx2_tile::<K, 4, O>(image, w, tile, rq, out, &mut stage),
-                    3 => avx2_tile::<K, 3, O>(image, w, tile, rq, out, &mut stage),
-                    2 => avx2_tile::<K, 2, O>(image, w, tile, rq, out, &mut stage),
-                    _ => avx2_tile::<K, 1, O>(image, w, tile, rq, out, &mut stage),
+                    4 => avx2_tile::<K, 4, O>(image, w, tile, rq, out),
+                    3 => avx2_tile::<K, 3, O>(image, w, tile, rq, out),
+                    2 => avx2_tile::<K, 2, O>(image, w, tile, rq, out),
+                    _ => avx2_tile::<K, 1, O>(image, w, tile, rq, out),
                 }
             }
         }
@@ -425,36 +440,33 @@ unsafe fn avx2_products<K: crate::qavx2::Products, O: Byte>(
     }
 }
 
-/// `R` output rows from `r0` (whose windows start at `origins`) by panel `panel`, on AVX2.
+/// `R` output rows from `r0` (`taps[i][r]` row `r`'s run `i`, `len` bytes each) by panel
+/// `panel`, on AVX2.
 ///
 /// # Safety
-/// As [`avx2_products`], with rows `r0..r0 + R` output rows and `panel` within `w`.
+/// As [`avx2_products`], with rows `r0..r0 + R` output rows, `panel` within `w` and `taps`
+/// pointing at their runs.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn avx2_tile<K: crate::qavx2::Products, const R: usize, O: Byte>(
     image: &Image<'_>,
     w: &PackedB,
-    (r0, panel, origins): (usize, usize, &[(usize, isize, isize); AVX2_ROWS]),
+    (r0, panel, taps): (usize, usize, &[[*const u8; AVX2_ROWS]]),
     rq: &Requantize<'_>,
     out: SharedOut<O>,
-    stage: &mut [[u8; RUN_MAX]; AVX2_ROWS],
 ) {
-    let (p, kp, n, j0) = (image.p, w.kp, w.n, panel * LANES);
+    let (kp, n, j0) = (w.kp, w.n, panel * LANES);
     let width = (n - j0).min(LANES);
     // SAFETY: the panel starts within w.data (this function's contract).
     let bp = unsafe { w.data.as_ptr().add(panel * kp * LANES) };
-    let Runs { per_row, len } = image.runs;
+    let groups = image.runs.len / 4;
     // SAFETY: the CPU has AVX2.
     let mut acc = unsafe { K::zeros::<R>() };
-    for ky in 0..p.kh {
-        for kx in 0..per_row {
-            let taps: [*const u8; R] =
-                std::array::from_fn(|r| image.run(origins[r], (ky, kx), &mut stage[r]).as_ptr());
-            let g0 = (ky * per_row + kx) * len / 4;
-            // SAFETY: each run is `len` bytes; blocks g0..g0 + len / 4 lie within the panel.
-            acc = unsafe { K::products::<R>(acc, taps, bp.add(g0 * 4 * LANES), len / 4) };
-        }
+    for (i, run) in taps.iter().enumerate() {
+        let rows: [*const u8; R] = std::array::from_fn(|r| run[r]);
+        // SAFETY: each run is `len` bytes; blocks i·groups.. of the panel lie within it.
+        acc = unsafe { K::products::<R>(acc, rows, bp.add(i * groups * 4 * LANES), groups) };
     }
     for (r, acc) in acc.iter().enumerate() {
         // SAFETY: row r0 + r is an output row, columns j0..j0 + width <= n: within the
