@@ -674,12 +674,12 @@ unsafe fn tile_avx2<const R: usize>(
         for (r, row) in acc.iter_mut().enumerate() {
             for (h, v) in row.iter_mut().enumerate() {
                 if let Some(b) = epi.bias {
-                    // SAFETY: the bias holds m values.
-                    *v = _mm256_add_ps(*v, load(unsafe { b.as_ptr().add(j0 + h * 8) }, h));
+                    // The bias holds m values (the mask keeps to them).
+                    *v = _mm256_add_ps(*v, load(b.as_ptr().wrapping_add(j0 + h * 8), h));
                 }
                 if let Some(res) = epi.residual {
-                    // SAFETY: the residual has the output's size (asserted by `conv_nhwc`).
-                    let at = unsafe { res.as_ptr().add((r0 + r) * m + j0 + h * 8) };
+                    // The residual has the output's size (asserted by `conv_nhwc`).
+                    let at = res.as_ptr().wrapping_add((r0 + r) * m + j0 + h * 8);
                     *v = _mm256_add_ps(*v, load(at, h));
                 }
                 if let Finish::Clamp(..) = finish {

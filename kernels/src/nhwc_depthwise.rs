@@ -292,7 +292,7 @@ impl Lanes16 for Avx2 {
             } else {
                 Avx2([
                     _mm256_maskload_ps(p, m.halves[0]),
-                    _mm256_maskload_ps(p.add(8), m.halves[1]),
+                    _mm256_maskload_ps(p.wrapping_add(8), m.halves[1]),
                 ])
             }
         }
@@ -307,7 +307,7 @@ impl Lanes16 for Avx2 {
                 _mm256_storeu_ps(p.add(8), self.0[1]);
             } else {
                 _mm256_maskstore_ps(p, m.halves[0], self.0[0]);
-                _mm256_maskstore_ps(p.add(8), m.halves[1], self.0[1]);
+                _mm256_maskstore_ps(p.wrapping_add(8), m.halves[1], self.0[1]);
             }
         }
     }
