@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn nhwc_blocks_match_nchw() {
         if !nhwc_depthwise::available() {
-            eprintln!("skipped: this CPU lacks AVX-512F, which the NHWC convolution needs");
+            eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 + FMA");
             return;
         }
         use crate::ops::conv::pointwise_depthwise;
