@@ -113,6 +113,34 @@ pub fn available() -> bool {
     }
 }
 
+/// The checks an NHWC kernel (`what`) makes of a call: the CPU runs its AVX-512 build
+/// (`avx512`) or its AVX2 one, and `x`, the epilogue's operands and `out` have `p`'s sizes.
+///
+/// # Panics
+/// If one of them fails.
+pub(crate) fn check_operands(
+    what: &str,
+    avx512: bool,
+    p: &Conv2d,
+    x: &[f32],
+    epi: Epilogue<'_>,
+    out: &[f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    assert!(
+        crate::avx512f() || !avx512 && crate::activation::avx2_fma(),
+        "{what} on this CPU"
+    );
+    assert_eq!(x.len(), p.n * p.h * p.w * p.c, "{what} input size");
+    assert_eq!(out.len(), p.n * p.oh * p.ow * p.m, "{what} output size");
+    if let Some(r) = epi.residual {
+        assert_eq!(r.len(), out.len(), "{what} residual size");
+    }
+    if let Some(b) = epi.bias {
+        assert_eq!(b.len(), p.m, "{what} bias size");
+    }
+}
+
 /// Whether [`conv_nhwc`] computes convolution `p` (ungrouped, with at least one channel).
 pub fn applies(p: &Conv2d) -> bool {
     p.groups == 1 && p.c > 0 && p.m > 0
@@ -147,21 +175,9 @@ fn conv_on(
     epi: Epilogue<'_>,
     out: &mut [f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    assert!(
-        crate::avx512f() || !avx512 && crate::activation::avx2_fma(),
-        "conv_nhwc on this CPU"
-    );
     assert!(applies(p) && f.fits(p), "conv_nhwc of {p:?} with {f:?}");
-    assert_eq!(x.len(), p.n * p.h * p.w * p.c, "conv_nhwc input size");
+    check_operands("conv_nhwc", avx512, p, x, epi, out);
     let rows = p.n * p.oh * p.ow;
-    assert_eq!(out.len(), rows * p.m, "conv_nhwc output size");
-    if let Some(r) = epi.residual {
-        assert_eq!(r.len(), out.len(), "conv_nhwc residual size");
-    }
-    if let Some(b) = epi.bias {
-        assert_eq!(b.len(), p.m, "conv_nhwc bias size");
-    }
     if rows == 0 {
         return;
     }

@@ -60,24 +60,12 @@ fn depthwise_on(
     epi: Epilogue<'_>,
     out: &mut [f32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    assert!(
-        crate::avx512f() || !avx512 && crate::activation::avx2_fma(),
-        "depthwise_nhwc on this CPU"
-    );
     assert!(
         applies(p) && f.fits(p),
         "depthwise_nhwc of {p:?} with {f:?}"
     );
-    assert_eq!(x.len(), p.n * p.h * p.w * p.c, "depthwise_nhwc input size");
+    crate::nhwc_conv::check_operands("depthwise_nhwc", avx512, p, x, epi, out);
     let rows = p.n * p.oh;
-    assert_eq!(out.len(), rows * p.ow * p.m, "depthwise_nhwc output size");
-    if let Some(r) = epi.residual {
-        assert_eq!(r.len(), out.len(), "depthwise_nhwc residual size");
-    }
-    if let Some(b) = epi.bias {
-        assert_eq!(b.len(), p.m, "depthwise_nhwc bias size");
-    }
     if out.is_empty() {
         return;
     }
