@@ -16,6 +16,8 @@ pub mod fused;
 pub mod gemm;
 pub mod igemm;
 pub mod inverted_residual;
+#[cfg(target_arch = "x86_64")]
+mod lanes16;
 pub mod nhwc_block;
 pub mod nhwc_conv;
 pub mod nhwc_depthwise;

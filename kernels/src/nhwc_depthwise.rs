@@ -15,6 +15,8 @@
 use crate::activation::{Finish, bias_act};
 use crate::conv::{Conv2d, Epilogue};
 use crate::gemm::SharedOut;
+#[cfg(target_arch = "x86_64")]
+use crate::lanes16::{Avx2, Avx512, Lanes16};
 use crate::nhwc_conv::NhwcFilter;
 use rayon::prelude::*;
 
@@ -134,193 +136,6 @@ unsafe fn output_row_avx2(
     unsafe { output_row::<Avx2>(p, x, f, epi, row, out) }
 }
 
-/// 16 channels of f32 in registers, and the operations the kernel needs on them. Every method
-/// is inlined into a function compiled for the instruction set (`output_row_*`).
-///
-/// # Safety
-/// The methods need the implementation's instruction set.
-#[cfg(target_arch = "x86_64")]
-trait Lanes16: Copy {
-    /// The most output positions of one block (each holds one accumulator).
-    const BLOCK: usize;
-    /// Which of the 16 channels exist.
-    type Mask: Copy;
-    unsafe fn mask(remaining: usize) -> Self::Mask;
-    unsafe fn zero() -> Self;
-    unsafe fn splat(v: f32) -> Self;
-    /// 16 values from `p`.
-    unsafe fn load(p: *const f32) -> Self;
-    /// The channels of `m` from `p`, zero elsewhere; nothing else is read.
-    unsafe fn load_masked(m: Self::Mask, p: *const f32) -> Self;
-    /// The channels of `m` to `p`; nothing else is written.
-    unsafe fn store_masked(self, m: Self::Mask, p: *mut f32);
-    /// `self + a·b`, rounded once.
-    unsafe fn fmadd(self, a: Self, b: Self) -> Self;
-    unsafe fn add(self, b: Self) -> Self;
-    /// `min(max(self, lo), hi)`, NaN giving `lo`.
-    unsafe fn clamp(self, lo: Self, hi: Self) -> Self;
-}
-
-#[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::*;
-
-/// One AVX-512 vector.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct Avx512(__m512);
-
-#[cfg(target_arch = "x86_64")]
-impl Lanes16 for Avx512 {
-    const BLOCK: usize = 8;
-    type Mask = u16;
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn mask(remaining: usize) -> u16 {
-        crate::mask16(remaining)
-    }
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn zero() -> Self {
-        Avx512(_mm512_setzero_ps())
-    }
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn splat(v: f32) -> Self {
-        Avx512(_mm512_set1_ps(v))
-    }
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn load(p: *const f32) -> Self {
-        // SAFETY: the caller's.
-        Avx512(unsafe { _mm512_loadu_ps(p) })
-    }
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn load_masked(m: u16, p: *const f32) -> Self {
-        // SAFETY: the caller's.
-        Avx512(unsafe { _mm512_maskz_loadu_ps(m, p) })
-    }
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn store_masked(self, m: u16, p: *mut f32) {
-        // SAFETY: the caller's.
-        unsafe { _mm512_mask_storeu_ps(p, m, self.0) }
-    }
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn fmadd(self, a: Self, b: Self) -> Self {
-        Avx512(_mm512_fmadd_ps(a.0, b.0, self.0))
-    }
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn add(self, b: Self) -> Self {
-        Avx512(_mm512_add_ps(self.0, b.0))
-    }
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn clamp(self, lo: Self, hi: Self) -> Self {
-        // max/min return their second operand for NaN: the lower bound.
-        Avx512(_mm512_min_ps(_mm512_max_ps(self.0, lo.0), hi.0))
-    }
-}
-
-/// Two AVX2 vectors: channels 0..8 and 8..16.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct Avx2([__m256; 2]);
-
-/// An AVX2 panel's channels: all 16 (plain loads and stores), or those of the lane masks.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct Avx2Mask {
-    all: bool,
-    halves: [__m256i; 2],
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Lanes16 for Avx2 {
-    /// 4 positions: 8 accumulators, a weight panel and an input panel in 16 registers.
-    const BLOCK: usize = 4;
-    type Mask = Avx2Mask;
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn mask(remaining: usize) -> Avx2Mask {
-        let count = _mm256_set1_epi32(remaining.min(LANES) as i32);
-        Avx2Mask {
-            all: remaining >= LANES,
-            halves: [
-                _mm256_cmpgt_epi32(count, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-                _mm256_cmpgt_epi32(count, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)),
-            ],
-        }
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn zero() -> Self {
-        Avx2([_mm256_setzero_ps(); 2])
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn splat(v: f32) -> Self {
-        Avx2([_mm256_set1_ps(v); 2])
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn load(p: *const f32) -> Self {
-        // SAFETY: the caller's.
-        unsafe { Avx2([_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]) }
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn load_masked(m: Avx2Mask, p: *const f32) -> Self {
-        // SAFETY: the caller's (a masked-off lane is not read).
-        unsafe {
-            if m.all {
-                Self::load(p)
-            } else {
-                Avx2([
-                    _mm256_maskload_ps(p, m.halves[0]),
-                    _mm256_maskload_ps(p.wrapping_add(8), m.halves[1]),
-                ])
-            }
-        }
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn store_masked(self, m: Avx2Mask, p: *mut f32) {
-        // SAFETY: the caller's (a masked-off lane is not written).
-        unsafe {
-            if m.all {
-                _mm256_storeu_ps(p, self.0[0]);
-                _mm256_storeu_ps(p.add(8), self.0[1]);
-            } else {
-                _mm256_maskstore_ps(p, m.halves[0], self.0[0]);
-                _mm256_maskstore_ps(p.wrapping_add(8), m.halves[1], self.0[1]);
-            }
-        }
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn fmadd(self, a: Self, b: Self) -> Self {
-        Avx2(std::array::from_fn(|h| {
-            _mm256_fmadd_ps(a.0[h], b.0[h], self.0[h])
-        }))
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn add(self, b: Self) -> Self {
-        Avx2(std::array::from_fn(|h| _mm256_add_ps(self.0[h], b.0[h])))
-    }
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn clamp(self, lo: Self, hi: Self) -> Self {
-        // max/min return their second operand for NaN: the lower bound.
-        Avx2(std::array::from_fn(|h| {
-            _mm256_min_ps(_mm256_max_ps(self.0[h], lo.0[h]), hi.0[h])
-        }))
-    }
-}
-
 /// Output row `row` (`img·oh + oy`), every channel.
 ///
 /// # Safety
@@ -377,7 +192,7 @@ unsafe fn output_row<V: Lanes16>(
             let mut ox = lo;
             while ox < hi {
                 ox += match hi - ox {
-                    n if n >= 8 && V::BLOCK >= 8 => {
+                    n if n >= 8 && V::REGISTERS >= 32 => {
                         block::<V, 8, false>(&src, ox, epi, at(ox), out)
                     }
                     4.. => block::<V, 4, false>(&src, ox, epi, at(ox), out),
@@ -502,8 +317,9 @@ unsafe fn sums<V: Lanes16, const N: usize, const CHECKED: bool>(
 
 /// [`sums`] of a 3-wide kernel at stride `S` (1 or 2) and dilation 1 across, windows inside
 /// the image: neighbouring positions share taps, so each kernel row loads its `S·(N - 1) + 3`
-/// input panels once and keeps them in registers (not `3·N` loads). The same products in the
-/// same order.
+/// input panels once (not `3·N` loads), each while it serves the positions whose taps read it
+/// (a whole row of panels would not fit in AVX2's registers). The same products in the same
+/// order.
 ///
 /// # Safety
 /// As [`block`], unchecked; `N <= 8`, `S <= 2`.
@@ -526,15 +342,17 @@ unsafe fn sums_row3<V: Lanes16, const N: usize, const S: usize>(
             std::array::from_fn(|kx| unsafe { V::load(src.w.add((ky * 3 + kx) * LANES)) });
         // SAFETY (offset): pixels x0..x0 + S·(N - 1) + 3 of row iy lie inside the image.
         let row = src.x.wrapping_offset((iy * w + x0) * c);
-        let mut xs = [zero; 17];
-        for (j, xv) in xs.iter_mut().enumerate().take(S * (N - 1) + 3) {
+        // Input panel j serves position i through tap kx = j - S·i: each accumulator still
+        // takes its taps in ascending order, and only one input panel is live at a time.
+        for j in 0..S * (N - 1) + 3 {
             // SAFETY: as above; the mask keeps to the panel's channels.
-            *xv = unsafe { V::load_masked(src.mask, row.wrapping_add(j * p.c)) };
-        }
-        for (i, acc) in acc.iter_mut().enumerate() {
+            let xv = unsafe { V::load_masked(src.mask, row.wrapping_add(j * p.c)) };
             for (kx, &wv) in wv.iter().enumerate() {
-                // SAFETY: the CPU has V's instructions.
-                *acc = unsafe { acc.fmadd(xs[i * S + kx], wv) };
+                if j >= kx && (j - kx) % S == 0 && (j - kx) / S < N {
+                    let acc = &mut acc[(j - kx) / S];
+                    // SAFETY: the CPU has V's instructions.
+                    *acc = unsafe { acc.fmadd(xv, wv) };
+                }
             }
         }
     }
