@@ -217,7 +217,12 @@ fn one_band(
             out,
         ),
         Some(pr) => {
-            depthwise.resize(oys.len() * p2.ow * p2.m, 0.0);
+            // Grown, never shrunk: a shorter band after a longer one fills nothing in.
+            let n = oys.len() * p2.ow * p2.m;
+            if depthwise.len() < n {
+                depthwise.resize(n, 0.0);
+            }
+            let depthwise = &mut depthwise[..n];
             depthwise_nhwc(1, &p, &expanded[..len], dw.filter, dw.epi, depthwise);
             let p = Conv2d {
                 n: 1,
