@@ -1,6 +1,9 @@
 //! GFLOP/s of `sgemm`, `conv2d` and the int8 `qgemm` on shapes from the zoo models, on 1 and 2
 //! threads:
-//! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N] [--only NAME]`.
+//! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N] [--only NAME]
+//! [--cold]`. `--cold`: the NHWC convolutions read their weights from memory, not from a cache
+//! (each call takes the next of enough copies to overflow the last-level cache), as the
+//! convolutions of a model whose weights exceed the cache do at batch 1.
 //! A tool for tuning the kernels; the model-level comparison is `cargo xtask bench executor`.
 use cotenant_kernels::activation::Activation;
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv2d};
@@ -117,6 +120,7 @@ fn main() {
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1).cloned());
+    let cold = args.iter().any(|a| a == "--cold");
     for threads in [1usize, 2] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -190,9 +194,14 @@ fn main() {
                 }
                 if nhwc_conv::available() {
                     // The same convolution on NHWC activations (the values in another order).
-                    let f = NhwcFilter::new(&w, m, c, kk, kk);
+                    let copies = if cold { (256 << 20) / (w.len() * 4) + 1 } else { 1 };
+                    let fs: Vec<_> = (0..copies).map(|_| NhwcFilter::new(&w, m, c, kk, kk)).collect();
                     let mut o3 = vec![0f32; out.len()];
-                    let s = time(flops, || conv_nhwc(threads, &p, &x, &f, epi, &mut o3));
+                    let mut i = 0;
+                    let s = time(flops, || {
+                        i = (i + 1) % copies;
+                        conv_nhwc(threads, &p, &x, &fs[i], epi, &mut o3)
+                    });
                     println!(
                         "{threads}t nhwc batch {n} {name:22} {:7.1} GFLOP/s {:8.3} ms",
                         flops / s / 1e9,
