@@ -542,14 +542,19 @@ fn transpose_matrices_into<T: Copy>(src: &[T], dst: &mut [T], rows: usize, cols:
     const TILE: usize = 32;
     let size = rows * cols;
     for (s, d) in src.chunks_exact(size).zip(dst.chunks_exact_mut(size)) {
+        // Few rows (an image's three channels to NHWC): each output row gathered from the
+        // input rows, all read in order.
+        match rows {
+            1 => d.copy_from_slice(s),
+            2 => few_rows::<T, 2>(s, d),
+            3 => few_rows::<T, 3>(s, d),
+            4 => few_rows::<T, 4>(s, d),
+            5 => few_rows::<T, 5>(s, d),
+            6 => few_rows::<T, 6>(s, d),
+            7 => few_rows::<T, 7>(s, d),
+            _ => {}
+        }
         if rows < 8 {
-            // Few rows (an image's three channels to NHWC): each input row read in order,
-            // written every `rows` elements.
-            for (r, row) in s.chunks_exact(cols).enumerate() {
-                for (o, &v) in d[r..].iter_mut().step_by(rows).zip(row) {
-                    *o = v;
-                }
-            }
             continue;
         }
         for r0 in (0..rows).step_by(TILE) {
@@ -560,6 +565,17 @@ fn transpose_matrices_into<T: Copy>(src: &[T], dst: &mut [T], rows: usize, cols:
                     }
                 }
             }
+        }
+    }
+}
+
+/// One `R × cols` matrix `s` transposed into `d`.
+fn few_rows<T: Copy, const R: usize>(s: &[T], d: &mut [T]) {
+    let cols = s.len() / R;
+    let rows: [&[T]; R] = std::array::from_fn(|r| &s[r * cols..][..cols]);
+    for (j, out) in d.chunks_exact_mut(R).enumerate().take(cols) {
+        for (o, row) in out.iter_mut().zip(&rows) {
+            *o = row[j];
         }
     }
 }
@@ -1220,6 +1236,19 @@ mod tests {
             let y = transpose(&t, Some(&perm)).unwrap();
             assert_eq!(y.shape, out);
             assert_eq!(y.data, Data::U8(permute(&x, &out, &pst)), "{perm:?}");
+        }
+        // Channels to NHWC for every count of few rows, and the first of the tiled ones.
+        for c in 1..=9 {
+            let shape = [2, c, 5, 3];
+            let x: Vec<f32> = (0..2 * c * 15).map(|i| i as f32).collect();
+            let t = Tensor::f32(shape.to_vec(), x.clone()).unwrap();
+            let y = transpose(&t, Some(&[0, 2, 3, 1])).unwrap();
+            let pst = [c * 15, 3, 1, 15];
+            assert_eq!(
+                y.data,
+                Data::F32(permute(&x, &[2, 5, 3, c], &pst)),
+                "C = {c}"
+            );
         }
         // Not whole groups swapped: the element walk.
         for perm in [[0, 2, 1, 3], [3, 2, 1, 0], [0, 1, 2, 3]] {
