@@ -572,18 +572,28 @@ unsafe fn tiles_avx2(
     epi: Epilogue<'_>,
     out: SharedOut,
 ) {
+    let p = image.p;
+    // The runs of a row tile, their taps looked up once for all its panels.
+    let mut table: Vec<TapRun> = Vec::new();
     let (start, len) = (rows.start, rows.len());
     let count = len.div_ceil(MR);
     for t in 0..count {
         let r = start + t * len / count;
         let n = start + (t + 1) * len / count - r;
-        let origins = if image.p.is_pointwise() {
-            [(0, 0, 0); MR_MAX]
-        } else {
-            image.origins(r, n)
-        };
+        table.clear();
+        if !p.is_pointwise() {
+            let origins = image.origins(r, n);
+            for run in runs(p, &origins[..n], &ks) {
+                // SAFETY: as in `tile`: each of the tile's windows reads `len` floats at its
+                // tap from channel c0.
+                let taps = std::array::from_fn(|i| unsafe {
+                    image.tap(origins[i.min(n - 1)], run.dy, run.dx).add(run.c0)
+                });
+                table.push((run.kk, run.len, taps));
+            }
+        }
         for p0 in panels.clone() {
-            let o = (r, &origins);
+            let o = (r, &table[..]);
             // SAFETY: as this function's contract; rows r..r + n are output rows, panel p0 is
             // within f.
             unsafe {
@@ -600,16 +610,21 @@ unsafe fn tiles_avx2(
     }
 }
 
+/// A run of an AVX2 row tile's reduction (`len` steps from `kk`) with its taps: where each of
+/// the tile's windows reads its `len` floats (rows past the tile's repeat its last).
+type TapRun = (usize, usize, [*const f32; MR]);
+
 /// [`tile`] on AVX2: `R` output rows from `r0` by panel `p0`, its 16 channels as two vectors.
 ///
 /// # Safety
-/// As [`tiles_avx2`], with rows `r0..r0 + R` output rows and panel `p0` within `f`.
+/// As [`tiles_avx2`], with rows `r0..r0 + R` output rows, panel `p0` within `f`, and `table` the
+/// runs of block `ks` of those rows.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn tile_avx2<const R: usize>(
     image: &Image<'_>,
-    (r0, origins): (usize, &[Origin; MR_MAX]),
+    (r0, table): (usize, &[TapRun]),
     f: &NhwcFilter,
     p0: usize,
     ks: std::ops::Range<usize>,
@@ -663,18 +678,10 @@ unsafe fn tile_avx2<const R: usize>(
         // SAFETY: k indices ks of panel p0 lie within f.data.
         acc = unsafe { products_avx2(acc, taps, wp.add(ks.start * LANES), ks.len()) };
     }
-    for Run {
-        kk,
-        len,
-        dy,
-        dx,
-        c0,
-    } in runs(p, &origins[..R], &ks)
-    {
-        // SAFETY: as in `tile`.
-        let taps: [*const f32; R] =
-            std::array::from_fn(|r| unsafe { image.tap(origins[r], dy, dx).add(c0) });
-        // SAFETY: k indices kk..kk + len of panel p0 lie within f.data.
+    for &(kk, len, ref taps) in table {
+        let taps: [*const f32; R] = std::array::from_fn(|r| taps[r]);
+        // SAFETY: k indices kk..kk + len of panel p0 lie within f.data; each tap holds `len`
+        // floats (`TapRun`).
         acc = unsafe { products_avx2(acc, taps, wp.add(kk * LANES), len) };
     }
     let last = ks.end == k;
