@@ -597,14 +597,18 @@ unsafe fn tiles_avx2(
             // SAFETY: as this function's contract; rows r..r + n are output rows, panel p0 is
             // within f.
             unsafe {
-                match n {
-                    1 => tile_avx2::<1>(image, o, f, p0, ks.clone(), epi, out),
-                    2 => tile_avx2::<2>(image, o, f, p0, ks.clone(), epi, out),
-                    3 => tile_avx2::<3>(image, o, f, p0, ks.clone(), epi, out),
-                    4 => tile_avx2::<4>(image, o, f, p0, ks.clone(), epi, out),
-                    5 => tile_avx2::<5>(image, o, f, p0, ks.clone(), epi, out),
-                    _ => tile_avx2::<6>(image, o, f, p0, ks.clone(), epi, out),
+                // A last panel of at most 8 channels (24 = 16 + 8) takes one vector's
+                // products, not two.
+                macro_rules! tile {
+                    ($($r:literal)*) => {
+                        match (n, f.m - p0 * LANES <= 8) {
+                            $(($r, false) => tile_avx2::<$r, 2>(image, o, f, p0, ks.clone(), epi, out),
+                            ($r, true) => tile_avx2::<$r, 1>(image, o, f, p0, ks.clone(), epi, out),)*
+                            (n, _) => unreachable!("no AVX2 tile of {n} rows"),
+                        }
+                    };
                 }
+                tile!(1 2 3 4 5 6)
             }
         }
     }
@@ -614,7 +618,8 @@ unsafe fn tiles_avx2(
 /// the tile's windows reads its `len` floats (rows past the tile's repeat its last).
 type TapRun = (usize, usize, [*const f32; MR]);
 
-/// [`tile`] on AVX2: `R` output rows from `r0` by panel `p0`, its 16 channels as two vectors.
+/// [`tile`] on AVX2: `R` output rows from `r0` by panel `p0`, its 16 channels as two vectors
+/// (`H = 2`), or its first 8 as one (`H = 1`, a panel of at most 8 channels).
 ///
 /// # Safety
 /// As [`tiles_avx2`], with rows `r0..r0 + R` output rows, panel `p0` within `f`, and `table` the
@@ -622,7 +627,7 @@ type TapRun = (usize, usize, [*const f32; MR]);
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn tile_avx2<const R: usize>(
+unsafe fn tile_avx2<const R: usize, const H: usize>(
     image: &Image<'_>,
     (r0, table): (usize, &[TapRun]),
     f: &NhwcFilter,
@@ -659,7 +664,7 @@ unsafe fn tile_avx2<const R: usize>(
         }
     };
     let at = |r: usize, h: usize| out.at((r0 + r) * m + j0 + h * 8);
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut acc = [[_mm256_setzero_ps(); H]; R];
     if ks.start > 0 {
         for (r, acc) in acc.iter_mut().enumerate() {
             for (h, acc) in acc.iter_mut().enumerate() {
@@ -728,33 +733,31 @@ unsafe fn tile_avx2<const R: usize>(
     }
 }
 
-/// [`products`] on AVX2 for one panel: `acc[r][h] += Σ_i taps[r][i] · w[i·16 + 8h..][..8]`.
+/// [`products`] on AVX2 for one panel (its first `8·H` channels):
+/// `acc[r][h] += Σ_i taps[r][i] · w[i·16 + 8h..][..8]`.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; each `taps[r]` holds `len` floats, and `w` holds `len` rows of 16.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn products_avx2<const R: usize>(
-    mut acc: [[std::arch::x86_64::__m256; 2]; R],
+unsafe fn products_avx2<const R: usize, const H: usize>(
+    mut acc: [[std::arch::x86_64::__m256; H]; R],
     taps: [*const f32; R],
     w: *const f32,
     len: usize,
-) -> [[std::arch::x86_64::__m256; 2]; R] {
+) -> [[std::arch::x86_64::__m256; H]; R] {
     use std::arch::x86_64::*;
     for i in 0..len {
         // SAFETY: i < len (this function's contract).
-        let (w0, w1) = unsafe {
-            (
-                _mm256_loadu_ps(w.add(i * LANES)),
-                _mm256_loadu_ps(w.add(i * LANES + 8)),
-            )
-        };
+        let wv: [__m256; H] =
+            std::array::from_fn(|h| unsafe { _mm256_loadu_ps(w.add(i * LANES + 8 * h)) });
         for (r, acc) in acc.iter_mut().enumerate() {
             // SAFETY: i < len.
             let xv = _mm256_set1_ps(unsafe { *taps[r].add(i) });
-            acc[0] = _mm256_fmadd_ps(xv, w0, acc[0]);
-            acc[1] = _mm256_fmadd_ps(xv, w1, acc[1]);
+            for (acc, &wv) in acc.iter_mut().zip(&wv) {
+                *acc = _mm256_fmadd_ps(xv, wv, *acc);
+            }
         }
     }
     acc
