@@ -643,19 +643,21 @@ fn dequantize(
 fn dynamic_quantize(cx: &Cx, x: &Tensor) -> OpResult<Vec<Tensor>> {
     let v = x.as_f32()?;
     // In 16 lanes, so that it vectorises: max and min ignore NaN, so any order gives the
-    // sequential fold's result.
-    let (mut hi, mut lo) = ([0.0f32; 16], [0.0f32; 16]);
-    let chunks = v.chunks_exact(16);
-    let tail = chunks.remainder();
-    wide(
+    // sequential fold's result. Written as compares that keep the lane's value for NaN (one
+    // vector max or min each), over whole arrays of 16, into extremes local to the loop:
+    // with bounds checks, or with the extremes in memory, it stayed scalar.
+    let (chunks, tail) = v.as_chunks::<16>();
+    let (hi, lo) = wide(
         #[inline(always)]
         || {
+            let (mut hi, mut lo) = ([0.0f32; 16], [0.0f32; 16]);
             for c in chunks {
                 for l in 0..16 {
-                    hi[l] = hi[l].max(c[l]);
-                    lo[l] = lo[l].min(c[l]);
+                    hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
+                    lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
                 }
             }
+            (hi, lo)
         },
     );
     let max = tail.iter().chain(&hi).fold(0.0f32, |m, &e| m.max(e));
@@ -1395,5 +1397,31 @@ mod tests {
         assert_eq!(out[0].data, Data::U8(vec![100, 200, 255]));
         assert_eq!(out[1].as_f32().unwrap(), &[0.01]);
         assert_eq!(out[2].data, Data::U8(vec![0]));
+    }
+
+    #[test]
+    fn dynamic_quantization_range_ignores_nan_in_lanes_and_tail() {
+        // 37 values: two whole chunks of 16 and a tail of 5; the extremes in a lane of the
+        // second chunk and in the tail, a NaN in the first chunk.
+        for (at_max, at_min) in [(17, 35), (35, 3), (0, 31)] {
+            let mut v: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+            v[at_max] = 7.5;
+            v[at_min] = -2.25;
+            v[9] = f32::NAN;
+            let x = Tensor::f32(vec![37], v).unwrap();
+            let out = dynamic_quantize(&Cx::new(1), &x).unwrap();
+            let scale = (7.5f32 - -2.25) / 255.0;
+            assert_eq!(out[1].as_f32().unwrap(), &[scale], "{at_max} {at_min}");
+            let zp = (2.25 / scale).round_ties_even() as u8;
+            assert_eq!(out[2].data, Data::U8(vec![zp]));
+            let Data::U8(y) = &out[0].data else {
+                panic!("uint8 output")
+            };
+            assert_eq!(
+                (y[at_max], y[at_min], y[9]),
+                (255, 0, 0),
+                "NaN quantizes to 0"
+            );
+        }
     }
 }
