@@ -476,14 +476,21 @@ fn quantize(
 /// (an f32 quotient is the f64 one rounded to f32): quotients past ±2^22 are clamped first,
 /// where every zero point saturates them the same way, and NaN becomes 0 as there.
 ///
-/// Returned as `i32` (in `lo..=hi`), and written with `max`/`min` and a select rather than
-/// `clamp` and a saturating cast, so that the loops over it vectorise.
-#[allow(clippy::manual_clamp)] // max/min on purpose: no panic path, NaN-free, vectorises
+/// Returned as `i32` (in `lo..=hi`), and written with compares and selects rather than
+/// `clamp` and a saturating cast, so that the loops over it vectorise, each bound one vector
+/// max or min (`f32::max` adds a NaN test per bound; a NaN is replaced at the end anyway).
+#[inline(always)]
 fn quantize_value(x: f32, scale: f32, zero: f32, lo: f32, hi: f32) -> i32 {
+    let at_least = |v: f32, b: f32| if v > b { v } else { b };
+    let at_most = |v: f32, b: f32| if v < b { v } else { b };
     let q = x / scale;
-    let v = (round_even(q.max(-4_194_304.0).min(4_194_304.0)) + zero)
-        .max(lo)
-        .min(hi);
+    let v = at_most(
+        at_least(
+            round_even(at_most(at_least(q, -4_194_304.0), 4_194_304.0)) + zero,
+            lo,
+        ),
+        hi,
+    );
     let v = if q.is_nan() { 0.0 } else { v };
     // SAFETY: v is finite and within lo..=hi, a range of 8-bit values.
     unsafe { v.to_int_unchecked::<i32>() }
@@ -1140,7 +1147,9 @@ fn qadd_into<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync, Y: Requanti
             #[inline(always)]
             || {
                 for (y, (&a, &b)) in y.iter_mut().zip(a.iter().zip(b)) {
-                    let v = ((a.into() - za) as f32 * sa + (b.into() - zb) as f32 * sb).max(floor);
+                    let v = (a.into() - za) as f32 * sa + (b.into() - zb) as f32 * sb;
+                    // `v.max(floor)` as one vector max (NaN gives `floor` either way).
+                    let v = if v > floor { v } else { floor };
                     *y = Y::from_i32(quantize_value(v, sy, zy, lo, hi));
                 }
             },
