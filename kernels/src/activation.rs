@@ -117,7 +117,7 @@ fn relu(x: f32) -> f32 {
 
 /// `x.max(lo).min(hi)` (NaN gives `lo`), as compares that vectorise to one max and one min.
 #[inline(always)]
-fn clip(x: f32, lo: f32, hi: f32) -> f32 {
+pub fn clip(x: f32, lo: f32, hi: f32) -> f32 {
     let v = if x > lo { x } else { lo };
     if v < hi { v } else { hi }
 }

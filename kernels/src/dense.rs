@@ -56,9 +56,10 @@ fn dense_on(
     out: &mut [f32],
     threads: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
     assert!(
-        !avx512 || crate::avx512f(),
-        "dense's AVX-512 kernel on a CPU without AVX-512F"
+        crate::avx512f() || !avx512 && crate::activation::avx2_fma(),
+        "dense on this CPU"
     );
     assert!(
         x.len() == m * k && w.len() == n * k && out.len() == m * n,

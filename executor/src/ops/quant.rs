@@ -16,6 +16,7 @@ use super::matmul::MatMulShape;
 use super::{Cx, input, narrow, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_numel, f16};
+use cotenant_kernels::activation::clip;
 use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
 use cotenant_kernels::qconv::{self, Byte, Requantize, applies as nhwc_applies, round_even};
@@ -476,19 +477,15 @@ fn quantize(
 /// (an f32 quotient is the f64 one rounded to f32): quotients past ±2^22 are clamped first,
 /// where every zero point saturates them the same way, and NaN becomes 0 as there.
 ///
-/// Returned as `i32` (in `lo..=hi`), and written with compares and selects rather than
-/// `clamp` and a saturating cast, so that the loops over it vectorise, each bound one vector
-/// max or min (`f32::max` adds a NaN test per bound; a NaN is replaced at the end anyway).
+/// Returned as `i32` (in `lo..=hi`), and written with `clip` (one vector max and min; `f32`'s
+/// `max` and `clamp` add a NaN test per bound, and a NaN is replaced at the end anyway) and a
+/// select rather than a saturating cast, so that the loops over it vectorise.
 #[inline(always)]
 fn quantize_value(x: f32, scale: f32, zero: f32, lo: f32, hi: f32) -> i32 {
-    let at_least = |v: f32, b: f32| if v > b { v } else { b };
-    let at_most = |v: f32, b: f32| if v < b { v } else { b };
     let q = x / scale;
-    let v = at_most(
-        at_least(
-            round_even(at_most(at_least(q, -4_194_304.0), 4_194_304.0)) + zero,
-            lo,
-        ),
+    let v = clip(
+        round_even(clip(q, -4_194_304.0, 4_194_304.0)) + zero,
+        lo,
         hi,
     );
     let v = if q.is_nan() { 0.0 } else { v };

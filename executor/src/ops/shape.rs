@@ -543,7 +543,7 @@ fn transpose_matrices_into<T: Copy>(src: &[T], dst: &mut [T], rows: usize, cols:
     let size = rows * cols;
     for (s, d) in src.chunks_exact(size).zip(dst.chunks_exact_mut(size)) {
         // Few rows (an image's three channels to NHWC): each output row gathered from the
-        // input rows, all read in order.
+        // input rows, all read in order; more in tiles.
         match rows {
             1 => d.copy_from_slice(s),
             2 => few_rows::<T, 2>(s, d),
@@ -552,16 +552,14 @@ fn transpose_matrices_into<T: Copy>(src: &[T], dst: &mut [T], rows: usize, cols:
             5 => few_rows::<T, 5>(s, d),
             6 => few_rows::<T, 6>(s, d),
             7 => few_rows::<T, 7>(s, d),
-            _ => {}
-        }
-        if rows < 8 {
-            continue;
-        }
-        for r0 in (0..rows).step_by(TILE) {
-            for c0 in (0..cols).step_by(TILE) {
-                for r in r0..(r0 + TILE).min(rows) {
-                    for c in c0..(c0 + TILE).min(cols) {
-                        d[c * rows + r] = s[r * cols + c];
+            _ => {
+                for r0 in (0..rows).step_by(TILE) {
+                    for c0 in (0..cols).step_by(TILE) {
+                        for r in r0..(r0 + TILE).min(rows) {
+                            for c in c0..(c0 + TILE).min(cols) {
+                                d[c * rows + r] = s[r * cols + c];
+                            }
+                        }
                     }
                 }
             }
@@ -573,7 +571,7 @@ fn transpose_matrices_into<T: Copy>(src: &[T], dst: &mut [T], rows: usize, cols:
 fn few_rows<T: Copy, const R: usize>(s: &[T], d: &mut [T]) {
     let cols = s.len() / R;
     let rows: [&[T]; R] = std::array::from_fn(|r| &s[r * cols..][..cols]);
-    for (j, out) in d.chunks_exact_mut(R).enumerate().take(cols) {
+    for (j, out) in d.chunks_exact_mut(R).enumerate() {
         for (o, row) in out.iter_mut().zip(&rows) {
             *o = row[j];
         }
