@@ -1,6 +1,7 @@
 //! Reading a request body: memory grows with the bytes that actually arrive (never from what a
-//! header claims), every growth is reserved against the budget first, and the body must arrive
-//! within its deadline and its size limit.
+//! header claims), every growth is reserved against the budget first (the oldest body on a full
+//! cap waits there for room, see `budget`), and the body must arrive within its deadline and its
+//! size limit.
 //!
 //! Each byte of buffer is reserved [`RESERVED_PER_BYTE`] times: once for itself and twice for the
 //! tensors it will decode to (FP32 data as JSON text decodes to about twice its size, binary to
@@ -64,7 +65,12 @@ pub async fn read(
                 .max(FIRST_BUFFER)
                 .min(ceiling)
                 .max(len);
-            reservation.grow((target - buf.capacity()) as u64 * RESERVED_PER_BYTE)?;
+            reservation
+                .grow_or_wait(
+                    (target - buf.capacity()) as u64 * RESERVED_PER_BYTE,
+                    deadline,
+                )
+                .await?;
             buf.reserve_exact(target - buf.len());
         }
         buf.extend_from_slice(&chunk);
