@@ -428,6 +428,7 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
         "[8,128,768] x [768,3072] + bias, gelu (tall)".into(),
         Op::MatMul {
             act: Some(Activation::Gelu),
+            packed: None,
         },
         vec![
             r.tensor(&[8, 128, 768], -1.0, 1.0),
@@ -438,7 +439,10 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
     v.push((
         "matmul",
         "[2,12,128,64] x [2,12,64,128] (batched)".into(),
-        Op::MatMul { act: None },
+        Op::MatMul {
+            act: None,
+            packed: None,
+        },
         vec![
             r.tensor(&[2, 12, 128, 64], -1.0, 1.0),
             r.tensor(&[2, 12, 64, 128], -1.0, 1.0),
@@ -447,7 +451,10 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
     v.push((
         "matmul",
         "[5,7] x [3,7,4] (A repeated)".into(),
-        Op::MatMul { act: None },
+        Op::MatMul {
+            act: None,
+            packed: None,
+        },
         vec![
             r.tensor(&[5, 7], -1.0, 1.0),
             r.tensor(&[3, 7, 4], -1.0, 1.0),

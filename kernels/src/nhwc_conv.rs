@@ -73,6 +73,27 @@ impl NhwcFilter {
         NhwcFilter { m, c, kh, kw, data }
     }
 
+    /// Packs the matrix `b` (`[k, n]`, row-major) as the weights of the 1x1 convolution that
+    /// multiplies rows of `k` values by it (`m = n`, `c = k`): see [`matmul_packed`].
+    pub fn of_matrix(b: &[f32], k: usize, n: usize) -> NhwcFilter {
+        assert_eq!(b.len(), k * n, "matrix size");
+        let mut data = vec![0.0; n.div_ceil(LANES) * k * LANES];
+        if n > 0 {
+            for (kk, row) in b.chunks_exact(n).enumerate() {
+                for (j, &w) in row.iter().enumerate() {
+                    data[((j / LANES) * k + kk) * LANES + j % LANES] = w;
+                }
+            }
+        }
+        NhwcFilter {
+            m: n,
+            c: k,
+            kh: 1,
+            kw: 1,
+            data,
+        }
+    }
+
     pub fn bytes(&self) -> usize {
         self.data.len() * 4
     }
@@ -163,6 +184,43 @@ pub fn conv_nhwc(
 ) {
     assert!(available(), "conv_nhwc needs AVX-512F or AVX2");
     conv_on(crate::avx512f(), threads, p, x, f, epi, out);
+}
+
+/// `out[r·n + j] = act(bias[j] + residual[r·n + j] + Σ_kk a[r·k + kk] · b[kk][j])` for the
+/// `rows` rows of `a` and the matrix `f` packs ([`NhwcFilter::of_matrix`]): a 1x1 convolution
+/// over `rows` positions. The weights are packed once, and each output is summed in the same
+/// order whatever `rows` and `threads`.
+///
+/// # Panics
+/// As [`conv_nhwc`]: without AVX-512F or AVX2, or with operands of the wrong size.
+pub fn matmul_packed(
+    threads: usize,
+    a: &[f32],
+    rows: usize,
+    f: &NhwcFilter,
+    epi: Epilogue<'_>,
+    out: &mut [f32],
+) {
+    assert!(f.kh == 1 && f.kw == 1, "{f:?} is not a matrix");
+    let p = Conv2d {
+        n: 1,
+        c: f.c,
+        h: rows,
+        w: 1,
+        m: f.m,
+        kh: 1,
+        kw: 1,
+        sh: 1,
+        sw: 1,
+        dh: 1,
+        dw: 1,
+        pt: 0,
+        pl: 0,
+        oh: rows,
+        ow: 1,
+        groups: 1,
+    };
+    conv_nhwc(threads, &p, a, f, epi, out);
 }
 
 /// [`conv_nhwc`] on the AVX-512 kernel, or on the AVX2 one.
@@ -933,6 +991,45 @@ pub(crate) mod tests {
                 batch[img * 81 * 48..(img + 1) * 81 * 48],
                 "image {img}"
             );
+        }
+    }
+
+    #[test]
+    fn a_packed_matrix_multiplies_rows_as_a_pointwise_convolution() {
+        if crate::skip_without(available(), "AVX-512F or AVX2") {
+            return;
+        }
+        // (rows, k, n): one row, tails of panels and of row tiles, a reduction past one block.
+        for (rows, k, n) in [
+            (1, 1, 1),
+            (7, 33, 17),
+            (13, 64, 48),
+            (3, 2100, 20),
+            (20, 5, 100),
+        ] {
+            let (a, b, bias) = (values(rows * k, 1), values(k * n, 2), values(n, 3));
+            let f = NhwcFilter::of_matrix(&b, k, n);
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            assert_eq!(f, NhwcFilter::new(&bt, n, k, 1, 1), "({rows}, {k}, {n})");
+            let epi = Epilogue {
+                bias: Some(&bias),
+                residual: None,
+                act: Some(Activation::Relu),
+            };
+            let mut all = vec![f32::NAN; rows * n];
+            matmul_packed(3, &a, rows, &f, epi, &mut all);
+            for r in 0..rows {
+                let mut one = vec![f32::NAN; n];
+                matmul_packed(1, &a[r * k..][..k], 1, &f, epi, &mut one);
+                assert_eq!(one, all[r * n..][..n], "({rows}, {k}, {n}) row {r}");
+                for (j, &got) in one.iter().enumerate() {
+                    let sum: f64 = (0..k)
+                        .map(|i| a[r * k + i] as f64 * b[i * n + j] as f64)
+                        .sum();
+                    let want = (sum + bias[j] as f64).max(0.0) as f32;
+                    assert!((got - want).abs() <= 1e-4 * k as f32, "{got} vs {want}");
+                }
+            }
         }
     }
 }

@@ -468,7 +468,10 @@ mod tests {
     #[test]
     fn big_launch_fills_the_gpu_small_one_does_not() {
         let d = DeviceShape::h200();
-        let conv = Op::MatMul { act: None };
+        let conv = Op::MatMul {
+            act: None,
+            packed: None,
+        };
         let big = LaunchFootprint::estimate(&conv, 64 * 64 * 10_000);
         let small = LaunchFootprint::estimate(&conv, 64 * 64 * 10);
         assert_eq!(big.occupancy(&d), 1.0);
@@ -479,7 +482,13 @@ mod tests {
     #[test]
     fn a_cpu_stream_occupies_at_most_its_threads() {
         let d = DeviceShape::cpu(4, 1);
-        let f = LaunchFootprint::estimate(&Op::MatMul { act: None }, 1 << 20);
+        let f = LaunchFootprint::estimate(
+            &Op::MatMul {
+                act: None,
+                packed: None,
+            },
+            1 << 20,
+        );
         assert_eq!(f.occupancy(&d), 0.25);
     }
 }

@@ -252,7 +252,14 @@ mod tests {
     fn weights_are_never_cut() {
         let x = Tensor::zeros(crate::DType::F32, vec![4, 4]).unwrap();
         let w = Tensor::zeros(crate::DType::F32, vec![4, 4]).unwrap();
-        let (rows, c) = cuts(&Op::MatMul { act: None }, &[Some(&x), Some(&w)]).unwrap();
+        let (rows, c) = cuts(
+            &Op::MatMul {
+                act: None,
+                packed: None,
+            },
+            &[Some(&x), Some(&w)],
+        )
+        .unwrap();
         assert_eq!((rows, c), (4, vec![Cut::Rows, Cut::Whole]));
     }
 }

@@ -5,8 +5,10 @@ use super::{Activation, Cx, input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
 use crate::tensor::{DType, Data, Tensor, checked_numel};
+use cotenant_kernels::conv::Epilogue;
 use cotenant_kernels::dense;
 use cotenant_kernels::gemm::{Mat, sgemm};
+use cotenant_kernels::nhwc_conv::{self, NhwcFilter};
 use rayon::prelude::*;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -200,15 +202,8 @@ pub fn matmul(
     let (av, bv) = (a.as_f32()?, b.as_f32()?);
     let mut out = cx.take_f32(checked_numel(&s.out)?);
     // A fused bias is pre-loaded into every row and the products accumulate onto it.
-    let accumulate = match bias {
-        Some(b) => {
-            let bv = b.as_f32()?;
-            if bv.len() != n {
-                return shape_err(format!(
-                    "MatMul bias has {} values for {n} columns",
-                    bv.len()
-                ));
-            }
+    let accumulate = match fused_bias(bias, n)? {
+        Some(bv) => {
             if n > 0 {
                 out.chunks_mut(n).for_each(|row| row.copy_from_slice(bv));
             }
@@ -252,6 +247,46 @@ pub fn matmul(
         act.apply_slice(cx.threads, &mut out);
     }
     Tensor::f32(s.out, out)
+}
+
+/// MatMul by a constant matrix `f` the CPU plan packed (`passes::pack_matmul_weights`): every
+/// row of `a` times it, as a 1x1 NHWC convolution, with the fused bias and activation applied on
+/// the way out.
+pub fn matmul_packed(
+    cx: &Cx,
+    a: &Tensor,
+    f: &NhwcFilter,
+    bias: Option<&Tensor>,
+    act: Option<Activation>,
+) -> OpResult<Tensor> {
+    let [n, k, ..] = f.shape();
+    let s = MatMulShape::of(&a.shape, &[k, n])?;
+    let epi = Epilogue {
+        bias: fused_bias(bias, n)?,
+        residual: None,
+        act,
+    };
+    let mut out = cx.take_f32(checked_numel(&s.out)?);
+    if !out.is_empty() {
+        let rows = s.products() * s.m;
+        nhwc_conv::matmul_packed(cx.threads, a.as_f32()?, rows, f, epi, &mut out);
+    }
+    Tensor::f32(s.out, out)
+}
+
+/// A bias fused into a MatMul (`passes::fuse_matmul_bias`): one value per column of `n`.
+fn fused_bias(bias: Option<&Tensor>, n: usize) -> OpResult<Option<&[f32]>> {
+    let Some(b) = bias else {
+        return Ok(None);
+    };
+    let bv = b.as_f32()?;
+    if bv.len() != n {
+        return shape_err(format!(
+            "MatMul bias has {} values for {n} columns",
+            bv.len()
+        ));
+    }
+    Ok(Some(bv))
 }
 
 /// MatMul of two float64 operands, summed in f64 product by product (no f64 GEMM kernel:

@@ -276,8 +276,11 @@ pub enum Op {
     Where,
     Dropout,
     Gemm(matmul::GemmAttrs),
+    /// `packed`: the CPU plan's copy of a constant 2-D B, packed once for
+    /// `nhwc_conv::matmul_packed` (`passes::pack_matmul_weights`); the ONNX copy is then freed.
     MatMul {
         act: Option<Activation>,
+        packed: Option<std::sync::Arc<cotenant_kernels::nhwc_conv::NhwcFilter>>,
     },
     Pool(pool::PoolAttrs),
     MaxUnpool(pool::UnpoolAttrs),
@@ -531,7 +534,10 @@ impl Op {
             "PRelu" => Ok(Some(Op::PRelu)),
             "Where" => Ok(Some(Op::Where)),
             "Gemm" => Ok(Some(Op::Gemm(matmul::GemmAttrs::parse(a)?))),
-            "MatMul" => Ok(Some(Op::MatMul { act: None })),
+            "MatMul" => Ok(Some(Op::MatMul {
+                act: None,
+                packed: None,
+            })),
             "MaxPool" | "AveragePool" => Ok(Some(Op::Pool(pool::PoolAttrs::parse(
                 a,
                 op_type == "MaxPool",
@@ -756,7 +762,11 @@ impl Op {
             Op::Where => "Where".into(),
             Op::Dropout => "Dropout".into(),
             Op::Gemm(g) => format!("Gemm{}", act_suffix(g.act)),
-            Op::MatMul { act } => format!("MatMul{}", act_suffix(*act)),
+            Op::MatMul { act, packed } => format!(
+                "MatMul{}{}",
+                if packed.is_some() { "(packed)" } else { "" },
+                act_suffix(*act)
+            ),
             Op::Pool(p) => match (p.max, p.nhwc) {
                 (true, true) => "MaxPool(NHWC)".into(),
                 (true, false) => "MaxPool".into(),
@@ -949,7 +959,17 @@ impl Op {
                 Ok(vec![x, mask])
             }
             Op::Gemm(g) => one(matmul::gemm(cx, g, inputs)),
-            Op::MatMul { act } => one(matmul::matmul(
+            Op::MatMul {
+                act,
+                packed: Some(f),
+            } => one(matmul::matmul_packed(
+                cx,
+                input(inputs, 0)?,
+                f,
+                opt_input(inputs, 2),
+                *act,
+            )),
+            Op::MatMul { act, packed: None } => one(matmul::matmul(
                 cx,
                 input(inputs, 0)?,
                 input(inputs, 1)?,

@@ -58,7 +58,13 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             let out = broadcast_shape(&broadcast_shape(&c.shape, &a.shape)?, &b.shape)?;
             elements(&out, dsize(a) + 4 * INDEX)?
         }
-        Op::MatMul { .. } => matmul(x()?, input(inputs, 1)?)?,
+        Op::MatMul {
+            packed: Some(f), ..
+        } => {
+            let [n, k, ..] = f.shape();
+            matmul(&x()?.shape, &[k, n])?
+        }
+        Op::MatMul { .. } => matmul(&x()?.shape, &input(inputs, 1)?.shape)?,
         Op::Gemm(g) => {
             let (a, b) = (x()?, input(inputs, 1)?);
             if a.rank() != 2 || b.rank() != 2 {
@@ -369,8 +375,8 @@ fn shape_op(op: &ShapeOp, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>>
 }
 
 /// MatMul's output (batch axes broadcast), and the per-product operand indices.
-fn matmul(a: &Tensor, b: &Tensor) -> OpResult<usize> {
-    let s = super::matmul::MatMulShape::of(&a.shape, &b.shape)?;
+fn matmul(a: &[usize], b: &[usize]) -> OpResult<usize> {
+    let s = super::matmul::MatMulShape::of(a, b)?;
     plus(elements(&s.out, 4)?, elements(&s.batch, 2 * INDEX)?)
 }
 
@@ -520,7 +526,10 @@ mod tests {
                 vec![x.clone(), x.clone(), x.clone()],
             ),
             (
-                Op::MatMul { act: None },
+                Op::MatMul {
+                    act: None,
+                    packed: None,
+                },
                 vec![f32s(&[5, 1, 2, 3]), f32s(&[4, 3, 7])],
             ),
             (

@@ -16,7 +16,14 @@ pub fn fuse_matmul_bias(g: &mut Graph) {
 
 fn try_fuse(g: &mut Graph, i: usize) -> bool {
     let n = &g.nodes[i];
-    if !matches!(n.op, Op::MatMul { act: None }) || n.inputs.len() != 2 {
+    if !matches!(
+        n.op,
+        Op::MatMul {
+            act: None,
+            packed: None
+        }
+    ) || n.inputs.len() != 2
+    {
         return false;
     }
     // The column count must be known: the weight is a constant matrix.

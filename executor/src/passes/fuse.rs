@@ -37,7 +37,7 @@ fn try_fuse(g: &mut Graph, i: usize) -> bool {
     let fusable = match &g.nodes[i].op {
         Op::Conv(c) | Op::ConvTranspose(c) => c.act.is_none(),
         Op::Gemm(a) => a.act.is_none(),
-        Op::MatMul { act } => act.is_none(),
+        Op::MatMul { act, .. } => act.is_none(),
         _ => false,
     };
     if !fusable || g.nodes[i].outputs.len() != 1 {
@@ -58,7 +58,7 @@ fn try_fuse(g: &mut Graph, i: usize) -> bool {
     match &mut g.nodes[i].op {
         Op::Conv(c) | Op::ConvTranspose(c) => c.act = Some(act),
         Op::Gemm(a) => a.act = Some(act),
-        Op::MatMul { act: a } => *a = Some(act),
+        Op::MatMul { act: a, .. } => *a = Some(act),
         _ => return false,
     }
     g.nodes[i].outputs[0] = new_out;

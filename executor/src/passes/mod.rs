@@ -4,7 +4,8 @@
 //! producing Conv, Erf-form GELU recognised, constant bias fused into MatMul, residual Adds fused
 //! into the producing Conv, activations fused into the producing Conv/Gemm/MatMul, a 1x1 Conv
 //! fused into the depthwise Conv after it and then the 1x1 Conv after the pair (MobileNet's
-//! whole inverted residual block), dead-node removal.
+//! whole inverted residual block), dead-node removal. On the CPU, chains of convolutions go
+//! NHWC and MatMuls by constant matrices hold them packed.
 
 mod bias;
 mod bn_fold;
@@ -13,6 +14,7 @@ mod fold;
 mod fuse;
 mod gelu;
 mod nhwc;
+mod pack_matmul;
 mod pointwise_depthwise;
 mod qdq;
 mod residual;
@@ -26,6 +28,7 @@ pub use fold::fold_constants;
 pub use fuse::fuse_activations;
 pub use gelu::fuse_gelu;
 pub use nhwc::nhwc_convolutions;
+pub use pack_matmul::pack_matmul_weights;
 pub use pointwise_depthwise::fuse_pointwise_depthwise;
 pub use residual::fuse_residual_add;
 pub use shapes::{batch_refusal, fold_shapes, separable_batch};
@@ -58,6 +61,7 @@ fn rewrite(g: &mut Graph, nhwc: bool) {
     fuse_activations(g);
     if nhwc {
         nhwc_convolutions(g);
+        pack_matmul_weights(g);
     }
     fuse_pointwise_depthwise(g);
     remove_dead(g);

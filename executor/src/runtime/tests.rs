@@ -440,8 +440,8 @@ fn an_instance_without_a_device_fails_its_requests_with_the_reason() {
     assert_eq!(broken.stats().totals().errors, 3);
 }
 
-/// y = x · W with 256 KiB of weights and small activations.
-fn wide_model() -> Arc<Model> {
+/// y = x · W with 256 KiB of weights and small activations, planned for a GPU.
+fn wide_gpu_model() -> Arc<Model> {
     let mut b = Builder::new(9, false);
     let w = b.normal("w", &[1024, 64], 0.1);
     let y = b.node("MatMul", &["x", &w], vec![]);
@@ -452,7 +452,8 @@ fn wide_model() -> Arc<Model> {
         vec![value_info("x", DType::F32, &[None, Some(1024)])],
         vec![value_info("y", DType::F32, &[None, Some(64)])],
     );
-    Arc::new(Model::from_bytes(&proto.encode_to_vec()).expect("wide model imports"))
+    let bytes = proto.encode_to_vec();
+    Arc::new(Model::from_bytes_for(&bytes, crate::Target::Gpu).expect("wide model imports"))
 }
 
 /// On a (simulated) GPU, the instances of a replica share one copy of its weights: two instances
@@ -461,7 +462,7 @@ fn wide_model() -> Arc<Model> {
 /// numbers while a CPU replica beside it serves.
 #[test]
 fn gpu_instances_share_one_copy_of_the_weights() {
-    let m = wide_model();
+    let m = wide_gpu_model();
     let x = |i: usize| {
         let v: Vec<f32> = (0..1024)
             .map(|j| ((i * 31 + j) % 17) as f32 * 0.1 - 0.8)

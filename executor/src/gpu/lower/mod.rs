@@ -225,7 +225,10 @@ fn dispatch(op: &Op, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowered<()
         Op::Conv(c) => conv::conv(c, ins, cx),
         Op::PointwiseDepthwise(f) => conv::pointwise_depthwise(f, ins, cx),
         Op::Gemm(g) => matmul::gemm(g, ins, cx),
-        Op::MatMul { act } => matmul::matmul(*act, ins, cx),
+        Op::MatMul {
+            packed: Some(_), ..
+        } => decline("a MatMul by weights packed for the CPU"),
+        Op::MatMul { act, packed: None } => matmul::matmul(*act, ins, cx),
         Op::Pool(p) => pool::pool(p, ins, cx),
         Op::GlobalPool { max } => pool::global(*max, ins, cx),
         Op::Softmax { axis, log, legacy } => norm::softmax(*axis, *log, *legacy, ins, cx),
