@@ -600,59 +600,37 @@ impl Plan {
     }
 }
 
-/// Frees the ONNX copy of weights that NHWC Convs and MatMuls hold packed and nothing else
-/// reads: the op then takes its geometry from the packed copy (`ops::conv`, `ops::matmul`), and
-/// the model holds its weights once.
+/// Frees the ONNX copy of weights that an NHWC Conv holds packed and nothing else reads: the
+/// Conv then takes its geometry from the packed filter (`ops::conv`), and the model holds its
+/// weights once.
 fn drop_packed_weights(
     steps: &mut [Step],
     constants: &mut [Arc<Tensor>],
     outputs: &[(String, Src)],
 ) {
-    // Readers of each constant that need its ONNX copy.
-    let mut needed = vec![0usize; constants.len()];
-    for s in steps.iter_mut() {
-        let packed = packed_slots(&mut s.op);
-        for (k, src) in s.inputs.iter().enumerate() {
-            if let Some(Src::Const(i)) = src
-                && !packed.contains(&k)
-            {
-                needed[*i] += 1;
-            }
-        }
-    }
-    for (_, src) in outputs {
+    let mut readers = vec![0usize; constants.len()];
+    let consts = steps
+        .iter()
+        .flat_map(|s| s.inputs.iter().flatten())
+        .chain(outputs.iter().map(|(_, src)| src));
+    for src in consts {
         if let Src::Const(i) = src {
-            needed[*i] += 1;
+            readers[*i] += 1;
         }
     }
     for s in steps {
-        for k in packed_slots(&mut s.op) {
+        for (c, k) in crate::ops::conv::weighted_convs(&mut s.op) {
             let Some(slot) = s.inputs.get_mut(k) else {
                 continue;
             };
-            if let Some(Src::Const(w)) = *slot
-                && needed[w] == 0
+            if let (Some(_), Some(Src::Const(w))) = (&c.nhwc_filter, *slot)
+                && readers[w] == 1
             {
                 constants[w] = Arc::new(Tensor::f32(vec![0], Vec::new()).expect("an empty tensor"));
                 *slot = None;
             }
         }
     }
-}
-
-/// The inputs of `op` it also holds packed (the weights of NHWC Convs and packed MatMuls).
-fn packed_slots(op: &mut Op) -> Vec<usize> {
-    if let Op::MatMul {
-        packed: Some(_), ..
-    } = op
-    {
-        return vec![1];
-    }
-    crate::ops::conv::weighted_convs(op)
-        .into_iter()
-        .filter(|(c, _)| c.nhwc_filter.is_some())
-        .map(|(_, k)| k)
-        .collect()
 }
 
 /// A loaded, optimised model ready to run.

@@ -1,8 +1,9 @@
 //! Packs the constant weights of a MatMul (`x · W`, W a 2-D f32 initializer, as in every
 //! transformer projection) once, in the order the NHWC convolution tile reads them: the product
 //! then runs as a 1x1 convolution over `x`'s rows (`nhwc_conv::matmul_packed`) instead of a GEMM
-//! that packs W again on every call. The plan frees the ONNX copy where nothing else reads it.
-//! CPU only, where the NHWC kernel runs.
+//! that packs W again on every call. The MatMul then holds W packed in place of its input, and
+//! W's ONNX copy is freed as soon as nothing else reads it, so loading never holds all the
+//! weights twice. CPU only, where the NHWC kernel runs.
 
 use crate::graph::Graph;
 use crate::ops::Op;
@@ -15,6 +16,7 @@ pub fn pack_matmul_weights(g: &mut Graph) {
     if !nhwc_conv::available() {
         return;
     }
+    let mut uses = g.use_counts();
     // A weight several MatMuls read is packed once.
     let mut packs: HashMap<usize, Arc<NhwcFilter>> = HashMap::new();
     for n in &mut g.nodes {
@@ -24,21 +26,26 @@ pub fn pack_matmul_weights(g: &mut Graph) {
         let Some(id) = n.inputs.get(1).copied().flatten() else {
             continue;
         };
-        let Some(w) = g.constants.get(&id) else {
+        let Some(w) = g.constants.get(&id).filter(|_| packed.is_none()) else {
             continue;
         };
         let (&[k, cols], DType::F32) = (w.shape.as_slice(), w.dtype()) else {
             continue;
         };
-        if packed.is_none()
-            && k > 0
-            && cols > 0
-            && let Ok(values) = w.as_f32()
-        {
-            let pack = packs
-                .entry(id)
-                .or_insert_with(|| Arc::new(NhwcFilter::of_matrix(values, k, cols)));
-            *packed = Some(pack.clone());
+        let Ok(values) = w.as_f32() else {
+            continue;
+        };
+        if k == 0 || cols == 0 {
+            continue;
+        }
+        let pack = packs
+            .entry(id)
+            .or_insert_with(|| Arc::new(NhwcFilter::of_matrix(values, k, cols)));
+        *packed = Some(pack.clone());
+        n.inputs[1] = None;
+        uses[id] -= 1;
+        if uses[id] == 0 {
+            g.constants.remove(&id);
         }
     }
 }
@@ -101,17 +108,19 @@ mod tests {
             matmuls[0].2 && matmuls[0].0.inputs.len() == 3,
             "bias and Relu fused"
         );
-        // The two MatMuls by W share one packed copy, and W's ONNX copy is freed; V's is kept
-        // for the Add.
+        // The two MatMuls by W share one packed copy. Each MatMul holds its weights packed
+        // only; W's ONNX copy is gone, V's is kept for the Add.
         assert!(std::sync::Arc::ptr_eq(
             matmuls[0].1.as_ref().unwrap(),
             matmuls[1].1.as_ref().unwrap()
         ));
-        assert!(matmuls[0].0.inputs[1].is_none() && matmuls[1].0.inputs[1].is_none());
-        assert!(
-            matmuls[2].0.inputs[1].is_some(),
-            "V is still read by the Add"
-        );
+        assert!(matmuls.iter().all(|(s, _, _)| s.inputs[1].is_none()));
+        let shapes: Vec<&[usize]> = plan.constants.iter().map(|t| &t.shape[..]).collect();
+        assert!(!shapes.contains(&&[24, 24][..]), "{shapes:?}");
+        assert!(shapes.contains(&&[24, 40][..]), "{shapes:?}");
+        // Requests still batch: the rows stay apart.
+        assert_eq!(plan.separable_batch, raw.separable_batch);
+        assert!(plan.separable_batch.is_some());
         let be = CpuBackend::new(2);
         for batch in [1, 3] {
             let x: Vec<f32> = (0..batch * 576)

@@ -202,6 +202,12 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
             }
             vec![k]
         }
+        Op::MatMul {
+            packed: Some(f), ..
+        } => {
+            let [n, k, ..] = f.shape().map(|d| Sym::Known(d as i64));
+            vec![shape_only(matmul(shape_of(ins, 0), Some(&vec![k, n])))]
+        }
         Op::MatMul { .. } => vec![shape_only(matmul(shape_of(ins, 0), shape_of(ins, 1)))],
         Op::Gemm(a) => {
             let dim = |i: usize, trans: bool, row: bool| {

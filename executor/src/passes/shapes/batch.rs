@@ -213,6 +213,15 @@ impl Check {
                     && input(2).is_none_or(|v| self.broadcasts(v, 2))
                     && n.outputs.iter().all(|&o| self.batched(o))
             }
+            // A constant matrix the CPU holds packed: the rows of A are apart.
+            Op::MatMul {
+                packed: Some(_), ..
+            } => {
+                let (Some(a), Some(&out)) = (input(0), n.outputs.first()) else {
+                    return false;
+                };
+                self.batched(a) && self.batched(out) && self.rank(a) == self.rank(out)
+            }
             Op::MatMul { .. } => {
                 let (Some(a), Some(b), Some(&out)) = (input(0), input(1), n.outputs.first()) else {
                     return false;
