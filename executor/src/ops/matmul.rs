@@ -352,4 +352,45 @@ mod tests {
             (vec![2], vec![6., 15.])
         );
     }
+
+    #[test]
+    fn a_packed_matmul_agrees_with_the_gemm_on_every_operand_shape() {
+        if !nhwc_conv::available() {
+            eprintln!("skipped: this CPU lacks AVX-512F and AVX2, which the packed MatMul needs");
+            return;
+        }
+        let cx = Cx::new(2);
+        let (k, n) = (7, 19);
+        let values = |len: usize| (0..len).map(|i| (i % 9) as f32 * 0.25 - 1.0).collect();
+        let b = Tensor::f32(vec![k, n], values(k * n)).unwrap();
+        let bias = Tensor::f32(vec![n], values(n)).unwrap();
+        let f = NhwcFilter::of_matrix(b.as_f32().unwrap(), k, n);
+        // A vector, a matrix, a batch of matrices, and no rows at all.
+        for shape in [
+            vec![k],
+            vec![3, k],
+            vec![2, 5, k],
+            vec![0, k],
+            vec![2, 0, k],
+        ] {
+            let a = Tensor::f32(shape.clone(), values(shape.iter().product())).unwrap();
+            let act = Some(Activation::Relu);
+            let want = matmul(&cx, &a, &b, Some(&bias), act).unwrap();
+            let got = matmul_packed(&cx, &a, &f, Some(&bias), act).unwrap();
+            assert_eq!(got.shape, want.shape, "{shape:?}");
+            for (g, w) in got.as_f32().unwrap().iter().zip(want.as_f32().unwrap()) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "{shape:?}: {g} vs {w}"
+                );
+            }
+        }
+        // Rows of the wrong length, a bias of the wrong length, or rows not of f32: errors.
+        let short = Tensor::f32(vec![2, k - 1], values(2 * (k - 1))).unwrap();
+        assert!(matmul_packed(&cx, &short, &f, None, None).is_err());
+        let a = Tensor::f32(vec![2, k], values(2 * k)).unwrap();
+        assert!(matmul_packed(&cx, &a, &f, Some(&b), None).is_err());
+        let ints = Tensor::new(vec![2, k], Data::I64(vec![1; 2 * k])).unwrap();
+        assert!(matmul_packed(&cx, &ints, &f, None, None).is_err());
+    }
 }
