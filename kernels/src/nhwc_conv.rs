@@ -250,21 +250,28 @@ fn conv_on(
     let kc = (BLOCK_WEIGHTS / (NP * panel_bytes)).min(k);
     let nb = (BLOCK_WEIGHTS / (kc * panel_bytes) / NP * NP).max(NP);
     let row_tiles = rows.div_ceil(MR);
-    let tasks = if threads > 1 && rows * p.m * k >= crate::PAR_MIN_WORK {
-        (2 * threads).min(row_tiles)
+    let wanted = if threads > 1 && rows * p.m * k >= crate::PAR_MIN_WORK {
+        2 * threads
     } else {
         1
     };
-    let tiles_per = row_tiles.div_ceil(tasks);
+    // Tasks over rows, and where there are too few rows for them (a matrix product of one
+    // row), over groups of NP panels as well.
+    let row_tasks = wanted.min(row_tiles);
+    let panel_tasks = (wanted / row_tasks).min(f.panels().div_ceil(NP)).max(1);
+    let tiles_per = row_tiles.div_ceil(row_tasks);
+    let panels_per = f.panels().div_ceil(NP).div_ceil(panel_tasks) * NP;
     let dst = SharedOut(out.as_mut_ptr());
     let run = |t: usize| {
-        let rows = (t * tiles_per * MR).min(rows)..((t + 1) * tiles_per * MR).min(rows);
-        for p0 in (0..f.panels()).step_by(nb) {
-            let panels = p0..(p0 + nb).min(f.panels());
+        let (rt, pt) = (t / panel_tasks, t % panel_tasks);
+        let rows = (rt * tiles_per * MR).min(rows)..((rt + 1) * tiles_per * MR).min(rows);
+        let mine = (pt * panels_per).min(f.panels())..((pt + 1) * panels_per).min(f.panels());
+        for p0 in mine.clone().step_by(nb) {
+            let panels = p0..(p0 + nb).min(mine.end);
             for k0 in (0..k).step_by(kc) {
                 let ks = k0..(k0 + kc).min(k);
                 // SAFETY: the CPU has AVX-512F, or else AVX2 and FMA (asserted); the sizes
-                // were checked above; tasks write disjoint rows of `out`.
+                // were checked above; tasks write disjoint rows or channels of `out`.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
                     match avx512 {
@@ -275,6 +282,7 @@ fn conv_on(
             }
         }
     };
+    let tasks = row_tasks * panel_tasks;
     if tasks > 1 {
         (0..tasks).into_par_iter().for_each(run);
     } else {
@@ -1006,6 +1014,8 @@ pub(crate) mod tests {
             (13, 64, 48),
             (3, 2100, 20),
             (20, 5, 100),
+            // One row, split over panels.
+            (1, 300, 700),
         ] {
             let (a, b, bias) = (values(rows * k, 1), values(k * n, 2), values(n, 3));
             let f = NhwcFilter::of_matrix(&b, k, n);
