@@ -89,6 +89,14 @@ fn as_fixed(s: &Sym) -> Option<usize> {
     }
 }
 
+/// The ranks shape inference proves, by value.
+pub(crate) fn known_ranks(g: &Graph) -> HashMap<ValueId, usize> {
+    infer(g)
+        .into_iter()
+        .filter_map(|(v, k)| Some((v, k.shape?.len())))
+        .collect()
+}
+
 fn infer(g: &Graph) -> HashMap<ValueId, Known> {
     let mut known: HashMap<ValueId, Known> = HashMap::new();
     for input in &g.inputs {
