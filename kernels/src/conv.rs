@@ -33,6 +33,27 @@ pub struct Conv2d {
 }
 
 impl Conv2d {
+    /// A 1x1 convolution (stride 1, no padding) from `c` to `m` channels at `h`x`w`, batch `n`.
+    pub fn pointwise(n: usize, c: usize, m: usize, h: usize, w: usize) -> Conv2d {
+        Conv2d {
+            n,
+            c,
+            h,
+            w,
+            m,
+            kh: 1,
+            kw: 1,
+            sh: 1,
+            sw: 1,
+            dh: 1,
+            dw: 1,
+            oh: h,
+            ow: w,
+            groups: 1,
+            ..Default::default()
+        }
+    }
+
     /// A 1x1 convolution with stride 1 and no padding: a plain matrix product per image.
     pub fn is_pointwise(&self) -> bool {
         self.kh == 1

@@ -151,27 +151,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// A 1x1 convolution from `c` to `m` channels at `h`x`w`, batch `n`.
-    pub(crate) fn pointwise(n: usize, c: usize, m: usize, h: usize, w: usize) -> Conv2d {
-        Conv2d {
-            n,
-            c,
-            h,
-            w,
-            m,
-            kh: 1,
-            kw: 1,
-            sh: 1,
-            sw: 1,
-            dh: 1,
-            dw: 1,
-            oh: h,
-            ow: w,
-            groups: 1,
-            ..Default::default()
-        }
-    }
-
     /// A square depthwise convolution over the output of `p1`.
     pub(crate) fn depthwise_after(p1: &Conv2d, ks: usize, s: usize, pad: usize) -> Conv2d {
         let out = |len: usize| (len + 2 * pad - ks) / s + 1;
@@ -195,7 +174,7 @@ pub(crate) mod tests {
     fn matches_the_two_convolutions_run_apart() {
         let relu6 = Some(Activation::Clip(0.0, 6.0));
         for (i, &[n, k, c, h, w, ks, s, pad]) in CASES.iter().enumerate() {
-            let p1 = pointwise(n, k, c, h, w);
+            let p1 = Conv2d::pointwise(n, k, c, h, w);
             let p2 = depthwise_after(&p1, ks, s, pad);
             let x = lcg(1, n * k * h * w);
             let (w1, w2) = (lcg(2, c * k), lcg(3, c * ks * ks));

@@ -236,7 +236,7 @@ mod tests {
     use super::*;
     use crate::activation::Activation;
     use crate::conv::{Epilogue, conv2d};
-    use crate::fused::tests::{depthwise_after, pointwise};
+    use crate::fused::tests::depthwise_after;
     use crate::gemm::lcg;
 
     /// n, k (input channels), c (expanded), m (output channels), h, w, kernel, stride, pad
@@ -273,9 +273,9 @@ mod tests {
     fn matches_the_three_convolutions_and_not_the_split() {
         let relu6 = Some(Activation::Clip(0.0, 6.0));
         for (i, &[n, k, c, m, h, w, ks, s, pad]) in CASES.iter().enumerate() {
-            let p1 = pointwise(n, k, c, h, w);
+            let p1 = Conv2d::pointwise(n, k, c, h, w);
             let p2 = depthwise_after(&p1, ks, s, pad);
-            let p3 = pointwise(n, c, m, p2.oh, p2.ow);
+            let p3 = Conv2d::pointwise(n, c, m, p2.oh, p2.ow);
             let x = lcg(1, n * k * h * w);
             let (w1, w2, w3) = (lcg(2, c * k), lcg(3, c * ks * ks), lcg(4, m * c));
             let (b1, b2, b3) = (lcg(5, c), lcg(6, c), lcg(7, m));

@@ -202,24 +202,7 @@ pub fn matmul_packed(
     out: &mut [f32],
 ) {
     assert!(f.kh == 1 && f.kw == 1, "{f:?} is not a matrix");
-    let p = Conv2d {
-        n: 1,
-        c: f.c,
-        h: rows,
-        w: 1,
-        m: f.m,
-        kh: 1,
-        kw: 1,
-        sh: 1,
-        sw: 1,
-        dh: 1,
-        dw: 1,
-        pt: 0,
-        pl: 0,
-        oh: rows,
-        ow: 1,
-        groups: 1,
-    };
+    let p = Conv2d::pointwise(1, f.c, f.m, rows, 1);
     conv_nhwc(threads, &p, a, f, epi, out);
 }
 

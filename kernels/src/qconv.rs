@@ -812,23 +812,7 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_compute() {
-        let p = Conv2d {
-            n: 1,
-            c: 3,
-            h: 4,
-            w: 4,
-            m: 8,
-            kh: 1,
-            kw: 1,
-            sh: 1,
-            sw: 1,
-            dh: 1,
-            dw: 1,
-            oh: 4,
-            ow: 4,
-            groups: 1,
-            ..Default::default()
-        };
+        let p = Conv2d::pointwise(1, 3, 8, 4, 4);
         let w = pack_filter(8, 3, (1, 1), 1, &[1i8; 24]).expect("a row of 3 bytes, rounded to 4");
         assert!(applies(&p, &w), "3 channels: one run of a kernel row");
         let unrounded = PackedB::new(3, 8, &[1i8; 24], (8, 1), &[0i8]);

@@ -166,6 +166,44 @@ mod tests {
     use crate::zoo::builder::{Builder, attr_float, attr_int, value_info};
     use prost::Message;
 
+    /// `graph` planned as it is and optimised for the CPU; `None` where the CPU lacks the
+    /// kernel (the test is then skipped).
+    fn plans(graph: fn() -> Graph) -> Option<(Plan, Plan)> {
+        if !cotenant_kernels::nhwc_conv::available() {
+            eprintln!("skipped: this CPU lacks AVX-512F and AVX2, which the packed MatMul needs");
+            return None;
+        }
+        let raw = Plan::build(&graph()).expect("plan");
+        let mut g = graph();
+        crate::passes::optimize_for_cpu(&mut g);
+        Some((raw, Plan::build(&g).expect("plan")))
+    }
+
+    /// Both plans give the same output, within rounding, for input `x` of `[batch] + dims` at
+    /// batches 1 and 3.
+    fn outputs_agree(raw: &Plan, plan: &Plan, dims: &[usize]) {
+        let be = CpuBackend::new(2);
+        for batch in [1, 3] {
+            let shape: Vec<usize> = [batch].iter().chain(dims).copied().collect();
+            let x: Vec<f32> = (0..shape.iter().product())
+                .map(|i| (i % 13) as f32 / 6.0 - 1.0)
+                .collect();
+            let input = || {
+                vec![(
+                    "x".to_string(),
+                    Tensor::f32(shape.clone(), x.clone()).unwrap(),
+                )]
+            };
+            let want = raw.run(&be, input()).expect("raw runs");
+            let got = plan.run(&be, input()).expect("packed runs");
+            let (a, b) = (want[0].1.as_f32().unwrap(), got[0].1.as_f32().unwrap());
+            assert_eq!(want[0].1.shape, got[0].1.shape);
+            for (p, q) in a.iter().zip(b) {
+                assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{p} vs {q}");
+            }
+        }
+    }
+
     /// `q = relu(x · W + b) · W`, then `y = q · V + V`: W is read by two MatMuls, V by a
     /// MatMul and an Add.
     fn graph() -> Graph {
@@ -191,14 +229,9 @@ mod tests {
 
     #[test]
     fn matmuls_by_constant_weights_run_packed_and_hold_them_once() {
-        if !cotenant_kernels::nhwc_conv::available() {
-            eprintln!("skipped: this CPU lacks AVX-512F and AVX2, which the packed MatMul needs");
+        let Some((raw, plan)) = plans(graph) else {
             return;
-        }
-        let raw = Plan::build(&graph()).expect("plan");
-        let mut g = graph();
-        crate::passes::optimize_for_cpu(&mut g);
-        let plan = Plan::build(&g).expect("plan");
+        };
         let matmuls: Vec<_> = plan
             .steps
             .iter()
@@ -226,31 +259,13 @@ mod tests {
         // Requests still batch: the rows stay apart.
         assert_eq!(plan.separable_batch, raw.separable_batch);
         assert!(plan.separable_batch.is_some());
-        let be = CpuBackend::new(2);
-        for batch in [1, 3] {
-            let x: Vec<f32> = (0..batch * 576)
-                .map(|i| (i % 13) as f32 / 6.0 - 1.0)
-                .collect();
-            let input = || {
-                vec![(
-                    "x".to_string(),
-                    Tensor::f32(vec![batch, 24, 24], x.clone()).unwrap(),
-                )]
-            };
-            let want = raw.run(&be, input()).expect("raw runs");
-            let got = plan.run(&be, input()).expect("packed runs");
-            let (a, b) = (want[0].1.as_f32().unwrap(), got[0].1.as_f32().unwrap());
-            assert_eq!(want[0].1.shape, got[0].1.shape);
-            for (p, q) in a.iter().zip(b) {
-                assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{p} vs {q}");
-            }
-        }
+        outputs_agree(&raw, &plan, &[24, 24]);
         // The wrong shape of rows is an error, not a crash.
         let bad = vec![(
             "x".to_string(),
             Tensor::f32(vec![1, 24, 23], vec![0.0; 552]).unwrap(),
         )];
-        assert!(plan.run(&be, bad).is_err());
+        assert!(plan.run(&CpuBackend::new(1), bad).is_err());
     }
 
     /// `y = (relu(x · Wᵀ + b) · V + 0.5·C) · U` as Gemms (PyTorch's Linear layers), x `[N, 24]`:
@@ -278,14 +293,9 @@ mod tests {
 
     #[test]
     fn gemms_by_constant_weights_run_packed_with_their_bias() {
-        if !cotenant_kernels::nhwc_conv::available() {
-            eprintln!("skipped: this CPU lacks AVX-512F and AVX2, which the packed MatMul needs");
+        let Some((raw, plan)) = plans(gemms) else {
             return;
-        }
-        let raw = Plan::build(&gemms()).expect("plan");
-        let mut g = gemms();
-        crate::passes::optimize_for_cpu(&mut g);
-        let plan = Plan::build(&g).expect("plan");
+        };
         let names: Vec<String> = plan.steps.iter().map(|s| s.op.name()).collect();
         assert_eq!(names, ["MatMul(packed)+Relu", "MatMul(packed)", "Gemm"]);
         assert!(
@@ -294,24 +304,6 @@ mod tests {
                 .all(|s| s.inputs[1].is_none() && s.inputs.len() == 3)
         );
         assert_eq!(plan.separable_batch, raw.separable_batch);
-        let be = CpuBackend::new(2);
-        for batch in [1, 5] {
-            let x: Vec<f32> = (0..batch * 24)
-                .map(|i| (i % 7) as f32 / 3.0 - 1.0)
-                .collect();
-            let input = || {
-                vec![(
-                    "x".to_string(),
-                    Tensor::f32(vec![batch, 24], x.clone()).unwrap(),
-                )]
-            };
-            let want = raw.run(&be, input()).expect("raw runs");
-            let got = plan.run(&be, input()).expect("packed runs");
-            assert_eq!(want[0].1.shape, got[0].1.shape);
-            let (a, b) = (want[0].1.as_f32().unwrap(), got[0].1.as_f32().unwrap());
-            for (p, q) in a.iter().zip(b) {
-                assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{p} vs {q}");
-            }
-        }
+        outputs_agree(&raw, &plan, &[24]);
     }
 }
