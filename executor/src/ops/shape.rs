@@ -539,7 +539,6 @@ pub fn transpose_pooled(cx: &super::Cx, x: &Tensor, perm: Option<&[usize]>) -> O
 
 /// Each `rows × cols` matrix of `src` transposed into `dst`, in tiles that stay in cache.
 fn transpose_matrices_into<T: Copy>(src: &[T], dst: &mut [T], rows: usize, cols: usize) {
-    const TILE: usize = 32;
     let size = rows * cols;
     for (s, d) in src.chunks_exact(size).zip(dst.chunks_exact_mut(size)) {
         // Few rows (an image's three channels to NHWC): each output row gathered from the
@@ -552,15 +551,20 @@ fn transpose_matrices_into<T: Copy>(src: &[T], dst: &mut [T], rows: usize, cols:
             5 => few_rows::<T, 5>(s, d),
             6 => few_rows::<T, 6>(s, d),
             7 => few_rows::<T, 7>(s, d),
-            _ => {
-                for r0 in (0..rows).step_by(TILE) {
-                    for c0 in (0..cols).step_by(TILE) {
-                        for r in r0..(r0 + TILE).min(rows) {
-                            for c in c0..(c0 + TILE).min(cols) {
-                                d[c * rows + r] = s[r * cols + c];
-                            }
-                        }
-                    }
+            _ => tiled(s, d, rows),
+        }
+    }
+}
+
+/// One `rows × cols` matrix `s` transposed into `d`, a square tile at a time.
+fn tiled<T: Copy>(s: &[T], d: &mut [T], rows: usize) {
+    const TILE: usize = 32;
+    let cols = s.len() / rows;
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    d[c * rows + r] = s[r * cols + c];
                 }
             }
         }

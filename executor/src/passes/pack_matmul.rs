@@ -17,12 +17,13 @@ pub fn pack_matmul_weights(g: &mut Graph) {
     if !nhwc_conv::available() {
         return;
     }
-    let ranks = super::shapes::known_ranks(g);
+    // Shape inference, for Gemms only, once the first is met.
+    let mut ranks = None;
     let mut uses = g.use_counts();
     // A weight several products read is packed once (per orientation).
     let mut packs: HashMap<(ValueId, bool), Arc<NhwcFilter>> = HashMap::new();
     for i in 0..g.nodes.len() {
-        let Some(product) = product(g, i, &ranks) else {
+        let Some(product) = product(g, i, &mut ranks) else {
             continue;
         };
         let w = &g.constants[&product.weight];
@@ -97,7 +98,7 @@ enum Bias {
 
 /// Node `i` as a [`Product`]: a MatMul, or a Gemm whose A is proven 2-D, not transposed, with
 /// α = 1 and C absent or a constant with one value, or one per column.
-fn product(g: &Graph, i: usize, ranks: &HashMap<ValueId, usize>) -> Option<Product> {
+fn product(g: &Graph, i: usize, ranks: &mut Option<HashMap<ValueId, usize>>) -> Option<Product> {
     let node = &g.nodes[i];
     let (act, trans_b, gemm) = match &node.op {
         Op::MatMul { act, packed: None } => (*act, false, None),
@@ -117,6 +118,7 @@ fn product(g: &Graph, i: usize, ranks: &HashMap<ValueId, usize>) -> Option<Produ
         None => None,
         Some(beta) => {
             let x = node.inputs.first().copied().flatten()?;
+            let ranks = ranks.get_or_insert_with(|| super::shapes::known_ranks(g));
             if ranks.get(&x) != Some(&2) {
                 return None;
             }

@@ -62,12 +62,12 @@ impl Account {
             .is_ok()
     }
 
-    fn open(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
+    fn tickets(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn is_oldest(&self, ticket: u64) -> bool {
-        self.open().first() == Some(&ticket)
+        self.tickets().first() == Some(&ticket)
     }
 }
 
@@ -103,8 +103,8 @@ impl Budget {
 
     fn reservation(self: &Arc<Budget>, tenant: Arc<Account>) -> Reservation {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        tenant.open().insert(ticket);
-        self.agent.open().insert(ticket);
+        tenant.tickets().insert(ticket);
+        self.agent.tickets().insert(ticket);
         Reservation {
             budget: self.clone(),
             tenant,
@@ -233,8 +233,8 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.shrink(self.bytes);
-        self.tenant.open().remove(&self.ticket);
-        self.budget.agent.open().remove(&self.ticket);
+        self.tenant.tickets().remove(&self.ticket);
+        self.budget.agent.tickets().remove(&self.ticket);
         // Someone may be the oldest now.
         self.budget.released.notify_waiters();
     }
