@@ -1,7 +1,7 @@
 //! GFLOP/s of `sgemm`, `conv2d` and the int8 `qgemm` on shapes from the zoo models, on 1 and 2
 //! threads:
 //! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N] [--only NAME]
-//! [--cold]`. `--cold`: the NHWC convolutions read their weights from memory, not from a cache
+//! [--gemms] [--cold]`. `--gemms`: the GEMMs alone. `--cold`: the NHWC convolutions read their weights from memory, not from a cache
 //! (each call takes the next of enough copies to overflow the last-level cache), as the
 //! convolutions of a model whose weights exceed the cache do at batch 1.
 //! A tool for tuning the kernels; the model-level comparison is `cargo xtask bench executor`.
@@ -121,6 +121,8 @@ fn main() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1).cloned());
     let cold = args.iter().any(|a| a == "--cold");
+    // `--gemms`: just the GEMMs (and no convolutions).
+    let gemms_only = args.iter().any(|a| a == "--gemms");
     for threads in [1usize, 2] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -153,9 +155,25 @@ fn main() {
                     ops / s / 1e9
                 );
             }
-            let chosen = CONVS
-                .iter()
-                .filter(|c| only.as_ref().is_none_or(|o| c.5.contains(o.as_str())));
+            for &(m, n, k, name) in GEMMS.iter().filter(|_| only.is_none()) {
+                // The products of a dynamically quantized MatMul: uint8 rows by 7-bit weights
+                // (`reduce_range`), the pairs AVX2's `vpmaddubsw` sums without saturating.
+                let a: Vec<u8> = (0..m * k).map(|i| (i * 7919 % 251) as u8).collect();
+                let b: Vec<i8> = (0..k * n).map(|i| (i * 104_729 % 127) as i8 - 63).collect();
+                let mut pa = PackedA::default();
+                pa.pack(m, k, &a, k, 3);
+                let pb = PackedB::new(k, n, &b, (n, 1), &[0]);
+                let mut c = vec![0i32; m * n];
+                let ops = 2.0 * (m * n * k) as f64;
+                let s = time(ops, || qgemm(threads, &pa, &pb, &mut c));
+                println!(
+                    "{threads}t qgemm7 {name:26} {m:5}x{n:5}x{k:5} {:7.1} GOP/s",
+                    ops / s / 1e9
+                );
+            }
+            let chosen = CONVS.iter().filter(|c| {
+                !gemms_only && only.as_ref().is_none_or(|o| c.5.contains(o.as_str()))
+            });
             for &(c, h, m, kk, stride, name) in chosen {
                 let n = batch;
                 let p = geometry(n, c, h, m, kk, stride, 1);
@@ -209,9 +227,9 @@ fn main() {
                     );
                 }
             }
-            let chosen = DEPTHWISE
-                .iter()
-                .filter(|c| only.as_ref().is_none_or(|o| c.3.contains(o.as_str())));
+            let chosen = DEPTHWISE.iter().filter(|c| {
+                !gemms_only && only.as_ref().is_none_or(|o| c.3.contains(o.as_str()))
+            });
             for &(c, h, stride, name) in chosen {
                 let p = geometry(batch, c, h, c, 3, stride, c);
                 let x: Vec<f32> = (0..batch * c * h * h).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();

@@ -35,13 +35,44 @@ impl Activation {
     /// Applies the activation to every element, split across `threads`.
     pub fn apply_slice(self, threads: usize, data: &mut [f32]) {
         if threads > 1 && data.len() >= crate::PAR_MIN_WORK {
-            let chunk = data.len().div_ceil(threads * 4).max(4096);
-            data.par_chunks_mut(chunk)
+            data.par_chunks_mut(chunk(threads, data.len()))
                 .for_each(|c| bias_act(c, None, Some(self)));
         } else {
             bias_act(data, None, Some(self));
         }
     }
+
+    /// `dst = act(src)`, split across `threads`: one pass over memory where a copy and
+    /// [`apply_slice`](Self::apply_slice) take two. The same results.
+    ///
+    /// # Panics
+    /// If the slices differ in length.
+    pub fn apply_into(self, threads: usize, src: &[f32], dst: &mut [f32]) {
+        assert_eq!(
+            src.len(),
+            dst.len(),
+            "activation source and destination lengths"
+        );
+        let run = |(d, s): (&mut [f32], &[f32])| {
+            crate::wide::wide(
+                #[inline(always)]
+                || map_act(OutOfPlace(s, d), None, Some(self)),
+            )
+        };
+        if threads > 1 && dst.len() >= crate::PAR_MIN_WORK {
+            let chunk = chunk(threads, dst.len());
+            dst.par_chunks_mut(chunk)
+                .zip(src.par_chunks(chunk))
+                .for_each(run);
+        } else {
+            run((dst, src));
+        }
+    }
+}
+
+/// Elements per task when `len` elements are split across `threads`.
+fn chunk(threads: usize, len: usize) -> usize {
+    len.div_ceil(threads * 4).max(4096)
 }
 
 /// How a kernel applies a fused activation: clamps (ReLU, Clip) in registers on the way out,
@@ -75,7 +106,7 @@ pub fn bias_act(data: &mut [f32], bias: Option<f32>, act: Option<Activation>) {
     }
     crate::wide::wide(
         #[inline(always)]
-        || bias_act_body(data, bias, act),
+        || map_act(InPlace(data), bias, act),
     )
 }
 
@@ -86,14 +117,38 @@ pub(crate) fn avx2_fma() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
-/// Matching outside the loops lets each arm vectorise.
-#[inline(always)]
-fn bias_act_body(data: &mut [f32], bias: Option<f32>, act: Option<Activation>) {
+/// Where an elementwise function's results go: back into its input, or into another slice.
+trait Elements {
+    fn map(self, f: impl Fn(f32) -> f32);
+}
+
+struct InPlace<'a>(&'a mut [f32]);
+
+impl Elements for InPlace<'_> {
     #[inline(always)]
-    fn each(data: &mut [f32], bias: Option<f32>, f: impl Fn(f32) -> f32) {
+    fn map(self, f: impl Fn(f32) -> f32) {
+        self.0.iter_mut().for_each(|x| *x = f(*x));
+    }
+}
+
+/// Source, destination (of one length).
+struct OutOfPlace<'a>(&'a [f32], &'a mut [f32]);
+
+impl Elements for OutOfPlace<'_> {
+    #[inline(always)]
+    fn map(self, f: impl Fn(f32) -> f32) {
+        self.1.iter_mut().zip(self.0).for_each(|(d, &x)| *d = f(x));
+    }
+}
+
+/// `act(x + bias)` of every element. Matching outside the loops lets each arm vectorise.
+#[inline(always)]
+fn map_act(data: impl Elements, bias: Option<f32>, act: Option<Activation>) {
+    #[inline(always)]
+    fn each(data: impl Elements, bias: Option<f32>, f: impl Fn(f32) -> f32) {
         match bias {
-            Some(b) => data.iter_mut().for_each(|x| *x = f(*x + b)),
-            None => data.iter_mut().for_each(|x| *x = f(*x)),
+            Some(b) => data.map(|x| f(x + b)),
+            None => data.map(f),
         }
     }
     match act {
@@ -167,14 +222,13 @@ pub fn exp(x: f32) -> f32 {
     let t = x * LOG2E + ROUND;
     let n = t - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
-    let p = (((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
-        * r
-        + 0.5)
-        * r
-        * r
-        + r
-        + 1.0;
+    // The polynomial by Estrin's scheme: its dependency chain is half of Horner's, and a
+    // vectorised loop over it is bound by that chain (the scheduler fills before the units do).
+    let (r2, r4) = (r * r, (r * r) * (r * r));
+    let p = (1.666_666_5e-1 * r + 0.5)
+        + (8.333_452e-3 * r + 4.166_579_6e-2) * r2
+        + (1.987_569_2e-4 * r + 1.398_2e-3) * r4;
+    let p = p * r2 + r + 1.0;
     // `t`'s low mantissa bits hold `n` (two's complement): 2^n from integer operations on them,
     // since a float-to-int cast (`n as i32`, saturating) does not vectorise.
     let v = p * f32::from_bits((t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127)) << 23);
@@ -187,8 +241,11 @@ pub fn exp(x: f32) -> f32 {
 pub fn erf(x: f32) -> f32 {
     let a = x.abs();
     let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = ((((1.061_405_4 * t - 1.453_152_1) * t + 1.421_413_8) * t - 0.284_496_74) * t
-        + 0.254_829_6)
+    // Estrin's scheme, as in `exp`.
+    let (t2, t4) = (t * t, (t * t) * (t * t));
+    let poly = ((0.254_829_6 - 0.284_496_74 * t)
+        + (1.421_413_8 - 1.453_152_1 * t) * t2
+        + 1.061_405_4 * t4)
         * t;
     let y = 1.0 - poly * exp(-a * a);
     if x < 0.0 { -y } else { y }

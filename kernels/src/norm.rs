@@ -2,6 +2,7 @@
 //! over the last axis.
 
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 fn rows(threads: usize, data: &mut [f32], len: usize, f: impl Fn(&mut [f32]) + Sync + Send) {
     if len == 0 {
@@ -16,25 +17,64 @@ fn rows(threads: usize, data: &mut [f32], len: usize, f: impl Fn(&mut [f32]) + S
 
 /// Softmax (or log-softmax) of every contiguous row of length `len`, in place.
 pub fn softmax_rows(threads: usize, data: &mut [f32], len: usize, log: bool) {
+    thread_local! {
+        /// A copy of the row being normalised.
+        static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    }
     rows(threads, data, len, |r| {
-        crate::wide::wide(
-            #[inline(always)]
-            || softmax_row(r, log),
-        )
+        ROW.with_borrow_mut(|row| {
+            row.clear();
+            row.extend_from_slice(r);
+            crate::wide::wide(
+                #[inline(always)]
+                || softmax_row(row, r, log),
+            )
+        })
     });
 }
 
-#[inline(always)]
-fn softmax_row(r: &mut [f32], log: bool) {
-    let m = lane_max(r);
-    if log {
-        let ls = lane_sum(r, |v| crate::activation::exp(v - m)).ln();
-        r.iter_mut().for_each(|v| *v = *v - m - ls);
+/// [`softmax_rows`] of `src` into `dst`: one pass over memory fewer than a copy and
+/// [`softmax_rows`]. The same results.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn softmax_rows_into(threads: usize, src: &[f32], dst: &mut [f32], len: usize, log: bool) {
+    assert_eq!(
+        src.len(),
+        dst.len(),
+        "softmax source and destination lengths"
+    );
+    if len == 0 {
+        return;
+    }
+    let run = |(d, s): (&mut [f32], &[f32])| {
+        crate::wide::wide(
+            #[inline(always)]
+            || softmax_row(s, d, log),
+        )
+    };
+    if threads > 1 && dst.len() >= crate::PAR_MIN_WORK {
+        dst.par_chunks_mut(len)
+            .zip(src.par_chunks(len))
+            .for_each(run);
     } else {
-        r.iter_mut()
-            .for_each(|v| *v = crate::activation::exp(*v - m));
-        let inv = 1.0 / lane_sum(r, |v| v);
-        r.iter_mut().for_each(|v| *v *= inv);
+        dst.chunks_mut(len).zip(src.chunks(len)).for_each(run);
+    }
+}
+
+/// The softmax of row `x` into `out`.
+#[inline(always)]
+fn softmax_row(x: &[f32], out: &mut [f32], log: bool) {
+    let m = lane_max(x);
+    if log {
+        let ls = lane_sum(x, |v| crate::activation::exp(v - m)).ln();
+        out.iter_mut().zip(x).for_each(|(o, &v)| *o = v - m - ls);
+    } else {
+        out.iter_mut()
+            .zip(x)
+            .for_each(|(o, &v)| *o = crate::activation::exp(v - m));
+        let inv = 1.0 / lane_sum(out, |v| v);
+        out.iter_mut().for_each(|v| *v *= inv);
     }
 }
 

@@ -222,10 +222,12 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
         }
         (Data::F32(v), _) => {
             let mut out = cx.take_f32(v.len());
-            out.copy_from_slice(v);
             match u.as_activation() {
-                Some(a) => a.apply_slice(cx.threads, &mut out),
-                None => map_inplace(cx.threads, &mut out, move |x| u.f32(x)),
+                Some(a) => a.apply_into(cx.threads, v, &mut out),
+                None => {
+                    out.copy_from_slice(v);
+                    map_inplace(cx.threads, &mut out, move |x| u.f32(x))
+                }
             }
             Data::F32(out)
         }

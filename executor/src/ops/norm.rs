@@ -8,7 +8,9 @@ use super::reduce::{ReduceAttrs, ReduceKind, reduce};
 use super::{Cx, input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{DType, Data, Tensor, axis_in, checked_numel, norm_axis};
-use cotenant_kernels::norm::{layer_norm_rows, mean_inv_std, rms_norm_rows, softmax_rows};
+use cotenant_kernels::norm::{
+    layer_norm_rows, mean_inv_std, rms_norm_rows, softmax_rows, softmax_rows_into,
+};
 
 /// The mean (or another reduction) of `x` over `axes`, keeping them as axes of size 1.
 fn reduce_kept(kind: ReduceKind, x: &Tensor, axes: &[i64]) -> OpResult<Tensor> {
@@ -158,7 +160,6 @@ pub fn softmax(cx: &Cx, x: &Tensor, axis: i64, log: bool, legacy: bool) -> OpRes
         return softmax_f64(x, v, axis, log, legacy);
     }
     let mut out = cx.take_f32(x.len());
-    out.copy_from_slice(x.as_f32()?);
     // No rows to normalise (and rows of length 0 would split nothing).
     if out.is_empty() {
         return Tensor::f32(x.shape.clone(), out);
@@ -167,8 +168,9 @@ pub fn softmax(cx: &Cx, x: &Tensor, axis: i64, log: bool, legacy: bool) -> OpRes
     if legacy || inner == 1 {
         // Before opset 13 the input is coerced to 2-D at `axis`; otherwise the axis is last.
         let len: usize = x.shape[axis..].iter().product();
-        softmax_rows(cx.threads, &mut out, len, log);
+        softmax_rows_into(cx.threads, x.as_f32()?, &mut out, len, log);
     } else {
+        out.copy_from_slice(x.as_f32()?);
         let n = x.shape[axis];
         let mut row = vec![0.0f32; n];
         for block in out.chunks_mut(n * inner) {
