@@ -1,7 +1,7 @@
 //! GFLOP/s of `sgemm`, `conv2d` and the int8 `qgemm` on shapes from the zoo models, on 1 and 2
 //! threads:
 //! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N] [--only NAME]
-//! [--gemms] [--cold]`. `--gemms`: the GEMMs alone. `--cold`: the NHWC convolutions read their weights from memory, not from a cache
+//! [--gemms] [--cold]`. `--gemms`: the GEMMs alone. `--cold`: the NHWC convolutions and the qgemm7 rows read their weights from memory, not from a cache
 //! (each call takes the next of enough copies to overflow the last-level cache), as the
 //! convolutions of a model whose weights exceed the cache do at batch 1.
 //! A tool for tuning the kernels; the model-level comparison is `cargo xtask bench executor`.
@@ -14,11 +14,13 @@ use cotenant_kernels::nhwc_depthwise::depthwise_nhwc;
 use cotenant_kernels::qgemm::{PackedA, PackedB, qgemm};
 use std::time::Instant;
 
-const GEMMS: [(usize, usize, usize, &str); 5] = [
+const GEMMS: [(usize, usize, usize, &str); 7] = [
     (64, 3136, 576, "resnet50 3x3 im2col 56x56"),
     (512, 196, 4608, "resnet50 3x3 im2col 14x14"),
     (128, 768, 768, "bert qkv, batch 1"),
     (128, 3072, 768, "bert ffn1, batch 1"),
+    (1024, 768, 768, "bert qkv, batch 8"),
+    (1024, 768, 3072, "bert ffn2, batch 8"),
     (1024, 1024, 1024, "square 1024"),
 ];
 
@@ -162,10 +164,15 @@ fn main() {
                 let b: Vec<i8> = (0..k * n).map(|i| (i * 104_729 % 127) as i8 - 63).collect();
                 let mut pa = PackedA::default();
                 pa.pack(m, k, &a, k, 3);
-                let pb = PackedB::new(k, n, &b, (n, 1), &[0]);
+                let copies = if cold { (256 << 20) / (k * n) + 1 } else { 1 };
+                let pbs: Vec<_> = (0..copies).map(|_| PackedB::new(k, n, &b, (n, 1), &[0])).collect();
                 let mut c = vec![0i32; m * n];
                 let ops = 2.0 * (m * n * k) as f64;
-                let s = time(ops, || qgemm(threads, &pa, &pb, &mut c));
+                let mut i = 0;
+                let s = time(ops, || {
+                    i = (i + 1) % copies;
+                    qgemm(threads, &pa, &pbs[i], &mut c)
+                });
                 println!(
                     "{threads}t qgemm7 {name:26} {m:5}x{n:5}x{k:5} {:7.1} GOP/s",
                     ops / s / 1e9

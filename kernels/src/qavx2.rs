@@ -54,24 +54,6 @@ pub(crate) trait Products {
     unsafe fn columns(acc: &Self::Sums) -> [__m256i; 2];
 }
 
-/// The 16 column sums of one row's accumulators, in column order.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(crate) unsafe fn column_sums<K: Products>(acc: &K::Sums) -> [i32; 16] {
-    // SAFETY: the CPU has AVX2.
-    let [lo, hi] = unsafe { K::columns(acc) };
-    let mut out = [0i32; 16];
-    // SAFETY: out holds 16 i32, two vectors of 8.
-    unsafe {
-        _mm256_storeu_si256(out.as_mut_ptr().cast(), lo);
-        _mm256_storeu_si256(out.as_mut_ptr().add(8).cast(), hi);
-    }
-    out
-}
-
 /// Row `r`'s 4 bytes of group `g`, as one 32-bit value.
 ///
 /// # Safety

@@ -550,26 +550,36 @@ unsafe fn avx2_products<K: crate::qavx2::Products, O, F: Fn(usize, usize, &[i32]
     out: SharedOut<O>,
     f: &F,
 ) {
-    for panel in panels {
-        if panel * LANES >= b.n {
-            break;
-        }
-        let mut i = rows.start;
-        while i < rows.end {
-            let mr = (rows.end - i).min(K::ROWS);
-            // SAFETY: as this function's contract; rows i..i + mr are within a.
-            unsafe {
-                match mr {
-                    4 => avx2_tile::<K, 4, O, F>(a, b, i, panel, out, f),
-                    3 => avx2_tile::<K, 3, O, F>(a, b, i, panel, out, f),
-                    2 => avx2_tile::<K, 2, O, F>(a, b, i, panel, out, f),
-                    _ => avx2_tile::<K, 1, O, F>(a, b, i, panel, out, f),
-                }
+    // Rows in blocks that stay in L2 while every panel of the task runs over them: the whole
+    // left operand, read again for each panel, would come from memory once past L2.
+    let block = (A_BLOCK_BYTES / a.kp.max(1)).max(1).div_ceil(K::ROWS) * K::ROWS;
+    for r0 in rows.clone().step_by(block) {
+        let r1 = (r0 + block).min(rows.end);
+        for panel in panels.clone() {
+            if panel * LANES >= b.n {
+                break;
             }
-            i += mr;
+            let mut i = r0;
+            while i < r1 {
+                let mr = (r1 - i).min(K::ROWS);
+                // SAFETY: as this function's contract; rows i..i + mr are within a.
+                unsafe {
+                    match mr {
+                        4 => avx2_tile::<K, 4, O, F>(a, b, i, panel, out, f),
+                        3 => avx2_tile::<K, 3, O, F>(a, b, i, panel, out, f),
+                        2 => avx2_tile::<K, 2, O, F>(a, b, i, panel, out, f),
+                        _ => avx2_tile::<K, 1, O, F>(a, b, i, panel, out, f),
+                    }
+                }
+                i += mr;
+            }
         }
     }
 }
+
+/// Bytes of the left operand that the AVX2 kernel runs every panel of a task over before it
+/// takes the next rows: a quarter of a 512 KiB L2, next to the task's panels.
+const A_BLOCK_BYTES: usize = 128 << 10;
 
 /// `R` rows from `i0` by panel `panel`, on AVX2.
 ///
@@ -591,6 +601,7 @@ unsafe fn avx2_tile<
     out: SharedOut<O>,
     f: &F,
 ) {
+    use std::arch::x86_64::*;
     let (kp, n, j0) = (a.kp, b.n, panel * LANES);
     let width = (n - j0).min(LANES);
     // SAFETY: rows i0..i0 + R and the panel lie within a.data and b.data (this function's
@@ -600,12 +611,26 @@ unsafe fn avx2_tile<
         let bp = b.data.as_ptr().add(panel * kp * LANES);
         K::products::<R>(K::zeros(), rows, bp, kp / 4)
     };
+    // The panel's zero points and column sums (both padded to whole panels).
+    // SAFETY: j0 + 16 <= panels · 16, their length; the CPU has AVX2.
+    let (zb, sb): ([__m256i; 2], [__m256i; 2]) = unsafe {
+        let at = |v: &[i32], h: usize| _mm256_loadu_si256(v.as_ptr().add(j0 + 8 * h).cast());
+        ([at(&b.zero, 0), at(&b.zero, 1)], [at(&b.sums, 0), at(&b.sums, 1)])
+    };
     for (r, acc) in acc.iter().enumerate() {
         let i = i0 + r;
-        // SAFETY: the CPU has AVX2.
-        let mut vals = unsafe { crate::qavx2::column_sums::<K>(acc) };
-        for (l, v) in vals[..width].iter_mut().enumerate() {
-            *v = corrected(a, b, i, j0 + l, *v);
+        // [`corrected`], 8 columns a vector.
+        let za = a.zero_of(i);
+        let t = _mm256_set1_epi32((b.k as i32).wrapping_mul(za).wrapping_sub(a.sums[i]));
+        let za = _mm256_set1_epi32(za);
+        let mut vals = [0i32; LANES];
+        // SAFETY: the CPU has AVX2; vals holds two vectors of 8.
+        unsafe {
+            for (h, sums) in K::columns(acc).into_iter().enumerate() {
+                let v = _mm256_add_epi32(sums, _mm256_mullo_epi32(zb[h], t));
+                let v = _mm256_sub_epi32(v, _mm256_mullo_epi32(za, sb[h]));
+                _mm256_storeu_si256(vals.as_mut_ptr().add(8 * h).cast(), v);
+            }
         }
         // SAFETY: i < m and j0 + width <= n: within the output; this task alone writes it.
         f(i, j0, &vals[..width], unsafe { out.row(i, n, j0, width) });
