@@ -456,6 +456,7 @@ unsafe fn avx2_tile<K: crate::qavx2::Products, const R: usize, O: Byte>(
     rq: &Requantize<'_>,
     out: SharedOut<O>,
 ) {
+    use std::arch::x86_64::_mm256_setzero_si256;
     let (kp, n, j0) = (w.kp, w.n, panel * LANES);
     let width = (n - j0).min(LANES);
     // SAFETY: the panel starts within w.data (this function's contract).
@@ -468,45 +469,52 @@ unsafe fn avx2_tile<K: crate::qavx2::Products, const R: usize, O: Byte>(
         // SAFETY: each run is `len` bytes; blocks i·groups.. of the panel lie within it.
         acc = unsafe { K::products::<R>(acc, rows, bp.add(i * groups * 4 * LANES), groups) };
     }
-    for (r, acc) in acc.iter().enumerate() {
-        // SAFETY: row r0 + r is an output row, columns j0..j0 + width <= n: within the
-        // output, written by this task alone; the CPU has AVX2.
-        unsafe {
-            let o = out.row(r0 + r, n, j0, width);
-            avx2_requantize(K::columns(acc), image.zx, w, rq, j0, o);
+    // SAFETY: rows r0..r0 + R are output rows, columns j0..j0 + width <= n: within the output,
+    // written by this task alone; the CPU has AVX2.
+    unsafe {
+        let mut cols = [[_mm256_setzero_si256(); 2]; R];
+        for (c, acc) in cols.iter_mut().zip(&acc) {
+            *c = K::columns(acc);
         }
+        avx2_requantize(cols, image.zx, w, rq, (out, r0, j0, width));
     }
 }
 
-/// `out[l]` = column `j0 + l`'s sum (from `cols`, columns `j0..j0 + 16`) requantized as
-/// [`Requantize::value`] works it, eight columns at a time where the panel is whole.
+/// Output row `r0 + r`'s `width` elements from column `j0` = the columns' sums in `cols[r]`
+/// (columns `j0..j0 + 16`) requantized as [`Requantize::value`] works it, eight columns at a
+/// time where the panel is whole. One call for the tile's rows: they share the panel's
+/// constants.
 ///
 /// # Safety
-/// The CPU has AVX2; `j0` starts a panel of `w` and `out` holds at most the panel's columns
-/// below `w.n`.
+/// The CPU has AVX2; `j0` starts a panel of `w`, `width` is its columns below `w.n`, and rows
+/// `r0..r0 + R` are output rows that no one else writes meanwhile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn avx2_requantize<O: Byte>(
-    cols: [std::arch::x86_64::__m256i; 2],
+unsafe fn avx2_requantize<O: Byte, const R: usize>(
+    cols: [[std::arch::x86_64::__m256i; 2]; R],
     zx: u8,
     w: &PackedB,
     rq: &Requantize<'_>,
-    j0: usize,
-    out: &mut [O],
+    (out, r0, j0, width): (SharedOut<O>, usize, usize, usize),
 ) {
     use std::arch::x86_64::*;
     let zx = zx as i32;
-    if out.len() < LANES {
-        let mut sums = [0i32; LANES];
-        // SAFETY: sums holds 16 i32, two vectors of 8.
-        unsafe {
-            _mm256_storeu_si256(sums.as_mut_ptr().cast(), cols[0]);
-            _mm256_storeu_si256(sums.as_mut_ptr().add(8).cast(), cols[1]);
-        }
-        for (l, (o, &v)) in out.iter_mut().zip(&sums).enumerate() {
-            let sum = v.wrapping_sub(zx.wrapping_mul(w.sums[j0 + l]));
-            *o = O::from_i32(rq.value(j0 + l, sum));
+    // SAFETY: as this function's contract.
+    let row = |r: usize| unsafe { out.row(r0 + r, w.n, j0, width) };
+    if width < LANES {
+        for (r, cols) in cols.iter().enumerate() {
+            let out = row(r);
+            let mut sums = [0i32; LANES];
+            // SAFETY: sums holds 16 i32, two vectors of 8.
+            unsafe {
+                _mm256_storeu_si256(sums.as_mut_ptr().cast(), cols[0]);
+                _mm256_storeu_si256(sums.as_mut_ptr().add(8).cast(), cols[1]);
+            }
+            for (l, (o, &v)) in out.iter_mut().zip(&sums).enumerate() {
+                let sum = v.wrapping_sub(zx.wrapping_mul(w.sums[j0 + l]));
+                *o = O::from_i32(rq.value(j0 + l, sum));
+            }
         }
         return;
     }
@@ -522,7 +530,7 @@ unsafe fn avx2_requantize<O: Byte>(
         0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
     );
     let halves = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-    for (h, &acc) in cols.iter().enumerate() {
+    for h in 0..2 {
         let j = j0 + 8 * h;
         // SAFETY: columns j..j + 8 lie within the panel (w.sums holds whole panels) and below
         // w.n <= mult.len(), offset.len() (asserted in `qconv_nhwc`): the panel is whole.
@@ -533,20 +541,24 @@ unsafe fn avx2_requantize<O: Byte>(
                 _mm256_loadu_ps(rq.offset.as_ptr().add(j)),
             )
         };
-        let sum = _mm256_sub_epi32(acc, _mm256_mullo_epi32(_mm256_set1_epi32(zx), sums));
-        let v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), mult), offset);
-        // max/min return their second operand for NaN: the bound.
-        let v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-        let v = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-        let v = _mm256_cvttps_epi32(_mm256_add_ps(v, zero));
-        let bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, low_bytes), halves);
-        // SAFETY: out holds 16 one-byte elements, of which these are 8h..8h + 8.
-        unsafe {
-            _mm_storel_epi64(
-                out.as_mut_ptr().add(8 * h).cast(),
-                _mm256_castsi256_si128(bytes),
-            )
-        };
+        let zx_sums = _mm256_mullo_epi32(_mm256_set1_epi32(zx), sums);
+        for (r, cols) in cols.iter().enumerate() {
+            let out = row(r);
+            let sum = _mm256_sub_epi32(cols[h], zx_sums);
+            let v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), mult), offset);
+            // max/min return their second operand for NaN: the bound.
+            let v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+            let v = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            let v = _mm256_cvttps_epi32(_mm256_add_ps(v, zero));
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, low_bytes), halves);
+            // SAFETY: out holds 16 one-byte elements, of which these are 8h..8h + 8.
+            unsafe {
+                _mm_storel_epi64(
+                    out.as_mut_ptr().add(8 * h).cast(),
+                    _mm256_castsi256_si128(bytes),
+                )
+            };
+        }
     }
 }
 
