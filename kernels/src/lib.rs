@@ -24,6 +24,7 @@ pub mod nhwc_depthwise;
 pub mod norm;
 pub mod pool;
 #[cfg(target_arch = "x86_64")]
+pub mod qadd;
 mod qavx2;
 pub mod qconv;
 pub mod qgemm;

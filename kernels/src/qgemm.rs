@@ -615,7 +615,10 @@ unsafe fn avx2_tile<
     // SAFETY: j0 + 16 <= panels · 16, their length; the CPU has AVX2.
     let (zb, sb): ([__m256i; 2], [__m256i; 2]) = unsafe {
         let at = |v: &[i32], h: usize| _mm256_loadu_si256(v.as_ptr().add(j0 + 8 * h).cast());
-        ([at(&b.zero, 0), at(&b.zero, 1)], [at(&b.sums, 0), at(&b.sums, 1)])
+        (
+            [at(&b.zero, 0), at(&b.zero, 1)],
+            [at(&b.sums, 0), at(&b.sums, 1)],
+        )
     };
     for (r, acc) in acc.iter().enumerate() {
         let i = i0 + r;

@@ -19,6 +19,7 @@ use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_n
 use cotenant_kernels::activation::clip;
 use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
+use cotenant_kernels::qadd::{QAddParams, qadd_u8};
 use cotenant_kernels::qconv::{self, Byte, Requantize, applies as nhwc_applies, round_even};
 use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm, qgemm_map};
 use cotenant_kernels::wide::wide;
@@ -1165,6 +1166,32 @@ fn qadd_into<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync, Y: Requanti
     y
 }
 
+/// [`qadd_into`] of uint8 inputs to uint8, on the kernels' vector loop (the same bytes).
+fn qadd_bytes(cx: &Cx, q: &QAdd, a: &[u8], b: &[u8]) -> Vec<u8> {
+    let p = QAddParams {
+        a_scale: q.a.scale,
+        a_zero: q.a.zero,
+        b_scale: q.b.scale,
+        b_zero: q.b.zero,
+        y_scale: q.y.scale,
+        y_zero: q.y.zero as f32,
+        floor: if q.relu { 0.0 } else { f32::NEG_INFINITY },
+    };
+    let mut y = cx.take_u8(a.len().min(b.len()));
+    let (a, b) = (&a[..y.len()], &b[..y.len()]);
+    // Split across the threads in cache-sized pieces when there is enough to split.
+    const PIECE: usize = 1 << 14;
+    if cx.threads > 1 && y.len() >= 2 * PIECE {
+        use rayon::prelude::*;
+        y.par_chunks_mut(PIECE)
+            .zip(a.par_chunks(PIECE).zip(b.par_chunks(PIECE)))
+            .for_each(|(y, (a, b))| qadd_u8(&p, a, b, y));
+    } else {
+        qadd_u8(&p, a, b, &mut y);
+    }
+    y
+}
+
 fn qadd(cx: &Cx, q: &QAdd, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     if a.shape != b.shape || a.dtype() != q.a.dtype || b.dtype() != q.b.dtype {
         // A broadcast (or inputs of other types): the separate ops.
@@ -1181,6 +1208,7 @@ fn qadd(cx: &Cx, q: &QAdd, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
         return Tensor::new(sum.shape, data);
     }
     let data = match (&a.data, &b.data) {
+        (Data::U8(a), Data::U8(b)) if q.y.dtype == DType::U8 => Data::U8(qadd_bytes(cx, q, a, b)),
         (Data::U8(a), Data::U8(b)) => qadd_slices(cx, q, a, b),
         (Data::U8(a), Data::I8(b)) => qadd_slices(cx, q, a, b),
         (Data::I8(a), Data::U8(b)) => qadd_slices(cx, q, a, b),

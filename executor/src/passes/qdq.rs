@@ -1098,18 +1098,19 @@ mod tests {
     }
 
     /// `Q(Relu(DQ(x) + DQ(x2)))`, x `[batch, 3, 4, 5]` and x2 of `shape2`.
-    fn add_graph(shape2: &[usize]) -> Graph {
+    fn add_graph(shape2: &[usize], x2_type: DType) -> Graph {
         let mut g = G::new();
         let x = g.input("x", DType::U8, &[1, 3, 4, 5]);
-        let x2 = g.input("x2", DType::I8, shape2);
+        let x2 = g.input("x2", x2_type, shape2);
+        let z2 = match x2_type {
+            DType::U8 => Data::U8(vec![250]),
+            _ => Data::I8(vec![-5]),
+        };
         let (s1, z1) = (
             g.constant(Tensor::scalar_f32(0.07)),
             g.constant(t(&[], Data::U8(vec![100]))),
         );
-        let (s2, z2) = (
-            g.constant(Tensor::scalar_f32(0.03)),
-            g.constant(t(&[], Data::I8(vec![-5]))),
-        );
+        let (s2, z2) = (g.constant(Tensor::scalar_f32(0.03)), g.constant(t(&[], z2)));
         let a = g.node(
             "DequantizeLinear",
             &[Some(x), Some(s1), Some(z1)],
@@ -1134,8 +1135,15 @@ mod tests {
 
     #[test]
     fn quantized_adds_are_one_pass_and_exact() {
-        for (shape2, batch) in [(vec![1, 3, 4, 5], 1), (vec![1, 3, 1, 1], 2)] {
+        // uint8 by uint8 runs the kernels' vector loop (32 bytes at a time, then the rest).
+        let cases = [
+            (vec![1, 3, 4, 5], 1, DType::I8),
+            (vec![1, 3, 1, 1], 2, DType::I8),
+            (vec![1, 3, 4, 5], 1, DType::U8),
+        ];
+        for (shape2, batch, x2_type) in cases {
             let n2: usize = shape2.iter().product();
+            let x2 = bytes(n2, 2);
             let inputs = || {
                 vec![
                     (
@@ -1146,15 +1154,18 @@ mod tests {
                         "x2".to_string(),
                         t(
                             &shape2,
-                            Data::I8(bytes(n2, 2).iter().map(|&b| b as i8).collect()),
+                            match x2_type {
+                                DType::U8 => Data::U8(x2.clone()),
+                                _ => Data::I8(x2.iter().map(|&b| b as i8).collect()),
+                            },
                         ),
                     ),
                 ]
             };
-            let (names, want, got) = run_both(add_graph(&shape2), &inputs);
+            let (names, want, got) = run_both(add_graph(&shape2, x2_type), &inputs);
             assert_eq!(names, ["QAdd+Relu"]);
             assert_eq!(want.shape, got.shape);
-            assert_eq!(want.data, got.data, "x2 of {shape2:?}");
+            assert_eq!(want.data, got.data, "x2 of {shape2:?}, {x2_type:?}");
         }
     }
 
