@@ -148,15 +148,46 @@ mod sealed {
 pub trait Byte: sealed::OneByte + Copy + Send + Sync + 'static {
     /// From a value in the type's range.
     fn from_i32(v: i32) -> Self;
+
+    /// 16-bit values of the type's range, in two vectors, as bytes with the type's saturation
+    /// (`_mm256_packus_epi16` or `_mm256_packs_epi16`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn pack(
+        a: std::arch::x86_64::__m256i,
+        b: std::arch::x86_64::__m256i,
+    ) -> std::arch::x86_64::__m256i;
 }
 impl Byte for u8 {
     fn from_i32(v: i32) -> u8 {
         v as u8
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn pack(
+        a: std::arch::x86_64::__m256i,
+        b: std::arch::x86_64::__m256i,
+    ) -> std::arch::x86_64::__m256i {
+        std::arch::x86_64::_mm256_packus_epi16(a, b)
+    }
 }
 impl Byte for i8 {
     fn from_i32(v: i32) -> i8 {
         v as i8
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn pack(
+        a: std::arch::x86_64::__m256i,
+        b: std::arch::x86_64::__m256i,
+    ) -> std::arch::x86_64::__m256i {
+        std::arch::x86_64::_mm256_packs_epi16(a, b)
     }
 }
 
@@ -518,46 +549,55 @@ unsafe fn avx2_requantize<O: Byte, const R: usize>(
         }
         return;
     }
-    let (zero, lo, hi) = (
-        _mm256_set1_ps(rq.zero),
+    let (lo, hi) = (
         _mm256_set1_ps(rq.lo - rq.zero),
         _mm256_set1_ps(rq.hi - rq.zero),
     );
-    // Byte 0 of each 32-bit value, gathered into the low 4 bytes of each 128-bit half, then
-    // the two halves' 4 bytes side by side.
-    let low_bytes = _mm256_setr_epi8(
-        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, //
-        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-    );
-    let halves = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-    for h in 0..2 {
+    // `rq.zero` is a whole number within the type's range.
+    let zero = _mm256_set1_epi32(rq.zero as i32);
+    // The panel's constants, columns 8h..8h + 8 in half h: zx·Σw, the multiplier, the offset.
+    let consts: [[__m256i; 3]; 2] = std::array::from_fn(|h| {
         let j = j0 + 8 * h;
         // SAFETY: columns j..j + 8 lie within the panel (w.sums holds whole panels) and below
         // w.n <= mult.len(), offset.len() (asserted in `qconv_nhwc`): the panel is whole.
-        let (sums, mult, offset) = unsafe {
-            (
-                _mm256_loadu_si256(w.sums.as_ptr().add(j).cast()),
-                _mm256_loadu_ps(rq.mult.as_ptr().add(j)),
-                _mm256_loadu_ps(rq.offset.as_ptr().add(j)),
-            )
-        };
-        let zx_sums = _mm256_mullo_epi32(_mm256_set1_epi32(zx), sums);
-        for (r, cols) in cols.iter().enumerate() {
-            let out = row(r);
-            let sum = _mm256_sub_epi32(cols[h], zx_sums);
-            let v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), mult), offset);
+        unsafe {
+            let sums = _mm256_loadu_si256(w.sums.as_ptr().add(j).cast());
+            [
+                _mm256_mullo_epi32(_mm256_set1_epi32(zx), sums),
+                _mm256_castps_si256(_mm256_loadu_ps(rq.mult.as_ptr().add(j))),
+                _mm256_castps_si256(_mm256_loadu_ps(rq.offset.as_ptr().add(j))),
+            ]
+        }
+    });
+    // Row r's 16 values as 16-bit integers, in the order `_mm256_packs_epi32` leaves them.
+    let words = |r: usize| {
+        let v: [__m256i; 2] = std::array::from_fn(|h| {
+            let [zx_sums, mult, offset] = consts[h];
+            let sum = _mm256_sub_epi32(cols[r][h], zx_sums);
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_castsi256_ps(mult));
+            let v = _mm256_add_ps(v, _mm256_castsi256_ps(offset));
             // max/min return their second operand for NaN: the bound.
             let v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-            let v = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-            let v = _mm256_cvttps_epi32(_mm256_add_ps(v, zero));
-            let bytes = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, low_bytes), halves);
-            // SAFETY: out holds 16 one-byte elements, of which these are 8h..8h + 8.
-            unsafe {
-                _mm_storel_epi64(
-                    out.as_mut_ptr().add(8 * h).cast(),
-                    _mm256_castsi256_si128(bytes),
-                )
-            };
+            // Rounds to nearest, ties to even (the default rounding mode); whole numbers add
+            // exactly.
+            _mm256_add_epi32(_mm256_cvtps_epi32(v), zero)
+        });
+        _mm256_packs_epi32(v[0], v[1])
+    };
+    // After packing to 16 and to 8 bits within 128-bit lanes, 4-byte group g holds columns
+    // 4·(g / 2).. of row A (even g of the low lane, ...): this puts each row's 16 in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for r in (0..R).step_by(2) {
+        let (a, b) = (words(r), words((r + 1).min(R - 1)));
+        // SAFETY: the CPU has AVX2.
+        let bytes = _mm256_permutevar8x32_epi32(unsafe { O::pack(a, b) }, order);
+        // SAFETY: each row holds 16 one-byte elements (a whole panel).
+        unsafe {
+            _mm_storeu_si128(row(r).as_mut_ptr().cast(), _mm256_castsi256_si128(bytes));
+            if r + 1 < R {
+                let high = _mm256_extracti128_si256::<1>(bytes);
+                _mm_storeu_si128(row(r + 1).as_mut_ptr().cast(), high);
+            }
         }
     }
 }
@@ -781,45 +821,68 @@ mod tests {
                         hi,
                     };
                     let sums = reference(&p, &x, zx, &wt);
-                    let want: Vec<u8> = (sums.iter().enumerate())
-                        .map(|(i, &v)| rq.value(i % m, v) as u8)
+                    let want: Vec<i32> = (sums.iter().enumerate())
+                        .map(|(i, &v)| rq.value(i % m, v))
                         .collect();
                     assert!(want.iter().any(|&v| v != want[0]), "outputs that vary");
-                    for threads in [1, 3] {
-                        let mut got = vec![7u8; want.len()];
-                        qconv_nhwc(threads, &p, &x, zx, &packed, &rq, &mut got);
-                        assert_eq!(got, want, "{p:?} zx {zx} on {threads} threads");
-                    }
-                    let mut got = vec![7u8; want.len()];
-                    let rows = 0..n * p.oh * p.ow;
-                    let runs = runs(c, p.kw, p.dw).expect("runs");
-                    let image = Image {
-                        p: &p,
-                        x: &x,
-                        pad: &vec![zx; runs.len],
-                        zx,
-                        runs,
+                    // Outputs of the type whose range this is.
+                    let paths = match lo < 0.0 {
+                        true => every_path::<i8>(&p, &x, zx, &packed, &rq),
+                        false => every_path::<u8>(&p, &x, zx, &packed, &rq),
                     };
-                    let panels = 0..packed.panels;
-                    for block in panels.clone().step_by(NP) {
-                        let ps = block..(block + NP).min(packed.panels);
-                        let out = SharedOut(got.as_mut_ptr());
-                        portable_tiles(&image, &packed, rows.clone(), ps, &rq, out);
-                    }
-                    assert_eq!(got, want, "portable {p:?} zx {zx}");
-                    #[cfg(target_arch = "x86_64")]
-                    if crate::qavx2_available() {
-                        let mut got = vec![7u8; want.len()];
-                        let out = SharedOut(got.as_mut_ptr());
-                        // SAFETY: the CPU has AVX2; the operands are as qconv_nhwc asserts.
-                        unsafe {
-                            avx2_tiles(&image, &packed, rows.clone(), panels.clone(), &rq, out)
-                        };
-                        assert_eq!(got, want, "AVX2 {p:?} zx {zx}");
+                    for (path, got) in paths {
+                        assert_eq!(got, want, "{path}: {p:?} zx {zx}");
                     }
                 }
             }
         }
+    }
+
+    /// The outputs of `qconv_nhwc` on 1 and 3 threads, of the portable tiles and (where the CPU
+    /// has AVX2) of the AVX2 tiles, each named.
+    fn every_path<O: Byte + Into<i32>>(
+        p: &Conv2d,
+        x: &[u8],
+        zx: u8,
+        packed: &PackedB,
+        rq: &Requantize<'_>,
+    ) -> Vec<(String, Vec<i32>)> {
+        let len = p.n * p.oh * p.ow * p.m;
+        let fresh = || vec![O::from_i32(7); len];
+        let ints = |v: Vec<O>| v.into_iter().map(Into::into).collect::<Vec<i32>>();
+        let mut paths = Vec::new();
+        for threads in [1, 3] {
+            let mut got = fresh();
+            qconv_nhwc(threads, p, x, zx, packed, rq, &mut got);
+            paths.push((format!("{threads} threads"), ints(got)));
+        }
+        let rows = 0..p.n * p.oh * p.ow;
+        let runs = runs(p.c, p.kw, p.dw).expect("runs");
+        let pad = vec![zx; runs.len];
+        let image = Image {
+            p,
+            x,
+            pad: &pad,
+            zx,
+            runs,
+        };
+        let panels = 0..packed.panels;
+        let mut got = fresh();
+        for block in panels.clone().step_by(NP) {
+            let ps = block..(block + NP).min(packed.panels);
+            let out = SharedOut(got.as_mut_ptr());
+            portable_tiles(&image, packed, rows.clone(), ps, rq, out);
+        }
+        paths.push(("portable".to_string(), ints(got)));
+        #[cfg(target_arch = "x86_64")]
+        if crate::qavx2_available() {
+            let mut got = fresh();
+            let out = SharedOut(got.as_mut_ptr());
+            // SAFETY: the CPU has AVX2; the operands are as qconv_nhwc asserts.
+            unsafe { avx2_tiles(&image, packed, rows, panels, rq, out) };
+            paths.push(("AVX2".to_string(), ints(got)));
+        }
+        paths
     }
 
     #[test]
