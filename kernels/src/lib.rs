@@ -23,11 +23,11 @@ pub mod nhwc_conv;
 pub mod nhwc_depthwise;
 pub mod norm;
 pub mod pool;
-#[cfg(target_arch = "x86_64")]
-pub mod qadd;
 mod qavx2;
 pub mod qconv;
 pub mod qgemm;
+#[cfg(target_arch = "x86_64")]
+pub mod quantize;
 pub mod wide;
 
 /// Seeded pseudo-random bytes for the kernels' tests.

@@ -19,9 +19,9 @@ use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_n
 use cotenant_kernels::activation::clip;
 use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
-use cotenant_kernels::qadd::{QAddParams, qadd_u8};
 use cotenant_kernels::qconv::{self, Byte, Requantize, applies as nhwc_applies, round_even};
 use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm, qgemm_map};
+use cotenant_kernels::quantize::{QAddParams, qadd_u8, quantize_u8};
 use cotenant_kernels::wide::wide;
 use std::sync::Arc;
 
@@ -531,7 +531,15 @@ fn quantize_f32(
     let params = |r: usize| (sv[param(r)], zv[param(r)]);
     Ok(Some(match dtype {
         DType::I8 => Data::I8(quantize_runs(xv, run, params)),
-        _ => Data::U8(quantize_runs(xv, run, params)),
+        _ => {
+            // The kernels' vector loop, the same bytes.
+            let mut y = vec![0u8; xv.len()];
+            for (r, (y, x)) in y.chunks_mut(run).zip(xv.chunks(run)).enumerate() {
+                let (s, z) = params(r);
+                quantize_u8(x, s, z, y);
+            }
+            Data::U8(y)
+        }
     }))
 }
 
@@ -670,14 +678,7 @@ fn dynamic_quantize(cx: &Cx, x: &Tensor) -> OpResult<Vec<Tensor>> {
     let scale = if max == min { 1.0 } else { max - min } / 255.0;
     let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
     let mut y = cx.take_u8(v.len());
-    wide(
-        #[inline(always)]
-        || {
-            for (y, &e) in y.iter_mut().zip(v) {
-                *y = quantize_value(e, scale, zp, 0.0, 255.0) as u8;
-            }
-        },
-    );
+    quantize_u8(v, scale, zp, &mut y);
     Ok(vec![
         Tensor::new(x.shape.clone(), Data::U8(y))?,
         Tensor::scalar_f32(scale),
