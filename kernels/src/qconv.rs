@@ -19,6 +19,8 @@
 use crate::conv::Conv2d;
 use crate::qgemm::{LANES, MR, NP, PackedB, SharedOut, vnni};
 use rayon::prelude::*;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{__m256i, _mm256_packs_epi16, _mm256_packus_epi16};
 
 /// Packed weights up to this size are read whole for each tile of output rows.
 const L2_WEIGHTS: usize = 256 << 10;
@@ -155,10 +157,7 @@ pub trait Byte: sealed::OneByte + Copy + Send + Sync + 'static {
     /// # Safety
     /// The CPU has AVX2.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn pack(
-        a: std::arch::x86_64::__m256i,
-        b: std::arch::x86_64::__m256i,
-    ) -> std::arch::x86_64::__m256i;
+    unsafe fn pack(a: __m256i, b: __m256i) -> __m256i;
 }
 impl Byte for u8 {
     fn from_i32(v: i32) -> u8 {
@@ -168,11 +167,8 @@ impl Byte for u8 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn pack(
-        a: std::arch::x86_64::__m256i,
-        b: std::arch::x86_64::__m256i,
-    ) -> std::arch::x86_64::__m256i {
-        std::arch::x86_64::_mm256_packus_epi16(a, b)
+    unsafe fn pack(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_packus_epi16(a, b)
     }
 }
 impl Byte for i8 {
@@ -183,11 +179,8 @@ impl Byte for i8 {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn pack(
-        a: std::arch::x86_64::__m256i,
-        b: std::arch::x86_64::__m256i,
-    ) -> std::arch::x86_64::__m256i {
-        std::arch::x86_64::_mm256_packs_epi16(a, b)
+    unsafe fn pack(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_packs_epi16(a, b)
     }
 }
 
@@ -584,8 +577,9 @@ unsafe fn avx2_requantize<O: Byte, const R: usize>(
         });
         _mm256_packs_epi32(v[0], v[1])
     };
-    // After packing to 16 and to 8 bits within 128-bit lanes, 4-byte group g holds columns
-    // 4·(g / 2).. of row A (even g of the low lane, ...): this puts each row's 16 in order.
+    // Packing (within 128-bit lanes) leaves 4-byte groups of columns 0-3 and 8-11 of row a,
+    // the same of row b, then columns 4-7 and 12-15 of each: this permutation puts row a's 16
+    // in the low half, row b's in the high half.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for r in (0..R).step_by(2) {
         let (a, b) = (words(r), words((r + 1).min(R - 1)));

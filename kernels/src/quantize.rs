@@ -108,8 +108,8 @@ unsafe fn avx2_blocks(
     let ps = _mm256_set1_ps;
     let (scale, zero, big, top) = (ps(scale), ps(zero), ps(4_194_304.0), ps(255.0));
     let low = _mm256_sub_ps(_mm256_setzero_ps(), big);
-    // After packing 32-bit values to 16 and to 8 bits within 128-bit lanes, 4-byte group g of
-    // the result holds the values 8g'.. of another vector: this puts them back in order.
+    // Packing (within 128-bit lanes) leaves 4-byte groups of values 0-3 of vectors 0, 1, 2, 3,
+    // then values 4-7 of each: this permutation puts the 32 in order.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let blocks = y.len() / 32;
     for blk in 0..blocks {
