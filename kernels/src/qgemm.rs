@@ -863,6 +863,8 @@ mod tests {
         (25, 70, 131),
         (1, 1000, 259),
         (50, 3, 30),
+        // Rows in several of the AVX2 kernel's L2 blocks (16 rows each at this reduction).
+        (37, 20, 8192),
         (0, 4, 4),
         (4, 0, 4),
         (4, 4, 0),
