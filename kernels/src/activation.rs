@@ -118,38 +118,51 @@ pub(crate) fn avx2_fma() -> bool {
 }
 
 /// Where an elementwise function's results go: back into its input, or into another slice.
-trait Elements {
-    fn map(self, f: impl Fn(f32) -> f32);
+pub(crate) trait Elements<'a> {
+    /// The values the function reads.
+    fn source(&self) -> &[f32];
+    /// Writes `f` of every source value; returns where they went.
+    fn map(self, f: impl Fn(f32) -> f32) -> &'a mut [f32];
 }
 
-struct InPlace<'a>(&'a mut [f32]);
+pub(crate) struct InPlace<'a>(pub(crate) &'a mut [f32]);
 
-impl Elements for InPlace<'_> {
+impl<'a> Elements<'a> for InPlace<'a> {
     #[inline(always)]
-    fn map(self, f: impl Fn(f32) -> f32) {
+    fn source(&self) -> &[f32] {
+        self.0
+    }
+    #[inline(always)]
+    fn map(self, f: impl Fn(f32) -> f32) -> &'a mut [f32] {
         self.0.iter_mut().for_each(|x| *x = f(*x));
+        self.0
     }
 }
 
 /// Source, destination (of one length).
-struct OutOfPlace<'a>(&'a [f32], &'a mut [f32]);
+pub(crate) struct OutOfPlace<'a>(pub(crate) &'a [f32], pub(crate) &'a mut [f32]);
 
-impl Elements for OutOfPlace<'_> {
+impl<'a> Elements<'a> for OutOfPlace<'a> {
     #[inline(always)]
-    fn map(self, f: impl Fn(f32) -> f32) {
+    fn source(&self) -> &[f32] {
+        self.0
+    }
+    #[inline(always)]
+    fn map(self, f: impl Fn(f32) -> f32) -> &'a mut [f32] {
         self.1.iter_mut().zip(self.0).for_each(|(d, &x)| *d = f(x));
+        self.1
     }
 }
 
 /// `act(x + bias)` of every element. Matching outside the loops lets each arm vectorise.
 #[inline(always)]
-fn map_act(data: impl Elements, bias: Option<f32>, act: Option<Activation>) {
+fn map_act<'a>(data: impl Elements<'a>, bias: Option<f32>, act: Option<Activation>) {
     #[inline(always)]
-    fn each(data: impl Elements, bias: Option<f32>, f: impl Fn(f32) -> f32) {
+    fn each<'a>(data: impl Elements<'a>, bias: Option<f32>, f: impl Fn(f32) -> f32) {
         match bias {
             Some(b) => data.map(|x| f(x + b)),
             None => data.map(f),
-        }
+        };
     }
     match act {
         None => each(data, bias, |x| x),

@@ -1,8 +1,8 @@
 //! Row-wise normalisations: softmax / log-softmax, layer normalisation and RMS normalisation
 //! over the last axis.
 
+use crate::activation::{Elements, InPlace, OutOfPlace};
 use rayon::prelude::*;
-use std::cell::RefCell;
 
 fn rows(threads: usize, data: &mut [f32], len: usize, f: impl Fn(&mut [f32]) + Sync + Send) {
     if len == 0 {
@@ -17,19 +17,11 @@ fn rows(threads: usize, data: &mut [f32], len: usize, f: impl Fn(&mut [f32]) + S
 
 /// Softmax (or log-softmax) of every contiguous row of length `len`, in place.
 pub fn softmax_rows(threads: usize, data: &mut [f32], len: usize, log: bool) {
-    thread_local! {
-        /// A copy of the row being normalised.
-        static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    }
     rows(threads, data, len, |r| {
-        ROW.with_borrow_mut(|row| {
-            row.clear();
-            row.extend_from_slice(r);
-            crate::wide::wide(
-                #[inline(always)]
-                || softmax_row(row, r, log),
-            )
-        })
+        crate::wide::wide(
+            #[inline(always)]
+            || softmax_row(InPlace(r), log),
+        )
     });
 }
 
@@ -50,7 +42,7 @@ pub fn softmax_rows_into(threads: usize, src: &[f32], dst: &mut [f32], len: usiz
     let run = |(d, s): (&mut [f32], &[f32])| {
         crate::wide::wide(
             #[inline(always)]
-            || softmax_row(s, d, log),
+            || softmax_row(OutOfPlace(s, d), log),
         )
     };
     if threads > 1 && dst.len() >= crate::PAR_MIN_WORK {
@@ -62,17 +54,15 @@ pub fn softmax_rows_into(threads: usize, src: &[f32], dst: &mut [f32], len: usiz
     }
 }
 
-/// The softmax of row `x` into `out`.
+/// The softmax of one row, where `row` puts it.
 #[inline(always)]
-fn softmax_row(x: &[f32], out: &mut [f32], log: bool) {
-    let m = lane_max(x);
+fn softmax_row<'a>(row: impl Elements<'a>, log: bool) {
+    let m = lane_max(row.source());
     if log {
-        let ls = lane_sum(x, |v| crate::activation::exp(v - m)).ln();
-        out.iter_mut().zip(x).for_each(|(o, &v)| *o = v - m - ls);
+        let ls = lane_sum(row.source(), |v| crate::activation::exp(v - m)).ln();
+        row.map(|v| v - m - ls);
     } else {
-        out.iter_mut()
-            .zip(x)
-            .for_each(|(o, &v)| *o = crate::activation::exp(v - m));
+        let out = row.map(|v| crate::activation::exp(v - m));
         let inv = 1.0 / lane_sum(out, |v| v);
         out.iter_mut().for_each(|v| *v *= inv);
     }

@@ -1141,7 +1141,7 @@ fn qadd_into<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync, Y: Requanti
     let (sy, zy, relu) = (q.y.scale, q.y.zero as f32, q.relu);
     let floor = if relu { 0.0 } else { f32::NEG_INFINITY };
     let mut y = Y::buffer(cx, a.len().min(b.len()));
-    let chunk = |(y, (a, b)): (&mut [Y], (&[A], &[B]))| {
+    in_pieces(cx, &mut y, a, b, |y, a, b| {
         wide(
             #[inline(always)]
             || {
@@ -1153,18 +1153,29 @@ fn qadd_into<A: Copy + Into<i32> + Sync, B: Copy + Into<i32> + Sync, Y: Requanti
                 }
             },
         )
-    };
-    // Split across the threads in cache-sized pieces when there is enough to split.
+    });
+    y
+}
+
+/// `f(y, a, b)` over pieces of `y` and the same elements of `a` and `b`: split across the
+/// threads in cache-sized pieces when there is enough to split.
+fn in_pieces<A: Sync, B: Sync, Y: Send>(
+    cx: &Cx,
+    y: &mut [Y],
+    a: &[A],
+    b: &[B],
+    f: impl Fn(&mut [Y], &[A], &[B]) + Sync,
+) {
     const PIECE: usize = 1 << 14;
+    let (a, b) = (&a[..y.len()], &b[..y.len()]);
     if cx.threads > 1 && y.len() >= 2 * PIECE {
         use rayon::prelude::*;
         y.par_chunks_mut(PIECE)
             .zip(a.par_chunks(PIECE).zip(b.par_chunks(PIECE)))
-            .for_each(chunk);
+            .for_each(|(y, (a, b))| f(y, a, b));
     } else {
-        chunk((&mut y[..], (a, b)));
+        f(y, a, b);
     }
-    y
 }
 
 /// [`qadd_into`] of uint8 inputs to uint8, on the kernels' vector loop (the same bytes).
@@ -1179,17 +1190,7 @@ fn qadd_bytes(cx: &Cx, q: &QAdd, a: &[u8], b: &[u8]) -> Vec<u8> {
         floor: if q.relu { 0.0 } else { f32::NEG_INFINITY },
     };
     let mut y = cx.take_u8(a.len().min(b.len()));
-    let (a, b) = (&a[..y.len()], &b[..y.len()]);
-    // Split across the threads in cache-sized pieces when there is enough to split.
-    const PIECE: usize = 1 << 14;
-    if cx.threads > 1 && y.len() >= 2 * PIECE {
-        use rayon::prelude::*;
-        y.par_chunks_mut(PIECE)
-            .zip(a.par_chunks(PIECE).zip(b.par_chunks(PIECE)))
-            .for_each(|(y, (a, b))| qadd_u8(&p, a, b, y));
-    } else {
-        qadd_u8(&p, a, b, &mut y);
-    }
+    in_pieces(cx, &mut y, a, b, |y, a, b| qadd_u8(&p, a, b, y));
     y
 }
 
