@@ -1,4 +1,4 @@
-//! GFLOP/s of `sgemm`, `conv2d` and the int8 `qgemm` on shapes from the zoo models, on 1 and 2
+//! GFLOP/s of `sgemm`, `conv2d` and the int8 `qgemm` and `qconv` on shapes from the zoo models, on 1 and 2
 //! threads:
 //! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N] [--only NAME]
 //! [--gemms] [--cold]`. `--gemms`: the GEMMs alone. `--cold`: the NHWC convolutions and the qgemm7 rows read their weights from memory, not from a cache
@@ -11,6 +11,7 @@ use cotenant_kernels::direct_conv::{PackedFilter, applies, direct_conv};
 use cotenant_kernels::gemm::{Mat, sgemm};
 use cotenant_kernels::nhwc_conv::{self, NhwcFilter, conv_nhwc};
 use cotenant_kernels::nhwc_depthwise::depthwise_nhwc;
+use cotenant_kernels::qconv::{self, Requantize, qconv_nhwc};
 use cotenant_kernels::qgemm::{PackedA, PackedB, qgemm};
 use std::time::Instant;
 
@@ -68,6 +69,11 @@ const DEPTHWISE: [(usize, usize, usize, &str); 6] = [
     (576, 14, 1, "dw 576 14"),
     (960, 7, 1, "dw 960 7"),
 ];
+
+/// `len` weights in the 7-bit range of onnxruntime's `reduce_range`.
+fn seven_bit(len: usize) -> Vec<i8> {
+    (0..len).map(|i| (i * 104_729 % 127) as i8 - 63).collect()
+}
 
 /// A square convolution with "same" padding.
 fn geometry(
@@ -161,7 +167,7 @@ fn main() {
                 // The products of a dynamically quantized MatMul: uint8 rows by 7-bit weights
                 // (`reduce_range`), the pairs AVX2's `vpmaddubsw` sums without saturating.
                 let a: Vec<u8> = (0..m * k).map(|i| (i * 7919 % 251) as u8).collect();
-                let b: Vec<i8> = (0..k * n).map(|i| (i * 104_729 % 127) as i8 - 63).collect();
+                let b = seven_bit(k * n);
                 let mut pa = PackedA::default();
                 pa.pack(m, k, &a, k, 3);
                 let copies = if cold { (256 << 20) / (k * n) + 1 } else { 1 };
@@ -214,6 +220,20 @@ fn main() {
                     println!(
                         "{threads}t direct batch {n} {name:20} {:7.1} GFLOP/s {:8.3} ms  err {err:e}",
                         flops / s / 1e9,
+                        s * 1e3
+                    );
+                }
+                if let Some(f) = qconv::pack_filter(m, c, (kk, kk), 1, &seven_bit(m * c * kk * kk)) {
+                    // The same convolution quantized: uint8 activations, 7-bit weights (as
+                    // compare.py's resnet50_int8), requantized to uint8 with a ReLU.
+                    let xq: Vec<u8> = (0..x.len()).map(|i| (i * 7919 % 251) as u8).collect();
+                    let (mult, offset) = (vec![1e-3f32; m], vec![0.5f32; m]);
+                    let rq = Requantize { mult: &mult, offset: &offset, zero: 3.0, lo: 3.0, hi: 255.0 };
+                    let mut oq = vec![0u8; out.len()];
+                    let s = time(flops, || qconv_nhwc(threads, &p, &xq, 5, &f, &rq, &mut oq));
+                    println!(
+                        "{threads}t qconv batch {n} {name:21} {:7.1} GMAC/s {:8.3} ms",
+                        flops / 2.0 / s / 1e9,
                         s * 1e3
                     );
                 }
