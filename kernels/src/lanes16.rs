@@ -29,6 +29,21 @@ pub(crate) trait Lanes16: Copy {
     unsafe fn clamp(self, lo: Self, hi: Self) -> Self;
     /// The sum of the 16 lanes, in one fixed order.
     unsafe fn reduce_add(self) -> f32;
+
+    /// What a kernel short of registers computes at a time: the 16 lanes in one register, or
+    /// on AVX2 each half (8 lanes, one register) on its own, `PARTS` of them.
+    type Part: Copy;
+    const PARTS: usize;
+    unsafe fn part_zero() -> Self::Part;
+    /// One part's lanes from `p`.
+    unsafe fn part_load(p: *const f32) -> Self::Part;
+    /// Part `h`'s lanes of `m` from `p` (its lanes start at `p`), zero elsewhere; nothing else
+    /// is read.
+    unsafe fn part_load_masked(m: Self::Mask, h: usize, p: *const f32) -> Self::Part;
+    /// `acc + a·b`, rounded once.
+    unsafe fn part_fmadd(acc: Self::Part, a: Self::Part, b: Self::Part) -> Self::Part;
+    /// The 16 lanes of `parts[..PARTS]`.
+    unsafe fn join(parts: [Self::Part; 2]) -> Self;
 }
 
 use std::arch::x86_64::*;
@@ -93,6 +108,35 @@ impl Lanes16 for Avx512 {
     #[inline]
     unsafe fn reduce_add(self) -> f32 {
         _mm512_reduce_add_ps(self.0)
+    }
+    type Part = __m512;
+    const PARTS: usize = 1;
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn part_zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn part_load(p: *const f32) -> __m512 {
+        // SAFETY: the caller's.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn part_load_masked(m: u16, _: usize, p: *const f32) -> __m512 {
+        // SAFETY: the caller's.
+        unsafe { _mm512_maskz_loadu_ps(m, p) }
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn part_fmadd(acc: __m512, a: __m512, b: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, acc)
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn join(parts: [__m512; 2]) -> Self {
+        Avx512(parts[0])
     }
 }
 
@@ -198,5 +242,40 @@ impl Lanes16 for Avx2 {
         );
         let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
         _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)))
+    }
+    type Part = __m256;
+    const PARTS: usize = 2;
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn part_zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn part_load(p: *const f32) -> __m256 {
+        // SAFETY: the caller's.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn part_load_masked(m: Avx2Mask, h: usize, p: *const f32) -> __m256 {
+        // SAFETY: the caller's (a masked-off lane is not read).
+        unsafe {
+            if m.all {
+                _mm256_loadu_ps(p)
+            } else {
+                _mm256_maskload_ps(p, m.halves[h])
+            }
+        }
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn part_fmadd(acc: __m256, a: __m256, b: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, acc)
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn join(parts: [__m256; 2]) -> Self {
+        Avx2(parts)
     }
 }

@@ -189,12 +189,14 @@ unsafe fn output_row<V: Lanes16>(
             for ox in (0..lo).chain(hi..p.ow) {
                 block::<V, 1, true>(&src, ox, epi, at(ox), out);
             }
+            // 8 positions where their accumulators fit in registers: on AVX-512, or where
+            // a 3-wide row's sums run a register at a time (`sums_row3`).
+            let row3 = p.kw == 3 && p.dw == 1 && p.sw == 1;
+            let wide = V::REGISTERS >= 32 || row3;
             let mut ox = lo;
             while ox < hi {
                 ox += match hi - ox {
-                    n if n >= 8 && V::REGISTERS >= 32 => {
-                        block::<V, 8, false>(&src, ox, epi, at(ox), out)
-                    }
+                    n if n >= 8 && wide => block::<V, 8, false>(&src, ox, epi, at(ox), out),
                     4.. => block::<V, 4, false>(&src, ox, epi, at(ox), out),
                     2.. => block::<V, 2, false>(&src, ox, epi, at(ox), out),
                     _ => block::<V, 1, false>(&src, ox, epi, at(ox), out),
@@ -318,7 +320,9 @@ unsafe fn sums<V: Lanes16, const N: usize, const CHECKED: bool>(
 /// [`sums`] of a 3-wide kernel at stride `S` (1 or 2) and dilation 1 across, windows inside
 /// the image: neighbouring positions share taps, so each kernel row loads its `S·(N - 1) + 3`
 /// input panels once (not `3·N` loads), each while it serves the positions whose taps read it
-/// (a whole row of panels would not fit in AVX2's registers). The same products in the same
+/// (a whole row of panels would not fit in AVX2's registers). On AVX2 each half of the panel
+/// runs on its own: with both, the accumulators of 4 positions and the row's weights did not
+/// fit in the 16 registers, and the weights went to the stack. The same products in the same
 /// order.
 ///
 /// # Safety
@@ -333,30 +337,37 @@ unsafe fn sums_row3<V: Lanes16, const N: usize, const S: usize>(
     let (c, w) = (p.c as isize, p.w as isize);
     let x0 = (ox * S) as isize - p.pl as isize;
     // SAFETY: the CPU has V's instructions.
-    let zero = unsafe { V::zero() };
-    let mut acc = [zero; N];
-    for ky in src.kys.0..src.kys.1 {
-        let iy = src.y0 + (ky * p.dh) as isize;
-        // SAFETY: taps 3·ky.. of the panel's weights.
-        let wv: [V; 3] =
-            std::array::from_fn(|kx| unsafe { V::load(src.w.add((ky * 3 + kx) * LANES)) });
-        // SAFETY (offset): pixels x0..x0 + S·(N - 1) + 3 of row iy lie inside the image.
-        let row = src.x.wrapping_offset((iy * w + x0) * c);
-        // Input panel j serves position i through tap kx = j - S·i: each accumulator still
-        // takes its taps in ascending order, and only one input panel is live at a time.
-        for j in 0..S * (N - 1) + 3 {
-            // SAFETY: as above; the mask keeps to the panel's channels.
-            let xv = unsafe { V::load_masked(src.mask, row.wrapping_add(j * p.c)) };
-            for (kx, &wv) in wv.iter().enumerate() {
-                if j >= kx && (j - kx) % S == 0 && (j - kx) / S < N {
-                    let acc = &mut acc[(j - kx) / S];
-                    // SAFETY: the CPU has V's instructions.
-                    *acc = unsafe { acc.fmadd(xv, wv) };
+    let zero = unsafe { V::part_zero() };
+    let mut parts = [[zero; N]; 2];
+    // One part of the lanes at a time (each half on AVX2), so that N accumulators, a kernel
+    // row's three weights and one input panel stay in registers.
+    for (h, acc) in parts.iter_mut().enumerate().take(V::PARTS) {
+        let lanes = h * (LANES / V::PARTS);
+        for ky in src.kys.0..src.kys.1 {
+            let iy = src.y0 + (ky * p.dh) as isize;
+            // SAFETY: taps 3·ky.. of the panel's weights, this part's lanes.
+            let wv: [V::Part; 3] = std::array::from_fn(|kx| unsafe {
+                V::part_load(src.w.add((ky * 3 + kx) * LANES + lanes))
+            });
+            // SAFETY (offset): pixels x0..x0 + S·(N - 1) + 3 of row iy lie inside the image.
+            let row = src.x.wrapping_offset((iy * w + x0) * c + lanes as isize);
+            // Input panel j serves position i through tap kx = j - S·i: each accumulator
+            // still takes its taps in ascending order, and one input panel is live at a time.
+            for j in 0..S * (N - 1) + 3 {
+                // SAFETY: as above; the mask keeps to the panel's channels.
+                let xv = unsafe { V::part_load_masked(src.mask, h, row.wrapping_add(j * p.c)) };
+                for (kx, &wv) in wv.iter().enumerate() {
+                    if j >= kx && (j - kx) % S == 0 && (j - kx) / S < N {
+                        let acc = &mut acc[(j - kx) / S];
+                        // SAFETY: the CPU has V's instructions.
+                        *acc = unsafe { V::part_fmadd(*acc, xv, wv) };
+                    }
                 }
             }
         }
     }
-    acc
+    // SAFETY: the CPU has V's instructions.
+    std::array::from_fn(|i| unsafe { V::join([parts[0][i], parts[1][i]]) })
 }
 
 #[cfg(test)]
@@ -379,6 +390,10 @@ mod tests {
             (1, 16, 3, 20, 0, 3, 1, 1, 0, 0),
             (1, 20, 5, 41, 0, 3, 2, 1, 1, 1),
             (1, 40, 2, 2, 0, 3, 1, 1, 1, 1),
+            // Rows of 8-position blocks whose last panel has one half (24 channels) or part
+            // of one (12) on AVX2.
+            (1, 24, 4, 20, 0, 3, 1, 1, 1, 1),
+            (2, 12, 3, 19, 0, 3, 1, 1, 1, 1),
         ];
         assert!(!applies(&crate::test_conv((1, 4, 3, 3, 4, 3, 1, 1, 1, 1))));
         for case in cases {
