@@ -205,6 +205,92 @@ mod tests {
     }
 
     #[test]
+    fn quotients_near_half_integers_round_as_the_division_does() {
+        // Values a few units in the last place either side of each (n + 1/2)·scale, and of
+        // whole multiples, where a product by the reciprocal could round the other way.
+        let scales = [
+            0.1,
+            1.0 / 3.0,
+            2.0 / 255.0,
+            0.007_812_5,
+            3.0,
+            1e-3,
+            7.3e-5,
+            1e30,
+            1e-38,
+            3e-39,
+            0.0,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        for scale in scales {
+            let mut x = Vec::new();
+            for n in -300..300 {
+                for base in [(n as f32 + 0.5) * scale, n as f32 * scale] {
+                    let mut v = base;
+                    for _ in 0..4 {
+                        v = v.next_down();
+                    }
+                    for _ in 0..9 {
+                        x.push(v);
+                        v = v.next_up();
+                    }
+                }
+            }
+            for zero in [0.0, 128.0] {
+                let mut y = vec![0u8; x.len()];
+                quantize_u8(&x, scale, zero, &mut y);
+                for (i, (&y, &x)) in y.iter().zip(&x).enumerate() {
+                    assert_eq!(
+                        y,
+                        quantized(x, scale, zero),
+                        "element {i}: {x:e} by {scale:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_pair_of_bytes_adds_as_the_separate_ops() {
+        let (a, b): (Vec<u8>, Vec<u8>) = (0..=255u8)
+            .flat_map(|a| (0..=255u8).map(move |b| (a, b)))
+            .unzip();
+        // Scales whose quotients land on halves (the output scale twice an input's), and
+        // onnxruntime-like ones.
+        let params = [
+            (0.5, 128, 0.5, 128, 1.0, 128.0, f32::NEG_INFINITY),
+            (0.25, 0, 0.5, 7, 0.5, 3.0, 0.0),
+            (
+                0.023_529_412,
+                131,
+                0.015_686_275,
+                118,
+                0.031_372_55,
+                127.0,
+                0.0,
+            ),
+            (0.1, 3, 0.2, 250, 0.3, 10.0, f32::NEG_INFINITY),
+        ];
+        for (a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, floor) in params {
+            let p = QAddParams {
+                a_scale,
+                a_zero,
+                b_scale,
+                b_zero,
+                y_scale,
+                y_zero,
+                floor,
+            };
+            let mut y = vec![0u8; a.len()];
+            qadd_u8(&p, &a, &b, &mut y);
+            for (i, &v) in y.iter().enumerate() {
+                assert_eq!(v, p.value(a[i], b[i]), "{} + {} with {p:?}", a[i], b[i]);
+            }
+        }
+    }
+
+    #[test]
     fn the_vector_loop_gives_the_bytes_of_the_scalar_one() {
         let n = 32 * 9 + 13;
         let a: Vec<u8> = (0..n).map(|i| (i * 7919 % 256) as u8).collect();
