@@ -105,9 +105,15 @@ unsafe fn avx2_blocks(
     value: impl Fn(usize) -> avx2::__m256,
 ) -> usize {
     use avx2::*;
-    let ps = _mm256_set1_ps;
-    let (scale, zero, big, top) = (ps(scale), ps(zero), ps(4_194_304.0), ps(255.0));
-    let low = _mm256_sub_ps(_mm256_setzero_ps(), big);
+    // The zero point joins as an integer; callers pass a byte's.
+    if !(zero == zero.round() && (0.0..=255.0).contains(&zero)) {
+        return 0;
+    }
+    let (scale, zero, big) = (
+        _mm256_set1_ps(scale),
+        _mm256_set1_epi32(zero as i32),
+        _mm256_set1_ps(4_194_304.0),
+    );
     // Packing (within 128-bit lanes) leaves 4-byte groups of values 0-3 of vectors 0, 1, 2, 3,
     // then values 4-7 of each: this permutation puts the 32 in order.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -116,18 +122,16 @@ unsafe fn avx2_blocks(
         let at = blk * 32;
         let vals: [__m256i; 4] = std::array::from_fn(|i| {
             let q = _mm256_div_ps(value(at + 8 * i), scale);
-            let r = _mm256_min_ps(_mm256_max_ps(q, low), big);
-            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(r);
-            let r = _mm256_min_ps(
-                _mm256_max_ps(_mm256_add_ps(r, zero), _mm256_setzero_ps()),
-                top,
-            );
-            let r = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(q, q), r);
-            _mm256_cvttps_epi32(r)
+            // Above 2^22 as 2^22, so that the conversion cannot overflow upwards; `min`
+            // returns its second operand, NaN, for NaN. The conversion rounds to nearest,
+            // ties to even, and gives i32::MIN for NaN and for what lies below its range;
+            // the saturating packs then clamp to 0..=255, as `quantized` clips.
+            let q = _mm256_min_ps(big, q);
+            _mm256_add_epi32(_mm256_cvtps_epi32(q), zero)
         });
         let words = [
-            _mm256_packus_epi32(vals[0], vals[1]),
-            _mm256_packus_epi32(vals[2], vals[3]),
+            _mm256_packs_epi32(vals[0], vals[1]),
+            _mm256_packs_epi32(vals[2], vals[3]),
         ];
         let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words[0], words[1]), order);
         // SAFETY: bytes at..at + 32 lie within y.
