@@ -1,8 +1,9 @@
 //! Real models that third-party Python packages ship inside their wheels, from PyTorch, tf2onnx
-//! and paddle2onnx exports, across vision, text and audio, including int8 ones: each runs
-//! through `cotenant-agent run` and onnxruntime on the same seeded random inputs, and every
-//! output must match (`tests/third_party/compare.py`; the list, with each file's sha256, is
-//! `tests/third_party/models.json`). The wheels are downloaded once into the cotenant cache.
+//! and paddle2onnx exports, across vision, text and audio, including int8 (static QDQ among
+//! them) and float16 ones: each runs through `cotenant-agent run` and onnxruntime on the same
+//! seeded random inputs, and every output must match (`tests/third_party/compare.py`; the list,
+//! with each file's sha256, is `tests/third_party/models.json`). The wheels are downloaded once
+//! into the cotenant cache.
 
 use super::{python, run_checked};
 use cotenant_e2e::toolchain::cache_dir;
