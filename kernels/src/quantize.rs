@@ -255,6 +255,27 @@ mod tests {
         }
     }
 
+    /// `qadd_u8` of `a` and `b` gives `QAddParams::value`'s bytes under each of `params`:
+    /// (a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, floor).
+    fn adds_as_the_scalar_ops(a: &[u8], b: &[u8], params: &[(f32, i32, f32, i32, f32, f32, f32)]) {
+        for &(a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, floor) in params {
+            let p = QAddParams {
+                a_scale,
+                a_zero,
+                b_scale,
+                b_zero,
+                y_scale,
+                y_zero,
+                floor,
+            };
+            let mut y = vec![7u8; a.len()];
+            qadd_u8(&p, a, b, &mut y);
+            for (i, &v) in y.iter().enumerate() {
+                assert_eq!(v, p.value(a[i], b[i]), "{} + {} with {p:?}", a[i], b[i]);
+            }
+        }
+    }
+
     #[test]
     fn every_pair_of_bytes_adds_as_the_separate_ops() {
         let (a, b): (Vec<u8>, Vec<u8>) = (0..=255u8)
@@ -276,22 +297,7 @@ mod tests {
             ),
             (0.1, 3, 0.2, 250, 0.3, 10.0, f32::NEG_INFINITY),
         ];
-        for (a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, floor) in params {
-            let p = QAddParams {
-                a_scale,
-                a_zero,
-                b_scale,
-                b_zero,
-                y_scale,
-                y_zero,
-                floor,
-            };
-            let mut y = vec![0u8; a.len()];
-            qadd_u8(&p, &a, &b, &mut y);
-            for (i, &v) in y.iter().enumerate() {
-                assert_eq!(v, p.value(a[i], b[i]), "{} + {} with {p:?}", a[i], b[i]);
-            }
-        }
+        adds_as_the_scalar_ops(&a, &b, &params);
     }
 
     #[test]
@@ -308,22 +314,7 @@ mod tests {
             // A NaN scale: every byte 0.
             (0.1, 3, 0.1, 3, f32::NAN, 5.0, 0.0),
         ];
-        for (a_scale, a_zero, b_scale, b_zero, y_scale, y_zero, floor) in params {
-            let p = QAddParams {
-                a_scale,
-                a_zero,
-                b_scale,
-                b_zero,
-                y_scale,
-                y_zero,
-                floor,
-            };
-            let mut y = vec![7u8; n];
-            qadd_u8(&p, &a, &b, &mut y);
-            for (i, &v) in y.iter().enumerate() {
-                assert_eq!(v, p.value(a[i], b[i]), "element {i} of {p:?}");
-            }
-        }
+        adds_as_the_scalar_ops(&a, &b, &params);
         // The halves: 1 + 2 = 3 over 2 is 1.5, rounded to 2; 1 + 4 = 5 over 2, 2.5 to 2.
         let p = QAddParams {
             a_scale: 1.0,
