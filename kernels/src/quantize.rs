@@ -211,7 +211,8 @@ mod tests {
     #[test]
     fn quotients_near_half_integers_round_as_the_division_does() {
         // Values a few units in the last place either side of each (n + 1/2)·scale, and of
-        // whole multiples, where a product by the reciprocal could round the other way.
+        // whole multiples: where a quotient computed any other way than by division (a
+        // product by the reciprocal) could round to the other integer.
         let scales = [
             0.1,
             1.0 / 3.0,
