@@ -191,8 +191,7 @@ unsafe fn output_row<V: Lanes16>(
             }
             // 8 positions where their accumulators fit in registers: on AVX-512, or where
             // a 3-wide row's sums run a register at a time (`sums_row3`).
-            let row3 = p.kw == 3 && p.dw == 1 && p.sw == 1;
-            let wide = V::REGISTERS >= 32 || row3;
+            let wide = V::REGISTERS >= 32 || (three_wide(p) && p.sw == 1);
             let mut ox = lo;
             while ox < hi {
                 ox += match hi - ox {
@@ -242,7 +241,7 @@ unsafe fn block<V: Lanes16, const N: usize, const CHECKED: bool>(
     out: SharedOut,
 ) -> usize {
     let (p, mask) = (src.p, src.mask);
-    let row3 = !CHECKED && p.kw == 3 && p.dw == 1;
+    let row3 = !CHECKED && three_wide(p);
     // SAFETY: this function's contract.
     unsafe {
         let acc = match p.sw {
@@ -315,6 +314,13 @@ unsafe fn sums<V: Lanes16, const N: usize, const CHECKED: bool>(
         }
     }
     acc
+}
+
+/// Whether the windows' rows are 3 taps side by side, which [`sums_row3`] computes (inside the
+/// image, at stride 1 or 2).
+#[cfg(target_arch = "x86_64")]
+fn three_wide(p: &Conv2d) -> bool {
+    p.kw == 3 && p.dw == 1
 }
 
 /// [`sums`] of a 3-wide kernel at stride `S` (1 or 2) and dilation 1 across, windows inside
