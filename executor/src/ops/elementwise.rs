@@ -4,7 +4,7 @@
 use super::{Activation, Cx, input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{CastMode, DType, Data, Tensor, checked_numel, strides};
-use cotenant_kernels::activation::{erf, map_inplace};
+use cotenant_kernels::activation::{erf, map_inplace, map_wide, tanh};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Unary {
@@ -100,12 +100,7 @@ impl Unary {
             }
             Unary::Erf => erf(x),
             Unary::Gelu(false) => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
-            Unary::Gelu(true) => {
-                0.5 * x
-                    * (1.0
-                        + ((2.0f32 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x))
-                            .tanh())
-            }
+            Unary::Gelu(true) => gelu_tanh(x),
             Unary::Sqrt => x.sqrt(),
             Unary::Exp => x.exp(),
             Unary::Log => x.ln(),
@@ -212,6 +207,13 @@ impl Unary {
     }
 }
 
+/// GELU with the tanh approximation.
+#[inline(always)]
+fn gelu_tanh(x: f32) -> f32 {
+    let c = (2.0f32 / std::f32::consts::PI).sqrt();
+    0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)))
+}
+
 pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
     let shape = x.shape.clone();
     let data = match (&x.data, u) {
@@ -226,7 +228,20 @@ pub fn unary(cx: &Cx, u: Unary, x: &Tensor) -> OpResult<Tensor> {
                 Some(a) => a.apply_into(cx.threads, v, &mut out),
                 None => {
                     out.copy_from_slice(v);
-                    map_inplace(cx.threads, &mut out, move |x| u.f32(x))
+                    let t = cx.threads;
+                    // The ops without calls run as vector loops; the rest element by element.
+                    match u {
+                        Unary::Erf => map_wide(t, &mut out, erf),
+                        Unary::Gelu(true) => map_wide(t, &mut out, gelu_tanh),
+                        Unary::Sqrt => map_wide(t, &mut out, f32::sqrt),
+                        Unary::Neg => map_wide(t, &mut out, |x| -x),
+                        Unary::Abs => map_wide(t, &mut out, f32::abs),
+                        Unary::Reciprocal => map_wide(t, &mut out, |x| 1.0 / x),
+                        Unary::Floor => map_wide(t, &mut out, f32::floor),
+                        Unary::Ceil => map_wide(t, &mut out, f32::ceil),
+                        Unary::Round => map_wide(t, &mut out, f32::round_ties_even),
+                        _ => map_inplace(t, &mut out, move |x| u.f32(x)),
+                    }
                 }
             }
             Data::F32(out)
