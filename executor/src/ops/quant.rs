@@ -83,6 +83,10 @@ pub struct QConv {
     pub y_dtype: DType,
     pub y_zero: f32,
     pub relu: bool,
+    /// A MatMul or Gemm by constant weights `[K, M]` as a 1x1 convolution: `x` is `[..., K]`,
+    /// each of its rows one position, and the output `[..., M]`. The weights are
+    /// [`QConvWeights::Taps`], `w_shape` `[M, K, 1, 1]`.
+    pub matmul: bool,
 }
 
 /// A [`QConv`]'s weights, packed for the layout its activations come in.
@@ -202,6 +206,8 @@ impl QuantOp {
             QuantOp::QLinearConv(_) => "QLinearConv",
             QuantOp::PackedMatMul(p) if p.scaled => "MatMulInteger(packed)+Scale",
             QuantOp::PackedMatMul(_) => "MatMulInteger(packed)",
+            QuantOp::QConv(c) if c.matmul && c.relu => "QMatMul+Relu",
+            QuantOp::QConv(c) if c.matmul => "QMatMul",
             QuantOp::QConv(c) if c.relu => "QConv+Relu",
             QuantOp::QConv(_) => "QConv",
             QuantOp::QAdd(q) if q.relu => "QAdd+Relu",
@@ -941,6 +947,9 @@ fn qconv_nhwc(cx: &Cx, q: &QConv, w: &PackedB, x: &Tensor) -> OpResult<Tensor> {
             x.dtype()
         )));
     };
+    if q.matmul {
+        return qmatmul(cx, q, w, x, xv);
+    }
     if x.rank() != 4 {
         return shape_err(format!("NHWC quantized Conv of shape {:?}", x.shape));
     }
@@ -953,6 +962,31 @@ fn qconv_nhwc(cx: &Cx, q: &QConv, w: &PackedB, x: &Tensor) -> OpResult<Tensor> {
         )));
     }
     let shape = vec![shape[0], shape[2], shape[3], shape[1]];
+    let total = checked_numel(&shape)?;
+    let data = match q.y_dtype {
+        DType::I8 => Data::I8(qconv_nhwc_into(cx, q, &p, w, xv, total)),
+        _ => Data::U8(qconv_nhwc_into(cx, q, &p, w, xv, total)),
+    };
+    Tensor::new(shape, data)
+}
+
+/// [`qconv_nhwc`] of a [`QConv::matmul`]: the rows of `x` `[..., K]` as the positions of a
+/// 1x1 convolution over `[rows, 1, 1, K]`.
+fn qmatmul(cx: &Cx, q: &QConv, w: &PackedB, x: &Tensor, xv: &[u8]) -> OpResult<Tensor> {
+    let (m, k) = (q.w_shape[0], q.w_shape[1]);
+    let Some((&kx, lead)) = x.shape.split_last() else {
+        return shape_err("quantized MatMul of a scalar".to_string());
+    };
+    if kx != k {
+        return shape_err(format!(
+            "quantized MatMul of shape {:?} by weights of {k} rows",
+            x.shape
+        ));
+    }
+    let rows = checked_numel(lead)?;
+    let (mut p, _) = conv_geometry(&q.conv, &[rows, k, 1, 1], &q.w_shape)?;
+    p.n = rows;
+    let shape = [lead, &[m]].concat();
     let total = checked_numel(&shape)?;
     let data = match q.y_dtype {
         DType::I8 => Data::I8(qconv_nhwc_into(cx, q, &p, w, xv, total)),

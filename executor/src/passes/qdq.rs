@@ -12,6 +12,11 @@
 //!   zero point) per output channel or one in all, the bias (optional) a constant, and the
 //!   output a single scale and zero point: one integer op ([`QConv`]) from `x` to the output.
 //!
+//! * MatMul and Gemm by constant weights between DequantizeLinear and QuantizeLinear, as
+//!   onnxruntime's `quantize_static` writes them (uint8 activations, symmetric int8 weights per
+//!   column or per tensor): the same integer op as a 1x1 Conv, over the rows of `x`
+//!   ([`QConv::matmul`]).
+//!
 //! * Add between DequantizeLinear of both sides and QuantizeLinear (a Relu between allowed),
 //!   per tensor: one pass over the 8-bit inputs ([`QAdd`]) with the same f32 arithmetic.
 //!
@@ -26,6 +31,7 @@ use super::sole_reader;
 use crate::graph::Graph;
 use crate::graph::Node;
 use crate::ops::Op;
+use crate::ops::conv::ConvAttrs;
 use crate::ops::elementwise::Binary;
 use crate::ops::elementwise::Unary;
 use crate::ops::quant::{
@@ -44,6 +50,7 @@ pub fn fuse_qdq(g: &mut Graph) {
         let rewritten = match g.nodes[i].op {
             Op::Quant(QuantOp::MatMulInteger) => pack_matmul(g, i),
             Op::Conv(_) => quantized_conv(g, i),
+            Op::MatMul { .. } | Op::Gemm(_) => quantized_matmul(g, i),
             Op::Binary(Binary::Add) => quantized_add(g, i),
             Op::Pool(_) => quantized_max_pool(g, i),
             _ => false,
@@ -268,27 +275,8 @@ fn quantized_conv(g: &mut Graph, i: usize) -> bool {
         Some(w) => w,
         None => return false,
     };
-    // The bias: absent, a constant, or DQ of a constant.
-    let bias = match input(2) {
-        None => vec![0.0; m],
-        Some(v) => match g.constants.get(&v) {
-            Some(t) => match f32s(t, m, false) {
-                Some(b) => b,
-                None => return false,
-            },
-            None => {
-                let Some(b) = producer(g, v)
-                    .and_then(|d| dequantizer(g, d))
-                    .filter(|(_, sb, _, axis)| sb.len() == 1 || *axis == 0 || *axis == -1)
-                    .and_then(|(b, sb, zb, _)| {
-                        dequantized_bias(g.constants.get(&b)?, &sb, zb.as_deref(), m)
-                    })
-                else {
-                    return false;
-                };
-                b
-            }
-        },
+    let Some(bias) = constant_bias(g, input(2), m) else {
+        return false;
     };
     // The output: an optional Relu, then Q with one scale and zero point.
     let uses = g.use_counts();
@@ -341,6 +329,7 @@ fn quantized_conv(g: &mut Graph, i: usize) -> bool {
         y_dtype,
         y_zero,
         relu: relu.is_some(),
+        matmul: false,
     };
     let out = qn.outputs[0];
     let name = n.name.clone();
@@ -412,6 +401,123 @@ fn conv_weights(
         (Data::U8(v), Some(Data::U8(z))) => PackedA::weights(m, k, v, z),
         _ => return None,
     }))
+}
+
+/// A bias of `m` values: absent (zeros), a constant, or DequantizeLinear of a constant.
+fn constant_bias(g: &Graph, v: Option<usize>, m: usize) -> Option<Vec<f32>> {
+    let Some(v) = v else {
+        return Some(vec![0.0; m]);
+    };
+    if let Some(t) = g.constants.get(&v) {
+        return f32s(t, m, false);
+    }
+    producer(g, v)
+        .and_then(|d| dequantizer(g, d))
+        .filter(|(_, sb, _, axis)| sb.len() == 1 || *axis == 0 || *axis == -1)
+        .and_then(|(b, sb, zb, _)| dequantized_bias(g.constants.get(&b)?, &sb, zb.as_deref(), m))
+}
+
+/// Rewrites `Q(Relu?(MatMul(DQ(x), DQ(w))))`, or the same of a Gemm (alpha and beta 1, A not
+/// transposed, the bias absent, a constant or DQ of one), to a [`QConv`] over `x`'s rows
+/// ([`QConv::matmul`]); whether it did. `x` must be uint8 with one scale and zero point, `w` a
+/// constant int8 matrix with zero zero points and one scale per output column or one in all,
+/// and the output one scale and zero point: as onnxruntime's `quantize_static` writes them.
+fn quantized_matmul(g: &mut Graph, i: usize) -> bool {
+    let n = &g.nodes[i];
+    let trans_b = match &n.op {
+        Op::MatMul {
+            act: None,
+            packed: None,
+        } => false,
+        Op::Gemm(a) if a.alpha == 1.0 && a.beta == 1.0 && !a.trans_a && a.act.is_none() => {
+            a.trans_b
+        }
+        _ => return false,
+    };
+    let input = |k: usize| n.inputs.get(k).copied().flatten();
+    if n.outputs.len() != 1 || (!matches!(n.op, Op::Gemm(_)) && input(2).is_some()) {
+        return false;
+    }
+    let Some((x, xq)) = input(0).and_then(|v| dequantized_input(g, v)) else {
+        return false;
+    };
+    let Some((w, sw, zw, axis)) = input(1)
+        .and_then(|v| producer(g, v))
+        .and_then(|d| dequantizer(g, d))
+    else {
+        return false;
+    };
+    let Some(Data::I8(wv)) = g.constants.get(&w).map(|t| &t.data) else {
+        return false;
+    };
+    let &[rows, cols] = g.constants[&w].shape.as_slice() else {
+        return false;
+    };
+    // Output columns along `out_axis` of the weights, the reduction along the other.
+    let (k, m, out_axis) = if trans_b {
+        (cols, rows, 0)
+    } else {
+        (rows, cols, 1)
+    };
+    let Some(sw) =
+        f32s(&sw, m, true).filter(|s| s.len() == 1 || axis == out_axis || axis == out_axis - 2)
+    else {
+        return false;
+    };
+    if xq.dtype != DType::U8 || zw.is_some_and(|z| z.to_f64_vec().iter().any(|&v| v != 0.0)) {
+        return false;
+    }
+    // `[M, K]`, as a 1x1 convolution's weights.
+    let w_mk: Vec<i8> = if trans_b {
+        wv.clone()
+    } else {
+        (0..m)
+            .flat_map(|j| (0..k).map(move |r| wv[r * m + j]))
+            .collect()
+    };
+    let Some(packed) = qconv::pack_filter(m, k, (1, 1), 1, &w_mk) else {
+        return false;
+    };
+    let Some(bias) = constant_bias(g, input(2), m) else {
+        return false;
+    };
+    let Some((q, relu, yq)) = quantized_output(g, n.outputs[0]) else {
+        return false;
+    };
+    let sy = yq.scale as f64;
+    let pick = |v: &[f32], c: usize| v[if v.len() == 1 { 0 } else { c }] as f64;
+    let op = QConv {
+        conv: ConvAttrs {
+            kernel_shape: Some(vec![1, 1]),
+            auto_pad: "NOTSET".to_string(),
+            group: 1,
+            ..ConvAttrs::default()
+        },
+        w_shape: vec![m, k, 1, 1],
+        w: QConvWeights::Taps(packed),
+        x_dtype: DType::U8,
+        x_zero: xq.zero as u8,
+        mult: (0..m)
+            .map(|c| (xq.scale as f64 * pick(&sw, c) / sy) as f32)
+            .collect(),
+        offset: (0..m).map(|c| (bias[c] as f64 / sy) as f32).collect(),
+        y_dtype: yq.dtype,
+        y_zero: yq.zero as f32,
+        relu: relu.is_some(),
+        matmul: true,
+    };
+    // The new node takes the Q's place (after everything the product read); the product and
+    // the Relu go.
+    let name = std::mem::take(&mut g.nodes[i].name);
+    let node = &mut g.nodes[q];
+    node.name = name;
+    node.op = Op::Quant(QuantOp::QConv(Arc::new(op)));
+    node.inputs = vec![Some(x)];
+    if let Some(r) = relu {
+        g.nodes.remove(r);
+    }
+    g.nodes.remove(i);
+    true
 }
 
 /// A bias dequantized from int32 as DequantizeLinear does it, `m` values.
@@ -886,6 +992,205 @@ mod tests {
                 let be = CpuBackend::new(2);
                 let want = raw.run(&be, x.clone()).expect("runs");
                 let got = fused.run(&be, x).expect("runs");
+                assert_eq!(want[0].1.data, got[0].1.data);
+            }
+        }
+    }
+
+    /// How a QDQ MatMul or Gemm varies; the default is a MatMul as `quantize_static` writes it.
+    #[derive(Clone, Copy, Default)]
+    struct Product {
+        /// Gemm with B transposed and an int32 bias dequantized per column.
+        gemm: bool,
+        /// Gemm with B as it is and a float bias.
+        gemm_float_bias: bool,
+        relu: bool,
+        /// 7-bit weights (the pairs AVX2's `vpmaddubsw` sums exactly) instead of full range.
+        seven_bit: bool,
+        int8_output: bool,
+        // Outside the pattern:
+        int8_x: bool,
+        weight_zero_point: bool,
+        /// One scale per reduction row instead of per output column.
+        scale_per_row: bool,
+    }
+
+    const K: usize = 20;
+    const M: usize = 18;
+
+    /// `Q(Relu?(MatMul(DQ(x), DQ(w))))` from `x` `[batch, 3, 20]` (or a Gemm's `[batch, 20]`)
+    /// to 18 columns.
+    fn product_graph(v: Product) -> Graph {
+        let mut g = G::new();
+        let gemm = v.gemm || v.gemm_float_bias;
+        let xt = if v.int8_x { DType::I8 } else { DType::U8 };
+        let x = g.input("x", xt, if gemm { &[1, K] } else { &[1, 3, K] });
+        let sx = g.constant(Tensor::scalar_f32(0.05));
+        let zx = g.constant(match xt {
+            DType::I8 => t(&[], Data::I8(vec![-7])),
+            _ => t(&[], Data::U8(vec![120])),
+        });
+        let xf = g.node(
+            "DequantizeLinear",
+            &[Some(x), Some(sx), Some(zx)],
+            1,
+            vec![],
+        )[0];
+        let wv: Vec<i8> = bytes(K * M, 5)
+            .iter()
+            .map(|&b| if v.seven_bit { b as i8 / 2 } else { b as i8 })
+            .collect();
+        let shape = if v.gemm { [M, K] } else { [K, M] };
+        let w = g.constant(t(&shape, Data::I8(wv)));
+        let (scales, axis) = match (v.scale_per_row, v.gemm) {
+            (true, _) => (K, 0),
+            (false, true) => (M, 0),
+            (false, false) => (M, -1),
+        };
+        let sw = g.constant(t(
+            &[scales],
+            Data::F32((0..scales).map(|c| 0.002 * (c + 1) as f32).collect()),
+        ));
+        let zw = g.constant(t(
+            &[scales],
+            Data::I8(
+                (0..scales)
+                    .map(|c| i8::from(v.weight_zero_point && c == 2))
+                    .collect(),
+            ),
+        ));
+        let axis = vec![attr_int("axis", axis)];
+        let wf = g.node("DequantizeLinear", &[Some(w), Some(sw), Some(zw)], 1, axis)[0];
+        let mut y = if v.gemm {
+            let b = g.constant(t(
+                &[M],
+                Data::I32((0..M as i32).map(|c| 40 * c - 300).collect()),
+            ));
+            let sb = g.constant(t(
+                &[M],
+                Data::F32((0..M).map(|c| 0.0001 * (c + 1) as f32).collect()),
+            ));
+            let axis = vec![attr_int("axis", 0)];
+            let bf = g.node("DequantizeLinear", &[Some(b), Some(sb)], 1, axis)[0];
+            let attrs = vec![attr_int("transB", 1)];
+            g.node("Gemm", &[Some(xf), Some(wf), Some(bf)], 1, attrs)[0]
+        } else if v.gemm_float_bias {
+            let b = g.constant(t(
+                &[M],
+                Data::F32((0..M).map(|c| c as f32 * 0.3 - 2.0).collect()),
+            ));
+            g.node("Gemm", &[Some(xf), Some(wf), Some(b)], 1, vec![])[0]
+        } else {
+            g.node("MatMul", &[Some(xf), Some(wf)], 1, vec![])[0]
+        };
+        if v.relu {
+            y = g.node("Relu", &[Some(y)], 1, vec![])[0];
+        }
+        let sy = g.constant(Tensor::scalar_f32(0.08));
+        let zy = g.constant(match v.int8_output {
+            true => t(&[], Data::I8(vec![-5])),
+            false => t(&[], Data::U8(vec![130])),
+        });
+        let q = g.node("QuantizeLinear", &[Some(y), Some(sy), Some(zy)], 1, vec![])[0];
+        g.output(q)
+    }
+
+    fn product_inputs(v: Product, batch: usize) -> Vec<(String, Tensor)> {
+        let gemm = v.gemm || v.gemm_float_bias;
+        let shape: &[usize] = if gemm { &[batch, K] } else { &[batch, 3, K] };
+        let x = bytes(shape.iter().product(), 9);
+        let x = match v.int8_x {
+            true => Data::I8(x.iter().map(|&b| b as i8).collect()),
+            false => Data::U8(x),
+        };
+        vec![("x".to_string(), t(shape, x))]
+    }
+
+    #[test]
+    fn quantized_matmuls_and_gemms_become_one_integer_op_within_a_step_of_the_float_path() {
+        let d = Product::default();
+        for v in [
+            d,
+            Product { relu: true, ..d },
+            Product {
+                seven_bit: true,
+                ..d
+            },
+            Product {
+                int8_output: true,
+                ..d
+            },
+            Product { gemm: true, ..d },
+            Product {
+                gemm: true,
+                relu: true,
+                seven_bit: true,
+                ..d
+            },
+            Product {
+                gemm_float_bias: true,
+                ..d
+            },
+        ] {
+            // 70 rows of 3: several row tiles and a partial one.
+            for batch in [1, 2, 70] {
+                let (names, want, got) = run_both(product_graph(v), &|| product_inputs(v, batch));
+                let fused = if v.relu { "QMatMul+Relu" } else { "QMatMul" };
+                assert_eq!(names, [fused], "batch {batch}");
+                assert_eq!(want.shape, got.shape);
+                let (want, got): (Vec<i32>, Vec<i32>) = match (&want.data, &got.data) {
+                    (Data::U8(a), Data::U8(b)) => (
+                        a.iter().map(|&v| v as i32).collect(),
+                        b.iter().map(|&v| v as i32).collect(),
+                    ),
+                    (Data::I8(a), Data::I8(b)) => (
+                        a.iter().map(|&v| v as i32).collect(),
+                        b.iter().map(|&v| v as i32).collect(),
+                    ),
+                    (a, b) => panic!("8-bit outputs of one type: {:?} {:?}", a.dtype(), b.dtype()),
+                };
+                // As for Conv: at most one step apart, where the float path's rounding lands on
+                // the other side of a tie.
+                let off = want.iter().zip(&got).filter(|(a, b)| a != b).count();
+                assert!(want.iter().zip(&got).all(|(a, b)| a.abs_diff(*b) <= 1));
+                assert!(off * 50 <= want.len(), "{off} of {} differ", want.len());
+                let (lo, hi) = (want.iter().min(), want.iter().max());
+                assert!(
+                    hi.zip(lo).is_some_and(|(h, l)| h - l > 20),
+                    "a non-trivial output"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn products_outside_the_pattern_keep_the_reference_path() {
+        let d = Product::default();
+        for v in [
+            Product { int8_x: true, ..d },
+            Product {
+                weight_zero_point: true,
+                ..d
+            },
+            Product {
+                scale_per_row: true,
+                ..d
+            },
+        ] {
+            let g = product_graph(v);
+            let mut opt = g.clone();
+            crate::passes::optimize(&mut opt);
+            assert!(
+                !names(&opt).iter().any(|n| n.starts_with("QMatMul")),
+                "{:?}",
+                names(&opt)
+            );
+            if !v.scale_per_row {
+                let raw = Plan::build(&g).expect("plan");
+                let fused = Plan::build(&opt).expect("plan");
+                let be = CpuBackend::new(2);
+                let want = raw.run(&be, product_inputs(v, 2)).expect("runs");
+                let got = fused.run(&be, product_inputs(v, 2)).expect("runs");
                 assert_eq!(want[0].1.data, got[0].1.data);
             }
         }
