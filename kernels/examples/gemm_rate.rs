@@ -236,6 +236,17 @@ fn main() {
                         flops / 2.0 / s / 1e9,
                         s * 1e3
                     );
+                    // Full-range weights, whose pairs AVX2's `vpmaddubsw` could saturate on:
+                    // the exact wide products there.
+                    let full: Vec<i8> = (0..m * c * kk * kk).map(|i| (i * 104_729 % 255) as i8).collect();
+                    if let Some(f) = qconv::pack_filter(m, c, (kk, kk), 1, &full) {
+                        let s = time(flops, || qconv_nhwc(threads, &p, &xq, 5, &f, &rq, &mut oq));
+                        println!(
+                            "{threads}t qconv8 batch {n} {name:20} {:7.1} GMAC/s {:8.3} ms",
+                            flops / 2.0 / s / 1e9,
+                            s * 1e3
+                        );
+                    }
                 }
                 if nhwc_conv::available() {
                     // The same convolution on NHWC activations (the values in another order).

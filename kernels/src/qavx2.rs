@@ -89,11 +89,18 @@ impl Products for Wide {
         b: *const i8,
         groups: usize,
     ) -> [Self::Sums; R] {
+        // Byte i % 4 of each 32-bit lane into 16-bit lane i, zero-extended (-1: a zero byte).
+        let spread = _mm256_setr_epi8(
+            0, -1, 1, -1, 2, -1, 3, -1, 0, -1, 1, -1, 2, -1, 3, -1, 0, -1, 1, -1, 2, -1, 3, -1, 0,
+            -1, 1, -1, 2, -1, 3, -1,
+        );
         for g in 0..groups {
+            // The 4 bytes broadcast (a load), then spread: one shuffle where a zero extension
+            // and a broadcast of it took two.
             let av: [__m256i; R] = std::array::from_fn(|r| {
                 // SAFETY: 4g + 4 <= 4·groups bytes of row r (this function's contract).
                 let x = unsafe { group_of(rows[r], g) };
-                _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(x)))
+                _mm256_shuffle_epi8(_mm256_set1_epi32(x), spread)
             });
             for h in 0..4 {
                 // SAFETY: block g of b (this function's contract), bytes 16h..16h + 16 of 64.
