@@ -7,7 +7,7 @@ use crate::error::ImportError;
 use crate::graph::{Dim, Graph, GraphInput, Node};
 use crate::ops::{Op, attrs::Attrs};
 use crate::proto::{DimValue, GraphProto, ModelProto};
-use crate::tensor::{DType, MAX_ELEMENTS};
+use crate::tensor::{DType, MAX_ELEMENTS, Tensor};
 use crate::tensor_proto::decode_tensor;
 use prost::Message;
 use std::collections::{HashMap, HashSet};
@@ -126,15 +126,23 @@ pub(crate) struct Context<'a> {
 /// enclosing it (a subgraph reads an outer value by name; see `subgraph`).
 pub(crate) struct Scope<'o> {
     pub ids: HashMap<String, usize>,
-    /// The enclosing graphs' names, outermost first; empty for the main graph.
-    outer: &'o [&'o HashMap<String, usize>],
+    /// The enclosing graphs, outermost first; empty for the main graph.
+    outer: &'o [Outer<'o>],
     /// The outer names this graph reads, in the order first read, each with the value of this
-    /// graph that stands for it.
+    /// graph that stands for it. Outer constants are not among them: they become constants of
+    /// this graph (the same tensors), so that its passes fold and pack them as the main graph's.
     pub implicit: Vec<(String, usize)>,
 }
 
+/// One enclosing graph, as a subgraph sees it: its names and its constants.
+#[derive(Clone, Copy)]
+pub(crate) struct Outer<'o> {
+    ids: &'o HashMap<String, usize>,
+    constants: &'o HashMap<usize, Arc<Tensor>>,
+}
+
 impl<'o> Scope<'o> {
-    pub fn new(outer: &'o [&'o HashMap<String, usize>]) -> Scope<'o> {
+    pub fn new(outer: &'o [Outer<'o>]) -> Scope<'o> {
         Scope {
             ids: HashMap::new(),
             outer,
@@ -142,24 +150,32 @@ impl<'o> Scope<'o> {
         }
     }
 
-    /// The value `name` is in this graph: its own, or a new value standing for an outer one.
+    /// The value `name` is in this graph: its own, an outer constant's tensor, or a new value
+    /// standing for an outer one (the innermost graph's where several define it).
     pub fn resolve(&mut self, g: &mut Graph, name: &str) -> Option<usize> {
         if let Some(&v) = self.ids.get(name) {
             return Some(v);
         }
-        if !self.outer.iter().any(|m| m.contains_key(name)) {
-            return None;
-        }
+        let level = self.outer.iter().rev().find(|l| l.ids.contains_key(name))?;
         let v = g.add_value(name);
         self.ids.insert(name.to_string(), v);
-        self.implicit.push((name.to_string(), v));
+        match level.constants.get(&level.ids[name]) {
+            Some(t) => {
+                g.constants.insert(v, t.clone());
+            }
+            None => self.implicit.push((name.to_string(), v)),
+        }
         Some(v)
     }
 
-    /// Every name visible here, for a subgraph of a node of this graph.
-    pub fn chain(&self) -> Vec<&HashMap<String, usize>> {
+    /// Every graph visible here, for a subgraph of a node of this graph (whose constants are
+    /// `constants`).
+    pub fn chain<'a>(&'a self, constants: &'a HashMap<usize, Arc<Tensor>>) -> Vec<Outer<'a>> {
         let mut c = self.outer.to_vec();
-        c.push(&self.ids);
+        c.push(Outer {
+            ids: &self.ids,
+            constants,
+        });
         c
     }
 }
@@ -243,7 +259,7 @@ pub(crate) fn import_nodes(
             g.constants.insert(v, Arc::new(t));
             continue;
         }
-        let parsed = match subgraph::control(np, &attrs, scope, cx, inputs.len()) {
+        let parsed = match subgraph::control(np, &attrs, scope, &g.constants, cx, inputs.len()) {
             Some(parsed) => {
                 let (op, implicit) = parsed.map_err(&bad)?;
                 // The outer values the bodies read are inputs of this node, so that the plan

@@ -9,6 +9,8 @@ mod common;
 use common::proto::{int_attr, unshaped, value_info};
 use cotenant_executor::device::Gpu;
 use cotenant_executor::memory::MemoryBudget;
+use cotenant_executor::ops::Op;
+use cotenant_executor::ops::control::ControlOp;
 use cotenant_executor::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
     attribute_type,
@@ -149,6 +151,66 @@ fn if_takes_the_branch_its_condition_names_and_reads_outer_values() {
     let two = Tensor::new(vec![2], Data::Bool(vec![true, false])).unwrap();
     let e = run(&m, vec![("c", two), ("x", x())]).unwrap_err();
     assert!(e.contains("one element"), "{e}");
+}
+
+/// A branch reading an outer initializer gets it as a constant of its own: the body's passes
+/// pack the MatMul's weights, and the node reads only its condition and the outer input.
+#[test]
+fn outer_initializers_are_constants_of_the_bodies_that_read_them() {
+    let w: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 2.0).collect();
+    let product = |out: &str| {
+        body(
+            vec![node("MatMul", &["x", "w"], &[out], vec![])],
+            &[],
+            &[out],
+        )
+    };
+    let mut relu = product("p");
+    relu.node.push(node("Relu", &["p"], &["r"], vec![]));
+    relu.output = vec![unshaped("r", 1)];
+    let bytes = model(
+        vec![node(
+            "If",
+            &["c"],
+            &["y"],
+            vec![
+                graph_attr("then_branch", product("q")),
+                graph_attr("else_branch", relu),
+            ],
+        )],
+        vec![f32s("w", &[4, 3], &w)],
+        vec![unshaped("c", 9), value_info("x", 1, &[2, 4])],
+        &["y"],
+    );
+    let m = Model::from_bytes(&bytes).unwrap();
+    let step = m
+        .plan
+        .steps
+        .iter()
+        .find(|s| s.op.name() == "If")
+        .expect("the If");
+    assert_eq!(step.inputs.len(), 2, "the condition and x, not the weights");
+    let Op::Control(ControlOp::If { then_branch, .. }) = &step.op else {
+        panic!("an If op");
+    };
+    let names: Vec<String> = then_branch
+        .0
+        .plan
+        .steps
+        .iter()
+        .map(|s| s.op.name())
+        .collect();
+    assert_eq!(names, ["MatMul(packed)"]);
+    let xv: Vec<f32> = (0..8).map(|i| i as f32 - 3.0).collect();
+    let want: Vec<f32> = (0..6)
+        .map(|k| (0..4).map(|j| xv[k / 3 * 4 + j] * w[j * 3 + k % 3]).sum())
+        .collect();
+    let x = || Tensor::f32(vec![2, 4], xv.clone()).unwrap();
+    let y = run(&m, vec![("c", flag(true)), ("x", x())]).unwrap();
+    assert_eq!(y[0].as_f32().unwrap(), want.as_slice());
+    let y = run(&m, vec![("c", flag(false)), ("x", x())]).unwrap();
+    let relu: Vec<f32> = want.iter().map(|&v| v.max(0.0)).collect();
+    assert_eq!(y[0].as_f32().unwrap(), relu.as_slice());
 }
 
 #[test]

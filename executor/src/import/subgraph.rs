@@ -1,17 +1,18 @@
 //! Subgraphs: the bodies of If, Loop and Scan, each imported into a plan of its own that the
-//! node runs (`ops::control`). A body may read values of the graphs enclosing it by name; each
-//! such name becomes an input of the body after its declared ones, and an input of the node
-//! after its own (`import_nodes` appends them), so that the outer plan orders the node after
-//! those values and keeps them alive until it has run.
+//! node runs (`ops::control`). A body may read values of the graphs enclosing it by name. An
+//! outer constant becomes a constant of the body (the same tensor), which its passes fold and
+//! pack; any other such name becomes an input of the body after its declared ones, and an input
+//! of the node after its own (`import_nodes` appends them), so that the outer plan orders the
+//! node after those values and keeps them alive until it has run.
 
-use super::{Context, Scope, import_nodes, initializers};
+use super::{Context, Outer, Scope, import_nodes, initializers};
 use crate::error::ImportError;
 use crate::graph::{Graph, GraphInput};
 use crate::ops::Op;
 use crate::ops::attrs::Attrs;
 use crate::ops::control::{Body, ControlOp, ScanAttrs, Subgraph};
 use crate::proto::{GraphProto, NodeProto};
-use crate::tensor::DType;
+use crate::tensor::{DType, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -24,19 +25,21 @@ pub(crate) fn control(
     np: &NodeProto,
     a: &Attrs,
     scope: &Scope<'_>,
+    constants: &HashMap<usize, Arc<Tensor>>,
     cx: &Context<'_>,
     n_inputs: usize,
 ) -> Option<Result<(Op, Vec<String>), String>> {
     if !matches!(np.op_type.as_str(), "If" | "Loop" | "Scan") {
         return None;
     }
-    Some(parse(np, a, scope, cx, n_inputs))
+    let outer = scope.chain(constants);
+    Some(parse(np, a, &outer, cx, n_inputs))
 }
 
 fn parse(
     np: &NodeProto,
     a: &Attrs,
-    scope: &Scope<'_>,
+    outer: &[Outer<'_>],
     cx: &Context<'_>,
     n_inputs: usize,
 ) -> Result<(Op, Vec<String>), String> {
@@ -57,7 +60,7 @@ fn parse(
             graph: g,
             outer: names,
             output_dtypes: dtypes,
-        } = import_body(gp, scope, cx).map_err(|e| format!("{attr}: {e}"))?;
+        } = import_body(gp, outer, cx).map_err(|e| format!("{attr}: {e}"))?;
         let declared = g.inputs.len() - names.len();
         if declared != formal {
             return Err(format!(
@@ -200,14 +203,13 @@ struct Imported {
     output_dtypes: Vec<Option<DType>>,
 }
 
-/// Imports one body under the names of `outer`.
+/// Imports one body under the graphs `outer`.
 fn import_body(
     gp: &GraphProto,
-    outer: &Scope<'_>,
+    outer: &[Outer<'_>],
     cx: &Context<'_>,
 ) -> Result<Imported, ImportError> {
-    let chain = outer.chain();
-    let mut scope = Scope::new(&chain);
+    let mut scope = Scope::new(outer);
     let cx = Context {
         opset: cx.opset,
         base_dir: cx.base_dir,
