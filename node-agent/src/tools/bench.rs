@@ -13,8 +13,13 @@ use std::time::Duration;
 pub struct BenchArgs {
     #[arg(long)]
     pub model: PathBuf,
+    /// Samples per run: the batch of the synthetic inputs, and what throughput counts.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// An input as NAME=path.npy (repeat for each input) instead of synthetic ones: the
+    /// model's own values and shapes (`--batch` then only counts samples).
+    #[arg(long = "input", value_name = "NAME=PATH")]
+    pub inputs: Vec<String>,
     /// Concurrent instances of the model (weights shared).
     #[arg(long, default_value_t = 1)]
     pub instances: usize,
@@ -61,7 +66,10 @@ pub fn main(a: BenchArgs) -> anyhow::Result<()> {
     let model = std::sync::Arc::new(super::load_model(&a.model, device.target())?);
     let threads = a.threads.unwrap_or_else(super::default_threads);
     let per_instance = (threads / a.instances).max(1);
-    let inputs = super::synthetic_inputs(&model, a.batch, 1);
+    let inputs = match a.inputs.is_empty() {
+        true => super::synthetic_inputs(&model, a.batch, 1),
+        false => super::read_inputs(&a.inputs)?,
+    };
     // Fail fast on a model that cannot run at all, with its error.
     let mut probe = device
         .place("bench", &model)

@@ -13,6 +13,21 @@ pub fn load_model(path: &std::path::Path, target: Target) -> anyhow::Result<Mode
     Model::load_for(path, target).with_context(|| format!("loading model {}", path.display()))
 }
 
+/// Inputs given as `NAME=path.npy` (`--input`), read.
+pub fn read_inputs(specs: &[String]) -> anyhow::Result<Vec<(String, Tensor)>> {
+    specs
+        .iter()
+        .map(|spec| {
+            let Some((name, path)) = spec.split_once('=') else {
+                anyhow::bail!("--input {spec:?} is not NAME=path.npy")
+            };
+            let t = cotenant_executor::npy::read(std::path::Path::new(path))
+                .with_context(|| format!("reading input {name} from {path}"))?;
+            Ok((name.to_string(), t))
+        })
+        .collect()
+}
+
 /// Default thread budget: every core this process may use.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

@@ -1,6 +1,6 @@
 //! `cotenant-agent run`: runs a model once on .npy inputs and writes every output as .npy.
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Args;
 use cotenant_executor::{CpuBackend, npy};
 use std::path::PathBuf;
@@ -43,15 +43,7 @@ pub fn file_name(output: &str) -> String {
 
 pub fn main(a: RunArgs) -> anyhow::Result<()> {
     let model = super::load_model(&a.model, cotenant_executor::Target::Cpu)?;
-    let mut inputs = Vec::new();
-    for spec in &a.inputs {
-        let Some((name, path)) = spec.split_once('=') else {
-            bail!("--input {spec:?} is not NAME=path.npy")
-        };
-        let t = npy::read(std::path::Path::new(path))
-            .with_context(|| format!("reading input {name} from {path}"))?;
-        inputs.push((name.to_string(), t));
-    }
+    let inputs = super::read_inputs(&a.inputs)?;
     let backend = CpuBackend::new(a.threads.unwrap_or_else(super::default_threads));
     let outputs = model
         .plan
