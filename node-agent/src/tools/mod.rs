@@ -63,3 +63,14 @@ pub fn synthetic_inputs(model: &Model, batch: usize, seed: u64) -> Vec<(String, 
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn inputs_name_what_is_wrong_with_them() {
+        let e = super::read_inputs(&["x".into()]).unwrap_err().to_string();
+        assert!(e.contains("\"x\" is not NAME=path.npy"), "{e}");
+        let e = super::read_inputs(&["x=/nonexistent/x.npy".into()]).unwrap_err();
+        assert!(format!("{e:#}").contains("reading input x from /nonexistent/x.npy"), "{e:#}");
+    }
+}
