@@ -290,6 +290,17 @@ impl Data {
         }
         true
     }
+    /// Runs of `len` elements from each of `starts`, one after another (Slice's contiguous
+    /// runs).
+    pub fn runs(&self, starts: &[usize], len: usize) -> Data {
+        map_data!(self, v => {
+            let mut out = Vec::with_capacity(starts.len() * len);
+            for &s in starts {
+                out.extend_from_slice(&v[s..s + len]);
+            }
+            out
+        })
+    }
     /// Picks elements by index (used by gather-like ops: Transpose, Slice, Expand, ...).
     pub fn gather(&self, idx: &[usize]) -> Data {
         map_data!(self, v => idx.iter().map(|&i| v[i]).collect())

@@ -801,6 +801,12 @@ fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Ten
     let n = checked_numel(&out)?;
     let xs = strides(&x.shape);
     let os = strides(&out);
+    if n > 0 && step.iter().all(|&s| s == 1) {
+        return Ok(Tensor {
+            data: slice_runs(x, &out, &start, &xs),
+            shape: out,
+        });
+    }
     let idx: Vec<usize> = (0..n)
         .map(|i| {
             (0..r)
@@ -814,6 +820,32 @@ fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Ten
         shape: out,
         data: x.data.gather(&idx),
     })
+}
+
+/// A slice with unit steps of `x` (shape `out`, from `start`; `xs` the strides of `x`) as
+/// contiguous runs: the trailing axes it keeps whole and the last one it cuts make one run of
+/// the input for each index of the axes before them. A slice that keeps everything is a copy.
+fn slice_runs(x: &Tensor, out: &[usize], start: &[i64], xs: &[usize]) -> Data {
+    let mut k = out.len();
+    while k > 0 && out[k - 1] == x.shape[k - 1] {
+        k -= 1;
+    }
+    // Axis k - 1 (if any) is cut: its kept part is contiguous too.
+    k = k.saturating_sub(1);
+    let len = out[k..].iter().product::<usize>();
+    let offset: usize = (k..out.len()).map(|a| start[a] as usize * xs[a]).sum();
+    let outer = out[..k].iter().product::<usize>();
+    let starts: Vec<usize> = (0..outer)
+        .map(|mut i| {
+            let mut at = offset;
+            for a in (0..k).rev() {
+                at += (start[a] as usize + i % out[a]) * xs[a];
+                i /= out[a];
+            }
+            at
+        })
+        .collect();
+    x.data.runs(&starts, len)
 }
 
 /// The output shape of Gather: `x`'s axes before `axis`, the indices' axes, `x`'s after it.
@@ -1218,6 +1250,43 @@ fn window(size: &Tensor, w: Window, periodic: bool, dtype: DType) -> OpResult<Te
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unit_step_slices_copy_the_runs_the_element_walk_picks() {
+        let shape = [3usize, 4, 5, 2];
+        let xv: Vec<i32> = (0..120).collect();
+        let x = Tensor::new(shape.to_vec(), Data::I32(xv.clone())).unwrap();
+        let i64s = |v: &[i64]| Tensor::i64(vec![v.len()], v.to_vec()).unwrap();
+        // (starts, ends, axes): a cut inner axis, a cut outer one, several, negative bounds,
+        // everything (a copy), the last axis alone.
+        for (starts, ends, axes) in [
+            (vec![1], vec![3], vec![1]),
+            (vec![1], vec![3], vec![0]),
+            (vec![1, 0, 2], vec![3, 4, 5], vec![0, 1, 2]),
+            (vec![-2, 1], vec![i64::MAX, -1], vec![2, 3]),
+            (vec![0], vec![i64::MAX], vec![0]),
+            (vec![1], vec![2], vec![3]),
+        ] {
+            let (s, e, a) = (i64s(&starts), i64s(&ends), i64s(&axes));
+            let got = slice(&[Some(&x), Some(&s), Some(&e), Some(&a)], None).unwrap();
+            let (out, start, _) = slice_plan(&shape, &starts, &ends, Some(axes), None).unwrap();
+            assert_eq!(got.shape, out);
+            let mut want = Vec::new();
+            for i in 0..out[0] {
+                for j in 0..out[1] {
+                    for k in 0..out[2] {
+                        for l in 0..out[3] {
+                            let at = |a: usize, v: usize| start[a] as usize + v;
+                            want.push(
+                                xv[((at(0, i) * 4 + at(1, j)) * 5 + at(2, k)) * 2 + at(3, l)],
+                            );
+                        }
+                    }
+                }
+            }
+            assert_eq!(got.data, Data::I32(want), "{starts:?} {ends:?}");
+        }
+    }
 
     #[test]
     fn transposes_of_whole_axis_groups_match_the_element_walk() {
