@@ -84,7 +84,6 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
         .filter(|(_, r)| **r)
         .map(|(d, _)| *d)
         .product();
-    let vals = x.to_f64_vec();
     let init = match r.kind {
         ReduceKind::ReduceMax | ReduceKind::ReduceLogSumExp => f64::NEG_INFINITY,
         ReduceKind::ReduceMin => f64::INFINITY,
@@ -92,27 +91,32 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
         _ => 0.0,
     };
     let mut acc = vec![init; n_out];
-    let mut idx = vec![0usize; rank];
-    for &v in &vals {
-        let o: usize = (0..rank)
-            .map(|i| if red[i] { 0 } else { idx[i] * ostr[i] })
-            .sum();
-        let a = &mut acc[o];
-        match r.kind {
-            ReduceKind::ReduceMax => *a = a.max(v),
-            ReduceKind::ReduceMin => *a = a.min(v),
-            ReduceKind::ReduceProd => *a *= v,
-            ReduceKind::ReduceL1 => *a += v.abs(),
-            ReduceKind::ReduceL2 | ReduceKind::ReduceSumSquare => *a += v * v,
-            ReduceKind::ReduceMean | ReduceKind::ReduceSum | ReduceKind::ReduceLogSum => *a += v,
-            ReduceKind::ReduceLogSumExp => *a = log_add_exp(*a, v),
-        }
-        for i in (0..rank).rev() {
-            idx[i] += 1;
-            if idx[i] < x.shape[i] {
-                break;
+    let step = |a: f64, v: f64| match r.kind {
+        ReduceKind::ReduceMax => a.max(v),
+        ReduceKind::ReduceMin => a.min(v),
+        ReduceKind::ReduceProd => a * v,
+        ReduceKind::ReduceL1 => a + v.abs(),
+        ReduceKind::ReduceL2 | ReduceKind::ReduceSumSquare => a + v * v,
+        ReduceKind::ReduceMean | ReduceKind::ReduceSum | ReduceKind::ReduceLogSum => a + v,
+        ReduceKind::ReduceLogSumExp => log_add_exp(a, v),
+    };
+    match (&x.data, adjacent(&x.shape, &red)) {
+        (Data::F32(v), Some(dims)) => fold_runs(&mut acc, v, dims, step),
+        _ => {
+            let mut idx = vec![0usize; rank];
+            for v in x.to_f64_vec() {
+                let o: usize = (0..rank)
+                    .map(|i| if red[i] { 0 } else { idx[i] * ostr[i] })
+                    .sum();
+                acc[o] = step(acc[o], v);
+                for i in (0..rank).rev() {
+                    idx[i] += 1;
+                    if idx[i] < x.shape[i] {
+                        break;
+                    }
+                    idx[i] = 0;
+                }
             }
-            idx[i] = 0;
         }
     }
     match r.kind {
@@ -141,6 +145,39 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
         d => super::elementwise::cast(&Tensor::new(vec![acc.len()], Data::F64(acc))?, d).data,
     };
     Tensor::new(shape, data)
+}
+
+/// `(outer, n, inner)` when the reduced axes `red` of `shape` are adjacent: the input is then
+/// `[outer][n][inner]`, reduced over `n`.
+fn adjacent(shape: &[usize], red: &[bool]) -> Option<(usize, usize, usize)> {
+    let first = red.iter().position(|&r| r)?;
+    let last = red.iter().rposition(|&r| r)?;
+    if !red[first..=last].iter().all(|&r| r) {
+        return None;
+    }
+    let size = |axes: &[usize]| axes.iter().product::<usize>();
+    Some((
+        size(&shape[..first]),
+        size(&shape[first..=last]),
+        size(&shape[last + 1..]),
+    ))
+}
+
+/// `acc[o·inner + i] = step(..., v[(o·n + k)·inner + i])` for k in order: the reduction of
+/// adjacent axes over contiguous rows, with the element walk's arithmetic and order.
+fn fold_runs(
+    acc: &mut [f64],
+    v: &[f32],
+    (outer, n, inner): (usize, usize, usize),
+    step: impl Fn(f64, f64) -> f64,
+) {
+    for (o, acc) in acc.chunks_exact_mut(inner.max(1)).take(outer).enumerate() {
+        for row in v[o * n * inner..][..n * inner].chunks_exact(inner.max(1)) {
+            for (a, &x) in acc.iter_mut().zip(row) {
+                *a = step(*a, x as f64);
+            }
+        }
+    }
 }
 
 /// `ln(exp(a) + exp(b))` without overflow; equal infinities stay infinite.
@@ -232,6 +269,46 @@ mod tests {
         let ax = axis(1);
         let prod = cumulative(&[Some(&x), Some(&ax)], true, true, false).unwrap();
         assert_eq!(prod.to_i64_vec(), Ok(vec![1, 1, 2, 1, 4, 20]));
+    }
+
+    #[test]
+    fn float32_rows_reduce_as_the_element_walk_does() {
+        // float32 over adjacent axes takes the row loop; the same values in float64 take the
+        // element walk, with the same arithmetic: equal once rounded to float32.
+        let shape = vec![3, 4, 5, 6];
+        let v: Vec<f32> = (0..360)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173)
+            .collect();
+        let x32 = Tensor::new(shape.clone(), Data::F32(v.clone())).unwrap();
+        let x64 = Tensor::new(shape, Data::F64(v.iter().map(|&x| x as f64).collect())).unwrap();
+        use ReduceKind::*;
+        let kinds = [
+            ReduceMean,
+            ReduceSum,
+            ReduceMax,
+            ReduceMin,
+            ReduceProd,
+            ReduceL1,
+            ReduceL2,
+            ReduceSumSquare,
+            ReduceLogSumExp,
+        ];
+        let axes: [&[i64]; 6] = [&[3], &[1, 2], &[0], &[-1, -2, 0, 1], &[], &[0, 2]];
+        for kind in kinds {
+            for &a in &axes {
+                let r = ReduceAttrs {
+                    kind,
+                    axes: Some(a.to_vec()),
+                    keepdims: a.len() % 2 == 0,
+                    noop_with_empty_axes: false,
+                };
+                let fast = reduce(&r, &[Some(&x32)]).unwrap();
+                let walk = reduce(&r, &[Some(&x64)]).unwrap();
+                assert_eq!(fast.shape, walk.shape, "{kind:?} {a:?}");
+                let walk: Vec<f32> = walk.to_f64_vec().iter().map(|&x| x as f32).collect();
+                assert_eq!(fast.as_f32().unwrap(), walk.as_slice(), "{kind:?} {a:?}");
+            }
+        }
     }
 
     #[test]
