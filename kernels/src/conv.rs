@@ -33,6 +33,29 @@ pub struct Conv2d {
 }
 
 impl Conv2d {
+    /// A convolution down a single column (`w`, `kw` and `ow` 1, no left padding: a 1-D
+    /// convolution exported as 2-D, as tf2onnx and JAX write them) as the same convolution
+    /// along a single row: the same elements in the same order, whose im2col copies runs of a
+    /// row where down a column it copied one element at a time. `None` for any other.
+    pub fn column_as_row(&self) -> Option<Conv2d> {
+        let column = self.w == 1 && self.kw == 1 && self.ow == 1 && self.pl == 0 && self.h > 1;
+        column.then_some(Conv2d {
+            h: 1,
+            w: self.h,
+            kh: 1,
+            kw: self.kh,
+            sh: 1,
+            sw: self.sh,
+            dh: 1,
+            dw: self.dh,
+            pt: 0,
+            pl: self.pt,
+            oh: 1,
+            ow: self.oh,
+            ..*self
+        })
+    }
+
     /// A 1x1 convolution (stride 1, no padding) from `c` to `m` channels at `h`x`w`, batch `n`.
     pub fn pointwise(n: usize, c: usize, m: usize, h: usize, w: usize) -> Conv2d {
         Conv2d {
@@ -138,6 +161,8 @@ pub fn conv2d(
     scratch: &mut Vec<f32>,
     threads: usize,
 ) {
+    let rows = p.column_as_row();
+    let p = rows.as_ref().unwrap_or(p);
     let k = (p.c / p.groups) * p.kh * p.kw;
     let (in_plane, out_plane) = (p.h * p.w, p.oh * p.ow);
     assert_eq!(input.len(), p.n * p.c * in_plane, "conv2d input size");
@@ -726,6 +751,41 @@ mod tests {
         check(geom(1, 6, 11, 6, 3, 2, 2, 2, 6));
         check(geom(1, 3, 12, 5, 5, 3, 2, 3, 1));
         check(geom(1, 64, 28, 64, 3, 1, 1, 1, 1));
+    }
+
+    /// 1-D convolutions down a column (`w` = 1) run as rows: the same outputs as the reference.
+    #[test]
+    fn convolutions_down_a_column_match_reference() {
+        let column = |c: usize, m: usize, kh: usize, sh: usize, dh: usize, pt: usize, groups| {
+            let (h, pb) = (23, 1);
+            Conv2d {
+                n: 2,
+                c,
+                h,
+                w: 1,
+                m,
+                kh,
+                kw: 1,
+                sh,
+                sw: 1,
+                dh,
+                dw: 1,
+                pt,
+                pl: 0,
+                oh: (h + pt + pb - dh * (kh - 1) - 1) / sh + 1,
+                ow: 1,
+                groups,
+            }
+        };
+        for p in [
+            column(5, 7, 5, 1, 1, 0, 1),
+            column(5, 7, 5, 2, 2, 3, 1),
+            column(6, 6, 3, 1, 1, 1, 6),
+            column(4, 8, 1, 1, 1, 0, 2),
+        ] {
+            assert!(p.column_as_row().is_some());
+            check_with(&p, true, Some(Activation::Relu), 2);
+        }
     }
 
     #[test]
