@@ -254,7 +254,8 @@ pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     if r.filtered(legacy) {
         return resize_filtered(r, inputs, &out, &scales);
     }
-    let mut cur = x.as_f32()?.to_vec();
+    // The input is read in place by the first axis resampled, not copied.
+    let mut cur = std::borrow::Cow::Borrowed(x.as_f32()?);
     let mut shape = x.shape.clone();
     for ax in 0..rank {
         if out[ax] == shape[ax] && scales[ax] == 1.0 {
@@ -263,10 +264,10 @@ pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
         let taps: Vec<(usize, usize, f32)> = (0..out[ax])
             .map(|o| tap(r, legacy, o, shape[ax], out[ax], scales[ax] as f32))
             .collect();
-        cur = resample_axis(&cur, &shape, ax, &taps);
+        cur = std::borrow::Cow::Owned(resample_axis(&cur, &shape, ax, &taps));
         shape[ax] = out[ax];
     }
-    Tensor::f32(shape, cur)
+    Tensor::f32(shape, cur.into_owned())
 }
 
 /// Resize by filter taps (cubic, antialiased, crop-and-resize), in f64.
@@ -381,8 +382,17 @@ fn resample_axis(
     let inner: usize = shape[ax + 1..].iter().product();
     let len = shape[ax];
     let mut dst = Vec::with_capacity(outer * taps.len() * inner);
+    let lerp = |p: f32, q: f32, w: f32| if w == 0.0 { p } else { p + (q - p) * w };
     for o in 0..outer {
         let block = &src[o * len * inner..(o + 1) * len * inner];
+        if inner == 1 {
+            // The last axis: element by element, where a run of one cost a copy call each.
+            dst.extend(
+                taps.iter()
+                    .map(|&(i0, i1, w)| lerp(block[i0], block[i1], w)),
+            );
+            continue;
+        }
         for &(i0, i1, w) in taps {
             let (a, b) = (
                 &block[i0 * inner..(i0 + 1) * inner],
@@ -391,7 +401,7 @@ fn resample_axis(
             if w == 0.0 {
                 dst.extend_from_slice(a);
             } else {
-                dst.extend(a.iter().zip(b).map(|(p, q)| p + (q - p) * w));
+                dst.extend(a.iter().zip(b).map(|(&p, &q)| lerp(p, q, w)));
             }
         }
     }
