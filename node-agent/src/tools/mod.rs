@@ -71,6 +71,9 @@ mod tests {
         let e = super::read_inputs(&["x".into()]).unwrap_err().to_string();
         assert!(e.contains("\"x\" is not NAME=path.npy"), "{e}");
         let e = super::read_inputs(&["x=/nonexistent/x.npy".into()]).unwrap_err();
-        assert!(format!("{e:#}").contains("reading input x from /nonexistent/x.npy"), "{e:#}");
+        assert!(
+            format!("{e:#}").contains("reading input x from /nonexistent/x.npy"),
+            "{e:#}"
+        );
     }
 }
