@@ -17,6 +17,11 @@ use crate::ops::Op;
 use crate::tensor::DType;
 use cotenant_kernels::{nhwc_conv, nhwc_depthwise};
 
+/// Products per moved element from which a convolution alone runs NHWC: a transpose moves an
+/// element in about the time of 25 products, so at 64 the two cost a fifth or less of what
+/// the im2col they replace did.
+const ALONE_RATIO: usize = 64;
+
 /// Fewest output channels: one panel of 16 leaves the tile a quarter full.
 const MIN_OUTPUTS: usize = 16;
 
@@ -71,7 +76,7 @@ pub fn nhwc_convolutions(g: &mut Graph) {
         size[find(&mut root, i)] += 1;
     }
     let chosen: Vec<usize> = (0..g.nodes.len())
-        .filter(|&i| usable[i] && size[find(&mut root, i)] >= 2)
+        .filter(|&i| usable[i] && (size[find(&mut root, i)] >= 2 || worth_alone(g, &g.nodes[i])))
         .collect();
     if chosen.is_empty() {
         return;
@@ -106,6 +111,24 @@ fn suits(g: &Graph, n: &Node) -> bool {
         && input(0).is_some()
         && bias_ok
         && w.dtype() == DType::F32
+}
+
+/// Whether Conv `n` (which [`suits`]) is worth its two transposes alone: an ungrouped kernel
+/// wider than 1x1 (which the NCHW path runs through im2col) with at least [`ALONE_RATIO`]
+/// products per element the transposes move (at stride 1).
+fn worth_alone(g: &Graph, n: &Node) -> bool {
+    let w = n
+        .inputs
+        .get(1)
+        .copied()
+        .flatten()
+        .and_then(|v| g.constants.get(&v));
+    match w.map(|w| w.shape.as_slice()) {
+        Some(&[m, c, kh, kw]) if kh * kw > 1 && matches!(&n.op, Op::Conv(a) if a.group == 1) => {
+            m * c * kh * kw >= ALONE_RATIO * (m + c)
+        }
+        _ => false,
+    }
 }
 
 /// Whether `n` is a 2-D MaxPool without Indices, which runs NHWC between the convolutions of a
@@ -281,6 +304,74 @@ mod tests {
                 for (p, q) in a.iter().zip(b) {
                     assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{n}: {p} vs {q}");
                 }
+            }
+        }
+    }
+
+    /// One convolution from `c` to `m` channels with a `k`x`k` kernel, alone in its graph.
+    fn lone(c: usize, m: usize, k: usize) -> Graph {
+        let mut b = Builder::new(7, false);
+        let w = b.normal("w", &[m, c, k, k], 0.3);
+        let y = b.node(
+            "Conv",
+            &["x", &w],
+            vec![attr_ints("pads", &[(k / 2) as i64; 4])],
+        );
+        b.node_rename_last(&y, "y");
+        let proto: ModelProto = b.finish(
+            "lone",
+            13,
+            vec![value_info(
+                "x",
+                DType::F32,
+                &[None, Some(c), Some(6), Some(7)],
+            )],
+            vec![value_info(
+                "y",
+                DType::F32,
+                &[None, Some(m), Some(6), Some(7)],
+            )],
+        );
+        crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+    }
+
+    #[test]
+    fn a_convolution_alone_runs_nhwc_where_its_products_repay_the_transposes() {
+        if !cotenant_kernels::nhwc_conv::available() {
+            eprintln!("skipped: this CPU lacks AVX-512F and AVX2");
+            return;
+        }
+        // 32 -> 24 3x3: 123 products per moved element; 4 -> 16 3x3: 29; 1x1: no im2col.
+        for (c, m, k, nhwc) in [(32, 24, 3, true), (4, 16, 3, false), (32, 24, 1, false)] {
+            let raw = Plan::build(&lone(c, m, k)).expect("plan");
+            let mut g = lone(c, m, k);
+            crate::passes::optimize(&mut g);
+            super::nhwc_convolutions(&mut g);
+            let names: Vec<String> = g.nodes.iter().map(|n| n.op.name()).collect();
+            let want: &[&str] = match nhwc {
+                true => &["Transpose", "Conv(NHWC)", "Transpose"],
+                false => &["Conv"],
+            };
+            assert_eq!(names, want, "{c} -> {m} {k}x{k}");
+            let plan = Plan::build(&g).expect("plan");
+            let x: Vec<f32> = (0..2 * c * 42)
+                .map(|i| (i % 13) as f32 / 6.0 - 1.0)
+                .collect();
+            let input = || {
+                vec![(
+                    "x".to_string(),
+                    Tensor::f32(vec![2, c, 6, 7], x.clone()).unwrap(),
+                )]
+            };
+            let be = CpuBackend::new(2);
+            let (a, b) = (
+                raw.run(&be, input()).unwrap(),
+                plan.run(&be, input()).unwrap(),
+            );
+            let (a, b) = (a[0].1.as_f32().unwrap(), b[0].1.as_f32().unwrap());
+            assert_eq!(a.len(), b.len());
+            for (p, q) in a.iter().zip(b) {
+                assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{p} vs {q}");
             }
         }
     }

@@ -1,4 +1,4 @@
-//! Transposes that undo each other cancel, elementwise 8-bit adds move behind transposes of
+//! Transposes that undo each other cancel, one of another becomes one transpose, elementwise 8-bit adds move behind transposes of
 //! both their inputs, and a 2-D MaxPool of an NHWC value transposed to NCHW pools it in NHWC
 //! before the transpose. The QDQ pass wraps each NHWC quantized convolution in a transpose
 //! from NCHW and one back; with these rewrites a chain of them (residual adds and max pools
@@ -15,7 +15,8 @@ use crate::ops::shape::ShapeOp;
 
 pub fn cancel_transposes(g: &mut Graph) {
     let mut changed = false;
-    while hoist_add(g) || hoist_max_pool(g) || cancel_pair(g) || merge_repeat(g) {
+    while hoist_add(g) || hoist_max_pool(g) || cancel_pair(g) || compose_pair(g) || merge_repeat(g)
+    {
         changed = true;
     }
     if changed {
@@ -58,6 +59,32 @@ fn cancel_pair(g: &mut Graph) -> bool {
             continue;
         }
         rewire(g, out, src);
+        return true;
+    }
+    false
+}
+
+/// Makes one Transpose of a Transpose (that does not undo it) a single transpose of the first
+/// one's input, by the composed perm; whether it found one. The first is then dead unless
+/// something else reads it.
+fn compose_pair(g: &mut Graph) -> bool {
+    let producers = g.producers();
+    for i in 0..g.nodes.len() {
+        let n = &g.nodes[i];
+        let Some(p2) = perm(n) else {
+            continue;
+        };
+        let Some((src, p1)) = transposed(g, &producers, n.inputs.first().copied().flatten()) else {
+            continue;
+        };
+        if p1.len() != p2.len() || p2.iter().any(|&a| a >= p1.len()) {
+            continue;
+        }
+        let composed: Vec<usize> = p2.iter().map(|&a| p1[a]).collect();
+        g.nodes[i].op = Op::Shape(ShapeOp::Transpose {
+            perm: Some(composed),
+        });
+        g.nodes[i].inputs[0] = Some(src);
         return true;
     }
     false
@@ -175,4 +202,56 @@ fn hoist_max_pool(g: &mut Graph) -> bool {
         return true;
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::CpuBackend;
+    use crate::ops::Op;
+    use crate::ops::shape::ShapeOp;
+    use crate::plan::Plan;
+    use crate::proto::ModelProto;
+    use crate::tensor::{DType, Tensor};
+    use crate::zoo::builder::{Builder, attr_ints, value_info};
+    use prost::Message;
+
+    #[test]
+    fn a_transpose_of_a_transpose_becomes_one() {
+        let mut b = Builder::new(1, false);
+        let t = b.node("Transpose", &["x"], vec![attr_ints("perm", &[0, 2, 1, 3])]);
+        let y = b.node("Transpose", &[&t], vec![attr_ints("perm", &[0, 2, 3, 1])]);
+        b.node_rename_last(&y, "y");
+        let proto: ModelProto = b.finish(
+            "transposes",
+            13,
+            vec![value_info(
+                "x",
+                DType::F32,
+                &[Some(2), Some(3), Some(4), Some(5)],
+            )],
+            vec![value_info(
+                "y",
+                DType::F32,
+                &[Some(2), Some(3), Some(5), Some(4)],
+            )],
+        );
+        let g = crate::import::import(&proto.encode_to_vec(), None).expect("imports");
+        let raw = Plan::build(&g).expect("plan");
+        let mut one = g;
+        super::cancel_transposes(&mut one);
+        let perms: Vec<_> = one.nodes.iter().map(|n| n.op.clone()).collect();
+        // Axis b of the result is axis p1[p2[b]] of x.
+        let composed = Op::Shape(ShapeOp::Transpose {
+            perm: Some(vec![0, 1, 3, 2]),
+        });
+        assert_eq!(perms, [composed]);
+        let x = Tensor::f32(vec![2, 3, 4, 5], (0..120).map(|i| i as f32).collect()).unwrap();
+        let be = CpuBackend::new(1);
+        let want = raw.run(&be, vec![("x".into(), x.clone())]).unwrap();
+        let got = Plan::build(&one)
+            .unwrap()
+            .run(&be, vec![("x".into(), x)])
+            .unwrap();
+        assert_eq!(want, got);
+    }
 }
