@@ -23,6 +23,7 @@ commands:
                        `eval \"$(cargo xtask cluster up)\"` readies a shell
   cluster down         stop it and remove its state
   bench executor       this executor vs onnxruntime on the CPU (ratio table)
+  bench third-party    the third-party models' latency vs onnxruntime on the CPU (table)
   bench agent          goodput within the SLO under static b=1 m=1, DNNScaler and Clipper
                        AIMD on a standalone agent, and the HTTP overhead (tables)
   bench triton         Triton's perf_analyzer over HTTP and gRPC against a standalone agent,
@@ -42,6 +43,7 @@ fn main() -> anyhow::Result<()> {
         ["cluster", "up"] => cluster::up(),
         ["cluster", "down"] => cluster::down(),
         ["bench", "executor", rest @ ..] => bench_executor(rest),
+        ["bench", "third-party", rest @ ..] => bench_third_party(rest),
         ["bench", "agent", rest @ ..] => bench_agent(rest),
         ["bench", "triton", rest @ ..] => bench_triton(rest),
         ["bench", "scale", rest @ ..] => test::scale(rest),
@@ -101,6 +103,14 @@ pub fn run(mut cmd: Command) -> anyhow::Result<()> {
 
 fn bench_executor(args: &[&str]) -> anyhow::Result<()> {
     bench_script("executor/bench/compare.py", args)
+}
+
+fn bench_third_party(args: &[&str]) -> anyhow::Result<()> {
+    let cache = cotenant_e2e::toolchain::cache_dir().join("third-party-models");
+    let cache = cache.to_string_lossy();
+    let mut all = vec!["--cache", &cache];
+    all.extend_from_slice(args);
+    bench_script("executor/bench/third_party.py", &all)
 }
 
 fn bench_agent(args: &[&str]) -> anyhow::Result<()> {
