@@ -1,5 +1,6 @@
-//! Transposes that undo each other cancel, one of another becomes one transpose, elementwise 8-bit adds move behind transposes of
-//! both their inputs, and a 2-D MaxPool of an NHWC value transposed to NCHW pools it in NHWC
+//! Transposes that undo each other cancel, one of another becomes one transpose, elementwise
+//! ops (8-bit adds among them) move behind transposes of all their inputs (constants of one
+//! element aside), and a 2-D MaxPool of an NHWC value transposed to NCHW pools it in NHWC
 //! before the transpose. The QDQ pass wraps each NHWC quantized convolution in a transpose
 //! from NCHW and one back; with these rewrites a chain of them (residual adds and max pools
 //! included) keeps its activations NHWC from its first convolution to its last. A transpose
@@ -122,28 +123,58 @@ fn merge_repeat(g: &mut Graph) -> bool {
     false
 }
 
-/// Moves one QAdd whose inputs are both transposed by the same perm behind that transpose;
-/// whether it found one.
+/// Moves one elementwise op (a QAdd, a unary op, a binary or variadic one) whose inputs are all
+/// transposed by the same perm (or constants of one element) behind that transpose; whether it found one. An elementwise op
+/// commutes with transposing all its inputs alike (inputs of one rank broadcast alike); the
+/// transposes it read must be read by nothing else, so that the count never grows.
 fn hoist_add(g: &mut Graph) -> bool {
-    let producers = g.producers();
+    let (producers, uses) = (g.producers(), g.use_counts());
     for i in 0..g.nodes.len() {
         let n = &g.nodes[i];
-        if !matches!(n.op, Op::Quant(QuantOp::QAdd(_)))
-            || n.inputs.len() != 2
-            || n.outputs.len() != 1
-        {
+        let elementwise = match &n.op {
+            Op::Quant(QuantOp::QAdd(_)) => n.inputs.len() == 2,
+            Op::Unary(_) => n.inputs.len() == 1,
+            Op::Binary(_) => n.inputs.len() == 2,
+            Op::Variadic(..) => !n.inputs.is_empty(),
+            _ => false,
+        };
+        if !elementwise || n.outputs.len() != 1 || n.inputs.iter().any(Option::is_none) {
             continue;
         }
-        let (Some((a, pa)), Some((b, pb))) = (
-            transposed(g, &producers, n.inputs[0]),
-            transposed(g, &producers, n.inputs[1]),
-        ) else {
+        // Each input: transposed (its source and perm), or a constant of one element, which
+        // broadcasts the same either way.
+        let one = |v: usize| g.constants.get(&v).is_some_and(|t| t.len() == 1);
+        let sources: Option<Vec<(usize, Option<Vec<usize>>)>> = n
+            .inputs
+            .iter()
+            .flatten()
+            .map(|&v| match transposed(g, &producers, Some(v)) {
+                Some((x, p)) => Some((x, Some(p))),
+                None => one(v).then_some((v, None)),
+            })
+            .collect();
+        let Some(sources) = sources else {
             continue;
         };
-        if pa != pb {
+        let Some(perm) = sources.iter().find_map(|(_, p)| p.clone()) else {
+            continue;
+        };
+        // A value read several times by this node counts once per read.
+        let own = |v: usize| n.inputs.iter().filter(|&&x| x == Some(v)).count();
+        let transposes_alone = n
+            .inputs
+            .iter()
+            .flatten()
+            .all(|&v| one(v) || uses[v] == own(v));
+        let same = sources.iter().all(|(x, p)| match p {
+            Some(p) => *p == perm,
+            None => g.constants[x].rank() <= perm.len(),
+        });
+        if !transposes_alone || !same {
             continue;
         }
-        move_behind(g, i, vec![Some(a), Some(b)], pa);
+        let inputs = sources.into_iter().map(|(x, _)| Some(x)).collect();
+        move_behind(g, i, inputs, perm);
         return true;
     }
     false
@@ -214,6 +245,77 @@ mod tests {
     use crate::tensor::{DType, Tensor};
     use crate::zoo::builder::{Builder, attr_ints, value_info};
     use prost::Message;
+
+    /// `x + Transpose back(Relu(Max(Transpose(x), a one-element constant)))`, with the first
+    /// transpose also a graph output when `shared`.
+    fn elementwise_between(shared: bool) -> crate::graph::Graph {
+        let mut b = Builder::new(1, false);
+        let mut t = b.node("Transpose", &["x"], vec![attr_ints("perm", &[0, 2, 3, 1])]);
+        if shared {
+            b.node_rename_last(&t, "t");
+            t = "t".to_string();
+        }
+        let floor = b.normal("floor", &[1, 1, 1, 1], 0.1);
+        let m = b.node("Max", &[&t, &floor], vec![]);
+        let r = b.node("Relu", &[&m], vec![]);
+        let back = b.node("Transpose", &[&r], vec![attr_ints("perm", &[0, 3, 1, 2])]);
+        let y = b.node("Add", &[&back, "x"], vec![]);
+        b.node_rename_last(&y, "y");
+        let mut outputs = vec![value_info(
+            "y",
+            DType::F32,
+            &[Some(2), Some(3), Some(4), Some(5)],
+        )];
+        if shared {
+            outputs.push(value_info(
+                "t",
+                DType::F32,
+                &[Some(2), Some(4), Some(5), Some(3)],
+            ));
+        }
+        let proto: ModelProto = b.finish(
+            "elementwise",
+            13,
+            vec![value_info(
+                "x",
+                DType::F32,
+                &[Some(2), Some(3), Some(4), Some(5)],
+            )],
+            outputs,
+        );
+        crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+    }
+
+    #[test]
+    fn elementwise_ops_move_behind_transposes_that_then_cancel() {
+        for shared in [false, true] {
+            let g = elementwise_between(shared);
+            let raw = Plan::build(&g).expect("plan");
+            let mut moved = g;
+            super::cancel_transposes(&mut moved);
+            let names: Vec<String> = moved.nodes.iter().map(|n| n.op.name()).collect();
+            // A transpose something else reads stays, and the ops stay behind it: moving them
+            // would add a transpose.
+            let want: &[&str] = match shared {
+                false => &["Max*", "Relu", "Add"],
+                true => &["Transpose", "Max*", "Relu", "Transpose", "Add"],
+            };
+            assert_eq!(names, want);
+            let x = Tensor::f32(
+                vec![2, 3, 4, 5],
+                (0..120).map(|i| i as f32 * 0.01 - 0.6).collect(),
+            );
+            let be = CpuBackend::new(1);
+            let want = raw
+                .run(&be, vec![("x".into(), x.clone().unwrap())])
+                .unwrap();
+            let got = Plan::build(&moved)
+                .unwrap()
+                .run(&be, vec![("x".into(), x.unwrap())])
+                .unwrap();
+            assert_eq!(want, got);
+        }
+    }
 
     #[test]
     fn a_transpose_of_a_transpose_becomes_one() {
