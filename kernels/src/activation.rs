@@ -210,14 +210,21 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
-/// Applies `f` to every element in place, split across `threads`.
+/// `f` of every element of `data` in place, split across `threads`, each piece compiled for the
+/// widest vectors the CPU has ([`wide`](crate::wide::wide)): for a call-free, inlinable `f`
+/// (such as [`erf`] or [`tanh`]) a vector loop, with the results of the scalar one.
 pub fn map_inplace(threads: usize, data: &mut [f32], f: impl Fn(f32) -> f32 + Sync + Send) {
+    let run = |c: &mut [f32]| {
+        crate::wide::wide(
+            #[inline(always)]
+            || InPlace(c).map(&f),
+        );
+    };
     if threads > 1 && data.len() >= crate::PAR_MIN_WORK {
-        let chunk = data.len().div_ceil(threads * 4).max(4096);
-        data.par_chunks_mut(chunk)
-            .for_each(|c| c.iter_mut().for_each(|x| *x = f(*x)));
+        data.par_chunks_mut(chunk(threads, data.len()))
+            .for_each(run);
     } else {
-        data.iter_mut().for_each(|x| *x = f(*x));
+        run(data);
     }
 }
 
@@ -283,24 +290,6 @@ pub fn tanh(x: f32) -> f32 {
     y.copysign(x)
 }
 
-/// `f` of every element of `data` in place, split across `threads`, each piece compiled for the
-/// widest vectors the CPU has ([`wide`](crate::wide::wide)): for a call-free, inlinable `f`
-/// (such as [`erf`] or [`tanh`]) a vector loop, with the results of the scalar one.
-pub fn map_wide(threads: usize, data: &mut [f32], f: impl Fn(f32) -> f32 + Copy + Sync + Send) {
-    let run = |c: &mut [f32]| {
-        crate::wide::wide(
-            #[inline(always)]
-            || InPlace(c).map(f),
-        );
-    };
-    if threads > 1 && data.len() >= crate::PAR_MIN_WORK {
-        data.par_chunks_mut(chunk(threads, data.len()))
-            .for_each(run);
-    } else {
-        run(data);
-    }
-}
-
 /// GELU with the exact (erf) form.
 #[inline(always)]
 pub fn gelu(x: f32) -> f32 {
@@ -360,13 +349,13 @@ mod tests {
     }
 
     #[test]
-    fn map_wide_gives_the_scalar_results() {
+    fn map_inplace_gives_the_scalar_results() {
         let xs: Vec<f32> = (0..100_003)
             .map(|i| (i as f32 - 50_000.0) * 1.3e-4)
             .collect();
         for f in [erf, tanh] {
             let mut v = xs.clone();
-            map_wide(2, &mut v, f);
+            map_inplace(2, &mut v, f);
             let want: Vec<f32> = xs.iter().map(|&x| f(x)).collect();
             assert_eq!(v, want);
         }
