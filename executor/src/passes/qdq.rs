@@ -279,59 +279,24 @@ fn quantized_conv(g: &mut Graph, i: usize) -> bool {
         return false;
     };
     // The output: an optional Relu, then Q with one scale and zero point.
-    let uses = g.use_counts();
-    let Some(mut q) = sole_reader(g, &uses, n.outputs[0]) else {
+    let Some((q, relu, yq)) = quantized_output(g, n.outputs[0]) else {
         return false;
     };
-    let mut relu = None;
-    if g.nodes[q].op == Op::Unary(Unary::Relu) {
-        relu = Some(q);
-        match sole_reader(g, &uses, g.nodes[q].outputs[0]) {
-            Some(r) => q = r,
-            None => return false,
-        }
-    }
-    let qn = &g.nodes[q];
-    let Op::Quant(QuantOp::Quantize(qa)) = &qn.op else {
-        return false;
-    };
-    if qa.layout.block_size != 0 || !matches!(qa.precision, None | Some(DType::F32)) {
-        return false;
-    }
-    let qin = |k: usize| qn.inputs.get(k).copied().flatten();
-    let (Some(sy), Some(zy)) = (
-        qin(1)
-            .and_then(|v| g.constants.get(&v))
-            .and_then(|t| f32s(t, 1, true)),
-        qin(2).and_then(|v| g.constants.get(&v)),
-    ) else {
-        return false;
-    };
-    let Some((y_dtype, _)) = zero_u8(zy) else {
-        return false;
-    };
-    if qa.output_dtype.is_some_and(|o| o != y_dtype) {
-        return false;
-    }
-    let y_zero = zy.to_f64_vec()[0] as f32;
-    let sy = sy[0] as f64;
-    let pick = |v: &[f32], c: usize| v[if v.len() == 1 { 0 } else { c }] as f64;
+    let (mult, offset) = requantization(sx[0], &sw, &bias, yq.scale);
     let op = QConv {
         conv: c.clone(),
         w_shape,
         w,
         x_dtype,
         x_zero,
-        mult: (0..m)
-            .map(|c| (sx[0] as f64 * pick(&sw, c) / sy) as f32)
-            .collect(),
-        offset: (0..m).map(|c| (bias[c] as f64 / sy) as f32).collect(),
-        y_dtype,
-        y_zero,
+        mult,
+        offset,
+        y_dtype: yq.dtype,
+        y_zero: yq.zero as f32,
         relu: relu.is_some(),
         matmul: false,
     };
-    let out = qn.outputs[0];
+    let out = g.nodes[q].outputs[0];
     let name = n.name.clone();
     let nhwc = matches!(op.w, QConvWeights::Taps(_));
     // The new node takes the Q's place (after everything the Conv read); the Conv and Relu go.
@@ -403,6 +368,19 @@ fn conv_weights(
     }))
 }
 
+/// The requantization of integer sums over `m` channels: the multiplier `x_scale · w_scale[c]
+/// / y_scale` (`w_scale` one per channel or one in all) and the bias over `y_scale`, each
+/// worked in f64 and rounded once.
+fn requantization(sx: f32, sw: &[f32], bias: &[f32], sy: f32) -> (Vec<f32>, Vec<f32>) {
+    let (sx, sy) = (sx as f64, sy as f64);
+    let w_scale = |c: usize| sw[if sw.len() == 1 { 0 } else { c }] as f64;
+    let mult = (0..bias.len())
+        .map(|c| (sx * w_scale(c) / sy) as f32)
+        .collect();
+    let offset = bias.iter().map(|&b| (b as f64 / sy) as f32).collect();
+    (mult, offset)
+}
+
 /// A bias of `m` values: absent (zeros), a constant, or DequantizeLinear of a constant.
 fn constant_bias(g: &Graph, v: Option<usize>, m: usize) -> Option<Vec<f32>> {
     let Some(v) = v else {
@@ -435,7 +413,7 @@ fn quantized_matmul(g: &mut Graph, i: usize) -> bool {
         _ => return false,
     };
     let input = |k: usize| n.inputs.get(k).copied().flatten();
-    if n.outputs.len() != 1 || (!matches!(n.op, Op::Gemm(_)) && input(2).is_some()) {
+    if n.outputs.len() != 1 {
         return false;
     }
     let Some((x, xq)) = input(0).and_then(|v| dequantized_input(g, v)) else {
@@ -447,10 +425,10 @@ fn quantized_matmul(g: &mut Graph, i: usize) -> bool {
     else {
         return false;
     };
-    let Some(Data::I8(wv)) = g.constants.get(&w).map(|t| &t.data) else {
+    let Some(wt) = g.constants.get(&w) else {
         return false;
     };
-    let &[rows, cols] = g.constants[&w].shape.as_slice() else {
+    let (Data::I8(wv), &[rows, cols]) = (&wt.data, wt.shape.as_slice()) else {
         return false;
     };
     // Output columns along `out_axis` of the weights, the reduction along the other.
@@ -484,8 +462,7 @@ fn quantized_matmul(g: &mut Graph, i: usize) -> bool {
     let Some((q, relu, yq)) = quantized_output(g, n.outputs[0]) else {
         return false;
     };
-    let sy = yq.scale as f64;
-    let pick = |v: &[f32], c: usize| v[if v.len() == 1 { 0 } else { c }] as f64;
+    let (mult, offset) = requantization(xq.scale, &sw, &bias, yq.scale);
     let op = QConv {
         conv: ConvAttrs {
             kernel_shape: Some(vec![1, 1]),
@@ -497,10 +474,8 @@ fn quantized_matmul(g: &mut Graph, i: usize) -> bool {
         w: QConvWeights::Taps(packed),
         x_dtype: DType::U8,
         x_zero: xq.zero as u8,
-        mult: (0..m)
-            .map(|c| (xq.scale as f64 * pick(&sw, c) / sy) as f32)
-            .collect(),
-        offset: (0..m).map(|c| (bias[c] as f64 / sy) as f32).collect(),
+        mult,
+        offset,
         y_dtype: yq.dtype,
         y_zero: yq.zero as f32,
         relu: relu.is_some(),
