@@ -16,7 +16,11 @@ use crate::ops::shape::ShapeOp;
 
 pub fn cancel_transposes(g: &mut Graph) {
     let mut changed = false;
-    while hoist_add(g) || hoist_max_pool(g) || cancel_pair(g) || compose_pair(g) || merge_repeat(g)
+    while hoist_elementwise(g)
+        || hoist_max_pool(g)
+        || cancel_pair(g)
+        || compose_pair(g)
+        || merge_repeat(g)
     {
         changed = true;
     }
@@ -127,7 +131,7 @@ fn merge_repeat(g: &mut Graph) -> bool {
 /// transposed by the same perm (or constants of one element) behind that transpose; whether it found one. An elementwise op
 /// commutes with transposing all its inputs alike (inputs of one rank broadcast alike); the
 /// transposes it read must be read by nothing else, so that the count never grows.
-fn hoist_add(g: &mut Graph) -> bool {
+fn hoist_elementwise(g: &mut Graph) -> bool {
     let (producers, uses) = (g.producers(), g.use_counts());
     for i in 0..g.nodes.len() {
         let n = &g.nodes[i];
