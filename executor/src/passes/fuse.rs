@@ -14,7 +14,7 @@ pub fn fuse_activations(g: &mut Graph) {
     }
 }
 
-fn activation_of(g: &Graph, op: &Op, inputs: &[Option<usize>]) -> Option<Activation> {
+pub(crate) fn activation_of(g: &Graph, op: &Op, inputs: &[Option<usize>]) -> Option<Activation> {
     match op {
         Op::Unary(u) => u.as_activation(),
         Op::Clip { min, max } => {

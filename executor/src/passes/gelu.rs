@@ -1,7 +1,7 @@
 //! Recognises GELU written out with Erf — `x·0.5·(1 + erf(x/√2))` in either multiplication order,
 //! with `/√2` or `·(1/√2)` — and replaces it by one Gelu op (which can then fuse into a MatMul).
 
-use super::sole_reader;
+use super::{near, other, scalar, sole_reader};
 use crate::graph::{Graph, Node};
 use crate::ops::{
     Op,
@@ -23,24 +23,6 @@ pub fn fuse_gelu(g: &mut Graph) {
             };
         }
         i += 1;
-    }
-}
-
-fn scalar(g: &Graph, v: Option<usize>) -> Option<f32> {
-    let t = g.constants.get(&v?)?;
-    (t.len() == 1).then(|| t.to_f64_vec()[0] as f32)
-}
-
-fn near(a: Option<f32>, b: f32) -> bool {
-    a.is_some_and(|a| (a - b).abs() < 1e-4)
-}
-
-/// The other input of a binary node whose one input is `v`.
-fn other(n: &Node, v: usize) -> Option<Option<usize>> {
-    match n.inputs.as_slice() {
-        [a, b] if *a == Some(v) => Some(*b),
-        [a, b] if *b == Some(v) => Some(*a),
-        _ => None,
     }
 }
 

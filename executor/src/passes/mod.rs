@@ -1,18 +1,18 @@
 //! Graph rewrite passes, run in order by [`optimize`]: quantized (QDQ) patterns to integer
 //! ops, the NCHW/NHWC transposes between them cancelled, constant folding (shape subgraphs
-//! included, under symbolic dimensions), BatchNorm folded into the
-//! producing Conv, Erf-form GELU recognised, constant bias fused into MatMul, residual Adds fused
-//! into the producing Conv, activations fused into the producing Conv/Gemm/MatMul, a 1x1 Conv
-//! fused into the depthwise Conv after it and then the 1x1 Conv after the pair (MobileNet's
-//! whole inverted residual block), dead-node removal. On the CPU, chains of convolutions go
-//! NHWC and MatMuls by constant matrices hold them packed.
-
+//! included, under symbolic dimensions), constant bias Adds and BatchNorm folded into the
+//! producing Conv, Erf-form GELU and written-out hard-swish recognised, constant bias fused into
+//! MatMul, residual Adds fused into the producing Conv, activations fused into the producing
+//! Conv/Gemm/MatMul, a 1x1 Conv fused into the depthwise Conv after it and then the 1x1 Conv
+//! after the pair (MobileNet's whole inverted residual block), dead-node removal. On the CPU,
+//! chains of convolutions go NHWC and MatMuls by constant matrices hold them packed.
 mod bias;
 mod bn_fold;
 mod dce;
 mod fold;
 mod fuse;
 mod gelu;
+mod hard_swish;
 mod nhwc;
 mod pack_matmul;
 mod pointwise_depthwise;
@@ -21,19 +21,20 @@ mod residual;
 mod shapes;
 mod transposes;
 
-pub use bias::fuse_matmul_bias;
+pub use bias::{fold_conv_bias, fuse_matmul_bias};
 pub use bn_fold::fold_batch_norm;
 pub use dce::remove_dead;
 pub use fold::fold_constants;
 pub use fuse::fuse_activations;
 pub use gelu::fuse_gelu;
+pub use hard_swish::fuse_hard_swish;
 pub use nhwc::nhwc_convolutions;
 pub use pack_matmul::pack_matmul_weights;
 pub use pointwise_depthwise::fuse_pointwise_depthwise;
 pub use residual::fuse_residual_add;
 pub use shapes::{batch_refusal, fold_shapes, separable_batch};
 
-use crate::graph::Graph;
+use crate::graph::{Graph, Node};
 
 /// The layout-neutral rewrites: what a GPU plan runs.
 pub fn optimize(g: &mut Graph) {
@@ -53,8 +54,10 @@ fn rewrite(g: &mut Graph, nhwc: bool) {
     if fold_shapes(g) > 0 {
         fold_constants(g);
     }
+    fold_conv_bias(g);
     fold_batch_norm(g);
     fuse_gelu(g);
+    fuse_hard_swish(g);
     remove_dead(g);
     fuse_matmul_bias(g);
     fuse_residual_add(g);
@@ -73,4 +76,50 @@ pub(crate) fn sole_reader(g: &Graph, uses: &[usize], v: usize) -> Option<usize> 
         return None;
     }
     g.nodes.iter().position(|n| n.inputs.contains(&Some(v)))
+}
+
+/// The value of a one-element constant, as f32.
+pub(crate) fn scalar(g: &Graph, v: Option<usize>) -> Option<f32> {
+    let t = g.constants.get(&v?)?;
+    (t.len() == 1).then(|| t.to_f64_vec()[0] as f32)
+}
+
+/// Whether a pattern's constant is `b`, to the precision exporters write it with.
+pub(crate) fn near(a: Option<f32>, b: f32) -> bool {
+    a.is_some_and(|a| (a - b).abs() < 1e-4)
+}
+
+/// The other input of a binary node whose one input is `v`.
+pub(crate) fn other(n: &Node, v: usize) -> Option<Option<usize>> {
+    match n.inputs.as_slice() {
+        [a, b] if *a == Some(v) => Some(*b),
+        [a, b] if *b == Some(v) => Some(*a),
+        _ => None,
+    }
+}
+
+/// Asserts that `rewritten` computes what `raw` does on `inputs`: every output's shape, and its
+/// values within `tol` relative.
+#[cfg(test)]
+pub(crate) fn assert_same_outputs(
+    raw: &Graph,
+    rewritten: &Graph,
+    inputs: &[(String, crate::tensor::Tensor)],
+    tol: f32,
+) {
+    use crate::{backend::CpuBackend, plan::Plan};
+    let be = CpuBackend::new(2);
+    let run = |g: &Graph| {
+        let plan = Plan::build(g).expect("plan");
+        plan.run(&be, inputs.to_vec()).expect("runs")
+    };
+    let (want, got) = (run(raw), run(rewritten));
+    assert_eq!(want.len(), got.len());
+    for ((n, a), (_, b)) in want.iter().zip(&got) {
+        assert_eq!(a.shape, b.shape, "{n}");
+        let (a, b) = (a.as_f32().expect("f32"), b.as_f32().expect("f32"));
+        for (p, q) in a.iter().zip(b) {
+            assert!((p - q).abs() <= tol * (1.0 + p.abs()), "{n}: {p} vs {q}");
+        }
+    }
 }

@@ -66,7 +66,7 @@ mod tests {
     use prost::Message;
 
     /// `relu(conv_a(x) + conv_b(x))` with the shortcut conv_b after conv_a in node order, and
-    /// `conv_c(x) + bias` with a per-channel `[1, 6, 1, 1]` constant (a broadcast Add).
+    /// `conv_c(x) + s` with `s = conv_d(x)` summed over its channels (a broadcast Add).
     fn graph() -> Graph {
         let mut m = Builder::new(7, false);
         let conv = |m: &mut Builder, k: usize| {
@@ -80,8 +80,10 @@ mod tests {
         let y = m.node("Relu", &[&s], vec![]);
         m.node_rename_last(&y, "y");
         let c = conv(&mut m, 1);
-        let bias = m.normal("bias", &[1, 6, 1, 1], 1.0);
-        let z = m.node("Add", &[&bias, &c], vec![]);
+        let d = conv(&mut m, 1);
+        let axes = m.const_i64("axes", &[1]);
+        let s = m.node("ReduceSum", &[&d, &axes], vec![]);
+        let z = m.node("Add", &[&s, &c], vec![]);
         m.node_rename_last(&z, "z");
         let proto: ModelProto = m.finish(
             "residual",
@@ -105,7 +107,10 @@ mod tests {
         let mut g = graph();
         crate::passes::optimize(&mut g);
         let names: Vec<String> = g.nodes.iter().map(|n| n.op.name()).collect();
-        assert_eq!(names, ["Conv", "Conv+Add+Relu", "Conv+Add"]);
+        assert_eq!(
+            names,
+            ["Conv", "Conv+Add+Relu", "Conv", "ReduceSum", "Conv+Add"]
+        );
         let fused = Plan::build(&g).expect("plan");
         let be = CpuBackend::new(2);
         for batch in [1, 3] {
