@@ -488,13 +488,19 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
     v.push((
         "global pool",
         "avg [8,2048,7,7]".into(),
-        Op::GlobalPool { max: false },
+        Op::GlobalPool {
+            max: false,
+            nhwc: false,
+        },
         vec![r.tensor(&[8, 2048, 7, 7], -1.0, 1.0)],
     ));
     v.push((
         "global pool",
         "max [2,64,13,13]".into(),
-        Op::GlobalPool { max: true },
+        Op::GlobalPool {
+            max: true,
+            nhwc: false,
+        },
         vec![r.tensor(&[2, 64, 13, 13], -1.0, 1.0)],
     ));
     v.push((

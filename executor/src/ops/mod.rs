@@ -291,6 +291,8 @@ pub enum Op {
     },
     GlobalPool {
         max: bool,
+        /// `[N, H, W, C]` in, `[N, 1, 1, C]` out (the same bytes as `[N, C, 1, 1]`).
+        nhwc: bool,
     },
     Lrn {
         size: usize,
@@ -551,8 +553,14 @@ impl Op {
                     p => return Err(format!("attribute \"p\" is {p}, not within 1..=64")),
                 },
             })),
-            "GlobalAveragePool" => Ok(Some(Op::GlobalPool { max: false })),
-            "GlobalMaxPool" => Ok(Some(Op::GlobalPool { max: true })),
+            "GlobalAveragePool" => Ok(Some(Op::GlobalPool {
+                max: false,
+                nhwc: false,
+            })),
+            "GlobalMaxPool" => Ok(Some(Op::GlobalPool {
+                max: true,
+                nhwc: false,
+            })),
             "LRN" => Ok(Some(Op::Lrn {
                 size: a
                     .int("size")?
@@ -774,12 +782,13 @@ impl Op {
             },
             Op::LpPool { .. } => "LpPool".into(),
             Op::MaxUnpool(_) => "MaxUnpool".into(),
-            Op::GlobalPool { max } => {
-                if *max {
-                    "GlobalMaxPool".into()
+            Op::GlobalPool { max, nhwc } => {
+                let kind = if *max {
+                    "GlobalMaxPool"
                 } else {
-                    "GlobalAveragePool".into()
-                }
+                    "GlobalAveragePool"
+                };
+                format!("{kind}{}", if *nhwc { "(NHWC)" } else { "" })
             }
             Op::Lrn { .. } => "LRN".into(),
             Op::Softmax { log, .. } => {
@@ -984,7 +993,10 @@ impl Op {
                 input(inputs, 1)?,
                 opt_input(inputs, 2),
             )),
-            Op::GlobalPool { max } => one(pool::global_pool(input(inputs, 0)?, *max)),
+            Op::GlobalPool { max, nhwc: false } => one(pool::global_pool(input(inputs, 0)?, *max)),
+            Op::GlobalPool { max, nhwc: true } => {
+                one(pool::global_pool_nhwc(input(inputs, 0)?, *max))
+            }
             Op::Lrn {
                 size,
                 alpha,

@@ -414,6 +414,38 @@ pub fn global_pool(x: &Tensor, max: bool) -> OpResult<Tensor> {
     Tensor::f32(shape, out)
 }
 
+/// [`global_pool`] of `[N, spatial.., C]`: `[N, 1.., C]`, each channel's sum or maximum taken
+/// pixel by pixel, a whole row of channels at a time.
+pub fn global_pool_nhwc(x: &Tensor, max: bool) -> OpResult<Tensor> {
+    if x.rank() < 3 {
+        return shape_err(format!(
+            "NHWC global pooling needs [N, H, W, C], got {:?}",
+            x.shape
+        ));
+    }
+    let (n, c) = (x.shape[0], x.shape[x.rank() - 1]);
+    let plane: usize = x.shape[1..x.rank() - 1].iter().product();
+    let v = x.as_f32()?;
+    let mut out = vec![if max { f32::NEG_INFINITY } else { 0.0 }; n * c];
+    if plane == 0 || c == 0 {
+        out.fill(0.0);
+    } else {
+        for (o, image) in out.chunks_mut(c).zip(v.chunks(plane * c)) {
+            for pixel in image.chunks(c) {
+                for (o, &p) in o.iter_mut().zip(pixel) {
+                    *o = if max { o.max(p) } else { *o + p };
+                }
+            }
+            if !max {
+                o.iter_mut().for_each(|o| *o /= plane as f32);
+            }
+        }
+    }
+    let mut shape = vec![1; x.rank()];
+    (shape[0], shape[x.rank() - 1]) = (n, c);
+    Tensor::f32(shape, out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -435,5 +467,32 @@ mod tests {
         assert!(max_unpool(&u, &x, &at(vec![1, 4]), None).is_err());
         assert!(max_unpool(&u, &x, &at(vec![1, 2]), Some(&shape(vec![1, 1, 3]))).is_err());
         assert!(max_unpool(&u, &x, &at(vec![1, 2]), Some(&shape(vec![1 << 40, 1, 4]))).is_err());
+    }
+
+    #[test]
+    fn global_pools_of_nhwc_images_match_the_nchw_ones() {
+        let x: Vec<f32> = (0..2 * 3 * 4 * 5)
+            .map(|i| ((i * 37) % 23) as f32 / 7.0 - 1.5)
+            .collect();
+        let nchw = Tensor::f32(vec![2, 3, 4, 5], x).unwrap();
+        let nhwc = crate::ops::shape::transpose(&nchw, Some(&[0, 2, 3, 1])).unwrap();
+        for max in [false, true] {
+            let (a, b) = (
+                global_pool(&nchw, max).unwrap(),
+                global_pool_nhwc(&nhwc, max).unwrap(),
+            );
+            assert_eq!(
+                (a.shape.as_slice(), b.shape.as_slice()),
+                (&[2, 3, 1, 1][..], &[2, 1, 1, 3][..])
+            );
+            for (p, q) in a.as_f32().unwrap().iter().zip(b.as_f32().unwrap()) {
+                assert!((p - q).abs() <= 1e-6, "{p} vs {q}");
+            }
+        }
+        // No pixels: zeros, as the NCHW pool gives; no channels dimension: an error.
+        let empty = Tensor::f32(vec![1, 0, 4, 3], vec![]).unwrap();
+        let pooled = global_pool_nhwc(&empty, true).unwrap();
+        assert_eq!(pooled.as_f32().unwrap(), &[0.0; 3]);
+        assert!(global_pool_nhwc(&Tensor::f32(vec![2, 3], vec![0.0; 6]).unwrap(), false).is_err());
     }
 }

@@ -1,21 +1,27 @@
-//! Chains of 2-D convolutions run NHWC on AVX-512 CPUs (`kernels::nhwc_conv`,
-//! `nhwc_depthwise`): a pixel's channels are contiguous there, so the kernels vectorise over
-//! channels and lose no lanes whatever the image size, and read their taps in place.
+//! Chains of 2-D convolutions run NHWC where the CPU has the kernels (AVX-512 or AVX2 + FMA:
+//! `kernels::nhwc_conv`, `nhwc_depthwise`): a pixel's channels are contiguous there, so the
+//! kernels vectorise over channels and lose no lanes whatever the image size, and read their
+//! taps in place.
 //!
-//! Convolutions connected to each other (one reads another's output, as its input or as its
-//! fused residual) form a chain, and so does a MaxPool behind one of them; a chain of two or
-//! more convolutions becomes NHWC, each node wrapped in transposes from NCHW and back, which
-//! `transposes` then cancels between neighbours: what remains is one transpose where the chain
-//! reads a value from outside it and one where a value leaves it. A convolution alone would pay
-//! both transposes and gain little, so it stays NCHW, as do ungrouped ones with fewer than 16
-//! output channels, which the kernel runs slower than the NCHW kernels.
+//! Members of a chain join where one reads another's output: convolutions (as input or as
+//! fused residual), and after them max and global pools and elementwise ops (hard-swish's
+//! parts, a squeeze-and-excitation block's scale by its gate, shifts by constants). An
+//! elementwise op joins when it reads a member, and reads otherwise only constants (of rank 4
+//! or less, transposed with it) and one-pixel values, `[N, C, 1, 1]`, which have the same
+//! bytes in either layout. A chain of two or more convolutions becomes NHWC, each node wrapped
+//! in transposes from NCHW and back, which `transposes` then cancels between neighbours: what
+//! remains is one transpose where the chain reads a value from outside it and one where a
+//! value leaves it. A convolution alone pays both transposes, so it stays NCHW unless its
+//! products repay them; so do ungrouped ones with fewer than 16 output channels, which the
+//! kernel runs slower than the NCHW kernels.
 
 use super::qdq::{NCHW_TO_NHWC, NHWC_TO_NCHW, transpose};
 use super::transposes::cancel_transposes;
 use crate::graph::{Graph, Node};
 use crate::ops::Op;
-use crate::tensor::DType;
+use crate::tensor::{DType, Tensor};
 use cotenant_kernels::{nhwc_conv, nhwc_depthwise};
+use std::sync::Arc;
 
 /// Products per moved element from which a convolution alone runs NHWC: a transpose moves an
 /// element in about the time of 25 products, so at 64 the two cost a fifth or less of what
@@ -30,8 +36,9 @@ pub fn nhwc_convolutions(g: &mut Graph) {
         return;
     }
     let producers = g.producers();
-    let candidate: Vec<bool> = g.nodes.iter().map(|n| suits(g, n) || max_pool(n)).collect();
-    // Chains: union-find over the candidates, joined where one reads another's output.
+    let mut member: Vec<Option<Member>> = vec![None; g.nodes.len()];
+    let mut unit = vec![false; g.value_names.len()];
+    // Chains: union-find over the members, joined where one reads another's output.
     let mut root: Vec<usize> = (0..g.nodes.len()).collect();
     fn find(root: &mut [usize], mut i: usize) -> usize {
         while root[i] != i {
@@ -40,43 +47,60 @@ pub fn nhwc_convolutions(g: &mut Graph) {
         }
         i
     }
-    let mut usable = candidate.clone();
+    // In node order, so that a node's producers are decided before it.
     for (i, n) in g.nodes.iter().enumerate() {
-        if !candidate[i] {
-            continue;
-        }
-        let from = |k: usize| {
+        let from = |member: &[Option<Member>], k: usize| {
             let v = n.inputs.get(k).copied().flatten()?;
-            producers[v].filter(|&p| candidate[p])
+            producers[v].filter(|&p| member[p].is_some())
         };
-        match from(0) {
-            Some(p) => {
-                let (a, b) = (find(&mut root, i), find(&mut root, p));
-                root[a] = b;
+        member[i] = match &n.op {
+            Op::Conv(_) if suits(g, n) => {
+                // The residual is transposed with the rest: it must have the output's rank,
+                // which a member's output has.
+                (!residual(n) || from(&member, 3).is_some()).then_some(Member::Conv)
             }
-            // A pool joins a chain only behind one of its convolutions.
-            None if max_pool(n) => usable[i] = false,
-            None => {}
-        }
-        if residual(n) {
-            // The residual is transposed with the rest: it must have the output's rank, which
-            // a candidate's output has.
-            match from(3) {
-                Some(p) => {
+            // A pool joins a chain only behind one of its members.
+            _ if max_pool(n) || global_pool(n) => from(&member, 0).map(|_| Member::Follower),
+            _ if elementwise(n) => {
+                let fits = |v: usize| {
+                    producers[v].is_some_and(|p| member[p].is_some())
+                        || unit[v]
+                        || g.constants.get(&v).is_some_and(|t| t.rank() <= 4)
+                };
+                let inputs = || n.inputs.iter().flatten().copied();
+                let joins = inputs().any(|v| producers[v].is_some_and(|p| member[p].is_some()));
+                (joins && inputs().all(fits)).then_some(Member::Follower)
+            }
+            _ => None,
+        };
+        if member[i].is_some() {
+            for k in 0..n.inputs.len() {
+                if let Some(p) = from(&member, k) {
                     let (a, b) = (find(&mut root, i), find(&mut root, p));
                     root[a] = b;
                 }
-                None => usable[i] = false,
             }
+        } else if spatially_one(g, n, &unit) {
+            unit[n.outputs[0]] = true;
+        }
+        if member[i].is_some() && global_pool(n) {
+            unit[n.outputs[0]] = true;
         }
     }
-    // A chain's size counts its convolutions.
+    // A chain runs NHWC with two or more convolutions, or one worth its transposes alone.
     let mut size = vec![0usize; g.nodes.len()];
-    for i in (0..g.nodes.len()).filter(|&i| usable[i] && !max_pool(&g.nodes[i])) {
-        size[find(&mut root, i)] += 1;
+    let mut alone = vec![false; g.nodes.len()];
+    for i in (0..g.nodes.len()).filter(|&i| member[i] == Some(Member::Conv)) {
+        let r = find(&mut root, i);
+        size[r] += 1;
+        alone[r] |= worth_alone(g, &g.nodes[i]);
     }
     let chosen: Vec<usize> = (0..g.nodes.len())
-        .filter(|&i| usable[i] && (size[find(&mut root, i)] >= 2 || worth_alone(g, &g.nodes[i])))
+        .filter(|&i| member[i].is_some())
+        .filter(|&i| {
+            let r = find(&mut root, i);
+            size[r] >= 2 || alone[r]
+        })
         .collect();
     if chosen.is_empty() {
         return;
@@ -86,6 +110,14 @@ pub fn nhwc_convolutions(g: &mut Graph) {
         to_nhwc(g, i);
     }
     cancel_transposes(g);
+}
+
+/// What a node is in a chain: a convolution (which counts towards the chain's size), or a
+/// pool or elementwise op between or after its convolutions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Member {
+    Conv,
+    Follower,
 }
 
 /// Whether Conv `n` may run NHWC: 2-D (constant rank-4 f32 weights), ungrouped with enough
@@ -143,21 +175,73 @@ fn residual(n: &Node) -> bool {
     matches!(&n.op, Op::Conv(c) if c.residual) && n.inputs.get(3).copied().flatten().is_some()
 }
 
-/// Makes Conv or MaxPool `i` NHWC, with transposes from NCHW on its input and residual and
-/// back on its output.
+/// Whether `n` is a GlobalAveragePool or GlobalMaxPool.
+fn global_pool(n: &Node) -> bool {
+    matches!(&n.op, Op::GlobalPool { nhwc: false, .. })
+        && n.outputs.len() == 1
+        && n.inputs.first().copied().flatten().is_some()
+}
+
+/// Whether `n` computes each output element from the same element of its inputs (broadcast
+/// alike), so that it gives the same values on inputs and constants all transposed alike.
+fn elementwise(n: &Node) -> bool {
+    matches!(
+        &n.op,
+        Op::Unary(_) | Op::Binary(_) | Op::Variadic(..) | Op::Clip { .. }
+    ) && n.outputs.len() == 1
+}
+
+/// Whether `n`'s output is `[N, C, 1, 1]` because its inputs are (`unit` says which values
+/// are): a 1x1 convolution without padding, or an elementwise op, of such values. Such a value
+/// has the same bytes in either layout, so a chain reads it through a transpose that costs
+/// next to nothing (a squeeze-and-excitation block's scale).
+fn spatially_one(g: &Graph, n: &Node, unit: &[bool]) -> bool {
+    let input = |k: usize| n.inputs.get(k).copied().flatten();
+    let operands = || n.inputs.iter().flatten().copied();
+    match &n.op {
+        Op::Conv(c) => {
+            let w = input(1).and_then(|v| g.constants.get(&v));
+            let pointwise = w.is_some_and(|w| w.rank() == 4 && w.shape[2..] == [1, 1]);
+            let unpadded = c.pads.as_ref().is_none_or(|p| p.iter().all(|&p| p == 0));
+            pointwise
+                && unpadded
+                && input(0).is_some_and(|v| unit[v])
+                && (!residual(n) || input(3).is_some_and(|v| unit[v]))
+        }
+        _ if elementwise(n) => {
+            operands().any(|v| unit[v])
+                && operands().all(|v| unit[v] || g.constants.get(&v).is_some_and(|t| t.rank() <= 4))
+        }
+        _ => false,
+    }
+}
+
+/// Makes member `i` NHWC: transposes from NCHW on the inputs it reads as images, constants of
+/// more than one element transposed in place of them, and a transpose back on its output.
 fn to_nhwc(g: &mut Graph, i: usize) {
     let name = g.nodes[i].name.clone();
+    let images: Vec<usize> = match &g.nodes[i].op {
+        Op::Conv(_) if residual(&g.nodes[i]) => vec![0, 3],
+        Op::Conv(_) | Op::Pool(_) | Op::GlobalPool { .. } => vec![0],
+        _ => (0..g.nodes[i].inputs.len()).collect(),
+    };
     let mut before = Vec::new();
-    for (k, what) in [(0, "input"), (3, "residual")] {
-        let Some(Some(v)) = g.nodes[i].inputs.get(k).copied() else {
+    for k in images {
+        let Some(v) = g.nodes[i].inputs[k] else {
             continue;
         };
-        if k == 3 && !residual(&g.nodes[i]) {
+        if let Some(t) = g.constants.get(&v) {
+            if t.len() > 1 {
+                let moved = Arc::new(nhwc_constant(t));
+                let c = g.add_value(format!("{name}/nhwc_constant_{k}"));
+                g.constants.insert(c, moved);
+                g.nodes[i].inputs[k] = Some(c);
+            }
             continue;
         }
-        let t = g.add_value(format!("{name}/nhwc_{what}"));
+        let t = g.add_value(format!("{name}/nhwc_{k}"));
         before.push(transpose(
-            format!("{name}/{what}_to_nhwc"),
+            format!("{name}/input_{k}_to_nhwc"),
             NCHW_TO_NHWC,
             v,
             t,
@@ -170,7 +254,8 @@ fn to_nhwc(g: &mut Graph, i: usize) {
     match &mut g.nodes[i].op {
         Op::Conv(c) => c.nhwc = true,
         Op::Pool(p) => p.nhwc = true,
-        _ => unreachable!("only convolutions and max pools become NHWC"),
+        Op::GlobalPool { nhwc, .. } => *nhwc = true,
+        _ => {}
     }
     g.nodes.insert(
         i + 1,
@@ -179,6 +264,14 @@ fn to_nhwc(g: &mut Graph, i: usize) {
     for (j, t) in before.into_iter().enumerate() {
         g.nodes.insert(i + j, t);
     }
+}
+
+/// Constant `t` (rank 4 or less, broadcast from the right) as an NHWC operand: padded to rank
+/// 4 with leading ones, then transposed.
+fn nhwc_constant(t: &Tensor) -> Tensor {
+    let mut padded = t.clone();
+    padded.shape = [vec![1; 4 - t.rank()], t.shape.clone()].concat();
+    crate::ops::shape::transpose(&padded, Some(&NCHW_TO_NHWC)).expect("a rank-4 transpose")
 }
 
 #[cfg(test)]
@@ -268,8 +361,10 @@ mod tests {
                 "Transpose",
                 "Conv(NHWC)",
                 "Conv(NHWC)+Add+Relu",
+                // The pool joins the chain too; its output, a graph output, goes back to NCHW
+                // (the same bytes: one pixel).
+                "GlobalAveragePool(NHWC)",
                 "Transpose",
-                "GlobalAveragePool",
             ],
             "{names:?}"
         );
@@ -453,8 +548,8 @@ mod tests {
                 "Conv(NHWC)".into(),
                 format!("{block}(NHWC)"),
                 format!("{block}+Add(NHWC)"),
+                "GlobalAveragePool(NHWC)".into(),
                 "Transpose".into(),
-                "GlobalAveragePool".into(),
             ],
             "{names:?}"
         );
@@ -462,7 +557,7 @@ mod tests {
         assert!(
             nhwc.steps
                 .iter()
-                .filter(|s| s.op.name().contains("NHWC") && !matches!(s.op, Op::Pool(_)))
+                .filter(|s| matches!(s.op, Op::Conv(_) | Op::PointwiseDepthwise(_)))
                 .all(|s| {
                     // The weights: input 1 of a Conv, inputs 1, 3 and 5 of a fused block.
                     let fused = matches!(s.op, Op::PointwiseDepthwise(_));
@@ -493,5 +588,104 @@ mod tests {
                 assert!((p - q).abs() <= 1e-4 * (1.0 + p.abs()), "{p} vs {q}");
             }
         }
+    }
+
+    /// MobileNetV3's pieces: written-out hard-swish, a squeeze-and-excitation block with
+    /// Paddle's separate bias Adds (its reducing convolution too narrow to run NHWC), and
+    /// elementwise ops by constants of one element and of one per channel.
+    fn squeeze_excitation() -> Graph {
+        let mut m = Builder::new(9, false);
+        let conv = |m: &mut Builder, x: &str, c: usize, o: usize, k: usize, g: usize| {
+            let w = m.normal("w", &[o, c / g, k, k], 0.3);
+            let attrs = vec![
+                attr_ints("pads", &[(k / 2) as i64; 4]),
+                attr_int("group", g as i64),
+            ];
+            let y = m.node("Conv", &[x, &w], attrs);
+            let b = m.normal("b", &[1, o, 1, 1], 0.1);
+            m.node("Add", &[&y, &b], vec![])
+        };
+        let c = |m: &mut Builder, v: f32| m.const_f32("c", v);
+        let stem = conv(&mut m, "x", 3, 16, 3, 1);
+        let three = c(&mut m, 3.0);
+        let sum = m.node("Add", &[&stem, &three], vec![]);
+        let (lo, hi) = (c(&mut m, 0.0), c(&mut m, 6.0));
+        let gate = m.node("Clip", &[&sum, &lo, &hi], vec![]);
+        let h = m.node("Mul", &[&stem, &gate], vec![]);
+        let six = c(&mut m, 6.0);
+        let h = m.node("Div", &[&h, &six], vec![]);
+        let d = conv(&mut m, &h, 16, 16, 3, 16);
+        let d = m.node("Relu", &[&d], vec![]);
+        let pooled = m.node("GlobalAveragePool", &[&d], vec![]);
+        let s = conv(&mut m, &pooled, 16, 8, 1, 1);
+        let s = m.node("Relu", &[&s], vec![]);
+        let s = conv(&mut m, &s, 8, 16, 1, 1);
+        let s = m.node(
+            "HardSigmoid",
+            &[&s],
+            vec![attr_float("alpha", 0.2), attr_float("beta", 0.5)],
+        );
+        let scaled = m.node("Mul", &[&d, &s], vec![]);
+        let p = conv(&mut m, &scaled, 16, 24, 1, 1);
+        let half = c(&mut m, 0.5);
+        let p = m.node("Mul", &[&p, &half], vec![]);
+        let per_channel = m.normal("k", &[24, 1, 1], 1.0);
+        let p = m.node("Sub", &[&per_channel, &p], vec![]);
+        let y = m.node("GlobalAveragePool", &[&p], vec![]);
+        m.node_rename_last(&y, "y");
+        let proto: ModelProto = m.finish(
+            "se",
+            13,
+            vec![value_info(
+                "x",
+                DType::F32,
+                &[None, Some(3), Some(11), Some(9)],
+            )],
+            vec![value_info(
+                "y",
+                DType::F32,
+                &[None, Some(24), Some(1), Some(1)],
+            )],
+        );
+        crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+    }
+
+    /// The chain runs through the elementwise ops and the block: only one-pixel values cross
+    /// in and out of it between its ends.
+    #[test]
+    fn chains_run_nhwc_through_elementwise_ops_and_squeeze_excitation() {
+        if !cotenant_kernels::nhwc_depthwise::available() {
+            eprintln!("skipped: this CPU has neither AVX-512F nor AVX2 + FMA");
+            return;
+        }
+        let mut g = squeeze_excitation();
+        crate::passes::optimize_for_cpu(&mut g);
+        let names: Vec<String> = g.nodes.iter().map(|n| n.op.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "Transpose",
+                "Conv(NHWC)+HardSwish",
+                "Conv(grouped)(NHWC)+Relu",
+                "GlobalAveragePool(NHWC)",
+                // One pixel to NCHW for the narrow convolution, and its output back.
+                "Transpose",
+                "Conv+Relu",
+                "Transpose",
+                "Conv(NHWC)+HardSigmoid(0.2, 0.5)",
+                "Mul",
+                "Conv(NHWC)",
+                "Mul",
+                "Sub",
+                "GlobalAveragePool(NHWC)",
+                "Transpose",
+            ],
+            "{names:?}"
+        );
+        let x: Vec<f32> = (0..2 * 3 * 99)
+            .map(|i| (i % 17) as f32 / 4.0 - 2.0)
+            .collect();
+        let x = Tensor::f32(vec![2, 3, 11, 9], x).expect("x");
+        crate::passes::assert_same_outputs(&squeeze_excitation(), &g, &[("x".into(), x)], 1e-4);
     }
 }

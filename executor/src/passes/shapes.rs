@@ -273,6 +273,16 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
                 s
             },
         ))],
+        // `[N, H, W, C]` in, `[N, 1, 1, C]` out.
+        Op::GlobalPool { nhwc: true, .. } => {
+            vec![shape_only(shape_of(ins, 0).filter(|x| x.len() >= 3).map(
+                |x| {
+                    let mut s = vec![Sym::Known(1); x.len()];
+                    (s[0], s[x.len() - 1]) = (x[0].clone(), x[x.len() - 1].clone());
+                    s
+                },
+            ))]
+        }
         Op::GlobalPool { .. } => vec![shape_only(shape_of(ins, 0).filter(|x| x.len() >= 3).map(
             |x| {
                 let mut s = x[..2].to_vec();

@@ -230,7 +230,8 @@ fn dispatch(op: &Op, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowered<()
         } => decline("a MatMul by weights packed for the CPU"),
         Op::MatMul { act, packed: None } => matmul::matmul(*act, ins, cx),
         Op::Pool(p) => pool::pool(p, ins, cx),
-        Op::GlobalPool { max } => pool::global(*max, ins, cx),
+        Op::GlobalPool { max, nhwc: false } => pool::global(*max, ins, cx),
+        Op::GlobalPool { nhwc: true, .. } => decline("an NHWC global pool"),
         Op::Softmax { axis, log, legacy } => norm::softmax(*axis, *log, *legacy, ins, cx),
         Op::LayerNorm {
             axis,
