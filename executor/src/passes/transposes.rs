@@ -16,11 +16,13 @@ use crate::ops::shape::ShapeOp;
 
 pub fn cancel_transposes(g: &mut Graph) {
     let mut changed = false;
-    while hoist_elementwise(g)
-        || hoist_max_pool(g)
+    // Cancelling first: an elementwise op between two transposes that cancel would otherwise
+    // move behind the first, to the side of the layout its neighbours do not use.
+    while merge_repeat(g)
         || cancel_pair(g)
         || compose_pair(g)
-        || merge_repeat(g)
+        || hoist_elementwise(g)
+        || hoist_max_pool(g)
     {
         changed = true;
     }
