@@ -12,6 +12,8 @@ pub enum Activation {
     Sigmoid,
     HardSigmoid(f32, f32),
     HardSwish,
+    /// `x·sigmoid(x)` (SiLU, Swish with α = 1).
+    Silu,
     Tanh,
     /// Exact GELU, `x·Φ(x)`.
     Gelu,
@@ -28,6 +30,7 @@ impl Activation {
             Activation::Gelu => gelu(x),
             Activation::HardSigmoid(a, b) => hard_sigmoid(x, a, b),
             Activation::HardSwish => hard_swish(x),
+            Activation::Silu => silu(x),
             Activation::Tanh => tanh(x),
         }
     }
@@ -172,6 +175,7 @@ fn map_act<'a>(data: impl Elements<'a>, bias: Option<f32>, act: Option<Activatio
         Some(Activation::Sigmoid) => each(data, bias, sigmoid),
         Some(Activation::HardSigmoid(a, b)) => each(data, bias, move |x| hard_sigmoid(x, a, b)),
         Some(Activation::HardSwish) => each(data, bias, hard_swish),
+        Some(Activation::Silu) => each(data, bias, silu),
         Some(Activation::Tanh) => each(data, bias, tanh),
         Some(Activation::Gelu) => each(data, bias, gelu),
     }
@@ -208,6 +212,11 @@ fn hard_swish(x: f32) -> f32 {
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
+}
+
+#[inline(always)]
+fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
 }
 
 /// `f` of every element of `data` in place, split across `threads`, each piece compiled for the
@@ -381,6 +390,8 @@ mod tests {
             assert_eq!(Activation::Relu.apply(x), if x > 0.0 { x } else { 0.0 });
             assert_eq!(Activation::Clip(0.0, 6.0).apply(x), x.clamp(0.0, 6.0));
             assert!((Activation::Sigmoid.apply(x) - 1.0 / (1.0 + (-x).exp())).abs() < 1e-7);
+            let silu = x / (1.0 + (-x).exp());
+            assert!((Activation::Silu.apply(x) - silu).abs() <= 1e-6 * (1.0 + silu.abs()));
             assert!(
                 (Activation::HardSwish.apply(x) - x * ((x + 3.0).clamp(0.0, 6.0) / 6.0)).abs()
                     < 1e-6

@@ -72,6 +72,7 @@ impl Unary {
             Unary::Sigmoid => Activation::Sigmoid,
             Unary::HardSigmoid(a, b) => Activation::HardSigmoid(a, b),
             Unary::HardSwish => Activation::HardSwish,
+            Unary::Swish(1.0) => Activation::Silu,
             Unary::Tanh => Activation::Tanh,
             Unary::Gelu(false) => Activation::Gelu,
             _ => return None,

@@ -1,7 +1,7 @@
 //! Graph rewrite passes, run in order by [`optimize`]: quantized (QDQ) patterns to integer
 //! ops, the NCHW/NHWC transposes between them cancelled, constant folding (shape subgraphs
 //! included, under symbolic dimensions), constant bias Adds and BatchNorm folded into the
-//! producing Conv, Erf-form GELU and written-out hard-swish recognised, constant bias fused into
+//! producing Conv, Erf-form GELU and written-out hard-swish (on the CPU, SiLU too) recognised, constant bias fused into
 //! MatMul, residual Adds fused into the producing Conv, activations fused into the producing
 //! Conv/Gemm/MatMul, a 1x1 Conv fused into the depthwise Conv after it and then the 1x1 Conv
 //! after the pair (MobileNet's whole inverted residual block), dead-node removal. On the CPU,
@@ -19,6 +19,7 @@ mod pointwise_depthwise;
 mod qdq;
 mod residual;
 mod shapes;
+mod swish;
 mod transposes;
 
 pub use bias::{fold_conv_bias, fuse_matmul_bias};
@@ -33,6 +34,7 @@ pub use pack_matmul::pack_matmul_weights;
 pub use pointwise_depthwise::fuse_pointwise_depthwise;
 pub use residual::fuse_residual_add;
 pub use shapes::{batch_refusal, fold_shapes, separable_batch};
+pub use swish::fuse_swish;
 
 use crate::graph::{Graph, Node};
 
@@ -41,13 +43,13 @@ pub fn optimize(g: &mut Graph) {
     rewrite(g, false);
 }
 
-/// [`optimize`], with chains of convolutions made NHWC where this CPU has the kernels
-/// (`nhwc`), before the NCHW convolutions' fusions.
+/// [`optimize`], with SiLU fused, and chains of convolutions made NHWC where this CPU has the
+/// kernels (`nhwc`) before the NCHW convolutions' fusions.
 pub fn optimize_for_cpu(g: &mut Graph) {
     rewrite(g, true);
 }
 
-fn rewrite(g: &mut Graph, nhwc: bool) {
+fn rewrite(g: &mut Graph, cpu: bool) {
     qdq::fuse_qdq(g);
     transposes::cancel_transposes(g);
     fold_constants(g);
@@ -58,11 +60,14 @@ fn rewrite(g: &mut Graph, nhwc: bool) {
     fold_batch_norm(g);
     fuse_gelu(g);
     fuse_hard_swish(g);
+    if cpu {
+        fuse_swish(g);
+    }
     remove_dead(g);
     fuse_matmul_bias(g);
     fuse_residual_add(g);
     fuse_activations(g);
-    if nhwc {
+    if cpu {
         nhwc_convolutions(g);
         pack_matmul_weights(g);
     }

@@ -1,5 +1,6 @@
 //! The executor's ops as the typed codes the kernels take.
 
+use super::{Lowered, decline};
 use crate::ops::Activation;
 use crate::ops::elementwise::{Binary, Unary};
 use crate::ops::reduce::ReduceKind;
@@ -85,8 +86,8 @@ impl Act {
     }
 }
 
-pub fn act(a: Option<Activation>) -> Act {
-    match a {
+pub fn act(a: Option<Activation>) -> Lowered<Act> {
+    Ok(match a {
         None => Act::NONE,
         Some(Activation::Relu) => Act::Epilogue(ActCode::Relu, 0.0, 0.0),
         Some(Activation::LeakyRelu(al)) => Act::Epilogue(ActCode::LeakyRelu, al, 0.0),
@@ -96,7 +97,9 @@ pub fn act(a: Option<Activation>) -> Act {
         Some(Activation::HardSwish) => Act::Epilogue(ActCode::HardSwish, 0.0, 0.0),
         Some(Activation::Clip(lo, hi)) => Act::Epilogue(ActCode::Clip, lo, hi),
         Some(Activation::HardSigmoid(al, be)) => Act::Unary(UnaryCode::HardSigmoid, al, be),
-    }
+        // Only the CPU passes fuse SiLU.
+        Some(Activation::Silu) => return decline("a SiLU epilogue"),
+    })
 }
 
 /// The reduction code of a kind the device has a kernel for.

@@ -85,7 +85,7 @@ impl Stage {
             y: x, // placeholder until the caller places the output
             bias: bias.map(|(_, p)| p),
             residual,
-            act: codes::act(c.act),
+            act: codes::act(c.act)?,
             kind,
         };
         Ok((stage, out_shape))

@@ -129,7 +129,7 @@ pub fn gemm(g: &GemmAttrs, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowe
             bias = Some(Bias { at, per_row });
         }
     }
-    let act = codes::act(g.act);
+    let act = codes::act(g.act)?;
     let y = cx.output(0, DType::F32, vec![m, n])?;
     if m * n == 0 {
         cx.whole();
@@ -191,7 +191,7 @@ pub fn matmul(
     shape.extend([m, n]);
     let total = numel(&shape)?;
     let bias = bias.map(|(_, at)| Bias { at, per_row: false });
-    let act = codes::act(act);
+    let act = codes::act(act)?;
     let y = cx.output(0, DType::F32, shape)?;
     if total == 0 {
         cx.whole();
