@@ -412,8 +412,9 @@ mod tests {
         let bytes = crate::zoo::build("squeezenet", &Default::default())
             .map(|m| prost::Message::encode_to_vec(&m))
             .unwrap();
-        let model = Arc::new(Model::from_bytes(&bytes).unwrap());
         let (device, _) = Device::choose(DeviceRequest::Sim, 0, 1 << 20, false).unwrap();
+        let model = Model::from_bytes_for(&bytes, device.target()).unwrap();
+        let model = Arc::new(model);
         let e = device.place("small", &model).err().unwrap();
         assert!(e.contains("over budget") && e.contains("\"small\""), "{e}");
         let (roomy, _) = Device::choose(DeviceRequest::Sim, 0, 64 << 20, false).unwrap();

@@ -4,8 +4,9 @@
 //! taps in place.
 //!
 //! Members of a chain join where one reads another's output: convolutions (as input or as
-//! fused residual), and after them max and global pools and elementwise ops (hard-swish's
-//! parts, a squeeze-and-excitation block's scale by its gate, shifts by constants). An
+//! fused residual), and after them max and global pools, Concats and Splits of members (YOLO's
+//! blocks), and elementwise ops (hard-swish's parts, a squeeze-and-excitation block's scale by
+//! its gate, shifts by constants). An
 //! elementwise op joins when it reads a member, and reads otherwise only constants (of rank 4
 //! or less, transposed with it) and one-pixel values, `[N, C, 1, 1]`, which have the same
 //! bytes in either layout. A chain of two or more convolutions becomes NHWC, each node wrapped
@@ -19,6 +20,7 @@ use super::qdq::{NCHW_TO_NHWC, NHWC_TO_NCHW, transpose};
 use super::transposes::cancel_transposes;
 use crate::graph::{Graph, Node};
 use crate::ops::Op;
+use crate::ops::shape::ShapeOp;
 use crate::tensor::{DType, Tensor};
 use cotenant_kernels::{nhwc_conv, nhwc_depthwise};
 use std::sync::Arc;
@@ -61,6 +63,12 @@ pub fn nhwc_convolutions(g: &mut Graph) {
             }
             // A pool joins a chain only behind one of its members.
             _ if max_pool(n) || global_pool(n) => from(&member, 0).map(|_| Member::Follower),
+            // Concat and Split of images along an axis: all their images members.
+            _ if along_axis(n).is_some() => {
+                let images = || n.inputs.iter().take(images_read(n)).flatten().copied();
+                let all = images().all(|v| producers[v].is_some_and(|p| member[p].is_some()));
+                (all && images().next().is_some()).then_some(Member::Follower)
+            }
             _ if elementwise(n) => {
                 let fits = |v: usize| {
                     producers[v].is_some_and(|p| member[p].is_some())
@@ -182,6 +190,25 @@ fn global_pool(n: &Node) -> bool {
         && n.inputs.first().copied().flatten().is_some()
 }
 
+/// The axis of a Concat or Split of rank-4 values, from 0 to 3.
+fn along_axis(n: &Node) -> Option<usize> {
+    let axis = match &n.op {
+        Op::Shape(ShapeOp::Concat { axis } | ShapeOp::Split { axis, .. }) => *axis,
+        _ => return None,
+    };
+    let axis = if axis < 0 { axis + 4 } else { axis };
+    (0..4).contains(&axis).then_some(axis as usize)
+}
+
+/// How many of `n`'s first inputs are images: a Concat's all, a Split's first (its second is
+/// the sizes).
+fn images_read(n: &Node) -> usize {
+    match &n.op {
+        Op::Shape(ShapeOp::Split { .. }) => 1,
+        _ => n.inputs.len(),
+    }
+}
+
 /// Whether `n` computes each output element from the same element of its inputs (broadcast
 /// alike), so that it gives the same values on inputs and constants all transposed alike.
 fn elementwise(n: &Node) -> bool {
@@ -223,7 +250,7 @@ fn to_nhwc(g: &mut Graph, i: usize) {
     let images: Vec<usize> = match &g.nodes[i].op {
         Op::Conv(_) if residual(&g.nodes[i]) => vec![0, 3],
         Op::Conv(_) | Op::Pool(_) | Op::GlobalPool { .. } => vec![0],
-        _ => (0..g.nodes[i].inputs.len()).collect(),
+        _ => (0..images_read(&g.nodes[i])).collect(),
     };
     let mut before = Vec::new();
     for k in images {
@@ -248,19 +275,32 @@ fn to_nhwc(g: &mut Graph, i: usize) {
         ));
         g.nodes[i].inputs[k] = Some(t);
     }
-    let out = g.nodes[i].outputs[0];
-    let inner = g.add_value(format!("{name}/nhwc_output"));
-    g.nodes[i].outputs[0] = inner;
+    let axis = along_axis(&g.nodes[i]);
     match &mut g.nodes[i].op {
         Op::Conv(c) => c.nhwc = true,
         Op::Pool(p) => p.nhwc = true,
         Op::GlobalPool { nhwc, .. } => *nhwc = true,
+        Op::Shape(ShapeOp::Concat { axis: a } | ShapeOp::Split { axis: a, .. }) => {
+            // NCHW's axis `perm[j]` is NHWC's `j`.
+            let at = NCHW_TO_NHWC.iter().position(|&d| Some(d) == axis);
+            *a = at.expect("a rank-4 axis") as i64;
+        }
         _ => {}
     }
-    g.nodes.insert(
-        i + 1,
-        transpose(format!("{name}/to_nchw"), NHWC_TO_NCHW, inner, out),
-    );
+    for k in (0..g.nodes[i].outputs.len()).rev() {
+        let out = g.nodes[i].outputs[k];
+        let inner = g.add_value(format!("{name}/nhwc_output_{k}"));
+        g.nodes[i].outputs[k] = inner;
+        g.nodes.insert(
+            i + 1,
+            transpose(
+                format!("{name}/output_{k}_to_nchw"),
+                NHWC_TO_NCHW,
+                inner,
+                out,
+            ),
+        );
+    }
     for (j, t) in before.into_iter().enumerate() {
         g.nodes.insert(i + j, t);
     }
@@ -279,6 +319,7 @@ mod tests {
     use crate::backend::CpuBackend;
     use crate::graph::Graph;
     use crate::ops::Op;
+    use crate::ops::shape::ShapeOp;
     use crate::plan::Plan;
     use crate::proto::ModelProto;
     use crate::tensor::{DType, Tensor};
@@ -687,5 +728,72 @@ mod tests {
             .collect();
         let x = Tensor::f32(vec![2, 3, 11, 9], x).expect("x");
         crate::passes::assert_same_outputs(&squeeze_excitation(), &g, &[("x".into(), x)], 1e-4);
+    }
+
+    /// YOLOv8's C2f block: a convolution split in two along the channels, a bottleneck on the
+    /// second half with its shortcut, the three concatenated, then a convolution; the split
+    /// sizes as an input and the concat axis negative.
+    fn split_concat() -> Graph {
+        let mut m = Builder::new(6, false);
+        let conv = |m: &mut Builder, x: &str, c: usize, o: usize, k: usize| {
+            let w = m.normal("w", &[o, c, k, k], 0.3);
+            let y = m.node(
+                "Conv",
+                &[x, &w],
+                vec![attr_ints("pads", &[(k / 2) as i64; 4])],
+            );
+            m.node("Relu", &[&y], vec![])
+        };
+        let h = conv(&mut m, "x", 8, 32, 3);
+        let sizes = m.const_i64("split", &[16, 16]);
+        let halves = m.node_outputs("Split", &[&h, &sizes], vec![attr_int("axis", 1)], 2);
+        let (a, b) = (&halves[0], &halves[1]);
+        let c = conv(&mut m, b, 16, 16, 3);
+        let c = m.node("Add", &[b, &c], vec![]);
+        let cat = m.node("Concat", &[a, b, &c], vec![attr_int("axis", -3)]);
+        let y = conv(&mut m, &cat, 48, 24, 1);
+        m.node_rename_last(&y, "y");
+        let proto: ModelProto = m.finish(
+            "c2f",
+            13,
+            vec![value_info(
+                "x",
+                DType::F32,
+                &[None, Some(8), Some(7), Some(6)],
+            )],
+            vec![value_info(
+                "y",
+                DType::F32,
+                &[None, Some(24), Some(7), Some(6)],
+            )],
+        );
+        crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+    }
+
+    #[test]
+    fn splits_and_concats_of_a_chain_run_nhwc_along_the_channels() {
+        if !cotenant_kernels::nhwc_conv::available() {
+            eprintln!("skipped: this CPU lacks AVX-512F and AVX2");
+            return;
+        }
+        let mut g = split_concat();
+        crate::passes::optimize_for_cpu(&mut g);
+        let names: Vec<String> = g.nodes.iter().map(|n| n.op.name()).collect();
+        let transposes = names.iter().filter(|n| *n == "Transpose").count();
+        assert_eq!(transposes, 2, "one in, one out: {names:?}");
+        let axes: Vec<i64> = g
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Shape(ShapeOp::Split { axis, .. } | ShapeOp::Concat { axis }) => Some(*axis),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(axes, [3, 3]);
+        let x: Vec<f32> = (0..2 * 8 * 42)
+            .map(|i| (i % 13) as f32 / 5.0 - 1.0)
+            .collect();
+        let x = Tensor::f32(vec![2, 8, 7, 6], x).expect("x");
+        crate::passes::assert_same_outputs(&split_concat(), &g, &[("x".into(), x)], 1e-4);
     }
 }

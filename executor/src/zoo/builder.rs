@@ -88,16 +88,27 @@ impl Builder {
 
     /// Adds a node and returns its (first) output name.
     pub fn node(&mut self, op: &str, inputs: &[&str], attrs: Vec<AttributeProto>) -> String {
-        let out = self.fresh(&op.to_lowercase());
+        self.node_outputs(op, inputs, attrs, 1).remove(0)
+    }
+
+    /// A node with `n` outputs (Split, TopK); returns their names.
+    pub fn node_outputs(
+        &mut self,
+        op: &str,
+        inputs: &[&str],
+        attrs: Vec<AttributeProto>,
+        n: usize,
+    ) -> Vec<String> {
+        let outs: Vec<String> = (0..n).map(|_| self.fresh(&op.to_lowercase())).collect();
         self.nodes.push(NodeProto {
             input: inputs.iter().map(|s| s.to_string()).collect(),
-            output: vec![out.clone()],
-            name: out.clone(),
+            output: outs.clone(),
+            name: outs[0].clone(),
             op_type: op.into(),
             attribute: attrs,
             ..Default::default()
         });
-        out
+        outs
     }
 
     /// Adds an f32 initializer filled by `f` (not called in dry mode); counts it as parameters.
