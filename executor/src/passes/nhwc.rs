@@ -6,15 +6,14 @@
 //! Members of a chain join where one reads another's output: convolutions (as input or as
 //! fused residual), and after them max and global pools, Concats and Splits of members (YOLO's
 //! blocks), and elementwise ops (hard-swish's parts, a squeeze-and-excitation block's scale by
-//! its gate, shifts by constants). An
-//! elementwise op joins when it reads a member, and reads otherwise only constants (of rank 4
-//! or less, transposed with it) and one-pixel values, `[N, C, 1, 1]`, which have the same
-//! bytes in either layout. A chain of two or more convolutions becomes NHWC, each node wrapped
-//! in transposes from NCHW and back, which `transposes` then cancels between neighbours: what
-//! remains is one transpose where the chain reads a value from outside it and one where a
-//! value leaves it. A convolution alone pays both transposes, so it stays NCHW unless its
-//! products repay them; so do ungrouped ones with fewer than 16 output channels, which the
-//! kernel runs slower than the NCHW kernels.
+//! its gate, shifts by constants). An elementwise op joins when it reads a member, and reads
+//! otherwise only constants (of rank 4 or less, transposed with it) and one-pixel values,
+//! `[N, C, 1, 1]`, which have the same bytes in either layout. A chain of two or more
+//! convolutions becomes NHWC, each node wrapped in transposes from NCHW and back, which
+//! `transposes` then cancels between neighbours: what remains is one transpose where the chain
+//! reads a value from outside it and one where a value leaves it. A convolution alone pays
+//! both transposes, so it stays NCHW unless its products repay them; so do ungrouped ones with
+//! fewer than 16 output channels, which the kernel runs slower than the NCHW kernels.
 
 use super::qdq::{NCHW_TO_NHWC, NHWC_TO_NCHW, transpose};
 use super::transposes::cancel_transposes;
@@ -121,7 +120,7 @@ pub fn nhwc_convolutions(g: &mut Graph) {
 }
 
 /// What a node is in a chain: a convolution (which counts towards the chain's size), or a
-/// pool or elementwise op between or after its convolutions.
+/// pool, Concat, Split or elementwise op between or after its convolutions.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Member {
     Conv,
