@@ -4,9 +4,9 @@
 //! output channel (how Paddle exports a convolution's bias, and a folded scale's shift), becomes
 //! the Conv with bias `b + c`; the Conv then stays free for a residual Add or an NHWC chain.
 
-use super::sole_reader;
+use super::add_reading;
 use crate::graph::Graph;
-use crate::ops::{Op, elementwise::Binary};
+use crate::ops::Op;
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
@@ -39,19 +39,8 @@ fn try_fuse(g: &mut Graph, i: usize) -> bool {
     else {
         return false;
     };
-    let out = n.outputs[0];
-    let uses = g.use_counts();
-    let Some(j) = sole_reader(g, &uses, out) else {
+    let Some((j, other)) = add_reading(g, n.outputs[0]) else {
         return false;
-    };
-    let add = &g.nodes[j];
-    if add.op != Op::Binary(Binary::Add) || add.inputs.len() != 2 {
-        return false;
-    }
-    let other = if add.inputs[0] == Some(out) {
-        add.inputs[1]
-    } else {
-        add.inputs[0]
     };
     let Some(bias) = other.filter(|b| {
         g.constants
@@ -60,7 +49,7 @@ fn try_fuse(g: &mut Graph, i: usize) -> bool {
     }) else {
         return false;
     };
-    let new_out = add.outputs[0];
+    let new_out = g.nodes[j].outputs[0];
     g.nodes[i].inputs.push(Some(bias));
     g.nodes[i].outputs[0] = new_out;
     g.nodes.remove(j);
@@ -100,17 +89,10 @@ fn try_fold_conv(g: &mut Graph, i: usize) -> bool {
         (Some(_), Some(b)) if b.len() == m && b.as_f32().is_ok() => b.as_f32().unwrap().to_vec(),
         _ => return false,
     };
-    let out = n.outputs[0];
-    let uses = g.use_counts();
-    let Some(j) = sole_reader(g, &uses, out) else {
+    let Some((j, other)) = add_reading(g, n.outputs[0]) else {
         return false;
     };
-    let add = &g.nodes[j];
-    if add.op != Op::Binary(Binary::Add) || add.inputs.len() != 2 || add.outputs.len() != 1 {
-        return false;
-    }
-    let shift = super::other(add, out)
-        .flatten()
+    let shift = other
         .and_then(|v| g.constants.get(&v))
         .and_then(|t| per_channel(t, rank, m));
     let Some(shift) = shift else {

@@ -37,6 +37,7 @@ pub use shapes::{batch_refusal, fold_shapes, separable_batch};
 pub use swish::fuse_swish;
 
 use crate::graph::{Graph, Node};
+use crate::ops::{Op, elementwise::Binary};
 
 /// The layout-neutral rewrites: what a GPU plan runs.
 pub fn optimize(g: &mut Graph) {
@@ -81,6 +82,17 @@ pub(crate) fn sole_reader(g: &Graph, uses: &[usize], v: usize) -> Option<usize> 
         return None;
     }
     g.nodes.iter().position(|n| n.inputs.contains(&Some(v)))
+}
+
+/// The Add that alone reads `v` (no graph output), with its other operand: `(its index, the
+/// operand)`.
+pub(crate) fn add_reading(g: &Graph, v: usize) -> Option<(usize, Option<usize>)> {
+    let j = sole_reader(g, &g.use_counts(), v)?;
+    let add = &g.nodes[j];
+    if add.op != Op::Binary(Binary::Add) || add.outputs.len() != 1 {
+        return None;
+    }
+    Some((j, other(add, v)?))
 }
 
 /// The value of a one-element constant, as f32.

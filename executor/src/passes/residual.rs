@@ -2,9 +2,9 @@
 //! adds the other operand on its way out, while its output block is in cache, so the Add (and,
 //! once `fuse_activations` has run, the activation after it) is no separate pass over memory.
 
-use super::sole_reader;
+use super::add_reading;
 use crate::graph::Graph;
-use crate::ops::{Op, elementwise::Binary};
+use crate::ops::Op;
 
 pub fn fuse_residual_add(g: &mut Graph) {
     let mut i = 0;
@@ -25,23 +25,13 @@ fn try_fuse(g: &mut Graph, i: usize) -> bool {
         return false;
     }
     let out = n.outputs[0];
-    let uses = g.use_counts();
-    let Some(j) = sole_reader(g, &uses, out) else {
+    let Some((j, Some(other))) = add_reading(g, out) else {
         return false;
     };
-    let add = &g.nodes[j];
-    if add.op != Op::Binary(Binary::Add) || add.inputs.len() != 2 || add.outputs.len() != 1 {
+    if other == out {
         return false;
     }
-    let other = if add.inputs[0] == Some(out) {
-        add.inputs[1]
-    } else {
-        add.inputs[0]
-    };
-    let Some(other) = other.filter(|&v| v != out) else {
-        return false;
-    };
-    let add_out = add.outputs[0];
+    let add_out = g.nodes[j].outputs[0];
     // The other operand may be computed after the convolution (a shortcut branch), so the fused
     // node takes the Add's place, where both operands are ready.
     let mut conv = g.nodes.remove(i);
