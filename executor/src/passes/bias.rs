@@ -56,13 +56,16 @@ fn try_fuse(g: &mut Graph, i: usize) -> bool {
     true
 }
 
-pub fn fold_conv_bias(g: &mut Graph) {
-    let mut i = 0;
+pub fn fold_conv_bias(g: &mut Graph) -> usize {
+    let (mut i, mut folded) = (0, 0);
     while i < g.nodes.len() {
-        if !try_fold_conv(g, i) {
+        if try_fold_conv(g, i) {
+            folded += 1;
+        } else {
             i += 1;
         }
     }
+    folded
 }
 
 fn try_fold_conv(g: &mut Graph, i: usize) -> bool {
@@ -115,7 +118,7 @@ fn try_fold_conv(g: &mut Graph, i: usize) -> bool {
 
 /// The `m` values that f32 constant `t` adds to each output channel of a rank-`rank` Conv
 /// output, when it broadcasts along every other axis (and does not widen the output).
-fn per_channel(t: &Tensor, rank: usize, m: usize) -> Option<Vec<f32>> {
+pub(super) fn per_channel(t: &Tensor, rank: usize, m: usize) -> Option<Vec<f32>> {
     let v = t.as_f32().ok()?;
     if t.rank() > rank {
         return None;

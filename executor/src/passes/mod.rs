@@ -57,8 +57,9 @@ fn rewrite(g: &mut Graph, cpu: bool) {
     if fold_shapes(g) > 0 {
         fold_constants(g);
     }
-    fold_conv_bias(g);
-    fold_batch_norm(g);
+    // Per-channel affine ops after a Conv, in whatever order they come (Paddle's Conv → bias
+    // Add → BatchNorm, PP-LCNetV3's Conv → Mul → Add), fold into its weights and bias.
+    while fold_conv_bias(g) + fold_batch_norm(g) > 0 {}
     fuse_gelu(g);
     fuse_hard_swish(g);
     if cpu {

@@ -667,10 +667,10 @@ mod tests {
         );
         let scaled = m.node("Mul", &[&d, &s], vec![]);
         let p = conv(&mut m, &scaled, 16, 24, 1, 1);
-        let half = c(&mut m, 0.5);
-        let p = m.node("Mul", &[&p, &half], vec![]);
         let per_channel = m.normal("k", &[24, 1, 1], 1.0);
         let p = m.node("Sub", &[&per_channel, &p], vec![]);
+        let half = c(&mut m, 0.5);
+        let p = m.node("Mul", &[&p, &half], vec![]);
         let y = m.node("GlobalAveragePool", &[&p], vec![]);
         m.node_rename_last(&y, "y");
         let proto: ModelProto = m.finish(
@@ -715,8 +715,8 @@ mod tests {
                 "Conv(NHWC)+HardSigmoid(0.2, 0.5)",
                 "Mul",
                 "Conv(NHWC)",
-                "Mul",
                 "Sub",
+                "Mul",
                 "GlobalAveragePool(NHWC)",
                 "Transpose",
             ],
