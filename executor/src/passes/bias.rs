@@ -120,7 +120,8 @@ fn try_fold_conv(g: &mut Graph, i: usize) -> bool {
 /// output, when it broadcasts along every other axis (and does not widen the output).
 pub(super) fn per_channel(t: &Tensor, rank: usize, m: usize) -> Option<Vec<f32>> {
     let v = t.as_f32().ok()?;
-    if t.rank() > rank {
+    // A Conv output has its batch and channel axes at least (a malformed weight may say less).
+    if t.rank() > rank || rank < 2 {
         return None;
     }
     let mut dims = vec![1; rank - t.rank()];
