@@ -96,6 +96,16 @@ pub(crate) fn add_reading(g: &Graph, v: usize) -> Option<(usize, Option<usize>)>
     Some((j, other(add, v)?))
 }
 
+/// Whether op `n` computes each output element from the same element of its inputs
+/// (broadcast alike), so that it gives the same values on inputs and constants all transposed
+/// alike.
+pub(crate) fn elementwise(n: &Node) -> bool {
+    matches!(
+        &n.op,
+        Op::Unary(_) | Op::Binary(_) | Op::Variadic(..) | Op::Clip { .. }
+    ) && n.outputs.len() == 1
+}
+
 /// The value of a one-element constant, as f32.
 pub(crate) fn scalar(g: &Graph, v: Option<usize>) -> Option<f32> {
     let t = g.constants.get(&v?)?;

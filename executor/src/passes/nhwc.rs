@@ -15,6 +15,7 @@
 //! both transposes, so it stays NCHW unless its products repay them; so do ungrouped ones with
 //! fewer than 16 output channels, which the kernel runs slower than the NCHW kernels.
 
+use super::elementwise;
 use super::qdq::{NCHW_TO_NHWC, NHWC_TO_NCHW, transpose};
 use super::transposes::cancel_transposes;
 use crate::graph::{Graph, Node};
@@ -206,15 +207,6 @@ fn images_read(n: &Node) -> usize {
         Op::Shape(ShapeOp::Split { .. }) => 1,
         _ => n.inputs.len(),
     }
-}
-
-/// Whether `n` computes each output element from the same element of its inputs (broadcast
-/// alike), so that it gives the same values on inputs and constants all transposed alike.
-fn elementwise(n: &Node) -> bool {
-    matches!(
-        &n.op,
-        Op::Unary(_) | Op::Binary(_) | Op::Variadic(..) | Op::Clip { .. }
-    ) && n.outputs.len() == 1
 }
 
 /// Whether `n`'s output is `[N, C, 1, 1]` because its inputs are (`unit` says which values

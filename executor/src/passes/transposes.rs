@@ -7,7 +7,7 @@
 //! repeated on the same value (one for each convolution reading it) is done once.
 
 use super::qdq::NHWC_TO_NCHW;
-use super::remove_dead;
+use super::{elementwise, remove_dead};
 use crate::graph::{Graph, Node};
 use crate::ops::Op;
 use crate::ops::pool::PoolAttrs;
@@ -129,22 +129,17 @@ fn merge_repeat(g: &mut Graph) -> bool {
     false
 }
 
-/// Moves one elementwise op (a QAdd, a unary op, a binary or variadic one) whose inputs are all
-/// transposed by the same perm (or constants of one element) behind that transpose; whether it found one. An elementwise op
-/// commutes with transposing all its inputs alike (inputs of one rank broadcast alike); the
-/// transposes it read must be read by nothing else, so that the count never grows.
+/// Moves one elementwise op (a QAdd, or any [`elementwise`] one) whose inputs are all
+/// transposed by the same perm (or constants of one element) behind that transpose; whether it
+/// found one. An elementwise op commutes with transposing all its inputs alike (inputs of one
+/// rank broadcast alike); the transposes it read must be read by nothing else, so that the
+/// count never grows.
 fn hoist_elementwise(g: &mut Graph) -> bool {
     let (producers, uses) = (g.producers(), g.use_counts());
     for i in 0..g.nodes.len() {
         let n = &g.nodes[i];
-        let elementwise = match &n.op {
-            Op::Quant(QuantOp::QAdd(_)) => n.inputs.len() == 2,
-            Op::Unary(_) => n.inputs.len() == 1,
-            Op::Binary(_) => n.inputs.len() == 2,
-            Op::Variadic(..) => !n.inputs.is_empty(),
-            _ => false,
-        };
-        if !elementwise || n.outputs.len() != 1 || n.inputs.iter().any(Option::is_none) {
+        let moves = matches!(n.op, Op::Quant(QuantOp::QAdd(_))) || elementwise(n);
+        if !moves || n.outputs.len() != 1 || n.inputs.is_empty() || n.inputs.contains(&None) {
             continue;
         }
         // Each input: transposed (its source and perm), or a constant of one element, which
