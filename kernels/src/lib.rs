@@ -23,6 +23,8 @@ pub mod nhwc_conv;
 pub mod nhwc_depthwise;
 pub mod norm;
 pub mod pool;
+#[cfg(target_arch = "x86_64")]
+mod qamx;
 mod qavx2;
 pub mod qconv;
 pub mod qgemm;

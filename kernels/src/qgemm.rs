@@ -2,9 +2,10 @@
 //! in `i32`, wrapping like the ONNX reference's int32 arithmetic, for `a` and `b` each int8 or
 //! uint8.
 //!
-//! The product runs on AVX-512 VNNI (`vpdpbusd`: four u8 × s8 products summed into each i32
-//! lane) where the CPU has it, else on AVX2 (`qavx2`), else on a portable loop over the same
-//! layout. `vpdpbusd` wants
+//! The product runs on AMX tiles (`qamx`) where the CPU has them, Linux grants them and the
+//! reduction is a multiple of 64, else on AVX-512 VNNI (`vpdpbusd`: four u8 × s8 products
+//! summed into each i32 lane) where the CPU has it, else on AVX2 (`qavx2`), else on a portable
+//! loop over the same layout. `vpdpbusd` wants
 //! `a` unsigned and `b` signed, so int8 `a` is stored plus 128 and uint8 `b` minus 128, with the
 //! zero points moved the same way: `(a + 128) - (za + 128) = a - za`. The zero points then come
 //! out of the sum as terms of row and column sums:
@@ -367,6 +368,11 @@ impl PackedA {
     fn zero_of(&self, i: usize) -> i32 {
         self.zero[if self.zero.len() == 1 { 0 } else { i }]
     }
+
+    /// The packed rows: `m` rows of `kp` bytes.
+    pub(crate) fn data_ptr(&self) -> *const u8 {
+        self.data.as_ptr()
+    }
 }
 
 /// `c[i·n + j]` (`m × n`, row-major) `= Σ_p (a[i][p] - za[i]) · (b[p][j] - zb[j])`, split
@@ -399,6 +405,10 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
     }
     let out = SharedOut(out.as_mut_ptr());
     let (vnni, avx2) = (vnni(), crate::qavx2_available());
+    #[cfg(target_arch = "x86_64")]
+    let amx = crate::qamx::applies(a, b);
+    #[cfg(not(target_arch = "x86_64"))]
+    let amx = false;
     // Tasks: blocks of NP panels by blocks of rows; columns first (each reads its own B).
     let blocks = b.panels.div_ceil(NP);
     let row_tasks = if blocks >= 2 * threads {
@@ -411,7 +421,13 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
         let (block, rt) = (t / row_tasks, t % row_tasks);
         let rows = (rt * rows_per).min(m)..((rt + 1) * rows_per).min(m);
         let panels = block * NP..((block + 1) * NP).min(b.panels);
-        if vnni {
+        if amx {
+            // SAFETY: `qamx::applies` holds; as below.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                crate::qamx::tiles(a, b, rows, panels, out, &f)
+            }
+        } else if vnni {
             // SAFETY: the CPU has AVX-512F/BW/VNNI (`vnni`); `a` and `b` hold their padded
             // sizes by construction and `out` is `m × n` (asserted above); tasks write
             // disjoint (rows, panels) tiles.
@@ -647,7 +663,7 @@ unsafe fn avx2_tile<
 /// elements and no one else writes this tile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn vnni_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
+pub(crate) unsafe fn vnni_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     a: &PackedA,
     b: &PackedB,
     rows: std::ops::Range<usize>,
@@ -740,35 +756,57 @@ unsafe fn tile<const R: usize, const P: usize, O, F: Fn(usize, usize, &[i32], &m
             }
         }
     }
-    let mut vals = [0i32; LANES];
     for q in 0..P {
         let j0 = (p0 + q) * LANES;
         if j0 >= n {
             break;
         }
-        let width = (n - j0).min(LANES);
-        // SAFETY: b.zero and b.sums hold panels × 16 entries.
-        let (zb, sb) = unsafe {
-            (
-                _mm512_loadu_si512(b.zero.as_ptr().add(j0).cast()),
-                _mm512_loadu_si512(b.sums.as_ptr().add(j0).cast()),
-            )
-        };
         for (r, acc) in acc.iter().enumerate() {
-            let i = i0 + r;
-            let za = a.zero_of(i);
-            let t = (b.k as i32).wrapping_mul(za).wrapping_sub(a.sums[i]);
-            let v = _mm512_sub_epi32(
-                _mm512_add_epi32(acc[q], _mm512_mullo_epi32(zb, _mm512_set1_epi32(t))),
-                _mm512_mullo_epi32(_mm512_set1_epi32(za), sb),
-            );
-            // SAFETY: vals holds 16 i32.
-            unsafe { _mm512_storeu_si512(vals.as_mut_ptr().cast(), v) };
-            // SAFETY: row i < m, columns j0..j0 + width <= n: within the output (this
+            // SAFETY: row i0 + r < m, columns from j0 < n: within the output (this
             // function's contract), written by this task alone.
-            f(i, j0, &vals[..width], unsafe { out.row(i, n, j0, width) });
+            unsafe { emit(a, b, (i0 + r, j0), acc[q], out, f) };
         }
     }
+}
+
+/// Row `i`'s raw sums `acc` for the (up to) 16 columns from `j0`, corrected for the zero points
+/// ([`corrected`], 16 at a time) and passed through `f` into the output.
+///
+/// # Safety
+/// The CPU has AVX-512F; `i < a.m`, `j0 < b.n`, and no one else writes these elements of `out`
+/// (`a.m × b.n`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn emit<O, F: Fn(usize, usize, &[i32], &mut [O])>(
+    a: &PackedA,
+    b: &PackedB,
+    (i, j0): (usize, usize),
+    acc: std::arch::x86_64::__m512i,
+    out: SharedOut<O>,
+    f: &F,
+) {
+    use std::arch::x86_64::*;
+    let n = b.n;
+    let width = (n - j0).min(LANES);
+    // SAFETY: b.zero and b.sums hold panels × 16 entries.
+    let (zb, sb) = unsafe {
+        (
+            _mm512_loadu_si512(b.zero.as_ptr().add(j0).cast()),
+            _mm512_loadu_si512(b.sums.as_ptr().add(j0).cast()),
+        )
+    };
+    let za = a.zero_of(i);
+    let t = (b.k as i32).wrapping_mul(za).wrapping_sub(a.sums[i]);
+    let v = _mm512_sub_epi32(
+        _mm512_add_epi32(acc, _mm512_mullo_epi32(zb, _mm512_set1_epi32(t))),
+        _mm512_mullo_epi32(_mm512_set1_epi32(za), sb),
+    );
+    let mut vals = [0i32; LANES];
+    // SAFETY: vals holds 16 i32.
+    unsafe { _mm512_storeu_si512(vals.as_mut_ptr().cast(), v) };
+    // SAFETY: row i < m, columns j0..j0 + width <= n (this function's contract).
+    f(i, j0, &vals[..width], unsafe { out.row(i, n, j0, width) });
 }
 
 #[cfg(test)]
@@ -882,6 +920,12 @@ mod tests {
         (50, 3, 30),
         // Rows in several of the AVX2 kernel's L2 blocks (16 rows each at this reduction).
         (37, 20, 8192),
+        // Reductions of whole AMX tiles (64): 32 × 32 register tiles with rows below them, an
+        // odd panel beside them, a narrow last panel, and a single panel.
+        (32, 32, 64),
+        (70, 53, 128),
+        (45, 40, 192),
+        (64, 16, 64),
         (0, 4, 4),
         (4, 0, 4),
         (4, 4, 0),
@@ -891,6 +935,10 @@ mod tests {
     fn matches_the_reference_for_every_signedness_and_zero_point() {
         if !vnni() {
             eprintln!("no AVX-512 VNNI: only the portable kernel runs");
+        }
+        #[cfg(target_arch = "x86_64")]
+        if !crate::qamx::available() {
+            eprintln!("no AMX: the VNNI kernel runs the 64-step reductions too");
         }
         for &(m, n, k) in SHAPES {
             let (a, b) = (bytes(m * k, 1), bytes(k * n, 2));

@@ -1,0 +1,206 @@
+//! The 8-bit matrix product of [`crate::qgemm`] on Intel's AMX tiles (Sapphire Rapids and
+//! later), where the CPU has them and Linux lets the process use them.
+//!
+//! A tile register holds 16 rows of 64 bytes. `tdpbusd` multiplies a tile of 16 rows by 64
+//! unsigned bytes (`a`) by a tile of 16 groups of 4 reductions by 16 columns of signed bytes
+//! (`b`) into a tile of 16 × 16 `i32` sums: 16 384 products an instruction, eight times what
+//! VNNI's `vpdpbusd` does a cycle. [`PackedB`]'s `[panel][k / 4][16][4]` layout is that B-tile
+//! layout already, and [`PackedA`]'s rows (stride `kp`) load as A tiles; the zero points are
+//! corrected as the VNNI kernel does. The register tile is 32 rows by 32 columns (two A tiles,
+//! two B tiles, four accumulators: the eight tile registers); the rows and panels left over,
+//! and reductions that are not a multiple of 64, run on the VNNI kernel.
+//!
+//! Rust has no stable AMX intrinsics: the instructions are written as inline assembly.
+
+use crate::qgemm::{LANES, PackedA, PackedB, SharedOut};
+use std::arch::asm;
+use std::sync::OnceLock;
+
+/// Rows of an A tile, and reductions (bytes) of one.
+const TILE_ROWS: usize = 16;
+const TILE_K: usize = 64;
+
+/// Whether this process can run the AMX kernel: the CPU has AMX-TILE and AMX-INT8 (and the
+/// VNNI kernel for what is left over), and Linux granted the tile data state.
+pub(crate) fn available() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| crate::qgemm::vnni() && has_amx_int8() && request_tile_data())
+}
+
+fn has_amx_int8() -> bool {
+    // Leaf 7 exists on every CPU with AVX-512 (checked first by the caller).
+    let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+    leaf7.edx & (1 << 24) != 0 && leaf7.edx & (1 << 25) != 0
+}
+
+/// Asks Linux for the AMX tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)`),
+/// once for the whole process; without it the first tile instruction is a fatal signal.
+#[cfg(target_os = "linux")]
+fn request_tile_data() -> bool {
+    const ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: the system call only changes which extended states the process may use.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_data() -> bool {
+    false
+}
+
+/// Whether the AMX kernel takes a product of these operands: its reduction is whole A tiles,
+/// and there are rows for at least one register tile.
+pub(crate) fn applies(a: &PackedA, b: &PackedB) -> bool {
+    b.kp > 0 && b.kp.is_multiple_of(TILE_K) && a.m() >= 2 * TILE_ROWS && available()
+}
+
+/// The tile configuration: palette 1, the eight tiles 16 rows of 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    bytes_per_row: [u16; 16],
+    rows: [u8; 16],
+}
+
+const CONFIG: TileConfig = TileConfig {
+    palette: 1,
+    start_row: 0,
+    reserved: [0; 14],
+    bytes_per_row: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
+    rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+};
+
+/// Rows `rows` by the columns of `panels` (at most `NP`): 32 × 32 register tiles on AMX, the
+/// rest on the VNNI kernel.
+///
+/// # Safety
+/// [`applies`] holds for `a` and `b`; `a`, `b` are consistent packs; `out` holds `a.m × b.n`
+/// elements and no one else writes these tiles.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
+    a: &PackedA,
+    b: &PackedB,
+    rows: std::ops::Range<usize>,
+    panels: std::ops::Range<usize>,
+    out: SharedOut<O>,
+    f: &F,
+) {
+    let row_end = rows.start + (rows.len() / (2 * TILE_ROWS)) * 2 * TILE_ROWS;
+    let panel_end = panels.start + (panels.len() / 2) * 2;
+    if row_end > rows.start && panel_end > panels.start {
+        // SAFETY: the configuration is valid for palette 1 (16 rows of 64 bytes); the tile
+        // state is released below, before anything else can run on this thread.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+        let mut sums = [0i32; 4 * TILE_ROWS * LANES];
+        for i in (rows.start..row_end).step_by(2 * TILE_ROWS) {
+            for p in (panels.start..panel_end).step_by(2) {
+                // SAFETY: rows i..i + 32 lie within a (row_end <= a.m), panels p, p + 1
+                // within b, and the reduction is kp / 64 whole tiles of both.
+                unsafe { tile(a, b, i, p, &mut sums) };
+                for (q, quarter) in sums.chunks_exact(TILE_ROWS * LANES).enumerate() {
+                    let (i0, j0) = (i + (q / 2) * TILE_ROWS, (p + q % 2) * LANES);
+                    if j0 >= b.n {
+                        continue;
+                    }
+                    for (r, row) in quarter.chunks_exact(LANES).enumerate() {
+                        // SAFETY: row i0 + r < m and columns from j0 < n: within the
+                        // output, written by this task alone.
+                        unsafe {
+                            let acc = std::arch::x86_64::_mm512_loadu_si512(row.as_ptr().cast());
+                            crate::qgemm::emit(a, b, (i0 + r, j0), acc, out, f)
+                        };
+                    }
+                }
+            }
+        }
+        // SAFETY: releases the tile state this function configured.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+    // What the 32 × 32 tiles leave: the rows below them, and an odd last panel beside them.
+    // SAFETY: as this function's contract, for the VNNI kernel (which `applies` implies).
+    unsafe {
+        if row_end < rows.end {
+            crate::qgemm::vnni_tiles(a, b, row_end..rows.end, panels.clone(), out, f);
+        }
+        if panel_end < panels.end && row_end > rows.start {
+            crate::qgemm::vnni_tiles(a, b, rows.start..row_end, panel_end..panels.end, out, f);
+        }
+    }
+}
+
+/// Rows `i..i + 32` by panels `p, p + 1`: the raw sums into `sums`, as four 16 × 16 quarters
+/// (rows 0–15 by panel p, by panel p + 1, then rows 16–31 likewise).
+///
+/// # Safety
+/// The tiles are configured as [`CONFIG`]; the rows and panels lie within `a` and `b`, whose
+/// `kp` is a multiple of 64.
+#[inline]
+unsafe fn tile(a: &PackedA, b: &PackedB, i: usize, p: usize, sums: &mut [i32; 4 * 256]) {
+    let kp = b.kp;
+    let lda = kp;
+    let b_stride = TILE_K;
+    // SAFETY: the tiles are configured (contract); every load reads 16 rows of 64 bytes inside
+    // a.data (rows i..i + 32, bytes g·64..g·64 + 64 < kp of each) or b.data (panels p, p + 1,
+    // groups 16g..16g + 16 < kp / 4).
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
+        let a0 = a.data_ptr().add(i * kp);
+        let a1 = a0.add(TILE_ROWS * kp);
+        let b0 = b.data.as_ptr().add(p * kp * LANES);
+        let b1 = b0.add(kp * LANES);
+        for g in 0..kp / TILE_K {
+            asm!(
+                "tileloadd tmm4, [{a0} + {lda}*1]",
+                "tileloadd tmm5, [{a1} + {lda}*1]",
+                "tileloadd tmm6, [{b0} + {ldb}*1]",
+                "tileloadd tmm7, [{b1} + {ldb}*1]",
+                "tdpbusd tmm0, tmm4, tmm6",
+                "tdpbusd tmm1, tmm4, tmm7",
+                "tdpbusd tmm2, tmm5, tmm6",
+                "tdpbusd tmm3, tmm5, tmm7",
+                a0 = in(reg) a0.add(g * TILE_K),
+                a1 = in(reg) a1.add(g * TILE_K),
+                b0 = in(reg) b0.add(g * TILE_K * LANES),
+                b1 = in(reg) b1.add(g * TILE_K * LANES),
+                lda = in(reg) lda,
+                ldb = in(reg) b_stride,
+                options(nostack, readonly)
+            );
+        }
+        let c = sums.as_mut_ptr();
+        let ldc = LANES * 4;
+        asm!(
+            "tilestored [{c0} + {ldc}*1], tmm0",
+            "tilestored [{c1} + {ldc}*1], tmm1",
+            "tilestored [{c2} + {ldc}*1], tmm2",
+            "tilestored [{c3} + {ldc}*1], tmm3",
+            c0 = in(reg) c,
+            c1 = in(reg) c.add(256),
+            c2 = in(reg) c.add(512),
+            c3 = in(reg) c.add(768),
+            ldc = in(reg) ldc,
+            options(nostack)
+        );
+    }
+}
