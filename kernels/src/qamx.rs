@@ -104,7 +104,8 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     let panel_end = panels.start + (panels.len() / 2) * 2;
     if row_end > rows.start && panel_end > panels.start {
         // SAFETY: the configuration is valid for palette 1 (16 rows of 64 bytes); the tile
-        // state is released below, before anything else can run on this thread.
+        // state is released below, before this function returns (`f`, called in between,
+        // uses no tiles).
         unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
         let mut sums = [0i32; 4 * TILE_ROWS * LANES];
         for i in (rows.start..row_end).step_by(2 * TILE_ROWS) {
