@@ -1,14 +1,15 @@
-//! The 8-bit matrix product of [`crate::qgemm`] on Intel's AMX tiles (Sapphire Rapids and
-//! later), where the CPU has them and Linux lets the process use them.
+//! Intel's AMX tiles (Sapphire Rapids and later) for the 8-bit products of [`crate::qgemm`] and
+//! [`crate::qconv`], where the CPU has them and Linux lets the process use them.
 //!
 //! A tile register holds 16 rows of 64 bytes. `tdpbusd` multiplies a tile of 16 rows by 64
 //! unsigned bytes (`a`) by a tile of 16 groups of 4 reductions by 16 columns of signed bytes
 //! (`b`) into a tile of 16 × 16 `i32` sums: 16 384 products an instruction, eight times what
 //! VNNI's `vpdpbusd` does a cycle. [`PackedB`]'s `[panel][k / 4][16][4]` layout is that B-tile
-//! layout already, and [`PackedA`]'s rows (stride `kp`) load as A tiles; the zero points are
-//! corrected as the VNNI kernel does. The register tile is 32 rows by 32 columns (two A tiles,
-//! two B tiles, four accumulators: the eight tile registers); the rows and panels left over,
-//! and reductions that are not a multiple of 64, run on the VNNI kernel.
+//! layout already. The register tile is 32 rows by 32 columns (two A tiles, two B tiles, four
+//! accumulators: the eight tile registers), in [`products`]; where its A rows come from is the
+//! caller's ([`Rows`]). Here, for `qgemm`, they are [`PackedA`]'s rows (stride `kp`), and the
+//! zero points are corrected as the VNNI kernel does; the rows and panels left over, and
+//! reductions that are not a multiple of 64, run on the VNNI kernel.
 //!
 //! Rust has no stable AMX intrinsics: the instructions are written as inline assembly.
 
@@ -17,8 +18,8 @@ use std::arch::asm;
 use std::sync::OnceLock;
 
 /// Rows of an A tile, and reductions (bytes) of one.
-const TILE_ROWS: usize = 16;
-const TILE_K: usize = 64;
+pub(crate) const TILE_ROWS: usize = 16;
+pub(crate) const TILE_K: usize = 64;
 
 /// Whether this process can run the AMX kernel: the CPU has AMX-TILE and AMX-INT8 (and the
 /// VNNI kernel for what is left over), and Linux granted the tile data state.
@@ -85,6 +86,50 @@ const CONFIG: TileConfig = TileConfig {
     rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
 };
 
+/// Loads [`CONFIG`] into the tile registers: palette 1, eight tiles of 16 rows of 64 bytes.
+///
+/// # Safety
+/// [`available`] holds; the caller calls [`release`] before it returns.
+pub(crate) unsafe fn configure() {
+    // SAFETY: the configuration is valid for palette 1 (16 rows of 64 bytes).
+    unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+}
+
+/// Releases the tile state [`configure`] set up.
+///
+/// # Safety
+/// The tiles were configured.
+pub(crate) unsafe fn release() {
+    // SAFETY: the contract.
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// Where the 16 rows of an A tile lie: row `r` of reduction group `g` (64 bytes) at
+/// `base + offset(g) + r·stride`, where `offset(g)` is `g·64` or `offsets[g]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub base: *const u8,
+    pub stride: usize,
+    pub offsets: Option<&'a [usize]>,
+}
+
+impl Rows<'_> {
+    /// The rows `i..i + 16` of a packed A whose rows are `kp` bytes.
+    fn packed(a: &PackedA, kp: usize, i: usize) -> Rows<'static> {
+        Rows {
+            base: a.data_ptr().wrapping_add(i * kp),
+            stride: kp,
+            offsets: None,
+        }
+    }
+
+    #[inline(always)]
+    fn group(&self, g: usize) -> *const u8 {
+        let offset = self.offsets.map_or(g * TILE_K, |o| o[g]);
+        self.base.wrapping_add(offset)
+    }
+}
+
 /// Rows `rows` by the columns of `panels` (at most `NP`): 32 × 32 register tiles on AMX, the
 /// rest on the VNNI kernel.
 ///
@@ -103,16 +148,26 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     let row_end = rows.start + (rows.len() / (2 * TILE_ROWS)) * 2 * TILE_ROWS;
     let panel_end = panels.start + (panels.len() / 2) * 2;
     if row_end > rows.start && panel_end > panels.start {
-        // SAFETY: the configuration is valid for palette 1 (16 rows of 64 bytes); the tile
-        // state is released below, before this function returns (`f`, called in between,
-        // uses no tiles).
-        unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+        // SAFETY: `applies` implies `available`; the tile state is released below, before
+        // this function returns (`f`, called in between, uses no tiles).
+        unsafe { configure() };
         let mut sums = [0i32; 4 * TILE_ROWS * LANES];
         for i in (rows.start..row_end).step_by(2 * TILE_ROWS) {
+            let halves = [
+                Rows::packed(a, b.kp, i),
+                Rows::packed(a, b.kp, i + TILE_ROWS),
+            ];
             for p in (panels.start..panel_end).step_by(2) {
                 // SAFETY: rows i..i + 32 lie within a (row_end <= a.m), panels p, p + 1
                 // within b, and the reduction is kp / 64 whole tiles of both.
-                unsafe { tile(a, b, i, p, &mut sums) };
+                unsafe {
+                    products(
+                        halves,
+                        [panel(b, p), panel(b, p + 1)],
+                        b.kp / TILE_K,
+                        &mut sums,
+                    )
+                };
                 for (q, quarter) in sums.chunks_exact(TILE_ROWS * LANES).enumerate() {
                     let (i0, j0) = (i + (q / 2) * TILE_ROWS, (p + q % 2) * LANES);
                     if j0 >= b.n {
@@ -129,8 +184,8 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
                 }
             }
         }
-        // SAFETY: releases the tile state this function configured.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        // SAFETY: releases the tile state configured above.
+        unsafe { release() };
     }
     // What the 32 × 32 tiles leave: the rows below them, and an odd last panel beside them.
     // SAFETY: as this function's contract, for the VNNI kernel (which `applies` implies).
@@ -144,20 +199,27 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     }
 }
 
-/// Rows `i..i + 32` by panels `p, p + 1`: the raw sums into `sums`, as four 16 × 16 quarters
-/// (rows 0–15 by panel p, by panel p + 1, then rows 16–31 likewise).
+/// Where panel `p` of `b` starts: `kp / 4` groups of 16 columns of 4 bytes.
+pub(crate) fn panel(b: &PackedB, p: usize) -> *const i8 {
+    b.data.as_ptr().wrapping_add(p * b.kp * LANES)
+}
+
+/// The sums of two A tiles of 16 rows (`a`) by two B panels of 16 columns (`b`, each
+/// `[groups · 16][16][4]` bytes) over `groups` reductions of 64, into `sums` as four 16 × 16
+/// quarters: `a[0]` by `b[0]`, `a[0]` by `b[1]`, `a[1]` by `b[0]`, `a[1]` by `b[1]`.
 ///
 /// # Safety
-/// The tiles are configured as [`CONFIG`]; the rows and panels lie within `a` and `b`, whose
-/// `kp` is a multiple of 64.
+/// The tiles are configured ([`configure`]); every group `g < groups` of each of `a`'s rows
+/// holds 64 readable bytes, and each of `b` holds `groups · 1024` readable bytes.
 #[inline]
-unsafe fn tile(a: &PackedA, b: &PackedB, i: usize, p: usize, sums: &mut [i32; 4 * 256]) {
-    let kp = b.kp;
-    let lda = kp;
-    let b_stride = TILE_K;
-    // SAFETY: the tiles are configured (contract); every load reads 16 rows of 64 bytes inside
-    // a.data (rows i..i + 32, bytes g·64..g·64 + 64 < kp of each) or b.data (panels p, p + 1,
-    // groups 16g..16g + 16 < kp / 4).
+pub(crate) unsafe fn products(
+    a: [Rows<'_>; 2],
+    b: [*const i8; 2],
+    groups: usize,
+    sums: &mut [i32; 4 * TILE_ROWS * LANES],
+) {
+    // SAFETY: the tiles are configured (contract); every load reads 16 rows of 64 bytes that
+    // the contract says are readable.
     unsafe {
         asm!(
             "tilezero tmm0",
@@ -166,26 +228,23 @@ unsafe fn tile(a: &PackedA, b: &PackedB, i: usize, p: usize, sums: &mut [i32; 4 
             "tilezero tmm3",
             options(nostack, nomem)
         );
-        let a0 = a.data_ptr().add(i * kp);
-        let a1 = a0.add(TILE_ROWS * kp);
-        let b0 = b.data.as_ptr().add(p * kp * LANES);
-        let b1 = b0.add(kp * LANES);
-        for g in 0..kp / TILE_K {
+        for g in 0..groups {
             asm!(
-                "tileloadd tmm4, [{a0} + {lda}*1]",
-                "tileloadd tmm5, [{a1} + {lda}*1]",
+                "tileloadd tmm4, [{a0} + {lda0}*1]",
+                "tileloadd tmm5, [{a1} + {lda1}*1]",
                 "tileloadd tmm6, [{b0} + {ldb}*1]",
                 "tileloadd tmm7, [{b1} + {ldb}*1]",
                 "tdpbusd tmm0, tmm4, tmm6",
                 "tdpbusd tmm1, tmm4, tmm7",
                 "tdpbusd tmm2, tmm5, tmm6",
                 "tdpbusd tmm3, tmm5, tmm7",
-                a0 = in(reg) a0.add(g * TILE_K),
-                a1 = in(reg) a1.add(g * TILE_K),
-                b0 = in(reg) b0.add(g * TILE_K * LANES),
-                b1 = in(reg) b1.add(g * TILE_K * LANES),
-                lda = in(reg) lda,
-                ldb = in(reg) b_stride,
+                a0 = in(reg) a[0].group(g),
+                a1 = in(reg) a[1].group(g),
+                b0 = in(reg) b[0].add(g * TILE_K * LANES),
+                b1 = in(reg) b[1].add(g * TILE_K * LANES),
+                lda0 = in(reg) a[0].stride,
+                lda1 = in(reg) a[1].stride,
+                ldb = in(reg) TILE_K,
                 options(nostack, readonly)
             );
         }

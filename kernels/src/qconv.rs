@@ -12,9 +12,14 @@
 //! rows instead: `kw·C` bytes of the image, rounded up to four with zero weights, so
 //! `k = ky·run + kx·C + c` ([`pack_filter`] chooses).
 //!
+//! Where the CPU has AMX, the products run on its tiles ([`amx`]), reading the same windows.
+//!
 //! The weights' zero points must be zero (symmetric int8 weights, as onnxruntime's quantizer
 //! writes them); the activations' zero point comes out of the sum as `zx·Σw` per output
 //! channel: `Σ (x - zx)·w = Σ x·w - zx·Σ w`.
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
 
 use crate::conv::Conv2d;
 use crate::qgemm::{LANES, MR, NP, PackedB, SharedOut, vnni};
@@ -215,6 +220,10 @@ pub fn qconv_nhwc<O: Byte>(
     let pad = vec![zx; runs.len];
     let out = SharedOut(out.as_mut_ptr());
     let (vnni, avx2) = (vnni(), crate::qavx2_available());
+    #[cfg(target_arch = "x86_64")]
+    let amx = amx::applies(w);
+    #[cfg(not(target_arch = "x86_64"))]
+    let amx = false;
     // Weights that fit in the core's L2 cache are read whole for each row tile, so that the
     // image streams past once; larger ones in blocks of NP panels, each over all the rows.
     let span = if w.data.len() <= L2_WEIGHTS {
@@ -223,13 +232,16 @@ pub fn qconv_nhwc<O: Byte>(
         NP
     };
     let blocks = w.panels.div_ceil(span);
-    let row_tiles = rows.div_ceil(MR);
-    // Tasks: blocks of panels by runs of row tiles, at least two per thread.
+    // Tasks: blocks of panels by runs of row tiles (AMX's 32 rows, or the VNNI kernel's), at
+    // least two per thread.
+    let tile_rows = if amx { 32 } else { MR };
+    let row_tiles = rows.div_ceil(tile_rows);
     let row_tasks = (2 * threads).div_ceil(blocks).clamp(1, row_tiles);
     let tiles_per = row_tiles.div_ceil(row_tasks);
     let run = |t: usize| {
         let (block, rt) = (t / row_tasks, t % row_tasks);
-        let rows = (rt * tiles_per * MR).min(rows)..((rt + 1) * tiles_per * MR).min(rows);
+        let task_rows = tiles_per * tile_rows;
+        let rows = (rt * task_rows).min(rows)..((rt + 1) * task_rows).min(rows);
         let panels = block * span..((block + 1) * span).min(w.panels);
         let image = Image {
             p,
@@ -238,7 +250,13 @@ pub fn qconv_nhwc<O: Byte>(
             zx,
             runs,
         };
-        if vnni {
+        if amx {
+            // SAFETY: `amx::applies` holds; as below.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                amx::tiles(&image, w, rows, panels, rq, out)
+            }
+        } else if vnni {
             // SAFETY: the CPU has AVX-512F/BW/VNNI (`vnni`); the operands' sizes are asserted
             // above; tasks write disjoint (rows, panels) tiles of `out`.
             #[cfg(target_arch = "x86_64")]
@@ -654,7 +672,7 @@ unsafe fn tile<const R: usize, const P: usize, O: Byte>(
     out: SharedOut<O>,
 ) {
     use std::arch::x86_64::*;
-    let (p, kp, n) = (image.p, w.kp, w.n);
+    let (p, kp) = (image.p, w.kp);
     let origins: [_; R] = std::array::from_fn(|r| image.origin(r0 + r));
     let mut acc = [[_mm512_setzero_si512(); P]; R];
     let mut stage = [[0u8; RUN_MAX]; R];
@@ -687,19 +705,49 @@ unsafe fn tile<const R: usize, const P: usize, O: Byte>(
             }
         }
     }
-    // The requantization of 16 channels at a time, as `Requantize::value` works it.
-    let zx = _mm512_set1_epi32(image.zx as i32);
-    let (zero, lo, hi) = (
-        _mm512_set1_ps(rq.zero),
-        _mm512_set1_ps(rq.lo - rq.zero),
-        _mm512_set1_ps(rq.hi - rq.zero),
-    );
     for q in 0..P {
-        let j0 = (p0 + q) * LANES;
+        // SAFETY: panel p0 + q lies within w (this function's contract).
+        let panel = unsafe { Requantize16::new(rq, w, image.zx, p0 + q) };
+        for (r, acc) in acc.iter().enumerate() {
+            // SAFETY: row r0 + r is an output row (this function's contract), written by
+            // this task alone.
+            unsafe { panel.store(acc[q], out, r0 + r) };
+        }
+    }
+}
+
+/// The requantization of one panel's 16 channels at a time, as [`Requantize::value`] works it.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Requantize16 {
+    /// `zx · Σw` per channel.
+    correction: std::arch::x86_64::__m512i,
+    mult: std::arch::x86_64::__m512,
+    offset: std::arch::x86_64::__m512,
+    zero: std::arch::x86_64::__m512,
+    lo: std::arch::x86_64::__m512,
+    hi: std::arch::x86_64::__m512,
+    /// The channels of the panel that are output channels.
+    lanes: std::arch::x86_64::__mmask16,
+    j0: usize,
+    n: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Requantize16 {
+    /// Panel `panel`'s channels of `w` and `rq`, of an input with zero point `zx`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `panel < w.panels`; `rq` holds `w.n` channels.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn new(rq: &Requantize<'_>, w: &PackedB, zx: u8, panel: usize) -> Requantize16 {
+        use std::arch::x86_64::*;
+        let (j0, n) = (panel * LANES, w.n);
         let width = (n - j0).min(LANES);
         let lanes: __mmask16 = if width == LANES { !0 } else { (1 << width) - 1 };
-        // SAFETY: w.sums holds panels × 16 entries; mult and offset hold n (asserted in
-        // `qconv_nhwc`), of which the mask reads j0..j0 + width.
+        // SAFETY: w.sums holds panels × 16 entries; mult and offset hold n, of which the mask
+        // reads j0..j0 + width.
         let (sums, mult, offset) = unsafe {
             (
                 _mm512_loadu_si512(w.sums.as_ptr().add(j0).cast()),
@@ -707,20 +755,44 @@ unsafe fn tile<const R: usize, const P: usize, O: Byte>(
                 _mm512_maskz_loadu_ps(lanes, rq.offset.as_ptr().add(j0)),
             )
         };
-        let correction = _mm512_mullo_epi32(zx, sums);
-        for (r, acc) in acc.iter().enumerate() {
-            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[q], correction));
-            let v = _mm512_add_ps(_mm512_mul_ps(v, mult), offset);
-            // max/min return their second operand for NaN: the bound.
-            let v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-            let v = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-            let v = _mm512_cvttps_epi32(_mm512_add_ps(v, zero));
-            // SAFETY: row r0 + r is an output row, columns j0..j0 + width <= n: within the
-            // output (this function's contract), written by this task alone; O is one byte.
-            unsafe {
-                let o = out.row(r0 + r, n, j0, width).as_mut_ptr();
-                _mm512_mask_cvtepi32_storeu_epi8(o.cast(), lanes, v);
-            }
+        Requantize16 {
+            correction: _mm512_mullo_epi32(_mm512_set1_epi32(zx as i32), sums),
+            mult,
+            offset,
+            zero: _mm512_set1_ps(rq.zero),
+            lo: _mm512_set1_ps(rq.lo - rq.zero),
+            hi: _mm512_set1_ps(rq.hi - rq.zero),
+            lanes,
+            j0,
+            n,
+        }
+    }
+
+    /// Output row `row`'s channels of the panel from their sums `acc`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and BW; `row` is a row of `out` (`n` channels a row) that no one
+    /// else writes meanwhile.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    unsafe fn store<O: Byte>(
+        &self,
+        acc: std::arch::x86_64::__m512i,
+        out: SharedOut<O>,
+        row: usize,
+    ) {
+        use std::arch::x86_64::*;
+        let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, self.correction));
+        let v = _mm512_add_ps(_mm512_mul_ps(v, self.mult), self.offset);
+        // max/min return their second operand for NaN: the bound.
+        let v = _mm512_min_ps(_mm512_max_ps(v, self.lo), self.hi);
+        let v = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+        let v = _mm512_cvttps_epi32(_mm512_add_ps(v, self.zero));
+        // SAFETY: the contract; the mask writes the panel's output channels; O is one byte.
+        unsafe {
+            let width = (self.n - self.j0).min(LANES);
+            let o = out.row(row, self.n, self.j0, width).as_mut_ptr();
+            _mm512_mask_cvtepi32_storeu_epi8(o.cast(), self.lanes, v);
         }
     }
 }
@@ -784,6 +856,17 @@ mod tests {
             (1, 5, 6, 6, 17, 3, 2, 1, 1, 0),
             // The last windows end at the image's last byte, their rows rounded up past it.
             (1, 3, 9, 9, 8, 3, 1, 1, 0, 0),
+            // Whole groups of 64 channels (AMX's tiles): rows shorter than a tile, rows with
+            // windows inside the image at stride 1 and 2 and dilated, an odd last panel, a
+            // pointwise convolution read straight across rows and images, and channels that
+            // are not whole groups.
+            (2, 64, 7, 9, 40, 3, 1, 1, 1, 1),
+            (1, 64, 20, 21, 48, 3, 1, 1, 1, 1),
+            (1, 128, 6, 40, 33, 3, 2, 1, 1, 1),
+            (1, 64, 18, 18, 20, 3, 1, 2, 2, 2),
+            (2, 64, 9, 9, 64, 1, 1, 1, 0, 0),
+            (3, 128, 5, 34, 16, 1, 2, 1, 0, 0),
+            (1, 32, 8, 8, 24, 2, 1, 1, 0, 1),
         ];
         for case in cases {
             let p = crate::test_conv(case);
@@ -832,8 +915,8 @@ mod tests {
         }
     }
 
-    /// The outputs of `qconv_nhwc` on 1 and 3 threads, of the portable tiles and (where the CPU
-    /// has AVX2) of the AVX2 tiles, each named.
+    /// The outputs of `qconv_nhwc` on 1 and 3 threads, of the portable tiles and of each vector
+    /// kernel the CPU runs (AVX2, VNNI, AMX), each named.
     fn every_path<O: Byte + Into<i32>>(
         p: &Conv2d,
         x: &[u8],
@@ -873,8 +956,24 @@ mod tests {
             let mut got = fresh();
             let out = SharedOut(got.as_mut_ptr());
             // SAFETY: the CPU has AVX2; the operands are as qconv_nhwc asserts.
-            unsafe { avx2_tiles(&image, packed, rows, panels, rq, out) };
+            unsafe { avx2_tiles(&image, packed, rows.clone(), panels.clone(), rq, out) };
             paths.push(("AVX2".to_string(), ints(got)));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if vnni() {
+            let mut got = fresh();
+            let out = SharedOut(got.as_mut_ptr());
+            // SAFETY: the CPU has AVX-512F/BW/VNNI; as above.
+            unsafe { vnni_tiles(&image, packed, rows.clone(), panels.clone(), rq, out) };
+            paths.push(("VNNI".to_string(), ints(got)));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if amx::applies(packed) {
+            let mut got = fresh();
+            let out = SharedOut(got.as_mut_ptr());
+            // SAFETY: `amx::applies` holds; as above.
+            unsafe { amx::tiles(&image, packed, rows, panels, rq, out) };
+            paths.push(("AMX".to_string(), ints(got)));
         }
         paths
     }
