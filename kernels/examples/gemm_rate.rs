@@ -1,7 +1,7 @@
 //! GFLOP/s of `sgemm`, `conv2d` and the int8 `qgemm` and `qconv` on shapes from the zoo models, on 1 and 2
 //! threads:
 //! `cargo run --release -p cotenant-kernels --example gemm_rate [-- --batch N] [--only NAME]
-//! [--gemms] [--cold]`. `--gemms`: the GEMMs alone. `--cold`: the NHWC convolutions and the qgemm7 rows read their weights from memory, not from a cache
+//! [--gemms] [--cold]`. `--gemms`: the GEMMs alone. `--cold`: the NHWC convolutions and the packed and qgemm7 rows read their weights from memory, not from a cache
 //! (each call takes the next of enough copies to overflow the last-level cache), as the
 //! convolutions of a model whose weights exceed the cache do at batch 1; the NHWC
 //! convolutions also write to buffers out of every cache, as a model's layers do.
@@ -147,6 +147,25 @@ fn main() {
                 });
                 println!(
                     "{threads}t gemm {name:28} {m:5}x{n:5}x{k:5} {:7.1} GFLOP/s",
+                    flops / s / 1e9
+                );
+            }
+            for &(m, n, k, name) in GEMMS.iter().filter(|_| only.is_none() && nhwc_conv::available()) {
+                // A MatMul by constant weights as the models run it: a 1x1 NHWC convolution.
+                let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+                let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5).collect();
+                let copies = if cold { (256 << 20) / (k * n * 4) + 1 } else { 1 };
+                let fs: Vec<_> = (0..copies).map(|_| NhwcFilter::of_matrix(&b, k, n)).collect();
+                let mut c = vec![0f32; m * n];
+                let flops = 2.0 * (m * n * k) as f64;
+                let mut i = 0;
+                let epi = Epilogue::default();
+                let s = time(flops, || {
+                    i = (i + 1) % copies;
+                    nhwc_conv::matmul_packed(threads, &a, m, &fs[i], epi, &mut c)
+                });
+                println!(
+                    "{threads}t packed {name:26} {m:5}x{n:5}x{k:5} {:7.1} GFLOP/s",
                     flops / s / 1e9
                 );
             }
