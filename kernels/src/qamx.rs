@@ -13,13 +13,15 @@
 //!
 //! Rust has no stable AMX intrinsics: the instructions are written as inline assembly.
 
-use crate::qgemm::{LANES, PackedA, PackedB, SharedOut};
+use crate::qgemm::{LANES, NP, PackedA, PackedB, SharedOut};
 use std::arch::asm;
 use std::sync::OnceLock;
 
 /// Rows of an A tile, and reductions (bytes) of one.
 pub(crate) const TILE_ROWS: usize = 16;
 pub(crate) const TILE_K: usize = 64;
+/// Panels a task of [`tiles`] takes: each A tile is read from L2 once for their 256 columns.
+pub(crate) const BLOCK_PANELS: usize = 16;
 
 /// Whether this process can run the AMX kernel: the CPU has AMX-TILE and AMX-INT8 (and the
 /// VNNI kernel for what is left over), and Linux granted the tile data state.
@@ -130,8 +132,8 @@ impl Rows<'_> {
     }
 }
 
-/// Rows `rows` by the columns of `panels` (at most `NP`): 32 × 32 register tiles on AMX, the
-/// rest on the VNNI kernel.
+/// Rows `rows` by the columns of `panels`: 32 × 32 register tiles on AMX, the rest on the VNNI
+/// kernel (`NP` panels a call).
 ///
 /// # Safety
 /// [`applies`] holds for `a` and `b`; `a`, `b` are consistent packs; `out` holds `a.m × b.n`
@@ -188,13 +190,18 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
         unsafe { release() };
     }
     // What the 32 × 32 tiles leave: the rows below them, and an odd last panel beside them.
-    // SAFETY: as this function's contract, for the VNNI kernel (which `applies` implies).
-    unsafe {
-        if row_end < rows.end {
-            crate::qgemm::vnni_tiles(a, b, row_end..rows.end, panels.clone(), out, f);
-        }
-        if panel_end < panels.end && row_end > rows.start {
-            crate::qgemm::vnni_tiles(a, b, rows.start..row_end, panel_end..panels.end, out, f);
+    for p0 in panels.clone().step_by(NP) {
+        let block = p0..(p0 + NP).min(panels.end);
+        // SAFETY: as this function's contract, for the VNNI kernel (which `applies` implies),
+        // at most NP panels a call.
+        unsafe {
+            if row_end < rows.end {
+                crate::qgemm::vnni_tiles(a, b, row_end..rows.end, block.clone(), out, f);
+            }
+            let odd = panel_end.max(block.start)..block.end;
+            if !odd.is_empty() && row_end > rows.start {
+                crate::qgemm::vnni_tiles(a, b, rows.start..row_end, odd, out, f);
+            }
         }
     }
 }

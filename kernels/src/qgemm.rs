@@ -409,8 +409,14 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
     let amx = crate::qamx::applies(a, b);
     #[cfg(not(target_arch = "x86_64"))]
     let amx = false;
-    // Tasks: blocks of NP panels by blocks of rows; columns first (each reads its own B).
-    let blocks = b.panels.div_ceil(NP);
+    // Tasks: blocks of panels by blocks of rows; columns first (each reads its own B). A block
+    // is NP panels, the VNNI register tile's; on AMX, whose register tile is two panels, it is
+    // `qamx::BLOCK_PANELS`, so that each tile of rows is read from L2 once for more columns.
+    #[cfg(target_arch = "x86_64")]
+    let np = if amx { crate::qamx::BLOCK_PANELS } else { NP };
+    #[cfg(not(target_arch = "x86_64"))]
+    let np = NP;
+    let blocks = b.panels.div_ceil(np);
     let row_tasks = if blocks >= 2 * threads {
         1
     } else {
@@ -420,7 +426,7 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
     let run = |t: usize| {
         let (block, rt) = (t / row_tasks, t % row_tasks);
         let rows = (rt * rows_per).min(m)..((rt + 1) * rows_per).min(m);
-        let panels = block * NP..((block + 1) * NP).min(b.panels);
+        let panels = block * np..((block + 1) * np).min(b.panels);
         if amx {
             // SAFETY: `qamx::applies` holds; as below.
             #[cfg(target_arch = "x86_64")]
@@ -926,6 +932,8 @@ mod tests {
         (70, 53, 128),
         (45, 40, 192),
         (64, 16, 64),
+        // More panels than a task of AMX tiles takes (16), the last odd, with rows below.
+        (45, 300, 128),
         (0, 4, 4),
         (4, 0, 4),
         (4, 4, 0),
