@@ -10,7 +10,7 @@
 //! are copied to a stage, a row of the reduction each, as im2col would lay them out.
 
 use super::{Byte, Image, RUN_MAX, Requantize, Requantize16};
-use crate::qamx::{self, Rows, TILE_K, TILE_ROWS};
+use crate::qamx::{self, Ahead, Rows, TILE_K, TILE_ROWS};
 use crate::qgemm::{LANES, PackedB, SharedOut};
 use std::ops::Range;
 
@@ -177,7 +177,15 @@ pub(super) unsafe fn tiles<O: Byte>(
                 // inside it) or the stage (16 rows of `width` bytes); each panel's `width / 4`
                 // groups of 16 × 4 bytes lie within w.data (a panel before the last reads
                 // into the next) or the padded copy of the last.
-                unsafe { qamx::products(halves, pair.map(panel), groups, &mut sums) };
+                unsafe {
+                    qamx::products(
+                        halves,
+                        pair.map(panel),
+                        groups,
+                        &mut sums,
+                        Ahead::none().share(),
+                    )
+                };
                 for (q, quarter) in sums.chunks_exact(TILE_ROWS * LANES).enumerate() {
                     let (h, panel) = (q / 2, p + q % 2);
                     if panel >= panels.end {
