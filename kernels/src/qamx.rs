@@ -13,7 +13,7 @@
 //!
 //! Rust has no stable AMX intrinsics: the instructions are written as inline assembly.
 
-use crate::qgemm::{LANES, NP, PackedA, PackedB, SharedOut};
+use crate::qgemm::{Ahead, LANES, NP, PackedA, PackedB, Share, SharedOut};
 use std::arch::asm;
 use std::sync::OnceLock;
 
@@ -154,13 +154,10 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
         // this function returns (`f`, called in between, uses no tiles).
         unsafe { configure() };
         let mut sums = [0i32; 4 * TILE_ROWS * LANES];
-        // The weights of the panels after these, brought into L2 while these tiles compute, a
-        // share by each product: at batch 1 every weight matrix is read once a run, from
-        // memory, and the first tiles of each block of panels would wait for theirs.
-        let next = panels.end.min(b.panels)..(2 * panels.end - panels.start).min(b.panels);
-        let bytes = next.start * b.kp * LANES..next.end * b.kp * LANES;
-        let count = (row_end - rows.start) / (2 * TILE_ROWS) * (panel_end - panels.start) / 2;
-        let mut ahead = Ahead::new(b.data.as_ptr().cast(), bytes, count);
+        // The weights of the next block of panels, a share by each product (as the VNNI
+        // kernel's tiles take theirs).
+        let shares = (row_end - rows.start) / (2 * TILE_ROWS) * (panel_end - panels.start) / 2;
+        let mut ahead = Ahead::after(b, panels.clone(), panels.len(), shares);
         for i in (rows.start..row_end).step_by(2 * TILE_ROWS) {
             let halves = [
                 Rows::packed(a, b.kp, i),
@@ -170,7 +167,8 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
                 let pair = [panel(b, p), panel(b, p + 1)];
                 // SAFETY: rows i..i + 32 lie within a (row_end <= a.m), panels p, p + 1
                 // within b, and the reduction is kp / 64 whole tiles of both.
-                unsafe { products(halves, pair, b.kp / TILE_K, &mut sums, ahead.share()) };
+                let share = ahead.share(b.kp / TILE_K);
+                unsafe { products(halves, pair, b.kp / TILE_K, &mut sums, share) };
                 for (q, quarter) in sums.chunks_exact(TILE_ROWS * LANES).enumerate() {
                     let (i0, j0) = (i + (q / 2) * TILE_ROWS, (p + q % 2) * LANES);
                     if j0 >= b.n {
@@ -207,43 +205,6 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     }
 }
 
-/// Cache lines to bring into L2 ahead of use, handed out in even shares.
-pub(crate) struct Ahead {
-    base: *const u8,
-    lines: std::ops::Range<usize>,
-    per_share: usize,
-}
-
-impl Ahead {
-    /// The lines of `bytes` from `base`, in `shares` shares.
-    pub(crate) fn new(base: *const u8, bytes: std::ops::Range<usize>, shares: usize) -> Ahead {
-        let lines = bytes.start / 64..bytes.end.div_ceil(64).max(bytes.start / 64);
-        let per_share = lines.len().div_ceil(shares.max(1));
-        Ahead {
-            base,
-            lines,
-            per_share,
-        }
-    }
-
-    /// No lines.
-    pub(crate) fn none() -> Ahead {
-        Ahead {
-            base: std::ptr::null(),
-            lines: 0..0,
-            per_share: 0,
-        }
-    }
-
-    /// The next share: its first line's address and its count.
-    pub(crate) fn share(&mut self) -> (*const u8, usize) {
-        let count = self.per_share.min(self.lines.len());
-        let first = self.base.wrapping_add(self.lines.start * 64);
-        self.lines.start += count;
-        (first, count)
-    }
-}
-
 /// Where panel `p` of `b` starts: `kp / 4` groups of 16 columns of 4 bytes.
 pub(crate) fn panel(b: &PackedB, p: usize) -> *const i8 {
     b.data.as_ptr().wrapping_add(p * b.kp * LANES)
@@ -252,7 +213,7 @@ pub(crate) fn panel(b: &PackedB, p: usize) -> *const i8 {
 /// The sums of two A tiles of 16 rows (`a`) by two B panels of 16 columns (`b`, each
 /// `[groups · 16][16][4]` bytes) over `groups` reductions of 64, into `sums` as four 16 × 16
 /// quarters: `a[0]` by `b[0]`, `a[0]` by `b[1]`, `a[1]` by `b[0]`, `a[1]` by `b[1]`. On the
-/// way it asks for the `ahead.1` cache lines from `ahead.0` into L2, spread over the groups.
+/// way it asks for share `ahead` of the lines to come into L2, spread over the groups.
 ///
 /// # Safety
 /// The tiles are configured ([`configure`]); every group `g < groups` of each of `a`'s rows
@@ -263,11 +224,8 @@ pub(crate) unsafe fn products(
     b: [*const i8; 2],
     groups: usize,
     sums: &mut [i32; 4 * TILE_ROWS * LANES],
-    ahead: (*const u8, usize),
+    ahead: Share,
 ) {
-    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-    let per_group = ahead.1.div_ceil(groups.max(1));
-    let mut line = 0;
     // SAFETY: the tiles are configured (contract); every load reads 16 rows of 64 bytes that
     // the contract says are readable.
     unsafe {
@@ -279,11 +237,7 @@ pub(crate) unsafe fn products(
             options(nostack, nomem)
         );
         for g in 0..groups {
-            for _ in 0..per_group.min(ahead.1 - line) {
-                // A prefetch faults on nothing.
-                _mm_prefetch::<_MM_HINT_T1>(ahead.0.wrapping_add(line * 64).cast());
-                line += 1;
-            }
+            ahead.prefetch(g);
             asm!(
                 "tileloadd tmm4, [{a0} + {lda0}*1]",
                 "tileloadd tmm5, [{a1} + {lda1}*1]",

@@ -698,25 +698,90 @@ pub(crate) unsafe fn vnni_tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     // the first tile of each block of panels would wait for all of its weights (on a Xeon,
     // `gemm_rate --gemms --cold`, BERT's batch-1 FFN product, median of six runs interleaved
     // with a build without it: 303 → 349 GOP/s; 515 with its weights in a cache).
-    let next = (p0 + np).min(b.panels) * b.kp * LANES..(p0 + np + NP).min(b.panels) * b.kp * LANES;
-    let lines = next.len().div_ceil(64);
-    let per_tile = lines.div_ceil(rows.len().div_ceil(MR).max(1));
-    let mut line = 0;
+    let mut ahead = Ahead::after(b, p0..p0 + np, NP, rows.len().div_ceil(MR));
     let mut i = rows.start;
     while i < rows.end {
         let mr = (rows.end - i).min(MR);
-        let count = per_tile.min(lines - line).min(b.kp / 4);
-        // Lines of b.data (a prefetch faults on nothing in any case).
-        let ahead = (b.data.as_ptr().wrapping_add(next.start + line * 64), count);
-        line += count;
+        let share = ahead.share(b.kp / 4);
         // SAFETY: as this function's contract; rows i..i + mr are within a.
-        unsafe { tiles!(i, ahead, mr, 6 5 4 3 2 1) }
+        unsafe { tiles!(i, share, mr, 6 5 4 3 2 1) }
         i += mr;
     }
 }
 
-/// `R` rows from `i0` by the `P` panels from `p0`, prefetching the `ahead.1` cache lines from
-/// `ahead.0` into L2 on the way (at most one per reduction group).
+/// The cache lines of the weights a kernel will read next, brought into L2 while it computes
+/// (at batch 1 every weight matrix is read once a run, from memory), handed out in even shares.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Ahead {
+    base: *const u8,
+    lines: std::ops::Range<usize>,
+    per_share: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Ahead {
+    /// The `count` panels of `b` after `panels`, in `shares` shares.
+    pub(crate) fn after(
+        b: &PackedB,
+        panels: std::ops::Range<usize>,
+        count: usize,
+        shares: usize,
+    ) -> Ahead {
+        let next = panels.end.min(b.panels)..(panels.end + count).min(b.panels);
+        let panel_lines = b.kp * LANES / 64;
+        let lines = next.start * panel_lines..next.end * panel_lines;
+        Ahead {
+            base: b.data.as_ptr().cast(),
+            per_share: lines.len().div_ceil(shares.max(1)),
+            lines,
+        }
+    }
+
+    /// The next share, spread over `steps` steps of the product that takes it.
+    pub(crate) fn share(&mut self, steps: usize) -> Share {
+        let count = self.per_share.min(self.lines.len());
+        let share = Share {
+            first: self.base.wrapping_add(self.lines.start * 64),
+            count,
+            per_step: count.div_ceil(steps.max(1)),
+        };
+        self.lines.start += count;
+        share
+    }
+}
+
+/// `count` cache lines from `first` to bring into L2, `per_step` at each step of a product.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Share {
+    first: *const u8,
+    count: usize,
+    per_step: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Share {
+    /// No lines.
+    pub(crate) const NONE: Share = Share {
+        first: std::ptr::null(),
+        count: 0,
+        per_step: 0,
+    };
+
+    /// Asks for the lines of step `step`.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, step: usize) {
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+        let end = ((step + 1) * self.per_step).min(self.count);
+        for line in (step * self.per_step).min(end)..end {
+            // SAFETY: every x86-64 CPU has SSE, and a prefetch faults on nothing.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.first.wrapping_add(line * 64).cast()) };
+        }
+    }
+}
+
+/// `R` rows from `i0` by the `P` panels from `p0`, asking for share `ahead` of the lines to
+/// come into L2 on the way, spread over the reduction groups.
 ///
 /// # Safety
 /// As [`vnni_tiles`], with rows `i0..i0 + R` within `a` and panels `p0..p0 + P` within `b`.
@@ -727,7 +792,7 @@ unsafe fn tile<const R: usize, const P: usize, O, F: Fn(usize, usize, &[i32], &m
     a: &PackedA,
     b: &PackedB,
     (i0, p0): (usize, usize),
-    ahead: (*const i8, usize),
+    ahead: Share,
     out: SharedOut<O>,
     f: &F,
 ) {
@@ -743,9 +808,7 @@ unsafe fn tile<const R: usize, const P: usize, O, F: Fn(usize, usize, &[i32], &m
         )
     };
     for g in 0..kp / 4 {
-        if g < ahead.1 {
-            _mm_prefetch::<_MM_HINT_T1>(ahead.0.wrapping_add(g * 64));
-        }
+        ahead.prefetch(g);
         // (A loop, not a closure: closures do not inherit the target features.)
         let mut bv = [_mm512_setzero_si512(); P];
         for (q, v) in bv.iter_mut().enumerate() {

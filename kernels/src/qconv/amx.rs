@@ -10,8 +10,8 @@
 //! are copied to a stage, a row of the reduction each, as im2col would lay them out.
 
 use super::{Byte, Image, RUN_MAX, Requantize, Requantize16};
-use crate::qamx::{self, Ahead, Rows, TILE_K, TILE_ROWS};
-use crate::qgemm::{LANES, PackedB, SharedOut};
+use crate::qamx::{self, Rows, TILE_K, TILE_ROWS};
+use crate::qgemm::{LANES, PackedB, Share, SharedOut};
 use std::ops::Range;
 
 /// The fewest rows of a last register tile worth computing on AMX (its 32 rows cost as much
@@ -177,15 +177,7 @@ pub(super) unsafe fn tiles<O: Byte>(
                 // inside it) or the stage (16 rows of `width` bytes); each panel's `width / 4`
                 // groups of 16 × 4 bytes lie within w.data (a panel before the last reads
                 // into the next) or the padded copy of the last.
-                unsafe {
-                    qamx::products(
-                        halves,
-                        pair.map(panel),
-                        groups,
-                        &mut sums,
-                        Ahead::none().share(),
-                    )
-                };
+                unsafe { qamx::products(halves, pair.map(panel), groups, &mut sums, Share::NONE) };
                 for (q, quarter) in sums.chunks_exact(TILE_ROWS * LANES).enumerate() {
                     let (h, panel) = (q / 2, p + q % 2);
                     if panel >= panels.end {
