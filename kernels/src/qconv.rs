@@ -12,7 +12,7 @@
 //! rows instead: `kw·C` bytes of the image, rounded up to four with zero weights, so
 //! `k = ky·run + kx·C + c` ([`pack_filter`] chooses).
 //!
-//! Where the CPU has AMX, the products run on its tiles ([`amx`]), reading the same windows.
+//! Where the CPU has AMX, the products run on its tiles (module `amx`), reading the same windows.
 //!
 //! The weights' zero points must be zero (symmetric int8 weights, as onnxruntime's quantizer
 //! writes them); the activations' zero point comes out of the sum as `zx·Σw` per output
