@@ -510,6 +510,7 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
             axis: -1,
             log: false,
             legacy: false,
+            scale: 1.0,
         },
         vec![r.tensor(&[2, 12, 128, 128], -8.0, 8.0)],
     ));
@@ -520,6 +521,7 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
             axis: -1,
             log: true,
             legacy: false,
+            scale: 1.0,
         },
         vec![r.tensor(&[4, 1000], -8.0, 8.0)],
     ));
@@ -530,6 +532,7 @@ fn kernel_cases(r: &mut Lcg) -> Vec<Case> {
             axis: 1,
             log: false,
             legacy: true,
+            scale: 1.0,
         },
         vec![r.tensor(&[3, 4, 5], -3.0, 3.0)],
     ));

@@ -20,21 +20,35 @@ pub fn softmax_rows(threads: usize, data: &mut [f32], len: usize, log: bool) {
     rows(threads, data, len, |r| {
         crate::wide::wide(
             #[inline(always)]
-            || softmax_row(InPlace(r), log),
+            || softmax_row(InPlace(r), log, 1.0),
         )
     });
 }
 
-/// [`softmax_rows`] of `src` into `dst`: one pass over memory fewer than a copy and
-/// [`softmax_rows`]. The same results.
+/// [`softmax_rows`] of `scale · src` into `dst`: one pass over memory fewer than a copy and
+/// [`softmax_rows`], and than a product by `scale` before it (attention's `1/√d`). The same
+/// results as those passes: each `scale · x` is rounded to f32 as the product would be, and
+/// since multiplying by a positive number keeps the order, the largest product is `scale`
+/// times the largest value.
 ///
 /// # Panics
-/// If the slices differ in length.
-pub fn softmax_rows_into(threads: usize, src: &[f32], dst: &mut [f32], len: usize, log: bool) {
+/// If the slices differ in length, or `scale` is not positive and finite.
+pub fn softmax_rows_into(
+    threads: usize,
+    src: &[f32],
+    dst: &mut [f32],
+    len: usize,
+    log: bool,
+    scale: f32,
+) {
     assert_eq!(
         src.len(),
         dst.len(),
         "softmax source and destination lengths"
+    );
+    assert!(
+        scale > 0.0 && scale.is_finite(),
+        "softmax input scale {scale}"
     );
     if len == 0 {
         return;
@@ -42,7 +56,7 @@ pub fn softmax_rows_into(threads: usize, src: &[f32], dst: &mut [f32], len: usiz
     let run = |(d, s): (&mut [f32], &[f32])| {
         crate::wide::wide(
             #[inline(always)]
-            || softmax_row(OutOfPlace(s, d), log),
+            || softmax_row(OutOfPlace(s, d), log, scale),
         )
     };
     if threads > 1 && dst.len() >= crate::PAR_MIN_WORK {
@@ -54,15 +68,15 @@ pub fn softmax_rows_into(threads: usize, src: &[f32], dst: &mut [f32], len: usiz
     }
 }
 
-/// The softmax of one row, where `row` puts it.
+/// The softmax of one row times `scale` (positive), where `row` puts it.
 #[inline(always)]
-fn softmax_row<'a>(row: impl Elements<'a>, log: bool) {
-    let m = lane_max(row.source());
+fn softmax_row<'a>(row: impl Elements<'a>, log: bool, scale: f32) {
+    let m = scale * lane_max(row.source());
     if log {
-        let ls = lane_sum(row.source(), |v| crate::activation::exp(v - m)).ln();
-        row.map(|v| v - m - ls);
+        let ls = lane_sum(row.source(), |v| crate::activation::exp(v * scale - m)).ln();
+        row.map(|v| v * scale - m - ls);
     } else {
-        let out = row.map(|v| crate::activation::exp(v - m));
+        let out = row.map(|v| crate::activation::exp(v * scale - m));
         let inv = 1.0 / lane_sum(out, |v| v);
         out.iter_mut().for_each(|v| *v *= inv);
     }
@@ -173,6 +187,31 @@ mod tests {
         assert!((a[5] - 1.0).abs() < 1e-6);
         for (x, y) in a.iter().zip(&b) {
             assert!((x.ln() - y).abs() < 1e-4 || *x == 0.0);
+        }
+    }
+
+    #[test]
+    fn a_scaled_softmax_is_the_product_then_the_softmax_bit_for_bit() {
+        // Negative values, a -inf, a NaN, and products that round, overflow to inf or go
+        // subnormal.
+        let len = 21;
+        let mut x: Vec<f32> = crate::gemm::lcg(3, 3 * len)
+            .iter()
+            .map(|v| v * 50.0)
+            .collect();
+        x[4] = f32::NEG_INFINITY;
+        x[len + 7] = f32::NAN;
+        x[2 * len + 1] = 3e38;
+        for scale in [0.125, 0.3, 1.0, 7.7, 1e-40, 1e30] {
+            for log in [false, true] {
+                let mut want: Vec<f32> = x.iter().map(|v| v * scale).collect();
+                softmax_rows(1, &mut want, len, log);
+                let mut got = vec![0.0; x.len()];
+                softmax_rows_into(2, &x, &mut got, len, log, scale);
+                for (w, g) in want.iter().zip(&got) {
+                    assert_eq!(w.to_bits(), g.to_bits(), "scale {scale} log {log}");
+                }
+            }
         }
     }
 

@@ -62,7 +62,7 @@ pub fn loss(cx: &Cx, l: &LossAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Vec<
         ));
     }
     let log_prob = match l.softmax {
-        true => softmax(cx, x, 1, true, false)?,
+        true => softmax(cx, x, 1, true, false, 1.0)?,
         false => x.clone(),
     };
     let lp = log_prob.as_f32()?;

@@ -304,6 +304,9 @@ pub enum Op {
         axis: i64,
         log: bool,
         legacy: bool,
+        /// A positive factor the input is multiplied by first (1 as imported; set on the CPU
+        /// by `passes::scaled_softmax`).
+        scale: f32,
     },
     LayerNorm {
         axis: i64,
@@ -574,6 +577,7 @@ impl Op {
                 axis: a.int_or("axis", if opset < 13 { 1 } else { -1 })?,
                 log: op_type == "LogSoftmax",
                 legacy: opset < 13,
+                scale: 1.0,
             })),
             "LayerNormalization" => {
                 if a.int_or("stash_type", 1)? != 1 {
@@ -791,13 +795,11 @@ impl Op {
                 format!("{kind}{}", if *nhwc { "(NHWC)" } else { "" })
             }
             Op::Lrn { .. } => "LRN".into(),
-            Op::Softmax { log, .. } => {
-                if *log {
-                    "LogSoftmax".into()
-                } else {
-                    "Softmax".into()
-                }
-            }
+            Op::Softmax { log, scale, .. } => format!(
+                "{}{}",
+                if *log { "LogSoftmax" } else { "Softmax" },
+                if *scale != 1.0 { "(scaled)" } else { "" }
+            ),
             Op::LayerNorm { .. } => "LayerNormalization".into(),
             Op::RmsNorm { .. } => "RMSNormalization".into(),
             Op::Attention(_) => "Attention".into(),
@@ -1003,9 +1005,19 @@ impl Op {
                 beta,
                 bias,
             } => one(norm::lrn(input(inputs, 0)?, *size, *alpha, *beta, *bias)),
-            Op::Softmax { axis, log, legacy } => {
-                one(norm::softmax(cx, input(inputs, 0)?, *axis, *log, *legacy))
-            }
+            Op::Softmax {
+                axis,
+                log,
+                legacy,
+                scale,
+            } => one(norm::softmax(
+                cx,
+                input(inputs, 0)?,
+                *axis,
+                *log,
+                *legacy,
+                *scale,
+            )),
             Op::LayerNorm { axis, eps, stats } => norm::layer_norm(cx, inputs, *axis, *eps, *stats),
             Op::RmsNorm { axis, eps } => one(norm::rms_norm(cx, inputs, *axis, *eps)),
             Op::Attention(a) => attention::attention(cx, a, inputs),

@@ -151,12 +151,24 @@ pub fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> OpResul
     Tensor::f32(x.shape.clone(), out)
 }
 
-pub fn softmax(cx: &Cx, x: &Tensor, axis: i64, log: bool, legacy: bool) -> OpResult<Tensor> {
+/// Softmax (or LogSoftmax) of `scale · x` (`scale` positive and finite; only f32 inputs are
+/// ever scaled).
+pub fn softmax(
+    cx: &Cx,
+    x: &Tensor,
+    axis: i64,
+    log: bool,
+    legacy: bool,
+    scale: f32,
+) -> OpResult<Tensor> {
     if x.rank() == 0 {
         return shape_err("Softmax of a scalar");
     }
     let axis = norm_axis(axis, x.rank())?;
     if let Data::F64(v) = &x.data {
+        if scale != 1.0 {
+            return Err(OpError::Unsupported("a scaled float64 Softmax".into()));
+        }
         return softmax_f64(x, v, axis, log, legacy);
     }
     let mut out = cx.take_f32(x.len());
@@ -168,9 +180,11 @@ pub fn softmax(cx: &Cx, x: &Tensor, axis: i64, log: bool, legacy: bool) -> OpRes
     if legacy || inner == 1 {
         // Before opset 13 the input is coerced to 2-D at `axis`; otherwise the axis is last.
         let len: usize = x.shape[axis..].iter().product();
-        softmax_rows_into(cx.threads, x.as_f32()?, &mut out, len, log);
+        softmax_rows_into(cx.threads, x.as_f32()?, &mut out, len, log, scale);
     } else {
-        out.copy_from_slice(x.as_f32()?);
+        for (o, &v) in out.iter_mut().zip(x.as_f32()?) {
+            *o = v * scale;
+        }
         let n = x.shape[axis];
         let mut row = vec![0.0f32; n];
         for block in out.chunks_mut(n * inner) {

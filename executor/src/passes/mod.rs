@@ -3,7 +3,7 @@
 //! included, under symbolic dimensions), constant bias Adds and BatchNorm folded into the
 //! producing Conv, Erf-form GELU and written-out hard-swish (on the CPU, SiLU too) recognised, constant bias fused into
 //! MatMul, residual Adds fused into the producing Conv, activations fused into the producing
-//! Conv/Gemm/MatMul, a 1x1 Conv fused into the depthwise Conv after it and then the 1x1 Conv
+//! Conv/Gemm/MatMul, (on the CPU) a scalar scaling of Softmax's input folded into it, a 1x1 Conv fused into the depthwise Conv after it and then the 1x1 Conv
 //! after the pair (MobileNet's whole inverted residual block), dead-node removal. On the CPU,
 //! chains of convolutions go NHWC and MatMuls by constant matrices hold them packed.
 mod bias;
@@ -18,6 +18,7 @@ mod pack_matmul;
 mod pointwise_depthwise;
 mod qdq;
 mod residual;
+mod scaled_softmax;
 mod shapes;
 mod swish;
 mod transposes;
@@ -33,6 +34,7 @@ pub use nhwc::nhwc_convolutions;
 pub use pack_matmul::pack_matmul_weights;
 pub use pointwise_depthwise::fuse_pointwise_depthwise;
 pub use residual::fuse_residual_add;
+pub use scaled_softmax::fuse_scaled_softmax;
 pub use shapes::{batch_refusal, fold_shapes, separable_batch};
 pub use swish::fuse_swish;
 
@@ -64,6 +66,7 @@ fn rewrite(g: &mut Graph, cpu: bool) {
     fuse_hard_swish(g);
     if cpu {
         fuse_swish(g);
+        fuse_scaled_softmax(g);
     }
     remove_dead(g);
     fuse_matmul_bias(g);

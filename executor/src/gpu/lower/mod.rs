@@ -232,7 +232,13 @@ fn dispatch(op: &Op, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowered<()
         Op::Pool(p) => pool::pool(p, ins, cx),
         Op::GlobalPool { max, nhwc: false } => pool::global(*max, ins, cx),
         Op::GlobalPool { nhwc: true, .. } => decline("an NHWC global pool"),
-        Op::Softmax { axis, log, legacy } => norm::softmax(*axis, *log, *legacy, ins, cx),
+        Op::Softmax {
+            axis,
+            log,
+            legacy,
+            scale,
+        } if *scale == 1.0 => norm::softmax(*axis, *log, *legacy, ins, cx),
+        Op::Softmax { .. } => decline("a Softmax of a scaled input"),
         Op::LayerNorm {
             axis,
             eps,
