@@ -1,9 +1,10 @@
 //! Graph rewrite passes, run in order by [`optimize`]: quantized (QDQ) patterns to integer
 //! ops, the NCHW/NHWC transposes between them cancelled, constant folding (shape subgraphs
 //! included, under symbolic dimensions), constant bias Adds and BatchNorm folded into the
-//! producing Conv, Erf-form GELU and written-out hard-swish (on the CPU, SiLU too) recognised, constant bias fused into
+//! producing Conv, Erf-form GELU and written-out hard-swish (on the CPU, SiLU too) recognised,
+//! (on the CPU) a scalar scaling of Softmax's input folded into it, constant bias fused into
 //! MatMul, residual Adds fused into the producing Conv, activations fused into the producing
-//! Conv/Gemm/MatMul, (on the CPU) a scalar scaling of Softmax's input folded into it, a 1x1 Conv fused into the depthwise Conv after it and then the 1x1 Conv
+//! Conv/Gemm/MatMul, a 1x1 Conv fused into the depthwise Conv after it and then the 1x1 Conv
 //! after the pair (MobileNet's whole inverted residual block), dead-node removal. On the CPU,
 //! chains of convolutions go NHWC and MatMuls by constant matrices hold them packed.
 mod bias;
