@@ -30,6 +30,7 @@ pub mod qconv;
 pub mod qgemm;
 #[cfg(target_arch = "x86_64")]
 pub mod quantize;
+mod split;
 pub mod wide;
 
 /// Seeded pseudo-random bytes for the kernels' tests.

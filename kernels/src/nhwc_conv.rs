@@ -233,17 +233,16 @@ fn conv_on(
     let kc = (BLOCK_WEIGHTS / (NP * panel_bytes)).min(k);
     let nb = (BLOCK_WEIGHTS / (kc * panel_bytes) / NP * NP).max(NP);
     let row_tiles = rows.div_ceil(MR);
-    let wanted = if threads > 1 && rows * p.m * k >= crate::PAR_MIN_WORK {
-        2 * threads
-    } else {
-        1
+    let groups = f.panels().div_ceil(NP);
+    // Tasks over row tiles by groups of NP panels, as even as they divide (`split::grid`).
+    let threads = match rows * p.m * k >= crate::PAR_MIN_WORK {
+        true => threads,
+        false => 1,
     };
-    // Tasks over rows, and where there are too few rows for them (a matrix product of one
-    // row), over groups of NP panels as well.
-    let row_tasks = wanted.min(row_tiles);
-    let panel_tasks = (wanted / row_tasks).min(f.panels().div_ceil(NP)).max(1);
+    let (row_tasks, panel_tasks) =
+        crate::split::grid(threads, row_tiles, groups, 4 * x.len(), f.bytes());
     let tiles_per = row_tiles.div_ceil(row_tasks);
-    let panels_per = f.panels().div_ceil(NP).div_ceil(panel_tasks) * NP;
+    let panels_per = groups.div_ceil(panel_tasks) * NP;
     let dst = SharedOut(out.as_mut_ptr());
     let run = |t: usize| {
         let (rt, pt) = (t / panel_tasks, t % panel_tasks);

@@ -409,53 +409,64 @@ pub fn qgemm_map<O: Send, F: Fn(usize, usize, &[i32], &mut [O]) + Sync>(
     let amx = crate::qamx::applies(a, b);
     #[cfg(not(target_arch = "x86_64"))]
     let amx = false;
-    // Tasks: blocks of panels by blocks of rows; columns first (each reads its own B). A block
-    // is NP panels, the VNNI register tile's; on AMX, whose register tile is two panels, it is
-    // `qamx::BLOCK_PANELS`, so that each tile of rows is read from L2 once for more columns.
+    // A task takes blocks of panels in turn, each over all of its rows. A block is NP panels,
+    // the VNNI register tile's; on AMX it is `qamx::BLOCK_PANELS`, so that each tile of rows is
+    // read from L2 once for more columns.
     #[cfg(target_arch = "x86_64")]
-    let np = if amx { crate::qamx::BLOCK_PANELS } else { NP };
-    #[cfg(not(target_arch = "x86_64"))]
-    let np = NP;
-    let blocks = b.panels.div_ceil(np);
-    let row_tasks = if blocks >= 2 * threads {
-        1
-    } else {
-        (2 * threads).div_ceil(blocks).min(m.div_ceil(MR))
+    let (np, unit, mr) = match amx {
+        true => (crate::qamx::BLOCK_PANELS, 2, 2 * crate::qamx::TILE_ROWS),
+        false => (NP, NP, MR),
     };
-    let rows_per = m.div_ceil(row_tasks).div_ceil(MR) * MR;
+    #[cfg(not(target_arch = "x86_64"))]
+    let (np, unit, mr) = (NP, NP, MR);
+    // Tasks over whole register tiles: rows in AMX's 32 (a task's rows split at 66 of 128 left
+    // 32 of them to the VNNI kernel, a third of each of bert_int8's batch-1 products on two
+    // threads), columns in the tile's panels (`split::grid`).
+    let threads = match m * n * b.k >= crate::PAR_MIN_WORK {
+        true => threads,
+        false => 1,
+    };
+    let (row_units, col_units) = (m.div_ceil(mr), b.panels.div_ceil(unit));
+    let (row_tasks, col_tasks) =
+        crate::split::grid(threads, row_units, col_units, m * b.k, n * b.k);
+    let rows_per = row_units.div_ceil(row_tasks) * mr;
+    let panels_per = col_units.div_ceil(col_tasks) * unit;
     let run = |t: usize| {
-        let (block, rt) = (t / row_tasks, t % row_tasks);
+        let (ct, rt) = (t / row_tasks, t % row_tasks);
         let rows = (rt * rows_per).min(m)..((rt + 1) * rows_per).min(m);
-        let panels = block * np..((block + 1) * np).min(b.panels);
-        if amx {
-            // SAFETY: `qamx::applies` holds; as below.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                crate::qamx::tiles(a, b, rows, panels, out, &f)
+        let mine = (ct * panels_per).min(b.panels)..((ct + 1) * panels_per).min(b.panels);
+        for p0 in mine.clone().step_by(np) {
+            let (rows, panels) = (rows.clone(), p0..(p0 + np).min(mine.end));
+            if amx {
+                // SAFETY: `qamx::applies` holds; as below.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    crate::qamx::tiles(a, b, rows, panels, out, &f)
+                }
+            } else if vnni {
+                // SAFETY: the CPU has AVX-512F/BW/VNNI (`vnni`); `a` and `b` hold their padded
+                // sizes by construction and `out` is `m × n` (asserted above); tasks write
+                // disjoint (rows, panels) tiles.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    vnni_tiles(a, b, rows, panels, out, &f)
+                }
+            } else if avx2 {
+                // SAFETY: the CPU has AVX2; as above.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    avx2_tiles(a, b, rows, panels, out, &f)
+                }
+            } else {
+                portable_tiles(a, b, rows, panels, out, &f)
             }
-        } else if vnni {
-            // SAFETY: the CPU has AVX-512F/BW/VNNI (`vnni`); `a` and `b` hold their padded
-            // sizes by construction and `out` is `m × n` (asserted above); tasks write
-            // disjoint (rows, panels) tiles.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                vnni_tiles(a, b, rows, panels, out, &f)
-            }
-        } else if avx2 {
-            // SAFETY: the CPU has AVX2; as above.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                avx2_tiles(a, b, rows, panels, out, &f)
-            }
-        } else {
-            portable_tiles(a, b, rows, panels, out, &f)
         }
     };
-    let tasks = blocks * row_tasks;
-    if threads > 1 && tasks > 1 && m * n * b.k >= crate::PAR_MIN_WORK {
+    let tasks = row_tasks * col_tasks;
+    if tasks > 1 {
         (0..tasks).into_par_iter().for_each(run);
     } else {
-        (0..tasks).for_each(run);
+        run(0);
     }
 }
 
@@ -997,6 +1008,8 @@ mod tests {
         (64, 16, 64),
         // More panels than a task of AMX tiles takes (16), the last odd, with rows below.
         (45, 300, 128),
+        // On two threads, column tasks of more than one block of 16 panels.
+        (64, 1100, 64),
         (0, 4, 4),
         (4, 0, 4),
         (4, 4, 0),
