@@ -105,12 +105,12 @@ pub fn inverted_residual_nhwc(
     // Output rows per band: as many as keep the expanded rows they read within BAND_BYTES.
     let expanded_row = p2.w * p2.c * 4;
     let band = (BAND_BYTES / expanded_row / p2.sh).max(1).min(p2.oh);
-    // Row ranges per image: enough for every thread when the batch is smaller than the budget.
-    let ranges = if threads > 1 {
-        (2 * threads).div_ceil(p2.n).min(p2.oh)
-    } else {
-        1
-    };
+    // Row ranges per image: one per thread when the batch is smaller than the budget, no
+    // more. Each range expands the rows its first and last windows share with its neighbours
+    // again: a 7x7 block as four ranges of 2, 2, 2 and 1 rows expands 13 rows for 7, and one
+    // of two threads does 4 rows and expands 7; as two ranges of 4 and 3 rows they expand 5
+    // and 4 (mobilenet_v2's 7x7 blocks on two threads were slower than on one).
+    let ranges = threads.div_ceil(p2.n).min(p2.oh);
     let per = p2.oh.div_ceil(ranges);
     let dst = SharedOut(out.as_mut_ptr());
     let run = |t: usize| {
