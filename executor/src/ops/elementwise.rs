@@ -641,6 +641,78 @@ fn arith<T: Num>(
     })
 }
 
+/// [`binary`] for an op of the plan: the arithmetic of two float32 tensors where one's shape
+/// is the other's, or its trailing axes (a residual, a bias, a scalar), into a pooled buffer and
+/// split across the threads; anything else as [`binary`] does it.
+pub fn binary_in(cx: &Cx, op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
+    let done = match op {
+        Binary::Add => binary_f32(cx, a, b, |x, y| x + y),
+        Binary::Sub => binary_f32(cx, a, b, |x, y| x - y),
+        Binary::Mul => binary_f32(cx, a, b, |x, y| x * y),
+        Binary::Div => binary_f32(cx, a, b, |x, y| x / y),
+        _ => None,
+    };
+    done.unwrap_or_else(|| binary(op, a, b))
+}
+
+/// `f` of float32 `a` and `b` as [`binary_in`] describes, or `None` where they are not such.
+fn binary_f32(
+    cx: &Cx,
+    a: &Tensor,
+    b: &Tensor,
+    f: impl Fn(f32, f32) -> f32 + Copy + Sync,
+) -> Option<OpResult<Tensor>> {
+    use rayon::prelude::*;
+    let (Ok(x), Ok(y)) = (a.as_f32(), b.as_f32()) else {
+        return None;
+    };
+    // The operand of the output's shape, and the other, repeated along its leading axes.
+    let (whole, part, shape, swapped) =
+        match (a.shape.ends_with(&b.shape), b.shape.ends_with(&a.shape)) {
+            (true, _) => (x, y, &a.shape, false),
+            (false, true) => (y, x, &b.shape, true),
+            (false, false) => return None,
+        };
+    if part.is_empty() || Some(whole.len()) != checked_numel(shape).ok() {
+        return None;
+    }
+    let mut out = cx.take_f32(whole.len());
+    let same = part.len() == whole.len();
+    let piece = |at: usize, o: &mut [f32]| {
+        let w = &whole[at..at + o.len()];
+        let p = if same { &part[at..at + o.len()] } else { part };
+        match swapped {
+            false => repeat_zip(o, w, p, f),
+            true => repeat_zip(o, w, p, |w, p| f(p, w)),
+        }
+    };
+    let align = if same { 16 } else { part.len() };
+    match cx.pieces(out.len(), align) {
+        Some(len) => out
+            .par_chunks_mut(len)
+            .enumerate()
+            .for_each(|(i, o)| piece(i * len, o)),
+        None => piece(0, &mut out),
+    }
+    Some(Tensor::f32(shape.clone(), out))
+}
+
+/// `o[i] = f(w[i], p[i % p.len()])`, where `o` and `w` are whole repeats of `p`.
+#[inline(always)]
+fn repeat_zip(o: &mut [f32], w: &[f32], p: &[f32], f: impl Fn(f32, f32) -> f32) {
+    if let [v] = p {
+        for (o, &w) in o.iter_mut().zip(w) {
+            *o = f(w, *v);
+        }
+        return;
+    }
+    for (o, w) in o.chunks_exact_mut(p.len()).zip(w.chunks_exact(p.len())) {
+        for ((o, &w), &p) in o.iter_mut().zip(w).zip(p) {
+            *o = f(w, p);
+        }
+    }
+}
+
 pub fn binary(op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     let out = broadcast_shape(&a.shape, &b.shape)?;
     if op.is_bitwise() {
@@ -1029,6 +1101,51 @@ pub fn bit_cast(x: &Tensor, to: DType) -> OpResult<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pooled_arithmetic_split_across_threads_matches_the_broadcast() {
+        let values = |n: usize, seed: f32| -> Vec<f32> {
+            let mut v: Vec<f32> = (0..n)
+                .map(|i| ((i as f32 + seed) * 0.37).sin() * 5.0)
+                .collect();
+            let special = [0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-40];
+            for (i, s) in special.into_iter().enumerate() {
+                v[(i * 7919) % n] = s;
+            }
+            v
+        };
+        // The same shape, a bias over the last axis, a scalar, and the broadcast operand first.
+        let shapes: [(&[usize], &[usize]); 5] = [
+            (&[300, 130], &[300, 130]),
+            (&[300, 130], &[130]),
+            (&[40_000], &[]),
+            (&[7], &[6000, 7]),
+            (&[3, 5], &[2, 3, 5]),
+        ];
+        for (sa, sb) in shapes {
+            let a = Tensor::f32(sa.to_vec(), values(sa.iter().product(), 1.0)).unwrap();
+            let b = Tensor::f32(sb.to_vec(), values(sb.iter().product(), 2.0)).unwrap();
+            for op in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div] {
+                let want = binary(op, &a, &b).unwrap();
+                for threads in [1, 3] {
+                    let got = binary_in(&Cx::new(threads), op, &a, &b).unwrap();
+                    assert_eq!(got.shape, want.shape);
+                    let bits = |t: &Tensor| -> Vec<u32> {
+                        t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+                    };
+                    assert_eq!(bits(&got), bits(&want), "{op:?} {sa:?} {sb:?} {threads}");
+                }
+            }
+        }
+        // Shapes that broadcast otherwise, and other types, as `binary` does them.
+        let a = Tensor::f32(vec![4, 1], vec![1.0; 4]).unwrap();
+        let b = Tensor::f32(vec![1, 3], vec![2.0; 3]).unwrap();
+        let got = binary_in(&Cx::new(2), Binary::Add, &a, &b).unwrap();
+        assert_eq!(got.shape, vec![4, 3]);
+        let i = Tensor::new(vec![2], Data::I64(vec![1, 2])).unwrap();
+        let e = binary_in(&Cx::new(2), Binary::Add, &a, &i).unwrap_err();
+        assert!(e.to_string().contains("Add"), "{e}");
+    }
 
     #[test]
     fn small_powers_are_products_within_an_ulp_of_powf() {

@@ -70,6 +70,18 @@ impl Cx {
     pub fn take_u8(&self, n: usize) -> Vec<u8> {
         self.pool.borrow_mut().u8.take(n)
     }
+
+    /// The length of the pieces a pass over `n` elements splits into across the threads, a
+    /// multiple of `align`: two a thread, contiguous, so that each thread takes the half of
+    /// the activation it wrote in the op before, where that op split its rows the same way.
+    /// `None` where one thread does it all: one thread, or too little to split.
+    pub fn pieces(&self, n: usize, align: usize) -> Option<usize> {
+        /// Elements below which a memory-bound pass is not worth splitting.
+        const MIN: usize = 1 << 15;
+        let align = align.max(1);
+        let len = n.div_ceil(2 * self.threads).div_ceil(align) * align;
+        (self.threads > 1 && n >= MIN && len < n).then_some(len)
+    }
 }
 
 /// Every ONNX operator (default domain) the importer accepts.
@@ -943,7 +955,8 @@ impl Op {
             Op::BatchNorm { eps } => one(norm::batch_norm(inputs, *eps)),
             Op::Unary(u) => one(elementwise::unary(cx, *u, input(inputs, 0)?)),
             Op::Clip { min, max } => one(elementwise::clip(cx, inputs, *min, *max)),
-            Op::Binary(b) => one(elementwise::binary(
+            Op::Binary(b) => one(elementwise::binary_in(
+                cx,
                 *b,
                 input(inputs, 0)?,
                 input(inputs, 1)?,

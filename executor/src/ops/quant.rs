@@ -660,7 +660,34 @@ fn dequantize(
 
 /// uint8 quantization of `x` over its own range widened to include 0: `[y, scale, zero point]`.
 fn dynamic_quantize(cx: &Cx, x: &Tensor) -> OpResult<Vec<Tensor>> {
+    use rayon::prelude::*;
     let v = x.as_f32()?;
+    // The extremes of pieces, then of those: max and min are exact, so any split gives the
+    // sequential fold's result.
+    let (min, max) = match cx.pieces(v.len(), 16) {
+        Some(len) => v
+            .par_chunks(len)
+            .map(extremes)
+            .reduce(|| (0.0, 0.0), |a, b| (a.0.min(b.0), a.1.max(b.1))),
+        None => extremes(v),
+    };
+    let scale = if max == min { 1.0 } else { max - min } / 255.0;
+    let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
+    let mut y = cx.take_u8(v.len());
+    match cx.pieces(v.len(), 16) {
+        Some(len) => (y.par_chunks_mut(len).zip(v.par_chunks(len)))
+            .for_each(|(y, v)| quantize_u8(v, scale, zp, y)),
+        None => quantize_u8(v, scale, zp, &mut y),
+    }
+    Ok(vec![
+        Tensor::new(x.shape.clone(), Data::U8(y))?,
+        Tensor::scalar_f32(scale),
+        Tensor::new(vec![], Data::U8(vec![zp as u8]))?,
+    ])
+}
+
+/// The smallest and largest of `v` and 0, NaN ignored.
+fn extremes(v: &[f32]) -> (f32, f32) {
     // In 16 lanes, so that it vectorises: max and min ignore NaN, so any order gives the
     // sequential fold's result. Written as compares that keep the lane's value for NaN (one
     // vector max or min each), over whole arrays of 16, into extremes local to the loop:
@@ -681,15 +708,7 @@ fn dynamic_quantize(cx: &Cx, x: &Tensor) -> OpResult<Vec<Tensor>> {
     );
     let max = tail.iter().chain(&hi).fold(0.0f32, |m, &e| m.max(e));
     let min = tail.iter().chain(&lo).fold(0.0f32, |m, &e| m.min(e));
-    let scale = if max == min { 1.0 } else { max - min } / 255.0;
-    let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
-    let mut y = cx.take_u8(v.len());
-    quantize_u8(v, scale, zp, &mut y);
-    Ok(vec![
-        Tensor::new(x.shape.clone(), Data::U8(y))?,
-        Tensor::scalar_f32(scale),
-        Tensor::new(vec![], Data::U8(vec![zp as u8]))?,
-    ])
+    (min, max)
 }
 
 /// An 8-bit operand as `i16` less its zero point: one for the whole tensor, or with `per` set to
@@ -1467,6 +1486,24 @@ mod tests {
         assert_eq!(out[0].data, Data::U8(vec![100, 200, 255]));
         assert_eq!(out[1].as_f32().unwrap(), &[0.01]);
         assert_eq!(out[2].data, Data::U8(vec![0]));
+    }
+
+    #[test]
+    fn dynamic_quantization_split_across_threads_matches_one_thread() {
+        // Enough to split, with the extremes in the last piece and a NaN in the first.
+        let mut v: Vec<f32> = (0..100_003)
+            .map(|i| (i as f32 * 0.013).sin() * 3.0)
+            .collect();
+        v[5] = f32::NAN;
+        v[99_000] = 11.0;
+        v[100_002] = -4.5;
+        let x = Tensor::f32(vec![100_003], v).unwrap();
+        let one = dynamic_quantize(&Cx::new(1), &x).unwrap();
+        let three = dynamic_quantize(&Cx::new(3), &x).unwrap();
+        assert_eq!(one[1].as_f32().unwrap(), &[(11.0f32 + 4.5) / 255.0]);
+        for (a, b) in one.iter().zip(&three) {
+            assert_eq!(a.data, b.data);
+        }
     }
 
     #[test]

@@ -464,8 +464,9 @@ fn broadcast_index(shape: &[usize], out: &[usize]) -> Vec<usize> {
     broadcast_map(&iota, shape, &[0usize], &[1], out, |i, _| i)
 }
 
-pub fn transpose(x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
-    let r = x.rank();
+/// Transpose's permutation of `r` axes: `perm`, or the axes reversed; an error unless it
+/// names each axis once.
+fn checked_perm(r: usize, perm: Option<&[usize]>) -> OpResult<Vec<usize>> {
     let perm: Vec<usize> = perm.map_or_else(|| (0..r).rev().collect(), <[usize]>::to_vec);
     let mut seen = vec![false; r];
     if perm.len() != r
@@ -475,6 +476,11 @@ pub fn transpose(x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
     {
         return shape_err(format!("Transpose perm {perm:?} for rank {r}"));
     }
+    Ok(perm)
+}
+
+pub fn transpose(x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
+    let perm = checked_perm(x.rank(), perm)?;
     let out: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
     if let Some((batch, rows, cols)) = matrix_transposes(&x.shape, &perm) {
         return Ok(Tensor {
@@ -521,19 +527,36 @@ fn transpose_matrices<T: Copy>(src: &[T], batch: usize, rows: usize, cols: usize
 }
 
 /// [`transpose`] of an f32 tensor into a buffer from the run's pool (a transpose between
-/// layouts moves whole activations: a fresh buffer would be paged in on every run).
+/// layouts moves whole activations: a fresh buffer would be paged in on every run), split
+/// across the threads.
 pub fn transpose_pooled(cx: &super::Cx, x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
-    let matrices = perm.and_then(|p| matrix_transposes(&x.shape, p));
-    let (Some((batch, rows, cols)), Ok(src)) = (matrices, x.as_f32()) else {
+    use rayon::prelude::*;
+    let Ok(src) = x.as_f32() else {
         return transpose(x, perm);
     };
-    let shape = perm
-        .unwrap_or_default()
-        .iter()
-        .map(|&p| x.shape[p])
-        .collect();
-    let mut dst = cx.take_f32(batch * rows * cols);
-    transpose_matrices_into(src, &mut dst, rows, cols);
+    let perm = &checked_perm(x.rank(), perm)?[..];
+    let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    let n = src.len();
+    let mut dst = cx.take_f32(n);
+    if let Some((_, rows, cols)) = matrix_transposes(&x.shape, perm) {
+        let size = rows * cols;
+        match cx.pieces(n, size) {
+            Some(len) => (dst.par_chunks_mut(len).zip(src.par_chunks(len)))
+                .for_each(|(d, s)| transpose_matrices_into(s, d, rows, cols)),
+            None => transpose_matrices_into(src, &mut dst, rows, cols),
+        }
+        return Tensor::f32(shape, dst);
+    }
+    let st = strides(&x.shape);
+    let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let inner = shape.last().copied().unwrap_or(1).max(1);
+    match cx.pieces(n, inner) {
+        Some(len) => dst
+            .par_chunks_mut(len)
+            .enumerate()
+            .for_each(|(i, d)| permute_rows(src, &shape, &pst, i * len / inner, d)),
+        None => permute_rows(src, &shape, &pst, 0, &mut dst),
+    }
     Tensor::f32(shape, dst)
 }
 
@@ -578,6 +601,44 @@ fn few_rows<T: Copy, const R: usize>(s: &[T], d: &mut [T]) {
     for (j, out) in d.chunks_exact_mut(R).enumerate() {
         for (o, row) in out.iter_mut().zip(&rows) {
             *o = row[j];
+        }
+    }
+}
+
+/// Rows `first..` of [`permute`] (rows of `out`'s last axis) into `dst`, as many as it holds.
+fn permute_rows<T: Copy>(src: &[T], out: &[usize], pst: &[usize], first: usize, dst: &mut [T]) {
+    let Some((&inner, outer)) = out.split_last() else {
+        dst.copy_from_slice(&src[..dst.len()]);
+        return;
+    };
+    if dst.is_empty() {
+        return;
+    }
+    let is = pst[out.len() - 1];
+    // Where row `first` starts: its index along each outer axis, and the element it reads.
+    let mut pos = vec![0usize; outer.len()];
+    let mut rest = first;
+    for ax in (0..outer.len()).rev() {
+        pos[ax] = rest % outer[ax];
+        rest /= outer[ax];
+    }
+    let mut base: usize = pos.iter().zip(pst).map(|(p, s)| p * s).sum();
+    for d in dst.chunks_exact_mut(inner) {
+        if is == 1 {
+            d.copy_from_slice(&src[base..base + inner]);
+        } else {
+            for (d, s) in d.iter_mut().zip(src[base..].iter().step_by(is)) {
+                *d = *s;
+            }
+        }
+        for ax in (0..outer.len()).rev() {
+            pos[ax] += 1;
+            base += pst[ax];
+            if pos[ax] < out[ax] {
+                break;
+            }
+            base -= pst[ax] * out[ax];
+            pos[ax] = 0;
         }
     }
 }
@@ -1333,6 +1394,32 @@ mod tests {
         let x = Tensor::f32(vec![6], vec![0.0; 6]).unwrap();
         let e = transpose_pooled(&cx, &x, Some(&[0, 3, 1, 2])).unwrap_err();
         assert!(e.to_string().contains("Transpose perm"), "{e}");
+    }
+
+    #[test]
+    fn pooled_transposes_split_across_threads_match_the_element_walk() {
+        // Large enough to split: attention's heads, NCHW to NHWC, the axes reversed (no perm),
+        // and a row of one element.
+        let cases: [(&[usize], Option<&[usize]>); 4] = [
+            (&[2, 128, 4, 64], Some(&[0, 2, 1, 3])),
+            (&[4, 16, 32, 33], Some(&[0, 2, 3, 1])),
+            (&[17, 45, 60], None),
+            (&[40_000, 1], Some(&[0, 1])),
+        ];
+        for (shape, perm) in cases {
+            let n: usize = shape.iter().product();
+            let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+            let t = Tensor::f32(shape.to_vec(), x.clone()).unwrap();
+            let want = transpose(&t, perm).unwrap();
+            for threads in [1, 3] {
+                let got = transpose_pooled(&crate::ops::Cx::new(threads), &t, perm).unwrap();
+                assert_eq!(got.shape, want.shape, "{shape:?} {perm:?}");
+                assert_eq!(
+                    got.data, want.data,
+                    "{shape:?} {perm:?} on {threads} threads"
+                );
+            }
+        }
     }
 
     #[test]
