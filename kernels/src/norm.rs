@@ -82,25 +82,41 @@ fn softmax_row<'a>(row: impl Elements<'a>, log: bool, scale: f32) {
     }
 }
 
-/// Layer normalisation of every row of length `len`, in place: `(x - mean) / sqrt(var + eps) * g + b`.
-pub fn layer_norm_rows(
+/// Layer normalisation of every contiguous row of `src` (length `len`) into `dst`: `(x - mean)
+/// / sqrt(var + eps) · gamma + beta`. Each row is copied, then normalised in place, split across
+/// the threads with the copy.
+///
+/// # Panics
+/// If `gamma` or `beta` is not `len` long, or `src` and `dst` differ in length.
+pub fn layer_norm_rows_into(
     threads: usize,
-    data: &mut [f32],
+    src: &[f32],
+    dst: &mut [f32],
     len: usize,
     gamma: &[f32],
     beta: Option<&[f32]>,
     eps: f32,
 ) {
+    assert_eq!(src.len(), dst.len(), "layer norm lengths");
     assert_eq!(gamma.len(), len, "layer norm scale length");
     if let Some(b) = beta {
         assert_eq!(b.len(), len, "layer norm bias length");
     }
-    rows(threads, data, len, |r| {
+    if len == 0 {
+        return;
+    }
+    let row = |(d, s): (&mut [f32], &[f32])| {
+        d.copy_from_slice(s);
         crate::wide::wide(
             #[inline(always)]
-            || layer_norm_row(r, gamma, beta, eps),
+            || layer_norm_row(d, gamma, beta, eps),
         )
-    });
+    };
+    if threads > 1 && dst.len() >= crate::PAR_MIN_WORK {
+        (dst.par_chunks_mut(len).zip(src.par_chunks(len))).for_each(row);
+    } else {
+        dst.chunks_mut(len).zip(src.chunks(len)).for_each(row);
+    }
 }
 
 /// A row's mean and inverse standard deviation, `1 / sqrt(var + eps)`: what layer
@@ -217,8 +233,9 @@ mod tests {
 
     #[test]
     fn layer_norm_gives_zero_mean_unit_variance() {
-        let mut a: Vec<f32> = (0..8).map(|v| v as f32 * 3.0).collect();
-        layer_norm_rows(1, &mut a, 8, &[1.0; 8], None, 0.0);
+        let x: Vec<f32> = (0..8).map(|v| v as f32 * 3.0).collect();
+        let mut a = vec![0.0; 8];
+        layer_norm_rows_into(1, &x, &mut a, 8, &[1.0; 8], None, 0.0);
         let mean: f32 = a.iter().sum::<f32>() / 8.0;
         let var: f32 = a.iter().map(|v| v * v).sum::<f32>() / 8.0;
         assert!(mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4);
@@ -268,8 +285,8 @@ mod tests {
         let (gamma, beta): (Vec<f32>, Vec<f32>) = (0..len)
             .map(|i| (1.0 + i as f32 / 10.0, i as f32 - 3.0))
             .unzip();
-        let mut got = x.clone();
-        layer_norm_rows(2, &mut got, len, &gamma, Some(&beta), 1e-5);
+        let mut got = vec![0.0; x.len()];
+        layer_norm_rows_into(2, &x, &mut got, len, &gamma, Some(&beta), 1e-5);
         for (row, out) in x.chunks(len).zip(got.chunks(len)) {
             let mean = row.iter().map(|&v| v as f64).sum::<f64>() / len as f64;
             let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / len as f64;

@@ -9,7 +9,7 @@ use super::{Cx, input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{DType, Data, Tensor, axis_in, checked_numel, norm_axis};
 use cotenant_kernels::norm::{
-    layer_norm_rows, mean_inv_std, rms_norm_rows, softmax_rows, softmax_rows_into,
+    layer_norm_rows_into, mean_inv_std, rms_norm_rows, softmax_rows, softmax_rows_into,
 };
 
 /// The mean (or another reduction) of `x` over `axes`, keeping them as axes of size 1.
@@ -244,11 +244,8 @@ pub fn layer_norm(
     let gamma = expand(input(inputs, 1)?)?;
     let beta = opt_input(inputs, 2).map(expand).transpose()?;
     let src = x.as_f32()?;
-    let mut out = src.to_vec();
-    // Rows of length 0 would split nothing; there is nothing to normalise.
-    if len > 0 {
-        layer_norm_rows(cx.threads, &mut out, len, &gamma, beta.as_deref(), eps);
-    }
+    let mut out = cx.take_f32(src.len());
+    layer_norm_rows_into(cx.threads, src, &mut out, len, &gamma, beta.as_deref(), eps);
     if !stats {
         return Ok(vec![Tensor::f32(x.shape.clone(), out)?]);
     }
