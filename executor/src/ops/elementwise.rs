@@ -1137,6 +1137,13 @@ mod tests {
                 }
             }
         }
+        // Empty operands.
+        for (sa, sb) in [(vec![0, 5], vec![5]), (vec![3, 0], vec![0])] {
+            let a = Tensor::f32(sa.clone(), vec![0.5; sa.iter().product()]).unwrap();
+            let b = Tensor::f32(sb.clone(), vec![2.0; sb.iter().product()]).unwrap();
+            let got = binary_in(&Cx::new(2), Binary::Sub, &a, &b).unwrap();
+            assert_eq!(got, binary(Binary::Sub, &a, &b).unwrap(), "{sa:?} {sb:?}");
+        }
         // Shapes that broadcast otherwise, and other types, as `binary` does them.
         let a = Tensor::f32(vec![4, 1], vec![1.0; 4]).unwrap();
         let b = Tensor::f32(vec![1, 3], vec![2.0; 3]).unwrap();

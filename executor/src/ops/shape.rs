@@ -648,33 +648,8 @@ fn permute_rows<T: Copy>(src: &[T], out: &[usize], pst: &[usize], first: usize, 
 /// (attention's `[B, S, H, D] -> [B, H, S, D]`).
 fn permute<T: Copy>(src: &[T], out: &[usize], pst: &[usize]) -> Vec<T> {
     let n: usize = out.iter().product();
-    let mut dst = Vec::with_capacity(n);
-    let Some((&inner, outer)) = out.split_last() else {
-        dst.extend_from_slice(&src[..n]);
-        return dst;
-    };
-    if n == 0 {
-        return dst;
-    }
-    let is = pst[out.len() - 1];
-    let mut pos = vec![0usize; outer.len()];
-    let mut base = 0usize;
-    for _ in 0..n / inner {
-        if is == 1 {
-            dst.extend_from_slice(&src[base..base + inner]);
-        } else {
-            dst.extend(src[base..].iter().step_by(is).take(inner));
-        }
-        for ax in (0..outer.len()).rev() {
-            pos[ax] += 1;
-            base += pst[ax];
-            if pos[ax] < out[ax] {
-                break;
-            }
-            base -= pst[ax] * out[ax];
-            pos[ax] = 0;
-        }
-    }
+    let mut dst = src[..n].to_vec();
+    permute_rows(src, out, pst, 0, &mut dst);
     dst
 }
 
@@ -1399,12 +1374,15 @@ mod tests {
     #[test]
     fn pooled_transposes_split_across_threads_match_the_element_walk() {
         // Large enough to split: attention's heads, NCHW to NHWC, the axes reversed (no perm),
-        // and a row of one element.
-        let cases: [(&[usize], Option<&[usize]>); 4] = [
+        // and a row of one element; and empty ones, and a scalar.
+        let cases: [(&[usize], Option<&[usize]>); 7] = [
             (&[2, 128, 4, 64], Some(&[0, 2, 1, 3])),
             (&[4, 16, 32, 33], Some(&[0, 2, 3, 1])),
             (&[17, 45, 60], None),
             (&[40_000, 1], Some(&[0, 1])),
+            (&[0, 5, 3], Some(&[1, 0, 2])),
+            (&[4, 0], None),
+            (&[], None),
         ];
         for (shape, perm) in cases {
             let n: usize = shape.iter().product();
