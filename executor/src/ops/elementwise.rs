@@ -662,7 +662,6 @@ fn binary_f32(
     b: &Tensor,
     f: impl Fn(f32, f32) -> f32 + Copy + Sync,
 ) -> Option<OpResult<Tensor>> {
-    use rayon::prelude::*;
     let (Ok(x), Ok(y)) = (a.as_f32(), b.as_f32()) else {
         return None;
     };
@@ -686,14 +685,7 @@ fn binary_f32(
             true => repeat_zip(o, w, p, |w, p| f(p, w)),
         }
     };
-    let align = if same { 16 } else { part.len() };
-    match cx.pieces(out.len(), align) {
-        Some(len) => out
-            .par_chunks_mut(len)
-            .enumerate()
-            .for_each(|(i, o)| piece(i * len, o)),
-        None => piece(0, &mut out),
-    }
+    cx.in_pieces(&mut out, if same { 16 } else { part.len() }, piece);
     Some(Tensor::f32(shape.clone(), out))
 }
 

@@ -82,6 +82,21 @@ impl Cx {
         let len = n.div_ceil(2 * self.threads).div_ceil(align) * align;
         (self.threads > 1 && n >= MIN && len < n).then_some(len)
     }
+
+    /// `f(at, piece)` over the [`Cx::pieces`] of `out` (`at`: where the piece starts), across the
+    /// threads, or over the whole of it on this thread where it does not split.
+    pub fn in_pieces<T: Send>(
+        &self,
+        out: &mut [T],
+        align: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        use rayon::prelude::*;
+        match self.pieces(out.len(), align) {
+            Some(len) => (out.par_chunks_mut(len).enumerate()).for_each(|(i, o)| f(i * len, o)),
+            None => f(0, out),
+        }
+    }
 }
 
 /// Every ONNX operator (default domain) the importer accepts.

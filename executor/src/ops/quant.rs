@@ -674,11 +674,9 @@ fn dynamic_quantize(cx: &Cx, x: &Tensor) -> OpResult<Vec<Tensor>> {
     let scale = if max == min { 1.0 } else { max - min } / 255.0;
     let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
     let mut y = cx.take_u8(v.len());
-    match cx.pieces(v.len(), 16) {
-        Some(len) => (y.par_chunks_mut(len).zip(v.par_chunks(len)))
-            .for_each(|(y, v)| quantize_u8(v, scale, zp, y)),
-        None => quantize_u8(v, scale, zp, &mut y),
-    }
+    cx.in_pieces(&mut y, 16, |at, y| {
+        quantize_u8(&v[at..at + y.len()], scale, zp, y)
+    });
     Ok(vec![
         Tensor::new(x.shape.clone(), Data::U8(y))?,
         Tensor::scalar_f32(scale),

@@ -530,33 +530,24 @@ fn transpose_matrices<T: Copy>(src: &[T], batch: usize, rows: usize, cols: usize
 /// layouts moves whole activations: a fresh buffer would be paged in on every run), split
 /// across the threads.
 pub fn transpose_pooled(cx: &super::Cx, x: &Tensor, perm: Option<&[usize]>) -> OpResult<Tensor> {
-    use rayon::prelude::*;
     let Ok(src) = x.as_f32() else {
         return transpose(x, perm);
     };
     let perm = &checked_perm(x.rank(), perm)?[..];
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
-    let n = src.len();
-    let mut dst = cx.take_f32(n);
+    let mut dst = cx.take_f32(src.len());
     if let Some((_, rows, cols)) = matrix_transposes(&x.shape, perm) {
-        let size = rows * cols;
-        match cx.pieces(n, size) {
-            Some(len) => (dst.par_chunks_mut(len).zip(src.par_chunks(len)))
-                .for_each(|(d, s)| transpose_matrices_into(s, d, rows, cols)),
-            None => transpose_matrices_into(src, &mut dst, rows, cols),
-        }
+        cx.in_pieces(&mut dst, rows * cols, |at, d| {
+            transpose_matrices_into(&src[at..at + d.len()], d, rows, cols)
+        });
         return Tensor::f32(shape, dst);
     }
     let st = strides(&x.shape);
     let pst: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
     let inner = shape.last().copied().unwrap_or(1).max(1);
-    match cx.pieces(n, inner) {
-        Some(len) => dst
-            .par_chunks_mut(len)
-            .enumerate()
-            .for_each(|(i, d)| permute_rows(src, &shape, &pst, i * len / inner, d)),
-        None => permute_rows(src, &shape, &pst, 0, &mut dst),
-    }
+    cx.in_pieces(&mut dst, inner, |at, d| {
+        permute_rows(src, &shape, &pst, at / inner, d)
+    });
     Tensor::f32(shape, dst)
 }
 
