@@ -16,6 +16,10 @@ use cotenant_kernels::qconv::{self, Requantize, qconv_nhwc};
 use cotenant_kernels::qgemm::{PackedA, PackedB, qgemm};
 use std::time::Instant;
 
+/// As the agent runs: large buffers on cache lines.
+#[global_allocator]
+static ALLOC: cotenant_kernels::line_alloc::LineAligned = cotenant_kernels::line_alloc::LineAligned;
+
 const GEMMS: [(usize, usize, usize, &str); 7] = [
     (64, 3136, 576, "resnet50 3x3 im2col 56x56"),
     (512, 196, 4608, "resnet50 3x3 im2col 14x14"),

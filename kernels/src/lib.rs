@@ -18,6 +18,7 @@ pub mod igemm;
 pub mod inverted_residual;
 #[cfg(target_arch = "x86_64")]
 mod lanes16;
+pub mod line_alloc;
 pub mod nhwc_block;
 pub mod nhwc_conv;
 pub mod nhwc_depthwise;

@@ -16,6 +16,10 @@ mod serve;
 mod standalone;
 mod tools;
 
+/// Large buffers on cache lines, for the kernels' 64-byte loads (see `line_alloc`).
+#[global_allocator]
+static ALLOC: cotenant_kernels::line_alloc::LineAligned = cotenant_kernels::line_alloc::LineAligned;
+
 /// The cotenant agent: runs many inference models on one GPU and holds each to its latency SLO.
 #[derive(Parser, Debug)]
 #[command(name = "cotenant-agent", version, about, long_about = None)]
