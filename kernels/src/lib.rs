@@ -33,6 +33,7 @@ pub mod qgemm;
 pub mod quantize;
 mod split;
 pub mod wide;
+mod winograd;
 
 /// Seeded pseudo-random bytes for the kernels' tests.
 #[cfg(test)]

@@ -45,6 +45,8 @@ pub struct NhwcFilter {
     kh: usize,
     kw: usize,
     data: Vec<f32>,
+    /// The Winograd transform of a 3x3 filter that [`winograd`](crate::winograd) takes.
+    winograd: Option<Box<crate::winograd::Filter>>,
 }
 
 impl std::fmt::Debug for NhwcFilter {
@@ -70,7 +72,16 @@ impl NhwcFilter {
                 panel[(t * c + ci) * LANES + j % LANES] = w;
             }
         }
-        NhwcFilter { m, c, kh, kw, data }
+        let winograd = ((kh, kw) == (3, 3) && crate::winograd::Filter::fits(m, c))
+            .then(|| Box::new(crate::winograd::Filter::new(weight, m, c)));
+        NhwcFilter {
+            m,
+            c,
+            kh,
+            kw,
+            data,
+            winograd,
+        }
     }
 
     /// Packs the matrix `b` (`[k, n]`, row-major) as the weights of the 1x1 convolution that
@@ -91,11 +102,12 @@ impl NhwcFilter {
             kh: 1,
             kw: 1,
             data,
+            winograd: None,
         }
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() * 4
+        self.data.len() * 4 + self.winograd.as_ref().map_or(0, |w| w.bytes())
     }
 
     /// The weights' shape as ONNX gives it, `[m, c, kh, kw]`.
@@ -218,6 +230,16 @@ fn conv_on(
 ) {
     assert!(applies(p) && f.fits(p), "conv_nhwc of {p:?} with {f:?}");
     check_operands("conv_nhwc", avx512, p, x, epi, out);
+    #[cfg(target_arch = "x86_64")]
+    if let Some(w) = f
+        .winograd
+        .as_deref()
+        .filter(|_| avx512 && crate::winograd::applies(p))
+    {
+        // SAFETY: the CPU has AVX-512F; the operands were checked above; `w` is `f`'s.
+        unsafe { crate::winograd::conv(threads, p, x, w, epi, out) };
+        return;
+    }
     let rows = p.n * p.oh * p.ow;
     if rows == 0 {
         return;
@@ -270,6 +292,32 @@ fn conv_on(
     } else {
         run(0);
     }
+}
+
+/// `out = a · f` for `rows` rows of `a` (`f.c` wide, row-major) on this thread: the register
+/// tiles alone, for kernels that make many small products of weights that fit in L2.
+///
+/// # Safety
+/// The CPU has AVX-512F; `f` is a matrix (1x1); `a` holds `rows · f.c` floats and `out`
+/// `rows · f.m`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn product_rows(a: &[f32], rows: usize, f: &NhwcFilter, out: &mut [f32]) {
+    debug_assert!(a.len() >= rows * f.c && out.len() >= rows * f.m && f.k() == f.c);
+    let p = Conv2d::pointwise(1, f.c, f.m, rows, 1);
+    let image = Image {
+        p: &p,
+        x: a,
+        pad: &[],
+    };
+    let none = Epilogue {
+        bias: None,
+        residual: None,
+        act: None,
+    };
+    let dst = SharedOut(out.as_mut_ptr());
+    // SAFETY: this function's contract.
+    unsafe { tiles(&image, f, 0..rows, 0..f.panels(), 0..f.k(), none, dst) };
 }
 
 /// The input of one call: the geometry, the NHWC image, and `kw·C` zeros for the padding.
