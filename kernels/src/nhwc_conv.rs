@@ -38,15 +38,24 @@ const BLOCK_WEIGHTS: usize = 512 << 10;
 
 /// Convolution weights packed for [`conv_nhwc`]: `[m.div_ceil(16)][kh·kw·c][16]`, zero past the
 /// last output channel.
-#[derive(PartialEq)]
 pub struct NhwcFilter {
     m: usize,
     c: usize,
     kh: usize,
     kw: usize,
     data: Vec<f32>,
-    /// The Winograd transform of a 3x3 filter that [`winograd`](crate::winograd) takes.
-    winograd: Option<Box<crate::winograd::Filter>>,
+    /// The Winograd transform of a 3x3 filter, made when a convolution first takes it
+    /// ([`winograd`](crate::winograd)): a stride-2 layer, or a batch of too few positions,
+    /// never pays for it.
+    winograd: std::sync::OnceLock<crate::winograd::Filter>,
+}
+
+/// Equal weights (the transform follows from them).
+impl PartialEq for NhwcFilter {
+    fn eq(&self, other: &NhwcFilter) -> bool {
+        (self.m, self.c, self.kh, self.kw, &self.data)
+            == (other.m, other.c, other.kh, other.kw, &other.data)
+    }
 }
 
 impl std::fmt::Debug for NhwcFilter {
@@ -72,15 +81,13 @@ impl NhwcFilter {
                 panel[(t * c + ci) * LANES + j % LANES] = w;
             }
         }
-        let winograd = ((kh, kw) == (3, 3) && crate::winograd::Filter::fits(m, c))
-            .then(|| Box::new(crate::winograd::Filter::new(weight, m, c)));
         NhwcFilter {
             m,
             c,
             kh,
             kw,
             data,
-            winograd,
+            winograd: std::sync::OnceLock::new(),
         }
     }
 
@@ -102,12 +109,32 @@ impl NhwcFilter {
             kh: 1,
             kw: 1,
             data,
-            winograd: None,
+            winograd: std::sync::OnceLock::new(),
         }
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() * 4 + self.winograd.as_ref().map_or(0, |w| w.bytes())
+        self.data.len() * 4 + self.winograd.get().map_or(0, |w| w.bytes())
+    }
+
+    /// The weights `[m][c][kh][kw]` back from the panels.
+    fn weights(&self) -> Vec<f32> {
+        let (taps, k) = (self.kh * self.kw, self.k());
+        let mut w = vec![0.0; self.m * k];
+        for (j, filter) in w.chunks_exact_mut(k.max(1)).enumerate() {
+            let panel = &self.data[(j / LANES) * k * LANES..];
+            for (i, w) in filter.iter_mut().enumerate() {
+                let (ci, t) = (i / taps, i % taps);
+                *w = panel[(t * self.c + ci) * LANES + j % LANES];
+            }
+        }
+        w
+    }
+
+    /// The Winograd transform of this 3x3 filter, made on the first call.
+    fn winograd(&self) -> &crate::winograd::Filter {
+        self.winograd
+            .get_or_init(|| crate::winograd::Filter::new(&self.weights(), self.m, self.c))
     }
 
     /// The weights' shape as ONNX gives it, `[m, c, kh, kw]`.
@@ -231,13 +258,10 @@ fn conv_on(
     assert!(applies(p) && f.fits(p), "conv_nhwc of {p:?} with {f:?}");
     check_operands("conv_nhwc", avx512, p, x, epi, out);
     #[cfg(target_arch = "x86_64")]
-    if let Some(w) = f
-        .winograd
-        .as_deref()
-        .filter(|_| avx512 && crate::winograd::applies(p))
-    {
-        // SAFETY: the CPU has AVX-512F; the operands were checked above; `w` is `f`'s.
-        unsafe { crate::winograd::conv(threads, p, x, w, epi, out) };
+    if avx512 && crate::winograd::applies(p) {
+        // SAFETY: the CPU has AVX-512F; the operands were checked above; the transform is
+        // `f`'s, a 3x3 filter as `applies` says `p` is.
+        unsafe { crate::winograd::conv(threads, p, x, f.winograd(), epi, out) };
         return;
     }
     let rows = p.n * p.oh * p.ow;
