@@ -27,10 +27,14 @@ fn on_a_line(layout: Layout) -> bool {
 
 /// What is asked of the system for a buffer of `size` bytes on a line: room to move it up to
 /// the next line, which always leaves room for the system block's address just before it.
-fn system_layout(size: usize) -> Layout {
-    // A size within a line of isize::MAX fails here, as it would have failed in the system.
-    Layout::from_size_align(size.saturating_add(LINE), align_of::<usize>())
-        .unwrap_or(Layout::new::<usize>())
+/// `None` for a size within a line of `isize::MAX` (the allocation fails, as in the system).
+fn system_layout(size: usize) -> Option<Layout> {
+    Layout::from_size_align(size.checked_add(LINE)?, align_of::<usize>()).ok()
+}
+
+/// [`system_layout`] of a block that was allocated, and so has one.
+fn allocated_layout(size: usize) -> Layout {
+    system_layout(size).expect("an allocated block's layout")
 }
 
 /// How far into a system block at `base` its line-aligned buffer starts: a word to a line, since
@@ -72,9 +76,10 @@ unsafe impl GlobalAlloc for LineAligned {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract (a non-zero size); `place` takes the system's block.
         unsafe {
-            match on_a_line(layout) {
-                true => place(System.alloc(system_layout(layout.size()))),
-                false => System.alloc(layout),
+            match (on_a_line(layout), system_layout(layout.size())) {
+                (true, Some(system)) => place(System.alloc(system)),
+                (true, None) => std::ptr::null_mut(),
+                (false, _) => System.alloc(layout),
             }
         }
     }
@@ -83,9 +88,10 @@ unsafe impl GlobalAlloc for LineAligned {
         // The system's zeroed blocks: a large one is fresh pages, not written until used.
         // SAFETY: as `alloc`.
         unsafe {
-            match on_a_line(layout) {
-                true => place(System.alloc_zeroed(system_layout(layout.size()))),
-                false => System.alloc_zeroed(layout),
+            match (on_a_line(layout), system_layout(layout.size())) {
+                (true, Some(system)) => place(System.alloc_zeroed(system)),
+                (true, None) => std::ptr::null_mut(),
+                (false, _) => System.alloc_zeroed(layout),
             }
         }
     }
@@ -94,7 +100,7 @@ unsafe impl GlobalAlloc for LineAligned {
         // SAFETY: `ptr` came from `alloc` with this layout.
         unsafe {
             match on_a_line(layout) {
-                true => System.dealloc(base_of(ptr), system_layout(layout.size())),
+                true => System.dealloc(base_of(ptr), allocated_layout(layout.size())),
                 false => System.dealloc(ptr, layout),
             }
         }
@@ -111,10 +117,13 @@ unsafe impl GlobalAlloc for LineAligned {
             match (on_a_line(layout), on_a_line(new)) {
                 (false, false) => System.realloc(ptr, layout, new_size),
                 (true, true) => {
+                    let Some(grown) = system_layout(new_size) else {
+                        return std::ptr::null_mut();
+                    };
                     let base = base_of(ptr);
                     let offset = ptr as usize - base as usize;
-                    let old = system_layout(layout.size());
-                    let resized = System.realloc(base, old, system_layout(new_size).size());
+                    let old = allocated_layout(layout.size());
+                    let resized = System.realloc(base, old, grown.size());
                     if resized.is_null() {
                         return resized;
                     }
@@ -160,6 +169,11 @@ mod tests {
             }
         }
         assert!(!on_a_line(layout(ALIGNED_FROM - 1)));
+        // A size within a line of isize::MAX fails (null), as the system's would.
+        let huge = Layout::from_size_align(isize::MAX as usize - 8, 4).unwrap();
+        // SAFETY: a non-zero size.
+        assert!(unsafe { LineAligned.alloc(huge) }.is_null());
+        assert!(unsafe { LineAligned.alloc_zeroed(huge) }.is_null());
         // A caller's larger alignment is the system's to keep.
         let page = Layout::from_size_align(8192, 4096).unwrap();
         assert!(!on_a_line(page));
@@ -171,18 +185,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn realloc_keeps_the_contents_across_the_threshold_both_ways() {
-        let byte = |i: usize| (i % 251) as u8;
-        // SAFETY: each block is reallocated or freed with the layout it last had, and only its
+    /// Reallocates one block through `sizes` (the first is its allocation), filling what each
+    /// size adds with a pattern and checking that every resize keeps the pattern and, at
+    /// ALIGNED_FROM or more, a line; `between` runs before each resize.
+    fn resize_through(sizes: &[usize], mut between: impl FnMut()) {
+        let byte = |i: usize| (i * 7 % 253) as u8;
+        // SAFETY: the block is reallocated and freed with the layout it last had, and only its
         // own bytes are read and written.
         unsafe {
-            let mut size = 100;
+            let mut size = sizes[0];
             let mut p = LineAligned.alloc(layout(size));
             for i in 0..size {
                 *p.add(i) = byte(i);
             }
-            for new_size in [900, 5000, 3_000_000, 3_000_100, 2000, 1023, 50] {
+            for &new_size in &sizes[1..] {
+                between();
                 let q = LineAligned.realloc(p, layout(size), new_size);
                 assert!(!q.is_null());
                 if new_size >= ALIGNED_FROM {
@@ -201,33 +218,27 @@ mod tests {
     }
 
     #[test]
+    fn realloc_keeps_the_contents_across_the_threshold_both_ways() {
+        resize_through(
+            &[100, 900, 5000, 3_000_000, 3_000_100, 2000, 1023, 50],
+            || {},
+        );
+    }
+
+    #[test]
     fn realloc_that_moves_the_block_keeps_the_contents() {
         // Blocks in the heap, resized among others, move to bases at other offsets from a line.
-        let byte = |i: usize| (i * 7 % 253) as u8;
+        let mut seed = 12345u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            seed
+        };
+        let sizes: Vec<usize> = (0..300)
+            .map(|_| ALIGNED_FROM + (next() >> 8) as usize % 60_000)
+            .collect();
         let mut spacers = Vec::new();
-        // SAFETY: as above.
-        unsafe {
-            let mut size = ALIGNED_FROM;
-            let mut p = LineAligned.alloc(layout(size));
-            for i in 0..size {
-                *p.add(i) = byte(i);
-            }
-            let mut seed = 12345u32;
-            for _ in 0..300 {
-                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                let new_size = ALIGNED_FROM + (seed >> 8) as usize % 60_000;
-                spacers.push(vec![0u8; 16 + (seed >> 24) as usize * 8]);
-                let q = LineAligned.realloc(p, layout(size), new_size);
-                assert_eq!(q as usize % LINE, 0);
-                let kept = size.min(new_size);
-                let moved = (0..kept).find(|&i| *q.add(i) != byte(i));
-                assert_eq!(moved, None, "{size} -> {new_size}");
-                for i in kept..new_size {
-                    *q.add(i) = byte(i);
-                }
-                (p, size) = (q, new_size);
-            }
-            LineAligned.dealloc(p, layout(size));
-        }
+        resize_through(&sizes, || {
+            spacers.push(vec![0u8; 16 + (next() >> 24) as usize * 8])
+        });
     }
 }

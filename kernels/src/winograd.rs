@@ -3,7 +3,7 @@
 //!
 //! Each 2×2 block of outputs ("tile") comes from the 4×4 input block under it: the input block
 //! is transformed (`V = Bᵀ d B`, additions only), multiplied elementwise by the transformed
-//! filter (`U = G g Gᵀ`, once per model) and transformed back (`Y = Aᵀ M Aᵀ'`). Over channels
+//! filter (`U = G g Gᵀ`, once per model) and transformed back (`Y = Aᵀ M A`). Over channels
 //! the elementwise products are 16 matrix products, `[tiles × C] · [C × M]`: 16 products of
 //! a reduction of `C` for 4 outputs where the direct convolution makes 36, 2.25 times fewer
 //! multiply-adds. The products run on the NHWC kernel's register tiles
