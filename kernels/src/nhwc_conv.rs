@@ -44,10 +44,9 @@ pub struct NhwcFilter {
     kh: usize,
     kw: usize,
     data: Vec<f32>,
-    /// The Winograd transform of a 3x3 filter, made when a convolution first takes it
-    /// ([`winograd`](crate::winograd)): a stride-2 layer, or a batch of too few positions,
-    /// never pays for it.
-    winograd: std::sync::OnceLock<crate::winograd::Filter>,
+    /// The Winograd transform of a 3x3 filter for a convolution of stride 1
+    /// ([`NhwcFilter::with_winograd`]).
+    winograd: Option<Box<crate::winograd::Filter>>,
 }
 
 /// Equal weights (the transform follows from them).
@@ -87,7 +86,7 @@ impl NhwcFilter {
             kh,
             kw,
             data,
-            winograd: std::sync::OnceLock::new(),
+            winograd: None,
         }
     }
 
@@ -109,12 +108,12 @@ impl NhwcFilter {
             kh: 1,
             kw: 1,
             data,
-            winograd: std::sync::OnceLock::new(),
+            winograd: None,
         }
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() * 4 + self.winograd.get().map_or(0, |w| w.bytes())
+        self.data.len() * 4 + self.winograd.as_ref().map_or(0, |w| w.bytes())
     }
 
     /// The weights `[m][c][kh][kw]` back from the panels.
@@ -131,10 +130,16 @@ impl NhwcFilter {
         w
     }
 
-    /// The Winograd transform of this 3x3 filter, made on the first call.
-    fn winograd(&self) -> &crate::winograd::Filter {
-        self.winograd
-            .get_or_init(|| crate::winograd::Filter::new(&self.weights(), self.m, self.c))
+    /// This filter with its Winograd transform made now, where it is a 3x3 filter that
+    /// [`winograd`](crate::winograd) takes, for a convolution of stride 1 and dilation 1: the
+    /// convolution then runs on it wherever it has enough positions. The transform holds 16
+    /// values for every 9 weights, counted in [`NhwcFilter::bytes`].
+    pub fn with_winograd(mut self) -> NhwcFilter {
+        if (self.kh, self.kw) == (3, 3) && crate::winograd::Filter::fits(self.m, self.c) {
+            let w = crate::winograd::Filter::new(&self.weights(), self.m, self.c);
+            self.winograd = Some(Box::new(w));
+        }
+        self
     }
 
     /// The weights' shape as ONNX gives it, `[m, c, kh, kw]`.
@@ -258,10 +263,13 @@ fn conv_on(
     assert!(applies(p) && f.fits(p), "conv_nhwc of {p:?} with {f:?}");
     check_operands("conv_nhwc", avx512, p, x, epi, out);
     #[cfg(target_arch = "x86_64")]
-    if avx512 && crate::winograd::applies(p) {
-        // SAFETY: the CPU has AVX-512F; the operands were checked above; the transform is
-        // `f`'s, a 3x3 filter as `applies` says `p` is.
-        unsafe { crate::winograd::conv(threads, p, x, f.winograd(), epi, out) };
+    if let Some(w) = f
+        .winograd
+        .as_deref()
+        .filter(|_| avx512 && crate::winograd::applies(p))
+    {
+        // SAFETY: the CPU has AVX-512F; the operands were checked above; `w` is `f`'s.
+        unsafe { crate::winograd::conv(threads, p, x, w, epi, out) };
         return;
     }
     let rows = p.n * p.oh * p.ow;
@@ -1013,7 +1021,8 @@ pub(crate) mod tests {
         let wt = values(m * cg * k * k, 7);
         let bias = values(m, 11);
         let res = values(n * p.oh * p.ow * m, 13);
-        let filter = NhwcFilter::new(&wt, m, cg, k, k);
+        // With the Winograd transform: the convolutions it takes (stride 1) run on it.
+        let filter = NhwcFilter::new(&wt, m, cg, k, k).with_winograd();
         let epilogues = [
             Epilogue::default(),
             Epilogue {

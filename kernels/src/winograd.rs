@@ -13,8 +13,8 @@
 //! transform, 16 products, transform back), as many chunks as divide evenly across the
 //! threads. It applies where the convolution is compute-bound: enough positions
 //! ([`MIN_POSITIONS`]: all of resnet50's 3x3 stride-1 layers but the 7x7 ones at batch 1),
-//! channels in whole vectors, and `C + M ≤ 1024`. The filter's transform
-//! (16 values for 9) is made on the first call that takes it. The results differ from the
+//! channels in whole vectors, and `C + M ≤ 1024`. The filter's transform (16 values for 9)
+//! is made with the packed filter ([`NhwcFilter::with_winograd`]), for the layers of stride 1. The results differ from the
 //! direct sum's by rounding, within a few 1e-6 of the output's magnitude; every output is
 //! computed the same way whatever the threads or the batch.
 
@@ -390,7 +390,7 @@ mod tests {
         let plane = (17 * 16 * 32, 17 * 16 * 48);
         let x = values(4 * plane.0, 5);
         let wt = values(48 * 32 * 9, 9);
-        let filter = NhwcFilter::new(&wt, 48, 32, 3, 3);
+        let filter = NhwcFilter::new(&wt, 48, 32, 3, 3).with_winograd();
         for threads in [1, 2, 3] {
             let mut batch = vec![0.0; 4 * plane.1];
             conv_nhwc(threads, &four, &x, &filter, Epilogue::default(), &mut batch);

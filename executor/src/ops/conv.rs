@@ -400,7 +400,15 @@ pub fn pack_filter(c: &mut ConvAttrs, weight: &Tensor) {
     };
     if c.nhwc {
         if c.group == 1 || (cg == 1 && c.group == m) {
-            c.nhwc_filter = Some(Arc::new(NhwcFilter::new(w, m, cg, kh, kw)));
+            let filter = NhwcFilter::new(w, m, cg, kh, kw);
+            // Stride 1: the 3x3 layers with enough positions run by Winograd.
+            let unit =
+                |v: &Option<Vec<usize>>| v.as_deref().is_none_or(|v| v.iter().all(|&s| s == 1));
+            let filter = match c.group == 1 && unit(&c.strides) && dilation == [1, 1] {
+                true => filter.with_winograd(),
+                false => filter,
+            };
+            c.nhwc_filter = Some(Arc::new(filter));
         }
     } else if direct_conv::suits([kh, kw], dilation, c.group) {
         c.packed = Some(Arc::new(PackedFilter::new(w, m, cg, kh, kw)));
