@@ -69,31 +69,35 @@ unsafe fn base_of(placed: *mut u8) -> *mut u8 {
     unsafe { placed.cast::<usize>().sub(1).read_unaligned() as *mut u8 }
 }
 
+/// A block for `layout` from `system` (the system's `alloc` or `alloc_zeroed`): on a line where
+/// [`on_a_line`] says, within a block one line larger.
+///
+/// # Safety
+/// `layout` has a non-zero size.
+unsafe fn allocated(layout: Layout, system: unsafe fn(&System, Layout) -> *mut u8) -> *mut u8 {
+    // SAFETY: the contract; `place` takes the system's block.
+    unsafe {
+        match (on_a_line(layout), system_layout(layout.size())) {
+            (true, Some(block)) => place(system(&System, block)),
+            (true, None) => std::ptr::null_mut(),
+            (false, _) => system(&System, layout),
+        }
+    }
+}
+
 // SAFETY: a buffer on a line lies within a system block of its size and a line more, which is
 // freed or resized with the layout it was allocated with (a function of the caller's layout,
 // which the caller passes back unchanged); other buffers are the system's own.
 unsafe impl GlobalAlloc for LineAligned {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract (a non-zero size); `place` takes the system's block.
-        unsafe {
-            match (on_a_line(layout), system_layout(layout.size())) {
-                (true, Some(system)) => place(System.alloc(system)),
-                (true, None) => std::ptr::null_mut(),
-                (false, _) => System.alloc(layout),
-            }
-        }
+        // SAFETY: the caller's contract (a non-zero size).
+        unsafe { allocated(layout, <System as GlobalAlloc>::alloc) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // The system's zeroed blocks: a large one is fresh pages, not written until used.
         // SAFETY: as `alloc`.
-        unsafe {
-            match (on_a_line(layout), system_layout(layout.size())) {
-                (true, Some(system)) => place(System.alloc_zeroed(system)),
-                (true, None) => std::ptr::null_mut(),
-                (false, _) => System.alloc_zeroed(layout),
-            }
-        }
+        unsafe { allocated(layout, <System as GlobalAlloc>::alloc_zeroed) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {

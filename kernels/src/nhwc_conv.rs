@@ -116,30 +116,16 @@ impl NhwcFilter {
         self.data.len() * 4 + self.winograd.as_ref().map_or(0, |w| w.bytes())
     }
 
-    /// The weights `[m][c][kh][kw]` back from the panels.
-    fn weights(&self) -> Vec<f32> {
-        let (taps, k) = (self.kh * self.kw, self.k());
-        let mut w = vec![0.0; self.m * k];
-        for (j, filter) in w.chunks_exact_mut(k.max(1)).enumerate() {
-            let panel = &self.data[(j / LANES) * k * LANES..];
-            for (i, w) in filter.iter_mut().enumerate() {
-                let (ci, t) = (i / taps, i % taps);
-                *w = panel[(t * self.c + ci) * LANES + j % LANES];
-            }
+    /// [`NhwcFilter::new`] for a convolution of stride 1 and dilation 1, with the Winograd
+    /// transform of a 3x3 filter that [`winograd`](crate::winograd) takes: the convolution then
+    /// runs on it wherever it has enough positions. The transform holds 16 values for every 9
+    /// weights, counted in [`NhwcFilter::bytes`].
+    pub fn with_winograd(weight: &[f32], m: usize, c: usize, kh: usize, kw: usize) -> NhwcFilter {
+        let mut f = NhwcFilter::new(weight, m, c, kh, kw);
+        if (kh, kw) == (3, 3) && crate::winograd::Filter::fits(m, c) {
+            f.winograd = Some(Box::new(crate::winograd::Filter::new(weight, m, c)));
         }
-        w
-    }
-
-    /// This filter with its Winograd transform made now, where it is a 3x3 filter that
-    /// [`winograd`](crate::winograd) takes, for a convolution of stride 1 and dilation 1: the
-    /// convolution then runs on it wherever it has enough positions. The transform holds 16
-    /// values for every 9 weights, counted in [`NhwcFilter::bytes`].
-    pub fn with_winograd(mut self) -> NhwcFilter {
-        if (self.kh, self.kw) == (3, 3) && crate::winograd::Filter::fits(self.m, self.c) {
-            let w = crate::winograd::Filter::new(&self.weights(), self.m, self.c);
-            self.winograd = Some(Box::new(w));
-        }
-        self
+        f
     }
 
     /// The weights' shape as ONNX gives it, `[m, c, kh, kw]`.
@@ -1022,7 +1008,7 @@ pub(crate) mod tests {
         let bias = values(m, 11);
         let res = values(n * p.oh * p.ow * m, 13);
         // With the Winograd transform: the convolutions it takes (stride 1) run on it.
-        let filter = NhwcFilter::new(&wt, m, cg, k, k).with_winograd();
+        let filter = NhwcFilter::with_winograd(&wt, m, cg, k, k);
         let epilogues = [
             Epilogue::default(),
             Epilogue {

@@ -14,9 +14,9 @@
 //! threads. It applies where the convolution is compute-bound: enough positions
 //! ([`MIN_POSITIONS`]: all of resnet50's 3x3 stride-1 layers but the 7x7 ones at batch 1),
 //! channels in whole vectors, and `C + M ≤ 1024`. The filter's transform (16 values for 9)
-//! is made with the packed filter ([`NhwcFilter::with_winograd`]), for the layers of stride 1. The results differ from the
-//! direct sum's by rounding, within a few 1e-6 of the output's magnitude; every output is
-//! computed the same way whatever the threads or the batch.
+//! is made with the packed filter ([`NhwcFilter::with_winograd`]), for the stride-1 layers.
+//! The results differ from the direct sum's by rounding, within a few 1e-6 of the output's
+//! magnitude; every output is computed the same way whatever the threads or the batch.
 
 use crate::activation::{Finish, bias_act};
 use crate::conv::{Conv2d, Epilogue};
@@ -56,12 +56,10 @@ impl Filter {
         let mut mats = vec![vec![0.0f32; c * m]; 16];
         for (o, filter) in weight.chunks_exact(c * 9).enumerate() {
             for (ci, g) in filter.chunks_exact(9).enumerate() {
-                // G g: 4 × 3, then (G g) Gᵀ: 4 × 4.
-                let gg: [[f32; 3]; 4] = std::array::from_fn(|i| {
-                    std::array::from_fn(|col| transform_g([g[col], g[3 + col], g[6 + col]])[i])
-                });
-                for (i, row) in gg.iter().enumerate() {
-                    for (j, u) in transform_g(*row).into_iter().enumerate() {
+                // G g column by column (gg[col][i]), then each row i of G g by Gᵀ.
+                let gg = [0, 1, 2].map(|col| transform_g([g[col], g[3 + col], g[6 + col]]));
+                for i in 0..4 {
+                    for (j, u) in transform_g(gg.map(|col| col[i])).into_iter().enumerate() {
                         mats[4 * i + j][ci * m + o] = u;
                     }
                 }
@@ -390,7 +388,7 @@ mod tests {
         let plane = (17 * 16 * 32, 17 * 16 * 48);
         let x = values(4 * plane.0, 5);
         let wt = values(48 * 32 * 9, 9);
-        let filter = NhwcFilter::new(&wt, 48, 32, 3, 3).with_winograd();
+        let filter = NhwcFilter::with_winograd(&wt, 48, 32, 3, 3);
         for threads in [1, 2, 3] {
             let mut batch = vec![0.0; 4 * plane.1];
             conv_nhwc(threads, &four, &x, &filter, Epilogue::default(), &mut batch);

@@ -400,13 +400,11 @@ pub fn pack_filter(c: &mut ConvAttrs, weight: &Tensor) {
     };
     if c.nhwc {
         if c.group == 1 || (cg == 1 && c.group == m) {
-            let filter = NhwcFilter::new(w, m, cg, kh, kw);
             // Stride 1: the 3x3 layers with enough positions run by Winograd.
-            let unit =
-                |v: &Option<Vec<usize>>| v.as_deref().is_none_or(|v| v.iter().all(|&s| s == 1));
-            let filter = match c.group == 1 && unit(&c.strides) && dilation == [1, 1] {
-                true => filter.with_winograd(),
-                false => filter,
+            let stride_one = c.strides.as_deref().is_none_or(|s| s == [1, 1]);
+            let filter = match c.group == 1 && stride_one && dilation == [1, 1] {
+                true => NhwcFilter::with_winograd(w, m, cg, kh, kw),
+                false => NhwcFilter::new(w, m, cg, kh, kw),
             };
             c.nhwc_filter = Some(Arc::new(filter));
         }
