@@ -153,7 +153,8 @@ def main() -> None:
             rows.append((model, batch, ours, ort, ours_rss, ort_rss))
             print(f"# {model} b{batch}: ours p50 {ours['p50_ms']:.1f} ms, ort p50 {ort['p50_ms']:.1f} ms", file=sys.stderr)
     spin = "off" if os.environ.get("COTENANT_SPIN") == "0" else "on"
-    print(f"\nthreads: {a.threads}, duration per measurement: {a.duration}s, spinning (COTENANT_SPIN): {spin}, CPU: {cpu()}\n")
+    kernels = ", ".join(sorted({o["device"] for _, _, o, *_ in rows}))
+    print(f"\nthreads: {a.threads}, duration per measurement: {a.duration}s, spinning (COTENANT_SPIN): {spin}, CPU: {cpu()}, ours on: {kernels}\n")
     print("| model | batch | p50 ms ours / ort | p99 ms ours / ort | latency ratio p50 (p99) | throughput/s ours / ort | throughput ratio | peak RSS MiB ours / ort | RSS ratio |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model, batch, o, r, orss, rrss in rows:

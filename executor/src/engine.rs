@@ -18,7 +18,7 @@ use std::time::Duration;
 pub type Outputs = Vec<(String, Tensor)>;
 
 pub trait Engine: Send {
-    /// Where it computes, for logs and reports ("cpu(2 threads)", "cuda:0 ...").
+    /// Where it computes, for logs and reports ("cpu(2 threads, avx512)", "cuda:0 ...").
     fn name(&self) -> String;
     /// Runs one batch on its own.
     fn run(&mut self, inputs: Vec<(String, Tensor)>) -> Result<Outputs, RunError>;

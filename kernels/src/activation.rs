@@ -113,11 +113,14 @@ pub fn bias_act(data: &mut [f32], bias: Option<f32>, act: Option<Activation>) {
     )
 }
 
-/// Whether this CPU has AVX2 and FMA (cached by the standard library).
+/// Whether this CPU has AVX2 and FMA (cached by the standard library) and the cap
+/// ([`crate::isa`]) allows them.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn avx2_fma() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && crate::isa::allows(crate::isa::Isa::Avx2)
 }
 
 /// Where an elementwise function's results go: back into its input, or into another slice.

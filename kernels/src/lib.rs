@@ -16,6 +16,7 @@ pub mod fused;
 pub mod gemm;
 pub mod igemm;
 pub mod inverted_residual;
+pub mod isa;
 #[cfg(target_arch = "x86_64")]
 mod lanes16;
 pub mod line_alloc;
@@ -101,11 +102,24 @@ pub(crate) fn skip_without(available: bool, what: &str) -> bool {
     true
 }
 
-/// Whether this CPU has AVX-512F (cached by the standard library), for the kernels written for it.
+/// Whether this CPU has AVX-512F (cached by the standard library) and the cap ([`isa`]) allows
+/// it, for the kernels written for it.
 pub(crate) fn avx512f() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
+        std::arch::is_x86_feature_detected!("avx512f") && isa::allows(isa::Isa::Avx512)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU runs the AMX kernel of the 8-bit products.
+pub(crate) fn qamx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        qamx::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -27,7 +27,12 @@ pub(crate) const BLOCK_PANELS: usize = 16;
 /// VNNI kernel for what is left over), and Linux granted the tile data state.
 pub(crate) fn available() -> bool {
     static GRANTED: OnceLock<bool> = OnceLock::new();
-    *GRANTED.get_or_init(|| crate::qgemm::vnni() && has_amx_int8() && request_tile_data())
+    *GRANTED.get_or_init(|| {
+        crate::isa::allows(crate::isa::Isa::Amx)
+            && crate::qgemm::vnni()
+            && has_amx_int8()
+            && request_tile_data()
+    })
 }
 
 fn has_amx_int8() -> bool {

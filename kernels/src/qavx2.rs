@@ -14,9 +14,9 @@
 
 use std::arch::x86_64::*;
 
-/// Whether this CPU runs the AVX2 kernels.
+/// Whether this CPU runs the AVX2 kernels (and the cap, [`crate::isa`], allows them).
 pub(crate) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
+    std::arch::is_x86_feature_detected!("avx2") && crate::isa::allows(crate::isa::Isa::Avx2)
 }
 
 /// One way of summing byte products into 32-bit column sums.

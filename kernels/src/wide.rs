@@ -39,10 +39,12 @@ enum Level {
 fn level() -> Level {
     static LEVEL: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
     *LEVEL.get_or_init(|| {
+        use crate::isa::{Isa, allows};
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq") {
+        let avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq");
+        if avx512 && allows(Isa::Avx512) {
             Level::Avx512
-        } else if has!("avx2") && has!("fma") {
+        } else if has!("avx2") && has!("fma") && allows(Isa::Avx2) {
             Level::Avx2
         } else {
             Level::Base

@@ -159,6 +159,8 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // A cap the kernels cannot read would be ignored: refuse it before anything runs.
+    cotenant_kernels::isa::cap_from_env().map_err(anyhow::Error::msg)?;
     match cli.command {
         Command::Standalone {
             tenants,

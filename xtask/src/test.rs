@@ -67,6 +67,19 @@ pub fn run(extra: &[&str]) -> anyhow::Result<()> {
         .env("COTENANT_BIN_DIR", crate::target_dir().join("debug"));
     crate::run(test)?;
 
+    // The kernels and the executor again on each instruction-set level below this CPU's
+    // (`COTENANT_ISA`): the paths other CPUs run, checked here against the same references.
+    for cap in lower_isa_levels() {
+        let mut capped = Command::new("cargo");
+        capped
+            .args(["test", "-p", "cotenant-kernels", "-p", "cotenant-executor"])
+            .args(["--", "--include-ignored"])
+            .env("COTENANT_PYTHON", &python)
+            .env("COTENANT_ISA", cap);
+        eprintln!("xtask: the kernels and the executor with COTENANT_ISA={cap}");
+        crate::run(capped)?;
+    }
+
     // The CUDA backend is behind a feature the workspace build leaves off: lint it and the agent
     // that serves on it, and test its GPU-free parts, NVRTC included (from the venv's wheel), so
     // it cannot rot unseen.
@@ -164,4 +177,25 @@ pub fn scale(args: &[&str]) -> anyhow::Result<()> {
     .env("COTENANT_SCALE_STEADY_S", "60")
     .env("COTENANT_BIN_DIR", crate::target_dir().join("release"));
     crate::run(test)
+}
+
+/// The kernels' instruction-set levels (`COTENANT_ISA`) below the highest this CPU runs.
+fn lower_isa_levels() -> Vec<&'static str> {
+    let flags = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let has = |f: &str| flags.iter().any(|x| x == f);
+    let levels = [
+        ("amx", has("amx_int8") && has("avx512_vnni")),
+        ("avx512", has("avx512f") && has("avx512bw")),
+        ("avx2", has("avx2") && has("fma")),
+        ("portable", cfg!(target_arch = "x86_64")),
+    ];
+    match levels.iter().position(|&(_, here)| here) {
+        Some(top) => levels[top + 1..].iter().map(|&(name, _)| name).collect(),
+        None => Vec::new(),
+    }
 }

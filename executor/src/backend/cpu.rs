@@ -62,7 +62,11 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     fn name(&self) -> String {
-        format!("cpu({} threads)", self.threads)
+        format!(
+            "cpu({} threads, {})",
+            self.threads,
+            cotenant_kernels::isa::in_use().name()
+        )
     }
 
     fn scope(&self, f: &mut (dyn FnMut() + Send)) {

@@ -18,7 +18,7 @@ use crate::tensor::Tensor;
 
 /// Executes ops of a plan on host tensors.
 pub trait Backend: Send + Sync {
-    /// Short name for logs and reports ("cpu(4 threads)").
+    /// Short name for logs and reports ("cpu(4 threads, avx2)").
     fn name(&self) -> String;
     /// Runs `f` inside the backend's execution context (the thread pool on the CPU); every
     /// `execute` of one plan run happens inside one `scope`.
