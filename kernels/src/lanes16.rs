@@ -25,6 +25,9 @@ pub(crate) trait Lanes16: Copy {
     /// `self + a·b`, rounded once.
     unsafe fn fmadd(self, a: Self, b: Self) -> Self;
     unsafe fn add(self, b: Self) -> Self;
+    unsafe fn sub(self, b: Self) -> Self;
+    /// The 16 values to `p`.
+    unsafe fn store(self, p: *mut f32);
     /// `min(max(self, lo), hi)`, NaN giving `lo`.
     unsafe fn clamp(self, lo: Self, hi: Self) -> Self;
     /// The sum of the 16 lanes, in one fixed order.
@@ -97,6 +100,17 @@ impl Lanes16 for Avx512 {
     #[inline]
     unsafe fn add(self, b: Self) -> Self {
         Avx512(_mm512_add_ps(self.0, b.0))
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn sub(self, b: Self) -> Self {
+        Avx512(_mm512_sub_ps(self.0, b.0))
+    }
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller's.
+        unsafe { _mm512_storeu_ps(p, self.0) }
     }
     #[target_feature(enable = "avx512f")]
     #[inline]
@@ -222,6 +236,20 @@ impl Lanes16 for Avx2 {
     #[inline]
     unsafe fn add(self, b: Self) -> Self {
         Avx2(std::array::from_fn(|h| _mm256_add_ps(self.0[h], b.0[h])))
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn sub(self, b: Self) -> Self {
+        Avx2(std::array::from_fn(|h| _mm256_sub_ps(self.0[h], b.0[h])))
+    }
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller's.
+        unsafe {
+            _mm256_storeu_ps(p, self.0[0]);
+            _mm256_storeu_ps(p.add(8), self.0[1]);
+        }
     }
     #[target_feature(enable = "avx2,fma")]
     #[inline]

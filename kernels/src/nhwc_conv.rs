@@ -252,10 +252,11 @@ fn conv_on(
     if let Some(w) = f
         .winograd
         .as_deref()
-        .filter(|_| avx512 && crate::winograd::applies(p))
+        .filter(|_| crate::winograd::applies(p))
     {
-        // SAFETY: the CPU has AVX-512F; the operands were checked above; `w` is `f`'s.
-        unsafe { crate::winograd::conv(threads, p, x, w, epi, out) };
+        // SAFETY: the CPU has AVX-512F, or AVX2 and FMA where !avx512 (checked above); the
+        // operands were checked above; `w` is `f`'s.
+        unsafe { crate::winograd::conv(avx512, threads, p, x, w, epi, out) };
         return;
     }
     let rows = p.n * p.oh * p.ow;
@@ -313,14 +314,20 @@ fn conv_on(
 }
 
 /// `out = a · f` for `rows` rows of `a` (`f.c` wide, row-major) on this thread: the register
-/// tiles alone, for kernels that make many small products of weights that fit in L2.
+/// tiles alone (AVX-512's, or else AVX2's), for kernels that make many small products of
+/// weights that fit in L2.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `f` is a matrix (1x1); `a` holds `rows · f.c` floats and `out`
-/// `rows · f.m`.
+/// The CPU has AVX-512F, or AVX2 and FMA where `!avx512`; `f` is a matrix (1x1); `a` holds
+/// `rows · f.c` floats and `out` `rows · f.m`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn product_rows(a: &[f32], rows: usize, f: &NhwcFilter, out: &mut [f32]) {
+pub(crate) unsafe fn product_rows(
+    avx512: bool,
+    a: &[f32],
+    rows: usize,
+    f: &NhwcFilter,
+    out: &mut [f32],
+) {
     debug_assert!(a.len() >= rows * f.c && out.len() >= rows * f.m && f.k() == f.c);
     let p = Conv2d::pointwise(1, f.c, f.m, rows, 1);
     let image = Image {
@@ -334,8 +341,14 @@ pub(crate) unsafe fn product_rows(a: &[f32], rows: usize, f: &NhwcFilter, out: &
         act: None,
     };
     let dst = SharedOut(out.as_mut_ptr());
+    let (rows, panels, ks) = (0..rows, 0..f.panels(), 0..f.k());
     // SAFETY: this function's contract.
-    unsafe { tiles(&image, f, 0..rows, 0..f.panels(), 0..f.k(), none, dst) };
+    unsafe {
+        match avx512 {
+            true => tiles(&image, f, rows, panels, ks, none, dst),
+            false => tiles_avx2(&image, f, rows, panels, ks, none, dst),
+        }
+    }
 }
 
 /// The input of one call: the geometry, the NHWC image, and `kw·C` zeros for the padding.
@@ -980,19 +993,22 @@ pub(crate) mod tests {
             // The AVX2 kernel too, where the AVX-512 one ran above.
             #[cfg(target_arch = "x86_64")]
             if crate::avx512f() && crate::activation::avx2_fma() {
-                fn avx2(
-                    t: usize,
-                    p: &Conv2d,
-                    x: &[f32],
-                    f: &NhwcFilter,
-                    e: Epilogue<'_>,
-                    o: &mut [f32],
-                ) {
-                    conv_on(false, t, p, x, f, e, o)
-                }
-                check_against_the_reference(&crate::test_conv(case), avx2);
+                check_against_the_reference(&crate::test_conv(case), conv_nhwc_avx2);
             }
         }
+    }
+
+    /// [`conv_nhwc`] on the AVX2 kernels, on a CPU that also has AVX-512.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn conv_nhwc_avx2(
+        t: usize,
+        p: &Conv2d,
+        x: &[f32],
+        f: &NhwcFilter,
+        e: Epilogue<'_>,
+        o: &mut [f32],
+    ) {
+        conv_on(false, t, p, x, f, e, o)
     }
 
     /// An NHWC kernel's outputs for convolution `p` against [`reference`], with four

@@ -1,5 +1,6 @@
 //! 3x3 stride-1 convolutions of NHWC activations by Winograd's minimal filtering F(2×2, 3×3)
-//! (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016), on AVX-512.
+//! (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016), on AVX-512 or
+//! AVX2.
 //!
 //! Each 2×2 block of outputs ("tile") comes from the 4×4 input block under it: the input block
 //! is transformed (`V = Bᵀ d B`, additions only), multiplied elementwise by the transformed
@@ -7,7 +8,9 @@
 //! the elementwise products are 16 matrix products, `[tiles × C] · [C × M]`: 16 products of
 //! a reduction of `C` for 4 outputs where the direct convolution makes 36, 2.25 times fewer
 //! multiply-adds. The products run on the NHWC kernel's register tiles
-//! ([`crate::nhwc_conv`]), on the transformed filters packed as its 1x1 filters.
+//! ([`crate::nhwc_conv`]), on the transformed filters packed as its 1x1 filters. The
+//! transforms are written once over [`Lanes16`] (16 channels as one AVX-512 vector or two AVX2
+//! ones).
 //!
 //! The tiles go in chunks whose transformed inputs and products stay in L2 (a thread's chunk:
 //! transform, 16 products, transform back), as many chunks as divide evenly across the
@@ -21,14 +24,18 @@
 use crate::activation::{Finish, bias_act};
 use crate::conv::{Conv2d, Epilogue};
 use crate::gemm::SharedOut;
+#[cfg(target_arch = "x86_64")]
+use crate::lanes16::{Avx2, Avx512, Lanes16};
 use crate::nhwc_conv::NhwcFilter;
 use rayon::prelude::*;
+use std::ops::Range;
 
 const LANES: usize = 16;
 /// Output positions below which the direct kernel runs: too few tiles to pay for reading the
 /// transformed weights (16/9 the bytes). A 14x14 image's 196 pays: resnet50's 3x3 256 layers
 /// at batch 1 on two threads (`COTENANT_PROFILE=node`, a Xeon) take 4.0–4.1 ms in all
-/// against 4.8 direct.
+/// against 4.8 direct. The 7x7 ones at batch 1 (49) do not: 1.05 ms against 1.45 on AVX-512,
+/// 1.8 against 2.5 on AVX2.
 pub(crate) const MIN_POSITIONS: usize = 196;
 /// Bytes of transformed input and products a chunk of tiles keeps in L2: enough that a
 /// 14x14 image splits in one chunk a thread, not four chunks that each read the weights.
@@ -90,14 +97,15 @@ pub(crate) fn applies(p: &Conv2d) -> bool {
         && p.n * p.oh * p.ow >= MIN_POSITIONS
 }
 
-/// Convolution `p` (as [`applies`]) of NHWC `x` by `f` into NHWC `out`, with the epilogue.
+/// Convolution `p` (as [`applies`]) of NHWC `x` by `f` into NHWC `out`, with the epilogue, on
+/// AVX-512 or else on AVX2.
 ///
 /// # Safety
-/// The CPU has AVX-512F; the operands have the sizes `p` gives (as `conv_nhwc` asserts), `f`
-/// is `p`'s filter.
+/// The CPU has AVX-512F, or AVX2 and FMA where `!avx512`; the operands have the sizes `p` gives
+/// (as `conv_nhwc` asserts), `f` is `p`'s filter.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn conv(
+    avx512: bool,
     threads: usize,
     p: &Conv2d,
     x: &[f32],
@@ -118,18 +126,25 @@ pub(crate) unsafe fn conv(
         let first = chunk * per;
         let n = per.min(tiles - first);
         let (v, prod) = (grown(v, 16 * n * p.c), grown(prod, 16 * n * p.m));
-        // SAFETY: the CPU has AVX-512F (this function's contract); the buffers hold 16
-        // matrices of `n` rows; chunks write disjoint tiles of `out`.
+        let tiles = first..first + n;
+        // SAFETY: the CPU has the instructions (this function's contract); the buffers hold
+        // 16 matrices of `n` rows; chunks write disjoint tiles of `out`.
         unsafe {
-            transform_input(p, x, first..first + n, v);
+            match avx512 {
+                true => transform_input_avx512(p, x, tiles.clone(), v),
+                false => transform_input_avx2(p, x, tiles.clone(), v),
+            }
             for (xi, f) in f.mats.iter().enumerate() {
                 let (a, c) = (
                     &v[xi * n * p.c..][..n * p.c],
                     &mut prod[xi * n * p.m..][..n * p.m],
                 );
-                crate::nhwc_conv::product_rows(a, n, f, c);
+                crate::nhwc_conv::product_rows(avx512, a, n, f, c);
             }
-            transform_output(p, prod, first..first + n, epi, dst);
+            match avx512 {
+                true => transform_output_avx512(p, prod, tiles, epi, dst),
+                false => transform_output_avx2(p, prod, tiles, epi, dst),
+            }
         }
     };
     // One job a thread, its chunks in turn in the thread's own buffers.
@@ -168,22 +183,45 @@ fn tile_at(p: &Conv2d, t: usize) -> (usize, usize, usize) {
     (img, rest / tx * 2, rest % tx * 2)
 }
 
-/// `V = Bᵀ d B` of each tile of `tiles` (its 4×4 input block `d`, zeros over the padding),
-/// 16 channels at a time, into `v` as 16 matrices of `tiles.len()` rows by `C`. Plain loops:
-/// a closure would not take this function's AVX-512 and would pass its vectors through memory.
+/// [`transform_input`] on AVX-512.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `x` is `p`'s input; `v` holds `16 · tiles.len() · C` floats.
+/// The CPU has AVX-512F; as [`transform_input`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn transform_input(p: &Conv2d, x: &[f32], tiles: std::ops::Range<usize>, v: &mut [f32]) {
-    use std::arch::x86_64::*;
+unsafe fn transform_input_avx512(p: &Conv2d, x: &[f32], tiles: Range<usize>, v: &mut [f32]) {
+    // SAFETY: this function's contract.
+    unsafe { transform_input::<Avx512>(p, x, tiles, v) }
+}
+
+/// [`transform_input`] on AVX2.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; as [`transform_input`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transform_input_avx2(p: &Conv2d, x: &[f32], tiles: Range<usize>, v: &mut [f32]) {
+    // SAFETY: this function's contract.
+    unsafe { transform_input::<Avx2>(p, x, tiles, v) }
+}
+
+/// `V = Bᵀ d B` of each tile of `tiles` (its 4×4 input block `d`, zeros over the padding),
+/// 16 channels at a time, into `v` as 16 matrices of `tiles.len()` rows by `C`. Plain loops,
+/// inlined into a function compiled for `L`'s instructions: a closure would not take them and
+/// would pass its vectors through memory.
+///
+/// # Safety
+/// The CPU has `L`'s instructions; `x` is `p`'s input; `v` holds `16 · tiles.len() · C` floats.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn transform_input<L: Lanes16>(p: &Conv2d, x: &[f32], tiles: Range<usize>, v: &mut [f32]) {
     let (c, n) = (p.c, tiles.len());
     for (i, t) in tiles.enumerate() {
         let (img, oy, ox) = tile_at(p, t);
         let (y0, x0) = (oy as isize - p.pt as isize, ox as isize - p.pl as isize);
         for c0 in (0..c).step_by(LANES) {
-            let mut d = [[_mm512_setzero_ps(); 4]; 4];
+            // SAFETY: the CPU has L's instructions (the contract).
+            let mut d = [[unsafe { L::zero() }; 4]; 4];
             for (r, row) in d.iter_mut().enumerate() {
                 let y = y0 + r as isize;
                 if !(0..p.h as isize).contains(&y) {
@@ -194,12 +232,12 @@ unsafe fn transform_input(p: &Conv2d, x: &[f32], tiles: std::ops::Range<usize>, 
                     if (0..p.w as isize).contains(&xx) {
                         let at = ((img * p.h + y as usize) * p.w + xx as usize) * c + c0;
                         // SAFETY: pixel (y, xx) of image img lies within x; c0 + 16 <= C.
-                        *d = unsafe { _mm512_loadu_ps(x.as_ptr().add(at)) };
+                        *d = unsafe { L::load(x.as_ptr().add(at)) };
                     }
                 }
             }
             // Bᵀ down the columns, then across the rows: V = (Bᵀ (Bᵀ d)ᵀ)ᵀ.
-            // SAFETY: the CPU has AVX-512F.
+            // SAFETY: the CPU has L's instructions.
             let e = transpose(unsafe { bt(d) });
             // SAFETY: as above.
             let f = transpose(unsafe { bt(e) });
@@ -207,7 +245,7 @@ unsafe fn transform_input(p: &Conv2d, x: &[f32], tiles: std::ops::Range<usize>, 
                 for (s, &vec) in row.iter().enumerate() {
                     let at = ((4 * r + s) * n + i) * c + c0;
                     // SAFETY: matrix 4r + s, row i, channels c0.. lie within v.
-                    unsafe { _mm512_storeu_ps(v.as_mut_ptr().add(at), vec) };
+                    unsafe { vec.store(v.as_mut_ptr().add(at)) };
                 }
             }
         }
@@ -215,9 +253,8 @@ unsafe fn transform_input(p: &Conv2d, x: &[f32], tiles: std::ops::Range<usize>, 
 }
 
 /// A 4 × 4 block of vectors transposed.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn transpose(d: [[std::arch::x86_64::__m512; 4]; 4]) -> [[std::arch::x86_64::__m512; 4]; 4] {
+fn transpose<V: Copy>(d: [[V; 4]; 4]) -> [[V; 4]; 4] {
     let mut t = d;
     for (r, row) in d.iter().enumerate() {
         for (s, &v) in row.iter().enumerate() {
@@ -230,73 +267,111 @@ fn transpose(d: [[std::arch::x86_64::__m512; 4]; 4]) -> [[std::arch::x86_64::__m
 /// `Bᵀ d`: rows `d0 - d2`, `d1 + d2`, `d2 - d1`, `d1 - d3`.
 ///
 /// # Safety
-/// The CPU has AVX-512F (always inlined into a caller compiled for it).
+/// The CPU has `L`'s instructions (always inlined into a caller compiled for them).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn bt(d: [[std::arch::x86_64::__m512; 4]; 4]) -> [[std::arch::x86_64::__m512; 4]; 4] {
-    use std::arch::x86_64::*;
+unsafe fn bt<L: Lanes16>(d: [[L; 4]; 4]) -> [[L; 4]; 4] {
     let mut e = d;
     for j in 0..4 {
         // SAFETY: the contract.
         unsafe {
-            e[0][j] = _mm512_sub_ps(d[0][j], d[2][j]);
-            e[1][j] = _mm512_add_ps(d[1][j], d[2][j]);
-            e[2][j] = _mm512_sub_ps(d[2][j], d[1][j]);
-            e[3][j] = _mm512_sub_ps(d[1][j], d[3][j]);
+            e[0][j] = d[0][j].sub(d[2][j]);
+            e[1][j] = d[1][j].add(d[2][j]);
+            e[2][j] = d[2][j].sub(d[1][j]);
+            e[3][j] = d[1][j].sub(d[3][j]);
         }
     }
     e
+}
+
+/// [`transform_output`] on AVX-512.
+///
+/// # Safety
+/// The CPU has AVX-512F; as [`transform_output`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transform_output_avx512(
+    p: &Conv2d,
+    prod: &[f32],
+    tiles: Range<usize>,
+    epi: Epilogue<'_>,
+    out: SharedOut,
+) {
+    // SAFETY: this function's contract.
+    unsafe { transform_output::<Avx512>(p, prod, tiles, epi, out) }
+}
+
+/// [`transform_output`] on AVX2.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; as [`transform_output`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transform_output_avx2(
+    p: &Conv2d,
+    prod: &[f32],
+    tiles: Range<usize>,
+    epi: Epilogue<'_>,
+    out: SharedOut,
+) {
+    // SAFETY: this function's contract.
+    unsafe { transform_output::<Avx2>(p, prod, tiles, epi, out) }
 }
 
 /// `Y = Aᵀ M A` of each tile of `tiles` from the products `prod` (16 matrices of
 /// `tiles.len()` rows by `M`), with the epilogue, into the tile's outputs inside the image.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `out` is `p`'s output, no one else writes these tiles; the
+/// The CPU has `L`'s instructions; `out` is `p`'s output, no one else writes these tiles; the
 /// epilogue's bias holds `M` values and its residual the output's size.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn transform_output(
+#[inline(always)]
+unsafe fn transform_output<L: Lanes16>(
     p: &Conv2d,
     prod: &[f32],
-    tiles: std::ops::Range<usize>,
+    tiles: Range<usize>,
     epi: Epilogue<'_>,
     out: SharedOut,
 ) {
-    use std::arch::x86_64::*;
     let (m, n) = (p.m, tiles.len());
     let finish = Finish::of(epi.act);
     let (lo, hi) = match finish {
         Finish::Clamp(lo, hi) => (lo, hi),
         _ => (f32::NEG_INFINITY, f32::INFINITY),
     };
-    let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+    // SAFETY (every block below): the CPU has L's instructions (the contract).
+    let (lo, hi) = unsafe { (L::splat(lo), L::splat(hi)) };
     for (i, t) in tiles.enumerate() {
         let (img, oy, ox) = tile_at(p, t);
         for m0 in (0..m).step_by(LANES) {
-            let mut g = [_mm512_setzero_ps(); 16];
+            let zero = unsafe { L::zero() };
+            let mut g = [zero; 16];
             for (xi, g) in g.iter_mut().enumerate() {
                 // SAFETY: matrix xi, row i, channels m0.. lie within prod.
-                *g = unsafe { _mm512_loadu_ps(prod.as_ptr().add((xi * n + i) * m + m0)) };
+                *g = unsafe { L::load(prod.as_ptr().add((xi * n + i) * m + m0)) };
             }
             // Aᵀ down the columns (m0 + m1 + m2, m1 - m2 - m3), then across the rows.
-            let mut y = [[_mm512_setzero_ps(); 2]; 2];
+            let mut y = [[zero; 2]; 2];
             for (a, y) in y.iter_mut().enumerate() {
-                let mut r = [_mm512_setzero_ps(); 4];
+                let mut r = [zero; 4];
                 for (j, r) in r.iter_mut().enumerate() {
                     let (m0, m1, m2, m3) = (g[j], g[4 + j], g[8 + j], g[12 + j]);
-                    *r = match a {
-                        0 => _mm512_add_ps(_mm512_add_ps(m0, m1), m2),
-                        _ => _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3),
+                    *r = unsafe {
+                        match a {
+                            0 => m0.add(m1).add(m2),
+                            _ => m1.sub(m2).sub(m3),
+                        }
                     };
                 }
-                y[0] = _mm512_add_ps(_mm512_add_ps(r[0], r[1]), r[2]);
-                y[1] = _mm512_sub_ps(_mm512_sub_ps(r[1], r[2]), r[3]);
+                unsafe {
+                    y[0] = r[0].add(r[1]).add(r[2]);
+                    y[1] = r[1].sub(r[2]).sub(r[3]);
+                }
             }
             let bias = match epi.bias {
                 // SAFETY: the bias holds M values (this function's contract).
-                Some(b) => unsafe { _mm512_loadu_ps(b.as_ptr().add(m0)) },
-                None => _mm512_setzero_ps(),
+                Some(b) => unsafe { L::load(b.as_ptr().add(m0)) },
+                None => zero,
             };
             for (a, row) in y.iter().enumerate() {
                 for (b, &v) in row.iter().enumerate() {
@@ -305,22 +380,21 @@ unsafe fn transform_output(
                     }
                     let at = ((img * p.oh + oy + a) * p.ow + ox + b) * m + m0;
                     let mut v = v;
-                    if epi.bias.is_some() {
-                        v = _mm512_add_ps(v, bias);
-                    }
-                    if let Some(res) = epi.residual {
-                        // SAFETY: the residual has the output's size.
-                        v = _mm512_add_ps(v, unsafe { _mm512_loadu_ps(res.as_ptr().add(at)) });
-                    }
-                    if let Finish::Clamp(..) = finish {
-                        // max/min return their second operand for NaN: the lower bound, as the
-                        // direct kernel gives.
-                        v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-                    }
-                    // SAFETY: output pixel (oy + a, ox + b) of image img, channels m0..m0 + 16:
-                    // within out, this tile's alone.
                     unsafe {
-                        _mm512_storeu_ps(out.at(at), v);
+                        if epi.bias.is_some() {
+                            v = v.add(bias);
+                        }
+                        if let Some(res) = epi.residual {
+                            // SAFETY: the residual has the output's size.
+                            v = v.add(L::load(res.as_ptr().add(at)));
+                        }
+                        if let Finish::Clamp(..) = finish {
+                            // NaN gives the lower bound, as the direct kernel does.
+                            v = v.clamp(lo, hi);
+                        }
+                        // SAFETY: output pixel (oy + a, ox + b) of image img, channels m0..m0 +
+                        // 16: within out, this tile's alone.
+                        v.store(out.at(at));
                         if let Finish::Other(act) = finish {
                             let written = std::slice::from_raw_parts_mut(out.at(at), LANES);
                             bias_act(written, None, Some(act));
@@ -339,7 +413,7 @@ mod tests {
     use crate::nhwc_conv::tests::{check_against_the_reference, values};
 
     fn available() -> bool {
-        !crate::skip_without(crate::avx512f(), "AVX-512F")
+        !crate::skip_without(crate::nhwc_conv::available(), "AVX-512F or AVX2 + FMA")
     }
 
     #[test]
@@ -362,6 +436,11 @@ mod tests {
             let p = crate::test_conv(case);
             assert!(applies(&p), "{p:?}");
             check_against_the_reference(&p, conv_nhwc);
+            // The AVX2 transforms and products too, where the AVX-512 ones ran above.
+            #[cfg(target_arch = "x86_64")]
+            if crate::avx512f() && crate::activation::avx2_fma() {
+                check_against_the_reference(&p, crate::nhwc_conv::tests::conv_nhwc_avx2);
+            }
         }
         // Not taken: strides, dilations, channels not in whole vectors, too wide a filter, too
         // few positions.
