@@ -139,6 +139,14 @@ pub(crate) fn qavx2_available() -> bool {
     }
 }
 
+/// The first `len` floats of a scratch `buffer`, grown to hold them (contents unspecified).
+pub(crate) fn grown(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+    &mut buffer[..len]
+}
+
 /// The AVX-512 lane mask of the first `remaining` of 16 lanes (all of them from 16 on): the
 /// last, partial vector of a row.
 pub(crate) fn mask16(remaining: usize) -> u16 {

@@ -102,6 +102,11 @@ pub fn inverted_residual_nhwc(
     if out.is_empty() {
         return;
     }
+    let ranges = threads.div_ceil(p2.n).min(p2.oh);
+    if ranges > 1 && p2.h > 0 && uneven(p2, ranges) {
+        staged(threads, (&ex, &dw, pr.as_ref()), x, out);
+        return;
+    }
     // Output rows per band: as many as keep the expanded rows they read within BAND_BYTES.
     let expanded_row = p2.w * p2.c * 4;
     let band = (BAND_BYTES / expanded_row / p2.sh).max(1).min(p2.oh);
@@ -110,7 +115,6 @@ pub fn inverted_residual_nhwc(
     // again: a 7x7 block as four ranges of 2, 2, 2 and 1 rows expands 13 rows for 7, and one
     // of two threads does 4 rows and expands 7; as two ranges of 4 and 3 rows they expand 5
     // and 4 (mobilenet_v2's 7x7 blocks on two threads were slower than on one).
-    let ranges = threads.div_ceil(p2.n).min(p2.oh);
     let per = p2.oh.div_ceil(ranges);
     let dst = SharedOut(out.as_mut_ptr());
     let run = |t: usize| {
@@ -146,6 +150,56 @@ pub fn inverted_residual_nhwc(
     } else {
         (0..tasks).for_each(run);
     }
+}
+
+/// Whether splitting each image's output rows into `ranges` leaves the busiest range with a
+/// tenth more work than an even share: its share of the input rows to expand (the rows its
+/// windows share with its neighbours are expanded by both) and of the output rows, weighed
+/// alike (the expansion and the projection make about as many multiply-adds). On two threads
+/// mobilenet_v2's 7x7 blocks come to 1.29 (5 and 4 input rows of 7, 4 and 3 output rows), its
+/// 14x14 blocks of stride 2 to 1.14, and its 14x14 blocks of stride 1 to 1.07.
+fn uneven(p: &Conv2d, ranges: usize) -> bool {
+    let per = p.oh.div_ceil(ranges);
+    let share = |k: usize| {
+        let (a, b) = ((k * per).min(p.oh), ((k + 1) * per).min(p.oh));
+        if a == b {
+            return 0.0;
+        }
+        let first = (a * p.sh).saturating_sub(p.pt);
+        let reach = ((b - 1) * p.sh + (p.kh - 1) * p.dh + 1).saturating_sub(p.pt);
+        let inputs = reach.min(p.h).saturating_sub(first);
+        (inputs as f64 / p.h as f64 + (b - a) as f64 / p.oh as f64) / 2.0
+    };
+    let busiest = (0..ranges).map(share).fold(0.0, f64::max);
+    busiest * ranges as f64 > 1.1
+}
+
+/// The three stages one after the other over the whole batch, each split across `threads`
+/// as its kernel splits it: for the blocks whose rows do not split evenly ([`uneven`]). The
+/// kernels split an image's expansion and projection by output channels or positions, evenly;
+/// the wide tensors go through the calling thread's scratch.
+fn staged(
+    threads: usize,
+    (ex, dw, pr): (&NhwcStage<'_>, &NhwcStage<'_>, Option<&NhwcStage<'_>>),
+    x: &[f32],
+    out: &mut [f32],
+) {
+    let (p1, p2) = (ex.p, dw.p);
+    // Taken, not borrowed: a thread that runs another block while it waits for this one's
+    // tasks finds its scratch empty, and grows its own.
+    let (mut expanded, mut depthwise) = BANDS.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    let wide = p1.n * p1.oh * p1.ow * p1.m;
+    let expanded_all = crate::grown(&mut expanded, wide);
+    conv_nhwc(threads, p1, x, ex.filter, ex.epi, expanded_all);
+    match pr {
+        None => depthwise_nhwc(threads, p2, expanded_all, dw.filter, dw.epi, out),
+        Some(pr) => {
+            let depthwise_all = crate::grown(&mut depthwise, p2.n * p2.oh * p2.ow * p2.m);
+            depthwise_nhwc(threads, p2, expanded_all, dw.filter, dw.epi, depthwise_all);
+            conv_nhwc(threads, pr.p, depthwise_all, pr.filter, pr.epi, out);
+        }
+    }
+    BANDS.with(|b| *b.borrow_mut() = (expanded, depthwise));
 }
 
 /// Output rows `oys` of image `img` into `out` (those rows alone). `expanded` holds the
@@ -279,6 +333,9 @@ mod tests {
             (3, 5, 7, 40, 5, 1, true),
             (1, 24, 40, 144, 24, 1, true),
             (1, 16, 41, 96, 24, 2, false),
+            // Rows that split unevenly: the stages one after the other on two threads.
+            (1, 32, 7, 96, 32, 1, true),
+            (1, 32, 14, 96, 48, 2, false),
         ] {
             let p1 = conv(n, k, h, e, 1, 1, 1);
             let p2 = conv(n, e, h, e, 3, s, e);
@@ -320,6 +377,9 @@ mod tests {
                 assert_eq!(got, block, "block {:?} threads {threads}", p2);
             }
             assert!(!applies(&dw, &ex, None), "the stages in the wrong order");
+            if (n, h) == (1, 7) {
+                assert!(uneven(&p2, 2) && !uneven(&conv(1, e, 14, e, 3, 1, e), 2));
+            }
         }
     }
 }

@@ -275,19 +275,21 @@ fn conv_on(
     let nb = (BLOCK_WEIGHTS / (kc * panel_bytes) / NP * NP).max(NP);
     let row_tiles = rows.div_ceil(MR);
     let groups = f.panels().div_ceil(NP);
-    // Tasks over row tiles by groups of NP panels, as even as they divide (`split::grid`).
+    // Tasks over row tiles by groups of NP panels, as even as they divide (`split::grid`). A
+    // row task then takes its share of the positions, not of whole tiles of MR, and its tiles
+    // are as even as its rows allow ([`tiles`]): two tasks of 49 positions are 25 and 24, not
+    // 30 and 19.
     let threads = match rows * p.m * k >= crate::PAR_MIN_WORK {
         true => threads,
         false => 1,
     };
     let (row_tasks, panel_tasks) =
-        crate::split::grid(threads, row_tiles, groups, 4 * x.len(), f.bytes());
-    let tiles_per = row_tiles.div_ceil(row_tasks);
+        crate::split::grid(threads, row_tiles, groups, 4 * x.len(), 4 * f.data.len());
     let panels_per = groups.div_ceil(panel_tasks) * NP;
     let dst = SharedOut(out.as_mut_ptr());
     let run = |t: usize| {
         let (rt, pt) = (t / panel_tasks, t % panel_tasks);
-        let rows = (rt * tiles_per * MR).min(rows)..((rt + 1) * tiles_per * MR).min(rows);
+        let rows = rows * rt / row_tasks..rows * (rt + 1) / row_tasks;
         let mine = (pt * panels_per).min(f.panels())..((pt + 1) * panels_per).min(f.panels());
         for p0 in mine.clone().step_by(nb) {
             let panels = p0..(p0 + nb).min(mine.end);

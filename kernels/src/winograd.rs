@@ -125,7 +125,10 @@ pub(crate) unsafe fn conv(
     let run = |(v, prod): &mut (Vec<f32>, Vec<f32>), chunk: usize| {
         let first = chunk * per;
         let n = per.min(tiles - first);
-        let (v, prod) = (grown(v, 16 * n * p.c), grown(prod, 16 * n * p.m));
+        let (v, prod) = (
+            crate::grown(v, 16 * n * p.c),
+            crate::grown(prod, 16 * n * p.m),
+        );
         let tiles = first..first + n;
         // SAFETY: the CPU has the instructions (this function's contract); the buffers hold
         // 16 matrices of `n` rows; chunks write disjoint tiles of `out`.
@@ -166,14 +169,6 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const {
         std::cell::RefCell::new((Vec::new(), Vec::new()))
     };
-}
-
-/// The first `len` floats of `buffer`, grown to hold them (contents unspecified).
-fn grown(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if buffer.len() < len {
-        buffer.resize(len, 0.0);
-    }
-    &mut buffer[..len]
 }
 
 /// Where tile `t` lies: its image, and its top-left output row and column.
