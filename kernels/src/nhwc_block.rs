@@ -103,7 +103,10 @@ pub fn inverted_residual_nhwc(
         return;
     }
     let ranges = threads.div_ceil(p2.n).min(p2.oh);
-    if ranges > 1 && p2.h > 0 && uneven(p2, ranges) {
+    // Stage by stage where the rows split unevenly and the expanded tensor is no larger than
+    // a band's scratch could grow to (two of BAND_BYTES).
+    let expanded_bytes = 4 * p1.n * p1.oh * p1.ow * p1.m;
+    if ranges > 1 && p2.h > 0 && expanded_bytes <= 2 * BAND_BYTES && uneven(p2, ranges) {
         staged(threads, (&ex, &dw, pr.as_ref()), x, out);
         return;
     }
