@@ -177,32 +177,26 @@ impl Controller {
                 tracing::warn!(agent = %key, %message, "report of another version");
                 other_version.push((Arc::clone(a), message));
             }
-            let report = match scraped {
-                Some(Ok(r)) => {
-                    self.unreachable_since.remove(&key);
-                    Some(r)
-                }
+            let pod = pod_of(a);
+            let (report, answered) = match scraped {
+                Some(Ok(r)) => (Some(r), true),
                 // It answers, so it is alive and stays; what it says is not used.
-                Some(Err(ScrapeError::OtherVersion(_))) => {
-                    self.unreachable_since.remove(&key);
-                    None
-                }
+                Some(Err(ScrapeError::OtherVersion(_))) => (None, true),
                 Some(Err(ScrapeError::Failed(e))) => {
                     tracing::debug!(agent = %key, error = %e, "report unavailable");
-                    self.unreachable_since.entry(key.clone()).or_insert(started);
-                    None
+                    (None, false)
                 }
-                None => {
-                    self.unreachable_since.entry(key.clone()).or_insert(started);
-                    None
-                }
+                None => (None, false),
             };
-            let unreachable_for_s = self
-                .unreachable_since
-                .get(&key)
-                .map_or(0.0, |since| since.elapsed().as_secs_f64())
-                .max(lease_silent_s.get(&key).copied().unwrap_or(0.0));
-            let pod = pod_of(a);
+            let running = pod.is_some_and(|p| pod_state(p) == PodState::Running);
+            let unreachable_for_s = silent_for(
+                &mut self.unreachable_since,
+                &key,
+                answered,
+                running,
+                started,
+            )
+            .max(lease_silent_s.get(&key).copied().unwrap_or(0.0));
             views_by_pool
                 .entry(a.spec.pool.clone())
                 .or_default()
@@ -469,6 +463,24 @@ fn unmanaged_pool_status(pool: &GpuPool) -> cotenant_crds::GpuPoolStatus {
     status
 }
 
+/// Seconds the agent at `key` has not answered its scrape, as of `now`. The clock runs only
+/// while its pod runs: a pod waiting for a node (the cluster autoscaler may take minutes) has
+/// not failed, and counting the wait would remove it as dead the moment it starts.
+fn silent_for(
+    since: &mut HashMap<String, Instant>,
+    key: &str,
+    answered: bool,
+    running: bool,
+    now: Instant,
+) -> f64 {
+    if answered || !running {
+        since.remove(key);
+        return 0.0;
+    }
+    let from = *since.entry(key.to_string()).or_insert(now);
+    now.saturating_duration_since(from).as_secs_f64()
+}
+
 fn pod_state(p: &Pod) -> PodState {
     if p.metadata.deletion_timestamp.is_some() {
         return PodState::Gone;
@@ -564,6 +576,27 @@ mod tests {
         }))
         .expect("pool");
         vec![Arc::new(GpuPool::new("gpus", pool))]
+    }
+
+    #[test]
+    fn the_silence_clock_runs_only_while_the_pod_runs() {
+        let mut since = HashMap::new();
+        let t0 = Instant::now();
+        let later = |s: u64| t0 + std::time::Duration::from_secs(s);
+        // Pending for a minute, waiting for a node: never silent.
+        for s in [0, 30, 60] {
+            assert_eq!(silent_for(&mut since, "a", false, false, later(s)), 0.0);
+        }
+        // Running from 60 s: silent from then on, not from when it was created.
+        assert_eq!(silent_for(&mut since, "a", false, true, later(60)), 0.0);
+        assert_eq!(silent_for(&mut since, "a", false, true, later(72)), 12.0);
+        // An answer resets the clock; the next silence counts from the next miss.
+        assert_eq!(silent_for(&mut since, "a", true, true, later(73)), 0.0);
+        assert_eq!(silent_for(&mut since, "a", false, true, later(80)), 0.0);
+        assert_eq!(silent_for(&mut since, "a", false, true, later(95)), 15.0);
+        // Back to pending (the pod was recreated): the clock stops.
+        assert_eq!(silent_for(&mut since, "a", false, false, later(96)), 0.0);
+        assert!(since.is_empty());
     }
 
     #[test]
