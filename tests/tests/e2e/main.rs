@@ -21,9 +21,9 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     let models = c.zoo(&["squeezenet", "mobilenet_v2", "resnet18", "vgg16"]);
     c.apply_tenant("sq", &models.uri("squeezenet"), 400.0, "");
     c.apply_tenant("mn", &models.uri("mobilenet_v2"), 800.0, "");
-    // rn batches only: its agents have 160 MiB, and a Joint replica of resnet18 (two instances,
-    // each with a batch's activations) grows to fill most of one, so the three tenants could no
-    // longer share two agents when the pool shrinks (step 3).
+    // rn batches only: its replica holds the weights and one batch's activations, so the three
+    // tenants share one agent at any batch (see GPU_MEMORY_MIB), and its replicas beyond the
+    // first need agents of their own, which is what grows the pool in step 2.
     c.apply_tenant(
         "rn",
         &models.uri("resnet18"),
@@ -40,8 +40,8 @@ fn tenants_are_served_rescaled_and_recovered_end_to_end() {
     ] {
         c.infer_through_slice(t, &models.path(file));
     }
-    // A light load while waiting: a tenant whose profiled knobs need more memory than its agent
-    // has left moves to another agent, and the new replica's window starts empty.
+    // A light load while waiting: the latency shows once rn's knobs are chosen from its profile
+    // and its window has requests.
     let light = c.load_image_model("rn", 2.0);
     c.step("observed latency in rn's status", 120, || {
         let p99 = c.jsonpath("mt", "rn", "{.status.observed.latencyMillis}");
