@@ -1,12 +1,13 @@
-//! Graph rewrite passes, run in order by [`optimize`]: quantized (QDQ) patterns to integer
-//! ops, the NCHW/NHWC transposes between them cancelled, constant folding (shape subgraphs
-//! included, under symbolic dimensions), constant bias Adds and BatchNorm folded into the
-//! producing Conv, Erf-form GELU and written-out hard-swish (on the CPU, SiLU too) recognised,
-//! (on the CPU) a scalar scaling of Softmax's input folded into it, constant bias fused into
-//! MatMul, residual Adds fused into the producing Conv, activations fused into the producing
-//! Conv/Gemm/MatMul, a 1x1 Conv fused into the depthwise Conv after it and then the 1x1 Conv
-//! after the pair (MobileNet's whole inverted residual block), dead-node removal. On the CPU,
-//! chains of convolutions go NHWC and MatMuls by constant matrices hold them packed.
+//! Graph rewrite passes, run in order by [`optimize`]: Identity nodes removed, quantized (QDQ)
+//! patterns to integer ops, the NCHW/NHWC transposes between them cancelled, constant folding
+//! (shape subgraphs included, under symbolic dimensions), constant bias Adds and BatchNorm
+//! folded into the producing Conv, Erf-form GELU and written-out hard-swish (on the CPU, SiLU
+//! too) recognised, (on the CPU) a scalar scaling of Softmax's input folded into it, constant
+//! bias fused into MatMul, residual Adds fused into the producing Conv, activations fused into
+//! the producing Conv/Gemm/MatMul, a 1x1 Conv fused into the depthwise Conv after it and then
+//! the 1x1 Conv after the pair (MobileNet's whole inverted residual block), dead-node removal.
+//! On the CPU, chains of convolutions go NHWC and MatMuls by constant matrices hold them
+//! packed.
 mod bias;
 mod bn_fold;
 mod dce;
@@ -14,6 +15,7 @@ mod fold;
 mod fuse;
 mod gelu;
 mod hard_swish;
+mod identity;
 mod nhwc;
 mod pack_matmul;
 mod pointwise_depthwise;
@@ -31,6 +33,7 @@ pub use fold::fold_constants;
 pub use fuse::fuse_activations;
 pub use gelu::fuse_gelu;
 pub use hard_swish::fuse_hard_swish;
+pub use identity::remove_identities;
 pub use nhwc::nhwc_convolutions;
 pub use pack_matmul::pack_matmul_weights;
 pub use pointwise_depthwise::fuse_pointwise_depthwise;
@@ -54,6 +57,7 @@ pub fn optimize_for_cpu(g: &mut Graph) {
 }
 
 fn rewrite(g: &mut Graph, cpu: bool) {
+    remove_identities(g);
     qdq::fuse_qdq(g);
     transposes::cancel_transposes(g);
     fold_constants(g);

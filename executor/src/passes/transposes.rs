@@ -13,6 +13,7 @@ use crate::ops::Op;
 use crate::ops::pool::PoolAttrs;
 use crate::ops::quant::QuantOp;
 use crate::ops::shape::ShapeOp;
+use std::collections::HashMap;
 
 pub fn cancel_transposes(g: &mut Graph) {
     let mut changed = false;
@@ -49,10 +50,11 @@ fn transposed(
     Some(((*n.inputs.first()?)?, perm(n)?.to_vec()))
 }
 
-/// Rewires the readers of one Transpose of a Transpose that undoes it to the first one's
-/// input; whether it found one.
+/// Rewires the readers of every Transpose of a Transpose that undoes it to the first one's
+/// input; whether it found any.
 fn cancel_pair(g: &mut Graph) -> bool {
     let (producers, uses) = (g.producers(), g.use_counts());
+    let mut to: HashMap<usize, usize> = HashMap::new();
     for n in &g.nodes {
         let (Some(p2), Some(&out)) = (perm(n), n.outputs.first()) else {
             continue;
@@ -62,20 +64,19 @@ fn cancel_pair(g: &mut Graph) -> bool {
         };
         let undoes =
             p1.len() == p2.len() && (0..p2.len()).all(|b| p2[b] < p1.len() && p1[p2[b]] == b);
-        if !undoes || uses[out] == 0 || g.outputs.contains(&out) {
-            continue;
+        if undoes && uses[out] > 0 && !g.outputs.contains(&out) {
+            to.insert(out, src);
         }
-        rewire(g, out, src);
-        return true;
     }
-    false
+    rewire(g, &to)
 }
 
-/// Makes one Transpose of a Transpose (that does not undo it) a single transpose of the first
-/// one's input, by the composed perm; whether it found one. The first is then dead unless
-/// something else reads it.
+/// Makes every Transpose of a Transpose (that does not undo it) a single transpose of the
+/// first one's input, by the composed perm; whether it found any. The first is then dead
+/// unless something else reads it.
 fn compose_pair(g: &mut Graph) -> bool {
     let producers = g.producers();
+    let mut changed = false;
     for i in 0..g.nodes.len() {
         let n = &g.nodes[i];
         let Some(p2) = perm(n) else {
@@ -92,112 +93,147 @@ fn compose_pair(g: &mut Graph) -> bool {
             perm: Some(composed),
         });
         g.nodes[i].inputs[0] = Some(src);
-        return true;
+        changed = true;
     }
-    false
+    changed
 }
 
-/// Makes every node that reads `from` read `to` instead.
-fn rewire(g: &mut Graph, from: usize, to: usize) {
+/// Makes every node that reads a value of `to` read what it maps to (through chains of them)
+/// instead; whether there was any.
+fn rewire(g: &mut Graph, to: &HashMap<usize, usize>) -> bool {
     for node in &mut g.nodes {
-        for input in node.inputs.iter_mut().filter(|i| **i == Some(from)) {
-            *input = Some(to);
+        for input in node.inputs.iter_mut().flatten() {
+            while let Some(&v) = to.get(input) {
+                *input = v;
+            }
         }
     }
+    !to.is_empty()
 }
 
-/// Rewires the readers of a Transpose that repeats an earlier one (the same input and perm)
-/// to the earlier one's output; whether it found one.
+/// Rewires the readers of every Transpose that repeats an earlier one (the same input and
+/// perm) to the earlier one's output; whether it found any. One pass, whatever the count.
 fn merge_repeat(g: &mut Graph) -> bool {
     let uses = g.use_counts();
-    for (i, later) in g.nodes.iter().enumerate() {
-        let (Some(p), Some(&out)) = (perm(later), later.outputs.first()) else {
+    let mut first: HashMap<(&[Option<usize>], &[usize]), usize> = HashMap::new();
+    let mut repeats: HashMap<usize, usize> = HashMap::new();
+    for n in &g.nodes {
+        let (Some(p), Some(&out)) = (perm(n), n.outputs.first()) else {
             continue;
         };
-        if uses[out] == 0 || g.outputs.contains(&out) {
-            continue;
+        match first.get(&(n.inputs.as_slice(), p)) {
+            Some(&earlier) if uses[out] > 0 && !g.outputs.contains(&out) => {
+                repeats.insert(out, earlier);
+            }
+            Some(_) => {}
+            None => {
+                first.insert((n.inputs.as_slice(), p), out);
+            }
         }
-        let earlier = g.nodes[..i]
-            .iter()
-            .find(|n| perm(n) == Some(p) && n.inputs == later.inputs);
-        let Some(&first) = earlier.and_then(|n| n.outputs.first()) else {
-            continue;
-        };
-        rewire(g, out, first);
-        return true;
     }
-    false
+    rewire(g, &repeats)
 }
 
-/// Moves one elementwise op (a QAdd, or any [`elementwise`] one) whose inputs are all
+/// Moves every elementwise op (a QAdd, or any [`elementwise`] one) whose inputs are all
 /// transposed by the same perm (or constants of one element) behind that transpose; whether it
-/// found one. An elementwise op commutes with transposing all its inputs alike (inputs of one
+/// moved any. An elementwise op commutes with transposing all its inputs alike (inputs of one
 /// rank broadcast alike); the transposes it read must be read by nothing else, so that the
-/// count never grows.
+/// count never grows. One pass in order carries a transpose through a whole chain of them.
 fn hoist_elementwise(g: &mut Graph) -> bool {
-    let (producers, uses) = (g.producers(), g.use_counts());
-    for i in 0..g.nodes.len() {
-        let n = &g.nodes[i];
-        let moves = matches!(n.op, Op::Quant(QuantOp::QAdd(_))) || elementwise(n);
-        if !moves || n.outputs.len() != 1 || n.inputs.is_empty() || n.inputs.contains(&None) {
-            continue;
-        }
-        // Each input: transposed (its source and perm), or a constant of one element, which
-        // broadcasts the same either way.
-        let one = |v: usize| g.constants.get(&v).is_some_and(|t| t.len() == 1);
-        let sources: Option<Vec<(usize, Option<Vec<usize>>)>> = n
-            .inputs
-            .iter()
-            .flatten()
-            .map(|&v| match transposed(g, &producers, Some(v)) {
-                Some((x, p)) => Some((x, Some(p))),
-                None => one(v).then_some((v, None)),
-            })
-            .collect();
-        let Some(sources) = sources else {
+    let mut uses = g.use_counts();
+    let mut producers = vec![None; g.value_names.len()];
+    let mut moved = false;
+    for n in std::mem::take(&mut g.nodes) {
+        let i = g.nodes.len();
+        let Some((inputs, perm)) = behind_transposes(g, &producers, &uses, &n) else {
+            for &o in &n.outputs {
+                producers[o] = Some(i);
+            }
+            g.nodes.push(n);
             continue;
         };
-        let Some(perm) = sources.iter().find_map(|(_, p)| p.clone()) else {
-            continue;
-        };
-        // A value read several times by this node counts once per read.
-        let own = |v: usize| n.inputs.iter().filter(|&&x| x == Some(v)).count();
-        let transposes_alone = n
-            .inputs
-            .iter()
-            .flatten()
-            .all(|&v| one(v) || uses[v] == own(v));
-        let same = sources.iter().all(|(x, p)| match p {
-            Some(p) => *p == perm,
-            None => g.constants[x].rank() <= perm.len(),
-        });
-        if !transposes_alone || !same {
-            continue;
+        // The transposes read lose their reader (and die); what they read gains it.
+        for &v in n.inputs.iter().flatten() {
+            uses[v] -= 1;
         }
-        let inputs = sources.into_iter().map(|(x, _)| Some(x)).collect();
-        move_behind(g, i, inputs, perm);
-        return true;
+        for &x in inputs.iter().flatten() {
+            uses[x] += 1;
+        }
+        let mut n = n;
+        let t = split_off_transpose(g, &mut n, inputs, perm);
+        uses.push(1);
+        producers.push(Some(i));
+        producers[t.outputs[0]] = Some(i + 1);
+        g.nodes.extend([n, t]);
+        moved = true;
     }
-    false
+    moved
+}
+
+/// What elementwise `n` reads once moved behind the transposes of its inputs, and their perm;
+/// `None` unless it can move (see [`hoist_elementwise`]). `producers` index `g`'s nodes.
+fn behind_transposes(
+    g: &Graph,
+    producers: &[Option<usize>],
+    uses: &[usize],
+    n: &Node,
+) -> Option<(Vec<Option<usize>>, Vec<usize>)> {
+    let moves = matches!(n.op, Op::Quant(QuantOp::QAdd(_))) || elementwise(n);
+    if !moves || n.outputs.len() != 1 || n.inputs.is_empty() || n.inputs.contains(&None) {
+        return None;
+    }
+    // Each input: transposed (its source and perm), or a constant of one element, which
+    // broadcasts the same either way.
+    let one = |v: usize| g.constants.get(&v).is_some_and(|t| t.len() == 1);
+    let sources: Vec<(usize, Option<Vec<usize>>)> = n
+        .inputs
+        .iter()
+        .flatten()
+        .map(|&v| match transposed(g, producers, Some(v)) {
+            Some((x, p)) => Some((x, Some(p))),
+            None => one(v).then_some((v, None)),
+        })
+        .collect::<Option<_>>()?;
+    let perm = sources.iter().find_map(|(_, p)| p.clone())?;
+    // A value read several times by this node counts once per read.
+    let own = |v: usize| n.inputs.iter().filter(|&&x| x == Some(v)).count();
+    let transposes_alone = n
+        .inputs
+        .iter()
+        .flatten()
+        .all(|&v| one(v) || uses[v] == own(v));
+    let same = sources.iter().all(|(x, p)| match p {
+        Some(p) => *p == perm,
+        None => g.constants[x].rank() <= perm.len(),
+    });
+    (transposes_alone && same).then(|| (sources.into_iter().map(|(x, _)| Some(x)).collect(), perm))
 }
 
 /// Makes node `i` (one output) read `inputs` and adds a Transpose by `perm` of what it now
 /// computes, which its output's readers read.
 fn move_behind(g: &mut Graph, i: usize, inputs: Vec<Option<usize>>, perm: Vec<usize>) {
-    let out = g.nodes[i].outputs[0];
+    let mut n = g.nodes.remove(i);
+    let t = split_off_transpose(g, &mut n, inputs, perm);
+    g.nodes.splice(i..i, [n, t]);
+}
+
+/// Makes `n` (one output) read `inputs` and write a new value, and returns the Transpose by
+/// `perm` of that value that writes `n`'s output.
+fn split_off_transpose(
+    g: &mut Graph,
+    n: &mut Node,
+    inputs: Vec<Option<usize>>,
+    perm: Vec<usize>,
+) -> Node {
+    let out = n.outputs[0];
     let inner = g.add_value(format!("{}/untransposed", g.value_names[out]));
-    let name = format!("{}/transpose", g.nodes[i].name);
-    let node = &mut g.nodes[i];
-    (node.inputs, node.outputs) = (inputs, vec![inner]);
-    g.nodes.insert(
-        i + 1,
-        Node {
-            name,
-            op: Op::Shape(ShapeOp::Transpose { perm: Some(perm) }),
-            inputs: vec![Some(inner)],
-            outputs: vec![out],
-        },
-    );
+    (n.inputs, n.outputs) = (inputs, vec![inner]);
+    Node {
+        name: format!("{}/transpose", n.name),
+        op: Op::Shape(ShapeOp::Transpose { perm: Some(perm) }),
+        inputs: vec![Some(inner)],
+        outputs: vec![out],
+    }
 }
 
 /// Moves one 2-D MaxPool (no Indices) of an NHWC-to-NCHW transpose of an NHWC kernel's output
