@@ -16,12 +16,19 @@ pub enum ImportError {
     NoGraph,
     #[error("model imports opset {opset} of the default domain; supported are 1..=27")]
     Opset { opset: i64 },
-    #[error("node {node:?}: operator {domain}{op} (opset {opset}) is not supported")]
+    #[error("node {node:?}: operator {op} (opset {opset}) is not supported")]
     UnsupportedOp {
         node: String,
         op: String,
-        domain: String,
         opset: i64,
+    },
+    #[error("node {node:?}: operator {domain}.{op} is not supported{known}")]
+    UnsupportedDomainOp {
+        node: String,
+        op: String,
+        domain: String,
+        /// What of that domain is supported, when any.
+        known: String,
     },
     #[error("node {node:?} ({op}, opset {opset}): {reason}")]
     BadNode {

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 mod buffer;
+mod contrib;
 mod subgraph;
 
 use buffer::ModelBuffer;
@@ -218,13 +219,18 @@ pub(crate) fn import_nodes(
         } else {
             np.name.clone()
         };
-        if !(np.domain.is_empty() || np.domain == "ai.onnx") {
-            return Err(ImportError::UnsupportedOp {
-                node: node_name,
-                op: np.op_type.clone(),
-                domain: format!("{}.", np.domain),
-                opset,
-            });
+        let default_domain = np.domain.is_empty() || np.domain == "ai.onnx";
+        let foreign = || ImportError::UnsupportedDomainOp {
+            node: node_name.clone(),
+            op: np.op_type.clone(),
+            domain: np.domain.clone(),
+            known: match np.domain == contrib::DOMAIN {
+                true => format!(" (of that domain, only {})", contrib::SUPPORTED.join(", ")),
+                false => String::new(),
+            },
+        };
+        if !default_domain && np.domain != contrib::DOMAIN {
+            return Err(foreign());
         }
         let bad = |reason: String| ImportError::BadNode {
             node: node_name.clone(),
@@ -259,7 +265,20 @@ pub(crate) fn import_nodes(
             g.constants.insert(v, Arc::new(t));
             continue;
         }
-        let parsed = match subgraph::control(np, &attrs, scope, &g.constants, cx, inputs.len()) {
+        // An operator of onnxruntime's domain reads as the standard one it stands for.
+        let mut op_type = np.op_type.as_str();
+        if !default_domain {
+            match contrib::standard(op_type, g, &inputs) {
+                Some(Ok(standard)) => (op_type, inputs) = (standard.op, standard.inputs),
+                Some(Err(reason)) => return Err(bad(reason)),
+                None => return Err(foreign()),
+            }
+        }
+        let control = match default_domain {
+            true => subgraph::control(np, &attrs, scope, &g.constants, cx, inputs.len()),
+            false => None,
+        };
+        let parsed = match control {
             Some(parsed) => {
                 let (op, implicit) = parsed.map_err(&bad)?;
                 // The outer values the bodies read are inputs of this node, so that the plan
@@ -274,7 +293,7 @@ pub(crate) fn import_nodes(
                 }
                 Ok(Some(op))
             }
-            None => Op::parse(&np.op_type, &attrs, opset, inputs.len(), np.output.len()),
+            None => Op::parse(op_type, &attrs, opset, inputs.len(), np.output.len()),
         };
         let op = match parsed {
             Ok(Some(op)) => op,
@@ -282,7 +301,6 @@ pub(crate) fn import_nodes(
                 return Err(ImportError::UnsupportedOp {
                     node: node_name,
                     op: np.op_type.clone(),
-                    domain: String::new(),
                     opset,
                 });
             }

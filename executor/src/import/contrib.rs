@@ -1,0 +1,317 @@
+//! Operators of onnxruntime's `com.microsoft` domain that its own tools write into models, read
+//! as the standard operators they stand for.
+//!
+//! `DynamicQuantizeLSTM` is what `onnxruntime.quantization.quantize_dynamic` makes of every
+//! LSTM: int8 weights, stored input-major (`[directions, input, 4·hidden]`), with a scale and
+//! zero point per direction or per gate unit. It is read as an LSTM on the dequantized weights,
+//! transposed to ONNX's `[directions, 4·hidden, input]`. onnxruntime quantizes the input of each
+//! step too; the float product is the exact one, and differs from onnxruntime's by that
+//! quantization (about 5e-3 of the output's magnitude on ddddocr's OCR model).
+
+use crate::graph::Graph;
+use crate::tensor::{DType, Tensor};
+use std::sync::Arc;
+
+/// The domain these operators belong to.
+pub const DOMAIN: &str = "com.microsoft";
+
+/// The operators of [`DOMAIN`] that [`standard`] reads.
+pub const SUPPORTED: &[&str] = &["DynamicQuantizeLSTM"];
+
+/// A standard operator and the inputs to give it.
+pub struct Standard {
+    pub op: &'static str,
+    pub inputs: Vec<Option<usize>>,
+}
+
+/// The standard operator `op` (of [`DOMAIN`]) stands for, and the inputs to give it, adding the
+/// constants they need to `g`; `None` for an operator this module does not know.
+pub fn standard(
+    op: &str,
+    g: &mut Graph,
+    inputs: &[Option<usize>],
+) -> Option<Result<Standard, String>> {
+    match op {
+        "DynamicQuantizeLSTM" => {
+            Some(quantized_lstm(g, inputs).map(|inputs| Standard { op: "LSTM", inputs }))
+        }
+        _ => None,
+    }
+}
+
+/// LSTM's inputs `[X, W, R, B, sequence_lens, initial_h, initial_c, P]` from
+/// DynamicQuantizeLSTM's, which add `W_scale, W_zero_point, R_scale, R_zero_point` (8..12).
+fn quantized_lstm(g: &mut Graph, inputs: &[Option<usize>]) -> Result<Vec<Option<usize>>, String> {
+    if inputs.len() != 12 {
+        return Err(format!(
+            "has {} inputs; DynamicQuantizeLSTM takes 12 (X, W, R, B, sequence_lens, \
+             initial_h, initial_c, P, W_scale, W_zero_point, R_scale, R_zero_point)",
+            inputs.len()
+        ));
+    }
+    let constant = |i: usize, what: &str| -> Result<Arc<Tensor>, String> {
+        inputs[i]
+            .and_then(|v| g.constants.get(&v).cloned())
+            .ok_or_else(|| format!("{what} (input {i}) is not a constant initializer"))
+    };
+    let quantized = |q: usize, scale: usize, zero: usize, name: &str| {
+        let (q, scale, zero) = (
+            constant(q, name)?,
+            constant(scale, &format!("{name}_scale"))?,
+            constant(zero, &format!("{name}_zero_point"))?,
+        );
+        dequantized(&q, &scale, &zero).map_err(|e| format!("{name}: {e}"))
+    };
+    let (w, r) = (quantized(1, 8, 9, "W")?, quantized(2, 10, 11, "R")?);
+    let mut lstm = inputs[..8].to_vec();
+    for (slot, t, name) in [(1, w, "W"), (2, r, "R")] {
+        let v = g.add_value(format!(
+            "{}/dequantized_{name}",
+            g.value_names[inputs[slot].unwrap_or(0)]
+        ));
+        g.constants.insert(v, Arc::new(t));
+        lstm[slot] = Some(v);
+    }
+    Ok(lstm)
+}
+
+/// `(q - zero) · scale` of int8 or uint8 `q` shaped `[directions, rows, cols]`, transposed to
+/// `[directions, cols, rows]`; scale and zero point are per direction (`[directions]`) or per
+/// column (`[directions, cols]`), and of one shape.
+fn dequantized(q: &Tensor, scale: &Tensor, zero: &Tensor) -> Result<Tensor, String> {
+    let &[dirs, rows, cols] = q.shape.as_slice() else {
+        return Err(format!(
+            "shape {:?}, not [directions, rows, columns]",
+            q.shape
+        ));
+    };
+    if !matches!(q.dtype(), DType::I8 | DType::U8) {
+        return Err(format!("element type {:?}, not int8 or uint8", q.dtype()));
+    }
+    if zero.dtype() != q.dtype() || scale.dtype() != DType::F32 {
+        return Err(format!(
+            "scale of {:?} and zero point of {:?}: want float and the weights' {:?}",
+            scale.dtype(),
+            zero.dtype(),
+            q.dtype()
+        ));
+    }
+    let per_column = match scale.shape.as_slice() {
+        [d] if *d == dirs => false,
+        [d, c] if *d == dirs && *c == cols => true,
+        s => {
+            return Err(format!(
+                "scale shape {s:?}, not [{dirs}] or [{dirs}, {cols}]"
+            ));
+        }
+    };
+    if zero.shape != scale.shape {
+        return Err(format!(
+            "zero point shape {:?}, not the scale's {:?}",
+            zero.shape, scale.shape
+        ));
+    }
+    let (q, scale, zero) = (q.to_f64_vec(), scale.to_f64_vec(), zero.to_f64_vec());
+    let at = |d: usize, c: usize| if per_column { d * cols + c } else { d };
+    let mut out = vec![0f32; dirs * rows * cols];
+    for d in 0..dirs {
+        for row in 0..rows {
+            for c in 0..cols {
+                let k = at(d, c);
+                let x = (q[(d * rows + row) * cols + c] - zero[k]) * scale[k];
+                out[(d * cols + c) * rows + row] = x as f32;
+            }
+        }
+    }
+    Tensor::f32(vec![dirs, cols, rows], out).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::CpuBackend;
+    use crate::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto};
+    use crate::proto::{TensorProto, attribute_type as at};
+    use crate::zoo::builder::{attr_int, value_info};
+    use prost::Message;
+
+    const STEPS: usize = 3;
+    const BATCH: usize = 2;
+    const INPUT: usize = 4;
+    const HIDDEN: usize = 2;
+    const DIRS: usize = 2;
+    const GATES: usize = 4 * HIDDEN;
+
+    fn tensor(name: &str, dtype: DType, dims: &[usize], raw: Vec<u8>) -> TensorProto {
+        TensorProto {
+            dims: dims.iter().map(|&d| d as i64).collect(),
+            data_type: dtype.onnx(),
+            name: name.into(),
+            raw_data: raw.into(),
+            ..Default::default()
+        }
+    }
+
+    fn floats(name: &str, dims: &[usize], v: &[f32]) -> TensorProto {
+        tensor(
+            name,
+            DType::F32,
+            dims,
+            v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        )
+    }
+
+    /// A model of one LSTM-like node of `domain` on `X` (`[steps, batch, input]`).
+    fn model(op: &str, domain: &str, inputs: &[&str], inits: Vec<TensorProto>) -> Vec<u8> {
+        let direction = AttributeProto {
+            name: "direction".into(),
+            r#type: at::STRING,
+            s: b"bidirectional".to_vec(),
+            ..Default::default()
+        };
+        let dims = |d: &[usize]| d.iter().map(|&x| Some(x)).collect::<Vec<_>>();
+        let graph = GraphProto {
+            node: vec![NodeProto {
+                input: inputs.iter().map(|s| s.to_string()).collect(),
+                output: vec!["Y".into(), "Y_h".into(), "Y_c".into()],
+                name: "lstm".into(),
+                op_type: op.into(),
+                domain: domain.into(),
+                attribute: vec![attr_int("hidden_size", HIDDEN as i64), direction],
+                ..Default::default()
+            }],
+            initializer: inits,
+            input: vec![value_info("X", DType::F32, &dims(&[STEPS, BATCH, INPUT]))],
+            output: vec![
+                value_info("Y", DType::F32, &dims(&[STEPS, DIRS, BATCH, HIDDEN])),
+                value_info("Y_h", DType::F32, &dims(&[DIRS, BATCH, HIDDEN])),
+                value_info("Y_c", DType::F32, &dims(&[DIRS, BATCH, HIDDEN])),
+            ],
+            ..Default::default()
+        };
+        ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: 14,
+            }],
+            graph: Some(graph),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    /// Int8 `q` of `[DIRS, rows, GATES]` with its float values, dequantized and transposed to
+    /// ONNX's `[DIRS, GATES, rows]` here by hand: per direction (W), or per gate unit with zero
+    /// points (R).
+    fn weights(rows: usize, seed: i32, per_gate: bool) -> (Vec<u8>, Vec<f32>, Vec<f32>, Vec<u8>) {
+        let q: Vec<i8> = (0..(DIRS * rows * GATES) as i32)
+            .map(|i| ((i * 37 + seed) % 255 - 127) as i8)
+            .collect();
+        let n = if per_gate { DIRS * GATES } else { DIRS };
+        let scale: Vec<f32> = (0..n).map(|k| 0.01 + 0.002 * k as f32).collect();
+        let zero: Vec<i8> = (0..n)
+            .map(|k| if per_gate { k as i8 % 5 - 2 } else { 0 })
+            .collect();
+        let mut f = vec![0f32; q.len()];
+        for d in 0..DIRS {
+            for r in 0..rows {
+                for g in 0..GATES {
+                    let k = if per_gate { d * GATES + g } else { d };
+                    let x = (q[(d * rows + r) * GATES + g] as f32 - zero[k] as f32) * scale[k];
+                    f[(d * GATES + g) * rows + r] = x;
+                }
+            }
+        }
+        let bytes = |v: &[i8]| v.iter().map(|&x| x as u8).collect::<Vec<u8>>();
+        (bytes(&q), f, scale, bytes(&zero))
+    }
+
+    fn quantized_model(r_scale_dims: &[usize]) -> Vec<u8> {
+        let (wq, _, ws, wz) = weights(INPUT, 3, false);
+        let (rq, _, rs, rz) = weights(HIDDEN, 11, true);
+        let mut inits = vec![
+            tensor("W", DType::I8, &[DIRS, INPUT, GATES], wq),
+            tensor("R", DType::I8, &[DIRS, HIDDEN, GATES], rq),
+            floats("W_scale", &[DIRS], &ws),
+            tensor("W_zero", DType::I8, &[DIRS], wz),
+            floats(
+                "R_scale",
+                r_scale_dims,
+                &rs[..r_scale_dims.iter().product()],
+            ),
+            tensor("R_zero", DType::I8, &[DIRS, GATES], rz),
+        ];
+        inits.push(floats("B", &[DIRS, 2 * GATES], &[0.05; DIRS * 2 * GATES]));
+        let inputs = [
+            "X", "W", "R", "B", "", "", "", "", "W_scale", "W_zero", "R_scale", "R_zero",
+        ];
+        model("DynamicQuantizeLSTM", DOMAIN, &inputs, inits)
+    }
+
+    fn run(bytes: &[u8]) -> Vec<(String, Tensor)> {
+        let x: Vec<f32> = (0..STEPS * BATCH * INPUT)
+            .map(|i| (i as f32 * 0.7).sin())
+            .collect();
+        let m = crate::Model::from_bytes(bytes).expect("imports");
+        let x = Tensor::f32(vec![STEPS, BATCH, INPUT], x).unwrap();
+        m.plan
+            .run(&CpuBackend::new(1), vec![("X".into(), x)])
+            .expect("runs")
+    }
+
+    #[test]
+    fn a_dynamically_quantized_lstm_runs_as_an_lstm_on_its_dequantized_weights() {
+        let (_, w, _, _) = weights(INPUT, 3, false);
+        let (_, r, _, _) = weights(HIDDEN, 11, true);
+        let float = model(
+            "LSTM",
+            "",
+            &["X", "W", "R", "B"],
+            vec![
+                floats("W", &[DIRS, GATES, INPUT], &w),
+                floats("R", &[DIRS, GATES, HIDDEN], &r),
+                floats("B", &[DIRS, 2 * GATES], &[0.05; DIRS * 2 * GATES]),
+            ],
+        );
+        let want = run(&float);
+        assert_eq!(want.len(), 3);
+        assert_eq!(run(&quantized_model(&[DIRS, GATES])), want);
+    }
+
+    #[test]
+    fn a_quantized_lstm_that_cannot_be_read_names_the_reason() {
+        let err = |bytes: &[u8]| {
+            crate::Model::from_bytes(bytes)
+                .err()
+                .expect("refused")
+                .to_string()
+        };
+        let scale_shape = err(&quantized_model(&[GATES]));
+        assert!(
+            scale_shape.contains("scale shape [8], not [2] or [2, 8]"),
+            "{scale_shape}"
+        );
+        let short = model("DynamicQuantizeLSTM", DOMAIN, &["X", "X", "X"], vec![]);
+        let short = err(&short);
+        assert!(
+            short.contains("has 3 inputs; DynamicQuantizeLSTM takes 12"),
+            "{short}"
+        );
+        let other = err(&model("QAttention", DOMAIN, &["X"], vec![]));
+        assert!(
+            other.contains("com.microsoft.QAttention is not supported (of that domain, only DynamicQuantizeLSTM)"),
+            "{other}"
+        );
+        let ml = err(&model(
+            "TreeEnsembleClassifier",
+            "ai.onnx.ml",
+            &["X"],
+            vec![],
+        ));
+        assert!(
+            ml.ends_with("operator ai.onnx.ml.TreeEnsembleClassifier is not supported"),
+            "{ml}"
+        );
+    }
+}
