@@ -10,6 +10,7 @@ use super::attrs::Attrs;
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{DType, Data, Tensor, checked_numel};
+use cotenant_kernels::gemm::{Mat, sgemm};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Cell {
@@ -268,14 +269,31 @@ fn floats(t: &Tensor, what: &str) -> OpResult<Vec<f64>> {
 }
 
 /// `Y`, `Y_h` and (LSTM) `Y_c`.
-pub fn rnn(r: &RnnAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
+pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tensor>> {
     let s = rnn_shape(r, inputs)?;
     let x = input(inputs, 0)?;
     let (seq, batch, inp, hid, dirs) = (s.seq, s.batch, s.input, s.hidden, s.dirs);
     let g = r.cell.gates();
-    let xv = floats(x, "X")?;
-    let wv = floats(input(inputs, 1)?, "W")?;
-    let rv = floats(input(inputs, 2)?, "R")?;
+    let (wt, rt) = (input(inputs, 1)?, input(inputs, 2)?);
+    // Float32 X, W and R are read in place, and their products run through the kernels' f32
+    // matrix product; other types are converted and multiplied in f64.
+    let f32s = |t: &'a Tensor| (t.dtype() == DType::F32).then(|| t.as_f32().ok()).flatten();
+    let fast = match (f32s(x), f32s(wt), f32s(rt)) {
+        (Some(x), Some(w), Some(r)) => Some((x, w, r)),
+        _ => None,
+    };
+    let converted = |t: &Tensor, what: &str, needed: bool| match needed {
+        true => floats(t, what),
+        false => Ok(Vec::new()),
+    };
+    let xv = converted(x, "X", fast.is_none())?;
+    let wv = converted(wt, "W", fast.is_none())?;
+    // GRU's candidate without linear_before_reset reads the rows of R itself.
+    let rows_of_r = r.cell
+        == Cell::Gru {
+            linear_before_reset: false,
+        };
+    let rv = converted(rt, "R", fast.is_none() || rows_of_r)?;
     let bv = match opt_input(inputs, 3) {
         Some(b) => {
             expect_shape(b, &[dirs, 2 * g * hid], "B")?;
@@ -340,10 +358,44 @@ pub fn rnn(r: &RnnAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
     let clip = |v: f64| r.clip.map_or(v, |c| v.clamp(-c, c));
     let mut pre = vec![0.0; g * hid];
     let mut rh = vec![0.0; g * hid];
+    let (gh, rows) = (g * hid, seq * batch);
+    let mut rh32 = vec![0f32; gh];
     for (d, &reverse) in r.passes.iter().enumerate() {
         let acts = &r.acts[d];
-        let w = &wv[d * g * hid * inp..(d + 1) * g * hid * inp];
-        let rw = &rv[d * g * hid * hid..(d + 1) * g * hid * hid];
+        let rw = match rv.is_empty() {
+            true => &[][..],
+            false => &rv[d * gh * hid..(d + 1) * gh * hid],
+        };
+        // W x for every step at once, a row per row of X (in X's layout).
+        let xw: Vec<f64> = match fast {
+            Some((x32, w32, _)) => {
+                let mut out = vec![0f32; rows * gh];
+                let w = Mat::transposed(&w32[d * gh * inp..(d + 1) * gh * inp], inp);
+                sgemm(
+                    1,
+                    rows,
+                    gh,
+                    inp,
+                    Mat::row_major(x32, inp),
+                    w,
+                    &mut out,
+                    gh,
+                    false,
+                );
+                out.into_iter().map(f64::from).collect()
+            }
+            None => {
+                let w = &wv[d * gh * inp..(d + 1) * gh * inp];
+                (0..rows * gh)
+                    .map(|e| {
+                        let (row, k) = (e / gh, e % gh);
+                        let (xr, wr) =
+                            (&xv[row * inp..(row + 1) * inp], &w[k * inp..(k + 1) * inp]);
+                        xr.iter().zip(wr).map(|(a, b)| a * b).sum::<f64>()
+                    })
+                    .collect()
+            }
+        };
         let (wb, rb) = (
             &bv[d * 2 * g * hid..(d * 2 + 1) * g * hid],
             &bv[(d * 2 + 1) * g * hid..(d * 2 + 2) * g * hid],
@@ -353,16 +405,31 @@ pub fn rnn(r: &RnnAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
             let hs = &mut h[(d * batch + b) * hid..(d * batch + b + 1) * hid];
             for step in 0..len {
                 let t = if reverse { len - 1 - step } else { step };
-                let xt = match r.batch_first {
-                    false => &xv[(t * batch + b) * inp..(t * batch + b + 1) * inp],
-                    true => &xv[(b * seq + t) * inp..(b * seq + t + 1) * inp],
+                let row = match r.batch_first {
+                    false => t * batch + b,
+                    true => b * seq + t,
                 };
                 // W x + Wb and R h + Rb, per gate row.
-                for k in 0..g * hid {
-                    let wr = &w[k * inp..(k + 1) * inp];
-                    pre[k] = wr.iter().zip(xt).map(|(a, b)| a * b).sum::<f64>() + wb[k];
-                    let rr = &rw[k * hid..(k + 1) * hid];
-                    rh[k] = rr.iter().zip(hs.iter()).map(|(a, b)| a * b).sum::<f64>() + rb[k];
+                for k in 0..gh {
+                    pre[k] = xw[row * gh + k] + wb[k];
+                }
+                match fast {
+                    Some((_, _, r32)) => {
+                        let h32: Vec<f32> = hs.iter().map(|&v| v as f32).collect();
+                        let rm = Mat::transposed(&r32[d * gh * hid..(d + 1) * gh * hid], hid);
+                        let h = Mat::row_major(&h32, hid);
+                        sgemm(1, 1, gh, hid, h, rm, &mut rh32, gh, false);
+                        for k in 0..gh {
+                            rh[k] = f64::from(rh32[k]) + rb[k];
+                        }
+                    }
+                    None => {
+                        for k in 0..gh {
+                            let rr = &rw[k * hid..(k + 1) * hid];
+                            rh[k] =
+                                rr.iter().zip(hs.iter()).map(|(a, b)| a * b).sum::<f64>() + rb[k];
+                        }
+                    }
                 }
                 match r.cell {
                     Cell::Rnn => {
