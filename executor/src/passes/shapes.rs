@@ -291,9 +291,39 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
             },
         ))],
         Op::Shape(s) => infer_shape_op(s, ins, consts),
+        Op::Rnn(r) => rnn_shapes(r, ins, n_out),
         _ => unknown(),
     };
     out.resize(n_out, Known::default());
+    out
+}
+
+/// An RNN, GRU or LSTM's Y and states from X (`[seq, batch, input]`, batch first
+/// `[batch, seq, input]`) and the hidden size (the attribute's, else R's last axis).
+fn rnn_shapes(r: &crate::ops::rnn::RnnAttrs, ins: &[&Known], n_out: usize) -> Vec<Known> {
+    let x = shape_of(ins, 0).filter(|s| s.len() == 3);
+    let hidden = match r.hidden {
+        Some(h) => Some(Sym::Known(h as i64)),
+        None => shape_of(ins, 2)
+            .filter(|s| s.len() == 3)
+            .map(|s| s[2].clone()),
+    };
+    let Some((x, hid)) = x.zip(hidden) else {
+        return vec![Known::default(); n_out];
+    };
+    let dirs = Sym::Known(r.passes.len() as i64);
+    let (y, state) = match r.batch_first {
+        false => (
+            vec![x[0].clone(), dirs.clone(), x[1].clone(), hid.clone()],
+            vec![dirs, x[1].clone(), hid],
+        ),
+        true => (
+            vec![x[0].clone(), x[1].clone(), dirs.clone(), hid.clone()],
+            vec![x[0].clone(), dirs, hid],
+        ),
+    };
+    let mut out = vec![shape_only(Some(y))];
+    out.extend((1..n_out).map(|_| shape_only(Some(state.clone()))));
     out
 }
 

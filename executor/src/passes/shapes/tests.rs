@@ -4,7 +4,7 @@ use crate::ops::shape::ShapeOp;
 use crate::passes::{fold_constants, remove_dead};
 use crate::plan::Plan;
 use crate::proto::ModelProto;
-use crate::zoo::builder::{Builder, attr_ints, value_info};
+use crate::zoo::builder::{Builder, attr_int, attr_ints, value_info};
 use prost::Message;
 
 /// What a PyTorch export of `x.view(b, 8, 4, h // 4).transpose(1, 2).reshape(b, -1)` looks
@@ -193,5 +193,73 @@ fn shape_keeping_ops_keep_symbolic_shapes() {
     for op in ops {
         let out = infer_node(&op, &[&x, &UNKNOWN, &UNKNOWN], &[], 1);
         assert_eq!(out[0].shape, x.shape, "{}", op.name());
+    }
+}
+
+/// `Gemm(Reshape(Transpose(LSTM(x).Y), [-1, 3]), W)`, x of `[5, batch, 4]`: the LSTM's output
+/// shape gives the Gemm's input its rank, so that the Gemm's weight is packed on the CPU.
+#[test]
+fn a_recurrent_layers_outputs_have_their_shapes() {
+    let graph = || {
+        let mut m = Builder::new(2, false);
+        let w = m.normal("w", &[1, 12, 4], 0.3);
+        let r = m.normal("r", &[1, 12, 3], 0.3);
+        let y = m.node("LSTM", &["x", &w, &r], vec![attr_int("hidden_size", 3)]);
+        let t = m.node("Transpose", &[&y], vec![attr_ints("perm", &[0, 2, 1, 3])]);
+        let rows = m.const_i64("rows", &[-1, 3]);
+        let flat = m.node("Reshape", &[&t, &rows], vec![]);
+        let proj = m.normal("proj", &[7, 3], 0.3);
+        let out = m.node("Gemm", &[&flat, &proj], vec![attr_int("transB", 1)]);
+        m.node_rename_last(&out, "y");
+        let proto: ModelProto = m.finish(
+            "lstm",
+            14,
+            vec![value_info("x", DType::F32, &[Some(5), None, Some(4)])],
+            vec![value_info("y", DType::F32, &[None, Some(7)])],
+        );
+        crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+    };
+    let g = graph();
+    let ranks = known_ranks(&g);
+    let lstm = &g.nodes[0];
+    assert_eq!(ranks.get(&lstm.outputs[0]), Some(&4), "Y");
+    assert_eq!(
+        ranks.get(&g.nodes[2].outputs[0]),
+        Some(&2),
+        "the Gemm's input"
+    );
+    if !cotenant_kernels::nhwc_conv::available() {
+        return;
+    }
+    let mut optimized = graph();
+    crate::passes::optimize_for_cpu(&mut optimized);
+    assert!(
+        optimized.nodes.iter().any(|n| matches!(
+            n.op,
+            Op::MatMul {
+                packed: Some(_),
+                ..
+            }
+        )),
+        "the Gemm runs packed"
+    );
+    let be = CpuBackend::new(1);
+    let x = Tensor::f32(
+        vec![5, 2, 4],
+        (0..40).map(|i| (i as f32 * 0.3).cos()).collect(),
+    )
+    .unwrap();
+    let want = Plan::build(&g)
+        .unwrap()
+        .run(&be, vec![("x".into(), x.clone())])
+        .unwrap();
+    let got = Plan::build(&optimized)
+        .unwrap()
+        .run(&be, vec![("x".into(), x)])
+        .unwrap();
+    let (want, got) = (want[0].1.as_f32().unwrap(), got[0].1.as_f32().unwrap());
+    assert_eq!(want.len(), 70);
+    for (a, b) in want.iter().zip(got) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} against {b}");
     }
 }
