@@ -89,6 +89,10 @@ fn compose_pair(g: &mut Graph) -> bool {
             continue;
         }
         let composed: Vec<usize> = p2.iter().map(|&a| p1[a]).collect();
+        if composed.iter().enumerate().all(|(b, &a)| a == b) {
+            // Undoes the composed first: cancel_pair removes it on the next pass.
+            continue;
+        }
         g.nodes[i].op = Op::Shape(ShapeOp::Transpose {
             perm: Some(composed),
         });
@@ -388,6 +392,43 @@ mod tests {
         let be = CpuBackend::new(1);
         let want = raw.run(&be, vec![("x".into(), x.clone())]).unwrap();
         let got = Plan::build(&one)
+            .unwrap()
+            .run(&be, vec![("x".into(), x)])
+            .unwrap();
+        assert_eq!(want, got);
+    }
+
+    /// Three transposes, no two neighbours undoing each other, all three together the
+    /// identity, read by a Relu: none is left.
+    #[test]
+    fn three_transposes_that_compose_to_nothing_go() {
+        let mut b = Builder::new(1, false);
+        let t1 = b.node("Transpose", &["x"], vec![attr_ints("perm", &[0, 2, 1, 3])]);
+        let t2 = b.node("Transpose", &[&t1], vec![attr_ints("perm", &[0, 1, 3, 2])]);
+        let t3 = b.node("Transpose", &[&t2], vec![attr_ints("perm", &[0, 3, 1, 2])]);
+        let y = b.node("Relu", &[&t3], vec![]);
+        b.node_rename_last(&y, "y");
+        let dims = [Some(2), Some(3), Some(4), Some(5)];
+        let proto: ModelProto = b.finish(
+            "three",
+            13,
+            vec![value_info("x", DType::F32, &dims)],
+            vec![value_info("y", DType::F32, &dims)],
+        );
+        let g = crate::import::import(&proto.encode_to_vec(), None).expect("imports");
+        let raw = Plan::build(&g).expect("plan");
+        let mut none = g;
+        super::cancel_transposes(&mut none);
+        let names: Vec<String> = none.nodes.iter().map(|n| n.op.name()).collect();
+        assert_eq!(names, ["Relu"]);
+        let x = Tensor::f32(
+            vec![2, 3, 4, 5],
+            (0..120).map(|i| i as f32 - 60.0).collect(),
+        )
+        .unwrap();
+        let be = CpuBackend::new(1);
+        let want = raw.run(&be, vec![("x".into(), x.clone())]).unwrap();
+        let got = Plan::build(&none)
             .unwrap()
             .run(&be, vec![("x".into(), x)])
             .unwrap();
