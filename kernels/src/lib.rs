@@ -29,6 +29,7 @@ pub mod pool;
 mod qamx;
 mod qavx2;
 pub mod qconv;
+pub mod qdepthwise;
 pub mod qgemm;
 #[cfg(target_arch = "x86_64")]
 pub mod quantize;
