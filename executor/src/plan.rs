@@ -162,6 +162,7 @@ impl Plan {
                 ),
                 Op::Quant(QuantOp::QConv(q)) => Some(q.w.bytes()),
                 Op::Quant(QuantOp::PackedMatMul(m)) => Some(m.b.bytes()),
+                Op::Quant(QuantOp::PackedConv(c)) => Some(c.bytes()),
                 Op::MatMul {
                     packed: Some(f), ..
                 } => Some(f.bytes()),

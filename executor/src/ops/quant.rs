@@ -20,6 +20,7 @@ use cotenant_kernels::activation::clip;
 use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
 use cotenant_kernels::qconv::{self, Byte, Requantize, applies as nhwc_applies, round_even};
+use cotenant_kernels::qdepthwise::qdepthwise;
 use cotenant_kernels::qgemm::{Int8, PackedA, PackedB, qgemm, qgemm_map};
 use cotenant_kernels::quantize::{QAddParams, qadd_u8, quantize_u8};
 use cotenant_kernels::wide::wide;
@@ -36,6 +37,8 @@ pub enum QuantOp {
     QLinearConv(ConvAttrs),
     /// MatMulInteger with constant weights, packed once (`passes::qdq`).
     PackedMatMul(Arc<PackedMatMul>),
+    /// ConvInteger with constant weights, packed once (`passes::qdq`).
+    PackedConv(Arc<PackedConv>),
     /// A quantized Conv (DequantizeLinear → Conv → QuantizeLinear) in integers (`passes::qdq`).
     QConv(Arc<QConv>),
     /// A quantized Add (DequantizeLinear of both sides → Add → Relu? → QuantizeLinear) in one
@@ -124,6 +127,39 @@ pub struct PackedMatMul {
     pub bias: Option<Vec<f32>>,
 }
 
+/// ConvInteger of `[x, x's zero point]` by constant 8-bit weights `w_shape` (`[M, C/G, kh, kw]`
+/// or `[M, C/G, k]`), packed for `qgemm` once: one pack of `M/G` rows per group. With `scaled`,
+/// what dynamic quantization writes after it is fused in: the Add of an int32 bias per output
+/// channel (input 3, when there), the Cast to float and the Mul by a single scale (input 2). The
+/// output is then `(acc + bias[c]) as f32 * scale`, rounded as those ops round.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedConv {
+    pub conv: ConvAttrs,
+    pub w_shape: Vec<usize>,
+    pub w: IntegerFilter,
+    pub scaled: bool,
+}
+
+/// A [`PackedConv`]'s weights.
+#[derive(Clone, Debug, PartialEq)]
+pub enum IntegerFilter {
+    /// One pack of `M/G` rows per group, for the matrix product.
+    Rows(Vec<PackedA>),
+    /// A depthwise convolution's (one input channel per group, several groups): each output
+    /// channel's taps less their zero point (`cotenant_kernels::qdepthwise`).
+    Depthwise(Vec<i16>),
+}
+
+impl PackedConv {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match &self.w {
+            IntegerFilter::Rows(packs) => packs.iter().map(PackedA::bytes).sum(),
+            IntegerFilter::Depthwise(w) => w.len() * 2,
+        }
+    }
+}
+
 /// Where the scales and zero points of a quantized tensor apply: one for the whole tensor (a
 /// single value), one per index of `axis` (a vector), or one per `block_size` indices of `axis`
 /// (a tensor of the input's rank).
@@ -206,6 +242,8 @@ impl QuantOp {
             QuantOp::QLinearConv(_) => "QLinearConv",
             QuantOp::PackedMatMul(p) if p.scaled => "MatMulInteger(packed)+Scale",
             QuantOp::PackedMatMul(_) => "MatMulInteger(packed)",
+            QuantOp::PackedConv(p) if p.scaled => "ConvInteger(packed)+Scale",
+            QuantOp::PackedConv(_) => "ConvInteger(packed)",
             QuantOp::QConv(c) if c.matmul && c.relu => "QMatMul+Relu",
             QuantOp::QConv(c) if c.matmul => "QMatMul",
             QuantOp::QConv(c) if c.relu => "QConv+Relu",
@@ -244,6 +282,7 @@ impl QuantOp {
             QuantOp::QLinearMatMul => vec![qlinear_matmul(cx, inputs)?],
             QuantOp::QLinearConv(c) => vec![qlinear_conv(cx, c, inputs)?],
             QuantOp::PackedMatMul(p) => vec![packed_matmul(cx, p, inputs)?],
+            QuantOp::PackedConv(p) => vec![packed_conv(cx, p, inputs)?],
             QuantOp::QConv(q) => vec![qconv(cx, q, x)?],
             QuantOp::QAdd(q) => vec![qadd(cx, q, x, input(inputs, 1)?)?],
         })
@@ -893,6 +932,139 @@ fn packed_matmul(cx: &Cx, p: &PackedMatMul, inputs: &[Option<&Tensor>]) -> OpRes
     Tensor::f32(s.out, out)
 }
 
+fn packed_conv(cx: &Cx, pc: &PackedConv, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+    let x = input(inputs, 0)?;
+    let (p, shape) = conv_geometry(&pc.conv, &x.shape, &pc.w_shape)?;
+    let total = checked_numel(&shape)?;
+    if !pc.scaled {
+        let mut acc = vec![0i32; total];
+        conv_groups(cx, pc, &p, x, opt_input(inputs, 1), &mut acc, &|_, a, o| {
+            o.copy_from_slice(a)
+        })?;
+        return Tensor::new(shape, Data::I32(acc));
+    }
+    let scale = input(inputs, 2)?;
+    if scale.len() != 1 {
+        return shape_err(format!(
+            "a scale of shape {:?} for a convolution's sums: one value is fused",
+            scale.shape
+        ));
+    }
+    let scale = scale.as_f32()?[0];
+    let bias = match opt_input(inputs, 3) {
+        Some(b) => match &b.data {
+            Data::I32(v) if v.len() == p.m || v.len() == 1 => Some(v.as_slice()),
+            _ => {
+                return shape_err(format!(
+                    "a bias of {:?} {:?} added to the int32 sums of {} channels: one value \
+                     or one per channel is fused",
+                    b.dtype(),
+                    b.shape,
+                    p.m
+                ));
+            }
+        },
+        None => None,
+    };
+    let mut out = cx.take_f32(total);
+    // Add, Cast and Mul as those ops round them, on the sums while they are in cache.
+    conv_groups(
+        cx,
+        pc,
+        &p,
+        x,
+        opt_input(inputs, 1),
+        &mut out,
+        &|c, acc, o| {
+            let b = bias.map_or(0, |b| b[if b.len() == 1 { 0 } else { c }]);
+            for (o, &a) in o.iter_mut().zip(acc) {
+                *o = a.wrapping_add(b) as f32 * scale;
+            }
+        },
+    )?;
+    Tensor::f32(shape, out)
+}
+
+/// [`conv_rows`] of each group of every image of `x` (8-bit, with its single zero point `zp`)
+/// by `pc`'s packs, the epilogue given the channel's index among all `M`.
+fn conv_groups<Y: Copy + Default + Send>(
+    cx: &Cx,
+    pc: &PackedConv,
+    p: &Conv2d,
+    x: &Tensor,
+    zp: Option<&Tensor>,
+    y: &mut [Y],
+    epilogue: &(impl Fn(usize, &[i32], &mut [Y]) + Sync),
+) -> OpResult<()> {
+    if let Some(z) = zp {
+        single(z, "x's zero point")?;
+        if z.dtype() != x.dtype() {
+            return Err(OpError::DType(format!(
+                "x's zero point is {:?}, not {:?}",
+                z.dtype(),
+                x.dtype()
+            )));
+        }
+    }
+    match (&x.data, zp.map(|z| &z.data)) {
+        (Data::U8(v), z) => {
+            let zero = if let Some(Data::U8(z)) = z { z[0] } else { 0 };
+            conv_each_group(cx, &pc.w, p, v, zero, y, epilogue);
+        }
+        (Data::I8(v), z) => {
+            let zero = if let Some(Data::I8(z)) = z { z[0] } else { 0 };
+            conv_each_group(cx, &pc.w, p, v, zero, y, epilogue);
+        }
+        (d, _) => {
+            return Err(OpError::DType(format!(
+                "ConvInteger's x must be int8 or uint8, not {:?}",
+                d.dtype()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn conv_each_group<T: Int8, Y: Copy + Default + Send>(
+    cx: &Cx,
+    w: &IntegerFilter,
+    p: &Conv2d,
+    x: &[T],
+    zero: T,
+    y: &mut [Y],
+    epilogue: &(impl Fn(usize, &[i32], &mut [Y]) + Sync),
+) {
+    if y.is_empty() {
+        return;
+    }
+    let packs = match w {
+        IntegerFilter::Rows(packs) => packs,
+        IntegerFilter::Depthwise(w) => return qdepthwise(cx.threads, p, x, zero, w, y, epilogue),
+    };
+    let [w] = packs.as_slice() else {
+        // One image's group at a time: its channels are contiguous in `x` and in `y`.
+        let (c, m) = (p.c / packs.len(), p.m / packs.len());
+        let part = Conv2d {
+            n: 1,
+            c,
+            m,
+            groups: 1,
+            ..*p
+        };
+        let (x_part, y_part) = (c * p.h * p.w, m * p.oh * p.ow);
+        let parts = x.chunks_exact(x_part).zip(y.chunks_exact_mut(y_part));
+        for (i, (x, y)) in parts.enumerate() {
+            let first = i % packs.len() * m;
+            let w = &packs[i % packs.len()];
+            conv_rows(cx, w, &part, x, zero, y, &|c, acc, out| {
+                epilogue(first + c, acc, out)
+            });
+        }
+        return;
+    };
+    conv_rows(cx, w, p, x, zero, y, epilogue);
+}
+
 /// Row `row` of one image's im2col matrix, `oh·ow` values: the input under kernel tap `row`
 /// (a channel, kernel row and kernel column) at every output position, the zero point where
 /// the tap hangs over the padding.
@@ -1079,20 +1251,38 @@ fn qconv_images<T: Int8, Y: Requantized>(
     zero: T,
     total: usize,
 ) -> Vec<Y> {
+    let mut y = Y::buffer(cx, total);
+    let rq = requantization::<Y>(q);
+    conv_rows(cx, w, p, x, zero, &mut y, &|c, acc, out| {
+        rq.channel(c, acc, out)
+    });
+    y
+}
+
+/// The integer convolution (one group) of every image of `x` by weights packed as rows, into
+/// `y` (`[n][M][oh·ow]`): each output channel's sums pass through `epilogue(channel, sums,
+/// out)` on their way out, at most 16 at a time.
+fn conv_rows<T: Int8, Y: Copy + Default + Send>(
+    cx: &Cx,
+    w: &PackedA,
+    p: &Conv2d,
+    x: &[T],
+    zero: T,
+    y: &mut [Y],
+    epilogue: &(impl Fn(usize, &[i32], &mut [Y]) + Sync),
+) {
     let (plane, positions) = (p.c * p.h * p.w, p.oh * p.ow);
     let k = p.c * p.kh * p.kw;
-    let mut y = Y::buffer(cx, total);
-    if total == 0 {
-        return y;
+    if y.is_empty() {
+        return;
     }
-    let rq = requantization::<Y>(q);
-    let requantize = |c: usize, _, acc: &[i32], out: &mut [Y]| rq.channel(c, acc, out);
+    let rows = |c: usize, _, acc: &[i32], out: &mut [Y]| epilogue(c, acc, out);
     // The packed images live on between runs (no page faults, no zeroing).
     thread_local! {
         static PACKED: std::cell::RefCell<PackedB> = std::cell::RefCell::default();
     }
     let mut b = PACKED.take();
-    let per = (PRODUCT_COLUMNS / positions).clamp(1, total / (p.m * positions));
+    let per = (PRODUCT_COLUMNS / positions).clamp(1, y.len() / (p.m * positions));
     let mut staged = Vec::new();
     for (chunk, y) in y.chunks_mut(per * p.m * positions).enumerate() {
         let images = y.len() / (p.m * positions);
@@ -1112,13 +1302,13 @@ fn qconv_images<T: Int8, Y: Requantized>(
             });
         }
         if images == 1 {
-            qgemm_map(cx.threads, w, &b, y, requantize);
+            qgemm_map(cx.threads, w, &b, y, rows);
             continue;
         }
         // `[M][images·positions]`, then each image's columns to its own `[M][positions]`.
         staged.clear();
         staged.resize(p.m * n, Y::default());
-        qgemm_map(cx.threads, w, &b, &mut staged, requantize);
+        qgemm_map(cx.threads, w, &b, &mut staged, rows);
         for (c, row) in staged.chunks_exact(n).enumerate() {
             for (img, cols) in row.chunks_exact(positions).enumerate() {
                 y[(img * p.m + c) * positions..][..positions].copy_from_slice(cols);
@@ -1126,7 +1316,6 @@ fn qconv_images<T: Int8, Y: Requantized>(
         }
     }
     PACKED.set(b);
-    y
 }
 
 /// A tensor of 8-bit values with its scale and zero point as a [`DequantizeAttrs`] call.

@@ -16,10 +16,13 @@ mod fuse;
 mod gelu;
 mod hard_swish;
 mod identity;
+mod integer_products;
 mod nhwc;
 mod pack_matmul;
 mod pointwise_depthwise;
 mod qdq;
+#[cfg(test)]
+mod quant_graph;
 mod residual;
 mod scaled_softmax;
 mod shapes;
@@ -83,6 +86,11 @@ fn rewrite(g: &mut Graph, cpu: bool) {
     }
     fuse_pointwise_depthwise(g);
     remove_dead(g);
+}
+
+/// The node producing `v`.
+pub(crate) fn producer(g: &Graph, v: usize) -> Option<usize> {
+    g.nodes.iter().position(|n| n.outputs.contains(&v))
 }
 
 /// The only node reading `v`, when exactly one node does and `v` is not a graph output.

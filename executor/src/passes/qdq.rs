@@ -1,10 +1,6 @@
-//! Integer products with constant weights, rewritten to run on the packed 8-bit kernel
-//! (`cotenant_kernels::qgemm`) with the weights packed once here:
-//!
-//! * MatMulInteger by constant int8/uint8 weights `[k, n]` (zero point absent, one, or one per
-//!   column), with what dynamic quantization puts after it fused in when it is there: a Cast to
-//!   float, a Mul by a single scale (a constant, or the product of DynamicQuantizeLinear's scale
-//!   and a constant), and an Add of a constant bias over the columns.
+//! The QDQ format's quantized ops, rewritten to integer ops on the packed 8-bit kernels
+//! (`cotenant_kernels::qgemm`, `qconv`) with the weights packed once here. The same sweep packs
+//! dynamic quantization's integer products (`integer_products`).
 //!
 //! * Conv between DequantizeLinear and QuantizeLinear, as the QDQ format writes a quantized
 //!   Conv: `Q(Conv(DQ(x), DQ(w), DQ(bias)))`, optionally with a Relu before the Q, where `x`
@@ -27,16 +23,14 @@
 //! Anything else (non-constant weights, other zero point shapes, a scale that might not be a
 //! single value) is left as it is, on the reference path.
 
-use super::sole_reader;
+use super::{integer_products, producer, sole_reader};
 use crate::graph::Graph;
 use crate::graph::Node;
 use crate::ops::Op;
 use crate::ops::conv::ConvAttrs;
 use crate::ops::elementwise::Binary;
 use crate::ops::elementwise::Unary;
-use crate::ops::quant::{
-    PackedMatMul, QAdd, QConv, QConvWeights, QuantOp, Quantized, pack_weights,
-};
+use crate::ops::quant::{QAdd, QConv, QConvWeights, QuantOp, Quantized};
 use crate::ops::shape::ShapeOp;
 use crate::tensor::{DType, Data, Tensor};
 use cotenant_kernels::{qconv, qgemm::PackedA};
@@ -48,7 +42,8 @@ pub fn fuse_qdq(g: &mut Graph) {
     while i < g.nodes.len() {
         // A rewrite moves the next node to `i` (or leaves one no rule matches).
         let rewritten = match g.nodes[i].op {
-            Op::Quant(QuantOp::MatMulInteger) => pack_matmul(g, i),
+            Op::Quant(QuantOp::MatMulInteger) => integer_products::pack_matmul(g, i),
+            Op::Quant(QuantOp::ConvInteger(_)) => integer_products::pack_conv(g, i),
             Op::Conv(_) => quantized_conv(g, i),
             Op::MatMul { .. } | Op::Gemm(_) => quantized_matmul(g, i),
             Op::Binary(Binary::Add) => quantized_add(g, i),
@@ -64,11 +59,6 @@ pub fn fuse_qdq(g: &mut Graph) {
         // The weights' DequantizeLinear nodes, which nothing reads now.
         super::remove_dead(g);
     }
-}
-
-/// The node producing `v`.
-fn producer(g: &Graph, v: usize) -> Option<usize> {
-    g.nodes.iter().position(|n| n.outputs.contains(&v))
 }
 
 /// A constant's values as f32 when it is an f32 tensor of `len` values (or one, with
@@ -519,199 +509,13 @@ fn dequantized_bias(b: &Tensor, sb: &Tensor, zb: Option<&Tensor>, m: usize) -> O
     )
 }
 
-/// Whether `v` is certainly a single float32 value of rank at most 1: a constant, the scale
-/// DynamicQuantizeLinear produces, or the product of two such.
-fn single_scale(g: &Graph, v: usize, depth: usize) -> bool {
-    if let Some(t) = g.constants.get(&v) {
-        return t.len() == 1 && t.rank() <= 1 && t.dtype() == DType::F32;
-    }
-    let Some(n) = g.nodes.iter().find(|n| n.outputs.contains(&v)) else {
-        return false;
-    };
-    match &n.op {
-        Op::Quant(QuantOp::DynamicQuantize) => n.outputs.get(1) == Some(&v),
-        Op::Binary(Binary::Mul) if depth > 0 && n.inputs.len() == 2 => n
-            .inputs
-            .iter()
-            .all(|i| i.is_some_and(|i| single_scale(g, i, depth - 1))),
-        _ => false,
-    }
-}
-
-/// Packs MatMulInteger `i`'s weights and fuses the scaling after it; whether it did.
-fn pack_matmul(g: &mut Graph, i: usize) -> bool {
-    let n = &g.nodes[i];
-    let input = |k: usize| n.inputs.get(k).copied().flatten();
-    let (Some(a), Some(b)) = (input(0), input(1)) else {
-        return false;
-    };
-    let Some(w) = g.constants.get(&b) else {
-        return false;
-    };
-    let zp = match input(3) {
-        Some(z) => match g.constants.get(&z) {
-            Some(z) => Some(&**z),
-            None => return false,
-        },
-        None => None,
-    };
-    let Some(packed) = pack_weights(w, zp) else {
-        return false;
-    };
-    let shape = [w.shape[0], w.shape[1]];
-    let a_zp = input(2);
-    let mut op = PackedMatMul {
-        shape,
-        b: packed,
-        scaled: false,
-        bias: None,
-    };
-    let mut inputs = vec![Some(a), a_zp];
-    let mut out = n.outputs[0];
-    let mut remove = vec![];
-    // Cast to float, then Mul by a single scale.
-    let uses = g.use_counts();
-    if let Some(c) = sole_reader(g, &uses, out)
-        && matches!(g.nodes[c].op, Op::Cast { to: DType::F32, .. })
-        && let Some(m) = sole_reader(g, &uses, g.nodes[c].outputs[0])
-        && g.nodes[m].op == Op::Binary(Binary::Mul)
-        && g.nodes[m].inputs.len() == 2
-    {
-        let cast_out = g.nodes[c].outputs[0];
-        let mul = &g.nodes[m];
-        let scale = match (mul.inputs[0], mul.inputs[1]) {
-            (Some(x), Some(s)) if x == cast_out && s != cast_out => Some(s),
-            (Some(s), Some(x)) if x == cast_out && s != cast_out => Some(s),
-            _ => None,
-        };
-        if let Some(s) = scale.filter(|&s| single_scale(g, s, 1)) {
-            op.scaled = true;
-            inputs.push(Some(s));
-            out = mul.outputs[0];
-            remove.extend([c, m]);
-            // Then Add of a constant bias over the columns.
-            if let Some(ad) = sole_reader(g, &uses, out)
-                && g.nodes[ad].op == Op::Binary(Binary::Add)
-                && g.nodes[ad].inputs.len() == 2
-            {
-                let add = &g.nodes[ad];
-                let other = if add.inputs[0] == Some(out) {
-                    add.inputs[1]
-                } else {
-                    add.inputs[0]
-                };
-                let bias = other.filter(|&b| Some(b) != Some(out)).and_then(|b| {
-                    g.constants
-                        .get(&b)
-                        .filter(|t| t.rank() == 1 && t.len() == shape[1])
-                        .and_then(|t| t.as_f32().ok().map(<[f32]>::to_vec))
-                });
-                if let Some(bias) = bias {
-                    op.bias = Some(bias);
-                    out = add.outputs[0];
-                    remove.push(ad);
-                }
-            }
-        }
-    }
-    // The fused node takes the place of the last node it absorbs, after the scale's producer.
-    remove.push(i);
-    remove.sort_unstable();
-    let last = remove.pop().unwrap_or(i);
-    let name = std::mem::take(&mut g.nodes[i].name);
-    let node = &mut g.nodes[last];
-    node.name = name;
-    node.op = Op::Quant(QuantOp::PackedMatMul(Arc::new(op)));
-    node.inputs = inputs;
-    node.outputs = vec![out];
-    for r in remove.into_iter().rev() {
-        g.nodes.remove(r);
-    }
-    true
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::quant_graph::{G, attr_int, bytes, names, run_both, t};
     use super::*;
     use crate::backend::CpuBackend;
-    use crate::graph::{Dim, GraphInput, Node};
-    use crate::ops::attrs::Attrs;
     use crate::plan::Plan;
-    use crate::proto::AttributeProto;
     use crate::zoo::builder::attr_ints;
-
-    /// A graph being built by hand (the zoo builder only writes f32 weights).
-    struct G(Graph);
-
-    impl G {
-        fn new() -> G {
-            G(Graph {
-                opset: 21,
-                ..Graph::default()
-            })
-        }
-        fn input(&mut self, name: &str, dtype: DType, dims: &[usize]) -> usize {
-            let v = self.0.add_value(name);
-            let mut d: Vec<Dim> = dims.iter().map(|&d| Dim::Fixed(d)).collect();
-            if name == "x" {
-                d[0] = Dim::Symbol("batch".into());
-            }
-            self.0.inputs.push(GraphInput {
-                value: v,
-                name: name.into(),
-                dtype,
-                dims: Some(d),
-            });
-            v
-        }
-        fn constant(&mut self, t: Tensor) -> usize {
-            let v = self.0.add_value(format!("c{}", self.0.value_names.len()));
-            self.0.constants.insert(v, Arc::new(t));
-            v
-        }
-        fn node(
-            &mut self,
-            op: &str,
-            inputs: &[Option<usize>],
-            outs: usize,
-            attrs: Vec<AttributeProto>,
-        ) -> Vec<usize> {
-            let op = Op::parse(op, &Attrs { list: &attrs }, 21, inputs.len(), outs)
-                .expect("parses")
-                .expect("supported");
-            let outputs: Vec<usize> = (0..outs)
-                .map(|k| {
-                    self.0
-                        .add_value(format!("v{}_{k}", self.0.value_names.len()))
-                })
-                .collect();
-            self.0.nodes.push(Node {
-                name: format!("n{}", self.0.nodes.len()),
-                op,
-                inputs: inputs.to_vec(),
-                outputs: outputs.clone(),
-            });
-            outputs
-        }
-        fn output(mut self, v: usize) -> Graph {
-            self.0.outputs.push(v);
-            self.0
-        }
-    }
-
-    fn t(shape: &[usize], data: Data) -> Tensor {
-        Tensor::new(shape.to_vec(), data).expect("tensor")
-    }
-
-    fn bytes(n: usize, seed: u32) -> Vec<u8> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 20) as u8
-            })
-            .collect()
-    }
 
     /// How the quantized Conv's parts may vary; the default is the pattern QDQ writes.
     #[derive(Clone, Copy, Default)]
@@ -807,30 +611,6 @@ mod tests {
         let zy = g.constant(t(&[], Data::U8(vec![3])));
         let q = g.node("QuantizeLinear", &[Some(y), Some(sy), Some(zy)], 1, vec![])[0];
         g.output(q)
-    }
-
-    fn attr_int(name: &str, v: i64) -> AttributeProto {
-        crate::zoo::builder::attr_int(name, v)
-    }
-
-    fn names(g: &Graph) -> Vec<String> {
-        g.nodes.iter().map(|n| n.op.name()).collect()
-    }
-
-    /// Runs the graph as it is and optimised on `inputs`; the optimised graph's op names and
-    /// both outputs.
-    fn run_both(
-        g: Graph,
-        inputs: &dyn Fn() -> Vec<(String, Tensor)>,
-    ) -> (Vec<String>, Tensor, Tensor) {
-        let raw = Plan::build(&g).expect("plan");
-        let mut opt = g;
-        crate::passes::optimize(&mut opt);
-        let fused = Plan::build(&opt).expect("plan");
-        let be = CpuBackend::new(2);
-        let want = raw.run(&be, inputs()).expect("runs").remove(0).1;
-        let got = fused.run(&be, inputs()).expect("runs").remove(0).1;
-        (names(&opt), want, got)
     }
 
     fn conv_inputs(batch: usize, int8_x: bool, weights: bool) -> Vec<(String, Tensor)> {
@@ -1447,74 +1227,5 @@ mod tests {
             assert_eq!(want.shape, got.shape);
             assert_eq!(want.data, got.data, "x2 of {shape2:?}, {x2_type:?}");
         }
-    }
-
-    /// Dynamic quantization of `x [batch, 3, 7] · W [7, 5] + bias` as quantize_dynamic writes it.
-    fn dynamic_graph(weights_as_input: bool, bias: bool) -> Graph {
-        let mut g = G::new();
-        let x = g.input("x", DType::F32, &[1, 3, 7]);
-        let q = g.node("DynamicQuantizeLinear", &[Some(x)], 3, vec![]);
-        let w: Vec<i8> = bytes(35, 3).iter().map(|&b| b as i8).collect();
-        let w = if weights_as_input {
-            g.input("w", DType::I8, &[7, 5])
-        } else {
-            g.constant(t(&[7, 5], Data::I8(w)))
-        };
-        let zw = g.constant(t(&[], Data::I8(vec![-3])));
-        let acc = g.node(
-            "MatMulInteger",
-            &[Some(q[0]), Some(w), Some(q[2]), Some(zw)],
-            1,
-            vec![],
-        )[0];
-        let cast = g.node("Cast", &[Some(acc)], 1, vec![attr_int("to", 1)])[0];
-        let sw = g.constant(Tensor::scalar_f32(0.03));
-        let s = g.node("Mul", &[Some(q[1]), Some(sw)], 1, vec![])[0];
-        let mut y = g.node("Mul", &[Some(cast), Some(s)], 1, vec![])[0];
-        if bias {
-            let b = g.constant(t(&[5], Data::F32(vec![0.5, -1.0, 2.0, 0.0, 3.25])));
-            y = g.node("Add", &[Some(b), Some(y)], 1, vec![])[0];
-        }
-        g.output(y)
-    }
-
-    fn dynamic_inputs(batch: usize, weights: bool) -> Vec<(String, Tensor)> {
-        let x: Vec<f32> = bytes(batch * 21, 4)
-            .iter()
-            .map(|&b| b as f32 / 37.0 - 2.5)
-            .collect();
-        let mut v = vec![(
-            "x".to_string(),
-            Tensor::f32(vec![batch, 3, 7], x).expect("x"),
-        )];
-        if weights {
-            let w: Vec<i8> = bytes(35, 3).iter().map(|&b| b as i8).collect();
-            v.push(("w".into(), t(&[7, 5], Data::I8(w))));
-        }
-        v
-    }
-
-    #[test]
-    fn dynamic_matmuls_run_packed_and_exactly() {
-        for bias in [false, true] {
-            for batch in [1, 4] {
-                let (names, want, got) =
-                    run_both(dynamic_graph(false, bias), &|| dynamic_inputs(batch, false));
-                assert!(
-                    names.contains(&"MatMulInteger(packed)+Scale".to_string()),
-                    "{names:?}"
-                );
-                assert!(
-                    !names.iter().any(|n| n == "Cast" || n == "Add"),
-                    "{names:?}"
-                );
-                assert_eq!(want.shape, got.shape);
-                assert_eq!(want.data, got.data, "bias {bias}, batch {batch}");
-            }
-        }
-        // Weights that are not constant: the reference path.
-        let (names, want, got) = run_both(dynamic_graph(true, true), &|| dynamic_inputs(2, true));
-        assert!(names.contains(&"MatMulInteger".to_string()), "{names:?}");
-        assert_eq!(want.data, got.data);
     }
 }
