@@ -359,7 +359,7 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
     let mut pre = vec![0.0; g * hid];
     let mut rh = vec![0.0; g * hid];
     let (gh, rows) = (g * hid, seq * batch);
-    let mut rh32 = vec![0f32; gh];
+    let (mut h32, mut rh32) = (vec![0f32; hid], vec![0f32; gh]);
     for (d, &reverse) in r.passes.iter().enumerate() {
         let acts = &r.acts[d];
         let rw = match rv.is_empty() {
@@ -415,7 +415,9 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
                 }
                 match fast {
                     Some((_, _, r32)) => {
-                        let h32: Vec<f32> = hs.iter().map(|&v| v as f32).collect();
+                        for (a, &v) in h32.iter_mut().zip(hs.iter()) {
+                            *a = v as f32;
+                        }
                         let rm = Mat::transposed(&r32[d * gh * hid..(d + 1) * gh * hid], hid);
                         let h = Mat::row_major(&h32, hid);
                         sgemm(1, 1, gh, hid, h, rm, &mut rh32, gh, false);
