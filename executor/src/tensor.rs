@@ -301,6 +301,20 @@ impl Data {
             out
         })
     }
+    /// `len` elements from each of `starts`, `step` apart (which may be negative), one run
+    /// after another.
+    pub fn strided_runs(&self, starts: &[usize], len: usize, step: isize) -> Data {
+        map_data!(self, v => {
+            let mut out = Vec::with_capacity(starts.len() * len);
+            for &s in starts {
+                match step > 0 {
+                    true => out.extend(v[s..].iter().step_by(step as usize).take(len)),
+                    false => out.extend((0..len).map(|j| v[s - j * step.unsigned_abs()])),
+                }
+            }
+            out
+        })
+    }
     /// Picks elements by index (used by gather-like ops: Transpose, Slice, Expand, ...).
     pub fn gather(&self, idx: &[usize]) -> Data {
         map_data!(self, v => idx.iter().map(|&i| v[i]).collect())

@@ -823,56 +823,58 @@ pub(crate) fn slice_of(
 
 fn slice(inputs: &[Option<&Tensor>], attrs: Option<&SliceAttrs>) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;
-    let r = x.rank();
     let (out, start, step) = slice_of(&x.shape, inputs, attrs)?;
-    let n = checked_numel(&out)?;
-    let xs = strides(&x.shape);
-    let os = strides(&out);
-    if n > 0 && step.iter().all(|&s| s == 1) {
-        return Ok(Tensor {
-            data: slice_runs(x, &out, &start, &xs),
-            shape: out,
-        });
-    }
-    let idx: Vec<usize> = (0..n)
-        .map(|i| {
-            (0..r)
-                .map(|a| {
-                    ((start[a] + ((i / os[a]) % out[a].max(1)) as i64 * step[a]) as usize) * xs[a]
-                })
-                .sum()
-        })
-        .collect();
-    Ok(Tensor {
-        shape: out,
-        data: x.data.gather(&idx),
-    })
+    let data = match checked_numel(&out)? {
+        0 => x.data.gather(&[]),
+        _ => slice_runs(x, &out, &start, &step),
+    };
+    Ok(Tensor { shape: out, data })
 }
 
-/// A slice with unit steps of `x` (shape `out`, from `start`; `xs` the strides of `x`) as
-/// contiguous runs: the trailing axes it keeps whole and the last one it cuts make one run of
-/// the input for each index of the axes before them. A slice that keeps everything is a copy.
-fn slice_runs(x: &Tensor, out: &[usize], start: &[i64], xs: &[usize]) -> Data {
+/// A slice of `x` (shape `out`, from `start` by `step`) as runs of the input: the trailing axes
+/// it keeps whole at step 1, and the last axis before them if it takes that at step 1, make one
+/// contiguous run for each index of the axes before them, which it walks at their steps. A step
+/// along the last axis makes runs along it at that step. A slice that keeps everything is a
+/// copy.
+fn slice_runs(x: &Tensor, out: &[usize], start: &[i64], step: &[i64]) -> Data {
+    let xs = strides(&x.shape);
     let mut k = out.len();
-    while k > 0 && out[k - 1] == x.shape[k - 1] {
+    while k > 0 && out[k - 1] == x.shape[k - 1] && step[k - 1] == 1 {
         k -= 1;
     }
-    // Axis k - 1 (if any) is cut: its kept part is contiguous too.
-    k = k.saturating_sub(1);
+    // Axis k - 1 (if any), cut at step 1: its kept part is contiguous too.
+    if k > 0 && step[k - 1] == 1 {
+        k -= 1;
+    }
+    // A step along the last axis: runs along it at that step.
+    let r = out.len();
+    let (k, run_step) = match k == r && r > 0 {
+        true => (r - 1, step[r - 1]),
+        false => (k, 1),
+    };
     let len = out[k..].iter().product::<usize>();
-    let offset: usize = (k..out.len()).map(|a| start[a] as usize * xs[a]).sum();
     let outer = out[..k].iter().product::<usize>();
-    let starts: Vec<usize> = (0..outer)
-        .map(|mut i| {
-            let mut at = offset;
-            for a in (0..k).rev() {
-                at += (start[a] as usize + i % out[a]) * xs[a];
-                i /= out[a];
+    // An odometer over the outer axes, `at` the run's first element.
+    let mut at: i64 = (0..out.len()).map(|a| start[a] * xs[a] as i64).sum();
+    let mut index = vec![0; k];
+    let mut starts = Vec::with_capacity(outer);
+    for _ in 0..outer {
+        starts.push(at as usize);
+        for a in (0..k).rev() {
+            let stride = step[a] * xs[a] as i64;
+            index[a] += 1;
+            at += stride;
+            if index[a] < out[a] {
+                break;
             }
-            at
-        })
-        .collect();
-    x.data.runs(&starts, len)
+            at -= stride * out[a] as i64;
+            index[a] = 0;
+        }
+    }
+    match run_step {
+        1 => x.data.runs(&starts, len),
+        _ => x.data.strided_runs(&starts, len, run_step as isize),
+    }
 }
 
 /// The output shape of Gather: `x`'s axes before `axis`, the indices' axes, `x`'s after it.
@@ -1291,31 +1293,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn unit_step_slices_copy_the_runs_the_element_walk_picks() {
+    fn slices_copy_the_runs_the_element_walk_picks() {
         let shape = [3usize, 4, 5, 2];
         let xv: Vec<i32> = (0..120).collect();
         let x = Tensor::new(shape.to_vec(), Data::I32(xv.clone())).unwrap();
         let i64s = |v: &[i64]| Tensor::i64(vec![v.len()], v.to_vec()).unwrap();
-        // (starts, ends, axes): a cut inner axis, a cut outer one, several, negative bounds,
-        // everything (a copy), the last axis alone.
-        for (starts, ends, axes) in [
-            (vec![1], vec![3], vec![1]),
-            (vec![1], vec![3], vec![0]),
-            (vec![1, 0, 2], vec![3, 4, 5], vec![0, 1, 2]),
-            (vec![-2, 1], vec![i64::MAX, -1], vec![2, 3]),
-            (vec![0], vec![i64::MAX], vec![0]),
-            (vec![1], vec![2], vec![3]),
+        // (starts, ends, axes, steps): a cut inner axis, a cut outer one, several, negative
+        // bounds, everything (a copy), the last axis alone; then steps: YOLOv5's every other row
+        // and column, a reversed outer axis, a reversed last axis, a step past the end, and
+        // steps on every axis at once.
+        for (starts, ends, axes, steps) in [
+            (vec![1], vec![3], vec![1], vec![1]),
+            (vec![1], vec![3], vec![0], vec![1]),
+            (vec![1, 0, 2], vec![3, 4, 5], vec![0, 1, 2], vec![1, 1, 1]),
+            (vec![-2, 1], vec![i64::MAX, -1], vec![2, 3], vec![1, 1]),
+            (vec![0], vec![i64::MAX], vec![0], vec![1]),
+            (vec![1], vec![2], vec![3], vec![1]),
+            (vec![0, 1], vec![i64::MAX, i64::MAX], vec![1, 2], vec![2, 2]),
+            (vec![-1], vec![i64::MIN], vec![0], vec![-1]),
+            (vec![-1, 1], vec![i64::MIN, 4], vec![3, 1], vec![-1, 2]),
+            (vec![0], vec![5], vec![2], vec![7]),
+            (
+                vec![2, 3, 4, 1],
+                vec![-9, -9, -9, -9],
+                vec![0, 1, 2, 3],
+                vec![-2, -2, -3, -1],
+            ),
         ] {
-            let (s, e, a) = (i64s(&starts), i64s(&ends), i64s(&axes));
-            let got = slice(&[Some(&x), Some(&s), Some(&e), Some(&a)], None).unwrap();
-            let (out, start, _) = slice_plan(&shape, &starts, &ends, Some(axes), None).unwrap();
+            let (s, e, a, st) = (i64s(&starts), i64s(&ends), i64s(&axes), i64s(&steps));
+            let got = slice(&[Some(&x), Some(&s), Some(&e), Some(&a), Some(&st)], None).unwrap();
+            let (out, start, step) =
+                slice_plan(&shape, &starts, &ends, Some(axes), Some(steps.clone())).unwrap();
             assert_eq!(got.shape, out);
             let mut want = Vec::new();
             for i in 0..out[0] {
                 for j in 0..out[1] {
                     for k in 0..out[2] {
                         for l in 0..out[3] {
-                            let at = |a: usize, v: usize| start[a] as usize + v;
+                            let at = |a: usize, v: usize| (start[a] + step[a] * v as i64) as usize;
                             want.push(
                                 xv[((at(0, i) * 4 + at(1, j)) * 5 + at(2, k)) * 2 + at(3, l)],
                             );
@@ -1323,7 +1338,7 @@ mod tests {
                     }
                 }
             }
-            assert_eq!(got.data, Data::I32(want), "{starts:?} {ends:?}");
+            assert_eq!(got.data, Data::I32(want), "{starts:?} {ends:?} {steps:?}");
         }
     }
 
