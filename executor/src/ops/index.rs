@@ -4,6 +4,7 @@
 //! read from a tensor is checked against the dimension it addresses: an index out of range is
 //! an error naming the op, never a read or write out of bounds.
 
+use super::arg_extreme::arg_positions_f32;
 use super::elementwise::{Num, is_nan};
 use super::input;
 use crate::error::{OpError, OpResult, shape_err};
@@ -381,7 +382,10 @@ fn arg_extreme(x: &Tensor, max: bool, axis: i64, keepdims: bool, last: bool) -> 
     } else {
         shape.remove(axis);
     }
-    let out = with_data!(&x.data, v => arg_positions(v, outer, n, inner, max, last));
+    let out = match &x.data {
+        Data::F32(v) if n > 0 => arg_positions_f32(v, outer, n, inner, max, last),
+        d => with_data!(d, v => arg_positions(v, outer, n, inner, max, last)),
+    };
     Tensor::new(shape, Data::I64(out))
 }
 
@@ -542,7 +546,7 @@ fn reverse_sequence(x: &Tensor, lens: &Tensor, batch: i64, time: i64) -> OpResul
 
 /// The position of the largest (`max`) or smallest element along the axis, the first or the
 /// `last` of equals; NaN counts as the extreme, as in numpy.
-fn arg_positions<T: Copy + PartialOrd>(
+pub(super) fn arg_positions<T: Copy + PartialOrd>(
     v: &[T],
     outer: usize,
     n: usize,

@@ -2,6 +2,7 @@
 //! evaluates on host tensors. One file per op family; this file owns the enum, parsing dispatch
 //! and evaluation dispatch.
 
+mod arg_extreme;
 pub mod attention;
 pub mod attrs;
 pub mod buffers;
