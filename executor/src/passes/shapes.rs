@@ -197,9 +197,17 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
         | Op::Shape(ShapeOp::Trilu { .. } | ShapeOp::EyeLike { .. }) => same(),
         Op::Cast { to, .. } => {
             let mut k = shape_only(shape_of(ins, 0).cloned());
-            if *to == DType::I64 {
-                k.elements = elements_of(ins, 0).cloned();
-            }
+            // Sizes keep their values through int64, and int32 where they fit (tf2onnx and
+            // jax2tf work shapes in int32).
+            let fits = |e: &Vec<Sym>| match to {
+                DType::I64 => true,
+                DType::I32 => e.iter().all(|s| match s {
+                    Sym::Known(v) => i32::try_from(*v).is_ok(),
+                    _ => true,
+                }),
+                _ => false,
+            };
+            k.elements = elements_of(ins, 0).filter(|e| fits(e)).cloned();
             vec![k]
         }
         Op::Binary(_) | Op::Variadic(..) | Op::Where => {
@@ -438,19 +446,21 @@ fn infer_shape_op(op: &ShapeOp, ins: &[&Known], consts: &[Option<&Tensor>]) -> V
             vec![shape_only(shape)]
         }
         ShapeOp::Slice { attrs: None } => {
+            // A slice keeps its input's rank; its sizes are only followed for a vector.
+            let rank_only = || vec![shape_only(x.map(|x| vec![Sym::Unknown; x.len()]))];
             let (Some(e), Some(starts), Some(ends)) =
                 (elements_of(ins, 0), const_ints(1), const_ints(2))
             else {
-                return vec![Known::default()];
+                return rank_only();
             };
             let axes = const_ints(3).unwrap_or_else(|| vec![0]);
             let steps = const_ints(4).unwrap_or_else(|| vec![1]);
             // One slice of a vector only (empty or longer starts are the op's to refuse).
             let (&[start], &[end]) = (starts.as_slice(), ends.as_slice()) else {
-                return vec![Known::default()];
+                return rank_only();
             };
             if axes.as_slice() != [0] && axes.as_slice() != [-1] || steps.as_slice() != [1] {
-                return vec![Known::default()];
+                return rank_only();
             }
             let n = e.len() as i64;
             let clamp = |v: i64| (if v < 0 { v.saturating_add(n) } else { v }).clamp(0, n) as usize;
@@ -469,6 +479,17 @@ fn infer_shape_op(op: &ShapeOp, ins: &[&Known], consts: &[Option<&Tensor>]) -> V
                     .collect(),
                 None => x.iter().rev().cloned().collect(),
             });
+            vec![shape_only(shape)]
+        }
+        // The target's values where they are known, else its length gives the rank.
+        ShapeOp::Expand => {
+            let target = elements_of(ins, 1).cloned().or_else(|| {
+                let &[Sym::Known(len)] = shape_of(ins, 1)?.as_slice() else {
+                    return None;
+                };
+                Some(vec![Sym::Unknown; usize::try_from(len).ok()?])
+            });
+            let shape = x.zip(target).and_then(|(x, t)| broadcast_all(&[x, &t]));
             vec![shape_only(shape)]
         }
         _ => vec![Known::default()],

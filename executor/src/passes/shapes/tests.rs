@@ -263,3 +263,44 @@ fn a_recurrent_layers_outputs_have_their_shapes() {
         assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} against {b}");
     }
 }
+
+/// jax2tf's one-hot: `Expand(Reshape(x, [-1, 8, 1]), Cast64(Concat(Slice(Cast32(Shape(x))),
+/// [8, 1])))`, then a strided Slice of the result. The sizes survive the int32 round trip, so
+/// Expand's target and every output's rank are known.
+#[test]
+fn int32_shapes_expand_and_slices_keep_their_ranks() {
+    let mut m = Builder::new(3, false);
+    let s = m.node("Shape", &["x"], vec![]);
+    let s32 = m.node("Cast", &[&s], vec![attr_int("to", 6)]);
+    let (c0, c1) = (m.const_i64("c0", &[0]), m.const_i64("c1", &[1]));
+    let batch = m.node("Slice", &[&s32, &c0, &c1, &c0], vec![]);
+    let rest = m.const_i64("rest", &[8, 1]);
+    let rest = m.node("Cast", &[&rest], vec![attr_int("to", 6)]);
+    let target = m.node("Concat", &[&batch, &rest], vec![attr_int("axis", 0)]);
+    let target = m.node("Cast", &[&target], vec![attr_int("to", 7)]);
+    let shape = m.const_i64("shape", &[-1, 8, 1]);
+    let r = m.node("Reshape", &["x", &shape], vec![]);
+    let e = m.node("Expand", &[&r, &target], vec![]);
+    let (c2, c5) = (m.const_i64("c2", &[2]), m.const_i64("c5", &[5]));
+    let cut = m.node("Slice", &[&e, &c1, &c5, &c1, &c2], vec![]);
+    m.node_rename_last(&cut, "y");
+    let proto: ModelProto = m.finish(
+        "one_hot",
+        13,
+        vec![value_info("x", DType::F32, &[None, Some(8)])],
+        vec![value_info("y", DType::F32, &[None, Some(2), Some(1)])],
+    );
+    let g = crate::import::import(&proto.encode_to_vec(), None).expect("imports");
+    let ranks = known_ranks(&g);
+    let rank = |op: &str| {
+        let n = g
+            .nodes
+            .iter()
+            .filter(|n| n.op.name() == op)
+            .last()
+            .expect(op);
+        ranks.get(&n.outputs[0]).copied()
+    };
+    assert_eq!(rank("Expand"), Some(3));
+    assert_eq!(rank("Slice"), Some(3), "a strided slice of a rank-3 value");
+}
