@@ -297,7 +297,7 @@ fn channel_values(g: &Graph, v: usize, m: usize, rank: usize) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::quant_graph::{G, attr_int, bytes, run_both, t};
+    use super::super::test_graph::{G, attr_int, bytes, run_both, t};
     use super::*;
     use crate::graph::Graph;
     use crate::zoo::builder::attr_ints;
@@ -635,9 +635,7 @@ mod tests {
         let mut g = g.output(y);
         crate::passes::optimize(&mut g);
         let plan = crate::plan::Plan::build(&g).expect("plan");
-        assert!(
-            crate::passes::quant_graph::names(&g).contains(&"ConvInteger(packed)+Scale".into())
-        );
+        assert!(crate::passes::test_graph::names(&g).contains(&"ConvInteger(packed)+Scale".into()));
         let be = crate::backend::CpuBackend::new(1);
         let run = |xz: Vec<u8>, b: Vec<i32>| {
             let (nz, nb) = (xz.len(), b.len());

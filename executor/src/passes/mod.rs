@@ -21,12 +21,12 @@ mod nhwc;
 mod pack_matmul;
 mod pointwise_depthwise;
 mod qdq;
-#[cfg(test)]
-mod quant_graph;
 mod residual;
 mod scaled_softmax;
 mod shapes;
 mod swish;
+#[cfg(test)]
+mod test_graph;
 mod transposes;
 
 pub use bias::{fold_conv_bias, fuse_matmul_bias};

@@ -511,7 +511,7 @@ fn dequantized_bias(b: &Tensor, sb: &Tensor, zb: Option<&Tensor>, m: usize) -> O
 
 #[cfg(test)]
 mod tests {
-    use super::super::quant_graph::{G, attr_int, bytes, names, run_both, t};
+    use super::super::test_graph::{G, attr_int, bytes, names, run_both, t};
     use super::*;
     use crate::backend::CpuBackend;
     use crate::plan::Plan;

@@ -1,5 +1,5 @@
-//! Hand-built graphs of quantized ops for the quantization passes' tests, and running a graph
-//! as it is and optimised.
+//! Graphs built by hand for the passes' tests (the zoo builder only writes f32 weights), and
+//! running a graph as it is and optimised.
 
 use crate::backend::CpuBackend;
 use crate::graph::{Dim, Graph, GraphInput, Node};
@@ -10,7 +10,7 @@ use crate::proto::AttributeProto;
 use crate::tensor::{DType, Data, Tensor};
 use std::sync::Arc;
 
-/// A graph being built by hand (the zoo builder only writes f32 weights).
+/// A graph being built by hand.
 pub(super) struct G(pub(super) Graph);
 
 impl G {
@@ -73,6 +73,7 @@ pub(super) fn t(shape: &[usize], data: Data) -> Tensor {
     Tensor::new(shape.to_vec(), data).expect("tensor")
 }
 
+/// `n` pseudo-random bytes from `seed`.
 pub(super) fn bytes(n: usize, seed: u32) -> Vec<u8> {
     let mut s = seed;
     (0..n)

@@ -293,12 +293,7 @@ fn int32_shapes_expand_and_slices_keep_their_ranks() {
     let g = crate::import::import(&proto.encode_to_vec(), None).expect("imports");
     let ranks = known_ranks(&g);
     let rank = |op: &str| {
-        let n = g
-            .nodes
-            .iter()
-            .filter(|n| n.op.name() == op)
-            .last()
-            .expect(op);
+        let n = g.nodes.iter().rfind(|n| n.op.name() == op).expect(op);
         ranks.get(&n.outputs[0]).copied()
     };
     assert_eq!(rank("Expand"), Some(3));
