@@ -21,6 +21,9 @@ pub(super) fn arg_positions_f32(
     last: bool,
 ) -> Vec<i64> {
     let mut out = Vec::with_capacity(outer * inner);
+    if outer * inner == 0 {
+        return out;
+    }
     for block in v.chunks_exact(n * inner).take(outer) {
         if inner == 1 {
             out.push(row_position(block, max, last) as i64);
@@ -146,6 +149,8 @@ mod tests {
             (3, 9, 33, 8),
             (1, 1, 7, 2),
             (5, 1, 1, 1),
+            (2, 3, 0, 0),
+            (0, 3, 2, 0),
         ] {
             let v: Vec<f32> = (0..outer * n * inner)
                 .map(|_| match next() % 100 < nan_share {
