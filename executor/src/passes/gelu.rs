@@ -13,18 +13,16 @@ use crate::ops::{
 use std::collections::HashMap;
 
 pub fn fuse_gelu(g: &mut Graph) {
-    let tanh = Op::Unary(Unary::Tanh);
-    let ranks = match g.nodes.iter().any(|n| n.op == tanh) {
+    let tanh_op = Op::Unary(Unary::Tanh);
+    let ranks = match g.nodes.iter().any(|n| n.op == tanh_op) {
         true => super::shapes::known_ranks(g),
         false => HashMap::new(),
     };
     let mut i = 0;
     while i < g.nodes.len() {
         let erf = matches_at(g, i).map(|m| (m, false));
-        if let Some(((last, x), approximate)) = erf.or_else(|| {
-            let uses = g.use_counts();
-            tanh_matches_at(g, &uses, &ranks, i).map(|m| (m, true))
-        }) {
+        let tanh = || tanh_matches_at(g, &ranks, i).map(|m| (m, true));
+        if let Some(((last, x), approximate)) = erf.or_else(tanh) {
             let out = g.nodes[last].outputs[0];
             let name = format!("{}_gelu", g.nodes[last].name);
             // The final node becomes the Gelu; the rest of the pattern is dead and removed later.
@@ -156,7 +154,10 @@ fn polynomial(g: &Graph, uses: &[usize], v: ValueId, rank: usize, depth: usize) 
     match n.op {
         Op::Binary(Binary::Mul) => Poly::mul(operand(0)?, operand(1)?),
         Op::Binary(Binary::Add) => Poly::add(operand(0)?, operand(1)?),
-        Op::Binary(Binary::Pow) if near(scalar(g, n.inputs[1]), 3.0) => {
+        Op::Binary(Binary::Pow)
+            if near(scalar(g, n.inputs[1]), 3.0)
+                && polynomial(g, uses, n.inputs[1]?, rank, 0).is_some() =>
+        {
             let x = operand(0)?;
             Poly::mul(Poly::mul(x, x)?, x)
         }
@@ -166,22 +167,15 @@ fn polynomial(g: &Graph, uses: &[usize], v: ValueId, rank: usize, depth: usize) 
 
 /// If node `i` is the Tanh of a GELU written with it, the index of the pattern's last node and
 /// `x`. Its constants must not broadcast `x` to a higher rank (`ranks`, where known).
-fn tanh_matches_at(
-    g: &Graph,
-    uses: &[usize],
-    ranks: &HashMap<ValueId, usize>,
-    i: usize,
-) -> Option<(usize, usize)> {
+fn tanh_matches_at(g: &Graph, ranks: &HashMap<ValueId, usize>, i: usize) -> Option<(usize, usize)> {
     let tanh = &g.nodes[i];
     if tanh.op != Op::Unary(Unary::Tanh) {
         return None;
     }
+    let uses = &g.use_counts();
     let u = tanh.inputs.first().copied().flatten()?;
-    // The input's rank is not known yet: find `x` with constants of rank 0, then check.
-    let x = polynomial(g, uses, u, 0, 8).and_then(|p| p.x).or_else(|| {
-        let p = polynomial(g, uses, u, usize::MAX, 8)?;
-        p.x
-    })?;
+    // Find `x` with constants of any rank, then read the pattern again with those of `x`'s.
+    let x = polynomial(g, uses, u, usize::MAX, 8)?.x?;
     let rank = *ranks.get(&x)?;
     let inner = polynomial(g, uses, u, rank, 8)?;
     let [c0, c1, c2, c3] = inner.c;
