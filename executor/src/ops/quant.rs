@@ -35,9 +35,9 @@ pub enum QuantOp {
     ConvInteger(ConvAttrs),
     QLinearMatMul,
     QLinearConv(ConvAttrs),
-    /// MatMulInteger with constant weights, packed once (`passes::qdq`).
+    /// MatMulInteger with constant weights, packed once (`passes::integer_products`).
     PackedMatMul(Arc<PackedMatMul>),
-    /// ConvInteger with constant weights, packed once (`passes::qdq`).
+    /// ConvInteger with constant weights, packed once (`passes::integer_products`).
     PackedConv(Arc<PackedConv>),
     /// A quantized Conv (DequantizeLinear → Conv → QuantizeLinear) in integers (`passes::qdq`).
     QConv(Arc<QConv>),
@@ -128,10 +128,10 @@ pub struct PackedMatMul {
 }
 
 /// ConvInteger of `[x, x's zero point]` by constant 8-bit weights `w_shape` (`[M, C/G, kh, kw]`
-/// or `[M, C/G, k]`), packed for `qgemm` once: one pack of `M/G` rows per group. With `scaled`,
-/// what dynamic quantization writes after it is fused in: the Add of an int32 bias per output
-/// channel (input 3, when there), the Cast to float and the Mul by a single scale (input 2). The
-/// output is then `(acc + bias[c]) as f32 * scale`, rounded as those ops round.
+/// or `[M, C/G, k]`), prepared once for the kernel that runs them ([`IntegerFilter`]). With
+/// `scaled`, what dynamic quantization writes after it is fused in: the Add of an int32 bias
+/// per output channel (input 3, when there), the Cast to float and the Mul by a single scale
+/// (input 2). The output is then `(acc + bias[c]) as f32 * scale`, rounded as those ops round.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedConv {
     pub conv: ConvAttrs,
@@ -839,18 +839,25 @@ fn integer_conv(
     Ok((out, shape))
 }
 
+/// That `what`'s zero point, where there is one, is a single value of `t`'s type.
+fn single_zero_point(zp: Option<&Tensor>, t: &Tensor, what: &str) -> OpResult<()> {
+    let Some(z) = zp else {
+        return Ok(());
+    };
+    single(z, &format!("{what}'s zero point"))?;
+    if z.dtype() != t.dtype() {
+        return Err(OpError::DType(format!(
+            "{what}'s zero point is {:?}, not {:?}",
+            z.dtype(),
+            t.dtype()
+        )));
+    }
+    Ok(())
+}
+
 /// `a` (8-bit, with a single zero point) packed for `qgemm` as `m` rows of `k`.
 fn pack_rows(a: &Tensor, zp: Option<&Tensor>, m: usize, k: usize) -> OpResult<PackedA> {
-    if let Some(z) = zp {
-        single(z, "A's zero point")?;
-        if z.dtype() != a.dtype() {
-            return Err(OpError::DType(format!(
-                "A's zero point is {:?}, not {:?}",
-                z.dtype(),
-                a.dtype()
-            )));
-        }
-    }
+    single_zero_point(zp, a, "A")?;
     let mut pa = PackedA::default();
     match (&a.data, zp.map(|z| &z.data)) {
         (Data::U8(v), z) => {
@@ -996,16 +1003,7 @@ fn conv_groups<Y: Copy + Default + Send>(
     y: &mut [Y],
     epilogue: &(impl Fn(usize, &[i32], &mut [Y]) + Sync),
 ) -> OpResult<()> {
-    if let Some(z) = zp {
-        single(z, "x's zero point")?;
-        if z.dtype() != x.dtype() {
-            return Err(OpError::DType(format!(
-                "x's zero point is {:?}, not {:?}",
-                z.dtype(),
-                x.dtype()
-            )));
-        }
-    }
+    single_zero_point(zp, x, "x")?;
     match (&x.data, zp.map(|z| &z.data)) {
         (Data::U8(v), z) => {
             let zero = if let Some(Data::U8(z)) = z { z[0] } else { 0 };

@@ -44,24 +44,26 @@ fn single_scale(g: &Graph, v: usize, depth: usize) -> bool {
     }
 }
 
+/// Integer product `i`'s first operand, its weights (input 1) and their zero point (input 3,
+/// when there), where the weights and zero point are constants.
+fn constant_weights(g: &Graph, i: usize) -> Option<(usize, Arc<Tensor>, Option<Arc<Tensor>>)> {
+    let input = |k: usize| g.nodes[i].inputs.get(k).copied().flatten();
+    let w = g.constants.get(&input(1)?)?.clone();
+    let zero = match input(3) {
+        Some(z) => Some(g.constants.get(&z)?.clone()),
+        None => None,
+    };
+    Some((input(0)?, w, zero))
+}
+
 /// Packs MatMulInteger `i`'s weights and fuses the scaling after it; whether it did.
 pub(super) fn pack_matmul(g: &mut Graph, i: usize) -> bool {
     let n = &g.nodes[i];
+    let Some((a, w, zp)) = constant_weights(g, i) else {
+        return false;
+    };
     let input = |k: usize| n.inputs.get(k).copied().flatten();
-    let (Some(a), Some(b)) = (input(0), input(1)) else {
-        return false;
-    };
-    let Some(w) = g.constants.get(&b) else {
-        return false;
-    };
-    let zp = match input(3) {
-        Some(z) => match g.constants.get(&z) {
-            Some(z) => Some(&**z),
-            None => return false,
-        },
-        None => None,
-    };
-    let Some(packed) = pack_weights(w, zp) else {
+    let Some(packed) = pack_weights(&w, zp.as_deref()) else {
         return false;
     };
     let shape = [w.shape[0], w.shape[1]];
@@ -166,21 +168,11 @@ pub(super) fn pack_conv(g: &mut Graph, i: usize) -> bool {
     let Op::Quant(QuantOp::ConvInteger(conv)) = &n.op else {
         return false;
     };
+    let Some((x, w, zw)) = constant_weights(g, i) else {
+        return false;
+    };
     let input = |k: usize| n.inputs.get(k).copied().flatten();
-    let (Some(x), Some(w)) = (input(0), input(1)) else {
-        return false;
-    };
-    let Some(w) = g.constants.get(&w) else {
-        return false;
-    };
-    let zw = match input(3) {
-        Some(z) => match g.constants.get(&z) {
-            Some(z) => Some(&**z),
-            None => return false,
-        },
-        None => None,
-    };
-    let Some(filter) = integer_filter(w, zw, conv.group) else {
+    let Some(filter) = integer_filter(&w, zw.as_deref(), conv.group) else {
         return false;
     };
     let mut op = PackedConv {
