@@ -267,9 +267,13 @@ pub(crate) fn import_nodes(
         }
         // An operator of onnxruntime's domain reads as the standard one it stands for.
         let mut op_type = np.op_type.as_str();
+        let mut quantized_r = None;
         if !default_domain {
             match contrib::standard(op_type, g, &inputs) {
-                Some(Ok(standard)) => (op_type, inputs) = (standard.op, standard.inputs),
+                Some(Ok(standard)) => {
+                    (op_type, inputs) = (standard.op, standard.inputs);
+                    quantized_r = standard.quantized_r;
+                }
                 Some(Err(reason)) => return Err(bad(reason)),
                 None => return Err(foreign()),
             }
@@ -295,7 +299,7 @@ pub(crate) fn import_nodes(
             }
             None => Op::parse(op_type, &attrs, opset, inputs.len(), np.output.len()),
         };
-        let op = match parsed {
+        let mut op = match parsed {
             Ok(Some(op)) => op,
             Ok(None) => {
                 return Err(ImportError::UnsupportedOp {
@@ -306,6 +310,9 @@ pub(crate) fn import_nodes(
             }
             Err(reason) => return Err(bad(reason)),
         };
+        if let (Some(q), Op::Rnn(r)) = (quantized_r, &mut op) {
+            r.quantized_r = Some(q);
+        }
         let mut outputs = Vec::with_capacity(np.output.len());
         for out in &np.output {
             // An omitted optional output still gets a value so output positions stay stable.

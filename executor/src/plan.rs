@@ -163,6 +163,7 @@ impl Plan {
                 Op::Quant(QuantOp::QConv(q)) => Some(q.w.bytes()),
                 Op::Quant(QuantOp::PackedMatMul(m)) => Some(m.b.bytes()),
                 Op::Quant(QuantOp::PackedConv(c)) => Some(c.bytes()),
+                Op::Rnn(r) => r.quantized_r.as_ref().map(|q| q.bytes()),
                 Op::MatMul {
                     packed: Some(f), ..
                 } => Some(f.bytes()),

@@ -11,6 +11,9 @@ use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{DType, Data, Tensor, checked_numel};
 use cotenant_kernels::gemm::{Mat, sgemm};
+use cotenant_kernels::qgemm::{PackedA, PackedB, qgemm_map};
+use cotenant_kernels::quantize::quantize_u8;
+use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Cell {
@@ -117,6 +120,60 @@ pub struct RnnAttrs {
     pub acts: Vec<Vec<Act>>,
     pub clip: Option<f64>,
     pub batch_first: bool,
+    /// R in 8 bits for the recurrent product (DynamicQuantizeLSTM's, `import::contrib`).
+    pub quantized_r: Option<Arc<QuantizedR>>,
+}
+
+/// R kept in 8 bits, as DynamicQuantizeLSTM gives it: per direction, R transposed (`hidden ×
+/// gates·hidden`, the input-major layout that op stores) packed for `qgemm`, and a scale per
+/// column. Each step quantizes its state to uint8 over the state's own range, zero included (as
+/// DynamicQuantizeLinear does, and onnxruntime runs that op), multiplies exactly in integers
+/// and scales back: a step reads a quarter of the bytes of R in float32, which bounds it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedR {
+    pub packs: Vec<PackedB>,
+    /// `[directions][gates·hidden]`.
+    pub scales: Vec<f32>,
+}
+
+impl QuantizedR {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.packs.iter().map(PackedB::bytes).sum::<usize>() + self.scales.len() * 4
+    }
+
+    /// Whether this holds `dirs` directions of `hidden × gh`.
+    fn fits(&self, dirs: usize, hidden: usize, gh: usize) -> bool {
+        self.packs.len() == dirs
+            && self.packs.iter().all(|p| p.k() == hidden && p.n() == gh)
+            && self.scales.len() == dirs * gh
+    }
+
+    /// `out = h · R` of direction `d`, through `h` quantized into `q` and packed into `a`; `false`
+    /// (nothing written) where `h` is not all finite.
+    fn times(&self, d: usize, h: &[f32], q: &mut [u8], a: &mut PackedA, out: &mut [f32]) -> bool {
+        if !h.iter().all(|v| v.is_finite()) {
+            return false;
+        }
+        let (lo, hi) = h
+            .iter()
+            .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let scale = (hi - lo) / 255.0;
+        if scale == 0.0 {
+            out.fill(0.0);
+            return true;
+        }
+        let zero = (-lo / scale).round_ties_even().clamp(0.0, 255.0);
+        quantize_u8(h, scale, zero, q);
+        a.pack(1, h.len(), q, h.len(), zero as u8);
+        let scales = &self.scales[d * out.len()..][..out.len()];
+        qgemm_map(1, a, &self.packs[d], out, |_, j0, acc, o| {
+            for ((o, &s), &acc) in o.iter_mut().zip(&scales[j0..]).zip(acc) {
+                *o = acc as f32 * (scale * s);
+            }
+        });
+        true
+    }
 }
 
 impl RnnAttrs {
@@ -191,6 +248,7 @@ impl RnnAttrs {
             acts,
             clip,
             batch_first: a.flag("layout", false)?,
+            quantized_r: None,
         })
     }
 }
@@ -360,6 +418,8 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
     let mut rh = vec![0.0; g * hid];
     let (gh, rows) = (g * hid, seq * batch);
     let (mut h32, mut rh32) = (vec![0f32; hid], vec![0f32; gh]);
+    let quantized = r.quantized_r.as_deref().filter(|q| q.fits(dirs, hid, gh));
+    let (mut hq, mut packed_h) = (vec![0u8; hid], PackedA::default());
     for (d, &reverse) in r.passes.iter().enumerate() {
         let acts = &r.acts[d];
         let rw = match rv.is_empty() {
@@ -418,9 +478,13 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
                         for (a, &v) in h32.iter_mut().zip(hs.iter()) {
                             *a = v as f32;
                         }
-                        let rm = Mat::transposed(&r32[d * gh * hid..(d + 1) * gh * hid], hid);
-                        let h = Mat::row_major(&h32, hid);
-                        sgemm(1, 1, gh, hid, h, rm, &mut rh32, gh, false);
+                        let in_8_bits = quantized
+                            .is_some_and(|q| q.times(d, &h32, &mut hq, &mut packed_h, &mut rh32));
+                        if !in_8_bits {
+                            let rm = Mat::transposed(&r32[d * gh * hid..(d + 1) * gh * hid], hid);
+                            let h = Mat::row_major(&h32, hid);
+                            sgemm(1, 1, gh, hid, h, rm, &mut rh32, gh, false);
+                        }
                         for k in 0..gh {
                             rh[k] = f64::from(rh32[k]) + rb[k];
                         }
@@ -558,6 +622,7 @@ mod tests {
             acts: vec![Cell::Lstm.default_acts().to_vec(); 2],
             clip: None,
             batch_first: false,
+            quantized_r: None,
         };
         let x = t(&[seq, batch, inp], 1);
         let w = t(&[2, 4 * hid, inp], 2);
@@ -622,5 +687,41 @@ mod tests {
         let list = [alpha];
         let e = RnnAttrs::parse("RNN", &Attrs { list: &list }).unwrap_err();
         assert!(e.contains("activation_alpha"), "{e}");
+    }
+
+    #[test]
+    fn an_8_bit_recurrent_product_is_within_a_quantization_step_and_leaves_non_finite_states() {
+        let (hid, gh) = (5, 12);
+        let q: Vec<i8> = (0..hid * gh).map(|i| (i * 37 % 255) as i8).collect();
+        let zeros: Vec<i8> = (0..gh).map(|j| j as i8 - 6).collect();
+        let scales: Vec<f32> = (0..gh).map(|j| 0.01 + j as f32 * 0.001).collect();
+        let r8 = QuantizedR {
+            packs: vec![PackedB::new(hid, gh, &q, (gh, 1), &zeros)],
+            scales: scales.clone(),
+        };
+        let (mut hq, mut a, mut out) = (vec![0; hid], PackedA::default(), vec![0f32; gh]);
+        let h = [0.3f32, -0.9, 0.05, 0.0, 0.7];
+        assert!(r8.times(0, &h, &mut hq, &mut a, &mut out));
+        for j in 0..gh {
+            let want: f32 = (0..hid)
+                .map(|k| h[k] * (q[k * gh + j] as f32 - zeros[j] as f32) * scales[j])
+                .sum();
+            let bound: f32 = (0..hid)
+                .map(|k| (q[k * gh + j] as f32 - zeros[j] as f32).abs() * scales[j])
+                .sum::<f32>()
+                * (1.6 / 255.0);
+            assert!(
+                (out[j] - want).abs() <= bound,
+                "{j}: {} against {want}",
+                out[j]
+            );
+        }
+        assert!(r8.times(0, &[0.0; 5], &mut hq, &mut a, &mut out));
+        assert!(out.iter().all(|&v| v == 0.0));
+        let nan = [0.1, f32::NAN, 0.0, 0.0, 0.0];
+        assert!(
+            !r8.times(0, &nan, &mut hq, &mut a, &mut out),
+            "left to the float product"
+        );
     }
 }
