@@ -710,8 +710,7 @@ fn dynamic_quantize(cx: &Cx, x: &Tensor) -> OpResult<Vec<Tensor>> {
             .reduce(|| (0.0, 0.0), |a, b| (a.0.min(b.0), a.1.max(b.1))),
         None => extremes(v),
     };
-    let scale = if max == min { 1.0 } else { max - min } / 255.0;
-    let zp = (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even();
+    let (scale, zp) = dynamic_params(min, max);
     let mut y = cx.take_u8(v.len());
     cx.in_pieces(&mut y, 16, |at, y| {
         quantize_u8(&v[at..at + y.len()], scale, zp, y)
@@ -721,6 +720,25 @@ fn dynamic_quantize(cx: &Cx, x: &Tensor) -> OpResult<Vec<Tensor>> {
         Tensor::scalar_f32(scale),
         Tensor::new(vec![], Data::U8(vec![zp as u8]))?,
     ])
+}
+
+/// DynamicQuantizeLinear's uint8 scale and zero point for values from `min` to `max` (both
+/// counting 0).
+fn dynamic_params(min: f32, max: f32) -> (f32, f32) {
+    let scale = if max == min { 1.0 } else { max - min } / 255.0;
+    (
+        scale,
+        (0.0 - min / scale).clamp(0.0, 255.0).round_ties_even(),
+    )
+}
+
+/// `v` quantized into `y` as DynamicQuantizeLinear does it on one thread: its scale and zero
+/// point.
+pub(crate) fn dynamic_quantize_into(v: &[f32], y: &mut [u8]) -> (f32, f32) {
+    let (min, max) = extremes(v);
+    let (scale, zp) = dynamic_params(min, max);
+    quantize_u8(v, scale, zp, y);
+    (scale, zp)
 }
 
 /// The smallest and largest of `v` and 0, NaN ignored.

@@ -7,12 +7,12 @@
 //! `input_forget`, other activations) are import errors, never ignored. Worked in f64.
 
 use super::attrs::Attrs;
+use super::quant::dynamic_quantize_into;
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{DType, Data, Tensor, checked_numel};
 use cotenant_kernels::gemm::{Mat, sgemm};
 use cotenant_kernels::qgemm::{PackedA, PackedB, qgemm_map};
-use cotenant_kernels::quantize::quantize_u8;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -155,16 +155,7 @@ impl QuantizedR {
         if !h.iter().all(|v| v.is_finite()) {
             return false;
         }
-        let (lo, hi) = h
-            .iter()
-            .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        let scale = (hi - lo) / 255.0;
-        if scale == 0.0 {
-            out.fill(0.0);
-            return true;
-        }
-        let zero = (-lo / scale).round_ties_even().clamp(0.0, 255.0);
-        quantize_u8(h, scale, zero, q);
+        let (scale, zero) = dynamic_quantize_into(h, q);
         a.pack(1, h.len(), q, h.len(), zero as u8);
         let scales = &self.scales[d * out.len()..][..out.len()];
         qgemm_map(1, a, &self.packs[d], out, |_, j0, acc, o| {
