@@ -6,7 +6,7 @@
 use crate::error::ImportError;
 use crate::graph::{Dim, Graph, GraphInput, Node};
 use crate::ops::{Op, attrs::Attrs};
-use crate::proto::{DimValue, GraphProto, ModelProto};
+use crate::proto::{DimValue, GraphProto, ModelProto, NodeProto};
 use crate::tensor::{DType, MAX_ELEMENTS, Tensor};
 use crate::tensor_proto::decode_tensor;
 use prost::Message;
@@ -14,11 +14,16 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+mod attention;
 mod buffer;
 mod contrib;
+mod expansion;
+mod fused;
+mod qlinear;
 mod subgraph;
 
 use buffer::ModelBuffer;
+pub use contrib::{DOMAIN as ONNXRUNTIME_DOMAIN, SUPPORTED as ONNXRUNTIME_OPS};
 
 /// Reads and imports a model file; external data is looked up next to it.
 pub fn load(path: impl AsRef<Path>) -> Result<Graph, ImportError> {
@@ -212,7 +217,6 @@ pub(crate) fn import_nodes(
     scope: &mut Scope<'_>,
     cx: &Context<'_>,
 ) -> Result<(), ImportError> {
-    let opset = cx.opset;
     for (idx, np) in gp.node.iter().enumerate() {
         let node_name = if np.name.is_empty() {
             format!("{}_{idx}", np.op_type)
@@ -220,115 +224,194 @@ pub(crate) fn import_nodes(
             np.name.clone()
         };
         let default_domain = np.domain.is_empty() || np.domain == "ai.onnx";
-        let foreign = || ImportError::UnsupportedDomainOp {
-            node: node_name.clone(),
-            op: np.op_type.clone(),
-            domain: np.domain.clone(),
-            known: match np.domain == contrib::DOMAIN {
-                true => format!(" (of that domain, only {})", contrib::SUPPORTED.join(", ")),
-                false => String::new(),
-            },
-        };
-        if !default_domain && np.domain != contrib::DOMAIN {
-            return Err(foreign());
-        }
-        let bad = |reason: String| ImportError::BadNode {
-            node: node_name.clone(),
-            op: np.op_type.clone(),
-            opset,
-            reason,
-        };
-        let mut inputs = Vec::with_capacity(np.input.len());
-        for name in &np.input {
-            if name.is_empty() {
-                inputs.push(None);
-            } else {
-                let v = scope.resolve(g, name).ok_or_else(|| {
-                    bad(format!("input {name:?} is not defined before this node"))
-                })?;
-                inputs.push(Some(v));
-            }
-        }
-        let attrs = Attrs {
-            list: &np.attribute,
-        };
-        if np.op_type == "Constant" {
-            let t = crate::ops::constant_attr(&attrs).map_err(bad)?;
-            let out = np
-                .output
-                .first()
-                .ok_or_else(|| bad("Constant has no output".into()))?;
-            let v = g.add_value(out);
-            if scope.ids.insert(out.clone(), v).is_some() {
-                return Err(bad(format!("output {out:?} is defined twice")));
-            }
-            g.constants.insert(v, Arc::new(t));
-            continue;
-        }
-        // An operator of onnxruntime's domain reads as the standard one it stands for.
-        let mut op_type = np.op_type.as_str();
-        let mut quantized_r = None;
-        if !default_domain {
-            match contrib::standard(op_type, g, &inputs) {
-                Some(Ok(standard)) => {
-                    (op_type, inputs) = (standard.op, standard.inputs);
-                    quantized_r = standard.quantized_r;
+        let ort = np.domain == contrib::DOMAIN
+            || (default_domain && contrib::IN_DEFAULT_DOMAIN.contains(&np.op_type.as_str()));
+        match ort.then(|| contrib::expand(np, &node_name)).flatten() {
+            Some(Ok(steps)) => {
+                for step in steps {
+                    import_step(step, g, scope, cx)?;
                 }
-                Some(Err(reason)) => return Err(bad(reason)),
-                None => return Err(foreign()),
             }
-        }
-        let control = match default_domain {
-            true => subgraph::control(np, &attrs, scope, &g.constants, cx, inputs.len()),
-            false => None,
-        };
-        let parsed = match control {
-            Some(parsed) => {
-                let (op, implicit) = parsed.map_err(&bad)?;
-                // The outer values the bodies read are inputs of this node, so that the plan
-                // orders it after them and keeps them alive until it has run.
-                for name in implicit {
-                    let v = scope.resolve(g, &name).ok_or_else(|| {
-                        bad(format!(
-                            "a body reads {name:?}, which is not defined before this node"
-                        ))
-                    })?;
-                    inputs.push(Some(v));
-                }
-                Ok(Some(op))
-            }
-            None => Op::parse(op_type, &attrs, opset, inputs.len(), np.output.len()),
-        };
-        let mut op = match parsed {
-            Ok(Some(op)) => op,
-            Ok(None) => {
-                return Err(ImportError::UnsupportedOp {
+            Some(Err(reason)) => {
+                return Err(ImportError::BadNode {
                     node: node_name,
-                    op: np.op_type.clone(),
-                    opset,
+                    op: match default_domain {
+                        true => np.op_type.clone(),
+                        false => format!("{}.{}", np.domain, np.op_type),
+                    },
+                    opset: cx.opset,
+                    reason,
                 });
             }
-            Err(reason) => return Err(bad(reason)),
-        };
-        if let (Some(q), Op::Rnn(r)) = (quantized_r, &mut op) {
-            r.quantized_r = Some(q);
+            None => import_node(np, node_name, cx.opset, g, scope, cx)?,
         }
-        let mut outputs = Vec::with_capacity(np.output.len());
-        for out in &np.output {
-            // An omitted optional output still gets a value so output positions stay stable.
-            let v = g.add_value(out);
-            if !out.is_empty() && scope.ids.insert(out.clone(), v).is_some() {
-                return Err(bad(format!("output {out:?} is defined twice")));
-            }
-            outputs.push(v);
+    }
+    Ok(())
+}
+
+/// One step of an expansion: a standard node, or an executor op on named values.
+fn import_step(
+    step: expansion::Step,
+    g: &mut Graph,
+    scope: &mut Scope<'_>,
+    cx: &Context<'_>,
+) -> Result<(), ImportError> {
+    let (name, op, inputs, outputs) = match step {
+        expansion::Step::Node { node, opset } => {
+            let name = node.name.clone();
+            return import_node(&node, name, opset, g, scope, cx);
         }
-        g.nodes.push(Node {
-            name: node_name,
+        expansion::Step::Op {
+            name,
             op,
             inputs,
             outputs,
+        } => (name, op, inputs, outputs),
+    };
+    let mut ins = Vec::with_capacity(inputs.len());
+    for input in &inputs {
+        ins.push(match input.as_str() {
+            "" => None,
+            n => Some(scope.resolve(g, n).ok_or_else(|| {
+                ImportError::Graph(format!("{name}: input {n:?} is not defined before it"))
+            })?),
         });
     }
+    let outs = outputs
+        .iter()
+        .map(|o| {
+            let v = g.add_value(o);
+            scope.ids.insert(o.clone(), v);
+            v
+        })
+        .collect();
+    g.nodes.push(Node {
+        name,
+        op,
+        inputs: ins,
+        outputs: outs,
+    });
+    Ok(())
+}
+
+/// Parses node `np` into `g`, its operator read at `opset`.
+fn import_node(
+    np: &NodeProto,
+    node_name: String,
+    opset: i64,
+    g: &mut Graph,
+    scope: &mut Scope<'_>,
+    cx: &Context<'_>,
+) -> Result<(), ImportError> {
+    let default_domain = np.domain.is_empty() || np.domain == "ai.onnx";
+    let foreign = || ImportError::UnsupportedDomainOp {
+        node: node_name.clone(),
+        op: np.op_type.clone(),
+        domain: np.domain.clone(),
+        known: match np.domain == contrib::DOMAIN {
+            true => format!(" (of that domain, only {})", contrib::SUPPORTED.join(", ")),
+            false => String::new(),
+        },
+    };
+    if !default_domain && np.domain != contrib::DOMAIN {
+        return Err(foreign());
+    }
+    let bad = |reason: String| ImportError::BadNode {
+        node: node_name.clone(),
+        op: np.op_type.clone(),
+        opset,
+        reason,
+    };
+    let mut inputs = Vec::with_capacity(np.input.len());
+    for name in &np.input {
+        if name.is_empty() {
+            inputs.push(None);
+        } else {
+            let v = scope
+                .resolve(g, name)
+                .ok_or_else(|| bad(format!("input {name:?} is not defined before this node")))?;
+            inputs.push(Some(v));
+        }
+    }
+    let attrs = Attrs {
+        list: &np.attribute,
+    };
+    if np.op_type == "Constant" {
+        let t = crate::ops::constant_attr(&attrs).map_err(bad)?;
+        let out = np
+            .output
+            .first()
+            .ok_or_else(|| bad("Constant has no output".into()))?;
+        let v = g.add_value(out);
+        if scope.ids.insert(out.clone(), v).is_some() {
+            return Err(bad(format!("output {out:?} is defined twice")));
+        }
+        g.constants.insert(v, Arc::new(t));
+        return Ok(());
+    }
+    // An operator of onnxruntime's domain reads as the standard one it stands for.
+    let mut op_type = np.op_type.as_str();
+    let mut quantized_r = None;
+    if !default_domain {
+        match contrib::standard(op_type, g, &inputs) {
+            Some(Ok(standard)) => {
+                (op_type, inputs) = (standard.op, standard.inputs);
+                quantized_r = standard.quantized_r;
+            }
+            Some(Err(reason)) => return Err(bad(reason)),
+            None => return Err(foreign()),
+        }
+    }
+    let control = match default_domain {
+        true => subgraph::control(np, &attrs, scope, &g.constants, cx, inputs.len()),
+        false => None,
+    };
+    let parsed = match control {
+        Some(parsed) => {
+            let (op, implicit) = parsed.map_err(&bad)?;
+            // The outer values the bodies read are inputs of this node, so that the plan
+            // orders it after them and keeps them alive until it has run.
+            for name in implicit {
+                let v = scope.resolve(g, &name).ok_or_else(|| {
+                    bad(format!(
+                        "a body reads {name:?}, which is not defined before this node"
+                    ))
+                })?;
+                inputs.push(Some(v));
+            }
+            Ok(Some(op))
+        }
+        None => Op::parse(op_type, &attrs, opset, inputs.len(), np.output.len()),
+    };
+    let mut op = match parsed {
+        Ok(Some(op)) => op,
+        Ok(None) => {
+            return Err(ImportError::UnsupportedOp {
+                node: node_name,
+                op: np.op_type.clone(),
+                opset,
+            });
+        }
+        Err(reason) => return Err(bad(reason)),
+    };
+    if let (Some(q), Op::Rnn(r)) = (quantized_r, &mut op) {
+        r.quantized_r = Some(q);
+    }
+    let mut outputs = Vec::with_capacity(np.output.len());
+    for out in &np.output {
+        // An omitted optional output still gets a value so output positions stay stable.
+        let v = g.add_value(out);
+        if !out.is_empty() && scope.ids.insert(out.clone(), v).is_some() {
+            return Err(bad(format!("output {out:?} is defined twice")));
+        }
+        outputs.push(v);
+    }
+    g.nodes.push(Node {
+        name: node_name,
+        op,
+        inputs,
+        outputs,
+    });
     Ok(())
 }
 

@@ -18,6 +18,7 @@ pub mod elementwise;
 pub mod grid;
 pub mod index;
 pub mod loss;
+pub mod mask_index;
 pub mod matmul;
 pub mod mel;
 pub mod nms;
@@ -421,6 +422,9 @@ pub enum Op {
         silu: bool,
     },
     LinearAttention(recurrent_state::LinearAttentionAttrs),
+    /// onnxruntime's Attention `mask_index` (input 0, any of its formats) as the additive mask
+    /// of the query input 1's positions; written only by the importer's expansion.
+    MaskIndex(mask_index::MaskIndexAttrs),
 }
 
 impl Op {
@@ -869,6 +873,7 @@ impl Op {
             Op::TensorScatter(_) => "TensorScatter".into(),
             Op::CausalConv { .. } => "CausalConvWithState".into(),
             Op::LinearAttention(_) => "LinearAttention".into(),
+            Op::MaskIndex(_) => "AttentionMaskIndex".into(),
         }
     }
 
@@ -1103,6 +1108,11 @@ impl Op {
             Op::TensorScatter(a) => one(recurrent_state::tensor_scatter(a, inputs)),
             Op::CausalConv { silu } => recurrent_state::causal_conv(*silu, inputs),
             Op::LinearAttention(a) => recurrent_state::linear_attention(a, inputs),
+            Op::MaskIndex(a) => one(mask_index::additive_mask(
+                a,
+                opt_input(inputs, 0),
+                input(inputs, 1)?,
+            )),
         }
     }
 }

@@ -1,0 +1,163 @@
+//! The additive mask of onnxruntime's `com.microsoft.Attention` from its `mask_index`, in any
+//! of the formats that operator takes (it tells them apart by shape at run time, so no standard
+//! operator can): `[B]` valid lengths (right padding), `[2B]` ends then starts (left padding),
+//! `[B, T]` or `[B, S, T]` raw masks (non-zero: attend). Masked positions get `filter`, as in
+//! onnxruntime (-10000 by default, so a row masked entirely attends uniformly); a causal mask
+//! adds `filter` above the diagonal. The result is `[B, 1, S, T]`, for the standard Attention.
+
+use crate::error::{OpResult, shape_err};
+use crate::tensor::Tensor;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaskIndexAttrs {
+    pub filter: f32,
+    pub causal: bool,
+}
+
+/// The mask for a query `[B, S, ...]` attending over its own `S` positions.
+pub fn additive_mask(
+    a: &MaskIndexAttrs,
+    mask: Option<&Tensor>,
+    query: &Tensor,
+) -> OpResult<Tensor> {
+    let &[batch, seq, ..] = query.shape.as_slice() else {
+        return shape_err(format!(
+            "Attention's input is {:?}, not [batch, sequence, hidden]",
+            query.shape
+        ));
+    };
+    let total = seq;
+    let plane = seq * total;
+    let mut out = vec![0f32; batch * plane];
+    if out.is_empty() {
+        return Tensor::f32(vec![batch, 1, seq, total], out);
+    }
+    if let Some(mask) = mask {
+        let m = mask.to_i64_vec()?;
+        let shape = mask.shape.as_slice();
+        match *shape {
+            [n] if n == batch || n == 2 * batch => {
+                for (b, rows) in out.chunks_exact_mut(plane).enumerate() {
+                    let end = m[b].clamp(0, total as i64) as usize;
+                    let start = match n == 2 * batch {
+                        true => m[batch + b].clamp(0, total as i64) as usize,
+                        false => 0,
+                    };
+                    for row in rows.chunks_exact_mut(total) {
+                        for (j, v) in row.iter_mut().enumerate() {
+                            if j < start || j >= end {
+                                *v = a.filter;
+                            }
+                        }
+                    }
+                }
+            }
+            [b, t] if b == batch && t == total => {
+                for (rows, raw) in out.chunks_exact_mut(plane).zip(m.chunks_exact(total)) {
+                    for row in rows.chunks_exact_mut(total) {
+                        for (v, &k) in row.iter_mut().zip(raw) {
+                            if k <= 0 {
+                                *v = a.filter;
+                            }
+                        }
+                    }
+                }
+            }
+            [b, s, t] if b == batch && s == seq && t == total => {
+                for (v, &k) in out.iter_mut().zip(&m) {
+                    if k <= 0 {
+                        *v = a.filter;
+                    }
+                }
+            }
+            _ => {
+                return shape_err(format!(
+                    "Attention's mask_index is {shape:?}: for a batch of {batch} and {seq} \
+                     positions it must be [{batch}] (lengths), [{}] (ends and starts), \
+                     [{batch}, {total}] or [{batch}, {seq}, {total}] (raw masks)",
+                    2 * batch
+                ));
+            }
+        }
+    }
+    if a.causal {
+        for rows in out.chunks_exact_mut(plane) {
+            for (s, row) in rows.chunks_exact_mut(total).enumerate() {
+                for v in &mut row[s + 1..] {
+                    *v += a.filter;
+                }
+            }
+        }
+    }
+    Tensor::f32(vec![batch, 1, seq, total], out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Data;
+
+    fn mask(shape: Vec<usize>, v: Vec<i32>) -> Tensor {
+        Tensor::new(shape, Data::I32(v)).unwrap()
+    }
+
+    fn query(batch: usize, seq: usize) -> Tensor {
+        Tensor::f32(vec![batch, seq, 1], vec![0.0; batch * seq]).unwrap()
+    }
+
+    const F: f32 = -10000.0;
+
+    fn run(m: Option<&Tensor>, causal: bool) -> Vec<f32> {
+        let a = MaskIndexAttrs { filter: F, causal };
+        let t = additive_mask(&a, m, &query(2, 3)).unwrap();
+        assert_eq!(t.shape, [2, 1, 3, 3]);
+        t.to_f64_vec().into_iter().map(|v| v as f32).collect()
+    }
+
+    #[test]
+    fn every_format_masks_the_same_positions() {
+        // Row 0 attends to positions 0..2, row 1 to 1..3.
+        let want = [
+            0., 0., F, 0., 0., F, 0., 0., F, F, 0., 0., F, 0., 0., F, 0., 0.,
+        ];
+        assert_eq!(run(Some(&mask(vec![4], vec![2, 3, 0, 1])), false), want);
+        assert_eq!(
+            run(Some(&mask(vec![2, 3], vec![1, 1, 0, 0, 1, 1])), false),
+            want
+        );
+        let raw3: Vec<i32> = [[1, 1, 0]; 3]
+            .into_iter()
+            .chain([[0, 1, 1]; 3])
+            .flatten()
+            .collect();
+        assert_eq!(run(Some(&mask(vec![2, 3, 3], raw3)), false), want);
+        let lengths = run(Some(&mask(vec![2], vec![2, 3])), false);
+        assert_eq!(&lengths[9..], &[0.; 9]);
+    }
+
+    #[test]
+    fn causal_adds_the_filter_above_the_diagonal() {
+        let one = [0., F, F, 0., 0., F, 0., 0., 0.];
+        assert_eq!(run(None, true), [one, one].concat());
+        let padded = run(Some(&mask(vec![2], vec![1, 3])), true);
+        assert_eq!(&padded[..9], &[0., 2. * F, 2. * F, 0., F, 2. * F, 0., F, F]);
+    }
+
+    #[test]
+    fn a_mask_of_another_shape_is_an_error_naming_the_formats() {
+        let a = MaskIndexAttrs {
+            filter: F,
+            causal: false,
+        };
+        for bad in [
+            mask(vec![3], vec![1; 3]),
+            mask(vec![2, 4], vec![1; 8]),
+            mask(vec![2, 1, 3, 3], vec![1; 18]),
+        ] {
+            let e = additive_mask(&a, Some(&bad), &query(2, 3))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("must be [2] (lengths)"), "{e}");
+        }
+    }
+}
