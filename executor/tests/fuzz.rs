@@ -10,6 +10,7 @@ mod common;
 
 use common::proto::{float_attr, int_attr, ints_attr, string_attr, value_info};
 use cotenant_executor::device::Gpu;
+use cotenant_executor::import::{ONNXRUNTIME_DOMAIN, ONNXRUNTIME_OPS};
 use cotenant_executor::memory::MemoryBudget;
 use cotenant_executor::ops::SUPPORTED_OPS;
 use cotenant_executor::proto::{
@@ -132,6 +133,12 @@ fn defined_before(g: &GraphProto, n: usize) -> Vec<String> {
 
 /// Attribute names the supported ops read.
 const ATTRS: &[&str] = &[
+    "num_heads",
+    "qkv_hidden_sizes",
+    "unidirectional",
+    "transBatchA",
+    "channels_last",
+    "opset",
     "axis",
     "axes",
     "perm",
@@ -616,6 +623,18 @@ fn graph_input(k: u64) -> ValueInfoProto {
 /// A one-node graph of `op` reading the input `x` (see `graph_input`) and `extra` constant
 /// operands, with `attrs`.
 fn one_node(op: &str, x: u64, extra: &[u64], attrs: Vec<AttributeProto>, opset: i64) -> ModelProto {
+    one_node_of("", op, x, extra, attrs, opset)
+}
+
+/// `one_node` of an operator of `domain`.
+fn one_node_of(
+    domain: &str,
+    op: &str,
+    x: u64,
+    extra: &[u64],
+    attrs: Vec<AttributeProto>,
+    opset: i64,
+) -> ModelProto {
     let mut inputs = vec!["x".to_string()];
     let mut initializer = Vec::new();
     for (i, &b) in extra.iter().enumerate() {
@@ -635,6 +654,7 @@ fn one_node(op: &str, x: u64, extra: &[u64], attrs: Vec<AttributeProto>, opset: 
                 output: vec!["y".into(), "y2".into()],
                 name: "n".into(),
                 op_type: op.into(),
+                domain: domain.into(),
                 attribute: attrs,
                 ..Default::default()
             }],
@@ -644,6 +664,21 @@ fn one_node(op: &str, x: u64, extra: &[u64], attrs: Vec<AttributeProto>, opset: 
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// Attribute `ATTRS[k]`, an edge integer or a list of them as `b` says.
+fn hostile_attr(k: usize, b: u64) -> AttributeProto {
+    if b.is_multiple_of(2) {
+        int_attr(ATTRS[k], edge(b >> 8))
+    } else {
+        let len = (b >> 8) as usize % 5;
+        ints_attr(
+            ATTRS[k],
+            &(0..len)
+                .map(|i| edge(b >> (12 + 5 * i)))
+                .collect::<Vec<_>>(),
+        )
     }
 }
 
@@ -845,18 +880,20 @@ proptest! {
         attrs in proptest::collection::vec((0usize..ATTRS.len(), any::<u64>()), 0..4),
         opset in 0usize..OPSETS.len(),
     ) {
-        let attrs = attrs
-            .into_iter()
-            .map(|(k, b)| {
-                if b.is_multiple_of(2) {
-                    int_attr(ATTRS[k], edge(b >> 8))
-                } else {
-                    let len = (b >> 8) as usize % 5;
-                    ints_attr(ATTRS[k], &(0..len).map(|i| edge(b >> (12 + 5 * i))).collect::<Vec<_>>())
-                }
-            })
-            .collect();
+        let attrs = attrs.into_iter().map(|(k, b)| hostile_attr(k, b)).collect();
         let m = one_node(SUPPORTED_OPS[op], x, &extra, attrs, OPSETS[opset]);
+        import_plan_run(&m.encode_to_vec());
+    }
+
+    #[test]
+    fn hostile_onnxruntime_operators_never_panic(
+        op in 0usize..ONNXRUNTIME_OPS.len(),
+        x in any::<u64>(),
+        extra in proptest::collection::vec(any::<u64>(), 0..9),
+        attrs in proptest::collection::vec((0usize..ATTRS.len(), any::<u64>()), 0..4),
+    ) {
+        let attrs = attrs.into_iter().map(|(k, b)| hostile_attr(k, b)).collect();
+        let m = one_node_of(ONNXRUNTIME_DOMAIN, ONNXRUNTIME_OPS[op], x, &extra, attrs, 17);
         import_plan_run(&m.encode_to_vec());
     }
 

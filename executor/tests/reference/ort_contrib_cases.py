@@ -1,0 +1,205 @@
+"""Writes one-node models of onnxruntime's own operators (com.microsoft, and those it registers in
+the default domain), random inputs for each, and onnxruntime's outputs on them.
+
+Usage: ort_contrib_cases.py DIR
+For each case NAME: DIR/NAME.onnx, DIR/NAME_in_<input>.npy, DIR/NAME_out_<output>.npy, and a
+line `NAME<TAB>inputs,...<TAB>outputs,...` in DIR/cases.tsv.
+"""
+
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+rng = np.random.default_rng(5)
+MS = "com.microsoft"
+
+
+def normal(*shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def u8(*shape):
+    return rng.integers(0, 256, shape, dtype=np.uint8)
+
+
+def i8(*shape):
+    return rng.integers(-128, 128, shape, dtype=np.int8)
+
+
+def scalar(v, dtype=np.float32):
+    return np.array(v, dtype=dtype)
+
+
+CASES = []
+
+
+def case(name, op, feeds, consts, order, outputs, domain=MS, **attrs):
+    """`order`: the node's inputs by name ("" for an omitted one); `outputs`: its outputs
+    ("" for one it does not name)."""
+    CASES.append((name, op, feeds, consts, order, outputs, domain, attrs))
+
+
+def add_cases():
+    x, b8 = normal(2, 3, 8), normal(8)
+    case("gelu", "Gelu", {"x": x}, {}, ["x"], ["y"])
+    case("fast_gelu", "FastGelu", {"x": x}, {}, ["x"], ["y"])
+    case("fast_gelu_bias", "FastGelu", {"x": x}, {"b": b8}, ["x", "b"], ["y"])
+    case("bias_gelu", "BiasGelu", {"x": x}, {"b": b8}, ["x", "b"], ["y"])
+    case("quick_gelu", "QuickGelu", {"x": x}, {}, ["x"], ["y"])
+    case("quick_gelu_alpha_1", "QuickGelu", {"x": x}, {}, ["x"], ["y"], alpha=1.0)
+
+    a, bt = normal(2, 4, 5), normal(2, 6, 5)
+    case("fused_matmul_trans_b", "FusedMatMul", {"a": a, "b": bt}, {}, ["a", "b"], ["y"],
+         transB=1, alpha=0.5)
+    case("fused_matmul_trans_a_const", "FusedMatMul", {"a": normal(2, 5, 4)}, {"b": normal(5, 3)},
+         ["a", "b"], ["y"], transA=1)
+    case("transpose_matmul", "TransposeMatMul", {"a": a}, {"b": normal(6, 5)}, ["a", "b"], ["y"],
+         transB=1)
+
+    img, w, bias = normal(1, 3, 8, 8), normal(4, 3, 3, 3, scale=0.5), normal(4)
+    conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    case("fused_conv_relu", "FusedConv", {"x": img}, {"w": w, "b": bias}, ["x", "w", "b"], ["y"],
+         activation="Relu", **conv)
+    case("fused_conv_sum_clip", "FusedConv", {"x": img, "z": normal(1, 4, 8, 8)},
+         {"w": w, "b": bias}, ["x", "w", "b", "z"], ["y"], activation="Clip",
+         activation_params=[0.0, 2.0], **conv)
+    case("fused_conv_leaky_strided", "FusedConv", {"x": img}, {"w": w}, ["x", "w"], ["y"],
+         activation="LeakyRelu", activation_params=[0.1], strides=[2, 2], **conv)
+    case("fused_conv_hard_sigmoid", "FusedConv", {"x": img}, {"w": w, "b": bias},
+         ["x", "w", "b"], ["y"], activation="HardSigmoid", activation_params=[0.2, 0.5], **conv)
+    case("fused_gemm_leaky", "FusedGemm", {"a": normal(3, 5)}, {"b": normal(4, 5), "c": normal(4)},
+         ["a", "b", "c"], ["y"], transB=1, activation="LeakyRelu", activation_alpha=0.1)
+
+    h = normal(2, 3, 8)
+    ln = {"gamma": normal(8), "beta": normal(8), "bias": normal(8)}
+    case("skip_layer_norm", "SkipLayerNormalization", {"x": h, "skip": normal(2, 3, 8)}, ln,
+         ["x", "skip", "gamma", "beta", "bias"], ["y", "", "", "sum"], epsilon=1e-5)
+    case("skip_layer_norm_plain", "SkipLayerNormalization", {"x": h, "skip": normal(2, 3, 8)},
+         {"gamma": ln["gamma"]}, ["x", "skip", "gamma"], ["y"])
+    case("skip_simplified_layer_norm", "SkipSimplifiedLayerNormalization",
+         {"x": h, "skip": normal(2, 3, 8)}, {"gamma": ln["gamma"], "bias": ln["bias"]},
+         ["x", "skip", "gamma", "bias"], ["y", "", "", "sum"], epsilon=1e-6)
+    case("simplified_layer_norm", "SimplifiedLayerNormalization", {"x": h},
+         {"scale": ln["gamma"]}, ["x", "scale"], ["y"], domain="", epsilon=1e-6)
+
+    ids = rng.integers(0, 30, (2, 5)).astype(np.int32)
+    segments = rng.integers(0, 2, (2, 5)).astype(np.int32)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=np.int32)
+    emb = {"word": normal(30, 8), "pos": normal(16, 8), "seg": normal(2, 8),
+           "gamma": normal(8), "beta": normal(8)}
+    case("embed_layer_norm", "EmbedLayerNormalization",
+         {"ids": ids, "segments": segments, "mask": mask}, emb,
+         ["ids", "segments", "word", "pos", "seg", "gamma", "beta", "mask"],
+         ["y", "mask_index", "sum"])
+    case("embed_layer_norm_no_segments", "EmbedLayerNormalization", {"ids": ids},
+         {k: v for k, v in emb.items() if k != "seg"},
+         ["ids", "", "word", "pos", "", "gamma", "beta"], ["y", "mask_index"])
+
+    seq = normal(2, 5, 8)
+    qkv = {"w": normal(8, 24, scale=0.5), "b": normal(24)}
+    lengths = np.array([5, 3], dtype=np.int32)
+    case("attention_raw_mask", "Attention", {"x": seq, "mask": mask}, qkv,
+         ["x", "w", "b", "mask"], ["y"], num_heads=2)
+    case("attention_lengths", "Attention", {"x": seq, "mask": lengths}, qkv,
+         ["x", "w", "b", "mask"], ["y"], num_heads=4)
+    case("attention_ends_starts", "Attention", {"x": seq, "mask": np.array([5, 4, 0, 2], np.int32)},
+         qkv, ["x", "w", "b", "mask"], ["y"], num_heads=2)
+    case("attention_3d_mask", "Attention",
+         {"x": seq, "mask": rng.integers(0, 2, (2, 5, 5)).astype(np.int32)},
+         qkv, ["x", "w", "b", "mask"], ["y"], num_heads=2)
+    case("attention_causal", "Attention", {"x": seq}, qkv, ["x", "w", "b"], ["y"], num_heads=2,
+         unidirectional=1)
+    case("attention_sizes_scale", "Attention", {"x": seq, "mask": mask},
+         {"w": normal(8, 20, scale=0.5), "b": normal(20)}, ["x", "w", "b", "mask"], ["y"],
+         num_heads=2, qkv_hidden_sizes=[8, 8, 4], scale=0.3)
+    case("qattention", "QAttention", {"x": u8(2, 5, 8), "mask": lengths},
+         {"w": i8(8, 24), "b": normal(24), "xs": scalar(0.02), "ws": scalar(0.01),
+          "xz": scalar(128, np.uint8), "wz": scalar(3, np.int8)},
+         ["x", "w", "b", "xs", "ws", "mask", "xz", "wz"], ["y"], num_heads=2)
+
+    qa, qb = u8(2, 3, 4, 4), u8(2, 3, 4, 4)
+    s = {"as": scalar(0.05), "az": scalar(120, np.uint8), "bs": scalar(0.03),
+         "bz": scalar(130, np.uint8), "cs": scalar(0.07), "cz": scalar(125, np.uint8)}
+    binary = ["a", "as", "az", "b", "bs", "bz", "cs", "cz"]
+    case("qlinear_add", "QLinearAdd", {"a": qa, "b": qb}, s, binary, ["y"])
+    case("qlinear_add_broadcast", "QLinearAdd", {"a": qa}, {**s, "b": u8(4)}, binary, ["y"])
+    case("qlinear_mul", "QLinearMul", {"a": qa, "b": qb}, s, binary, ["y"])
+    si8 = {"as": scalar(0.05), "az": scalar(-3, np.int8), "bs": scalar(0.03),
+           "bz": scalar(5, np.int8), "cs": scalar(0.07), "cz": scalar(1, np.int8)}
+    case("qlinear_add_int8", "QLinearAdd", {"a": i8(2, 3, 4), "b": i8(2, 3, 4)}, si8, binary, ["y"])
+    unary = ["a", "as", "az", "cs", "cz"]
+    case("qlinear_sigmoid", "QLinearSigmoid", {"a": qa}, s, unary, ["y"])
+    case("qlinear_leaky_relu", "QLinearLeakyRelu", {"a": qa}, s, unary, ["y"], alpha=0.2)
+    case("qlinear_global_average_pool", "QLinearGlobalAveragePool", {"a": u8(1, 4, 5, 5)}, s,
+         unary, ["y"])
+    case("qlinear_average_pool", "QLinearAveragePool", {"a": u8(1, 4, 7, 7)}, s, unary, ["y"],
+         kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    case("qlinear_softmax", "QLinearSoftmax", {"a": u8(2, 3, 10)},
+         {"as": scalar(0.1), "az": scalar(128, np.uint8), "cs": scalar(1 / 256),
+          "cz": scalar(0, np.uint8)}, unary, ["y"], opset=13, axis=-1)
+    case("qlinear_concat", "QLinearConcat", {"a": qa, "b": u8(2, 5, 4, 4)}, s,
+         ["cs", "cz", "a", "as", "az", "b", "bs", "bz"], ["y"], axis=1)
+    case("qlinear_where", "QLinearWhere", {"c": rng.integers(0, 2, (2, 3, 4, 4)).astype(bool),
+                                           "a": qa, "b": qb}, s,
+         ["c", "a", "as", "az", "b", "bs", "bz", "cs", "cz"], ["y"])
+
+    per_column = {"as": scalar(0.02), "az": scalar(128, np.uint8), "b": i8(5, 4),
+                  "bs": (rng.random(4) * 0.02 + 0.005).astype(np.float32),
+                  "bz": np.zeros(4, np.int8), "c": rng.integers(-500, 500, 4).astype(np.int32),
+                  "ys": scalar(0.05), "yz": scalar(100, np.uint8)}
+    case("qgemm_quantized", "QGemm", {"a": u8(3, 5)}, per_column,
+         ["a", "as", "az", "b", "bs", "bz", "c", "ys", "yz"], ["y"])
+    case("qgemm_float_trans_b", "QGemm", {"a": u8(3, 5)},
+         {**per_column, "b": i8(4, 5)}, ["a", "as", "az", "b", "bs", "bz", "c"], ["y"],
+         transB=1, alpha=0.5)
+    case("matmul_integer_to_float", "MatMulIntegerToFloat", {"a": u8(2, 3, 5)},
+         {"b": i8(5, 4), "as": scalar(0.02), "bs": per_column["bs"], "az": scalar(128, np.uint8),
+          "bias": normal(4)}, ["a", "b", "as", "bs", "az", "", "bias"], ["y"])
+    case("dynamic_quantize_matmul", "DynamicQuantizeMatMul", {"a": normal(2, 3, 5)},
+         {"b": i8(5, 4), "bs": per_column["bs"], "bias": normal(4)},
+         ["a", "b", "bs", "", "bias"], ["y"])
+
+
+def build(name, op, feeds, consts, order, outputs, domain, attrs):
+    node = helper.make_node(op, order, outputs, name=name, domain=domain, **attrs)
+    graph = helper.make_graph(
+        [node], name,
+        [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for k, v in feeds.items()],
+        [helper.make_empty_tensor_value_info(o) for o in outputs if o],
+        [numpy_helper.from_array(v, k) for k, v in consts.items() if k in order])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    add_cases()
+    lines = []
+    for name, op, feeds, consts, order, outputs, domain, attrs in CASES:
+        model = build(name, op, feeds, consts, order, outputs, domain, attrs)
+        path = os.path.join(out, name + ".onnx")
+        onnx.save(model, path)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        # The node as written: no fusion or constant folding of onnxruntime's own.
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        results = session.run(None, feeds)
+        for k, v in feeds.items():
+            np.save(os.path.join(out, f"{name}_in_{k}.npy"), v)
+        named = [o for o in outputs if o]
+        for k, v in zip(named, results):
+            np.save(os.path.join(out, f"{name}_out_{k}.npy"), v)
+        lines.append(f"{name}\t{','.join(feeds)}\t{','.join(named)}\n")
+    with open(os.path.join(out, "cases.tsv"), "w") as f:
+        f.writelines(lines)
+
+
+if __name__ == "__main__":
+    main()
