@@ -233,14 +233,33 @@ pub fn simplified_layer_norm(e: &mut Expansion) -> R<()> {
 /// `EmbedLayerNormalization`: the word, position and segment embeddings of BERT's inputs,
 /// summed (output 2) and layer-normalised (output 0); output 1 counts each row's mask ones.
 /// Without position ids, position `s` of every row reads row `s` of the position table.
-pub fn embed_layer_norm(e: &mut Expansion) -> R<()> {
+/// `QEmbedLayerNormalization` (`quantized`) is the same on tables in 8 bits, dequantized first.
+pub fn embed_layer_norm(e: &mut Expansion, quantized: bool) -> R<()> {
     let eps = e.attrs().float_or("epsilon", 1e-12)?;
     let ids = e.required(0, "input_ids")?;
-    let words = e.required(2, "word_embedding")?;
-    let positions = e.required(3, "position_embedding")?;
-    let (gamma, beta) = (e.required(5, "gamma")?, e.required(6, "beta")?);
+    // The tables (word, position, segment, gamma, beta) at inputs 2..7; quantized, their
+    // scales follow at 8.. and zero points at 13.., and there are no position ids.
+    let mut tables = Vec::new();
+    for (k, what) in ["word_embedding", "position_embedding", "", "gamma", "beta"]
+        .iter()
+        .enumerate()
+    {
+        let table = match what.is_empty() {
+            true => e.input(4),
+            false => e.required(2 + k, what)?,
+        };
+        tables.push(match (quantized, table) {
+            (false, _) | (true, "") => table.to_string(),
+            (true, _) => {
+                let (scale, zero) = (e.required(8 + k, "a scale")?, e.input(13 + k));
+                e.node("DequantizeLinear", &[table, scale, zero], vec![])
+            }
+        });
+    }
+    let [words, positions, segments, gamma, beta] = [0, 1, 2, 3, 4].map(|k| tables[k].as_str());
     let word = e.node("Gather", &[words, ids], vec![]);
-    let position = match e.input(8) {
+    let position_ids = if quantized { "" } else { e.input(8) };
+    let position = match position_ids {
         "" => {
             let length = e.node(
                 "Shape",
@@ -252,8 +271,8 @@ pub fn embed_layer_norm(e: &mut Expansion) -> R<()> {
         }
         position_ids => e.node("Gather", &[positions, position_ids], vec![]),
     };
-    let (segments, segment_ids) = (e.input(4), e.input(1));
-    let sum_out = e.output(2);
+    let segment_ids = e.input(1);
+    let sum_out = if quantized { "" } else { e.output(2) };
     let sum = match (segments, segment_ids) {
         ("", _) | (_, "") => e.node_into("Add", &[&word, &position], vec![], sum_out),
         _ => {

@@ -3,7 +3,13 @@ the default domain), random inputs for each, and onnxruntime's outputs on them.
 
 Usage: ort_contrib_cases.py DIR
 For each case NAME: DIR/NAME.onnx, DIR/NAME_in_<input>.npy, DIR/NAME_out_<output>.npy, and a
-line `NAME<TAB>inputs,...<TAB>outputs,...` in DIR/cases.tsv.
+line `NAME<TAB>inputs,...<TAB>outputs,...<TAB>tolerance` in DIR/cases.tsv (of float outputs,
+relative to their largest magnitude).
+
+Besides the one-node cases, a small BERT laid out as PyTorch exports it goes through
+onnxruntime's transformer optimizer (EmbedLayerNormalization, Attention, SkipLayerNormalization,
+BiasGelu) and then quantize_dynamic (QEmbedLayerNormalization, QAttention, MatMulInteger): whole
+models those tools write.
 """
 
 import os
@@ -12,7 +18,10 @@ import sys
 import numpy as np
 import onnx
 import onnxruntime as ort
+from hf_bert import bert
 from onnx import helper, numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
+from onnxruntime.transformers.optimizer import optimize_model
 
 rng = np.random.default_rng(5)
 MS = "com.microsoft"
@@ -111,6 +120,8 @@ def add_cases():
     case("attention_3d_mask", "Attention",
          {"x": seq, "mask": rng.integers(0, 2, (2, 5, 5)).astype(np.int32)},
          qkv, ["x", "w", "b", "mask"], ["y"], num_heads=2)
+    case("attention_bias", "Attention", {"x": seq, "mask": mask, "bias": normal(1, 2, 5, 5)}, qkv,
+         ["x", "w", "b", "mask", "", "bias"], ["y"], num_heads=2)
     case("attention_causal", "Attention", {"x": seq}, qkv, ["x", "w", "b"], ["y"], num_heads=2,
          unidirectional=1)
     case("attention_sizes_scale", "Attention", {"x": seq, "mask": mask},
@@ -176,15 +187,41 @@ def build(name, op, feeds, consts, order, outputs, domain, attrs):
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
+def optimized_berts(out):
+    """The optimizer's BERT, and it quantized; yields (name, path, feeds, tolerance)."""
+    source = os.path.join(out, "bert_source.onnx")
+    onnx.save(bert(rng, heads=4, hidden=32), source)
+    fused = optimize_model(source, model_type="bert", num_heads=4, hidden_size=32, opt_level=0)
+    counts = fused.get_fused_operator_statistics()
+    for op in ["EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu"]:
+        assert counts[op] > 0, f"the optimizer fused no {op}: {counts}"
+    optimized = os.path.join(out, "bert_optimized.onnx")
+    fused.save_model_to_file(optimized)
+    quantized = os.path.join(out, "bert_optimized_int8.onnx")
+    quantize_dynamic(optimized, quantized, weight_type=QuantType.QInt8, reduce_range=True,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    ops = {n.op_type for n in onnx.load(quantized).graph.node}
+    for op in ["QEmbedLayerNormalization", "QAttention", "MatMulInteger"]:
+        assert op in ops, f"quantize_dynamic wrote no {op}: {ops}"
+    feeds = {"input_ids": rng.integers(0, 50, (2, 7)),
+             "attention_mask": np.array([[1] * 7, [1] * 4 + [0] * 3]),
+             "token_type_ids": rng.integers(0, 2, (2, 7))}
+    yield "bert_optimized", optimized, feeds, 1e-4
+    yield "bert_optimized_int8", quantized, feeds, 1e-2
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     add_cases()
-    lines = []
+    models = []
     for name, op, feeds, consts, order, outputs, domain, attrs in CASES:
-        model = build(name, op, feeds, consts, order, outputs, domain, attrs)
         path = os.path.join(out, name + ".onnx")
-        onnx.save(model, path)
+        onnx.save(build(name, op, feeds, consts, order, outputs, domain, attrs), path)
+        models.append((name, path, feeds, 1e-4))
+    models += optimized_berts(out)
+    lines = []
+    for name, path, feeds, tolerance in models:
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
         # The node as written: no fusion or constant folding of onnxruntime's own.
@@ -193,10 +230,10 @@ def main():
         results = session.run(None, feeds)
         for k, v in feeds.items():
             np.save(os.path.join(out, f"{name}_in_{k}.npy"), v)
-        named = [o for o in outputs if o]
+        named = [o.name for o in session.get_outputs()]
         for k, v in zip(named, results):
             np.save(os.path.join(out, f"{name}_out_{k}.npy"), v)
-        lines.append(f"{name}\t{','.join(feeds)}\t{','.join(named)}\n")
+        lines.append(f"{name}\t{','.join(feeds)}\t{','.join(named)}\t{tolerance}\n")
     with open(os.path.join(out, "cases.tsv"), "w") as f:
         f.writelines(lines)
 
