@@ -176,11 +176,12 @@ pub fn skip_layer_norm(e: &mut Expansion, simplified: bool) -> R<()> {
     );
     let sum_out = e.output(3);
     let bias = e.input(bias_at);
+    // The bias first: the input is usually a MatMul's product, whose epilogue takes it.
     let sum = match bias {
         "" => e.node_into("Add", &[x, skip], vec![], sum_out),
         _ => {
-            let s = e.node("Add", &[x, skip], vec![]);
-            e.node_into("Add", &[&s, bias], vec![], sum_out)
+            let biased = e.node("Add", &[x, bias], vec![]);
+            e.node_into("Add", &[&biased, skip], vec![], sum_out)
         }
     };
     normalize(e, &sum, gamma, beta, eps, simplified, 1)
