@@ -13,6 +13,7 @@ use crate::graph::{Dim, Graph, ValueId};
 use crate::ops::Op;
 use crate::ops::elementwise::Binary;
 use crate::ops::index::IndexOp;
+use crate::ops::quant::QuantOp;
 use crate::ops::shape::ShapeOp;
 use crate::tensor::{DType, Data, Tensor};
 use std::collections::HashMap;
@@ -146,6 +147,37 @@ fn infer(g: &Graph) -> HashMap<ValueId, Known> {
     known
 }
 
+/// The shape a reduction of `x` leaves: its reduced axes 1 (kept) or gone; the axes come from
+/// the attribute or the constant second input.
+fn reduced(
+    r: &crate::ops::reduce::ReduceAttrs,
+    x: Option<&Vec<Sym>>,
+    axes: Option<&Tensor>,
+) -> Option<Vec<Sym>> {
+    let x = x?;
+    let axes = match (&r.axes, axes) {
+        (Some(a), _) => a.clone(),
+        (None, Some(t)) => t.to_i64_vec().ok()?,
+        (None, None) => vec![],
+    };
+    if axes.is_empty() && r.noop_with_empty_axes {
+        return Some(x.clone());
+    }
+    let rank = x.len() as i64;
+    let mut gone = vec![axes.is_empty(); x.len()];
+    for a in axes {
+        let a = if a < 0 { a + rank } else { a };
+        *gone.get_mut(usize::try_from(a).ok()?)? = true;
+    }
+    let kept = x.iter().zip(&gone);
+    Some(match r.keepdims {
+        true => kept
+            .map(|(d, &g)| if g { Sym::Known(1) } else { d.clone() })
+            .collect(),
+        false => kept.filter(|(_, g)| !**g).map(|(d, _)| d.clone()).collect(),
+    })
+}
+
 fn shape_of<'a>(ins: &[&'a Known], i: usize) -> Option<&'a Vec<Sym>> {
     ins.get(i).and_then(|k| k.shape.as_ref())
 }
@@ -225,6 +257,41 @@ fn infer_node(op: &Op, ins: &[&Known], consts: &[Option<&Tensor>], n_out: usize)
             vec![shape_only(matmul(shape_of(ins, 0), Some(&vec![k, n])))]
         }
         Op::MatMul { .. } => vec![shape_only(matmul(shape_of(ins, 0), shape_of(ins, 1)))],
+        // The integer products and (de)quantization: dynamically quantized models' float
+        // values pass through them between every layer.
+        Op::Quant(QuantOp::PackedMatMul(p)) => {
+            let [k, n] = p.shape.map(|d| Sym::Known(d as i64));
+            vec![shape_only(matmul(shape_of(ins, 0), Some(&vec![k, n])))]
+        }
+        Op::Quant(QuantOp::MatMulInteger) => {
+            vec![shape_only(matmul(shape_of(ins, 0), shape_of(ins, 1)))]
+        }
+        Op::Quant(QuantOp::QLinearMatMul) => {
+            vec![shape_only(matmul(shape_of(ins, 0), shape_of(ins, 3)))]
+        }
+        Op::Quant(QuantOp::Quantize(_) | QuantOp::Dequantize(_)) => same(),
+        Op::Shape(ShapeOp::Range) => vec![shape_only(Some(vec![Sym::Unknown]))],
+        // The shape is the input's values, or as many unknown sizes as it has.
+        Op::Shape(ShapeOp::ConstantOfShape { .. }) => {
+            let shape =
+                elements_of(ins, 0)
+                    .cloned()
+                    .or_else(|| match shape_of(ins, 0)?.as_slice() {
+                        [Sym::Known(n)] => Some(vec![Sym::Unknown; usize::try_from(*n).ok()?]),
+                        _ => None,
+                    });
+            vec![shape_only(shape)]
+        }
+        Op::Reduce(r) => vec![shape_only(reduced(
+            r,
+            shape_of(ins, 0),
+            consts.get(1).copied().flatten(),
+        ))],
+        Op::Quant(QuantOp::DynamicQuantize) => {
+            let mut out = same();
+            out.extend([shape_only(Some(vec![])), shape_only(Some(vec![]))]);
+            out
+        }
         Op::Gemm(a) => {
             let dim = |i: usize, trans: bool, row: bool| {
                 shape_of(ins, i)

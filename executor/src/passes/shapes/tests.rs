@@ -299,3 +299,79 @@ fn int32_shapes_expand_and_slices_keep_their_ranks() {
     assert_eq!(rank("Expand"), Some(3));
     assert_eq!(rank("Slice"), Some(3), "a strided slice of a rank-3 value");
 }
+
+/// What a T5 exported and dynamically quantized needs for its values' ranks: reductions with
+/// their axes as an input, Range, ConstantOfShape, and the integer products.
+#[test]
+fn reductions_ranges_and_integer_products_have_shapes() {
+    use crate::ops::quant::QuantOp;
+    use crate::ops::reduce::{ReduceAttrs, ReduceKind};
+    let x = Known {
+        shape: Some(vec![
+            Sym::Named("batch".into()),
+            Sym::Known(12),
+            Sym::Known(8),
+        ]),
+        elements: None,
+    };
+    let axes = Tensor::i64(vec![1], vec![-1]).unwrap();
+    for (keepdims, want) in [
+        (
+            true,
+            vec![Sym::Named("batch".into()), Sym::Known(12), Sym::Known(1)],
+        ),
+        (false, vec![Sym::Named("batch".into()), Sym::Known(12)]),
+    ] {
+        let mean = Op::Reduce(ReduceAttrs {
+            kind: ReduceKind::ReduceMean,
+            axes: None,
+            keepdims,
+            noop_with_empty_axes: false,
+        });
+        let out = infer_node(&mean, &[&x, &UNKNOWN], &[None, Some(&axes)], 1);
+        assert_eq!(out[0].shape, Some(want), "keepdims {keepdims}");
+    }
+    let all = Op::Reduce(ReduceAttrs {
+        kind: ReduceKind::ReduceSum,
+        axes: None,
+        keepdims: false,
+        noop_with_empty_axes: false,
+    });
+    assert_eq!(infer_node(&all, &[&x], &[None], 1)[0].shape, Some(vec![]));
+    let quantized = infer_node(&Op::Quant(QuantOp::DynamicQuantize), &[&x], &[None], 3);
+    assert_eq!(quantized[0].shape, x.shape);
+    assert_eq!(
+        (quantized[1].shape.clone(), quantized[2].shape.clone()),
+        (Some(vec![]), Some(vec![]))
+    );
+    let w = Known {
+        shape: Some(vec![Sym::Known(8), Sym::Known(5)]),
+        elements: None,
+    };
+    let product = infer_node(&Op::Quant(QuantOp::MatMulInteger), &[&x, &w], &[], 1);
+    assert_eq!(
+        product[0].shape,
+        Some(vec![
+            Sym::Named("batch".into()),
+            Sym::Known(12),
+            Sym::Known(5)
+        ])
+    );
+    assert_eq!(
+        infer_node(&Op::Shape(ShapeOp::Range), &[], &[], 1)[0].shape,
+        Some(vec![Sym::Unknown])
+    );
+    let three = Known {
+        shape: Some(vec![Sym::Known(3)]),
+        elements: None,
+    };
+    let filled = infer_node(
+        &Op::Shape(ShapeOp::ConstantOfShape {
+            value: Tensor::f32(vec![1], vec![0.0]).unwrap(),
+        }),
+        &[&three],
+        &[None],
+        1,
+    );
+    assert_eq!(filled[0].shape, Some(vec![Sym::Unknown; 3]));
+}
