@@ -277,14 +277,16 @@ fn import_step(
             })?),
         });
     }
-    let outs = outputs
-        .iter()
-        .map(|o| {
-            let v = g.add_value(o);
-            scope.ids.insert(o.clone(), v);
-            v
-        })
-        .collect();
+    let mut outs = Vec::with_capacity(outputs.len());
+    for o in outputs {
+        let v = g.add_value(&o);
+        if scope.ids.insert(o.clone(), v).is_some() {
+            return Err(ImportError::Graph(format!(
+                "{name}: output {o:?} is defined twice"
+            )));
+        }
+        outs.push(v);
+    }
     g.nodes.push(Node {
         name,
         op,
