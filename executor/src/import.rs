@@ -19,6 +19,7 @@ mod buffer;
 mod contrib;
 mod expansion;
 mod fused;
+mod nbits;
 mod qlinear;
 mod subgraph;
 
@@ -226,7 +227,17 @@ pub(crate) fn import_nodes(
         let default_domain = np.domain.is_empty() || np.domain == "ai.onnx";
         let ort = np.domain == contrib::DOMAIN
             || (default_domain && contrib::IN_DEFAULT_DOMAIN.contains(&np.op_type.as_str()));
-        match ort.then(|| contrib::expand(np, &node_name)).flatten() {
+        let constant = |name: &str| {
+            scope
+                .ids
+                .get(name)
+                .and_then(|v| g.constants.get(v))
+                .cloned()
+        };
+        let expanded = ort
+            .then(|| contrib::expand(np, &node_name, &constant))
+            .flatten();
+        match expanded {
             Some(Ok(steps)) => {
                 for step in steps {
                     import_step(step, g, scope, cx)?;
@@ -260,6 +271,14 @@ fn import_step(
         expansion::Step::Node { node, opset } => {
             let name = node.name.clone();
             return import_node(&node, name, opset, g, scope, cx);
+        }
+        expansion::Step::Constant { name, tensor } => {
+            let v = g.add_value(&name);
+            if scope.ids.insert(name.clone(), v).is_some() {
+                return Err(ImportError::Graph(format!("{name} is defined twice")));
+            }
+            g.constants.insert(v, tensor);
+            return Ok(());
         }
         expansion::Step::Op {
             name,

@@ -133,6 +133,10 @@ fn defined_before(g: &GraphProto, n: usize) -> Vec<String> {
 
 /// Attribute names the supported ops read.
 const ATTRS: &[&str] = &[
+    "K",
+    "N",
+    "bits",
+    "block_size",
     "num_heads",
     "qkv_hidden_sizes",
     "unidirectional",

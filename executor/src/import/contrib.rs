@@ -12,8 +12,8 @@
 //! quantizes that input too, and the outputs differ by about 4e-3 of their magnitude on
 //! ddddocr's OCR model.
 
-use super::expansion::{Expansion, Step};
-use super::{attention, fused, qlinear};
+use super::expansion::{Constants, Expansion, Step};
+use super::{attention, fused, nbits, qlinear};
 use crate::graph::Graph;
 use crate::ops::rnn::QuantizedR;
 use crate::proto::NodeProto;
@@ -37,6 +37,7 @@ pub const SUPPORTED: &[&str] = &[
     "FusedMatMul",
     "Gelu",
     "MatMulIntegerToFloat",
+    "MatMulNBits",
     "QAttention",
     "QEmbedLayerNormalization",
     "QGemm",
@@ -61,8 +62,12 @@ pub const IN_DEFAULT_DOMAIN: &[&str] = &["SimplifiedLayerNormalization"];
 
 /// The standard nodes that node `np` (named `name`) of [`DOMAIN`] stands for; `None` for an
 /// operator this module does not expand.
-pub fn expand(np: &NodeProto, name: &str) -> Option<Result<Vec<Step>, String>> {
-    let mut e = Expansion::new(np, name);
+pub fn expand(
+    np: &NodeProto,
+    name: &str,
+    constants: Constants,
+) -> Option<Result<Vec<Step>, String>> {
+    let mut e = Expansion::new(np, name, constants);
     let op = np.op_type.as_str();
     let done = match op {
         "Gelu" | "FastGelu" | "BiasGelu" | "QuickGelu" => fused::gelu(&mut e, op),
@@ -79,6 +84,7 @@ pub fn expand(np: &NodeProto, name: &str) -> Option<Result<Vec<Step>, String>> {
         "MatMulIntegerToFloat" => qlinear::matmul_integer_to_float(&mut e),
         "DynamicQuantizeMatMul" => qlinear::dynamic_quantize_matmul(&mut e),
         "QGemm" => qlinear::qgemm(&mut e),
+        "MatMulNBits" => nbits::matmul_nbits(&mut e),
         _ if op.starts_with("QLinear") && SUPPORTED.contains(&op) => qlinear::qlinear(&mut e, op),
         _ => return None,
     };
@@ -454,10 +460,10 @@ mod tests {
             short.contains("has 3 inputs; DynamicQuantizeLSTM takes 12"),
             "{short}"
         );
-        let other = err(&model("MatMulNBits", DOMAIN, &["X"], vec![]));
+        let other = err(&model("GroupQueryAttention", DOMAIN, &["X"], vec![]));
         assert!(
             other.contains(
-                "com.microsoft.MatMulNBits is not supported (of that domain, only \
+                "com.microsoft.GroupQueryAttention is not supported (of that domain, only \
                  DynamicQuantizeLSTM, Attention, "
             ),
             "{other}"
@@ -510,6 +516,11 @@ mod tests {
     #[test]
     fn forms_of_onnxruntime_operators_it_does_not_read_are_errors_naming_node_and_reason() {
         let string = |name: &str, v: &str| super::super::expansion::string_attr(name, v);
+        let nbits = [
+            attr_int("K", 8),
+            attr_int("N", 4),
+            attr_int("block_size", 16),
+        ];
         let cases = [
             (
                 "FusedMatMul",
@@ -590,6 +601,34 @@ mod tests {
                 vec!["Y", "mean"],
                 vec![],
                 "output 1 (mean) is not supported",
+            ),
+            (
+                "MatMulNBits",
+                vec!["X", "X", "X"],
+                vec!["Y"],
+                nbits.to_vec(),
+                "input 1 (B) is not a constant",
+            ),
+            (
+                "MatMulNBits",
+                vec!["X", "X", "X"],
+                vec!["Y"],
+                nbits[1..].to_vec(),
+                "attribute \"K\" is required",
+            ),
+            (
+                "MatMulNBits",
+                vec!["X", "X", "X"],
+                vec!["Y"],
+                [&nbits[..], &[attr_int("bits", 3)]].concat(),
+                "attribute \"bits\" is 3, not 2, 4 or 8",
+            ),
+            (
+                "MatMulNBits",
+                vec!["X", "X", "X", "", "X"],
+                vec!["Y"],
+                nbits.to_vec(),
+                "input 4 (g_idx) is not supported",
             ),
         ];
         for (op, inputs, outputs, attrs, want) in cases {

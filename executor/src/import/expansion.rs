@@ -7,6 +7,7 @@ use crate::ops::attrs::Attrs;
 use crate::proto::{AttributeProto, NodeProto, attribute_type as at};
 use crate::tensor::Tensor;
 use crate::tensor_proto::encode_tensor;
+use std::sync::Arc;
 
 /// The default-domain opset the written nodes are read at: Split takes `num_outputs`, the
 /// reductions and Squeeze/Unsqueeze take their axes as inputs, Softmax works on one axis.
@@ -16,6 +17,8 @@ pub const OPSET: i64 = 21;
 pub enum Step {
     /// A standard node, read at `opset`.
     Node { node: NodeProto, opset: i64 },
+    /// A constant the expansion computed from the node's constant inputs.
+    Constant { name: String, tensor: Arc<Tensor> },
     /// An executor op no standard operator expresses.
     Op {
         name: String,
@@ -25,10 +28,14 @@ pub enum Step {
     },
 }
 
+/// The tensor of a constant value (an initializer or a Constant's output) by name.
+pub type Constants<'a> = &'a dyn Fn(&str) -> Option<Arc<Tensor>>;
+
 /// The node being expanded and the steps written so far.
 pub struct Expansion<'a> {
     pub np: &'a NodeProto,
     name: &'a str,
+    constants: Constants<'a>,
     pub steps: Vec<Step>,
     counter: usize,
 }
@@ -36,13 +43,30 @@ pub struct Expansion<'a> {
 pub type R<T> = Result<T, String>;
 
 impl<'a> Expansion<'a> {
-    pub fn new(np: &'a NodeProto, name: &'a str) -> Expansion<'a> {
+    pub fn new(np: &'a NodeProto, name: &'a str, constants: Constants<'a>) -> Expansion<'a> {
         Expansion {
             np,
             name,
+            constants,
             steps: Vec::new(),
             counter: 0,
         }
+    }
+
+    /// Input `i`, which must be a constant.
+    pub fn constant_input(&self, i: usize, what: &str) -> R<Arc<Tensor>> {
+        let name = self.required(i, what)?;
+        (self.constants)(name).ok_or_else(|| format!("input {i} ({what}) is not a constant"))
+    }
+
+    /// A new constant value holding `tensor`.
+    pub fn computed(&mut self, tensor: Tensor) -> String {
+        let name = self.fresh_value("computed");
+        self.steps.push(Step::Constant {
+            name: name.clone(),
+            tensor: Arc::new(tensor),
+        });
+        name
     }
 
     pub fn attrs(&self) -> Attrs<'a> {

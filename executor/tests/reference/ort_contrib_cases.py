@@ -175,6 +175,49 @@ def add_cases():
          ["a", "b", "bs", "", "bias"], ["y"])
 
 
+def nbits_weights(k, n, block, bits, zero_points):
+    """MatMulNBits's B, scales and zero points for random weights, packed as its schema says:
+    per column along K, `bits` at a time from the low bits of each byte up."""
+    blocks = -(-k // block)
+    levels = (1 << bits) - 1
+    w = rng.standard_normal((n, blocks * block)).astype(np.float32)
+    w = w.reshape(n, blocks, block)
+    lo, hi = np.minimum(w.min(-1), 0), np.maximum(w.max(-1), 0)
+    scales = ((hi - lo) / levels).astype(np.float32)
+    zeros = np.clip(np.round(-lo / scales), 0, levels).astype(np.uint8)
+    q = np.clip(np.round(w / scales[..., None]) + zeros[..., None], 0, levels).astype(np.uint8)
+
+    def pack(values):  # [n, count] of `bits` each -> [n, ceil(count * bits / 8)] bytes
+        per = 8 // bits
+        count = values.shape[1]
+        padded = np.zeros((values.shape[0], -(-count // per) * per), np.uint8)
+        padded[:, :count] = values
+        grouped = padded.reshape(values.shape[0], -1, per).astype(np.uint16)
+        return sum(grouped[..., i] << (i * bits) for i in range(per)).astype(np.uint8)
+
+    b = pack(q.reshape(n, -1)).reshape(n, blocks, block * bits // 8)
+    consts = {"b": b, "scales": scales.reshape(-1)}
+    if zero_points == "packed":
+        consts["zeros"] = pack(zeros).reshape(-1)
+    elif zero_points == "float":
+        consts["zeros"] = zeros.astype(np.float32).reshape(-1)
+    return consts
+
+
+def add_nbits_cases():
+    for name, bits, zero_points, bias in [("4bit", 4, "packed", False), ("4bit_default_zero", 4, None, True),
+                                          ("8bit", 8, "packed", False), ("2bit", 2, "packed", True),
+                                          ("4bit_float_zero", 4, "float", False)]:
+        consts = nbits_weights(80, 12, 32, bits, zero_points)
+        order = ["a", "b", "scales", "zeros" if zero_points else "", "", "bias" if bias else ""]
+        if bias:
+            consts["bias"] = normal(12)
+        while order[-1] == "":
+            order.pop()
+        case(f"matmul_nbits_{name}", "MatMulNBits", {"a": normal(2, 3, 80)}, consts, order, ["y"],
+             K=80, N=12, bits=bits, block_size=32)
+
+
 def build(name, op, feeds, consts, order, outputs, domain, attrs):
     node = helper.make_node(op, order, outputs, name=name, domain=domain, **attrs)
     graph = helper.make_graph(
@@ -214,6 +257,7 @@ def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     add_cases()
+    add_nbits_cases()
     models = []
     for name, op, feeds, consts, order, outputs, domain, attrs in CASES:
         path = os.path.join(out, name + ".onnx")
