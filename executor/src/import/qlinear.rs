@@ -37,6 +37,9 @@ fn channels_first(e: &Expansion) -> R<()> {
 
 /// The operators on dequantized 8-bit inputs with one requantized output.
 pub fn qlinear(e: &mut Expansion, op: &str) -> R<()> {
+    if op == "QLinearConcat" {
+        return concat(e);
+    }
     let x = e.required(0, "X")?;
     let dq = |e: &mut Expansion, at: usize| -> R<String> {
         let (v, scale) = (
@@ -93,7 +96,6 @@ pub fn qlinear(e: &mut Expansion, op: &str) -> R<()> {
             let (a, b) = (dq(e, 1)?, dq(e, 4)?);
             (e.node("Where", &[cond, &a, &b], vec![]), 7)
         }
-        "QLinearConcat" => return concat(e),
         _ => unreachable!("contrib dispatches only QLinear operators here"),
     };
     let like = if op == "QLinearWhere" {
