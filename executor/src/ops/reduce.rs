@@ -55,20 +55,10 @@ impl ReduceAttrs {
 
 pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;
-    // Since opsets 13 (ReduceSum) and 18 (the rest) the axes arrive as an optional input.
-    let axes = match (&r.axes, opt_input(inputs, 1)) {
-        (Some(a), _) => a.clone(),
-        (None, Some(t)) => t.to_i64_vec()?,
-        (None, None) => vec![],
-    };
-    if axes.is_empty() && r.noop_with_empty_axes {
+    let Some(red) = reduced_axes(r, x.rank(), opt_input(inputs, 1))? else {
         return Ok(x.clone());
-    }
+    };
     let rank = x.rank();
-    let mut red = vec![axes.is_empty(); rank];
-    for a in &axes {
-        red[axis_in(*a, rank)?] = true;
-    }
     let out_full: Vec<usize> = x
         .shape
         .iter()
@@ -147,6 +137,29 @@ pub fn reduce(r: &ReduceAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
         d => super::elementwise::cast(&Tensor::new(vec![acc.len()], Data::F64(acc))?, d).data,
     };
     Tensor::new(shape, data)
+}
+
+/// Which of a rank-`rank` input's axes `r` reduces, its axes given by the attribute or (since
+/// opsets 13 for ReduceSum and 18 for the rest) the optional input `axes`; `None` when it
+/// reduces nothing (empty axes with `noop_with_empty_axes`).
+pub fn reduced_axes(
+    r: &ReduceAttrs,
+    rank: usize,
+    axes: Option<&Tensor>,
+) -> OpResult<Option<Vec<bool>>> {
+    let axes = match (&r.axes, axes) {
+        (Some(a), _) => a.clone(),
+        (None, Some(t)) => t.to_i64_vec()?,
+        (None, None) => vec![],
+    };
+    if axes.is_empty() && r.noop_with_empty_axes {
+        return Ok(None);
+    }
+    let mut red = vec![axes.is_empty(); rank];
+    for a in &axes {
+        red[axis_in(*a, rank)?] = true;
+    }
+    Ok(Some(red))
 }
 
 /// `(outer, n, inner)` when the reduced axes `red` of `shape` are adjacent: the input is then

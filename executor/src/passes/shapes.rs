@@ -155,20 +155,9 @@ fn reduced(
     axes: Option<&Tensor>,
 ) -> Option<Vec<Sym>> {
     let x = x?;
-    let axes = match (&r.axes, axes) {
-        (Some(a), _) => a.clone(),
-        (None, Some(t)) => t.to_i64_vec().ok()?,
-        (None, None) => vec![],
-    };
-    if axes.is_empty() && r.noop_with_empty_axes {
+    let Some(gone) = crate::ops::reduce::reduced_axes(r, x.len(), axes).ok()? else {
         return Some(x.clone());
-    }
-    let rank = x.len() as i64;
-    let mut gone = vec![axes.is_empty(); x.len()];
-    for a in axes {
-        let a = if a < 0 { a + rank } else { a };
-        *gone.get_mut(usize::try_from(a).ok()?)? = true;
-    }
+    };
     let kept = x.iter().zip(&gone);
     Some(match r.keepdims {
         true => kept
