@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::proto::{float_attr, int_attr, string_attr, unshaped, value_info};
+use common::proto::{float_attr, int_attr, ints_attr, string_attr, unshaped, value_info};
 use cotenant_executor::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
 };
@@ -519,6 +519,37 @@ fn cases() -> Vec<Case> {
             ],
             order: vec!["x", "w", "r", "b", "lens", "h0", "c0", "p"],
             outputs: vec![DType::F32, DType::F32, DType::F32],
+        },
+        // A window wider than the input in ceil mode: one output, over what the window covers
+        // (Hugging Face's EfficientNet pools its last map with a window of its 1280 channels).
+        Case {
+            name: "average_pool_window_past_the_input",
+            op: "AveragePool",
+            opset: 19,
+            attrs: vec![
+                ints_attr("kernel_shape", &[9, 6]),
+                ints_attr("strides", &[9, 6]),
+                int_attr("ceil_mode", 1),
+            ],
+            feeds: vec![("x", f32s(r, &[2, 3, 7, 5], |v| v))],
+            consts: vec![],
+            order: vec!["x"],
+            outputs: vec![DType::F32],
+        },
+        Case {
+            name: "max_pool_window_past_the_padded_input",
+            op: "MaxPool",
+            opset: 12,
+            attrs: vec![
+                ints_attr("kernel_shape", &[6, 4]),
+                ints_attr("strides", &[4, 4]),
+                ints_attr("pads", &[1, 0, 0, 1]),
+                int_attr("ceil_mode", 1),
+            ],
+            feeds: vec![("x", f32s(r, &[1, 2, 3, 5], |v| v))],
+            consts: vec![],
+            order: vec!["x"],
+            outputs: vec![DType::F32],
         },
         Case {
             name: "space_to_depth",

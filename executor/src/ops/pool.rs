@@ -179,20 +179,13 @@ pub(crate) fn pool2d_geometry(p: &PoolAttrs, x: &[usize]) -> OpResult<(Pool2d, V
             .checked_add(b[i])
             .and_then(|p| p.checked_add(e[i]))
             .ok_or(OpError::TooLarge(usize::MAX))?;
-        if padded < eff {
-            return shape_err(format!(
-                "pooling window {eff} larger than padded input {padded}"
-            ));
-        }
-        out[i] = if p.ceil_mode {
-            (padded - eff).div_ceil(s[i]) + 1
-        } else {
-            (padded - eff) / s[i] + 1
-        };
-        // The last window must start inside the input or its leading padding.
-        if p.ceil_mode && (out[i] - 1).saturating_mul(s[i]) >= hw[i] + b[i] {
-            out[i] -= 1;
-        }
+        out[i] = super::window::extent(hw[i], b[i], padded, eff, s[i], p.ceil_mode).ok_or_else(
+            || {
+                OpError::Shape(format!(
+                    "pooling window {eff} larger than padded input {padded}"
+                ))
+            },
+        )?;
     }
     let planes = x[0]
         .checked_mul(x[1])

@@ -50,6 +50,34 @@ pub(crate) fn span(k: usize, d: usize) -> OpResult<usize> {
     super::conv::span(k, d)
 }
 
+/// The output extent along one axis of windows spanning `eff`, `stride` apart, over an input of
+/// `input` with `begin` padding before it and `padded` in all, rounded down or (ceil mode) up; in
+/// ceil mode the last window must start inside the input or its leading padding. `None` when no
+/// window fits. In ceil mode a window longer than the padded input still gives one output when
+/// the stride reaches past it, as onnxruntime and PyTorch compute it (Hugging Face's EfficientNet
+/// pools its last 7x7 map with a 1280-wide window).
+pub(crate) fn extent(
+    input: usize,
+    begin: usize,
+    padded: usize,
+    eff: usize,
+    stride: usize,
+    ceil: bool,
+) -> Option<usize> {
+    if padded < eff {
+        return (ceil && eff - padded < stride).then_some(usize::from(input + begin > 0));
+    }
+    if !ceil {
+        return Some((padded - eff) / stride + 1);
+    }
+    let n = (padded - eff).div_ceil(stride) + 1;
+    Some(if (n - 1) * stride >= input + begin {
+        n - 1
+    } else {
+        n
+    })
+}
+
 impl Window {
     /// Resolves `a` for a kernel of `kernel` taps over an input of spatial extent `input`:
     /// explicit or automatic (SAME_UPPER, SAME_LOWER, VALID) padding, floor or ceil rounding
@@ -103,20 +131,13 @@ impl Window {
                 other => return Err(OpError::Unsupported(format!("auto_pad {other:?}"))),
             }
             let padded = input[i] + begin[i] + end[i];
-            if padded < eff {
-                return shape_err(format!(
-                    "a window of {eff} along spatial axis {i} is larger than the padded input \
-                     {padded}"
-                ));
-            }
-            output[i] = if a.ceil_mode {
-                (padded - eff).div_ceil(strides[i]) + 1
-            } else {
-                (padded - eff) / strides[i] + 1
-            };
-            if a.ceil_mode && (output[i] - 1) * strides[i] >= input[i] + begin[i] {
-                output[i] -= 1;
-            }
+            output[i] = extent(input[i], begin[i], padded, eff, strides[i], a.ceil_mode)
+                .ok_or_else(|| {
+                    OpError::Shape(format!(
+                        "a window of {eff} along spatial axis {i} is larger than the padded \
+                         input {padded}"
+                    ))
+                })?;
         }
         Ok(Window {
             input: input.to_vec(),
@@ -190,6 +211,20 @@ mod tests {
             auto_pad,
             ceil_mode: ceil,
         }
+    }
+
+    #[test]
+    fn a_window_past_the_padded_input_fits_only_in_ceil_mode_within_one_stride() {
+        // extent(input, begin, padded, eff, stride, ceil)
+        assert_eq!(extent(7, 0, 7, 1280, 1280, true), Some(1));
+        assert_eq!(extent(7, 0, 7, 1280, 1280, false), None);
+        assert_eq!(extent(7, 0, 7, 9, 2, true), None);
+        assert_eq!(extent(7, 0, 7, 8, 2, true), Some(1));
+        assert_eq!(extent(0, 0, 0, 3, 4, true), Some(0));
+        // Ordinary windows: floor, ceil, and a last window that would start in the end padding.
+        assert_eq!(extent(5, 0, 5, 2, 2, false), Some(2));
+        assert_eq!(extent(5, 0, 5, 2, 2, true), Some(3));
+        assert_eq!(extent(4, 0, 6, 2, 2, true), Some(2));
     }
 
     #[test]
