@@ -59,6 +59,8 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     pub inputs: Vec<GraphInput>,
     pub outputs: Vec<ValueId>,
+    /// The element type the model declares for each output, where it declares one.
+    pub output_dtypes: Vec<Option<DType>>,
     pub constants: HashMap<ValueId, Arc<Tensor>>,
     pub opset: i64,
 }

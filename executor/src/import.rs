@@ -20,6 +20,7 @@ mod contrib;
 mod expansion;
 mod fused;
 mod nbits;
+mod order;
 mod qlinear;
 mod subgraph;
 
@@ -112,6 +113,9 @@ fn import_graph(
             ImportError::Graph(format!("graph output {:?} is never produced", vi.name))
         })?;
         g.outputs.push(*v);
+        let code = vi.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
+        g.output_dtypes
+            .push(code.and_then(|t| DType::from_onnx(t.elem_type)));
     }
     if g.outputs.is_empty() {
         return Err(ImportError::Graph("graph has no outputs".into()));
@@ -211,14 +215,16 @@ pub(crate) fn initializers(
     Ok(())
 }
 
-/// Parses the nodes of `gp` into `g`, in order, each reading only values defined before it.
+/// Parses the nodes of `gp` into `g` in topological order (`order`), each reading only values
+/// defined before it.
 pub(crate) fn import_nodes(
     gp: &GraphProto,
     g: &mut Graph,
     scope: &mut Scope<'_>,
     cx: &Context<'_>,
 ) -> Result<(), ImportError> {
-    for (idx, np) in gp.node.iter().enumerate() {
+    for idx in order::topological(gp) {
+        let np = &gp.node[idx];
         let node_name = if np.name.is_empty() {
             format!("{}_{idx}", np.op_type)
         } else {

