@@ -1,9 +1,9 @@
 //! Linear quantization: QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear, and the
 //! integer products MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv. The products
 //! subtract zero points and accumulate exactly in `i32` (`cotenant_kernels::igemm`); the QLinear
-//! ops then requantize as the ONNX reference does: the accumulator times
-//! `scale_a * scale_b / scale_y` (worked in the scales' precision) plus the output zero point,
-//! rounded half to even and saturated. The products take int8 and uint8; QuantizeLinear and
+//! ops then requantize as onnxruntime does: the accumulator times
+//! `scale_a * scale_b / scale_y` (worked in the scales' precision), the product rounded to f32
+//! and then half to even, plus the output zero point, saturated. The products take int8 and uint8; QuantizeLinear and
 //! DequantizeLinear also take int16, uint16, the 4- and 2-bit integers, and the float8 and
 //! float4 types (whose zero points must be zero: they scale without an offset).
 //!
@@ -1519,7 +1519,10 @@ fn multipliers(a: &Tensor, b: &Tensor, y: &Tensor, channels: usize) -> OpResult<
         .collect())
 }
 
-/// `round(acc * multiplier[channel(i)] + zp)`, saturated to `dtype`.
+/// `round(acc * multiplier[channel(i)]) + zp`, saturated to `dtype`. The product is rounded to
+/// f32 first, as onnxruntime's requantization (and the packed kernels') computes it: in f64 a
+/// product an f32 rounding puts on a tie (25.4999996 → 25.5) rounds the other way, one step
+/// off in one output of a few hundred thousand, and those steps grow through a network.
 fn requantize(
     acc: &[i32],
     mult: &[f64],
@@ -1529,7 +1532,7 @@ fn requantize(
 ) -> OpResult<Data> {
     let pick = |i| if mult.len() == 1 { 0 } else { channel(i) };
     saturate(dtype, acc.len(), |i| {
-        (acc[i] as f64 * mult[pick(i)] + zp).round_ties_even()
+        f64::from((acc[i] as f32 * mult[pick(i)] as f32).round_ties_even()) + zp
     })
 }
 
@@ -1680,6 +1683,11 @@ mod tests {
         let mult = [0.5 / 255.0 * 255.0];
         let d = requantize(&[1, 3, 1000, -1000], &mult, |_| 0, 0.0, DType::I8).unwrap();
         assert_eq!(d, Data::I8(vec![0, 2, 127, -128]));
+        // A product on a tie in f32 (25.4999996 in f64) rounds as onnxruntime rounds it: to
+        // even, 26, plus the zero point.
+        let mult = [f64::from(f32::from_bits(982_534_316))];
+        let d = requantize(&[23_165, -23_165], &mult, |_| 0, 120.0, DType::U8).unwrap();
+        assert_eq!(d, Data::U8(vec![146, 94]));
     }
 
     #[test]
