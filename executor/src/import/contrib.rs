@@ -523,13 +523,6 @@ mod tests {
         ];
         let cases = [
             (
-                "FusedMatMul",
-                vec!["X", "X"],
-                vec!["Y"],
-                vec![attr_int("transBatchA", 1)],
-                "attribute \"transBatchA\" is not supported (only 0)",
-            ),
-            (
                 "Attention",
                 vec!["X", "X", "", "", "X"],
                 vec!["Y"],

@@ -47,29 +47,33 @@ pub fn gelu(e: &mut Expansion, op: &str) -> R<()> {
     Ok(())
 }
 
-/// `FusedMatMul` (and its older name `TransposeMatMul`): MatMul of A and B, either transposed
-/// on its last two axes, times `alpha`. Transposing the batch axes is refused.
+/// `FusedMatMul` (and its older name `TransposeMatMul`): MatMul of A and B, times `alpha`.
+/// `transA`/`transB` transpose an operand's last two axes; `transBatchA`/`transBatchB` read it
+/// with its first axis where the rows go ([M, batch..., K] as [batch..., M, K]), as
+/// onnxruntime's transpose fusion writes a Transpose that moved the batch axes in front.
 pub fn fused_matmul(e: &mut Expansion) -> R<()> {
     let a = e.attrs();
-    for batch in ["transBatchA", "transBatchB"] {
-        if a.int_or(batch, 0)? != 0 {
-            return Err(format!("attribute {batch:?} is not supported (only 0)"));
-        }
-    }
     let alpha = a.float_or("alpha", 1.0)?;
     let mut operands = [
         e.required(0, "A")?.to_string(),
         e.required(1, "B")?.to_string(),
     ];
-    for (k, flag) in ["transA", "transB"].iter().enumerate() {
-        if a.flag(flag, false)? {
-            // The last two axes, whatever the rank: constant operands fold to their transpose.
-            operands[k] = e.node(
-                "Einsum",
-                &[&operands[k]],
-                vec![string_attr("equation", "...ij->...ji")],
-            );
-        }
+    for (k, (batch, last)) in [("transBatchA", "transA"), ("transBatchB", "transB")]
+        .into_iter()
+        .enumerate()
+    {
+        // Whatever the rank: constant operands fold to their transpose.
+        let equation = match (a.flag(batch, false)?, a.flag(last, false)?) {
+            (false, false) => continue,
+            (false, true) => "...ij->...ji",
+            (true, false) => "i...j->...ij",
+            (true, true) => "i...j->...ji",
+        };
+        operands[k] = e.node(
+            "Einsum",
+            &[&operands[k]],
+            vec![string_attr("equation", equation)],
+        );
     }
     let out = e.output(0);
     if alpha == 1.0 {

@@ -66,6 +66,12 @@ def add_cases():
          transB=1, alpha=0.5)
     case("fused_matmul_trans_a_const", "FusedMatMul", {"a": normal(2, 5, 4)}, {"b": normal(5, 3)},
          ["a", "b"], ["y"], transA=1)
+    # The rows on the first axis ([M, batch..., K]), as onnxruntime's transpose fusion writes.
+    case("fused_matmul_trans_batch_a", "FusedMatMul", {"a": normal(4, 2, 5), "b": normal(2, 5, 3)},
+         {}, ["a", "b"], ["y"], transBatchA=1)
+    case("fused_matmul_trans_batch_both_rank4", "FusedMatMul",
+         {"a": normal(5, 2, 2, 3), "b": normal(4, 2, 2, 5)}, {}, ["a", "b"], ["y"],
+         transBatchA=1, transA=1, transBatchB=1, transB=1, alpha=2.0)
     case("transpose_matmul", "TransposeMatMul", {"a": a}, {"b": normal(6, 5)}, ["a", "b"], ["y"],
          transB=1)
 
