@@ -727,7 +727,11 @@ fn split_op(
         .map(<[i64]>::to_vec)
         .or(opt_input(inputs, 1).map(|t| t.to_i64_vec()).transpose()?)
     {
-        Some(s) => to_dims(&s)?,
+        // Lengths along one axis, not a shape: their sum is checked below, not their product.
+        Some(s) => s
+            .iter()
+            .map(|&p| usize::try_from(p).map_err(|_| OpError::Shape(format!("Split length {p}"))))
+            .collect::<OpResult<_>>()?,
         None => {
             let n = outputs.max(1);
             let chunk = d.div_ceil(n);
@@ -1291,6 +1295,22 @@ fn window(size: &Tensor, w: Window, periodic: bool, dtype: DType) -> OpResult<Te
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_lengths_are_checked_by_their_sum_not_their_product() {
+        // RetinaNet's anchors per level, as onnxruntime's Gather/Slice-to-Split fusion writes
+        // them: their product is past any tensor's size.
+        let parts = [90_000i64, 22_500, 5_625, 1_521, 441];
+        let x = Tensor::f32(vec![1, 120_087], vec![0.5; 120_087]).unwrap();
+        let split = Tensor::i64(vec![5], parts.to_vec()).unwrap();
+        let ys = split_op(&[Some(&x), Some(&split)], 1, None, 5).unwrap();
+        let lens: Vec<usize> = ys.iter().map(|y| y.shape[1]).collect();
+        assert_eq!(lens, [90_000, 22_500, 5_625, 1_521, 441]);
+        let short = Tensor::i64(vec![2], vec![3, 4]).unwrap();
+        assert!(split_op(&[Some(&x), Some(&short)], 1, None, 2).is_err());
+        let negative = Tensor::i64(vec![2], vec![120_088, -1]).unwrap();
+        assert!(split_op(&[Some(&x), Some(&negative)], 1, None, 2).is_err());
+    }
 
     #[test]
     fn slices_copy_the_runs_the_element_walk_picks() {
