@@ -1,8 +1,8 @@
 //! float16 models computed in float32 between their inputs and outputs, as onnxruntime's CPU
-//! computes them: its CPU has float32 kernels only for nearly every op, so it casts each
+//! computes them: for nearly every op its CPU has only a float32 kernel, so it casts each
 //! float16 node's inputs up and its outputs down, then drops every float32 → float16 →
-//! float32 pair of casts between two such nodes, and at the inputs and outputs (a model
-//! converted with `keep_io_types` never rounds to float16 at all). Rounding every op's output
+//! float32 pair of casts between two such nodes and after a float32 input (a model converted
+//! with `keep_io_types` rounds to float16 only around the few ops with float16 kernels). Rounding every op's output
 //! to float16 instead, as the ops alone do, leaves a model's values a few float16 steps from
 //! onnxruntime's after each layer, overflows where float32 does not (randomly initialised
 //! Inception v3: NaN) and loses what falls below float16's smallest normal value (randomly
