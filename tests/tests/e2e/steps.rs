@@ -672,7 +672,21 @@ impl Cluster {
                 r#"jsonpath={range .items[*]}{.metadata.name}{"\n"}{range .status.conditions[*]}{"  "}{.type}={.status} {.reason}: {.message}{"\n"}{end}{end}"#,
             ])
             .unwrap_or_default();
-        format!("{table}\n{conditions}")
+        // The operator's events say why: the profile behind each approach, each knob and
+        // replica change with the arrival rate it saw.
+        let events = self
+            .cp
+            .kubectl_ok(&[
+                "get",
+                "events",
+                "-n",
+                &self.ns,
+                "--sort-by=.lastTimestamp",
+                "-o",
+                "custom-columns=LAST:.lastTimestamp,OBJECT:.involvedObject.name,REASON:.reason,MESSAGE:.message",
+            ])
+            .unwrap_or_default();
+        format!("{table}\n{conditions}\n--- events\n{events}")
     }
 }
 
