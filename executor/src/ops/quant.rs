@@ -1491,9 +1491,9 @@ fn single(t: &Tensor, what: &str) -> OpResult<f64> {
     }
 }
 
-/// Per output channel, `scale_a * scale_b[c] / scale_y` worked in the scales' type; `scale_b`
-/// is one value or `channels`.
-fn multipliers(a: &Tensor, b: &Tensor, y: &Tensor, channels: usize) -> OpResult<Vec<f64>> {
+/// Per output channel, `scale_a * scale_b[c] / scale_y` worked in the scales' type (every one
+/// of them exact in f32); `scale_b` is one value or `channels`.
+fn multipliers(a: &Tensor, b: &Tensor, y: &Tensor, channels: usize) -> OpResult<Vec<f32>> {
     let dtype = a.dtype();
     if b.dtype() != dtype || y.dtype() != dtype {
         return Err(OpError::DType(format!(
@@ -1515,7 +1515,7 @@ fn multipliers(a: &Tensor, b: &Tensor, y: &Tensor, channels: usize) -> OpResult<
     }
     Ok(sb
         .iter()
-        .map(|&sb| in_precision(in_precision(sa * sb, dtype) / sy, dtype))
+        .map(|&sb| in_precision(in_precision(sa * sb, dtype) / sy, dtype) as f32)
         .collect())
 }
 
@@ -1525,14 +1525,14 @@ fn multipliers(a: &Tensor, b: &Tensor, y: &Tensor, channels: usize) -> OpResult<
 /// off in one output of a few hundred thousand, and those steps grow through a network.
 fn requantize(
     acc: &[i32],
-    mult: &[f64],
+    mult: &[f32],
     channel: impl Fn(usize) -> usize,
     zp: f64,
     dtype: DType,
 ) -> OpResult<Data> {
     let pick = |i| if mult.len() == 1 { 0 } else { channel(i) };
     saturate(dtype, acc.len(), |i| {
-        f64::from((acc[i] as f32 * mult[pick(i)] as f32).round_ties_even()) + zp
+        f64::from((acc[i] as f32 * mult[pick(i)]).round_ties_even()) + zp
     })
 }
 
@@ -1680,12 +1680,12 @@ mod tests {
         let per_row = u8s(vec![2], vec![0, 0]);
         assert!(integer_matmul(&cx, &a, Some(&per_row), &b, None).is_err());
         // Requantized: 0.5 rounds to 0, 1.5 to 2, and saturates.
-        let mult = [0.5 / 255.0 * 255.0];
+        let mult = [0.5f32 / 255.0 * 255.0];
         let d = requantize(&[1, 3, 1000, -1000], &mult, |_| 0, 0.0, DType::I8).unwrap();
         assert_eq!(d, Data::I8(vec![0, 2, 127, -128]));
         // A product on a tie in f32 (25.4999996 in f64) rounds as onnxruntime rounds it: to
         // even, 26, plus the zero point.
-        let mult = [f64::from(f32::from_bits(982_534_316))];
+        let mult = [f32::from_bits(982_534_316)];
         let d = requantize(&[23_165, -23_165], &mult, |_| 0, 120.0, DType::U8).unwrap();
         assert_eq!(d, Data::U8(vec![146, 94]));
     }

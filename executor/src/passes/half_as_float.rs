@@ -55,15 +55,7 @@ pub fn compute_half_in_float(g: &mut Graph) -> bool {
         let (v, name) = (g.inputs[i].value, g.inputs[i].name.clone());
         let up = g.add_value(format!("{name}/float32"));
         widened.insert(v, up);
-        entry.push(Node {
-            name: format!("{name}/to_float32"),
-            op: Op::Cast {
-                to: DType::F32,
-                mode: Default::default(),
-            },
-            inputs: vec![Some(v)],
-            outputs: vec![up],
-        });
+        entry.push(cast_node(format!("{name}/to_float32"), v, DType::F32, up));
     }
     for n in &mut g.nodes {
         for v in n.inputs.iter_mut().flatten() {
@@ -88,15 +80,8 @@ pub fn compute_half_in_float(g: &mut Graph) -> bool {
                 let name = g.value_names[v].clone();
                 g.value_names[v] = format!("{name}/float32");
                 let down = g.add_value(name.clone());
-                g.nodes.push(Node {
-                    name: format!("{name}/to_float16"),
-                    op: Op::Cast {
-                        to: DType::F16,
-                        mode: Default::default(),
-                    },
-                    inputs: vec![Some(v)],
-                    outputs: vec![down],
-                });
+                g.nodes
+                    .push(cast_node(format!("{name}/to_float16"), v, DType::F16, down));
                 narrowed.insert(v, down);
                 down
             }
@@ -104,6 +89,19 @@ pub fn compute_half_in_float(g: &mut Graph) -> bool {
         g.outputs[k] = down;
     }
     true
+}
+
+/// A Cast of value `from` to `to` into value `into`.
+fn cast_node(name: String, from: usize, to: DType, into: usize) -> Node {
+    Node {
+        name,
+        op: Op::Cast {
+            to,
+            mode: Default::default(),
+        },
+        inputs: vec![Some(from)],
+        outputs: vec![into],
+    }
 }
 
 /// Makes `op` produce float32 where it is told to produce float16; whether it was.
