@@ -820,6 +820,45 @@ fn a_batch_of_zero_runs_empty() {
     assert_eq!(out[0].1.data, Data::F32(vec![]));
 }
 
+/// Pools whose kernel and padding reach a billion taps a side over a tiny input (a few hundred
+/// bytes of model) cost what they read: the 2-D average, the N-D average and LpPool run at
+/// once, giving the values of the few taps that read the input.
+#[test]
+fn pooling_windows_of_a_billion_taps_read_only_the_input() {
+    let huge = 1i64 << 30;
+    for (op, rank, want) in [
+        ("AveragePool", 2, vec![0.0, 0.5, 1.0, 1.5]),
+        ("AveragePool", 3, (0..8).map(|i| i as f32 * 0.5).collect()),
+        ("LpPool", 2, vec![0.0, 0.5, 1.0, 1.5]),
+    ] {
+        let spatial = vec![2i64; rank];
+        let mut dims = vec![1, 1];
+        dims.extend(&spatial);
+        let model = graph(
+            vec![
+                node("Identity", "x", &["w"], vec![]),
+                node(
+                    op,
+                    "pool",
+                    &["x"],
+                    vec![
+                        ints_attr("kernel_shape", &vec![huge; rank]),
+                        ints_attr("strides", &vec![huge; rank]),
+                        ints_attr("pads", &vec![huge - 1; 2 * rank]),
+                    ],
+                ),
+            ],
+            vec![f32s("w", &dims)],
+            vec![],
+            18,
+        );
+        let model = Model::from_bytes(&model).expect("imports");
+        let out = model.plan.run(&CpuBackend::new(1), vec![]).expect("runs");
+        assert_eq!(out[0].1.shape.len(), 2 + rank, "{op} over {rank} axes");
+        assert_eq!(out[0].1.data, Data::F32(want), "{op} over {rank} axes");
+    }
+}
+
 /// Indices, counts and thresholds that come with a request are checked against the tensors
 /// they address: each hostile request fails with an error naming the problem, never a read or
 /// write out of bounds or an allocation of what it asks for.

@@ -137,8 +137,20 @@ fn max_plane<T: Copy + PartialOrd>(
     nan
 }
 
+/// How many of the `k` taps (`d` apart) of output position `o`'s window lie within the padded
+/// extent `padded` (ceil mode may reach past it): the divisor `count_include_pad` counts.
+fn padded_taps(o: usize, s: usize, d: usize, k: usize, padded: usize) -> usize {
+    let start = o * s;
+    if start >= padded {
+        0
+    } else {
+        k.min((padded - start).div_ceil(d))
+    }
+}
+
 /// Average pooling; with `count_include_pad` the divisor counts padding inside the padded
-/// input, but never the extra cells that ceil mode adds past it (as onnxruntime does).
+/// input, but never the extra cells that ceil mode adds past it (as onnxruntime does). Only
+/// the taps that read the input are visited, so padding and kernel sizes cost nothing.
 pub fn avg_pool2d(
     p: &Pool2d,
     input: &[f32],
@@ -146,31 +158,25 @@ pub fn avg_pool2d(
     count_include_pad: bool,
     threads: usize,
 ) {
+    let axis = |n: usize, s: usize, d: usize, pad: usize, k: usize, len: usize, padded: usize| {
+        (0..n)
+            .map(|o| (taps(o, s, d, pad, k, len), padded_taps(o, s, d, k, padded)))
+            .collect::<Vec<_>>()
+    };
+    let rows = axis(p.oh, p.sh, p.dh, p.pt, p.kh, p.h, p.pt + p.h + p.pb);
+    let cols = axis(p.ow, p.sw, p.dw, p.pl, p.kw, p.w, p.pl + p.w + p.pr);
     for_planes(p, input, out, threads, |x, o| {
-        for oy in 0..p.oh {
-            let y0 = (oy * p.sh) as isize - p.pt as isize;
-            let y1 = (y0 + ((p.kh - 1) * p.dh + 1) as isize).min((p.h + p.pb) as isize);
-            for ox in 0..p.ow {
-                let x0 = (ox * p.sw) as isize - p.pl as isize;
-                let x1 = (x0 + ((p.kw - 1) * p.dw + 1) as isize).min((p.w + p.pr) as isize);
+        for (orow, &((y0, ny), py)) in o.chunks_exact_mut(p.ow).zip(&rows) {
+            for (m, &((x0, nx), px)) in orow.iter_mut().zip(&cols) {
                 let mut s = 0.0f32;
-                let mut cnt = 0usize;
-                let mut padded = 0usize;
-                let mut iy = y0;
-                while iy < y1 {
-                    let mut ix = x0;
-                    while ix < x1 {
-                        padded += 1;
-                        if iy >= 0 && ix >= 0 && (iy as usize) < p.h && (ix as usize) < p.w {
-                            s += x[iy as usize * p.w + ix as usize];
-                            cnt += 1;
-                        }
-                        ix += p.dw as isize;
+                for t in 0..ny {
+                    let row = &x[(y0 + t * p.dh) * p.w..];
+                    for u in 0..nx {
+                        s += row[x0 + u * p.dw];
                     }
-                    iy += p.dh as isize;
                 }
-                let div = if count_include_pad { padded } else { cnt };
-                o[oy * p.ow + ox] = if div == 0 { 0.0 } else { s / div as f32 };
+                let div = if count_include_pad { py * px } else { ny * nx };
+                *m = if div == 0 { 0.0 } else { s / div as f32 };
             }
         }
     });
@@ -405,5 +411,93 @@ mod tests {
         assert!((o[0] - (0.0 + 1.0 + 4.0 + 5.0) / 9.0).abs() < 1e-6);
         avg_pool2d(&p, &x, &mut o, false, 1);
         assert!((o[0] - 2.5).abs() < 1e-6);
+    }
+
+    /// Every output of `avg_pool2d` against the average taken tap by tap over the padded
+    /// window, with and without counting the padding; and windows of a billion taps a side over
+    /// a 2x2 input, which visit only the values they read.
+    #[test]
+    fn avg_matches_brute_force_and_skips_the_padding() {
+        for &(h, w, k, s, d, pad, extra) in &[
+            (9, 11, 3, 2, 1, 1, 0),
+            (8, 8, 2, 2, 1, 0, 1),
+            (7, 10, 3, 1, 2, 2, 0),
+            (5, 5, 5, 3, 1, 2, 1),
+            (1, 1, 3, 1, 1, 1, 0),
+        ] {
+            let out = |len: usize| (len + 2 * pad + extra - d * (k - 1) - 1) / s + 1;
+            // A ceil-mode window may reach one stride past the padded input.
+            let (pb, oh) = (pad + extra, out(h) + 1);
+            let p = Pool2d {
+                planes: 2,
+                h,
+                w,
+                kh: k,
+                kw: k,
+                sh: s,
+                sw: s,
+                dh: d,
+                dw: d,
+                pt: pad,
+                pl: pad,
+                pb,
+                pr: pb,
+                oh,
+                ow: out(w),
+            };
+            let x: Vec<f32> = (0..2 * h * w)
+                .map(|i| ((i * 37) % 23) as f32 - 11.0)
+                .collect();
+            for include in [false, true] {
+                let mut got = vec![0.0; 2 * p.oh * p.ow];
+                avg_pool2d(&p, &x, &mut got, include, 2);
+                for (i, g) in got.iter().enumerate() {
+                    let (pl, oy, ox) = (i / (p.oh * p.ow), (i / p.ow) % p.oh, i % p.ow);
+                    let (mut sum, mut read, mut padded) = (0.0f32, 0, 0);
+                    for ki in 0..k {
+                        for kj in 0..k {
+                            let (py, px) = (oy * s + ki * d, ox * s + kj * d);
+                            if py >= pad + h + pb || px >= pad + w + pb {
+                                continue;
+                            }
+                            padded += 1;
+                            let (iy, ix) = (py as isize - pad as isize, px as isize - pad as isize);
+                            if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                                sum += x[pl * h * w + iy as usize * w + ix as usize];
+                                read += 1;
+                            }
+                        }
+                    }
+                    let div = if include { padded } else { read };
+                    let want = if div == 0 { 0.0 } else { sum / div as f32 };
+                    assert_eq!(*g, want, "{p:?} count_include_pad {include} output {i}");
+                }
+            }
+        }
+        let huge = 1 << 30;
+        let p = Pool2d {
+            planes: 1,
+            h: 2,
+            w: 2,
+            kh: huge,
+            kw: huge,
+            sh: huge,
+            sw: huge,
+            dh: 1,
+            dw: 1,
+            pt: huge - 1,
+            pl: huge - 1,
+            pb: huge - 1,
+            pr: huge - 1,
+            oh: 2,
+            ow: 2,
+        };
+        let mut o = vec![0.0; 4];
+        avg_pool2d(&p, &[1.0, 2.0, 3.0, 4.0], &mut o, false, 1);
+        // Each window reads one value: the first ends, the second starts, on the input.
+        assert_eq!(o, vec![1.0, 2.0, 3.0, 4.0]);
+        avg_pool2d(&p, &[1.0, 2.0, 3.0, 4.0], &mut o, true, 1);
+        let taps = huge as f32 * huge as f32;
+        assert_eq!(o, vec![1.0 / taps, 2.0 / taps, 3.0 / taps, 4.0 / taps]);
     }
 }

@@ -61,21 +61,19 @@ pub fn pool_nd(p: &PoolAttrs, reduce: Reduce, x: &Tensor, indices: bool) -> OpRe
         let i = Tensor::zeros(DType::I64, shape)?;
         return Ok(if indices { vec![y, i] } else { vec![y] });
     }
+    let padded = w.padded_taps();
     for c in 0..planes {
         let src = &v[c * plane_in..][..plane_in];
         let out = &mut y[c * plane_out..][..plane_out];
-        // Per output position: running value, taps counted, taps inside the padded extent, and
-        // the offset of the maximum.
-        let mut acc = vec![(f64::NAN, 0usize, 0usize, None::<usize>); plane_out];
-        w.visit(|pos, _, off, inside| {
+        // Per output position: running value, taps read, and the offset of the maximum.
+        let mut acc = vec![(f64::NAN, 0usize, None::<usize>); plane_out];
+        w.visit_reads(|pos, o| {
             let a = &mut acc[pos];
-            a.2 += usize::from(inside);
-            let Some(o) = off else { return };
             let v = src[o];
             match reduce {
                 Reduce::Max => {
-                    if a.3.is_none() || v > a.0 {
-                        (a.0, a.3) = (v, Some(o));
+                    if a.2.is_none() || v > a.0 {
+                        (a.0, a.2) = (v, Some(o));
                     }
                 }
                 Reduce::Average => a.0 = if a.1 == 0 { v } else { a.0 + v },
@@ -86,11 +84,15 @@ pub fn pool_nd(p: &PoolAttrs, reduce: Reduce, x: &Tensor, indices: bool) -> OpRe
             }
             a.1 += 1;
         });
-        for (k, (value, count, padded, arg)) in acc.into_iter().enumerate() {
+        for (k, (value, count, arg)) in acc.into_iter().enumerate() {
             out[k] = match reduce {
                 Reduce::Max => value,
                 Reduce::Average => {
-                    let div = if p.count_include_pad { padded } else { count };
+                    let div = if p.count_include_pad {
+                        padded[k]
+                    } else {
+                        count
+                    };
                     if count == 0 || div == 0 {
                         0.0
                     } else {

@@ -186,6 +186,73 @@ impl Window {
             step(&mut o, &self.output);
         }
     }
+    /// Along spatial axis `i`, for each output index: the input index of its window's first
+    /// tap that reads the input, how many of its taps read the input, and how many lie within
+    /// the padded extent (`begin` + input + `end`; ceil rounding may reach past it).
+    fn axis_reads(&self, i: usize) -> Vec<(usize, usize, usize)> {
+        let (k, d, begin) = (self.kernel[i], self.dilations[i], self.begin[i]);
+        let (stop, padded) = (begin + self.input[i], begin + self.input[i] + self.end[i]);
+        // Taps of a window starting at `start` before `limit`.
+        let before = |start: usize, limit: usize| {
+            if start >= limit {
+                0
+            } else {
+                k.min((limit - start).div_ceil(d))
+            }
+        };
+        (0..self.output[i])
+            .map(|o| {
+                let start = o * self.strides[i];
+                let skipped = begin.saturating_sub(start).div_ceil(d);
+                let read = before(start, stop).saturating_sub(skipped);
+                let first = if read == 0 {
+                    0
+                } else {
+                    start + skipped * d - begin
+                };
+                (first, read, before(start, padded))
+            })
+            .collect()
+    }
+
+    /// Calls `f(position, offset)` for every output position and every tap of its window that
+    /// reads the input (positions and taps each row-major, as [`Window::visit`] orders them),
+    /// with the flat offset within one channel of the element it reads. Taps in the padding
+    /// are not visited, so the window's size costs nothing where it reads padding.
+    pub fn visit_reads(&self, mut f: impl FnMut(usize, usize)) {
+        let n = self.input.len();
+        let axes: Vec<_> = (0..n).map(|i| self.axis_reads(i)).collect();
+        let mut o = vec![0; n];
+        let mut t = vec![0; n];
+        for pos in 0..self.positions() {
+            let reads: Vec<(usize, usize)> =
+                (0..n).map(|i| (axes[i][o[i]].0, axes[i][o[i]].1)).collect();
+            let counts: Vec<usize> = reads.iter().map(|r| r.1).collect();
+            for _ in 0..counts.iter().product::<usize>() {
+                let off = (0..n).fold(0, |f, i| {
+                    f * self.input[i] + reads[i].0 + t[i] * self.dilations[i]
+                });
+                f(pos, off);
+                step(&mut t, &counts);
+            }
+            step(&mut o, &self.output);
+        }
+    }
+
+    /// For every output position, how many taps of its window lie within the padded extent:
+    /// the divisor of an average that counts the padding.
+    pub fn padded_taps(&self) -> Vec<usize> {
+        let n = self.input.len();
+        let axes: Vec<_> = (0..n).map(|i| self.axis_reads(i)).collect();
+        let mut o = vec![0; n];
+        (0..self.positions())
+            .map(|_| {
+                let taps = (0..n).map(|i| axes[i][o[i]].2).product();
+                step(&mut o, &self.output);
+                taps
+            })
+            .collect()
+    }
 }
 
 /// The next multi-index after `i` within `dims`, row-major (wrapping to zeros at the end).
@@ -262,5 +329,55 @@ mod tests {
         };
         assert!(Window::resolve(&[2, 2, 2], &[1, 1, 1], &huge).is_err());
         assert!(Window::resolve(&[2, 2, 2], &[1, 1, 1], &attrs(None, "SAME", false)).is_err());
+    }
+
+    #[test]
+    fn reads_are_the_taps_that_read_the_input_and_padding_costs_nothing() {
+        // (Input, kernel, strides), dilations, pads, ceil mode.
+        type Case = (&'static [usize], &'static [usize], &'static [usize]);
+        let cases: [(Case, &[usize], &[usize], bool); 4] = [
+            (
+                (&[5, 6, 7], &[3, 3, 3], &[2, 2, 2]),
+                &[1, 1, 1],
+                &[1, 0, 2, 1, 2, 0],
+                true,
+            ),
+            ((&[4, 9], &[2, 3], &[1, 2]), &[3, 2], &[2, 3, 0, 4], false),
+            ((&[3], &[5], &[3]), &[1], &[4, 4], true),
+            ((&[2, 2], &[1, 1], &[1, 1]), &[1, 1], &[0, 0, 0, 0], false),
+        ];
+        for ((input, kernel, strides), dilations, pads, ceil) in cases {
+            let a = WindowAttrs {
+                strides: Some(strides),
+                dilations: Some(dilations),
+                pads: Some(pads),
+                auto_pad: "NOTSET",
+                ceil_mode: ceil,
+            };
+            let w = Window::resolve(input, kernel, &a).unwrap();
+            let (mut want, mut want_padded) = (Vec::new(), vec![0; w.positions()]);
+            w.visit(|pos, _, off, inside| {
+                want.extend(off.map(|o| (pos, o)));
+                want_padded[pos] += usize::from(inside);
+            });
+            let mut got = Vec::new();
+            w.visit_reads(|pos, o| got.push((pos, o)));
+            assert_eq!(got, want, "{w:?}");
+            assert_eq!(w.padded_taps(), want_padded, "{w:?}");
+        }
+        // A billion taps a side over a 2x2 input: four reads, one per window.
+        let huge = 1 << 30;
+        let a = WindowAttrs {
+            strides: Some(&[huge, huge]),
+            dilations: None,
+            pads: Some(&[huge - 1, huge - 1, huge - 1, huge - 1]),
+            auto_pad: "NOTSET",
+            ceil_mode: false,
+        };
+        let w = Window::resolve(&[2, 2], &[huge, huge], &a).unwrap();
+        let mut got = Vec::new();
+        w.visit_reads(|pos, o| got.push((pos, o)));
+        assert_eq!(got, vec![(0, 0), (1, 1), (2, 2), (3, 3)]);
+        assert_eq!(w.padded_taps(), vec![huge * huge; 4]);
     }
 }

@@ -7,6 +7,9 @@ use crate::gpu::launch::{Builder, grid_1d, grid_rows};
 use crate::ops::pool::{PoolAttrs, pool2d_geometry};
 use crate::tensor::DType;
 
+/// The most taps a device pooling window walks when the input plane is smaller.
+const WALKED_TAPS: usize = 1024;
+
 pub fn pool(p: &PoolAttrs, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowered<()> {
     if p.nhwc {
         return decline("an NHWC max pool (the CPU's layout)");
@@ -15,6 +18,11 @@ pub fn pool(p: &PoolAttrs, ins: &[Option<Operand<'_>>], cx: &mut Cx<'_>) -> Lowe
     let (g, shape) = pool2d_geometry(p, x.shape).map_err(|e| super::Decline(e.to_string()))?;
     let y = cx.output(0, DType::F32, shape)?;
     let (plane_in, plane_out) = (g.h * g.w, g.oh * g.ow);
+    // The device kernels walk every tap of a window; the CPU's visit only those that read the
+    // input, so a window mostly of padding (attributes only, no data behind them) runs there.
+    if g.kh.saturating_mul(g.kw) > plane_in.max(WALKED_TAPS) {
+        return decline("a pooling window of more taps than its input plane holds");
+    }
     if g.planes * plane_out == 0 {
         cx.whole();
         return Ok(());

@@ -613,6 +613,22 @@ fn ops_without_a_device_path_run_on_the_host() {
         );
         falls_back(&pool, &[x(&shape)]);
     }
+    // A 2-D window of more taps than its plane: the device would walk them all.
+    let huge = 1 << 20;
+    for op in ["MaxPool", "AveragePool"] {
+        let pool = single(
+            op,
+            &[("x", &[1, 2, 3, 3])],
+            |_| vec![],
+            vec![
+                attr_ints("kernel_shape", &[huge, 2]),
+                attr_ints("strides", &[huge, 1]),
+                attr_ints("pads", &[huge - 2, 0, huge - 2, 0]),
+            ],
+            13,
+        );
+        falls_back(&pool, &[x(&[1, 2, 3, 3])]);
+    }
     // Ops with no device path at all.
     let det = single("Det", &[("x", &[3, 4, 4])], |_| vec![], vec![], 22);
     falls_back(&det, &[x(&[3, 4, 4])]);
