@@ -5,7 +5,8 @@ manual sweep of what real exporters write, over far more architectures than the 
 holds. For each model it writes the ONNX file with `torch.onnx.export` (the TorchScript
 exporter at opset 17, or with --dynamo the torch.export one), optionally rewrites it with
 onnxruntime's own tools (--variant ort-extended: its graph optimizer's saved model, with its
-fused com.microsoft operators; dynamic, qdq, qoperator: its quantizers; float16: its float16
+fused com.microsoft operators; ort-transformers: its transformer optimizer's, for Hugging Face
+models; dynamic, qdq, qoperator: its quantizers; float16: its float16
 converter with float inputs and outputs), runs it through `cotenant-agent run` and an
 onnxruntime session on the same inputs, and prints the largest difference relative to the
 output's magnitude. With --dynamic-axes the batch and sequence axes are symbolic and the run
@@ -21,7 +22,7 @@ Set-up, outside the repository:
   ~/.cache/scratch-torch/bin/pip install torch torchvision transformers onnx onnxscript onnxruntime
 Usage:
   sweep.py --agent target/release/cotenant-agent --work /tmp/sweep \
-      [--family torchvision|hf] [--dynamo] [--dynamic-axes] [--variant float|ort-extended|dynamic|qdq|qoperator|float16] [NAME ...]
+      [--family torchvision|hf] [--dynamo] [--dynamic-axes] [--variant float|ort-extended|ort-transformers|dynamic|qdq|qoperator|float16] [NAME ...]
 """
 
 import argparse
@@ -85,6 +86,12 @@ HF = {
                   intermediate_size=128), "ids"),
     "mamba": (dict(hidden_size=64, num_hidden_layers=2, vocab_size=1000, state_size=8), "ids"),
 }
+
+# onnxruntime.transformers.optimizer's model_type for the architectures it names; "bert" else.
+TRANSFORMER_TYPES = {"gpt2": "gpt2", "gpt_neox": "gpt2", "opt": "gpt2", "bloom": "gpt2", "gptj": "gpt2",
+                     "t5": "t5", "bart": "bart", "vit": "vit", "beit": "vit", "dinov2": "vit",
+                     "yolos": "vit", "clip_vision_model": "clip", "clip_text_model": "clip",
+                     "swin": "swin"}
 
 
 def differs(ours, ref):
@@ -189,6 +196,20 @@ def variant(path, kind, feeds):
         so.optimized_model_filepath = out
         ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         return out
+    if kind == "ort-transformers":
+        # onnxruntime's transformer optimizer: Attention, MultiHeadAttention, SkipLayerNorm,
+        # BiasGelu and the like, fused for the architecture it is told.
+        from onnxruntime.transformers.optimizer import optimize_model
+        name = os.path.basename(path)[:-5]
+        model_type = TRANSFORMER_TYPES.get(name, "bert")
+        cfg = HF[name][0]
+        heads = cfg.get("num_attention_heads", cfg.get("n_head", cfg.get("num_heads", 4)))
+        hidden = cfg.get("hidden_size", cfg.get("n_embd", cfg.get("d_model", 64)))
+        # A list (heads per stage): 0, which has the optimizer read them from the graph.
+        heads, hidden = (0, 0) if isinstance(heads, list) else (heads, hidden)
+        optimize_model(path, model_type=model_type, num_heads=heads, hidden_size=hidden,
+                       opt_level=0).save_model_to_file(out)
+        return out
     if kind == "float16":
         from onnxruntime.transformers.float16 import convert_float_to_float16
         onnx.save(convert_float_to_float16(onnx.load(path), keep_io_types=True), out)
@@ -219,8 +240,8 @@ def main():
     p.add_argument("--family", choices=["torchvision", "hf"], default="torchvision")
     p.add_argument("--dynamo", action="store_true")
     p.add_argument("--dynamic-axes", action="store_true")
-    p.add_argument("--variant", default="float", choices=["float", "ort-extended", "dynamic", "qdq", "qoperator",
-                                                     "float16"])
+    p.add_argument("--variant", default="float", choices=["float", "ort-extended", "ort-transformers", "dynamic",
+                                                     "qdq", "qoperator", "float16"])
     p.add_argument("--tolerance", type=float)
     p.add_argument("names", nargs="*")
     a = p.parse_args()
@@ -229,7 +250,8 @@ def main():
     logging.disable(logging.WARNING)
     import torch
     torch.manual_seed(0)
-    tolerance = a.tolerance or {"float": 1e-4, "ort-extended": 1e-4, "float16": 4e-3}.get(a.variant, 1e-2)
+    tolerance = a.tolerance or {"float": 1e-4, "ort-extended": 1e-4, "ort-transformers": 1e-4,
+                              "float16": 4e-3}.get(a.variant, 1e-2)
     names = a.names or (TORCHVISION if a.family == "torchvision" else list(HF))
     failed = 0
     for name in names:
