@@ -859,6 +859,39 @@ fn pooling_windows_of_a_billion_taps_read_only_the_input() {
     }
 }
 
+/// A DFT a prime 100 003 samples long of a one-sample signal (zero-padded to that length):
+/// the chirp convolution computes it at once where the direct sum takes 10^10 steps; every
+/// bin of an impulse's spectrum is the impulse.
+#[test]
+fn a_dft_of_prime_length_runs_at_once() {
+    let length = 100_003;
+    let signal = TensorProto {
+        name: "s".into(),
+        dims: vec![1, 1, 1],
+        data_type: 1,
+        float_data: vec![2.0],
+        ..Default::default()
+    };
+    let model = graph(
+        vec![
+            node("Identity", "x", &["s"], vec![]),
+            node("DFT", "dft", &["x", "n"], vec![int_attr("axis", 1)]),
+        ],
+        vec![signal, i64s("n", &[], &[length])],
+        vec![],
+        17,
+    );
+    let model = Model::from_bytes(&model).expect("imports");
+    let out = model.plan.run(&CpuBackend::new(1), vec![]).expect("runs");
+    assert_eq!(out[0].1.shape, vec![1, length as usize, 2]);
+    let bins = out[0].1.as_f32().expect("f32");
+    let worst = bins
+        .chunks(2)
+        .map(|b| (b[0] - 2.0).abs().max(b[1].abs()))
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-6, "{worst}");
+}
+
 /// Indices, counts and thresholds that come with a request are checked against the tensors
 /// they address: each hostile request fails with an error naming the problem, never a read or
 /// write out of bounds or an allocation of what it asks for.

@@ -1,7 +1,8 @@
 //! DFT and STFT: discrete Fourier transforms of real or complex signals (a last axis of 1 or 2:
 //! real, or real and imaginary), computed in f64 by a mixed-radix FFT over a table of twiddle
-//! factors (a length with a large prime factor sums that factor directly, O(p) per bin). The inverse of a one-sided spectrum gives
-//! a real signal, as numpy's `irfft` does.
+//! factors; a prime factor over 64 goes through Bluestein's chirp convolution, so every length
+//! costs `O(n log n)`. The inverse of a one-sided spectrum gives a real signal, as numpy's
+//! `irfft` does.
 
 use super::elementwise::cast;
 use super::{input, opt_input};
@@ -74,6 +75,10 @@ impl Twiddles {
             .take_while(|p| p * p <= m)
             .find(|p| m.is_multiple_of(*p))
             .unwrap_or(m);
+        if p == m && m > DIRECT_PRIME_MAX {
+            bluestein(x, stride, y, inverse);
+            return;
+        }
         if p == m {
             for (k, yk) in y.iter_mut().enumerate() {
                 let (mut sr, mut si) = (0.0, 0.0);
@@ -136,6 +141,59 @@ impl Twiddles {
         let mut y = vec![(0.0, 0.0); n];
         self.fft(&full, 1, &mut y, 1, true);
         y.into_iter().map(|(r, _)| r / n as f64).collect()
+    }
+}
+
+/// Prime lengths up to this are summed directly; longer ones go through [`bluestein`].
+const DIRECT_PRIME_MAX: usize = 64;
+
+fn mul((a, b): (f64, f64), (c, d): (f64, f64)) -> (f64, f64) {
+    (a * c - b * d, a * d + b * c)
+}
+
+/// The DFT of the `y.len()` samples `x[0], x[stride], ...` into `y` by Bluestein's algorithm:
+/// with `kt = (k² + t² − (k−t)²) / 2` the transform is a convolution with a chirp, computed by
+/// power-of-two FFTs at least twice as long, so a large prime length costs `O(m log m)`, not
+/// the direct sum's `O(m²)` (a model asking for a transform a million samples long, prime,
+/// would otherwise hold a worker for hours).
+fn bluestein(x: &[(f64, f64)], stride: usize, y: &mut [(f64, f64)], inverse: bool) {
+    let m = y.len();
+    let sign = if inverse { 1.0 } else { -1.0 };
+    // chirp[j] = e^{±πi j²/m}, with j² taken mod 2m so that the angle stays exact.
+    let mut chirp = Vec::with_capacity(m);
+    let mut square = 0usize;
+    for j in 0..m {
+        let angle = sign * PI * square as f64 / m as f64;
+        chirp.push((angle.cos(), angle.sin()));
+        square = (square + 2 * j + 1) % (2 * m);
+    }
+    let len = (2 * m - 1).next_power_of_two();
+    let table = Twiddles::new(len);
+    let conj = |(a, b): (f64, f64)| (a, -b);
+    // The chirp's conjugate at offsets -(m-1)..m, circularly.
+    let mut kernel = vec![(0.0, 0.0); len];
+    kernel[0] = conj(chirp[0]);
+    for j in 1..m {
+        kernel[j] = conj(chirp[j]);
+        kernel[len - j] = conj(chirp[j]);
+    }
+    let mut kernel_spectrum = vec![(0.0, 0.0); len];
+    table.fft(&kernel, 1, &mut kernel_spectrum, 1, false);
+    let mut signal = kernel;
+    signal.fill((0.0, 0.0));
+    for t in 0..m {
+        signal[t] = mul(x[t * stride], chirp[t]);
+    }
+    let mut spectrum = vec![(0.0, 0.0); len];
+    table.fft(&signal, 1, &mut spectrum, 1, false);
+    for (s, k) in spectrum.iter_mut().zip(&kernel_spectrum) {
+        *s = mul(*s, *k);
+    }
+    table.fft(&spectrum, 1, &mut signal, 1, true);
+    let scale = 1.0 / len as f64;
+    for (k, yk) in y.iter_mut().enumerate() {
+        let (a, b) = mul(chirp[k], signal[k]);
+        *yk = (a * scale, b * scale);
     }
 }
 
@@ -336,7 +394,7 @@ mod tests {
     #[test]
     fn fft_matches_the_direct_sum() {
         for n in [
-            1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 25, 30, 49, 64, 97, 100, 400,
+            1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 25, 30, 49, 64, 67, 97, 100, 134, 400, 1031,
         ] {
             let tw = Twiddles::new(n);
             let re: Vec<f64> = (0..n).map(|t| ((t * 7 + 3) % 11) as f64 - 5.0).collect();
