@@ -892,6 +892,38 @@ fn a_dft_of_prime_length_runs_at_once() {
     assert!(worst < 1e-6, "{worst}");
 }
 
+/// LRN with a window of two million channels over a request of a million channels (4 MB):
+/// one pass of running sums, not 10^12 steps; every value's window covers every channel.
+#[test]
+fn an_lrn_window_wider_than_the_channels_costs_one_pass() {
+    let c = 1_000_000;
+    let model = graph(
+        vec![node(
+            "LRN",
+            "lrn",
+            &["x"],
+            vec![int_attr("size", 2 * c as i64 + 1)],
+        )],
+        vec![],
+        x_input(&[1, c as i64, 1]),
+        13,
+    );
+    let model = Model::from_bytes(&model).expect("imports");
+    let x = Tensor::f32(vec![1, c, 1], vec![1.0; c]).unwrap();
+    let out = model
+        .plan
+        .run(&CpuBackend::new(1), vec![("x".into(), x)])
+        .expect("runs");
+    // Defaults alpha 1e-4, beta 0.75, bias 1: x / (1 + 1e-4 / size · c)^0.75.
+    let want = (1.0 + 1e-4 / (2 * c + 1) as f64 * c as f64).powf(-0.75) as f32;
+    let got = out[0].1.as_f32().expect("f32");
+    assert!(
+        got.iter().all(|g| (g - want).abs() < 1e-6),
+        "{} against {want}",
+        got[0]
+    );
+}
+
 /// Indices, counts and thresholds that come with a request are checked against the tensors
 /// they address: each hostile request fails with an error naming the problem, never a read or
 /// write out of bounds or an allocation of what it asks for.

@@ -124,6 +124,11 @@ pub fn fold_params(
     (a, b)
 }
 
+/// Windows up to this many channels are summed directly (as onnxruntime sums them, in f32);
+/// wider ones from running sums in f64, so a window of a million channels over a million
+/// channels costs a pass, not 10^12 steps.
+const LRN_DIRECT_MAX: usize = 32;
+
 pub fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> OpResult<Tensor> {
     if x.rank() < 3 {
         return shape_err(format!("LRN input {:?}", x.shape));
@@ -133,21 +138,41 @@ pub fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> OpResul
     let v = x.as_f32()?;
     let size = size.max(1);
     let (lo, hi) = ((size - 1) / 2, (size - 1).div_ceil(2));
-    let mut out = vec![0.0; v.len()];
-    for ni in 0..n {
-        for ci in 0..c {
-            let (a, b) = (ci.saturating_sub(lo), (ci + hi).min(c - 1));
-            for p in 0..plane {
-                let mut s = 0.0f32;
-                for cj in a..=b {
-                    let t = v[(ni * c + cj) * plane + p];
-                    s += t * t;
+    let at = |ni: usize, ci: usize, p: usize| (ni * c + ci) * plane + p;
+    let window = |ci: usize| (ci.saturating_sub(lo), (ci + hi).min(c - 1));
+    // The sum of squares over each value's window of channels.
+    let mut sums = vec![0.0f32; v.len()];
+    if size <= LRN_DIRECT_MAX {
+        for ni in 0..n {
+            for ci in 0..c {
+                let (a, b) = window(ci);
+                for p in 0..plane {
+                    let square = |cj| v[at(ni, cj, p)] * v[at(ni, cj, p)];
+                    sums[at(ni, ci, p)] = (a..=b).fold(0.0f32, |s, cj| s + square(cj));
                 }
-                let i = (ni * c + ci) * plane + p;
-                out[i] = v[i] / (bias + alpha / size as f32 * s).powf(beta);
+            }
+        }
+    } else {
+        // Per image and position, the sums of squares of the channels before each channel.
+        let mut before = vec![0.0f64; c + 1];
+        for ni in 0..n {
+            for p in 0..plane {
+                for ci in 0..c {
+                    let t = f64::from(v[at(ni, ci, p)]);
+                    before[ci + 1] = before[ci] + t * t;
+                }
+                for ci in 0..c {
+                    let (a, b) = window(ci);
+                    sums[at(ni, ci, p)] = (before[b + 1] - before[a]) as f32;
+                }
             }
         }
     }
+    let out = v
+        .iter()
+        .zip(&sums)
+        .map(|(x, s)| x / (bias + alpha / size as f32 * s).powf(beta))
+        .collect();
     Tensor::f32(x.shape.clone(), out)
 }
 
@@ -350,6 +375,29 @@ pub fn group_norm(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Narrow windows summed directly and wide ones from running sums both give the window's
+    /// sum of squares (against f64 brute force), and a window past every channel covers them all.
+    #[test]
+    fn lrn_windows_narrow_and_wide_sum_their_channels() {
+        let (c, plane) = (150, 3);
+        let v: Vec<f32> = (0..c * plane)
+            .map(|i| ((i * 37) % 23) as f32 * 0.1 - 1.1)
+            .collect();
+        let x = Tensor::f32(vec![1, c, plane], v.clone()).unwrap();
+        for size in [1, 4, 5, 32, 33, 101, 1_000_000] {
+            let got = lrn(&x, size, 0.5, 0.75, 2.0).unwrap();
+            let (lo, hi) = ((size - 1) / 2, (size - 1).div_ceil(2));
+            for (i, g) in got.as_f32().unwrap().iter().enumerate() {
+                let (ci, p) = (i / plane, i % plane);
+                let s: f64 = (ci.saturating_sub(lo)..=(ci + hi).min(c - 1))
+                    .map(|cj| f64::from(v[cj * plane + p]).powi(2))
+                    .sum();
+                let want = f64::from(v[i]) / (2.0 + 0.5 / size as f64 * s).powf(0.75);
+                assert!((f64::from(*g) - want).abs() < 1e-6, "size {size} at {i}");
+            }
+        }
+    }
 
     #[test]
     fn group_norm_normalises_each_group_and_checks_parameters() {
