@@ -153,17 +153,31 @@ pub fn lrn(x: &Tensor, size: usize, alpha: f32, beta: f32, bias: f32) -> OpResul
             }
         }
     } else {
-        // Per image and position, the sums of squares of the channels before each channel.
-        let mut before = vec![0.0f64; c + 1];
+        // Per image and position, over the channels before each channel: the sum of the finite
+        // values' squares, and how many were NaN and how many infinite (a difference of running
+        // sums would spread one NaN or infinity to every later window).
+        let mut before = vec![(0.0f64, 0usize, 0usize); c + 1];
         for ni in 0..n {
             for p in 0..plane {
                 for ci in 0..c {
-                    let t = f64::from(v[at(ni, ci, p)]);
-                    before[ci + 1] = before[ci] + t * t;
+                    let t = v[at(ni, ci, p)];
+                    let (sum, nans, infinities) = before[ci];
+                    before[ci + 1] = match t {
+                        t if t.is_nan() => (sum, nans + 1, infinities),
+                        t if t.is_infinite() => (sum, nans, infinities + 1),
+                        t => (sum + f64::from(t) * f64::from(t), nans, infinities),
+                    };
                 }
                 for ci in 0..c {
                     let (a, b) = window(ci);
-                    sums[at(ni, ci, p)] = (before[b + 1] - before[a]) as f32;
+                    let (hi, lo) = (before[b + 1], before[a]);
+                    sums[at(ni, ci, p)] = if hi.1 > lo.1 {
+                        f32::NAN
+                    } else if hi.2 > lo.2 {
+                        f32::INFINITY
+                    } else {
+                        (hi.0 - lo.0) as f32
+                    };
                 }
             }
         }
@@ -387,6 +401,32 @@ mod tests {
         let x = Tensor::f32(vec![1, c, plane], v.clone()).unwrap();
         for size in [1, 4, 5, 32, 33, 101, 1_000_000] {
             let got = lrn(&x, size, 0.5, 0.75, 2.0).unwrap();
+            // A NaN and an infinity reach only the windows that hold them.
+            let mut odd = v.clone();
+            (odd[10 * plane], odd[100 * plane + 1]) = (f32::NAN, f32::INFINITY);
+            let odd = lrn(
+                &Tensor::f32(vec![1, c, plane], odd).unwrap(),
+                size,
+                0.5,
+                0.75,
+                2.0,
+            );
+            for (i, (g, o)) in got
+                .as_f32()
+                .unwrap()
+                .iter()
+                .zip(odd.unwrap().as_f32().unwrap())
+                .enumerate()
+            {
+                let (ci, p) = (i / plane, i % plane);
+                let holds =
+                    |at: usize| ci + (size - 1).div_ceil(2) >= at && at + (size - 1) / 2 >= ci;
+                match p {
+                    0 if holds(10) => assert!(o.is_nan(), "size {size} at {i}"),
+                    1 if holds(100) => assert!(*o == 0.0 || o.is_nan(), "size {size} at {i}: {o}"),
+                    _ => assert_eq!(g, o, "size {size} at {i}"),
+                }
+            }
             let (lo, hi) = ((size - 1) / 2, (size - 1).div_ceil(2));
             for (i, g) in got.as_f32().unwrap().iter().enumerate() {
                 let (ci, p) = (i / plane, i % plane);

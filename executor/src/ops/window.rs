@@ -186,6 +186,7 @@ impl Window {
             step(&mut o, &self.output);
         }
     }
+
     /// Along spatial axis `i`, for each output index: the input index of its window's first
     /// tap that reads the input, how many of its taps read the input, and how many lie within
     /// the padded extent (`begin` + input + `end`; ceil rounding may reach past it).
@@ -222,15 +223,16 @@ impl Window {
     pub fn visit_reads(&self, mut f: impl FnMut(usize, usize)) {
         let n = self.input.len();
         let axes: Vec<_> = (0..n).map(|i| self.axis_reads(i)).collect();
-        let mut o = vec![0; n];
-        let mut t = vec![0; n];
+        let (mut o, mut t) = (vec![0; n], vec![0; n]);
+        // Per axis, for the current position: the first input index read, and how many.
+        let (mut first, mut counts) = (vec![0; n], vec![0; n]);
         for pos in 0..self.positions() {
-            let reads: Vec<(usize, usize)> =
-                (0..n).map(|i| (axes[i][o[i]].0, axes[i][o[i]].1)).collect();
-            let counts: Vec<usize> = reads.iter().map(|r| r.1).collect();
+            for i in 0..n {
+                (first[i], counts[i], _) = axes[i][o[i]];
+            }
             for _ in 0..counts.iter().product::<usize>() {
                 let off = (0..n).fold(0, |f, i| {
-                    f * self.input[i] + reads[i].0 + t[i] * self.dilations[i]
+                    f * self.input[i] + first[i] + t[i] * self.dilations[i]
                 });
                 f(pos, off);
                 step(&mut t, &counts);
