@@ -822,14 +822,18 @@ fn a_batch_of_zero_runs_empty() {
 
 /// Pools whose kernel and padding reach a billion taps a side over a tiny input (a few hundred
 /// bytes of model) cost what they read: the 2-D average, the N-D average and LpPool run at
-/// once, giving the values of the few taps that read the input.
+/// once, giving the values of the few taps that read the input; an average counting the
+/// padding divides by all 2^90 taps of a 3-D window.
 #[test]
 fn pooling_windows_of_a_billion_taps_read_only_the_input() {
     let huge = 1i64 << 30;
-    for (op, rank, want) in [
-        ("AveragePool", 2, vec![0.0, 0.5, 1.0, 1.5]),
-        ("AveragePool", 3, (0..8).map(|i| i as f32 * 0.5).collect()),
-        ("LpPool", 2, vec![0.0, 0.5, 1.0, 1.5]),
+    let halves = |n: usize, div: f64| (0..n).map(|i| (i as f64 * 0.5 / div) as f32).collect();
+    for (op, rank, include_pad, want) in [
+        ("AveragePool", 2, 0, halves(4, 1.0)),
+        ("AveragePool", 2, 1, halves(4, 2f64.powi(60))),
+        ("AveragePool", 3, 0, halves(8, 1.0)),
+        ("AveragePool", 3, 1, halves(8, 2f64.powi(90))),
+        ("LpPool", 2, 0, halves(4, 1.0)),
     ] {
         let spatial = vec![2i64; rank];
         let mut dims = vec![1, 1];
@@ -845,7 +849,12 @@ fn pooling_windows_of_a_billion_taps_read_only_the_input() {
                         ints_attr("kernel_shape", &vec![huge; rank]),
                         ints_attr("strides", &vec![huge; rank]),
                         ints_attr("pads", &vec![huge - 1; 2 * rank]),
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(
+                        (op == "AveragePool").then(|| int_attr("count_include_pad", include_pad)),
+                    )
+                    .collect(),
                 ),
             ],
             vec![f32s("w", &dims)],

@@ -91,12 +91,12 @@ pub fn pool_nd(p: &PoolAttrs, reduce: Reduce, x: &Tensor, indices: bool) -> OpRe
                     let div = if p.count_include_pad {
                         padded[k]
                     } else {
-                        count
+                        count as f64
                     };
-                    if count == 0 || div == 0 {
+                    if count == 0 || div == 0.0 {
                         0.0
                     } else {
-                        value / div as f64
+                        value / div
                     }
                 }
                 Reduce::Lp(_) if count == 0 => 0.0,

@@ -242,14 +242,15 @@ impl Window {
     }
 
     /// For every output position, how many taps of its window lie within the padded extent:
-    /// the divisor of an average that counts the padding.
-    pub fn padded_taps(&self) -> Vec<usize> {
+    /// the divisor of an average that counts the padding. In f64, as windows of three or more
+    /// axes may hold more taps than a `usize` counts.
+    pub fn padded_taps(&self) -> Vec<f64> {
         let n = self.input.len();
         let axes: Vec<_> = (0..n).map(|i| self.axis_reads(i)).collect();
         let mut o = vec![0; n];
         (0..self.positions())
             .map(|_| {
-                let taps = (0..n).map(|i| axes[i][o[i]].2).product();
+                let taps = (0..n).map(|i| axes[i][o[i]].2 as f64).product();
                 step(&mut o, &self.output);
                 taps
             })
@@ -357,10 +358,10 @@ mod tests {
                 ceil_mode: ceil,
             };
             let w = Window::resolve(input, kernel, &a).unwrap();
-            let (mut want, mut want_padded) = (Vec::new(), vec![0; w.positions()]);
+            let (mut want, mut want_padded) = (Vec::new(), vec![0.0; w.positions()]);
             w.visit(|pos, _, off, inside| {
                 want.extend(off.map(|o| (pos, o)));
-                want_padded[pos] += usize::from(inside);
+                want_padded[pos] += f64::from(u8::from(inside));
             });
             let mut got = Vec::new();
             w.visit_reads(|pos, o| got.push((pos, o)));
@@ -380,6 +381,6 @@ mod tests {
         let mut got = Vec::new();
         w.visit_reads(|pos, o| got.push((pos, o)));
         assert_eq!(got, vec![(0, 0), (1, 1), (2, 2), (3, 3)]);
-        assert_eq!(w.padded_taps(), vec![huge * huge; 4]);
+        assert_eq!(w.padded_taps(), vec![(huge * huge) as f64; 4]);
     }
 }
