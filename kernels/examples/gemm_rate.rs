@@ -31,7 +31,7 @@ const GEMMS: [(usize, usize, usize, &str); 7] = [
 ];
 
 /// (input channels, image size, output channels, kernel size, stride, name)
-const CONVS: [(usize, usize, usize, usize, usize, &str); 29] = [
+const CONVS: [(usize, usize, usize, usize, usize, &str); 30] = [
     (64, 56, 64, 3, 1, "3x3 64 56x56"),
     (128, 56, 128, 3, 2, "3x3 s2 128 56->28"),
     (256, 28, 256, 3, 2, "3x3 s2 256 28->14"),
@@ -47,6 +47,7 @@ const CONVS: [(usize, usize, usize, usize, usize, &str); 29] = [
     (512, 7, 2048, 1, 1, "1x1 512->2048 7x7"),
     (3, 224, 64, 7, 2, "7x7 stem"),
     (3, 224, 32, 3, 2, "mbv2 3x3 stem"),
+    (3, 224, 16, 3, 2, "lcnet 3x3 stem"),
     // mobilenet_v2's projections (expanded channels -> block output)
     (32, 112, 16, 1, 1, "mbv2 1x1 32->16 112"),
     (144, 56, 24, 1, 1, "mbv2 1x1 144->24 56"),

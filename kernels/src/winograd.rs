@@ -390,12 +390,26 @@ unsafe fn transform_output<L: Lanes16>(
                         // SAFETY: output pixel (oy + a, ox + b) of image img, channels m0..m0 +
                         // 16: within out, this tile's alone.
                         v.store(out.at(at));
-                        if let Finish::Other(act) = finish {
-                            let written = std::slice::from_raw_parts_mut(out.at(at), LANES);
-                            bias_act(written, None, Some(act));
-                        }
                     }
                 }
+            }
+        }
+        if let Finish::Other(act) = finish {
+            // Each output row of the tile: its one or two pixels' channels, contiguous, in one
+            // call, not one a vector.
+            for a in 0..2 {
+                if oy + a >= p.oh {
+                    continue;
+                }
+                let at = ((img * p.oh + oy + a) * p.ow + ox) * m;
+                let pixels = (p.ow - ox).min(2);
+                // SAFETY: pixels (oy + a, ox..ox + pixels) of image img, all channels, just
+                // written by this tile alone.
+                bias_act(
+                    unsafe { std::slice::from_raw_parts_mut(out.at(at), pixels * m) },
+                    None,
+                    Some(act),
+                );
             }
         }
     }
