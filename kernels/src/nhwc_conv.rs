@@ -1094,6 +1094,11 @@ pub(crate) mod tests {
                 residual: None,
                 act: Some(Activation::Clip(-0.5, 0.5)),
             },
+            Epilogue {
+                bias: Some(&bias),
+                residual: None,
+                act: Some(Activation::HardSwish),
+            },
         ];
         for epi in epilogues {
             let want = reference(p, &x, &wt, &epi);
