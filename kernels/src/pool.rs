@@ -282,37 +282,56 @@ fn max_row_nhwc<T: Copy + PartialOrd>(
 mod tests {
     use super::*;
 
+    /// Square pools over two planes: (h, w, kernel, stride, dilation, padding, extra padding at
+    /// the end): padding, dilation, and the end padding ceil mode adds.
+    const CASES: [(usize, usize, usize, usize, usize, usize, usize); 5] = [
+        (9, 11, 3, 2, 1, 1, 0),
+        (8, 8, 2, 2, 1, 0, 1),
+        (7, 10, 3, 1, 2, 2, 0),
+        (5, 5, 5, 3, 1, 2, 1),
+        (1, 1, 3, 1, 1, 1, 0),
+    ];
+
+    /// Small integers in `p`'s two input planes.
+    fn planes(p: &Pool2d) -> Vec<f32> {
+        (0..2 * p.h * p.w)
+            .map(|i| ((i * 37) % 23) as f32 - 11.0)
+            .collect()
+    }
+
+    /// The geometry of `case` of [`CASES`], with `past` more output rows than fit the padded
+    /// input (a ceil-mode window reaching past it).
+    fn square(
+        (h, w, k, s, d, pad, extra): (usize, usize, usize, usize, usize, usize, usize),
+        past: usize,
+    ) -> Pool2d {
+        let out = |len: usize| (len + 2 * pad + extra - d * (k - 1) - 1) / s + 1;
+        Pool2d {
+            planes: 2,
+            h,
+            w,
+            kh: k,
+            kw: k,
+            sh: s,
+            sw: s,
+            dh: d,
+            dw: d,
+            pt: pad,
+            pl: pad,
+            pb: pad + extra,
+            pr: pad + extra,
+            oh: out(h) + past,
+            ow: out(w),
+        }
+    }
+
     /// Every output of `max_pool2d` against the window maximum taken tap by tap.
     #[test]
     fn max_matches_brute_force_with_padding_dilation_and_ceil() {
-        for &(h, w, k, s, d, pad, extra) in &[
-            (9, 11, 3, 2, 1, 1, 0),
-            (8, 8, 2, 2, 1, 0, 1),
-            (7, 10, 3, 1, 2, 2, 0),
-            (5, 5, 5, 3, 1, 2, 1),
-            (1, 1, 3, 1, 1, 1, 0),
-        ] {
-            let out = |len: usize| (len + 2 * pad + extra - d * (k - 1) - 1) / s + 1;
-            let p = Pool2d {
-                planes: 2,
-                h,
-                w,
-                kh: k,
-                kw: k,
-                sh: s,
-                sw: s,
-                dh: d,
-                dw: d,
-                pt: pad,
-                pl: pad,
-                pb: pad + extra,
-                pr: pad + extra,
-                oh: out(h),
-                ow: out(w),
-            };
-            let x: Vec<f32> = (0..2 * h * w)
-                .map(|i| ((i * 37) % 23) as f32 - 11.0)
-                .collect();
+        for case in CASES {
+            let p = square(case, 0);
+            let (h, w, k, s, d, pad) = (p.h, p.w, p.kh, p.sh, p.dh, p.pt);
+            let x = planes(&p);
             let mut got = vec![0.0; 2 * p.oh * p.ow];
             max_pool2d(&p, &x, &mut got, 2);
             for (i, g) in got.iter().enumerate() {
@@ -418,36 +437,11 @@ mod tests {
     /// a 2x2 input, which visit only the values they read.
     #[test]
     fn avg_matches_brute_force_and_skips_the_padding() {
-        for &(h, w, k, s, d, pad, extra) in &[
-            (9, 11, 3, 2, 1, 1, 0),
-            (8, 8, 2, 2, 1, 0, 1),
-            (7, 10, 3, 1, 2, 2, 0),
-            (5, 5, 5, 3, 1, 2, 1),
-            (1, 1, 3, 1, 1, 1, 0),
-        ] {
-            let out = |len: usize| (len + 2 * pad + extra - d * (k - 1) - 1) / s + 1;
+        for case in CASES {
             // A ceil-mode window may reach one stride past the padded input.
-            let (pb, oh) = (pad + extra, out(h) + 1);
-            let p = Pool2d {
-                planes: 2,
-                h,
-                w,
-                kh: k,
-                kw: k,
-                sh: s,
-                sw: s,
-                dh: d,
-                dw: d,
-                pt: pad,
-                pl: pad,
-                pb,
-                pr: pb,
-                oh,
-                ow: out(w),
-            };
-            let x: Vec<f32> = (0..2 * h * w)
-                .map(|i| ((i * 37) % 23) as f32 - 11.0)
-                .collect();
+            let p = square(case, 1);
+            let (h, w, k, s, d, pad, pb) = (p.h, p.w, p.kh, p.sh, p.dh, p.pt, p.pb);
+            let x = planes(&p);
             for include in [false, true] {
                 let mut got = vec![0.0; 2 * p.oh * p.ow];
                 avg_pool2d(&p, &x, &mut got, include, 2);
