@@ -49,7 +49,7 @@ fn for_planes<T: Send + Sync>(
 
 /// The window of output position `o` along one axis: the first input index it reads and how
 /// many of its `k` taps (`d` apart) fall inside `[0, len)`.
-fn taps(o: usize, s: usize, d: usize, pad: usize, k: usize, len: usize) -> (usize, usize) {
+pub fn taps(o: usize, s: usize, d: usize, pad: usize, k: usize, len: usize) -> (usize, usize) {
     let base = (o * s) as isize - pad as isize;
     let d = d as isize;
     let first = if base >= 0 { 0 } else { (-base + d - 1) / d };
@@ -139,7 +139,7 @@ fn max_plane<T: Copy + PartialOrd>(
 
 /// How many of the `k` taps (`d` apart) of output position `o`'s window lie within the padded
 /// extent `padded` (ceil mode may reach past it): the divisor `count_include_pad` counts.
-fn padded_taps(o: usize, s: usize, d: usize, k: usize, padded: usize) -> usize {
+pub fn padded_taps(o: usize, s: usize, d: usize, k: usize, padded: usize) -> usize {
     let start = o * s;
     if start >= padded {
         0

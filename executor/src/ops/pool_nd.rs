@@ -61,13 +61,14 @@ pub fn pool_nd(p: &PoolAttrs, reduce: Reduce, x: &Tensor, indices: bool) -> OpRe
         let i = Tensor::zeros(DType::I64, shape)?;
         return Ok(if indices { vec![y, i] } else { vec![y] });
     }
-    let padded = w.padded_taps();
+    let reads = w.reads();
+    let padded = reads.padded_taps();
     for c in 0..planes {
         let src = &v[c * plane_in..][..plane_in];
         let out = &mut y[c * plane_out..][..plane_out];
         // Per output position: running value, taps read, and the offset of the maximum.
         let mut acc = vec![(f64::NAN, 0usize, None::<usize>); plane_out];
-        w.visit_reads(|pos, o| {
+        reads.visit(|pos, o| {
             let a = &mut acc[pos];
             let v = src[o];
             match reduce {

@@ -4,6 +4,7 @@
 
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::MAX_ELEMENTS;
+use cotenant_kernels::pool;
 
 /// A window resolved against one input: per spatial axis, the input's extent, the kernel's
 /// taps, stride, dilation, padding before and after, and the output's extent.
@@ -187,57 +188,59 @@ impl Window {
         }
     }
 
-    /// Along spatial axis `i`, for each output index: the input index of its window's first
-    /// tap that reads the input, how many of its taps read the input, and how many lie within
-    /// the padded extent (`begin` + input + `end`; ceil rounding may reach past it).
-    fn axis_reads(&self, i: usize) -> Vec<(usize, usize, usize)> {
-        let (k, d, begin) = (self.kernel[i], self.dilations[i], self.begin[i]);
-        let (stop, padded) = (begin + self.input[i], begin + self.input[i] + self.end[i]);
-        // Taps of a window starting at `start` before `limit`.
-        let before = |start: usize, limit: usize| {
-            if start >= limit {
-                0
-            } else {
-                k.min((limit - start).div_ceil(d))
-            }
-        };
-        (0..self.output[i])
-            .map(|o| {
-                let start = o * self.strides[i];
-                let skipped = begin.saturating_sub(start).div_ceil(d);
-                let read = before(start, stop).saturating_sub(skipped);
-                let first = if read == 0 {
-                    0
-                } else {
-                    start + skipped * d - begin
-                };
-                (first, read, before(start, padded))
+    /// Per spatial axis and output index, the taps of its window that read the input and how
+    /// many lie within the padded extent: built once, then used for every channel.
+    pub fn reads(&self) -> Reads<'_> {
+        let axes = (0..self.input.len())
+            .map(|i| {
+                let (k, s, d, begin) = (
+                    self.kernel[i],
+                    self.strides[i],
+                    self.dilations[i],
+                    self.begin[i],
+                );
+                let padded = begin + self.input[i] + self.end[i];
+                (0..self.output[i])
+                    .map(|o| {
+                        let (first, read) = pool::taps(o, s, d, begin, k, self.input[i]);
+                        (first, read, pool::padded_taps(o, s, d, k, padded))
+                    })
+                    .collect()
             })
-            .collect()
+            .collect();
+        Reads { window: self, axes }
     }
+}
 
+/// A window's reads along each axis (see [`Window::reads`]): per output index, the input
+/// index of the first tap that reads the input, how many taps read it, and how many lie within
+/// the padded extent (`begin` + input + `end`; ceil rounding may reach past it).
+pub struct Reads<'a> {
+    window: &'a Window,
+    axes: Vec<Vec<(usize, usize, usize)>>,
+}
+
+impl Reads<'_> {
     /// Calls `f(position, offset)` for every output position and every tap of its window that
     /// reads the input (positions and taps each row-major, as [`Window::visit`] orders them),
     /// with the flat offset within one channel of the element it reads. Taps in the padding
     /// are not visited, so the window's size costs nothing where it reads padding.
-    pub fn visit_reads(&self, mut f: impl FnMut(usize, usize)) {
-        let n = self.input.len();
-        let axes: Vec<_> = (0..n).map(|i| self.axis_reads(i)).collect();
+    pub fn visit(&self, mut f: impl FnMut(usize, usize)) {
+        let w = self.window;
+        let n = w.input.len();
         let (mut o, mut t) = (vec![0; n], vec![0; n]);
         // Per axis, for the current position: the first input index read, and how many.
         let (mut first, mut counts) = (vec![0; n], vec![0; n]);
-        for pos in 0..self.positions() {
+        for pos in 0..w.positions() {
             for i in 0..n {
-                (first[i], counts[i], _) = axes[i][o[i]];
+                (first[i], counts[i], _) = self.axes[i][o[i]];
             }
             for _ in 0..counts.iter().product::<usize>() {
-                let off = (0..n).fold(0, |f, i| {
-                    f * self.input[i] + first[i] + t[i] * self.dilations[i]
-                });
+                let off = (0..n).fold(0, |f, i| f * w.input[i] + first[i] + t[i] * w.dilations[i]);
                 f(pos, off);
                 step(&mut t, &counts);
             }
-            step(&mut o, &self.output);
+            step(&mut o, &w.output);
         }
     }
 
@@ -245,13 +248,17 @@ impl Window {
     /// the divisor of an average that counts the padding. In f64, as windows of three or more
     /// axes may hold more taps than a `usize` counts.
     pub fn padded_taps(&self) -> Vec<f64> {
-        let n = self.input.len();
-        let axes: Vec<_> = (0..n).map(|i| self.axis_reads(i)).collect();
-        let mut o = vec![0; n];
-        (0..self.positions())
+        let w = self.window;
+        let mut o = vec![0; w.input.len()];
+        (0..w.positions())
             .map(|_| {
-                let taps = (0..n).map(|i| axes[i][o[i]].2 as f64).product();
-                step(&mut o, &self.output);
+                let taps = self
+                    .axes
+                    .iter()
+                    .zip(&o)
+                    .map(|(a, &i)| a[i].2 as f64)
+                    .product();
+                step(&mut o, &w.output);
                 taps
             })
             .collect()
@@ -363,10 +370,10 @@ mod tests {
                 want.extend(off.map(|o| (pos, o)));
                 want_padded[pos] += f64::from(u8::from(inside));
             });
-            let mut got = Vec::new();
-            w.visit_reads(|pos, o| got.push((pos, o)));
+            let (reads, mut got) = (w.reads(), Vec::new());
+            reads.visit(|pos, o| got.push((pos, o)));
             assert_eq!(got, want, "{w:?}");
-            assert_eq!(w.padded_taps(), want_padded, "{w:?}");
+            assert_eq!(reads.padded_taps(), want_padded, "{w:?}");
         }
         // A billion taps a side over a 2x2 input: four reads, one per window.
         let huge = 1 << 30;
@@ -378,9 +385,9 @@ mod tests {
             ceil_mode: false,
         };
         let w = Window::resolve(&[2, 2], &[huge, huge], &a).unwrap();
-        let mut got = Vec::new();
-        w.visit_reads(|pos, o| got.push((pos, o)));
+        let (reads, mut got) = (w.reads(), Vec::new());
+        reads.visit(|pos, o| got.push((pos, o)));
         assert_eq!(got, vec![(0, 0), (1, 1), (2, 2), (3, 3)]);
-        assert_eq!(w.padded_taps(), vec![(huge * huge) as f64; 4]);
+        assert_eq!(reads.padded_taps(), vec![(huge * huge) as f64; 4]);
     }
 }
