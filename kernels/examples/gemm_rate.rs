@@ -76,6 +76,94 @@ const DEPTHWISE: [(usize, usize, usize, &str); 6] = [
     (960, 7, 1, "dw 960 7"),
 ];
 
+/// Convolutions of a few output pixels (`few_pixels`): the mel spectrogram's STFT (one channel,
+/// 257 filters of 512 taps at stride 160 over 1280 samples) and a 3x3 layer on a 2x2 image.
+fn few_pixel_convs() -> [(Conv2d, &'static str); 2] {
+    let stft = Conv2d {
+        w: 1280,
+        kw: 512,
+        sw: 160,
+        ow: 5,
+        ..geometry(1, 1, 1, 257, 1, 1, 1)
+    };
+    [
+        (stft, "stft 512 taps, 5 frames"),
+        (geometry(1, 512, 2, 512, 3, 1, 1), "3x3 512 2x2"),
+    ]
+}
+
+/// A few-pixel convolution by `conv2d` (which takes `few_pixels` for it), against the im2col
+/// GEMM it replaced and the direct convolution where that applies.
+fn few_pixels(p: &Conv2d, name: &str, threads: usize) {
+    let k = p.c * p.kh * p.kw;
+    let pixels = p.oh * p.ow;
+    let x: Vec<f32> = (0..p.c * p.h * p.w)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let w: Vec<f32> = (0..p.m * k)
+        .map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5)
+        .collect();
+    let mut out = vec![0f32; p.m * pixels];
+    let mut scratch = Vec::new();
+    let flops = 2.0 * (p.m * pixels * k) as f64;
+    let report = |what: &str, s: f64| {
+        println!(
+            "{threads}t {what:7} {name:28} {:7.1} GFLOP/s {:8.3} ms",
+            flops / s / 1e9,
+            s * 1e3
+        )
+    };
+    report(
+        "conv",
+        time(flops, || {
+            conv2d(
+                p,
+                &x,
+                &w,
+                Epilogue::default(),
+                &mut out,
+                &mut scratch,
+                threads,
+            )
+        }),
+    );
+    // The product alone as a GEMM of the weights by an im2col matrix (of arbitrary values).
+    let col = vec![0.25f32; k * pixels];
+    report(
+        "im2col",
+        time(flops, || {
+            sgemm(
+                threads,
+                p.m,
+                pixels,
+                k,
+                Mat::row_major(&w, k),
+                Mat::row_major(&col, pixels),
+                &mut out,
+                pixels,
+                false,
+            )
+        }),
+    );
+    if applies(p) {
+        let f = PackedFilter::new(&w, p.m, p.c, p.kh, p.kw);
+        report(
+            "direct",
+            time(flops, || {
+                direct_conv(
+                    p,
+                    &x,
+                    &f,
+                    Epilogue::default(),
+                    &mut out,
+                    &mut scratch,
+                    threads,
+                )
+            }),
+        );
+    }
+}
+
 /// `len` weights in the 7-bit range of onnxruntime's `reduce_range`.
 fn seven_bit(len: usize) -> Vec<i8> {
     (0..len).map(|i| (i * 104_729 % 127) as i8 - 63).collect()
@@ -291,6 +379,12 @@ fn main() {
                         s * 1e3
                     );
                 }
+            }
+            let chosen = few_pixel_convs().into_iter().filter(|c| {
+                !gemms_only && only.as_ref().is_none_or(|o| c.1.contains(o.as_str()))
+            });
+            for (p, name) in chosen {
+                few_pixels(&p, name, threads);
             }
             let chosen = DEPTHWISE.iter().filter(|c| {
                 !gemms_only && only.as_ref().is_none_or(|o| c.3.contains(o.as_str()))

@@ -5,6 +5,7 @@
 
 use crate::activation::{Activation, bias_act};
 use crate::depthwise::depthwise;
+use crate::few_pixels;
 use crate::gemm::{Mat, SharedOut, sgemm, sgemm_block};
 use crate::igemm::igemm;
 use rayon::prelude::*;
@@ -180,6 +181,10 @@ pub fn conv2d(
                 add_act(out, r, act);
             }
         }
+        return;
+    }
+    if few_pixels::applies(p) {
+        few_pixels::conv(p, input, weight, epi, out, scratch, threads);
         return;
     }
     if let Some(nb) = column_block(p) {

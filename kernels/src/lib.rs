@@ -12,6 +12,7 @@ pub mod dense;
 mod depthwise;
 mod depthwise_rows;
 pub mod direct_conv;
+pub mod few_pixels;
 pub mod fused;
 pub mod gemm;
 pub mod igemm;

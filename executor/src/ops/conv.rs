@@ -10,6 +10,7 @@ use crate::ops::attrs::Attrs;
 use crate::tensor::{DType, Data, MAX_ELEMENTS, Tensor, checked_numel};
 use cotenant_kernels::conv::{Conv2d, Epilogue, conv_transpose2d, conv2d};
 use cotenant_kernels::direct_conv::{self, PackedFilter, direct_conv};
+use cotenant_kernels::few_pixels;
 use cotenant_kernels::fused::{self, Stage};
 use cotenant_kernels::inverted_residual::inverted_residual;
 use cotenant_kernels::nhwc_conv::NhwcFilter;
@@ -319,7 +320,12 @@ pub fn conv(cx: &Cx, c: &ConvAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tens
     // size a stride only skips input, and a hostile one (2^40) would ask for 2^40 planes.
     let sane_strides = p.sh <= p.kh && p.sw <= p.kw;
     match &c.packed {
-        Some(f) if sane_strides && direct_conv::applies(&p) && f.fits(&p) => {
+        Some(f)
+            if sane_strides
+                && direct_conv::applies(&p)
+                && f.fits(&p)
+                && !few_pixels::applies(&p) =>
+        {
             direct_conv(&p, x, f, epi, &mut out, scratch, cx.threads)
         }
         _ => conv2d(&p, x, w.as_f32()?, epi, &mut out, scratch, cx.threads),
