@@ -687,10 +687,14 @@ pub(crate) fn concat(inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> 
     let mut out = first.shape.clone();
     out[axis] = 0;
     for t in &ts {
-        if t.rank() != r
-            || t.dtype() != first.dtype()
-            || (0..r).any(|i| i != axis && t.shape[i] != first.shape[i])
-        {
+        if t.dtype() != first.dtype() {
+            return Err(OpError::DType(format!(
+                "Concat of {:?} and {:?}",
+                first.dtype(),
+                t.dtype()
+            )));
+        }
+        if t.rank() != r || (0..r).any(|i| i != axis && t.shape[i] != first.shape[i]) {
             return shape_err(format!(
                 "Concat of {:?} and {:?} on axis {axis}",
                 first.shape, t.shape

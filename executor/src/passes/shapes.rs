@@ -36,6 +36,7 @@ const MAX_TRACKED: usize = 64;
 static UNKNOWN: Known = Known {
     shape: None,
     elements: None,
+    int32: false,
 };
 
 /// What is known about one value.
@@ -43,8 +44,10 @@ static UNKNOWN: Known = Known {
 struct Known {
     /// Its shape, when its rank is known.
     shape: Option<Vec<Sym>>,
-    /// Its elements, for an int64 scalar or vector computed from shapes.
+    /// Its elements, for an int64 or int32 scalar or vector computed from shapes.
     elements: Option<Vec<Sym>>,
+    /// Whether those elements are int32's (tf2onnx and jax2tf work shapes in int32).
+    int32: bool,
 }
 
 /// Infers shapes and shape-tensor values, then replaces every fully known shape tensor that a
@@ -67,10 +70,20 @@ pub fn fold_shapes(g: &mut Graph) -> usize {
                     _ => None,
                 })
                 .collect();
+            // The constant has the value's own type: an int64 one in place of an int32 would
+            // meet int32 values in the ops reading it.
+            let data = values.and_then(|v| match info.int32 {
+                true => v
+                    .into_iter()
+                    .map(|x| i32::try_from(x).ok())
+                    .collect::<Option<_>>()
+                    .map(Data::I32),
+                false => Some(Data::I64(v)),
+            });
             let dims: Vec<usize> = shape.iter().filter_map(as_fixed).collect();
-            if let Some(values) = values
+            if let Some(data) = data
                 && dims.len() == shape.len()
-                && let Ok(t) = Tensor::new(dims, Data::I64(values))
+                && let Ok(t) = Tensor::new(dims, data)
             {
                 g.constants.insert(out, Arc::new(t));
                 folded += 1;
@@ -109,23 +122,26 @@ fn infer(g: &Graph) -> HashMap<ValueId, Known> {
                 })
                 .collect()
         });
-        known.insert(
-            input.value,
-            Known {
-                shape,
-                elements: None,
-            },
-        );
+        known.insert(input.value, shape_only(shape));
     }
     for (&v, t) in &g.constants {
+        let known_ints = |values: Vec<i64>| Some(values.into_iter().map(Sym::Known).collect());
         let elements = match (&t.data, t.rank()) {
-            (Data::I64(values), 0 | 1) if values.len() <= MAX_TRACKED => {
-                Some(values.iter().map(|&x| Sym::Known(x)).collect())
+            (Data::I64(_) | Data::I32(_), 0 | 1) if t.len() <= MAX_TRACKED => {
+                t.to_i64_vec().ok().and_then(known_ints)
             }
             _ => None,
         };
         let shape = Some(t.shape.iter().map(|&d| Sym::Known(d as i64)).collect());
-        known.insert(v, Known { shape, elements });
+        let int32 = matches!(t.data, Data::I32(_));
+        known.insert(
+            v,
+            Known {
+                shape,
+                elements,
+                int32,
+            },
+        );
     }
     for node in &g.nodes {
         // Borrowed: a node may name one value very many times.
@@ -139,8 +155,16 @@ fn infer(g: &Graph) -> HashMap<ValueId, Known> {
             .iter()
             .map(|i| i.and_then(|v| g.constants.get(&v).map(|t| &**t)))
             .collect();
-        let outs = infer_node(&node.op, &ins, &consts, node.outputs.len());
-        for (o, k) in node.outputs.iter().zip(outs) {
+        let mut outs = infer_node(&node.op, &ins, &consts, node.outputs.len());
+        // Elements are of the type a Cast gives, int64 from Shape, else that of the input
+        // they come from (all of an op's integer inputs have one type).
+        let int32 = match &node.op {
+            Op::Cast { to, .. } => *to == DType::I32,
+            Op::Shape(ShapeOp::Shape { .. }) => false,
+            _ => ins.first().is_some_and(|k| k.int32),
+        };
+        for (o, mut k) in node.outputs.iter().zip(outs.drain(..)) {
+            k.int32 = int32 && k.elements.is_some();
             known.insert(*o, k);
         }
     }
@@ -175,10 +199,26 @@ fn elements_of<'a>(ins: &[&'a Known], i: usize) -> Option<&'a Vec<Sym>> {
     ins.get(i).and_then(|k| k.elements.as_ref())
 }
 
+/// Input `i` as a shape (Reshape's or Expand's target): its values where they are known, else
+/// as many unknown sizes as it has elements, which still gives the rank.
+fn shape_vector(ins: &[&Known], i: usize) -> Option<Vec<Sym>> {
+    elements_of(ins, i).cloned().or_else(|| {
+        let &[Sym::Known(len)] = shape_of(ins, i)?.as_slice() else {
+            return None;
+        };
+        Some(vec![
+            Sym::Unknown;
+            usize::try_from(len)
+                .ok()
+                .filter(|&n| n <= MAX_TRACKED)?
+        ])
+    })
+}
+
 fn shape_only(shape: Option<Vec<Sym>>) -> Known {
     Known {
         shape,
-        elements: None,
+        ..Known::default()
     }
 }
 
@@ -412,6 +452,7 @@ fn infer_shape_op(op: &ShapeOp, ins: &[&Known], consts: &[Option<&Tensor>]) -> V
             vec![Known {
                 shape: Some(vec![Sym::Known(elements.len() as i64)]),
                 elements: Some(elements),
+                int32: false,
             }]
         }
         ShapeOp::Gather { axis: a } => {
@@ -434,6 +475,7 @@ fn infer_shape_op(op: &ShapeOp, ins: &[&Known], consts: &[Option<&Tensor>]) -> V
             vec![Known {
                 shape: Some(shape),
                 elements,
+                int32: false,
             }]
         }
         ShapeOp::Unsqueeze { axes } | ShapeOp::Squeeze { axes } => {
@@ -470,7 +512,11 @@ fn infer_shape_op(op: &ShapeOp, ins: &[&Known], consts: &[Option<&Tensor>]) -> V
             let elements = elements_of(ins, 0)
                 .filter(|_| shape.as_ref().is_some_and(|s: &Vec<Sym>| s.len() <= 1))
                 .cloned();
-            vec![Known { shape, elements }]
+            vec![Known {
+                shape,
+                elements,
+                int32: false,
+            }]
         }
         ShapeOp::Concat { axis: a } => {
             let shapes: Option<Vec<&Vec<Sym>>> = (0..ins.len()).map(|i| shape_of(ins, i)).collect();
@@ -484,12 +530,16 @@ fn infer_shape_op(op: &ShapeOp, ins: &[&Known], consts: &[Option<&Tensor>]) -> V
             } else {
                 None
             };
-            vec![Known { shape, elements }]
+            vec![Known {
+                shape,
+                elements,
+                int32: false,
+            }]
         }
         ShapeOp::Reshape { allowzero } => {
-            let target = elements_of(ins, 1);
+            let target = shape_vector(ins, 1);
             vec![shape_only(
-                x.zip(target).map(|(x, t)| reshape(x, t, *allowzero)),
+                x.zip(target).map(|(x, t)| reshape(x, &t, *allowzero)),
             )]
         }
         ShapeOp::Flatten { axis: a } => {
@@ -525,6 +575,7 @@ fn infer_shape_op(op: &ShapeOp, ins: &[&Known], consts: &[Option<&Tensor>]) -> V
             vec![Known {
                 shape: Some(vec![Sym::Known(elements.len() as i64)]),
                 elements: Some(elements),
+                int32: false,
             }]
         }
         ShapeOp::Transpose { perm } => {
@@ -537,14 +588,8 @@ fn infer_shape_op(op: &ShapeOp, ins: &[&Known], consts: &[Option<&Tensor>]) -> V
             });
             vec![shape_only(shape)]
         }
-        // The target's values where they are known, else its length gives the rank.
         ShapeOp::Expand => {
-            let target = elements_of(ins, 1).cloned().or_else(|| {
-                let &[Sym::Known(len)] = shape_of(ins, 1)?.as_slice() else {
-                    return None;
-                };
-                Some(vec![Sym::Unknown; usize::try_from(len).ok()?])
-            });
+            let target = shape_vector(ins, 1);
             let shape = x.zip(target).and_then(|(x, t)| broadcast_all(&[x, &t]));
             vec![shape_only(shape)]
         }

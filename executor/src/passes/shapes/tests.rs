@@ -174,6 +174,7 @@ fn shape_keeping_ops_keep_symbolic_shapes() {
             Sym::Known(6),
         ]),
         elements: None,
+        int32: false,
     };
     let ops = [
         Op::GroupNorm {
@@ -313,6 +314,7 @@ fn reductions_ranges_and_integer_products_have_shapes() {
             Sym::Known(8),
         ]),
         elements: None,
+        int32: false,
     };
     let axes = Tensor::i64(vec![1], vec![-1]).unwrap();
     for (keepdims, want) in [
@@ -347,6 +349,7 @@ fn reductions_ranges_and_integer_products_have_shapes() {
     let w = Known {
         shape: Some(vec![Sym::Known(8), Sym::Known(5)]),
         elements: None,
+        int32: false,
     };
     let product = infer_node(&Op::Quant(QuantOp::MatMulInteger), &[&x, &w], &[], 1);
     assert_eq!(
@@ -364,6 +367,7 @@ fn reductions_ranges_and_integer_products_have_shapes() {
     let three = Known {
         shape: Some(vec![Sym::Known(3)]),
         elements: None,
+        int32: false,
     };
     let filled = infer_node(
         &Op::Shape(ShapeOp::ConstantOfShape {
@@ -374,4 +378,47 @@ fn reductions_ranges_and_integer_products_have_shapes() {
         1,
     );
     assert_eq!(filled[0].shape, Some(vec![Sym::Unknown; 3]));
+}
+
+/// tf2onnx's reshape target in int32: `Reshape(x, Cast64(Concat(Slice(Cast32(Shape(x))),
+/// [4, 2] as int32)))`. With a fixed batch the target folds, and every folded value keeps its
+/// type (an int64 constant in place of the int32 slice met the int32 [4, 2] in the Concat);
+/// with a symbolic one the output's rank is known.
+#[test]
+fn int32_shape_tensors_fold_as_int32() {
+    let model = |batch: Option<usize>| {
+        let mut m = Builder::new(3, false);
+        let s = m.node("Shape", &["x"], vec![]);
+        let s32 = m.node("Cast", &[&s], vec![attr_int("to", 6)]);
+        let (c0, c1) = (m.const_i64("c0", &[0]), m.const_i64("c1", &[1]));
+        let b = m.node("Slice", &[&s32, &c0, &c1, &c0], vec![]);
+        let rest = m.const_i64("rest", &[4, 2]);
+        let rest = m.node("Cast", &[&rest], vec![attr_int("to", 6)]);
+        let target = m.node("Concat", &[&b, &rest], vec![attr_int("axis", 0)]);
+        let target = m.node("Cast", &[&target], vec![attr_int("to", 7)]);
+        let r = m.node("Reshape", &["x", &target], vec![]);
+        m.node_rename_last(&r, "y");
+        let proto: ModelProto = m.finish(
+            "int32_target",
+            13,
+            vec![value_info("x", DType::F32, &[batch, Some(8)])],
+            vec![value_info("y", DType::F32, &[batch, Some(4), Some(2)])],
+        );
+        crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+    };
+    let g = model(None);
+    let reshape = g.nodes.iter().rfind(|n| n.op.name() == "Reshape").unwrap();
+    assert_eq!(known_ranks(&g).get(&reshape.outputs[0]), Some(&3));
+    let mut g = model(Some(2));
+    crate::passes::optimize_for_cpu(&mut g);
+    let x = Tensor::f32(vec![2, 8], (0..16).map(|i| i as f32).collect()).unwrap();
+    let y = Plan::build(&g)
+        .unwrap()
+        .run(&CpuBackend::new(1), vec![("x".into(), x)])
+        .expect("runs");
+    assert_eq!(y[0].1.shape, [2, 4, 2]);
+    assert_eq!(
+        y[0].1.as_f32().unwrap(),
+        (0..16).map(|i| i as f32).collect::<Vec<_>>()
+    );
 }
