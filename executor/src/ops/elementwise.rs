@@ -995,6 +995,31 @@ pub fn cast(x: &Tensor, to: DType) -> Tensor {
     cast_with(x, to, CastMode::default())
 }
 
+/// A Cast to f32 of booleans, integers or f64 into a buffer from the run's pool, where
+/// [`cast`] allocates a fresh one (a one-hot mask turned to floats is megabytes a run, and a
+/// fresh buffer costs its page faults every run). `None` for other sources.
+pub fn cast_to_f32(cx: &Cx, x: &Tensor) -> Option<Tensor> {
+    macro_rules! widen {
+        ($($v:ident),*) => {
+            match &x.data {
+                Data::Bool(v) => {
+                    let mut out = cx.take_f32(v.len());
+                    out.iter_mut().zip(v).for_each(|(o, &b)| *o = f32::from(u8::from(b)));
+                    out
+                }
+                $(Data::$v(v) => {
+                    let mut out = cx.take_f32(v.len());
+                    out.iter_mut().zip(v).for_each(|(o, &e)| *o = e as f32);
+                    out
+                })*
+                _ => return None,
+            }
+        };
+    }
+    let out = widen!(U8, I8, U16, I16, I32, I64, F64);
+    Tensor::new(x.shape.clone(), Data::F32(out)).ok()
+}
+
 /// [`cast`] with Cast's attributes for low-bit targets: float ones round to nearest even (e8m0
 /// by `mode`) from the exact value, with `mode`'s overflow rule; integer ones truncate toward
 /// zero and wrap. Low-bit sources widen exactly (to f32 or i64) first.

@@ -1072,7 +1072,13 @@ impl Op {
                 input(inputs, 0)?,
                 input(inputs, 1)?,
             )),
-            Op::Cast { to, mode } => one(Ok(elementwise::cast_with(input(inputs, 0)?, *to, *mode))),
+            Op::Cast { to, mode } => {
+                let x = input(inputs, 0)?;
+                let pooled = (*to == DType::F32)
+                    .then(|| elementwise::cast_to_f32(cx, x))
+                    .flatten();
+                one(Ok(pooled.unwrap_or_else(|| elementwise::cast_with(x, *to, *mode))))
+            }
             Op::BitCast { to } => one(elementwise::bit_cast(input(inputs, 0)?, *to)),
             Op::CastLike(mode) => one(Ok(elementwise::cast_with(
                 input(inputs, 0)?,
