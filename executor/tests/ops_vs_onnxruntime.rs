@@ -520,6 +520,29 @@ fn cases() -> Vec<Case> {
             order: vec!["x", "w", "r", "b", "lens", "h0", "c0", "p"],
             outputs: vec![DType::F32, DType::F32, DType::F32],
         },
+        // The default activations, unclipped: the gates in f32 vectors (37 lanes: two full
+        // vectors of 16 and a remainder), with peepholes, lengths and initial states.
+        Case {
+            name: "lstm_default_activations_peepholes",
+            op: "LSTM",
+            opset: 22,
+            attrs: vec![
+                int_attr("hidden_size", 37),
+                string_attr("direction", "bidirectional"),
+            ],
+            feeds: vec![("x", f32s(r, &[4, 2, 5], |v| v))],
+            consts: vec![
+                ("w", f32s(r, &[2, 148, 5], |v| v * 0.5)),
+                ("r", f32s(r, &[2, 148, 37], |v| v * 0.3)),
+                ("b", f32s(r, &[2, 296], |v| v * 0.5)),
+                ("lens", lengths(&[4, 3])),
+                ("h0", f32s(r, &[2, 2, 37], |v| v)),
+                ("c0", f32s(r, &[2, 2, 37], |v| v)),
+                ("p", f32s(r, &[2, 111], |v| v * 0.5)),
+            ],
+            order: vec!["x", "w", "r", "b", "lens", "h0", "c0", "p"],
+            outputs: vec![DType::F32, DType::F32, DType::F32],
+        },
         // A window wider than the input in ceil mode: one output, over what the window covers
         // (Hugging Face's EfficientNet pools its last map with a window of its 1280 channels).
         Case {

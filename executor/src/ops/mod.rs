@@ -1077,7 +1077,9 @@ impl Op {
                 let pooled = (*to == DType::F32)
                     .then(|| elementwise::cast_to_f32(cx, x))
                     .flatten();
-                one(Ok(pooled.unwrap_or_else(|| elementwise::cast_with(x, *to, *mode))))
+                one(Ok(
+                    pooled.unwrap_or_else(|| elementwise::cast_with(x, *to, *mode))
+                ))
             }
             Op::BitCast { to } => one(elementwise::bit_cast(input(inputs, 0)?, *to)),
             Op::CastLike(mode) => one(Ok(elementwise::cast_with(

@@ -11,6 +11,8 @@ use super::quant::dynamic_quantize_into;
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{DType, Data, Tensor, checked_numel};
+use cotenant_kernels::activation::{map_inplace, sigmoid, tanh};
+use cotenant_kernels::dense;
 use cotenant_kernels::gemm::{Mat, sgemm};
 use cotenant_kernels::qgemm::{PackedA, PackedB, qgemm_map};
 use std::sync::Arc;
@@ -411,6 +413,14 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
     let (mut h32, mut rh32) = (vec![0f32; hid], vec![0f32; gh]);
     let quantized = r.quantized_r.as_deref().filter(|q| q.fits(dirs, hid, gh));
     let (mut hq, mut packed_h) = (vec![0u8; hid], PackedA::default());
+    // Float32 LSTMs with the default activations and no clip compute their gates in f32, a
+    // vector at a time, as onnxruntime does; the rest in f64.
+    let f32_cell = fast.is_some()
+        && r.clip.is_none()
+        && r.acts
+            .iter()
+            .all(|a| a.as_slice() == Cell::Lstm.default_acts());
+    let mut z32 = vec![0f32; if f32_cell { gh } else { 0 }];
     for (d, &reverse) in r.passes.iter().enumerate() {
         let acts = &r.acts[d];
         let rw = match rv.is_empty() {
@@ -421,18 +431,14 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
         let xw: Vec<f64> = match fast {
             Some((x32, w32, _)) => {
                 let mut out = vec![0f32; rows * gh];
-                let w = Mat::transposed(&w32[d * gh * inp..(d + 1) * gh * inp], inp);
-                sgemm(
-                    1,
-                    rows,
-                    gh,
-                    inp,
-                    Mat::row_major(x32, inp),
-                    w,
-                    &mut out,
-                    gh,
-                    false,
-                );
+                let wd = &w32[d * gh * inp..(d + 1) * gh * inp];
+                if dense::available() {
+                    // W's rows read where they lie, as PyTorch's layout keeps them.
+                    dense::dense(x32, wd, (rows, inp, gh), &mut out, 1);
+                } else {
+                    let (x, w) = (Mat::row_major(x32, inp), Mat::transposed(wd, inp));
+                    sgemm(1, rows, gh, inp, x, w, &mut out, gh, false);
+                }
                 out.into_iter().map(f64::from).collect()
             }
             None => {
@@ -472,9 +478,15 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
                         let in_8_bits = quantized
                             .is_some_and(|q| q.times(d, &h32, &mut hq, &mut packed_h, &mut rh32));
                         if !in_8_bits {
-                            let rm = Mat::transposed(&r32[d * gh * hid..(d + 1) * gh * hid], hid);
-                            let h = Mat::row_major(&h32, hid);
-                            sgemm(1, 1, gh, hid, h, rm, &mut rh32, gh, false);
+                            let rd = &r32[d * gh * hid..(d + 1) * gh * hid];
+                            if dense::available() {
+                                // One row by R's rows, read where they lie: a GEMM would
+                                // pack all of R again at every step.
+                                dense::dense(&h32, rd, (1, hid, gh), &mut rh32, 1);
+                            } else {
+                                let (h, rm) = (Mat::row_major(&h32, hid), Mat::transposed(rd, hid));
+                                sgemm(1, 1, gh, hid, h, rm, &mut rh32, gh, false);
+                            }
                         }
                         for k in 0..gh {
                             rh[k] = f64::from(rh32[k]) + rb[k];
@@ -520,6 +532,10 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
                         for j in 0..hid {
                             hs[j] = (1.0 - z[j]) * cand[j] + z[j] * hs[j];
                         }
+                    }
+                    Cell::Lstm if f32_cell => {
+                        let cs = &mut c[(d * batch + b) * hid..(d * batch + b + 1) * hid];
+                        lstm_cell_f32(&pre, &rh, p, cs, hs, &mut z32);
                     }
                     Cell::Lstm => {
                         let (f, gg, hh) = (acts[0], acts[1], acts[2]);
@@ -569,6 +585,39 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
         outs.push(out(state_shape, relayout(c))?);
     }
     Ok(outs)
+}
+
+/// One step of an LSTM with the default activations, in f32: `pre` is `W x + Wb`, `rh` is
+/// `R h + Rb` (gate blocks input, output, forget, cell), `p` the peepholes (input, output,
+/// forget); updates the cell state `c` and the hidden state `h`. `z` is scratch of `pre`'s
+/// length.
+fn lstm_cell_f32(pre: &[f64], rh: &[f64], p: &[f64], c: &mut [f64], h: &mut [f64], z: &mut [f32]) {
+    let hid = c.len();
+    for ((z, &a), &b) in z.iter_mut().zip(pre).zip(rh) {
+        *z = (a + b) as f32;
+    }
+    let (zi, rest) = z.split_at_mut(hid);
+    let (zo, rest) = rest.split_at_mut(hid);
+    let (zf, zg) = rest.split_at_mut(hid);
+    for j in 0..hid {
+        zi[j] += (p[j] * c[j]) as f32;
+        zf[j] += (p[2 * hid + j] * c[j]) as f32;
+    }
+    map_inplace(1, zi, sigmoid);
+    map_inplace(1, zf, sigmoid);
+    map_inplace(1, zg, tanh);
+    for j in 0..hid {
+        let cj = zf[j] * c[j] as f32 + zi[j] * zg[j];
+        c[j] = f64::from(cj);
+        zo[j] += (p[hid + j] * c[j]) as f32;
+        // The new cell state, through tanh below, in the forget gate's place.
+        zf[j] = cj;
+    }
+    map_inplace(1, zo, sigmoid);
+    map_inplace(1, zf, tanh);
+    for j in 0..hid {
+        h[j] = f64::from(zo[j] * zf[j]);
+    }
 }
 
 #[cfg(test)]
