@@ -547,28 +547,46 @@ pub fn conv_transpose2d(
             let dst =
                 &mut out[(ni * p.m + g * mg) * out_plane..(ni * p.m + (g + 1) * mg) * out_plane];
             let col: &[f32] = scratch;
-            dst.par_chunks_mut(out_plane)
-                .enumerate()
-                .for_each(|(co, oplane)| {
-                    for ki in 0..p.kh {
-                        for kj in 0..p.kw {
-                            let row = &col[((co * p.kh + ki) * p.kw + kj) * in_plane..][..in_plane];
-                            for iy in 0..p.h {
-                                let oy = (iy * p.sh + ki * p.dh) as isize - p.pt as isize;
-                                if oy < 0 || oy as usize >= p.oh {
-                                    continue;
-                                }
-                                for ix in 0..p.w {
-                                    let ox = (ix * p.sw + kj * p.dw) as isize - p.pl as isize;
-                                    if ox >= 0 && (ox as usize) < p.ow {
-                                        oplane[oy as usize * p.ow + ox as usize] +=
-                                            row[iy * p.w + ix];
-                                    }
-                                }
-                            }
-                        }
-                    }
-                });
+            let plane = |(co, oplane): (usize, &mut [f32])| {
+                let taps = &col[co * kk * in_plane..(co + 1) * kk * in_plane];
+                col2im_plane(p, taps, oplane);
+            };
+            // One thread runs here, not in the pool: a hop into it costs more than a plane.
+            if threads > 1 {
+                dst.par_chunks_mut(out_plane).enumerate().for_each(plane);
+            } else {
+                dst.chunks_mut(out_plane).enumerate().for_each(plane);
+            }
+        }
+    }
+}
+
+/// Adds one output channel's taps (`kh·kw` rows of the input plane's size, each the input
+/// scaled by one weight) into its output plane, each input pixel at `stride·i + dilation·k -
+/// pad`: per tap and input row, the range of input columns that land inside, found once.
+fn col2im_plane(p: &Conv2d, taps: &[f32], oplane: &mut [f32]) {
+    for (t, row) in taps.chunks_exact(p.h * p.w).enumerate() {
+        let (ki, kj) = (t / p.kw, t % p.kw);
+        let offy = (ki * p.dh) as isize - p.pt as isize;
+        let offx = (kj * p.dw) as isize - p.pl as isize;
+        let (ylo, yhi) = valid_range(offy, p.sh, p.oh, p.h);
+        let (xlo, xhi) = valid_range(offx, p.sw, p.ow, p.w);
+        if xlo == xhi {
+            continue;
+        }
+        for iy in ylo..yhi {
+            let oy = (iy as isize * p.sh as isize + offy) as usize;
+            let ox0 = (xlo as isize * p.sw as isize + offx) as usize;
+            let orow = &mut oplane[oy * p.ow + ox0..(oy + 1) * p.ow];
+            let src = &row[iy * p.w + xlo..iy * p.w + xhi];
+            if p.sw == 1 {
+                orow.iter_mut().zip(src).for_each(|(o, v)| *o += v);
+            } else {
+                orow.iter_mut()
+                    .step_by(p.sw)
+                    .zip(src)
+                    .for_each(|(o, v)| *o += v);
+            }
         }
     }
 }
@@ -795,36 +813,43 @@ mod tests {
 
     #[test]
     fn transpose_is_adjoint_of_convolution() {
-        // <conv(x), y> == <x, conv_transpose(y)> for the same weights and geometry.
-        let p = geom(1, 4, 6, 6, 3, 2, 1, 1, 2);
-        let x = lcg(1, p.c * p.h * p.w);
-        let w = lcg(2, p.m * (p.c / p.groups) * 9);
-        let y = lcg(3, p.m * p.oh * p.ow);
-        let mut cx = vec![0.0; y.len()];
-        conv2d_reference(&p, &x, &w, None, &mut cx);
-        // The transpose maps m channels back to c: swap roles, weight layout [m, c/g, k, k] already.
-        let t = Conv2d {
-            c: p.m,
-            h: p.oh,
-            w: p.ow,
-            m: p.c,
-            oh: p.h,
-            ow: p.w,
-            ..p
-        };
-        let mut ty = vec![0.0; x.len()];
-        conv_transpose2d(&t, &y, &w, None, &mut ty, &mut Vec::new(), 2);
-        let a: f64 = cx
-            .iter()
-            .zip(&y)
-            .map(|(a, b)| (*a as f64) * (*b as f64))
-            .sum();
-        let b: f64 = x
-            .iter()
-            .zip(&ty)
-            .map(|(a, b)| (*a as f64) * (*b as f64))
-            .sum();
-        assert!((a - b).abs() < 1e-3 * (1.0 + a.abs()), "{a} vs {b}");
+        // <conv(x), y> == <x, conv_transpose(y)> for the same weights and geometry: 3x3 with
+        // stride 2, padding and groups; 2x2 at stride 2 (an upsampling, taps never overlap);
+        // dilated and padded; stride past the kernel (outputs no tap reaches).
+        for p in [
+            geom(1, 4, 6, 6, 3, 2, 1, 1, 2),
+            geom(2, 5, 7, 3, 2, 2, 1, 0, 1),
+            geom(1, 3, 9, 4, 3, 1, 2, 2, 1),
+            geom(1, 2, 8, 3, 2, 3, 1, 1, 1),
+        ] {
+            let x = lcg(1, p.n * p.c * p.h * p.w);
+            let w = lcg(2, p.m * (p.c / p.groups) * p.kh * p.kw);
+            let y = lcg(3, p.n * p.m * p.oh * p.ow);
+            let mut cx = vec![0.0; y.len()];
+            conv2d_reference(&p, &x, &w, None, &mut cx);
+            // The transpose maps m channels back to c, the weights' layout [m, c/g, k, k] as is.
+            let t = Conv2d {
+                c: p.m,
+                h: p.oh,
+                w: p.ow,
+                m: p.c,
+                oh: p.h,
+                ow: p.w,
+                ..p
+            };
+            for threads in [1, 2] {
+                let mut ty = vec![f32::NAN; x.len()];
+                conv_transpose2d(&t, &y, &w, None, &mut ty, &mut Vec::new(), threads);
+                let dot = |a: &[f32], b: &[f32]| -> f64 {
+                    a.iter()
+                        .zip(b)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum()
+                };
+                let (a, b) = (dot(&cx, &y), dot(&x, &ty));
+                assert!((a - b).abs() < 1e-3 * (1.0 + a.abs()), "{p:?}: {a} vs {b}");
+            }
+        }
     }
 
     #[test]
