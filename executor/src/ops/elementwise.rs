@@ -641,9 +641,10 @@ fn arith<T: Num>(
     })
 }
 
-/// [`binary`] for an op of the plan: the arithmetic of two float32 tensors where one's shape
-/// is the other's, or its trailing axes (a residual, a bias, a scalar), into a pooled buffer and
-/// split across the threads; anything else as [`binary`] does it.
+/// [`binary`] for an op of the plan: the arithmetic of two float32 tensors where one has the
+/// output's shape and the other is a block of its axes (a residual, a bias, a scalar, a
+/// per-channel scale `[1, C, 1, 1]`), into a pooled buffer and split across the threads;
+/// anything else as [`binary`] does it.
 pub fn binary_in(cx: &Cx, op: Binary, a: &Tensor, b: &Tensor) -> OpResult<Tensor> {
     let done = match op {
         Binary::Add => binary_f32(cx, a, b, |x, y| x + y),
@@ -665,28 +666,58 @@ fn binary_f32(
     let (Ok(x), Ok(y)) = (a.as_f32(), b.as_f32()) else {
         return None;
     };
-    // The operand of the output's shape, and the other, repeated along its leading axes.
-    let (whole, part, shape, swapped) =
-        match (a.shape.ends_with(&b.shape), b.shape.ends_with(&a.shape)) {
-            (true, _) => (x, y, &a.shape, false),
-            (false, true) => (y, x, &b.shape, true),
-            (false, false) => return None,
-        };
-    if part.is_empty() || Some(whole.len()) != checked_numel(shape).ok() {
+    let shape = broadcast_shape(&a.shape, &b.shape).ok()?;
+    // The operand of the output's shape, and the other.
+    let (whole, part, part_shape, swapped) = match (a.shape == shape, b.shape == shape) {
+        (true, _) => (x, y, &b.shape, false),
+        (false, true) => (y, x, &a.shape, true),
+        (false, false) => return None,
+    };
+    let run = block_run(&shape, part_shape)?;
+    if part.is_empty() || Some(whole.len()) != checked_numel(&shape).ok() {
         return None;
     }
     let mut out = cx.take_f32(whole.len());
     let same = part.len() == whole.len();
+    // Each element of `part` meets `run` consecutive elements of `whole`, and `part` repeats
+    // whole after whole.
     let piece = |at: usize, o: &mut [f32]| {
         let w = &whole[at..at + o.len()];
         let p = if same { &part[at..at + o.len()] } else { part };
-        match swapped {
-            false => repeat_zip(o, w, p, f),
-            true => repeat_zip(o, w, p, |w, p| f(p, w)),
+        match (run, swapped) {
+            (1, false) => repeat_zip(o, w, p, f),
+            (1, true) => repeat_zip(o, w, p, |w, p| f(p, w)),
+            _ => {
+                let first = at / run;
+                let runs = o.chunks_mut(run).zip(w.chunks(run));
+                for (r, (o, w)) in runs.enumerate() {
+                    let v = p[(first + r) % p.len()];
+                    match swapped {
+                        false => o.iter_mut().zip(w).for_each(|(o, &w)| *o = f(w, v)),
+                        true => o.iter_mut().zip(w).for_each(|(o, &w)| *o = f(v, w)),
+                    }
+                }
+            }
         }
     };
-    cx.in_pieces(&mut out, if same { 16 } else { part.len() }, piece);
-    Some(Tensor::f32(shape.clone(), out))
+    let align = if same { 16 } else { part.len() * run };
+    cx.in_pieces(&mut out, align, piece);
+    Some(Tensor::f32(shape, out))
+}
+
+/// Where `part` (right-aligned against `shape`) is 1 on every axis but a block of consecutive
+/// axes, on which it equals `shape`: how many consecutive output elements each of its elements
+/// meets (1 where the block reaches the last axis). `None` for any other broadcast.
+fn block_run(shape: &[usize], part: &[usize]) -> Option<usize> {
+    let lead = shape.len().checked_sub(part.len())?;
+    let padded = |i: usize| if i < lead { 1 } else { part[i - lead] };
+    let kept: Vec<usize> = (0..shape.len()).filter(|&i| padded(i) != 1).collect();
+    // A single value: it meets every element, one at a time.
+    let (Some(&first), Some(&last)) = (kept.first(), kept.last()) else {
+        return Some(1);
+    };
+    let block = (first..=last).all(|i| padded(i) == shape[i]);
+    block.then(|| shape[last + 1..].iter().product())
 }
 
 /// `o[i] = f(w[i], p[i % p.len()])`, where `o` and `w` are whole repeats of `p`.
@@ -1131,13 +1162,21 @@ mod tests {
             }
             v
         };
-        // The same shape, a bias over the last axis, a scalar, and the broadcast operand first.
-        let shapes: [(&[usize], &[usize]); 5] = [
+        // The same shape, a bias over the last axis, a scalar, and the broadcast operand first;
+        // a scale per channel (at batch 1 and 3, and as a vector of the channels), one per
+        // row of a matrix, and a block of middle axes.
+        let shapes: [(&[usize], &[usize]); 11] = [
             (&[300, 130], &[300, 130]),
             (&[300, 130], &[130]),
             (&[40_000], &[]),
             (&[7], &[6000, 7]),
             (&[3, 5], &[2, 3, 5]),
+            (&[1, 24, 48, 64], &[1, 24, 1, 1]),
+            (&[3, 24, 40, 33], &[24, 1, 1]),
+            (&[1, 1, 1], &[2, 24, 7, 9]),
+            (&[1, 40, 1, 1], &[1, 40, 50, 50]),
+            (&[5000, 9], &[5000, 1]),
+            (&[2, 3, 4, 5, 600], &[3, 4, 1, 1]),
         ];
         for (sa, sb) in shapes {
             let a = Tensor::f32(sa.to_vec(), values(sa.iter().product(), 1.0)).unwrap();
