@@ -257,15 +257,28 @@ pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     // The input is read in place by the first axis resampled, not copied.
     let mut cur = std::borrow::Cow::Borrowed(x.as_f32()?);
     let mut shape = x.shape.clone();
-    for ax in 0..rank {
-        if out[ax] == shape[ax] && scales[ax] == 1.0 {
-            continue;
-        }
-        let taps: Vec<(usize, usize, f32)> = (0..out[ax])
-            .map(|o| tap(r, legacy, o, shape[ax], out[ax], scales[ax] as f32))
-            .collect();
-        cur = std::borrow::Cow::Owned(resample_axis(&cur, &shape, ax, &taps));
-        shape[ax] = out[ax];
+    let axes: Vec<(usize, Vec<(usize, usize, f32)>)> = (0..rank)
+        .filter(|&ax| out[ax] != shape[ax] || scales[ax] != 1.0)
+        .map(|ax| {
+            let taps = (0..out[ax])
+                .map(|o| tap(r, legacy, o, shape[ax], out[ax], scales[ax] as f32))
+                .collect();
+            (ax, taps)
+        })
+        .collect();
+    // Where every tap picks one element (nearest, or whole-number positions) the axes may go
+    // in any order: the last first, so that its element-by-element gather runs on the
+    // smaller tensor and the other axes copy whole rows of its output.
+    let picks = axes
+        .iter()
+        .all(|(_, t)| t.iter().all(|&(_, _, w)| w == 0.0));
+    let order: Box<dyn Iterator<Item = &(usize, Vec<_>)>> = match picks {
+        true => Box::new(axes.iter().rev()),
+        false => Box::new(axes.iter()),
+    };
+    for (ax, taps) in order {
+        cur = std::borrow::Cow::Owned(resample_axis(&cur, &shape, *ax, taps));
+        shape[*ax] = out[*ax];
     }
     Tensor::f32(shape, cur.into_owned())
 }
