@@ -1063,6 +1063,9 @@ impl Op {
                 input(inputs, 0)?,
                 perm.as_deref(),
             )),
+            Op::Shape(shape::ShapeOp::Concat { axis }) => {
+                one(shape::concat_pooled(cx, inputs, *axis))
+            }
             Op::Shape(s) => s.eval(inputs),
             Op::Resize(r) => one(resize::resize(r, inputs)),
             Op::GridSample(g) => one(grid::grid_sample(g, input(inputs, 0)?, input(inputs, 1)?)),

@@ -677,6 +677,16 @@ fn tile(x: &Tensor, reps: &[i64]) -> OpResult<Tensor> {
 }
 
 pub(crate) fn concat(inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> {
+    concat_into(None, inputs, axis)
+}
+
+/// [`concat`] of float32 tensors into a buffer from the run's pool (a Concat of NHWC
+/// channels writes megabytes, whose fresh pages would be faulted in on every run).
+pub fn concat_pooled(cx: &super::Cx, inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> {
+    concat_into(Some(cx), inputs, axis)
+}
+
+fn concat_into(cx: Option<&super::Cx>, inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> {
     let ts: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
     let first = *ts.first().ok_or(OpError::MissingInput(0))?;
     let r = first.rank();
@@ -705,10 +715,28 @@ pub(crate) fn concat(inputs: &[Option<&Tensor>], axis: i64) -> OpResult<Tensor> 
             .ok_or(OpError::TooLarge(usize::MAX))?;
     }
     let outer: usize = out[..axis].iter().product();
+    let blocks: Vec<usize> = ts
+        .iter()
+        .map(|t| t.shape[axis..].iter().product())
+        .collect();
+    if let Ok(parts) = ts.iter().map(|t| t.as_f32()).collect::<OpResult<Vec<_>>>() {
+        // Float32 (an NHWC Concat of channels copies one short run per pixel and input): the
+        // runs straight into one vector.
+        let total = checked_numel(&out)?;
+        let mut v = cx.map_or_else(|| vec![0.0; total], |cx| cx.take_f32(total));
+        let mut runs = v.iter_mut();
+        for o in 0..outer {
+            for (p, &blk) in parts.iter().zip(&blocks) {
+                for (d, &x) in runs.by_ref().take(blk).zip(&p[o * blk..(o + 1) * blk]) {
+                    *d = x;
+                }
+            }
+        }
+        return Tensor::f32(out, v);
+    }
     let mut data = Data::with_capacity(first.dtype(), checked_numel(&out)?);
     for o in 0..outer {
-        for t in &ts {
-            let blk: usize = t.shape[axis..].iter().product();
+        for (t, &blk) in ts.iter().zip(&blocks) {
             data.extend_from(&t.data, o * blk..(o + 1) * blk);
         }
     }
