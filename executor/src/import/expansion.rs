@@ -215,16 +215,9 @@ impl<'a> Expansion<'a> {
     }
 }
 
-pub fn string_attr(name: &str, v: &str) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: at::STRING,
-        s: v.as_bytes().to_vec(),
-        ..Default::default()
-    }
-}
-
-pub use crate::zoo::builder::{attr_float as float_attr, attr_int as int_attr};
+pub use crate::zoo::builder::{
+    attr_float as float_attr, attr_int as int_attr, attr_string as string_attr,
+};
 
 pub fn tensor_attr(name: &str, t: &Tensor) -> AttributeProto {
     AttributeProto {

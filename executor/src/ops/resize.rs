@@ -246,6 +246,10 @@ fn regions(r: &ResizeAttrs, inputs: &[Option<&Tensor>], rank: usize) -> OpResult
     Ok(roi)
 }
 
+/// One output position along an axis: the two input positions it reads and the second's
+/// weight (0 where it picks the first alone).
+type Tap = (usize, usize, f32);
+
 pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;
     let rank = x.rank();
@@ -257,7 +261,7 @@ pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     // The input is read in place by the first axis resampled, not copied.
     let mut cur = std::borrow::Cow::Borrowed(x.as_f32()?);
     let mut shape = x.shape.clone();
-    let axes: Vec<(usize, Vec<(usize, usize, f32)>)> = (0..rank)
+    let axes: Vec<(usize, Vec<Tap>)> = (0..rank)
         .filter(|&ax| out[ax] != shape[ax] || scales[ax] != 1.0)
         .map(|ax| {
             let taps = (0..out[ax])
@@ -272,10 +276,10 @@ pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let picks = axes
         .iter()
         .all(|(_, t)| t.iter().all(|&(_, _, w)| w == 0.0));
-    let order: Box<dyn Iterator<Item = &(usize, Vec<_>)>> = match picks {
-        true => Box::new(axes.iter().rev()),
-        false => Box::new(axes.iter()),
-    };
+    let mut order: Vec<_> = axes.iter().collect();
+    if picks {
+        order.reverse();
+    }
     for (ax, taps) in order {
         cur = std::borrow::Cow::Owned(resample_axis(&cur, &shape, *ax, taps));
         shape[*ax] = out[*ax];
@@ -314,14 +318,7 @@ fn resize_filtered(
 }
 
 /// Source indices and weight of the second one for output coordinate `o` along one axis.
-fn tap(
-    r: &ResizeAttrs,
-    legacy: bool,
-    o: usize,
-    len: usize,
-    out_len: usize,
-    scale: f32,
-) -> (usize, usize, f32) {
+fn tap(r: &ResizeAttrs, legacy: bool, o: usize, len: usize, out_len: usize, scale: f32) -> Tap {
     if len == 0 {
         return (0, 0, 0.0);
     }
@@ -385,12 +382,7 @@ fn tap(
     }
 }
 
-fn resample_axis(
-    src: &[f32],
-    shape: &[usize],
-    ax: usize,
-    taps: &[(usize, usize, f32)],
-) -> Vec<f32> {
+fn resample_axis(src: &[f32], shape: &[usize], ax: usize, taps: &[Tap]) -> Vec<f32> {
     let outer: usize = shape[..ax].iter().product();
     let inner: usize = shape[ax + 1..].iter().product();
     let len = shape[ax];

@@ -62,7 +62,9 @@ pub fn nhwc_convolutions(g: &mut Graph) {
                 (!residual(n) || from(&member, 3).is_some()).then_some(Member::Conv)
             }
             // A pool joins a chain only behind one of its members.
-            _ if max_pool(n) || global_pool(n) => from(&member, 0).map(|_| Member::Follower),
+            _ if max_pool(n) || global_pool(n) || resize(g, n) => {
+                from(&member, 0).map(|_| Member::Follower)
+            }
             // Concat and Split of images along an axis: all their images members.
             _ if along_axis(n).is_some() => {
                 let images = || n.inputs.iter().take(images_read(n)).flatten().copied();
@@ -179,6 +181,29 @@ fn max_pool(n: &Node) -> bool {
         && n.inputs.first().copied().flatten().is_some()
 }
 
+/// Whether `n` is a Resize of all four axes whose region, scales and sizes are constants (or
+/// absent): it resamples each axis alone, in axis order, so NHWC gives the same values once
+/// those are permuted (an FPN's or YOLO's upsampling between convolutions).
+fn resize(g: &Graph, n: &Node) -> bool {
+    let Op::Resize(r) = &n.op else {
+        return false;
+    };
+    let per_axis = |v: &Option<usize>| {
+        v.is_none_or(|v| {
+            g.constants
+                .get(&v)
+                .is_some_and(|t| matches!(t.len(), 0 | 4 | 8))
+        })
+    };
+    !r.legacy
+        && r.scales_attr.is_none()
+        && r.axes.is_none()
+        && (3..=4).contains(&n.inputs.len())
+        && n.inputs[0].is_some()
+        && n.inputs[1..].iter().all(per_axis)
+        && n.outputs.len() == 1
+}
+
 fn residual(n: &Node) -> bool {
     matches!(&n.op, Op::Conv(c) if c.residual) && n.inputs.get(3).copied().flatten().is_some()
 }
@@ -240,7 +265,7 @@ fn to_nhwc(g: &mut Graph, i: usize) {
     let name = g.nodes[i].name.clone();
     let images: Vec<usize> = match &g.nodes[i].op {
         Op::Conv(_) if residual(&g.nodes[i]) => vec![0, 3],
-        Op::Conv(_) | Op::Pool(_) | Op::GlobalPool { .. } => vec![0],
+        Op::Conv(_) | Op::Pool(_) | Op::GlobalPool { .. } | Op::Resize(_) => vec![0],
         _ => (0..images_read(&g.nodes[i])).collect(),
     };
     let mut before = Vec::new();
@@ -265,6 +290,25 @@ fn to_nhwc(g: &mut Graph, i: usize) {
             t,
         ));
         g.nodes[i].inputs[k] = Some(t);
+    }
+    if matches!(g.nodes[i].op, Op::Resize(_)) {
+        // The region (starts then ends), scales and sizes, one entry per axis, in NHWC order.
+        for k in 1..g.nodes[i].inputs.len() {
+            let Some(t) = g.nodes[i].inputs[k].and_then(|v| g.constants.get(&v)) else {
+                continue;
+            };
+            if t.is_empty() {
+                continue;
+            }
+            let picks: Vec<usize> = (0..t.len() / 4)
+                .flat_map(|half| NCHW_TO_NHWC.iter().map(move |&a| half * 4 + a))
+                .collect();
+            let moved = Tensor::new(vec![picks.len()], t.data.gather(&picks));
+            let moved = Arc::new(moved.expect("as many elements as picks"));
+            let c = g.add_value(format!("{name}/nhwc_axes_{k}"));
+            g.constants.insert(c, moved);
+            g.nodes[i].inputs[k] = Some(c);
+        }
     }
     let axis = along_axis(&g.nodes[i]);
     match &mut g.nodes[i].op {
@@ -789,5 +833,60 @@ mod tests {
             .collect();
         let x = Tensor::f32(vec![2, 8, 7, 6], x).expect("x");
         crate::passes::assert_same_outputs(&split_concat(), &g, &[("x".into(), x)], 1e-4);
+    }
+
+    /// Convolutions with a nearest upsampling by two and a linear resampling by 1.5 x 0.5
+    /// between them (an FPN's top-down path).
+    fn resized() -> Graph {
+        let mut m = Builder::new(8, false);
+        let conv = |m: &mut Builder, x: &str, c: usize, o: usize| {
+            let w = m.normal("w", &[o, c, 3, 3], 0.3);
+            m.node("Conv", &[x, &w], vec![attr_ints("pads", &[1; 4])])
+        };
+        let resize = |m: &mut Builder, x: &str, scales: [f32; 4], mode: &str| {
+            let mut it = scales.into_iter();
+            let s = m.weight("scales", &[4], |_| it.next().expect("four"));
+            let mode = crate::zoo::builder::attr_string("mode", mode);
+            m.node("Resize", &[x, "", &s], vec![mode])
+        };
+        let a = conv(&mut m, "x", 4, 16);
+        let a = resize(&mut m, &a, [1.0, 1.0, 2.0, 2.0], "nearest");
+        let b = conv(&mut m, &a, 16, 16);
+        let b = resize(&mut m, &b, [1.0, 1.0, 1.5, 0.5], "linear");
+        let y = conv(&mut m, &b, 16, 16);
+        m.node_rename_last(&y, "y");
+        let proto: ModelProto = m.finish(
+            "fpn",
+            13,
+            vec![value_info(
+                "x",
+                DType::F32,
+                &[None, Some(4), Some(5), Some(6)],
+            )],
+            vec![value_info(
+                "y",
+                DType::F32,
+                &[None, Some(16), Some(15), Some(6)],
+            )],
+        );
+        crate::import::import(&proto.encode_to_vec(), None).expect("imports")
+    }
+
+    #[test]
+    fn resizes_between_convolutions_run_nhwc() {
+        if !cotenant_kernels::nhwc_conv::available() {
+            eprintln!("skipped: this CPU lacks AVX-512F and AVX2");
+            return;
+        }
+        let mut g = resized();
+        crate::passes::optimize_for_cpu(&mut g);
+        let names: Vec<String> = g.nodes.iter().map(|n| n.op.name()).collect();
+        let transposes = names.iter().filter(|n| *n == "Transpose").count();
+        assert_eq!(transposes, 2, "one in, one out: {names:?}");
+        let x: Vec<f32> = (0..2 * 4 * 30)
+            .map(|i| (i % 11) as f32 / 4.0 - 1.0)
+            .collect();
+        let x = Tensor::f32(vec![2, 4, 5, 6], x).expect("x");
+        crate::passes::assert_same_outputs(&resized(), &g, &[("x".into(), x)], 1e-4);
     }
 }

@@ -59,6 +59,14 @@ pub fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
         ..Default::default()
     }
 }
+pub fn attr_string(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: at::STRING,
+        s: v.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
 pub fn attr_float(name: &str, v: f32) -> AttributeProto {
     AttributeProto {
         name: name.into(),
