@@ -194,6 +194,7 @@ const ATTRS: &[&str] = &[
     "interleaved",
     "num_heads",
     "rotary_embedding_dim",
+    "is_packed_batching",
     "ignore_index",
     "p",
     "auto_pad",

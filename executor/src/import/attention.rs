@@ -1,11 +1,19 @@
-//! onnxruntime's fused self-attention, `Attention` (float) and `QAttention` (its input
-//! projection in 8 bits, as `quantize_dynamic` writes it): the packed Q/K/V projection, then the
-//! standard Attention over `num_heads` heads with the mask its `mask_index` describes
-//! ([`MaskIndexAttrs`]). A key/value cache (`past`, `present`) and rotary embeddings are
-//! refused.
+//! onnxruntime's fused attention operators, read as the standard Attention over `num_heads`
+//! heads:
+//! - `Attention` (float) and `QAttention` (its input projection in 8 bits, as `quantize_dynamic`
+//!   writes it): self-attention from a packed Q/K/V projection, with the mask its `mask_index`
+//!   describes ([`MaskIndexAttrs`]). Their key/value cache (`past`, `present`) and rotary
+//!   embeddings are refused.
+//! - `RotaryEmbedding`: the standard RotaryEmbedding's arithmetic with onnxruntime's inputs
+//!   (`position_ids` second, and possibly `[1]`, the first position).
+//! - `MultiHeadAttention`: projected Q, K and V (separate, or packed as `[B, S, N, 3, H]` or
+//!   `[B, L, N, 2, H]`), a key and value as tokens or already in heads (a cross-attention
+//!   cache, which takes no bias), a key padding mask, an attention bias and a key/value cache.
 
 use super::expansion::{Expansion, R, float_attr, int_attr};
 use crate::ops::Op;
+use crate::ops::attention::RotaryAttrs;
+use crate::ops::attrs::Attrs;
 use crate::ops::mask_index::MaskIndexAttrs;
 
 /// `Attention(input, weights, bias?, mask_index?, past?, attention_bias?, past_sequence_length?)`.
@@ -52,14 +60,9 @@ fn heads(e: &mut Expansion, qkv: &str, query: &str, mask: &str, attention_bias: 
         }
     }
     e.unsupported_output(1, "present")?;
-    let heads = match a.int("num_heads")? {
-        Some(h) if h > 0 => h,
-        Some(h) => return Err(format!("attribute \"num_heads\" is {h}, not positive")),
-        None => return Err("attribute \"num_heads\" is required".into()),
-    };
+    let heads = num_heads(&a)?;
     let causal = a.flag("unidirectional", false)?;
     let filter = a.float_or("mask_filter_value", -10000.0)?;
-    let scale = a.float("scale")?.filter(|&s| s != 0.0);
     let sizes = match a.ints("qkv_hidden_sizes")? {
         Some(sizes) if sizes.len() == 3 && sizes.iter().all(|&s| s > 0 && s % heads == 0) => {
             Some(e.ints(&sizes))
@@ -96,13 +99,7 @@ fn heads(e: &mut Expansion, qkv: &str, query: &str, mask: &str, attention_bias: 
             m => e.node("Add", &[m, attention_bias], vec![]),
         };
     }
-    let mut attrs = vec![
-        int_attr("q_num_heads", heads),
-        int_attr("kv_num_heads", heads),
-    ];
-    if let Some(s) = scale {
-        attrs.push(float_attr("scale", s));
-    }
+    let attrs = standard_attrs(&a, heads, false)?;
     e.node_at(
         "Attention",
         &[&q, &k, &v, &additive],
@@ -111,4 +108,139 @@ fn heads(e: &mut Expansion, qkv: &str, query: &str, mask: &str, attention_bias: 
         23,
     );
     Ok(())
+}
+
+/// `MultiHeadAttention(query, key?, value?, bias?, key_padding_mask?, attention_bias?,
+/// past_key?, past_value?)` → `(output, present_key?, present_value?)`. A causal mask
+/// (`unidirectional`) lets query `i` see the past and the first `i + 1` new keys.
+pub fn multi_head_attention(e: &mut Expansion) -> R<()> {
+    e.unsupported_input(8, "past_sequence_length")?;
+    e.unsupported_input(9, "cache_indirection")?;
+    e.unsupported_output(3, "qk")?;
+    let a = e.attrs();
+    let heads = num_heads(&a)?;
+    let filter = a.float_or("mask_filter_value", -10000.0)?;
+    let query = e.required(0, "query")?;
+    let tokens = |e: &mut Expansion, packed: &str| {
+        let shape = e.ints(&[0, 0, -1]);
+        e.node("Reshape", &[packed, &shape], vec![])
+    };
+    // Unpacks [B, S, N, parts, H] into `parts` tensors [B, S, N·H].
+    let unpack = |e: &mut Expansion, packed: &str, parts: i64| {
+        let names: Vec<String> = (0..parts).map(|_| e.fresh_value("part")).collect();
+        let outs: Vec<&str> = names.iter().map(String::as_str).collect();
+        // Sizes, not `num_outputs`: an axis of another length is an error, not a ragged split.
+        let sizes = e.ints(&vec![1; parts as usize]);
+        e.node_to("Split", &[packed, &sizes], &outs, vec![int_attr("axis", 3)]);
+        names.iter().map(|p| tokens(e, p)).collect::<Vec<_>>()
+    };
+    let (mut q, mut k, mut v) = match (e.input(1), e.input(2)) {
+        ("", "") => match &unpack(e, query, 3)[..] {
+            [q, k, v] => (q.clone(), k.clone(), v.clone()),
+            _ => unreachable!("three parts"),
+        },
+        ("", _) => return Err("input 2 (value) is given without input 1 (key)".into()),
+        (packed, "") => match &unpack(e, packed, 2)[..] {
+            [k, v] => (query.to_string(), k.clone(), v.clone()),
+            _ => unreachable!("two parts"),
+        },
+        (k, v) => (query.to_string(), k.to_string(), v.to_string()),
+    };
+    let bias = e.input(3);
+    if !bias.is_empty() {
+        // [D + D + D_v]: D is the query's hidden size, the value's takes the rest.
+        let d = e.node("Shape", &[&q], vec![int_attr("start", 2)]);
+        let two = e.ints(&[2]);
+        let both = e.node("Mul", &[&d, &two], vec![]);
+        let length = e.node("Shape", &[bias], vec![]);
+        let dv = e.node("Sub", &[&length, &both], vec![]);
+        let sizes = e.node("Concat", &[&d, &d, &dv], vec![int_attr("axis", 0)]);
+        let parts = [
+            e.fresh_value("bias"),
+            e.fresh_value("bias"),
+            e.fresh_value("bias"),
+        ];
+        let outs: Vec<&str> = parts.iter().map(String::as_str).collect();
+        e.node_to("Split", &[bias, &sizes], &outs, vec![int_attr("axis", 0)]);
+        q = e.node("Add", &[&q, &parts[0]], vec![]);
+        k = e.op(Op::TokenBias, &[&k, &parts[1]]);
+        v = e.op(Op::TokenBias, &[&v, &parts[2]]);
+    }
+    let (past_k, past_v) = (e.input(6), e.input(7));
+    if past_k.is_empty() != past_v.is_empty() {
+        return Err("inputs 6 (past_key) and 7 (past_value) come together".into());
+    }
+    let mut additive = String::new();
+    let padding = e.input(4);
+    if !padding.is_empty() {
+        let attrs = MaskIndexAttrs {
+            filter,
+            causal: false,
+        };
+        additive = e.op(Op::MaskIndex(attrs), &[padding, &q, &k, past_k]);
+    }
+    let attention_bias = e.input(5);
+    if !attention_bias.is_empty() {
+        additive = match additive.as_str() {
+            "" => attention_bias.to_string(),
+            m => e.node("Add", &[m, attention_bias], vec![]),
+        };
+    }
+    let causal = a.flag("unidirectional", false)?;
+    let attrs = standard_attrs(&a, heads, causal)?;
+    let outputs = [e.output(0), e.output(1), e.output(2)];
+    let last = outputs.iter().rposition(|o| !o.is_empty()).unwrap_or(0);
+    e.node_at(
+        "Attention",
+        &[&q, &k, &v, &additive, past_k, past_v],
+        &outputs[..=last],
+        attrs,
+        23,
+    );
+    Ok(())
+}
+
+/// `RotaryEmbedding(input, position_ids, cos_cache, sin_cache)`.
+pub fn rotary_embedding(e: &mut Expansion) -> R<()> {
+    let a = e.attrs();
+    if a.int_or("is_packed_batching", 0)? != 0 {
+        return Err("attribute \"is_packed_batching\" is not supported (only 0)".into());
+    }
+    let r = RotaryAttrs {
+        onnxruntime_form: true,
+        ..RotaryAttrs::parse(&a)?
+    };
+    let x = e.required(0, "input")?;
+    let positions = e.required(1, "position_ids")?;
+    let (cos, sin) = (e.required(2, "cos_cache")?, e.required(3, "sin_cache")?);
+    e.op_into(
+        Op::RotaryEmbedding(r),
+        &[x, cos, sin, positions],
+        e.output(0),
+    );
+    Ok(())
+}
+
+fn num_heads(a: &Attrs) -> R<i64> {
+    match a.int("num_heads")? {
+        Some(h) if h > 0 => Ok(h),
+        Some(h) => Err(format!("attribute \"num_heads\" is {h}, not positive")),
+        None => Err("attribute \"num_heads\" is required".into()),
+    }
+}
+
+/// The standard Attention's attributes: `heads` query and key/value heads, onnxruntime's
+/// `scale` (0 or absent: 1/√head size) and `causal`.
+fn standard_attrs(a: &Attrs, heads: i64, causal: bool) -> R<Vec<crate::proto::AttributeProto>> {
+    let mut attrs = vec![
+        int_attr("q_num_heads", heads),
+        int_attr("kv_num_heads", heads),
+    ];
+    if let Some(s) = a.float("scale")?.filter(|&s| s != 0.0) {
+        attrs.push(float_attr("scale", s));
+    }
+    if causal {
+        attrs.push(int_attr("is_causal", 1));
+    }
+    Ok(attrs)
 }

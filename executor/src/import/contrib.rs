@@ -29,6 +29,7 @@ pub const SUPPORTED: &[&str] = &[
     "DynamicQuantizeLSTM",
     "Attention",
     "BiasGelu",
+    "DequantizeLinear",
     "DynamicQuantizeMatMul",
     "EmbedLayerNormalization",
     "FastGelu",
@@ -38,6 +39,7 @@ pub const SUPPORTED: &[&str] = &[
     "Gelu",
     "MatMulIntegerToFloat",
     "MatMulNBits",
+    "MultiHeadAttention",
     "QAttention",
     "QEmbedLayerNormalization",
     "QGemm",
@@ -50,7 +52,9 @@ pub const SUPPORTED: &[&str] = &[
     "QLinearSigmoid",
     "QLinearSoftmax",
     "QLinearWhere",
+    "QuantizeLinear",
     "QuickGelu",
+    "RotaryEmbedding",
     "SimplifiedLayerNormalization",
     "SkipLayerNormalization",
     "SkipSimplifiedLayerNormalization",
@@ -81,6 +85,17 @@ pub fn expand(
         "QEmbedLayerNormalization" => fused::embed_layer_norm(&mut e, true),
         "Attention" => attention::attention(&mut e),
         "QAttention" => attention::quantized_attention(&mut e),
+        "MultiHeadAttention" => attention::multi_head_attention(&mut e),
+        "RotaryEmbedding" => attention::rotary_embedding(&mut e),
+        // The standard operators (as of opset 21, which takes 16-bit and 4-bit integers), which
+        // onnxruntime's quantizer writes in its own domain for those types at older opsets.
+        "QuantizeLinear" | "DequantizeLinear" => {
+            let (inputs, outputs) = (&e.np.input, &e.np.output);
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
+            e.node_at(op, &inputs, &outputs, e.same_attrs(&["axis"]), 21);
+            Ok(())
+        }
         "MatMulIntegerToFloat" => qlinear::matmul_integer_to_float(&mut e),
         "DynamicQuantizeMatMul" => qlinear::dynamic_quantize_matmul(&mut e),
         "QGemm" => qlinear::qgemm(&mut e),
@@ -513,6 +528,217 @@ mod tests {
         .encode_to_vec()
     }
 
+    /// A model of one node `op` of [`DOMAIN`] over float inputs of unknown rank (`m`, `p`:
+    /// int32 and int64), with output `Y`.
+    fn dynamic_model(op: &str, inputs: &[&str], attribute: Vec<AttributeProto>) -> crate::Model {
+        let dtype = |n: &str| match n {
+            "m" => DType::I32,
+            "p" => DType::I64,
+            _ => DType::F32,
+        };
+        let mut names: Vec<&str> = inputs.iter().copied().filter(|n| !n.is_empty()).collect();
+        names.dedup();
+        let graph = GraphProto {
+            node: vec![NodeProto {
+                input: inputs.iter().map(|s| s.to_string()).collect(),
+                output: vec!["Y".into()],
+                name: "n".into(),
+                op_type: op.into(),
+                domain: DOMAIN.into(),
+                attribute,
+                ..Default::default()
+            }],
+            input: names
+                .iter()
+                .map(|n| {
+                    let mut v = value_info(n, dtype(n), &[]);
+                    if let Some(t) = v.r#type.as_mut().and_then(|t| t.tensor_type.as_mut()) {
+                        t.shape = None;
+                    }
+                    v
+                })
+                .collect(),
+            output: vec![value_info("Y", DType::F32, &[])],
+            ..Default::default()
+        };
+        let bytes = ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            }],
+            graph: Some(graph),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        crate::Model::from_bytes(&bytes).expect("imports")
+    }
+
+    /// Q, K and V packed per head (`[B, S, N, 3, H]`, onnxruntime's GPU layout, which its CPU
+    /// does not run) attend as the same tensors given apart, with the same bias.
+    #[test]
+    fn packed_projections_attend_as_separate_ones() {
+        let (b, s, n, h) = (2, 3, 2, 4);
+        let packed: Vec<f32> = (0..b * s * n * 3 * h)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let bias: Vec<f32> = (0..3 * n * h).map(|i| (i as f32 - 12.0) / 9.0).collect();
+        // Part p of the packed tensor as [B, S, N·H].
+        let part = |p: usize| {
+            let v = (0..b * s * n)
+                .flat_map(|row| packed[(row * 3 + p) * h..(row * 3 + p + 1) * h].to_vec())
+                .collect();
+            Tensor::f32(vec![b, s, n * h], v).unwrap()
+        };
+        let bias_t = Tensor::f32(vec![3 * n * h], bias).unwrap();
+        let run = |m: &crate::Model, feeds: Vec<(&str, Tensor)>| {
+            let feeds = feeds.into_iter().map(|(n, t)| (n.to_string(), t)).collect();
+            m.plan
+                .run(&CpuBackend::new(1), feeds)
+                .expect("runs")
+                .remove(0)
+                .1
+        };
+        let heads = || vec![attr_int("num_heads", n as i64)];
+        let one = dynamic_model("MultiHeadAttention", &["q", "", "", "b"], heads());
+        let got = run(
+            &one,
+            vec![
+                (
+                    "q",
+                    Tensor::f32(vec![b, s, n, 3, h], packed.clone()).unwrap(),
+                ),
+                ("b", bias_t.clone()),
+            ],
+        );
+        let apart = dynamic_model("MultiHeadAttention", &["q", "k", "v", "b"], heads());
+        let want = run(
+            &apart,
+            vec![
+                ("q", part(0)),
+                ("k", part(1)),
+                ("v", part(2)),
+                ("b", bias_t),
+            ],
+        );
+        assert_eq!(got.shape, [b, s, n * h]);
+        assert_eq!(got, want);
+        // Packed K and V beside a separate Q.
+        let kv: Vec<f32> = (0..b * s * n)
+            .flat_map(|row| packed[(row * 3 + 1) * h..(row * 3 + 3) * h].to_vec())
+            .collect();
+        let pair = dynamic_model("MultiHeadAttention", &["q", "k"], heads());
+        let got = run(
+            &pair,
+            vec![
+                ("q", part(0)),
+                ("k", Tensor::f32(vec![b, s, n, 2, h], kv).unwrap()),
+            ],
+        );
+        let apart = dynamic_model("MultiHeadAttention", &["q", "k", "v"], heads());
+        let want = run(&apart, vec![("q", part(0)), ("k", part(1)), ("v", part(2))]);
+        assert_eq!(got, want);
+    }
+
+    /// Shapes the attention operators cannot take are run-time errors naming them, not panics
+    /// or answers.
+    #[test]
+    fn attention_inputs_of_the_wrong_shape_are_errors() {
+        let zeros =
+            |shape: &[usize]| Tensor::f32(shape.to_vec(), vec![0.0; shape.iter().product()]);
+        let run = |m: &crate::Model, feeds: Vec<(&str, Tensor)>| {
+            let feeds = feeds.into_iter().map(|(n, t)| (n.to_string(), t)).collect();
+            m.plan
+                .run(&CpuBackend::new(1), feeds)
+                .map(|_| ())
+                .err()
+                .map(|e| e.to_string())
+        };
+        let heads = || vec![attr_int("num_heads", 2)];
+        let mha = dynamic_model("MultiHeadAttention", &["q", "k", "v", "", "m"], heads());
+        let ok = |m: Tensor| {
+            run(
+                &mha,
+                vec![
+                    ("q", zeros(&[2, 3, 8]).unwrap()),
+                    ("k", zeros(&[2, 4, 8]).unwrap()),
+                    ("v", zeros(&[2, 4, 8]).unwrap()),
+                    ("m", m),
+                ],
+            )
+        };
+        assert_eq!(
+            ok(Tensor::new(vec![2], Data::I32(vec![4, 1])).unwrap()),
+            None
+        );
+        let bad = ok(Tensor::new(vec![3], Data::I32(vec![1; 3])).unwrap()).expect("refused");
+        assert!(bad.contains("must be [2] (lengths)"), "{bad}");
+        let bad = ok(Tensor::new(vec![2, 3], Data::I32(vec![1; 6])).unwrap()).expect("refused");
+        assert!(bad.contains("[2, 4] or [2, 3, 4] (raw masks)"), "{bad}");
+        // Hidden sizes that do not split into the heads; key and value of different ranks.
+        let plain = dynamic_model("MultiHeadAttention", &["q", "k", "v"], heads());
+        let odd = run(
+            &plain,
+            vec![
+                ("q", zeros(&[1, 2, 7]).unwrap()),
+                ("k", zeros(&[1, 2, 7]).unwrap()),
+                ("v", zeros(&[1, 2, 7]).unwrap()),
+            ],
+        )
+        .expect("refused");
+        assert!(odd.contains("does not split into 2 heads"), "{odd}");
+        let ranks = run(
+            &plain,
+            vec![
+                ("q", zeros(&[1, 2, 8]).unwrap()),
+                ("k", zeros(&[1, 2, 2, 4]).unwrap()),
+                ("v", zeros(&[1, 2, 8]).unwrap()),
+            ],
+        )
+        .expect("refused");
+        assert!(ranks.contains("differ in rank"), "{ranks}");
+        // A bias shorter than the query's and key's hidden sizes.
+        let biased = dynamic_model("MultiHeadAttention", &["q", "k", "v", "b"], heads());
+        let three = || zeros(&[1, 2, 8]).unwrap();
+        let short = run(
+            &biased,
+            vec![
+                ("q", three()),
+                ("k", three()),
+                ("v", three()),
+                ("b", zeros(&[10]).unwrap()),
+            ],
+        );
+        assert!(short.is_some());
+        // Packed Q/K/V that is not [B, S, N, 3, H].
+        let packed = dynamic_model("MultiHeadAttention", &["q"], heads());
+        assert!(run(&packed, vec![("q", zeros(&[1, 2, 2, 2, 4]).unwrap())]).is_some());
+        // Positions outside the rotary caches, and caches narrower than the attribute says.
+        let rotary = dynamic_model(
+            "RotaryEmbedding",
+            &["x", "p", "c", "c"],
+            vec![attr_int("num_heads", 2)],
+        );
+        let positions = |v: Vec<i64>| Tensor::i64(vec![1, 2], v).unwrap();
+        let at = |p: Tensor, c: &[usize]| {
+            run(
+                &rotary,
+                vec![
+                    ("x", zeros(&[1, 2, 8]).unwrap()),
+                    ("p", p),
+                    ("c", zeros(c).unwrap()),
+                ],
+            )
+        };
+        assert_eq!(at(positions(vec![0, 9]), &[10, 2]), None);
+        let past = at(positions(vec![0, 10]), &[10, 2]).expect("refused");
+        assert!(past.contains("position 10 outside a cache of 10"), "{past}");
+        let negative = at(Tensor::i64(vec![1], vec![-1]).unwrap(), &[10, 2]).expect("refused");
+        assert!(negative.contains("position -1 outside"), "{negative}");
+        let narrow = at(positions(vec![0, 1]), &[10, 3]).expect("refused");
+        assert!(narrow.contains("rotary_embedding_dim / 2 = 2"), "{narrow}");
+    }
+
     #[test]
     fn forms_of_onnxruntime_operators_it_does_not_read_are_errors_naming_node_and_reason() {
         let string = |name: &str, v: &str| super::super::expansion::string_attr(name, v);
@@ -622,6 +848,55 @@ mod tests {
                 vec!["Y"],
                 nbits.to_vec(),
                 "input 4 (g_idx) is not supported",
+            ),
+            (
+                "MultiHeadAttention",
+                vec!["X", "", "X"],
+                vec!["Y"],
+                vec![attr_int("num_heads", 2)],
+                "input 2 (value) is given without input 1 (key)",
+            ),
+            (
+                "MultiHeadAttention",
+                vec!["X", "X", "X", "", "", "", "X"],
+                vec!["Y"],
+                vec![attr_int("num_heads", 2)],
+                "inputs 6 (past_key) and 7 (past_value) come together",
+            ),
+            (
+                "MultiHeadAttention",
+                vec!["X", "X", "X", "", "", "", "X", "X", "X"],
+                vec!["Y"],
+                vec![attr_int("num_heads", 2)],
+                "input 8 (past_sequence_length) is not supported",
+            ),
+            (
+                "MultiHeadAttention",
+                vec!["X", "X", "X"],
+                vec!["Y", "", "", "qk"],
+                vec![attr_int("num_heads", 2)],
+                "output 3 (qk) is not supported",
+            ),
+            (
+                "MultiHeadAttention",
+                vec!["X", "X", "X"],
+                vec!["Y"],
+                vec![attr_int("num_heads", -2)],
+                "attribute \"num_heads\" is -2, not positive",
+            ),
+            (
+                "RotaryEmbedding",
+                vec!["X", "X", "X", "X"],
+                vec!["Y"],
+                vec![attr_int("is_packed_batching", 1)],
+                "attribute \"is_packed_batching\" is not supported (only 0)",
+            ),
+            (
+                "RotaryEmbedding",
+                vec!["X", "X", "X"],
+                vec!["Y"],
+                vec![],
+                "input 3 (sin_cache) is required",
             ),
         ];
         for (op, inputs, outputs, attrs, want) in cases {

@@ -175,15 +175,20 @@ impl<'a> Expansion<'a> {
 
     /// An executor op with one new output.
     pub fn op(&mut self, op: Op, inputs: &[&str]) -> String {
-        let name = self.fresh_value(&op.name());
         let out = self.fresh_value("value");
+        self.op_into(op, inputs, &out)
+    }
+
+    /// An executor op with the one output `out`, which it returns.
+    pub fn op_into(&mut self, op: Op, inputs: &[&str], out: &str) -> String {
+        let name = self.fresh_value(&op.name());
         self.steps.push(Step::Op {
             name,
             op,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
-            outputs: vec![out.clone()],
+            outputs: vec![out.to_string()],
         });
-        out
+        out.to_string()
     }
 
     /// A constant tensor.

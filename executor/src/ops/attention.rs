@@ -253,10 +253,12 @@ pub(crate) fn score_elements(a: &AttentionAttrs, inputs: &[Option<&Tensor>]) -> 
 /// Outputs: `[Y, present_key, present_value, qk_matmul_output]`.
 pub fn attention(cx: &Cx, a: &AttentionAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Vec<Tensor>> {
     let (q, k, v) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
-    if q.rank() != k.rank() || q.rank() != v.rank() {
+    // A 3-D Q may attend over a 4-D K and V: onnxruntime's MultiHeadAttention over a
+    // cross-attention cache comes here so.
+    if k.rank() != v.rank() {
         return shape_err(format!(
-            "Q {:?}, K {:?} and V {:?} differ in rank",
-            q.shape, k.shape, v.shape
+            "K {:?} and V {:?} differ in rank",
+            k.shape, v.shape
         ));
     }
     let (q4, qd) = heads_first(q, a.q_heads, "Q")?;
@@ -360,6 +362,10 @@ pub struct RotaryAttrs {
     pub heads: Option<usize>,
     /// Leading elements of each head that rotate (by default all).
     pub rotary_dim: Option<usize>,
+    /// onnxruntime's `com.microsoft.RotaryEmbedding`: `position_ids` may be `[1]`, the first
+    /// position of every sequence, and a 3-D input without `num_heads` splits into heads of
+    /// the rotary size (`rotary_embedding_dim`, else twice the caches' width).
+    pub onnxruntime_form: bool,
 }
 
 impl RotaryAttrs {
@@ -375,6 +381,7 @@ impl RotaryAttrs {
             interleaved: a.flag("interleaved", false)?,
             heads: positive("num_heads")?,
             rotary_dim: positive("rotary_embedding_dim")?,
+            onnxruntime_form: false,
         })
     }
 }
@@ -389,7 +396,12 @@ pub fn rotary_embedding(r: &RotaryAttrs, inputs: &[Option<&Tensor>]) -> OpResult
     let (b, s, d, st) = match x.shape[..] {
         [b, h, s, d] => (b, s, d, [h * s * d, d, s * d]),
         [b, s, hidden] => {
-            let h = r.heads.ok_or_else(|| {
+            let per_cache = || {
+                let head = r.rotary_dim.or(cos.shape.last().map(|w| 2 * w))?;
+                let splits = head > 0 && hidden >= head && hidden.is_multiple_of(head);
+                (r.onnxruntime_form && splits).then(|| hidden / head)
+            };
+            let h = r.heads.or_else(per_cache).ok_or_else(|| {
                 OpError::Shape("a 3-D RotaryEmbedding input needs num_heads".into())
             })?;
             if !hidden.is_multiple_of(h) {
@@ -414,7 +426,21 @@ pub fn rotary_embedding(r: &RotaryAttrs, inputs: &[Option<&Tensor>]) -> OpResult
         ));
     }
     let half = rot / 2;
-    let row = cache_rows(opt_input(inputs, 3), cos, sin, [b, s], half)?;
+    let start = |p: &Tensor| r.onnxruntime_form && p.shape == [1];
+    let row = match opt_input(inputs, 3) {
+        Some(p) if start(p) => {
+            let first = p.to_i64_vec()?[0];
+            let positions = (0..b * s).map(|i| first + (i % s) as i64).collect();
+            cache_rows(
+                Some(&Tensor::i64(vec![b, s], positions)?),
+                cos,
+                sin,
+                [b, s],
+                half,
+            )?
+        }
+        positions => cache_rows(positions, cos, sin, [b, s], half)?,
+    };
     let (cv, sv) = (cos.as_f32()?, sin.as_f32()?);
     let mut out = x.as_f32()?.to_vec();
     for bi in 0..b {
@@ -540,6 +566,7 @@ mod tests {
             interleaved: false,
             heads: None,
             rotary_dim: None,
+            onnxruntime_form: false,
         };
         let y = rotary_embedding(&r, &[Some(&x), Some(&cos), Some(&sin)]).unwrap();
         assert_eq!(y.as_f32().unwrap(), &[-3.0, 2.0, 1.0, 4.0]);

@@ -1,9 +1,11 @@
-//! The additive mask of onnxruntime's `com.microsoft.Attention` from its `mask_index`, in any
-//! of the formats that operator takes (it tells them apart by shape at run time, so no standard
-//! operator can): `[B]` valid lengths (right padding), `[2B]` ends then starts (left padding),
-//! `[B, T]` or `[B, S, T]` raw masks (non-zero: attend). Masked positions get `filter`, as in
-//! onnxruntime (-10000 by default, so a row masked entirely attends uniformly); a causal mask
-//! adds `filter` above the diagonal. The result is `[B, 1, S, T]`, for the standard Attention.
+//! The additive mask of onnxruntime's `com.microsoft.Attention` from its `mask_index`, and of
+//! its `MultiHeadAttention` from its `key_padding_mask`, in any of the formats those operators
+//! take (they tell them apart by shape at run time, so no standard operator can): `[B]` valid
+//! lengths (right padding), `[2B]` ends then starts (left padding), `[3B + 2]` lengths followed
+//! by cumulative offsets (onnxruntime's CPU reads only the lengths), `[B, T]` or `[B, S, T]` raw
+//! masks (non-zero: attend). Masked positions get `filter`, as in onnxruntime (-10000 by
+//! default, so a row masked entirely attends uniformly); a causal mask adds `filter` above the
+//! diagonal. The result is `[B, 1, S, T]`, for the standard Attention.
 
 use crate::error::{OpResult, shape_err};
 use crate::tensor::Tensor;
@@ -14,11 +16,15 @@ pub struct MaskIndexAttrs {
     pub causal: bool,
 }
 
-/// The mask for a query `[B, S, ...]` attending over its own `S` positions.
+/// The mask for a query `[B, S, ...]` attending over `T` positions: its own `S` without `keys`;
+/// with them, those of the key (`[B, L, hidden]` or `[B, heads, L, head size]`) after those of
+/// the past keys (`[B, heads, P, head size]`), `T = P + L`.
 pub fn additive_mask(
     a: &MaskIndexAttrs,
     mask: Option<&Tensor>,
     query: &Tensor,
+    keys: Option<&Tensor>,
+    past_keys: Option<&Tensor>,
 ) -> OpResult<Tensor> {
     let &[batch, seq, ..] = query.shape.as_slice() else {
         return shape_err(format!(
@@ -26,7 +32,16 @@ pub fn additive_mask(
             query.shape
         ));
     };
-    let total = seq;
+    let total = match keys.map(|k| k.shape.as_slice()) {
+        None => seq,
+        Some(&[_, l, _]) | Some(&[_, _, l, _]) => l,
+        Some(other) => {
+            return shape_err(format!(
+                "the key is {other:?}, not [batch, length, hidden] or [batch, heads, length, \
+                 head size]"
+            ));
+        }
+    } + past_keys.and_then(|p| p.shape.get(2)).copied().unwrap_or(0);
     let plane = seq * total;
     let mut out = vec![0f32; batch * plane];
     if out.is_empty() {
@@ -36,7 +51,7 @@ pub fn additive_mask(
         let m = mask.to_i64_vec()?;
         let shape = mask.shape.as_slice();
         match *shape {
-            [n] if n == batch || n == 2 * batch => {
+            [n] if n == batch || n == 2 * batch || n == 3 * batch + 2 => {
                 for (b, rows) in out.chunks_exact_mut(plane).enumerate() {
                     let end = m[b].clamp(0, total as i64) as usize;
                     let start = match n == 2 * batch {
@@ -72,10 +87,12 @@ pub fn additive_mask(
             }
             _ => {
                 return shape_err(format!(
-                    "Attention's mask_index is {shape:?}: for a batch of {batch} and {seq} \
-                     positions it must be [{batch}] (lengths), [{}] (ends and starts), \
-                     [{batch}, {total}] or [{batch}, {seq}, {total}] (raw masks)",
-                    2 * batch
+                    "Attention's mask is {shape:?}: for a batch of {batch}, {seq} queries and \
+                     {total} keys it must be [{batch}] (lengths), [{}] (ends and starts), [{}] \
+                     (lengths and offsets), [{batch}, {total}] or [{batch}, {seq}, {total}] \
+                     (raw masks)",
+                    2 * batch,
+                    3 * batch + 2
                 ));
             }
         }
@@ -109,7 +126,7 @@ mod tests {
 
     fn run(m: Option<&Tensor>, causal: bool) -> Vec<f32> {
         let a = MaskIndexAttrs { filter: F, causal };
-        let t = additive_mask(&a, m, &query(2, 3)).unwrap();
+        let t = additive_mask(&a, m, &query(2, 3), None, None).unwrap();
         assert_eq!(t.shape, [2, 1, 3, 3]);
         t.to_f64_vec().into_iter().map(|v| v as f32).collect()
     }
@@ -144,6 +161,36 @@ mod tests {
     }
 
     #[test]
+    fn keys_and_past_keys_set_the_masks_length() {
+        let a = MaskIndexAttrs {
+            filter: F,
+            causal: false,
+        };
+        let zeros =
+            |shape: Vec<usize>| Tensor::f32(shape.clone(), vec![0.0; shape.iter().product()]);
+        let (key3, key4, past) = (
+            zeros(vec![2, 4, 6]).unwrap(),
+            zeros(vec![2, 3, 4, 2]).unwrap(),
+            zeros(vec![2, 3, 2, 2]).unwrap(),
+        );
+        // Lengths then cumulative offsets ([3B + 2]): only the lengths count.
+        let m = mask(vec![8], vec![2, 6, 0, 3, 6, 0, 6, 12]);
+        for (key, past, total) in [(&key3, None, 4), (&key4, None, 4), (&key3, Some(&past), 6)] {
+            let t = additive_mask(&a, Some(&m), &query(2, 3), Some(key), past).unwrap();
+            assert_eq!(t.shape, [2, 1, 3, total]);
+            let v = t.to_f64_vec();
+            let row0: Vec<f64> = (0..total)
+                .map(|j| if j < 2 { 0.0 } else { F as f64 })
+                .collect();
+            assert_eq!(&v[..total], &row0[..]);
+            assert!(v[3 * total..].iter().all(|&x| x == 0.0));
+        }
+        let raw = mask(vec![2, 6], vec![1; 12]);
+        assert!(additive_mask(&a, Some(&raw), &query(2, 3), Some(&key3), None).is_err());
+        assert!(additive_mask(&a, Some(&raw), &query(2, 3), Some(&key3), Some(&past)).is_ok());
+    }
+
+    #[test]
     fn a_mask_of_another_shape_is_an_error_naming_the_formats() {
         let a = MaskIndexAttrs {
             filter: F,
@@ -154,7 +201,7 @@ mod tests {
             mask(vec![2, 4], vec![1; 8]),
             mask(vec![2, 1, 3, 3], vec![1; 18]),
         ] {
-            let e = additive_mask(&a, Some(&bad), &query(2, 3))
+            let e = additive_mask(&a, Some(&bad), &query(2, 3), None, None)
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("must be [2] (lengths)"), "{e}");

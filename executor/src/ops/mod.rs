@@ -34,6 +34,7 @@ pub mod rnn;
 pub mod roi_align;
 pub mod shape;
 pub mod size;
+pub mod token_bias;
 pub mod window;
 
 use crate::error::{OpError, OpResult};
@@ -422,9 +423,13 @@ pub enum Op {
         silu: bool,
     },
     LinearAttention(recurrent_state::LinearAttentionAttrs),
-    /// onnxruntime's Attention `mask_index` (input 0, any of its formats) as the additive mask
-    /// of the query input 1's positions; written only by the importer's expansion.
+    /// onnxruntime's attention masks (input 0, any of their formats) as the additive mask of
+    /// the query input 1 over its own positions, or over those of the past keys (input 3) and
+    /// the key (input 2); written only by the importer's expansions.
     MaskIndex(mask_index::MaskIndexAttrs),
+    /// MultiHeadAttention's key or value bias (input 1) added to input 0 when it is tokens,
+    /// not heads; written only by the importer's expansion.
+    TokenBias,
 }
 
 impl Op {
@@ -874,6 +879,7 @@ impl Op {
             Op::CausalConv { .. } => "CausalConvWithState".into(),
             Op::LinearAttention(_) => "LinearAttention".into(),
             Op::MaskIndex(_) => "AttentionMaskIndex".into(),
+            Op::TokenBias => "AttentionTokenBias".into(),
         }
     }
 
@@ -1122,6 +1128,13 @@ impl Op {
             Op::MaskIndex(a) => one(mask_index::additive_mask(
                 a,
                 opt_input(inputs, 0),
+                input(inputs, 1)?,
+                opt_input(inputs, 2),
+                opt_input(inputs, 3),
+            )),
+            Op::TokenBias => one(token_bias::token_bias(
+                cx,
+                input(inputs, 0)?,
                 input(inputs, 1)?,
             )),
         }

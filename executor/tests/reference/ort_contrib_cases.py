@@ -7,9 +7,9 @@ line `NAME<TAB>inputs,...<TAB>outputs,...<TAB>tolerance` in DIR/cases.tsv (of fl
 relative to their largest magnitude).
 
 Besides the one-node cases, a small BERT laid out as PyTorch exports it goes through
-onnxruntime's transformer optimizer (EmbedLayerNormalization, Attention, SkipLayerNormalization,
-BiasGelu) and then quantize_dynamic (QEmbedLayerNormalization, QAttention, MatMulInteger): whole
-models those tools write.
+onnxruntime's transformer optimizer (EmbedLayerNormalization, Attention or MultiHeadAttention,
+SkipLayerNormalization, BiasGelu) and then quantize_dynamic (QEmbedLayerNormalization,
+QAttention, MatMulInteger): whole models those tools write.
 """
 
 import os
@@ -21,6 +21,7 @@ import onnxruntime as ort
 from hf_bert import bert
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import QuantType, quantize_dynamic
+from onnxruntime.transformers.fusion_options import FusionOptions
 from onnxruntime.transformers.optimizer import optimize_model
 
 rng = np.random.default_rng(5)
@@ -210,6 +211,72 @@ def nbits_weights(k, n, block, bits, zero_points):
     return consts
 
 
+def add_multi_head_cases():
+    b, s, l, n, h = 2, 3, 4, 2, 4
+    d = n * h
+    q, k, v = normal(b, s, d), normal(b, l, d), normal(b, l, d)
+    qkv = {"q": q, "k": k, "v": v}
+    past = {"pk": normal(b, n, 5, h), "pv": normal(b, n, 5, h)}
+    heads = normal(b, n, l, h)
+    mha = "MultiHeadAttention"
+    case("mha", mha, qkv, {}, ["q", "k", "v"], ["y"], num_heads=n)
+    case("mha_bias_scale", mha, qkv, {"bias": normal(3 * d)}, ["q", "k", "v", "bias"], ["y"],
+         num_heads=n, scale=0.3)
+    case("mha_value_wider", mha, {"q": q, "k": k, "v": normal(b, l, 12)}, {"bias": normal(2 * d + 12)},
+         ["q", "k", "v", "bias"], ["y"], num_heads=n)
+    for name, mask in [("lengths", np.array([2, 4], np.int32)),
+                       ("lengths_offsets", np.array([3, 4, 0, 3, 6, 0, 4, 8], np.int32)),
+                       ("raw", np.array([[1, 1, 0, 0], [0, 1, 1, 1]], np.int32)),
+                       ("raw_3d", rng.integers(0, 2, (b, s, l)).astype(np.int32))]:
+        case(f"mha_mask_{name}", mha, {**qkv, "m": mask}, {}, ["q", "k", "v", "", "m"], ["y"],
+             num_heads=n, mask_filter_value=-5000.0)
+    case("mha_attention_bias", mha, {**qkv, "ab": normal(1, n, s, l)}, {},
+         ["q", "k", "v", "", "", "ab"], ["y"], num_heads=n)
+    # A cross-attention cache: key and value already in heads; onnxruntime ignores their bias.
+    case("mha_heads_kv_bias", mha, {"q": q, "k": heads, "v": normal(b, n, l, h)},
+         {"bias": normal(3 * d)}, ["q", "k", "v", "bias"], ["y"], num_heads=n)
+    case("mha_present", mha, qkv, {}, ["q", "k", "v"], ["y", "present_k", "present_v"],
+         num_heads=n)
+    case("mha_past_mask", mha, {**qkv, **past, "m": np.array([[1] * 9, [1] * 7 + [0] * 2], np.int32)},
+         {}, ["q", "k", "v", "", "m", "", "pk", "pv"], ["y", "present_k", "present_v"],
+         num_heads=n)
+    case("mha_self_past_causal", mha, {"q": q, **past}, {}, ["q", "q", "q", "", "", "", "pk", "pv"],
+         ["y", "present_k", "present_v"], num_heads=n, unidirectional=1)
+    case("mha_causal", mha, {"q": q}, {}, ["q", "q", "q"], ["y"], num_heads=n, unidirectional=1)
+
+    rot = "RotaryEmbedding"
+    x3, x4 = normal(2, 3, 16), normal(2, 2, 3, 8)
+    cos, sin = normal(10, 4), normal(10, 4)
+    positions = np.array([[0, 1, 2], [3, 4, 5]], np.int64)
+    caches = {"cos": cos, "sin": sin}
+    case("rotary_3d", rot, {"x": x3, "p": positions}, caches, ["x", "p", "cos", "sin"], ["y"],
+         num_heads=2)
+    case("rotary_start", rot, {"x": x3, "p": np.array([4], np.int64)}, caches,
+         ["x", "p", "cos", "sin"], ["y"], num_heads=2)
+    case("rotary_4d_interleaved", rot, {"x": x4, "p": positions}, caches, ["x", "p", "cos", "sin"],
+         ["y"], interleaved=1)
+    case("rotary_heads_from_cache", rot, {"x": x3, "p": positions},
+         {"cos": normal(10, 2), "sin": normal(10, 2)}, ["x", "p", "cos", "sin"], ["y"])
+    case("rotary_partial", rot, {"x": x3, "p": positions},
+         {"cos": normal(10, 2), "sin": normal(10, 2)}, ["x", "p", "cos", "sin"], ["y"],
+         num_heads=2, rotary_embedding_dim=4)
+
+    x = normal(2, 3, 4, scale=3.0)
+    case("quantize_int16", "QuantizeLinear", {"x": x},
+         {"s": scalar(0.001), "z": scalar(-7, np.int16)}, ["x", "s", "z"], ["y"])
+    case("quantize_uint16_per_channel", "QuantizeLinear", {"x": x},
+         {"s": np.array([0.001, 0.002, 0.0005], np.float32), "z": np.array([30000, 2, 60000], np.uint16)},
+         ["x", "s", "z"], ["y"], axis=1)
+    case("quantize_default_uint8", "QuantizeLinear", {"x": x}, {"s": scalar(0.05)}, ["x", "s"], ["y"])
+    case("dequantize_int16", "DequantizeLinear",
+         {"q": rng.integers(-32768, 32768, (2, 3, 4)).astype(np.int16)},
+         {"s": np.array([0.001, 0.5, 0.02, 3.0], np.float32), "z": np.array([5, -9, 0, 7], np.int16)},
+         ["q", "s", "z"], ["y"], axis=-1)
+    case("dequantize_int32", "DequantizeLinear",
+         {"q": rng.integers(-2**20, 2**20, (2, 5)).astype(np.int32)}, {"s": scalar(1e-4)},
+         ["q", "s"], ["y"])
+
+
 def add_nbits_cases():
     for name, bits, zero_points, bias in [("4bit", 4, "packed", False), ("4bit_default_zero", 4, None, True),
                                           ("8bit", 8, "packed", False), ("2bit", 2, "packed", True),
@@ -246,6 +313,14 @@ def optimized_berts(out):
         assert counts[op] > 0, f"the optimizer fused no {op}: {counts}"
     optimized = os.path.join(out, "bert_optimized.onnx")
     fused.save_model_to_file(optimized)
+    options = FusionOptions("bert")
+    options.use_multi_head_attention = True
+    fused = optimize_model(source, model_type="bert", num_heads=4, hidden_size=32, opt_level=0,
+                           optimization_options=options)
+    counts = fused.get_fused_operator_statistics()
+    assert counts["MultiHeadAttention"] > 0, f"the optimizer fused no MultiHeadAttention: {counts}"
+    multi_head = os.path.join(out, "bert_optimized_mha.onnx")
+    fused.save_model_to_file(multi_head)
     quantized = os.path.join(out, "bert_optimized_int8.onnx")
     quantize_dynamic(optimized, quantized, weight_type=QuantType.QInt8, reduce_range=True,
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
@@ -256,6 +331,7 @@ def optimized_berts(out):
              "attention_mask": np.array([[1] * 7, [1] * 4 + [0] * 3]),
              "token_type_ids": rng.integers(0, 2, (2, 7))}
     yield "bert_optimized", optimized, feeds, 1e-4
+    yield "bert_optimized_mha", multi_head, feeds, 1e-4
     yield "bert_optimized_int8", quantized, feeds, 1e-2
 
 
@@ -263,6 +339,7 @@ def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     add_cases()
+    add_multi_head_cases()
     add_nbits_cases()
     models = []
     for name, op, feeds, consts, order, outputs, domain, attrs in CASES:
