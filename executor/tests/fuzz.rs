@@ -195,6 +195,9 @@ const ATTRS: &[&str] = &[
     "num_heads",
     "rotary_embedding_dim",
     "is_packed_batching",
+    "do_rotary",
+    "local_window_size",
+    "smooth_softmax",
     "ignore_index",
     "p",
     "auto_pad",
@@ -687,6 +690,14 @@ fn hostile_attr(k: usize, b: u64) -> AttributeProto {
     }
 }
 
+/// onnxruntime's attention operators, of its domain.
+const ATTENTION_OPS: &[&str] = &[
+    "Attention",
+    "MultiHeadAttention",
+    "GroupQueryAttention",
+    "RotaryEmbedding",
+];
+
 /// Scan's attributes (the first an INT, the others INTS).
 const CONTROL_ATTRS: &[&str] = &[
     "num_scan_inputs",
@@ -899,6 +910,24 @@ proptest! {
     ) {
         let attrs = attrs.into_iter().map(|(k, b)| hostile_attr(k, b)).collect();
         let m = one_node_of(ONNXRUNTIME_DOMAIN, ONNXRUNTIME_OPS[op], x, &extra, attrs, 17);
+        import_plan_run(&m.encode_to_vec());
+    }
+
+    /// onnxruntime's attention operators with heads that divide, so that more cases get past
+    /// import to run on the hostile operands.
+    #[test]
+    fn hostile_attention_operators_never_panic(
+        op in 0usize..ATTENTION_OPS.len(),
+        x in any::<u64>(),
+        extra in proptest::collection::vec(any::<u64>(), 0..9),
+        heads in 1i64..4,
+        kv_heads in 1i64..3,
+        attrs in proptest::collection::vec((0usize..ATTRS.len(), any::<u64>()), 0..3),
+    ) {
+        let mut attrs: Vec<_> = attrs.into_iter().map(|(k, b)| hostile_attr(k, b)).collect();
+        attrs.push(int_attr("num_heads", heads));
+        attrs.push(int_attr("kv_num_heads", kv_heads));
+        let m = one_node_of(ONNXRUNTIME_DOMAIN, ATTENTION_OPS[op], x, &extra, attrs, 17);
         import_plan_run(&m.encode_to_vec());
     }
 

@@ -6,6 +6,9 @@
 //!   embeddings are refused.
 //! - `RotaryEmbedding`: the standard RotaryEmbedding's arithmetic with onnxruntime's inputs
 //!   (`position_ids` second, and possibly `[1]`, the first position).
+//! - `GroupQueryAttention`: an executor op ([`GroupQueryAttrs`]); what it leaves out (position
+//!   ids, an attention bias, head sinks, a quantized or window-sized cache, Q/K norms, the
+//!   scores as an output, non-causal attention) is refused.
 //! - `MultiHeadAttention`: projected Q, K and V (separate, or packed as `[B, S, N, 3, H]` or
 //!   `[B, L, N, 2, H]`), a key and value as tokens or already in heads (a cross-attention
 //!   cache, which takes no bias), a key padding mask, an attention bias and a key/value cache.
@@ -14,6 +17,7 @@ use super::expansion::{Expansion, R, float_attr, int_attr};
 use crate::ops::Op;
 use crate::ops::attention::RotaryAttrs;
 use crate::ops::attrs::Attrs;
+use crate::ops::group_query::GroupQueryAttrs;
 use crate::ops::mask_index::MaskIndexAttrs;
 
 /// `Attention(input, weights, bias?, mask_index?, past?, attention_bias?, past_sequence_length?)`.
@@ -213,10 +217,111 @@ pub fn rotary_embedding(e: &mut Expansion) -> R<()> {
     let x = e.required(0, "input")?;
     let positions = e.required(1, "position_ids")?;
     let (cos, sin) = (e.required(2, "cos_cache")?, e.required(3, "sin_cache")?);
-    e.op_into(
+    e.op_to(
         Op::RotaryEmbedding(r),
         &[x, cos, sin, positions],
-        e.output(0),
+        &[e.output(0)],
+    );
+    Ok(())
+}
+
+/// `GroupQueryAttention(query, key?, value?, past_key?, past_value?, seqlens_k,
+/// total_sequence_length, cos_cache?, sin_cache?)` → `(output, present_key, present_value)`.
+pub fn group_query_attention(e: &mut Expansion) -> R<()> {
+    for (i, what) in [
+        (9, "position_ids"),
+        (10, "attention_bias"),
+        (11, "head_sink"),
+        (12, "k_scale"),
+        (13, "v_scale"),
+        (14, "q_norm_weight"),
+        (15, "k_norm_weight"),
+        (16, "query_seqlens"),
+    ] {
+        e.unsupported_input(i, what)?;
+    }
+    e.unsupported_output(3, "output_qk")?;
+    let a = e.attrs();
+    for (name, only) in [
+        ("causal", 1),
+        ("sliding_window_cache", 0),
+        ("qk_output", 0),
+        ("kv_cache_bit_width", 0),
+    ] {
+        if a.int_or(name, only)? != only {
+            return Err(format!("attribute {name:?} is not supported (only {only})"));
+        }
+    }
+    for name in ["k_quant_type", "v_quant_type"] {
+        if a.string(name)?.is_some_and(|t| t != "NONE") {
+            return Err(format!(
+                "attribute {name:?} is not supported (only \"NONE\")"
+            ));
+        }
+    }
+    let heads = num_heads(&a)?;
+    let kv_heads = match a.int("kv_num_heads")? {
+        Some(k) if k > 0 && heads % k == 0 => k,
+        Some(k) => {
+            return Err(format!(
+                "attribute \"kv_num_heads\" is {k}: a positive divisor of num_heads ({heads})"
+            ));
+        }
+        None => return Err("attribute \"kv_num_heads\" is required".into()),
+    };
+    let softcap = a.float_or("softcap", 0.0)?;
+    if softcap.is_nan() || softcap < 0.0 {
+        return Err(format!("attribute \"softcap\" is {softcap}, not >= 0"));
+    }
+    let smooth_softmax = match a.int_or("smooth_softmax", -1)? {
+        -1 | 0 => false,
+        1 => true,
+        s => {
+            return Err(format!(
+                "attribute \"smooth_softmax\" is {s}, not -1, 0 or 1"
+            ));
+        }
+    };
+    let rotary = a.flag("do_rotary", false)?;
+    let attrs = GroupQueryAttrs {
+        heads: heads as usize,
+        kv_heads: kv_heads as usize,
+        scale: a.float("scale")?,
+        softcap,
+        window: usize::try_from(a.int_or("local_window_size", -1)?)
+            .ok()
+            .filter(|&w| w > 0),
+        smooth_softmax,
+        rotary: rotary
+            .then(|| a.flag("rotary_interleaved", false))
+            .transpose()?,
+    };
+    let query = e.required(0, "query")?;
+    let (key, value) = (e.input(1), e.input(2));
+    if key.is_empty() != value.is_empty() {
+        return Err("inputs 1 (key) and 2 (value) come together".into());
+    }
+    let (past_k, past_v) = (e.input(3), e.input(4));
+    if past_k.is_empty() != past_v.is_empty() {
+        return Err("inputs 3 (past_key) and 4 (past_value) come together".into());
+    }
+    let lengths = e.required(5, "seqlens_k")?;
+    let total = e.required(6, "total_sequence_length")?;
+    let (cos, sin) = match rotary {
+        true => (e.required(7, "cos_cache")?, e.required(8, "sin_cache")?),
+        false => ("", ""),
+    };
+    let outputs: Vec<String> = (0..3)
+        .map(|i| match e.output(i) {
+            "" => e.fresh_value("present"),
+            o => o.to_string(),
+        })
+        .collect();
+    let outputs: Vec<&str> = outputs.iter().map(String::as_str).collect();
+    e.op_to(
+        Op::GroupQuery(attrs),
+        &[query, key, value, past_k, past_v, lengths, total, cos, sin],
+        &outputs,
     );
     Ok(())
 }

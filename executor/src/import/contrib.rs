@@ -37,6 +37,7 @@ pub const SUPPORTED: &[&str] = &[
     "FusedGemm",
     "FusedMatMul",
     "Gelu",
+    "GroupQueryAttention",
     "MatMulIntegerToFloat",
     "MatMulNBits",
     "MultiHeadAttention",
@@ -86,6 +87,7 @@ pub fn expand(
         "Attention" => attention::attention(&mut e),
         "QAttention" => attention::quantized_attention(&mut e),
         "MultiHeadAttention" => attention::multi_head_attention(&mut e),
+        "GroupQueryAttention" => attention::group_query_attention(&mut e),
         "RotaryEmbedding" => attention::rotary_embedding(&mut e),
         // The standard operators (as of opset 21, which takes 16-bit and 4-bit integers), which
         // onnxruntime's quantizer writes in its own domain for those types at older opsets.
@@ -475,10 +477,10 @@ mod tests {
             short.contains("has 3 inputs; DynamicQuantizeLSTM takes 12"),
             "{short}"
         );
-        let other = err(&model("GroupQueryAttention", DOMAIN, &["X"], vec![]));
+        let other = err(&model("PackedAttention", DOMAIN, &["X"], vec![]));
         assert!(
             other.contains(
-                "com.microsoft.GroupQueryAttention is not supported (of that domain, only \
+                "com.microsoft.PackedAttention is not supported (of that domain, only \
                  DynamicQuantizeLSTM, Attention, "
             ),
             "{other}"
@@ -528,11 +530,11 @@ mod tests {
         .encode_to_vec()
     }
 
-    /// A model of one node `op` of [`DOMAIN`] over float inputs of unknown rank (`m`, `p`:
-    /// int32 and int64), with output `Y`.
+    /// A model of one node `op` of [`DOMAIN`] over float inputs of unknown rank (`m`, `t`: int32,
+    /// `p`: int64), with output `Y`.
     fn dynamic_model(op: &str, inputs: &[&str], attribute: Vec<AttributeProto>) -> crate::Model {
         let dtype = |n: &str| match n {
-            "m" => DType::I32,
+            "m" | "t" => DType::I32,
             "p" => DType::I64,
             _ => DType::F32,
         };
@@ -737,6 +739,58 @@ mod tests {
         assert!(negative.contains("position -1 outside"), "{negative}");
         let narrow = at(positions(vec![0, 1]), &[10, 3]).expect("refused");
         assert!(narrow.contains("rotary_embedding_dim / 2 = 2"), "{narrow}");
+
+        // Lengths and cache sizes from the request that do not fit each other.
+        let gqa = dynamic_model(
+            "GroupQueryAttention",
+            &["q", "k", "v", "pk", "pv", "m", "t"],
+            vec![attr_int("num_heads", 2), attr_int("kv_num_heads", 1)],
+        );
+        let step = |lengths: Vec<i32>, total: i32, past: &[usize]| {
+            let b = past[0];
+            run(
+                &gqa,
+                vec![
+                    ("q", zeros(&[b, 1, 8]).unwrap()),
+                    ("k", zeros(&[b, 1, 4]).unwrap()),
+                    ("v", zeros(&[b, 1, 4]).unwrap()),
+                    ("pk", zeros(past).unwrap()),
+                    ("pv", zeros(past).unwrap()),
+                    (
+                        "m",
+                        Tensor::new(vec![lengths.len()], Data::I32(lengths)).unwrap(),
+                    ),
+                    ("t", Tensor::new(vec![], Data::I32(vec![total])).unwrap()),
+                ],
+            )
+        };
+        assert_eq!(step(vec![3, 1], 4, &[2, 1, 3, 4]), None);
+        for (lengths, total, past, why) in [
+            (vec![4, 1], 4, [2, 1, 3, 4], "seqlens_k 4 does not fit"),
+            (vec![-3, 1], 4, [2, 1, 3, 4], "seqlens_k -3 does not fit"),
+            (vec![3, 1], -1, [2, 1, 3, 4], "total_sequence_length is -1"),
+            (
+                vec![3],
+                4,
+                [2, 1, 3, 4],
+                "seqlens_k has 1 values for a batch of 2",
+            ),
+            (
+                vec![3, 1],
+                4,
+                [2, 2, 3, 4],
+                "past_key [2, 2, 3, 4] is not [2, 1, length, 4]",
+            ),
+            (
+                vec![3, 1],
+                i32::MAX,
+                [2, 1, 3, 4],
+                "exceeds the executor's limit",
+            ),
+        ] {
+            let e = step(lengths, total, &past).expect("refused");
+            assert!(e.contains(why), "{why}: {e}");
+        }
     }
 
     #[test]
@@ -883,6 +937,42 @@ mod tests {
                 vec!["Y"],
                 vec![attr_int("num_heads", -2)],
                 "attribute \"num_heads\" is -2, not positive",
+            ),
+            (
+                "GroupQueryAttention",
+                vec!["X", "X", "X", "", "", "X", "X", "", "", "X"],
+                vec!["Y"],
+                vec![attr_int("num_heads", 4), attr_int("kv_num_heads", 2)],
+                "input 9 (position_ids) is not supported",
+            ),
+            (
+                "GroupQueryAttention",
+                vec!["X", "X", "X", "", "", "X", "X"],
+                vec!["Y"],
+                vec![attr_int("num_heads", 4), attr_int("kv_num_heads", 3)],
+                "attribute \"kv_num_heads\" is 3: a positive divisor of num_heads (4)",
+            ),
+            (
+                "GroupQueryAttention",
+                vec!["X", "X", "X", "", "", "X", "X"],
+                vec!["Y"],
+                vec![
+                    attr_int("num_heads", 4),
+                    attr_int("kv_num_heads", 2),
+                    attr_int("causal", 0),
+                ],
+                "attribute \"causal\" is not supported (only 1)",
+            ),
+            (
+                "GroupQueryAttention",
+                vec!["X", "X", "X", "", "", "X", "X"],
+                vec!["Y"],
+                vec![
+                    attr_int("num_heads", 4),
+                    attr_int("kv_num_heads", 2),
+                    attr_int("do_rotary", 1),
+                ],
+                "input 7 (cos_cache) is required",
             ),
             (
                 "RotaryEmbedding",

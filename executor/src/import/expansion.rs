@@ -176,19 +176,19 @@ impl<'a> Expansion<'a> {
     /// An executor op with one new output.
     pub fn op(&mut self, op: Op, inputs: &[&str]) -> String {
         let out = self.fresh_value("value");
-        self.op_into(op, inputs, &out)
+        self.op_to(op, inputs, &[&out]);
+        out
     }
 
-    /// An executor op with the one output `out`, which it returns.
-    pub fn op_into(&mut self, op: Op, inputs: &[&str], out: &str) -> String {
+    /// An executor op with outputs `outputs`.
+    pub fn op_to(&mut self, op: Op, inputs: &[&str], outputs: &[&str]) {
         let name = self.fresh_value(&op.name());
         self.steps.push(Step::Op {
             name,
             op,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
-            outputs: vec![out.to_string()],
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
         });
-        out.to_string()
     }
 
     /// A constant tensor.

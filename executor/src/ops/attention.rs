@@ -501,7 +501,7 @@ fn cache_rows(
 }
 
 /// Rotates the pairs of `x` by the angles whose cosines and sines are `c` and `s`.
-fn rotate(x: &mut [f32], c: &[f32], s: &[f32], interleaved: bool) {
+pub(crate) fn rotate(x: &mut [f32], c: &[f32], s: &[f32], interleaved: bool) {
     let half = c.len();
     for i in 0..half {
         let (a, b) = if interleaved {

@@ -8,7 +8,7 @@
 //! diagonal. The result is `[B, 1, S, T]`, for the standard Attention.
 
 use crate::error::{OpResult, shape_err};
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, checked_numel};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct MaskIndexAttrs {
@@ -16,16 +16,14 @@ pub struct MaskIndexAttrs {
     pub causal: bool,
 }
 
-/// The mask for a query `[B, S, ...]` attending over `T` positions: its own `S` without `keys`;
-/// with them, those of the key (`[B, L, hidden]` or `[B, heads, L, head size]`) after those of
-/// the past keys (`[B, heads, P, head size]`), `T = P + L`.
-pub fn additive_mask(
-    a: &MaskIndexAttrs,
-    mask: Option<&Tensor>,
+/// `[B, 1, S, T]`: the mask's shape for a query `[B, S, ...]` attending over `T` positions: its
+/// own `S` without `keys`; with them, those of the key (`[B, L, hidden]` or `[B, heads, L, head
+/// size]`) after those of the past keys (`[B, heads, P, head size]`), `T = P + L`.
+pub fn mask_shape(
     query: &Tensor,
     keys: Option<&Tensor>,
     past_keys: Option<&Tensor>,
-) -> OpResult<Tensor> {
+) -> OpResult<[usize; 4]> {
     let &[batch, seq, ..] = query.shape.as_slice() else {
         return shape_err(format!(
             "Attention's input is {:?}, not [batch, sequence, hidden]",
@@ -41,7 +39,24 @@ pub fn additive_mask(
                  head size]"
             ));
         }
-    } + past_keys.and_then(|p| p.shape.get(2)).copied().unwrap_or(0);
+    };
+    let past = past_keys.and_then(|p| p.shape.get(2)).copied().unwrap_or(0);
+    let total = total
+        .checked_add(past)
+        .ok_or(crate::error::OpError::TooLarge(usize::MAX))?;
+    checked_numel(&[batch, 1, seq, total])?;
+    Ok([batch, 1, seq, total])
+}
+
+/// The mask of [`mask_shape`].
+pub fn additive_mask(
+    a: &MaskIndexAttrs,
+    mask: Option<&Tensor>,
+    query: &Tensor,
+    keys: Option<&Tensor>,
+    past_keys: Option<&Tensor>,
+) -> OpResult<Tensor> {
+    let [batch, _, seq, total] = mask_shape(query, keys, past_keys)?;
     let plane = seq * total;
     let mut out = vec![0f32; batch * plane];
     if out.is_empty() {

@@ -16,6 +16,7 @@ pub mod dft;
 pub mod einsum;
 pub mod elementwise;
 pub mod grid;
+pub mod group_query;
 pub mod index;
 pub mod loss;
 pub mod mask_index;
@@ -427,6 +428,8 @@ pub enum Op {
     /// the query input 1 over its own positions, or over those of the past keys (input 3) and
     /// the key (input 2); written only by the importer's expansions.
     MaskIndex(mask_index::MaskIndexAttrs),
+    /// onnxruntime's GroupQueryAttention; written only by the importer's expansion.
+    GroupQuery(group_query::GroupQueryAttrs),
     /// MultiHeadAttention's key or value bias (input 1) added to input 0 when it is tokens,
     /// not heads; written only by the importer's expansion.
     TokenBias,
@@ -880,6 +883,7 @@ impl Op {
             Op::LinearAttention(_) => "LinearAttention".into(),
             Op::MaskIndex(_) => "AttentionMaskIndex".into(),
             Op::TokenBias => "AttentionTokenBias".into(),
+            Op::GroupQuery(_) => "GroupQueryAttention".into(),
         }
     }
 
@@ -1132,6 +1136,7 @@ impl Op {
                 opt_input(inputs, 2),
                 opt_input(inputs, 3),
             )),
+            Op::GroupQuery(a) => group_query::group_query_attention(cx, a, inputs),
             Op::TokenBias => one(token_bias::token_bias(
                 cx,
                 input(inputs, 0)?,

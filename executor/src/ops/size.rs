@@ -197,6 +197,16 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
         Op::Cast { to, .. } => elements(&x()?.shape, to.size())?,
         // The bias, the scores and the fourth output, each one f32 per score at most.
         Op::Attention(a) => times(super::attention::score_elements(a, inputs)?, 3 * 4)?,
+        Op::GroupQuery(a) => super::group_query::allocation(a, inputs)?,
+        // The mask as f32, and the mask input read as i64.
+        Op::MaskIndex(_) => {
+            let shape = super::mask_index::mask_shape(
+                input(inputs, 1)?,
+                super::opt_input(inputs, 2),
+                super::opt_input(inputs, 3),
+            )?;
+            plus(elements(&shape, 4)?, times(x().map_or(0, |m| m.len()), 8)?)?
+        }
         Op::CastLike(_) => elements(&x()?.shape, dsize(input(inputs, 1)?))?,
         Op::Index(i) => return index_op(i, inputs),
         Op::Quant(q) => return quant_op(q, inputs),

@@ -277,6 +277,54 @@ def add_multi_head_cases():
          ["q", "s"], ["y"])
 
 
+def add_group_query_cases():
+    b, s, n, kv, h = 2, 4, 4, 2, 8
+    q, k, v = normal(b, s, n * h), normal(b, s, kv * h), normal(b, s, kv * h)
+    past = {"pk": normal(b, kv, 5, h), "pv": normal(b, kv, 5, h)}
+    gqa = "GroupQueryAttention"
+    heads = dict(num_heads=n, kv_num_heads=kv)
+    prompt = {"q": q, "k": k, "v": v}
+    full = {"sl": np.array([3, 3], np.int32), "tot": scalar(4, np.int32)}
+    order = ["q", "k", "v", "", "", "sl", "tot"]
+    outputs = ["y", "present_k", "present_v"]
+    case("gqa_prompt", gqa, {**prompt, **full}, {}, order, outputs, **heads)
+    # Right padding: the second sequence holds two positions.
+    case("gqa_prompt_padded", gqa, {**prompt, "sl": np.array([3, 1], np.int32),
+                                    "tot": scalar(4, np.int32)}, {}, order, outputs, **heads)
+    case("gqa_packed", gqa, {"q": np.concatenate([q, k, v], -1), **full}, {},
+         ["q", "", "", "", "", "sl", "tot"], outputs, **heads)
+    for name, attrs in [("window", dict(local_window_size=2)), ("softcap", dict(softcap=2.0)),
+                        ("smooth", dict(smooth_softmax=1)), ("scale", dict(scale=0.2))]:
+        case(f"gqa_{name}", gqa, {**prompt, **full}, {}, order, outputs, **heads, **attrs)
+    step = {"q": q[:, :1], "k": k[:, :1], "v": v[:, :1], **past}
+    decode = ["q", "k", "v", "pk", "pv", "sl", "tot"]
+    # Sequences of different lengths, one token each.
+    case("gqa_decode_ragged", gqa, {**step, "sl": np.array([5, 3], np.int32),
+                                    "tot": scalar(6, np.int32)}, {}, decode, outputs, **heads)
+    # A past buffer longer than the sequences.
+    case("gqa_decode_long_buffer", gqa, {**step, "sl": np.array([2, 4], np.int32),
+                                         "tot": scalar(5, np.int32)}, {}, decode, outputs, **heads)
+    chunk = {"q": q[:1, :2], "k": k[:1, :2], "v": v[:1, :2], "pk": past["pk"][:1],
+             "pv": past["pv"][:1], "sl": np.array([6], np.int32), "tot": scalar(7, np.int32)}
+    case("gqa_second_prompt", gqa, chunk, {}, decode, outputs, **heads)
+    # onnxruntime rotates heads of a multiple of 16 only.
+    h = 16
+    prompt = {"q": normal(b, s, n * h), "k": normal(b, s, kv * h), "v": normal(b, s, kv * h)}
+    step = {"q": normal(b, 1, n * h), "k": normal(b, 1, kv * h), "v": normal(b, 1, kv * h),
+            "pk": normal(b, kv, 5, h), "pv": normal(b, kv, 5, h)}
+    caches = {"cos": normal(16, 8), "sin": normal(16, 8)}
+    rotary = decode + ["cos", "sin"]
+    case("gqa_rotary_prompt", gqa, {**prompt, **full}, caches, order + ["cos", "sin"], outputs,
+         do_rotary=1, **heads)
+    case("gqa_rotary_decode_interleaved", gqa, {**step, "sl": np.array([5, 3], np.int32),
+                                                "tot": scalar(6, np.int32)}, caches, rotary,
+         outputs, do_rotary=1, rotary_interleaved=1, **heads)
+    # Half of each head of 32 rotates.
+    wide = {"q": normal(b, s, n * 32), "k": normal(b, s, kv * 32), "v": normal(b, s, kv * 32)}
+    case("gqa_rotary_partial", gqa, {**wide, **full}, caches, order + ["cos", "sin"], outputs,
+         do_rotary=1, **heads)
+
+
 def add_nbits_cases():
     for name, bits, zero_points, bias in [("4bit", 4, "packed", False), ("4bit_default_zero", 4, None, True),
                                           ("8bit", 8, "packed", False), ("2bit", 2, "packed", True),
@@ -340,6 +388,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     add_cases()
     add_multi_head_cases()
+    add_group_query_cases()
     add_nbits_cases()
     models = []
     for name, op, feeds, consts, order, outputs, domain, attrs in CASES:
