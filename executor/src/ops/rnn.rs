@@ -432,13 +432,7 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
             Some((x32, w32, _)) => {
                 let mut out = vec![0f32; rows * gh];
                 let wd = &w32[d * gh * inp..(d + 1) * gh * inp];
-                if dense::available() {
-                    // W's rows read where they lie, as PyTorch's layout keeps them.
-                    dense::dense(x32, wd, (rows, inp, gh), &mut out, 1);
-                } else {
-                    let (x, w) = (Mat::row_major(x32, inp), Mat::transposed(wd, inp));
-                    sgemm(1, rows, gh, inp, x, w, &mut out, gh, false);
-                }
+                times_rows(x32, wd, (rows, inp, gh), &mut out);
                 out.into_iter().map(f64::from).collect()
             }
             None => {
@@ -479,14 +473,7 @@ pub fn rnn<'a>(r: &RnnAttrs, inputs: &[Option<&'a Tensor>]) -> OpResult<Vec<Tens
                             .is_some_and(|q| q.times(d, &h32, &mut hq, &mut packed_h, &mut rh32));
                         if !in_8_bits {
                             let rd = &r32[d * gh * hid..(d + 1) * gh * hid];
-                            if dense::available() {
-                                // One row by R's rows, read where they lie: a GEMM would
-                                // pack all of R again at every step.
-                                dense::dense(&h32, rd, (1, hid, gh), &mut rh32, 1);
-                            } else {
-                                let (h, rm) = (Mat::row_major(&h32, hid), Mat::transposed(rd, hid));
-                                sgemm(1, 1, gh, hid, h, rm, &mut rh32, gh, false);
-                            }
+                            times_rows(&h32, rd, (1, hid, gh), &mut rh32);
                         }
                         for k in 0..gh {
                             rh[k] = f64::from(rh32[k]) + rb[k];
@@ -617,6 +604,18 @@ fn lstm_cell_f32(pre: &[f64], rh: &[f64], p: &[f64], c: &mut [f64], h: &mut [f64
     map_inplace(1, zf, tanh);
     for j in 0..hid {
         h[j] = f64::from(zo[j] * zf[j]);
+    }
+}
+
+/// `out = x · wᵀ` for `x` `[m, k]` and weights `w` `[n, k]` (a gate row each): with the dense
+/// kernel, `w`'s rows are read where they lie, where a GEMM would pack all of them again at
+/// every call (every step, for R).
+fn times_rows(x: &[f32], w: &[f32], (m, k, n): (usize, usize, usize), out: &mut [f32]) {
+    if dense::available() {
+        dense::dense(x, w, (m, k, n), out, 1);
+    } else {
+        let (xm, wm) = (Mat::row_major(x, k), Mat::transposed(w, k));
+        sgemm(1, m, n, k, xm, wm, out, n, false);
     }
 }
 
