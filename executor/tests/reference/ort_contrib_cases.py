@@ -9,7 +9,8 @@ relative to their largest magnitude).
 Besides the one-node cases, a small BERT laid out as PyTorch exports it goes through
 onnxruntime's transformer optimizer (EmbedLayerNormalization, Attention or MultiHeadAttention,
 SkipLayerNormalization, BiasGelu) and then quantize_dynamic (QEmbedLayerNormalization,
-QAttention, MatMulInteger): whole models those tools write.
+QAttention, MatMulInteger): whole models those tools write; and a small decoder as
+onnxruntime-genai's builder writes one, on a prompt and then on one token with its cache.
 """
 
 import os
@@ -383,6 +384,104 @@ def optimized_berts(out):
     yield "bert_optimized_int8", quantized, feeds, 1e-2
 
 
+def decoder(out):
+    """A two-layer decoder laid out as onnxruntime-genai's model builder writes one for the CPU
+    (int4 MatMulNBits, SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization,
+    GroupQueryAttention with rotary embeddings over a key/value cache), run on a prompt and then
+    on one more token with the prompt's cache; yields (name, path, feeds, tolerance)."""
+    layers, d, n, kv, h, vocab, inner = 2, 64, 4, 2, 16, 50, 96
+    nodes, consts = [], {"embed": normal(vocab, d), "cos": normal(32, h // 2),
+                         "sin": normal(32, h // 2), "one": np.array(1, np.int64),
+                         "axis1": np.array([1], np.int64), "second": np.array(1, np.int64)}
+
+    def node(op, inputs, outputs, domain="", **attrs):
+        nodes.append(helper.make_node(op, inputs, outputs, name=f"n{len(nodes)}", domain=domain,
+                                      **attrs))
+        return outputs[0]
+
+    def matmul(x, k, n_out, name):
+        w = nbits_weights(k, n_out, 32, 4, "packed")
+        for key in w:
+            consts[f"{name}_{key}"] = w[key]
+        return node("MatMulNBits", [x, f"{name}_b", f"{name}_scales", f"{name}_zeros"],
+                    [f"{name}_out"], MS, K=k, N=n_out, bits=4, block_size=32)
+
+    # The mask's valid lengths less one, and its length, as GroupQueryAttention takes them.
+    node("ReduceSum", ["attention_mask", "axis1"], ["mask_sum"], keepdims=0)
+    node("Sub", ["mask_sum", "one"], ["lengths64"])
+    node("Cast", ["lengths64"], ["seqlens_k"], to=onnx.TensorProto.INT32)
+    node("Shape", ["attention_mask"], ["mask_shape"])
+    node("Gather", ["mask_shape", "second"], ["total64"], axis=0)
+    node("Cast", ["total64"], ["total"], to=onnx.TensorProto.INT32)
+    x = node("Gather", ["embed", "input_ids"], ["embedded"])
+    residual = None
+    outputs = ["logits"]
+    for i in range(layers):
+        consts[f"attn_norm{i}"] = (1 + 0.1 * normal(d)).astype(np.float32)
+        consts[f"mlp_norm{i}"] = (1 + 0.1 * normal(d)).astype(np.float32)
+        if residual is None:
+            normed = node("SimplifiedLayerNormalization", [x, f"attn_norm{i}"], [f"normed{i}"],
+                          epsilon=1e-5, axis=-1)
+            residual = x
+        else:
+            normed = node("SkipSimplifiedLayerNormalization", [x, residual, f"attn_norm{i}"],
+                          [f"normed{i}", "", "", f"residual{i}a"], MS, epsilon=1e-5)
+            residual = f"residual{i}a"
+        qkv = matmul(normed, d, (n + 2 * kv) * h, f"qkv{i}")
+        past = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        present = [f"present.{i}.key", f"present.{i}.value"]
+        outputs += present
+        attn = node("GroupQueryAttention", [qkv, "", "", *past, "seqlens_k", "total", "cos", "sin"],
+                    [f"attn{i}", *present], MS, num_heads=n, kv_num_heads=kv, do_rotary=1)
+        projected = matmul(attn, d, d, f"o{i}")
+        normed = node("SkipSimplifiedLayerNormalization", [projected, residual, f"mlp_norm{i}"],
+                      [f"mlp_in{i}", "", "", f"residual{i}b"], MS, epsilon=1e-5)
+        residual = f"residual{i}b"
+        gate, up = matmul(normed, d, inner, f"gate{i}"), matmul(normed, d, inner, f"up{i}")
+        node("Sigmoid", [gate], [f"sig{i}"])
+        node("Mul", [gate, f"sig{i}"], [f"silu{i}"])
+        node("Mul", [f"silu{i}", up], [f"act{i}"])
+        x = matmul(f"act{i}", inner, d, f"down{i}")
+    consts["final_norm"] = (1 + 0.1 * normal(d)).astype(np.float32)
+    node("SkipSimplifiedLayerNormalization", [x, residual, "final_norm"], ["final"], MS,
+         epsilon=1e-5)
+    matmul("final", d, vocab, "lm_head")
+    node("Identity", ["lm_head_out"], ["logits"])
+    f32, batch = onnx.TensorProto.FLOAT, "batch"
+    inputs = [helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, [batch, "seq"]),
+              helper.make_tensor_value_info("attention_mask", onnx.TensorProto.INT64,
+                                            [batch, "total"])]
+    for i in range(layers):
+        for kind in ["key", "value"]:
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32,
+                                                        [batch, kv, "past", h]))
+    graph = helper.make_graph(nodes, "decoder", inputs,
+                              [helper.make_empty_tensor_value_info(o) for o in outputs],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(MS, 1)], ir_version=8)
+    # One file a case: the test reads the model of case NAME from NAME.onnx.
+    path, step_path = os.path.join(out, "decoder_prompt.onnx"), os.path.join(out, "decoder_step.onnx")
+    onnx.save(model, path)
+    onnx.save(model, step_path)
+    b, s = 2, 5
+    empty = np.zeros((b, kv, 0, h), np.float32)
+    prompt = {"input_ids": rng.integers(0, vocab, (b, s)), "attention_mask": np.ones((b, s), np.int64)}
+    for i in range(layers):
+        prompt[f"past_key_values.{i}.key"] = prompt[f"past_key_values.{i}.value"] = empty
+    yield "decoder_prompt", path, prompt, 1e-4
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    cache = dict(zip([o.name for o in session.get_outputs()], session.run(None, prompt)))
+    step = {"input_ids": rng.integers(0, vocab, (b, 1)),
+            "attention_mask": np.ones((b, s + 1), np.int64)}
+    for i in range(layers):
+        for kind in ["key", "value"]:
+            step[f"past_key_values.{i}.{kind}"] = cache[f"present.{i}.{kind}"]
+    yield "decoder_step", step_path, step, 1e-4
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -396,6 +495,7 @@ def main():
         onnx.save(build(name, op, feeds, consts, order, outputs, domain, attrs), path)
         models.append((name, path, feeds, 1e-4))
     models += optimized_berts(out)
+    models += decoder(out)
     lines = []
     for name, path, feeds, tolerance in models:
         so = ort.SessionOptions()
