@@ -20,7 +20,8 @@ use std::time::Instant;
 #[global_allocator]
 static ALLOC: cotenant_kernels::line_alloc::LineAligned = cotenant_kernels::line_alloc::LineAligned;
 
-const GEMMS: [(usize, usize, usize, &str); 7] = [
+const GEMMS: [(usize, usize, usize, &str); 8] = [
+    (12, 1024, 512, "t5 ffn, 12 tokens"),
     (64, 3136, 576, "resnet50 3x3 im2col 56x56"),
     (512, 196, 4608, "resnet50 3x3 im2col 14x14"),
     (128, 768, 768, "bert qkv, batch 1"),

@@ -69,10 +69,18 @@ fn request_tile_data() -> bool {
     false
 }
 
+/// Rows from which a last, partial register tile runs on AMX rather than on the VNNI kernel.
+/// A tile load of B feeds as many rows as the tile has where a VNNI load feeds six, and from
+/// 8 rows the VNNI kernel is bound by its multiply-adds: `gemm_rate --gemms`, 12 × 1024 × 512
+/// with the weights in cache 403 → 957 GOP/s, 8 rows 304 → 791. With the weights read from
+/// memory (`--cold`) the two are even at 8 rows and the VNNI kernel ahead by a tenth below,
+/// where AMX is ahead in cache (6 rows 357 → 622).
+const PARTIAL_ROWS: usize = 8;
+
 /// Whether the AMX kernel takes a product of these operands: its reduction is whole A tiles,
-/// and there are rows for at least one register tile.
+/// and there are rows for at least a partial register tile.
 pub(crate) fn applies(a: &PackedA, b: &PackedB) -> bool {
-    b.kp > 0 && b.kp.is_multiple_of(TILE_K) && a.m() >= 2 * TILE_ROWS && available()
+    b.kp > 0 && b.kp.is_multiple_of(TILE_K) && a.m() >= PARTIAL_ROWS && available()
 }
 
 /// The tile configuration: palette 1, the eight tiles 16 rows of 64 bytes.
@@ -100,6 +108,26 @@ const CONFIG: TileConfig = TileConfig {
 pub(crate) unsafe fn configure() {
     // SAFETY: the configuration is valid for palette 1 (16 rows of 64 bytes).
     unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+}
+
+/// [`configure`] for a register tile of `rows` rows (1..32): the A tiles and their sums take
+/// `min(rows, 16)` and `rows - 16` rows; under 17 rows the second A tile repeats the first's
+/// rows (its products are computed and not read), so that no load reads past the last row.
+///
+/// # Safety
+/// As [`configure`].
+unsafe fn configure_rows(rows: usize) {
+    let first = rows.clamp(1, TILE_ROWS) as u8;
+    let second = match rows > TILE_ROWS {
+        true => (rows - TILE_ROWS).min(TILE_ROWS) as u8,
+        false => first,
+    };
+    let config = TileConfig {
+        rows: [first, first, second, second, first, second, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+        ..CONFIG
+    };
+    // SAFETY: rows of 1..=16 and 64 bytes are valid for palette 1.
+    unsafe { asm!("ldtilecfg [{}]", in(reg) &config, options(nostack, readonly)) };
 }
 
 /// Releases the tile state [`configure`] set up.
@@ -137,8 +165,8 @@ impl Rows<'_> {
     }
 }
 
-/// Rows `rows` by the columns of `panels`: 32 × 32 register tiles on AMX, the rest on the VNNI
-/// kernel (`NP` panels a call).
+/// Rows `rows` by the columns of `panels`: 32 × 32 register tiles on AMX (the last one
+/// partial, from [`PARTIAL_ROWS`] rows), the rest on the VNNI kernel (`NP` panels a call).
 ///
 /// # Safety
 /// [`applies`] holds for `a` and `b`; `a`, `b` are consistent packs; `out` holds `a.m × b.n`
@@ -152,7 +180,12 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
     out: SharedOut<O>,
     f: &F,
 ) {
-    let row_end = rows.start + (rows.len() / (2 * TILE_ROWS)) * 2 * TILE_ROWS;
+    // Whole 32-row register tiles, then a partial one of the rows left if there are enough.
+    let whole = rows.start + (rows.len() / (2 * TILE_ROWS)) * 2 * TILE_ROWS;
+    let row_end = match rows.end - whole >= PARTIAL_ROWS {
+        true => rows.end,
+        false => whole,
+    };
     let panel_end = panels.start + (panels.len() / 2) * 2;
     if row_end > rows.start && panel_end > panels.start {
         // SAFETY: `applies` implies `available`; the tile state is released below, before
@@ -161,17 +194,24 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
         let mut sums = [0i32; 4 * TILE_ROWS * LANES];
         // The weights of the next block of panels, a share by each product (as the VNNI
         // kernel's tiles take theirs).
-        let shares = (row_end - rows.start) / (2 * TILE_ROWS) * (panel_end - panels.start) / 2;
+        let blocks = (row_end - rows.start).div_ceil(2 * TILE_ROWS);
+        let shares = blocks * (panel_end - panels.start) / 2;
         let mut ahead = Ahead::after(b, panels.clone(), panels.len(), shares);
         for i in (rows.start..row_end).step_by(2 * TILE_ROWS) {
-            let halves = [
-                Rows::packed(a, b.kp, i),
-                Rows::packed(a, b.kp, i + TILE_ROWS),
-            ];
+            let height = (row_end - i).min(2 * TILE_ROWS);
+            if height < 2 * TILE_ROWS {
+                // SAFETY: as `configure` above; only the last block is partial.
+                unsafe { configure_rows(height) };
+            }
+            // Rows of the two A tiles; under 17 rows the second repeats the first.
+            let tile_rows = [height.min(TILE_ROWS), height.saturating_sub(TILE_ROWS)];
+            let second = if height > TILE_ROWS { i + TILE_ROWS } else { i };
+            let halves = [Rows::packed(a, b.kp, i), Rows::packed(a, b.kp, second)];
             for p in (panels.start..panel_end).step_by(2) {
                 let pair = [panel(b, p), panel(b, p + 1)];
-                // SAFETY: rows i..i + 32 lie within a (row_end <= a.m), panels p, p + 1
-                // within b, and the reduction is kp / 64 whole tiles of both.
+                // SAFETY: the configured rows from i and `second` lie within a
+                // (row_end <= a.m), panels p, p + 1 within b, and the reduction is kp / 64
+                // whole tiles of both.
                 let share = ahead.share(b.kp / TILE_K);
                 unsafe { products(halves, pair, b.kp / TILE_K, &mut sums, share) };
                 for (q, quarter) in sums.chunks_exact(TILE_ROWS * LANES).enumerate() {
@@ -179,7 +219,8 @@ pub(crate) unsafe fn tiles<O, F: Fn(usize, usize, &[i32], &mut [O])>(
                     if j0 >= b.n {
                         continue;
                     }
-                    for (r, row) in quarter.chunks_exact(LANES).enumerate() {
+                    let valid = tile_rows[q / 2];
+                    for (r, row) in quarter.chunks_exact(LANES).take(valid).enumerate() {
                         // SAFETY: row i0 + r < m and columns from j0 < n: within the
                         // output, written by this task alone.
                         unsafe {

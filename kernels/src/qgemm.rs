@@ -1008,6 +1008,13 @@ mod tests {
         (64, 16, 64),
         // More panels than a task of AMX tiles takes (16), the last odd, with rows below.
         (45, 300, 128),
+        // Partial AMX register tiles: one A tile of 12 rows, 16 + 4 rows, at the threshold,
+        // and just under it (the VNNI kernel's).
+        (12, 40, 128),
+        (20, 33, 64),
+        (8, 16, 64),
+        (7, 16, 64),
+        (57, 35, 192),
         // On two threads, column tasks of more than one block of 16 panels.
         (64, 1100, 64),
         (0, 4, 4),
