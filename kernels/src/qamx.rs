@@ -123,7 +123,9 @@ unsafe fn configure_rows(rows: usize) {
         false => first,
     };
     let config = TileConfig {
-        rows: [first, first, second, second, first, second, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+        rows: [
+            first, first, second, second, first, second, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0,
+        ],
         ..CONFIG
     };
     // SAFETY: rows of 1..=16 and 64 bytes are valid for palette 1.

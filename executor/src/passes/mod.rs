@@ -1,8 +1,8 @@
 //! Graph rewrite passes, run in order by [`optimize`]: Identity nodes removed, quantized (QDQ)
 //! patterns to integer ops, the NCHW/NHWC transposes between them cancelled, constant folding
 //! (shape subgraphs included, under symbolic dimensions), constant bias Adds and BatchNorm
-//! folded into the producing Conv, Erf-form GELU and written-out hard-swish (on the CPU, SiLU
-//! too) recognised, (on the CPU) a scalar scaling of Softmax's input folded into it, constant
+//! folded into the producing Conv, Erf-form GELU, written-out hard-swish and RMS normalisation
+//! (on the CPU, SiLU too) recognised, (on the CPU) a scalar scaling of Softmax's input folded into it, constant
 //! bias fused into MatMul, residual Adds fused into the producing Conv, activations fused into
 //! the producing Conv/Gemm/MatMul, a 1x1 Conv fused into the depthwise Conv after it and then
 //! the 1x1 Conv after the pair (MobileNet's whole inverted residual block), dead-node removal.
@@ -23,6 +23,7 @@ mod pack_matmul;
 mod pointwise_depthwise;
 mod qdq;
 mod residual;
+mod rms_norm;
 mod scaled_softmax;
 mod shapes;
 mod swish;
@@ -43,6 +44,7 @@ pub use nhwc::nhwc_convolutions;
 pub use pack_matmul::pack_matmul_weights;
 pub use pointwise_depthwise::fuse_pointwise_depthwise;
 pub use residual::fuse_residual_add;
+pub use rms_norm::fuse_rms_norm;
 pub use scaled_softmax::fuse_scaled_softmax;
 pub use shapes::{batch_refusal, fold_shapes, separable_batch};
 pub use swish::fuse_swish;
@@ -77,6 +79,7 @@ fn rewrite(g: &mut Graph, cpu: bool) {
     while fold_conv_bias(g) + fold_batch_norm(g) > 0 {}
     fuse_gelu(g);
     fuse_hard_swish(g);
+    fuse_rms_norm(g);
     if cpu {
         fuse_swish(g);
         fuse_scaled_softmax(g);
