@@ -40,6 +40,8 @@ pub struct GroupQueryAttrs {
 struct Dims {
     batch: usize,
     seq: usize,
+    /// `total_sequence_length`.
+    total: usize,
     head: usize,
     past: usize,
     present: usize,
@@ -99,6 +101,7 @@ fn dims(a: &GroupQueryAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Dims> {
     Ok(Dims {
         batch,
         seq,
+        total,
         head,
         past,
         present,
@@ -143,7 +146,7 @@ pub fn group_query_attention(
             lengths.len()
         ));
     }
-    let first_prompt = scalar(input(inputs, 6)?, "total_sequence_length")? == seq;
+    let first_prompt = d.total == seq;
     // Per sequence: its length after this step, and the positions before the new ones.
     let spans = lengths
         .iter()

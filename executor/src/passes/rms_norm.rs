@@ -61,7 +61,8 @@ struct Found {
 /// If node `i` is the last step of `x / √(mean(x²) + ε)`: `x` and `ε`.
 fn matches_at(g: &Graph, i: usize) -> Option<Found> {
     let n = &g.nodes[i];
-    if n.outputs.len() != 1 {
+    let last_step = matches!(n.op, Op::Binary(Binary::Div | Binary::Mul));
+    if !last_step || n.outputs.len() != 1 {
         return None;
     }
     let (producers, uses) = (g.producers(), g.use_counts());
