@@ -587,8 +587,96 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Float outputs: max |ours - ref| relative to max |ref| within 1e-4; others: equal.
-fn differs(ours: &Tensor, reference: &Tensor) -> Option<String> {
+/// Linear Resize and Upsample over the layouts onnxruntime interpolates (both axes of 2-D, all
+/// three of 3-D, NCHW, NHWC, NCDHW, one axis of four), up and down, by scales and by sizes:
+/// compared bit for bit, since a quantized model re-quantizes what they output.
+fn linear_resizes() -> Vec<Case> {
+    let mut r = Rng::new(12);
+    let r = &mut r;
+    let mut resize = |name, shape: &[usize], mode, target: Tensor, by_sizes: bool| Case {
+        name,
+        op: "Resize",
+        opset: 13,
+        attrs: vec![
+            string_attr("mode", "linear"),
+            string_attr("coordinate_transformation_mode", mode),
+        ],
+        feeds: vec![("x", f32s(r, shape, |v| v * 3.0))],
+        consts: vec![(if by_sizes { "sizes" } else { "scales" }, target)],
+        order: if by_sizes {
+            vec!["x", "", "", "sizes"]
+        } else {
+            vec!["x", "", "scales"]
+        },
+        outputs: vec![DType::F32],
+    };
+    let scales = |v: &[f32]| Tensor::f32(vec![v.len()], v.to_vec()).unwrap();
+    let mut cases = vec![
+        resize(
+            "nchw_half_pixel_x2",
+            &[1, 3, 9, 7],
+            "half_pixel",
+            scales(&[1.0, 1.0, 2.0, 2.0]),
+            false,
+        ),
+        resize(
+            "nchw_pytorch_half_pixel_sizes",
+            &[2, 3, 5, 4],
+            "pytorch_half_pixel",
+            vector(&[2, 3, 7, 11]),
+            true,
+        ),
+        resize(
+            "nchw_width_only",
+            &[1, 2, 6, 5],
+            "half_pixel",
+            scales(&[1.0, 1.0, 1.0, 2.0]),
+            false,
+        ),
+        resize(
+            "nhwc_asymmetric",
+            &[1, 5, 6, 3],
+            "asymmetric",
+            scales(&[1.0, 1.5, 0.7, 1.0]),
+            false,
+        ),
+        resize(
+            "plane_align_corners",
+            &[6, 5],
+            "align_corners",
+            vector(&[9, 13]),
+            true,
+        ),
+        resize(
+            "three_axes_half_pixel",
+            &[2, 4, 5],
+            "half_pixel",
+            vector(&[3, 8, 9]),
+            true,
+        ),
+        resize(
+            "ncdhw_mixed",
+            &[1, 2, 3, 4, 5],
+            "half_pixel",
+            scales(&[1.0, 1.0, 2.0, 1.5, 0.5]),
+            false,
+        ),
+    ];
+    cases.push(Case {
+        name: "upsample_bilinear",
+        op: "Upsample",
+        opset: 9,
+        attrs: vec![string_attr("mode", "linear")],
+        feeds: vec![("x", f32s(r, &[1, 2, 3, 4], |v| v))],
+        consts: vec![("scales", scales(&[1.0, 1.0, 2.0, 2.5]))],
+        order: vec!["x", "scales"],
+        outputs: vec![DType::F32],
+    });
+    cases
+}
+
+/// Float outputs: max |ours - ref| relative to max |ref| within `tolerance`; others: equal.
+fn differs(ours: &Tensor, reference: &Tensor, tolerance: f64) -> Option<String> {
     if ours.shape != reference.shape || ours.dtype() != reference.dtype() {
         return Some(format!(
             "{:?} {:?}, expected {:?} {:?}",
@@ -606,7 +694,7 @@ fn differs(ours: &Tensor, reference: &Tensor) -> Option<String> {
                 .iter()
                 .zip(&b)
                 .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
-            (worst / scale > 1e-4 || worst.is_nan())
+            (worst / scale > tolerance || worst.is_nan())
                 .then(|| format!("max |diff| / max |ref| = {:.2e}", worst / scale))
         }
         _ => (ours.data != reference.data)
@@ -617,13 +705,24 @@ fn differs(ours: &Tensor, reference: &Tensor) -> Option<String> {
 #[test]
 #[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
 fn new_operators_match_onnxruntime() {
+    run_against_onnxruntime("ops", cases(), 1e-4);
+}
+
+#[test]
+#[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
+fn linear_resize_rounds_as_onnxruntime_does() {
+    run_against_onnxruntime("resize", linear_resizes(), 0.0);
+}
+
+/// Runs every case through onnxruntime and the executor and fails listing the outputs that differ.
+fn run_against_onnxruntime(suite: &str, cases: Vec<Case>, tolerance: f64) {
     let python = common::python();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/ort_run.py");
-    let dir = std::env::temp_dir().join(format!("cotenant-ops-vs-ort-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("cotenant-{suite}-vs-ort-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let backend = CpuBackend::new(2);
     let mut failures = Vec::new();
-    for case in cases() {
+    for case in cases {
         let path = dir.join(format!("{}.onnx", case.name));
         std::fs::write(&path, case.model()).unwrap();
         let out_dir = dir.join(format!("{}_ort", case.name));
@@ -657,7 +756,7 @@ fn new_operators_match_onnxruntime() {
             .unwrap_or_else(|e| panic!("{}: {e}", case.name));
         for (name, t) in ours {
             let reference = npy::read(&out_dir.join(format!("{name}.npy"))).unwrap();
-            if let Some(why) = differs(&t, &reference) {
+            if let Some(why) = differs(&t, &reference, tolerance) {
                 failures.push(format!("{} output {name}: {why}", case.name));
             }
         }

@@ -31,6 +31,7 @@ pub mod recurrent_state;
 pub mod reduce;
 pub mod resize;
 pub mod resize_filter;
+mod resize_linear;
 pub mod rnn;
 pub mod roi_align;
 pub mod shape;
@@ -1077,7 +1078,7 @@ impl Op {
                 one(shape::concat_pooled(cx, inputs, *axis))
             }
             Op::Shape(s) => s.eval(inputs),
-            Op::Resize(r) => one(resize::resize(r, inputs)),
+            Op::Resize(r) => one(resize::resize(cx, r, inputs)),
             Op::GridSample(g) => one(grid::grid_sample(g, input(inputs, 0)?, input(inputs, 1)?)),
             Op::Rnn(r) => rnn::rnn(r, inputs),
             Op::AffineGrid { align_corners } => one(grid::affine_grid(

@@ -1,8 +1,9 @@
-//! Resize and Upsample, applied one axis at a time (both are separable): nearest and
-//! (multi)linear on two taps here; cubic, antialiased and `tf_crop_and_resize` resampling by
-//! filter taps in `resize_filter`.
+//! Resize and Upsample: nearest and (multi)linear on two taps, one axis at a time (both are
+//! separable), or linear over the spatial axes at once in `resize_linear`; cubic, antialiased
+//! and `tf_crop_and_resize` resampling by filter taps in `resize_filter`.
 
 use super::resize_filter::{axis_taps, resample_axis as filter_axis};
+use super::resize_linear::{self, Corners};
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::ops::attrs::Attrs;
@@ -250,13 +251,36 @@ fn regions(r: &ResizeAttrs, inputs: &[Option<&Tensor>], rank: usize) -> OpResult
 /// weight (0 where it picks the first alone).
 type Tap = (usize, usize, f32);
 
-pub fn resize(r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
+pub fn resize(cx: &super::Cx, r: &ResizeAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;
     let rank = x.rank();
     let legacy = r.legacy || inputs.len() == 2;
     let (out, scales) = resize_shape(r, inputs)?;
     if r.filtered(legacy) {
         return resize_filtered(r, inputs, &out, &scales);
+    }
+    if r.mode == Mode::Linear
+        && let Some(spatial) = resize_linear::spatial_axes(&scales)
+    {
+        // An unscaled axis keeps its positions (onnxruntime skips the coordinate transform).
+        let corners: Vec<Vec<Corners>> = spatial
+            .clone()
+            .map(|ax| {
+                let (len, scale) = (x.shape[ax], scales[ax] as f32);
+                (0..out[ax])
+                    .map(|o| {
+                        let at = if scales[ax] == 1.0 {
+                            o as f32
+                        } else {
+                            source(r, legacy, o, len, out[ax], scale)
+                        };
+                        Corners::around(at, len)
+                    })
+                    .collect()
+            })
+            .collect();
+        let data = resize_linear::blend(cx, x.as_f32()?, &x.shape, spatial, &corners, &out);
+        return Tensor::f32(out, data);
     }
     // The input is read in place by the first axis resampled, not copied.
     let mut cur = std::borrow::Cow::Borrowed(x.as_f32()?);
@@ -322,37 +346,7 @@ fn tap(r: &ResizeAttrs, legacy: bool, o: usize, len: usize, out_len: usize, scal
     if len == 0 {
         return (0, 0, 0.0);
     }
-    let (o, l, n, s) = (o as f32, len as f32, out_len as f32, scale);
-    let coord = if legacy {
-        "asymmetric"
-    } else {
-        r.coord.as_str()
-    };
-    let x = match coord {
-        "asymmetric" => o / s,
-        // The reference uses the unrounded resized length (input length times scale).
-        "align_corners" => {
-            if l * s <= 1.0 {
-                0.0
-            } else {
-                o * (l - 1.0) / (l * s - 1.0)
-            }
-        }
-        "pytorch_half_pixel" => {
-            if out_len > 1 {
-                (o + 0.5) / s - 0.5
-            } else {
-                0.0
-            }
-        }
-        "tf_half_pixel_for_nn" => (o + 0.5) / s,
-        "half_pixel_symmetric" => {
-            let adj = n / (s * l);
-            let center = l / 2.0;
-            center * (1.0 - adj) + (o + 0.5) / s - 0.5
-        }
-        _ => (o + 0.5) / s - 0.5,
-    };
+    let x = source(r, legacy, o, len, out_len, scale);
     let last = len - 1;
     if r.mode == Mode::Linear {
         let x = x.clamp(0.0, last as f32);
@@ -379,6 +373,41 @@ fn tap(r: &ResizeAttrs, legacy: bool, o: usize, len: usize, out_len: usize, scal
         };
         let i = (i.max(0.0) as usize).min(last);
         (i, i, 0.0)
+    }
+}
+
+/// The input coordinate that output position `o` along an axis samples.
+fn source(r: &ResizeAttrs, legacy: bool, o: usize, len: usize, out_len: usize, scale: f32) -> f32 {
+    let (o, l, n, s) = (o as f32, len as f32, out_len as f32, scale);
+    let coord = if legacy {
+        "asymmetric"
+    } else {
+        r.coord.as_str()
+    };
+    match coord {
+        "asymmetric" => o / s,
+        // The reference uses the unrounded resized length (input length times scale).
+        "align_corners" => {
+            if l * s <= 1.0 {
+                0.0
+            } else {
+                o * (l - 1.0) / (l * s - 1.0)
+            }
+        }
+        "pytorch_half_pixel" => {
+            if out_len > 1 {
+                (o + 0.5) / s - 0.5
+            } else {
+                0.0
+            }
+        }
+        "tf_half_pixel_for_nn" => (o + 0.5) / s,
+        "half_pixel_symmetric" => {
+            let adj = n / (s * l);
+            let center = l / 2.0;
+            center * (1.0 - adj) + (o + 0.5) / s - 0.5
+        }
+        _ => (o + 0.5) / s - 0.5,
     }
 }
 
