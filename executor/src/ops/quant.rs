@@ -16,7 +16,7 @@ use super::matmul::MatMulShape;
 use super::{Cx, input, narrow, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{CastMode, DType, Data, Low, Tensor, axis_in, bf16, checked_numel, f16};
-use cotenant_kernels::activation::clip;
+use cotenant_kernels::activation::{Activation, clip};
 use cotenant_kernels::conv::{Conv2d, conv2d_integer};
 use cotenant_kernels::igemm::igemm;
 use cotenant_kernels::qconv::{self, Byte, Requantize, applies as nhwc_applies, round_even};
@@ -138,6 +138,10 @@ pub struct PackedConv {
     pub w_shape: Vec<usize>,
     pub w: IntegerFilter,
     pub scaled: bool,
+    /// A float bias per output channel added after the scaling (a `quantize_dynamic` that
+    /// keeps the bias in float writes this Add), then an activation: both only when scaled.
+    pub bias: Option<Vec<f32>>,
+    pub act: Option<Activation>,
 }
 
 /// A [`PackedConv`]'s weights.
@@ -992,7 +996,8 @@ fn packed_conv(cx: &Cx, pc: &PackedConv, inputs: &[Option<&Tensor>]) -> OpResult
         None => None,
     };
     let mut out = cx.take_f32(total);
-    // Add, Cast and Mul as those ops round them, on the sums while they are in cache.
+    // Add, Cast, Mul, the float bias and the activation as those ops round them, on the sums
+    // while they are in cache.
     conv_groups(
         cx,
         pc,
@@ -1004,6 +1009,12 @@ fn packed_conv(cx: &Cx, pc: &PackedConv, inputs: &[Option<&Tensor>]) -> OpResult
             let b = bias.map_or(0, |b| b[if b.len() == 1 { 0 } else { c }]);
             for (o, &a) in o.iter_mut().zip(acc) {
                 *o = a.wrapping_add(b) as f32 * scale;
+            }
+            if let Some(f) = &pc.bias {
+                o.iter_mut().for_each(|o| *o += f[c]);
+            }
+            if let Some(act) = pc.act {
+                o.iter_mut().for_each(|o| *o = act.apply(*o));
             }
         },
     )?;

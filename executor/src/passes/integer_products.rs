@@ -10,11 +10,13 @@
 //! * ConvInteger by int8/uint8 weights (zero point absent, one, or one per output channel; any
 //!   group count): an Add of an int32 bias per output channel (onnxruntime's `quantize_dynamic`
 //!   divides the float bias by the scale at run time and reshapes it along the channels), a
-//!   Cast to float and a Mul by a single scale ([`PackedConv`]).
+//!   Cast to float and a Mul by a single scale ([`PackedConv`]); then, where the bias stayed in
+//!   float, an Add of a constant per output channel, and an activation.
 //!
 //! The sums are exact, so the fused ops give the separate ops' results bit for bit.
 
-use super::{producer, sole_reader};
+use super::fuse::activation_of;
+use super::{add_reading, producer, sole_reader};
 use crate::graph::Graph;
 use crate::ops::Op;
 use crate::ops::elementwise::Binary;
@@ -180,6 +182,8 @@ pub(super) fn pack_conv(g: &mut Graph, i: usize) -> bool {
         w_shape: w.shape.clone(),
         w: filter,
         scaled: false,
+        bias: None,
+        act: None,
     };
     let mut inputs = vec![Some(x), input(2)];
     let mut out = n.outputs[0];
@@ -204,10 +208,39 @@ pub(super) fn pack_conv(g: &mut Graph, i: usize) -> bool {
         }
         out = g.nodes[mul].outputs[0];
         remove.extend([cast, mul]);
+        // Then a float bias per channel, then an activation.
+        if let Some((ad, bias)) = float_channel_bias(g, out, w.shape[0], w.rank()) {
+            op.bias = Some(bias);
+            out = g.nodes[ad].outputs[0];
+            remove.push(ad);
+        }
+        if let Some(j) = sole_reader(g, &uses, out)
+            && g.nodes[j].inputs.first() == Some(&Some(out))
+            && let Some(act) = activation_of(g, &g.nodes[j].op, &g.nodes[j].inputs)
+        {
+            op.act = Some(act);
+            out = g.nodes[j].outputs[0];
+            remove.push(j);
+        }
     }
     let op = Op::Quant(QuantOp::PackedConv(Arc::new(op)));
     replace_chain(g, i, remove, op, inputs, out);
     true
+}
+
+/// The Add that alone reads `v` of a float32 constant per channel (of `m`, in a rank-`rank`
+/// NCHW tensor), or of such a constant reshaped along the channels: `(the Add, the bias)`.
+fn float_channel_bias(g: &Graph, v: usize, m: usize, rank: usize) -> Option<(usize, Vec<f32>)> {
+    let (ad, b) = add_reading(g, v)?;
+    let b = b?;
+    if !channel_values(g, b, m, rank) {
+        return None;
+    }
+    let t = match g.constants.get(&b) {
+        Some(t) => t,
+        None => g.constants.get(&g.nodes[producer(g, b)?].inputs[0]?)?,
+    };
+    (t.len() == m).then(|| Some((ad, t.as_f32().ok()?.to_vec())))?
 }
 
 /// Constant ConvInteger weights `[M, C/G, ...]` (int8 or uint8, 1-D or 2-D, none empty) with
@@ -382,6 +415,10 @@ mod tests {
         /// 1x1 unpadded (else 3x3, padded 1, with `stride`).
         pointwise: bool,
         stride: usize,
+        /// After the scaling, a float bias per channel (a constant `[M]` reshaped to
+        /// `[1, M, 1, 1]`, as `quantize_dynamic` writes a bias it keeps in float) and a Relu.
+        float_bias: bool,
+        relu: bool,
     }
 
     #[derive(Clone, Copy, PartialEq)]
@@ -406,6 +443,8 @@ mod tests {
         weights_as_input: false,
         pointwise: false,
         stride: 1,
+        float_bias: false,
+        relu: false,
     };
 
     impl DynConv {
@@ -497,6 +536,16 @@ mod tests {
             y = g.node("Cast", &[Some(y)], 1, vec![attr_int("to", 1)])[0];
             y = g.node("Mul", &[Some(y), Some(scale)], 1, vec![])[0];
         }
+        if v.float_bias {
+            let f: Vec<f32> = (0..m).map(|c| c as f32 * 0.37 - 0.9).collect();
+            let f = g.constant(t(&[m], Data::F32(f)));
+            let shape = g.constant(t(&[4], Data::I64(vec![1, -1, 1, 1])));
+            let f = g.node("Reshape", &[Some(f), Some(shape)], 1, vec![])[0];
+            y = g.node("Add", &[Some(y), Some(f)], 1, vec![])[0];
+        }
+        if v.relu {
+            y = g.node("Relu", &[Some(y)], 1, vec![])[0];
+        }
         g.output(y)
     }
 
@@ -575,6 +624,18 @@ mod tests {
                 ..d
             },
             DynConv { stride: 2, ..d },
+            DynConv {
+                bias: Bias::None,
+                float_bias: true,
+                relu: true,
+                ..d
+            },
+            DynConv { relu: true, ..d },
+            DynConv {
+                groups: 4,
+                float_bias: true,
+                ..d
+            },
             // Outside the fused pattern: packed, with the ops after it left as they are.
             DynConv {
                 bias: Bias::Columns,
@@ -591,6 +652,9 @@ mod tests {
                 let (names, want, got) = run_both(dyn_conv_graph(v), &|| dyn_conv_inputs(v, batch));
                 assert!(names.contains(&fused(v).to_string()), "{names:?}");
                 assert!(!names.iter().any(|n| n == "ConvInteger"), "{names:?}");
+                if fused(v).ends_with("+Scale") {
+                    assert!(!names.iter().any(|n| n == "Add" || n == "Relu"), "{names:?}");
+                }
                 assert_eq!(want.shape, got.shape);
                 assert_eq!(want.data, got.data, "{names:?}, batch {batch}");
             }
