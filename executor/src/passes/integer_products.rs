@@ -653,7 +653,10 @@ mod tests {
                 assert!(names.contains(&fused(v).to_string()), "{names:?}");
                 assert!(!names.iter().any(|n| n == "ConvInteger"), "{names:?}");
                 if fused(v).ends_with("+Scale") {
-                    assert!(!names.iter().any(|n| n == "Add" || n == "Relu"), "{names:?}");
+                    assert!(
+                        !names.iter().any(|n| n == "Add" || n == "Relu"),
+                        "{names:?}"
+                    );
                 }
                 assert_eq!(want.shape, got.shape);
                 assert_eq!(want.data, got.data, "{names:?}, batch {batch}");
