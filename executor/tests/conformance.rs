@@ -20,7 +20,19 @@ use std::path::{Path, PathBuf};
 /// case named exactly or by a prefix ending in `*`. The test fails when a case fails that no
 /// group names, and when a case a group names passes (or an entry names no failing in-scope
 /// case), so that the list cannot go stale.
-const ALLOWED: &[(&str, &[&str])] = &[];
+const ALLOWED: &[(&str, &[&str])] = &[(
+    "float32 DFT and STFT in onnxruntime's float32 arithmetic (its radix-2 and Bluestein \
+     transforms, to match what models are checked against): within 1e-6 of the outputs' scale, \
+     but not within 1e-5 of the float64 reference's exact zeros; onnxruntime fails these cases too",
+    &[
+        "test_dft",
+        "test_dft_opset19",
+        "test_dft_axis*",
+        "test_dft_inverse*",
+        "test_dft_rfft*",
+        "test_stft*",
+    ],
+)];
 
 /// Node-test families outside an inference executor's scope, with the reason; each case of
 /// one is counted once, under the first family it belongs to.

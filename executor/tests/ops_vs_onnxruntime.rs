@@ -675,6 +675,56 @@ fn linear_resizes() -> Vec<Case> {
     cases
 }
 
+/// Float32 STFT and DFT at power-of-two and other lengths (onnxruntime's radix-2 and Bluestein
+/// paths), compared within 2e-6 of the output's scale: the exact transform is 3e-5 away from
+/// onnxruntime's float32 one at a length of 400, which a log-mel front end turns into 5e-4.
+fn spectra() -> Vec<Case> {
+    let mut r = Rng::new(13);
+    let r = &mut r;
+    let hann = |n: usize| {
+        let w = (0..n).map(|k| (std::f32::consts::PI * k as f32 / n as f32).sin().powi(2));
+        Tensor::f32(vec![n], w.collect()).unwrap()
+    };
+    let stft = |name, x: Tensor, n: usize, step: i64| Case {
+        name,
+        op: "STFT",
+        opset: 17,
+        attrs: vec![],
+        feeds: vec![("x", x)],
+        consts: vec![
+            ("step", scalar(step)),
+            ("window", hann(n)),
+            ("length", scalar(n as i64)),
+        ],
+        order: vec!["x", "step", "window", "length"],
+        outputs: vec![DType::F32],
+    };
+    let dft = |name, x: Tensor, n: i64, inverse: i64| Case {
+        name,
+        op: "DFT",
+        opset: 17,
+        attrs: vec![int_attr("axis", 1), int_attr("inverse", inverse)],
+        feeds: vec![("x", x)],
+        consts: vec![("n", scalar(n))],
+        order: vec!["x", "n"],
+        outputs: vec![DType::F32],
+    };
+    vec![
+        stft(
+            "stft_400_no_last_axis",
+            f32s(r, &[2, 2000], |v| v),
+            400,
+            160,
+        ),
+        stft("stft_512_real", f32s(r, &[1, 2100, 1], |v| v), 512, 128),
+        stft("stft_320_complex", f32s(r, &[1, 1000, 2], |v| v), 320, 100),
+        dft("dft_12_complex", f32s(r, &[3, 12, 2], |v| v), 12, 0),
+        dft("dft_padded_to_400", f32s(r, &[2, 390, 1], |v| v), 400, 0),
+        dft("dft_inverse_400", f32s(r, &[1, 400, 2], |v| v), 400, 1),
+        dft("dft_inverse_64", f32s(r, &[2, 64, 2], |v| v), 64, 1),
+    ]
+}
+
 /// Float outputs: max |ours - ref| relative to max |ref| within `tolerance`; others: equal.
 fn differs(ours: &Tensor, reference: &Tensor, tolerance: f64) -> Option<String> {
     if ours.shape != reference.shape || ours.dtype() != reference.dtype() {
@@ -712,6 +762,12 @@ fn new_operators_match_onnxruntime() {
 #[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
 fn linear_resize_rounds_as_onnxruntime_does() {
     run_against_onnxruntime("resize", linear_resizes(), 0.0);
+}
+
+#[test]
+#[ignore = "needs COTENANT_PYTHON: run cargo xtask test"]
+fn float32_spectra_round_as_onnxruntime_does() {
+    run_against_onnxruntime("spectra", spectra(), 2e-6);
 }
 
 /// Runs every case through onnxruntime and the executor and fails listing the outputs that differ.

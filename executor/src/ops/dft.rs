@@ -1,10 +1,12 @@
 //! DFT and STFT: discrete Fourier transforms of real or complex signals (a last axis of 1 or 2:
-//! real, or real and imaginary), computed in f64 by a mixed-radix FFT over a table of twiddle
-//! factors; a prime factor over 64 goes through Bluestein's chirp convolution, so every length
-//! costs `O(n log n)`. The inverse of a one-sided spectrum gives a real signal, as numpy's
-//! `irfft` does.
+//! real, or real and imaginary). Float64 signals are computed in f64 by a mixed-radix FFT over a
+//! table of twiddle factors (a prime factor over 64 goes through Bluestein's chirp convolution,
+//! so every length costs `O(n log n)`); float32 signals in onnxruntime's float32 arithmetic
+//! (`fft_f32`). The inverse of a one-sided spectrum gives a real signal, as numpy's `irfft`
+//! does.
 
 use super::elementwise::cast;
+use super::fft_f32::{C, Fft};
 use super::{input, opt_input};
 use crate::error::{OpError, OpResult, shape_err};
 use crate::tensor::{DType, Data, MAX_ELEMENTS, Tensor, axis_in, checked_numel};
@@ -271,6 +273,10 @@ pub fn dft(a: &DftAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let inner: usize = x.shape[axis + 1..r - 1].iter().product();
     let v = x.to_f64_vec();
     let tw = Twiddles::new(n);
+    // A float32 signal takes onnxruntime's float32 arithmetic (`fft_f32`), the one-sided
+    // inverse aside (onnxruntime has none).
+    let float32 =
+        (x.dtype() == DType::F32 && !(a.inverse && a.onesided)).then(|| Fft::new(n, a.inverse));
     let c_out = out_shape[r - 1];
     let mut y = vec![0.0; checked_numel(&out_shape)?];
     let (mut re, mut im) = (vec![0.0; len], vec![0.0; len]);
@@ -285,6 +291,16 @@ pub fn dft(a: &DftAttrs, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
                 tw.inverse_real(&re, &im)
                     .into_iter()
                     .map(|s| (s, 0.0))
+                    .collect()
+            } else if let Some(fft) = &float32 {
+                let line: Vec<C> = re
+                    .iter()
+                    .zip(&im)
+                    .map(|(&p, &q)| C::new(p as f32, q as f32))
+                    .collect();
+                fft.transform(&line, out_len)
+                    .into_iter()
+                    .map(|c| (f64::from(c.re), f64::from(c.im)))
                     .collect()
             } else {
                 let (yr, yi) = tw.transform(&re, &im, out_len, a.inverse);
@@ -313,9 +329,10 @@ pub(crate) fn stft_shape(
     inputs: &[Option<&Tensor>],
 ) -> OpResult<(usize, usize, Vec<f64>, Vec<usize>)> {
     let x = input(inputs, 0)?;
-    if x.rank() != 3 || !matches!(x.shape[2], 1 | 2) {
+    // onnxruntime reads a signal without the last axis as real, as exporters write it.
+    if !(x.rank() == 2 || x.rank() == 3 && matches!(x.shape[2], 1 | 2)) {
         return shape_err(format!(
-            "STFT signal must be [batch, length, 1 or 2], got {:?}",
+            "STFT signal must be [batch, length] or [batch, length, 1 or 2], got {:?}",
             x.shape
         ));
     }
@@ -353,7 +370,30 @@ pub fn stft(onesided: bool, inputs: &[Option<&Tensor>]) -> OpResult<Tensor> {
     let x = input(inputs, 0)?;
     float_input(x, "STFT")?;
     let (step, frame, window, out) = stft_shape(onesided, inputs)?;
-    let (len, c, frames, bins) = (x.shape[1], x.shape[2], out[1], out[2]);
+    let c = x.shape.get(2).copied().unwrap_or(1);
+    let (len, frames, bins) = (x.shape[1], out[1], out[2]);
+    if let Data::F32(v) = &x.data {
+        let fft = Fft::new(frame, false);
+        let window: Vec<f32> = window.iter().map(|&w| w as f32).collect();
+        let mut y = Vec::with_capacity(checked_numel(&out)?);
+        let mut line = vec![C::default(); frame];
+        for b in 0..x.shape[0] {
+            for f in 0..frames {
+                for (t, (l, &w)) in line.iter_mut().zip(&window).enumerate() {
+                    let p = f * step + t;
+                    *l = match p < len {
+                        true => {
+                            let at = (b * len + p) * c;
+                            C::new(v[at] * w, if c == 2 { v[at + 1] * w } else { 0.0 })
+                        }
+                        false => C::default(),
+                    };
+                }
+                y.extend(fft.transform(&line, bins).iter().flat_map(|c| [c.re, c.im]));
+            }
+        }
+        return Tensor::f32(out, y);
+    }
     let v = x.to_f64_vec();
     let tw = Twiddles::new(frame);
     let mut y = Vec::with_capacity(checked_numel(&out)?);
@@ -476,5 +516,13 @@ mod tests {
         }
         assert!(stft(true, &[Some(&x), Some(&ints(2)), None, Some(&ints(5))]).is_err());
         assert!(stft(true, &[Some(&x), Some(&ints(0))]).is_err());
+        // A real signal without its last axis, as onnxruntime reads it; other ranks refused.
+        let flat = Tensor::new(vec![1, 4], x.data.clone()).unwrap();
+        let same = stft(true, &[Some(&flat), Some(&ints(2)), None, Some(&ints(2))]).unwrap();
+        assert_eq!(same, frames);
+        let one = f64s(vec![4], vec![0.0; 4]);
+        assert!(stft(true, &[Some(&one), Some(&ints(2)), None, Some(&ints(2))]).is_err());
+        let wide = f64s(vec![1, 4, 3], vec![0.0; 12]);
+        assert!(stft(true, &[Some(&wide), Some(&ints(2)), None, Some(&ints(2))]).is_err());
     }
 }

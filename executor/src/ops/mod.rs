@@ -15,6 +15,7 @@ pub mod det;
 pub mod dft;
 pub mod einsum;
 pub mod elementwise;
+mod fft_f32;
 pub mod grid;
 pub mod group_query;
 pub mod index;

@@ -226,16 +226,17 @@ pub fn allocation(op: &Op, inputs: &[Option<&Tensor>]) -> OpResult<Option<usize>
             plus(times(rows, 3 * 8)?, times(boxes, 8 + 2 * INDEX)?)?
         }
         // Worked in f64, then the output; the twiddle table, a line's samples and the FFT's
-        // complex buffers (its input, output and the sub-transforms along one recursion).
+        // complex buffers (its input, output and the sub-transforms along one recursion), or
+        // the float32 transform's five complex arrays of up to 4n (`fft_f32`).
         Op::Dft(a) => {
             let (axis, n, out) = super::dft::dft_shape(a, inputs)?;
             let line = plus(n, x()?.shape[axis])?;
-            plus(elements(&out, 8 + dsize(x()?))?, times(line, 16 * 8)?)?
+            plus(elements(&out, 8 + dsize(x()?))?, times(line, 16 * 10)?)?
         }
         Op::Stft { onesided } => {
             let (_, frame, window, out) = super::dft::stft_shape(*onesided, inputs)?;
             let frame = plus(frame, window.len())?;
-            plus(elements(&out, 8 + dsize(x()?))?, times(frame, 16 * 8)?)?
+            plus(elements(&out, 8 + dsize(x()?))?, times(frame, 16 * 10)?)?
         }
         Op::MelWeightMatrix { to } => {
             let out = super::mel::mel_shape(inputs)?;
