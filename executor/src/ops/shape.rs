@@ -1065,20 +1065,17 @@ pub(crate) fn gather_or_fill(
     maps: &[Vec<Option<usize>>],
     value: f64,
 ) -> OpResult<Tensor> {
-    let r = x.rank();
     let n = checked_numel(&out)?;
     let xs = strides(&x.shape);
-    let os = strides(&out);
-    let src: Vec<Option<usize>> = (0..n)
-        .map(|i| {
-            let mut off = 0;
-            for a in 0..r {
-                off += maps[a][(i / os[a]) % out[a]]? * xs[a];
-            }
-            Some(off)
-        })
+    // Each axis's positions as offsets into `x`.
+    let offsets: Vec<Vec<Option<usize>>> = maps
+        .iter()
+        .zip(&xs)
+        .map(|(m, &s)| m.iter().map(|i| i.map(|i| i * s)).collect())
         .collect();
+    let mut idx = Vec::with_capacity(n);
     // The fill value goes after the input so that padding is just one more gather index.
+    gather_indices(&offsets, Some(0), x.len(), &mut idx);
     let fill = super::elementwise::cast(
         &Tensor {
             shape: vec![1],
@@ -1088,9 +1085,30 @@ pub(crate) fn gather_or_fill(
     );
     let mut all = x.data.clone();
     all.extend_from(&fill.data, 0..1);
-    let idx: Vec<usize> = src.iter().map(|s| s.unwrap_or(x.len())).collect();
     let data = all.gather(&idx);
     Tensor::new(out, data)
+}
+
+/// Appends the offsets of every output element, the last axis fastest: the sum of the axes'
+/// offsets after `base`, or `fill` where an axis has none.
+fn gather_indices(
+    axes: &[Vec<Option<usize>>],
+    base: Option<usize>,
+    fill: usize,
+    idx: &mut Vec<usize>,
+) {
+    match axes {
+        [] => idx.push(base.unwrap_or(fill)),
+        [last] => idx.extend(
+            last.iter()
+                .map(|&o| base.zip(o).map_or(fill, |(b, o)| b + o)),
+        ),
+        [first, rest @ ..] => {
+            for &o in first {
+                gather_indices(rest, base.zip(o).map(|(b, o)| b + o), fill, idx);
+            }
+        }
+    }
 }
 
 /// The output shape of CenterCropPad on an input of shape `x`, and along each axis the input
