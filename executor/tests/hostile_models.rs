@@ -870,7 +870,8 @@ fn pooling_windows_of_a_billion_taps_read_only_the_input() {
 
 /// A DFT a prime 100 003 samples long of a one-sample signal (zero-padded to that length):
 /// the chirp convolution computes it at once where the direct sum takes 10^10 steps; every
-/// bin of an impulse's spectrum is the impulse.
+/// bin of an impulse's spectrum is the impulse (to float32 accuracy: a float32 signal takes
+/// onnxruntime's float32 Bluestein transform, 7e-6 off at this length).
 #[test]
 fn a_dft_of_prime_length_runs_at_once() {
     let length = 100_003;
@@ -898,7 +899,7 @@ fn a_dft_of_prime_length_runs_at_once() {
         .chunks(2)
         .map(|b| (b[0] - 2.0).abs().max(b[1].abs()))
         .fold(0.0f32, f32::max);
-    assert!(worst < 1e-6, "{worst}");
+    assert!(worst < 1e-4, "{worst}");
 }
 
 /// LRN with a window of two million channels over a request of a million channels (4 MB):
