@@ -322,6 +322,71 @@ fn loop_carries_values_stacks_scan_outputs_and_stops_on_its_condition() {
     assert_eq!(out[1].len(), 0);
 }
 
+/// paddle2onnx carries a decoder's weights through its Loops, each passed straight from the
+/// body's input to its output: the body reads them as constants (its MatMul packed), the
+/// node's output for them is the weights as they came, and a carried value the body changes
+/// stays an input.
+#[test]
+fn weights_a_loop_passes_through_unchanged_are_constants_of_its_body() {
+    let w: Vec<f32> = (0..4).map(|i| i as f32 - 1.5).collect();
+    let b = body(
+        vec![
+            node("MatMul", &["h_in", "w_in"], &["p"], vec![]),
+            node("Tanh", &["p"], &["h_out"], vec![]),
+            node("Identity", &["c"], &["go"], vec![]),
+        ],
+        &[("i", 7), ("c", 9), ("h_in", 1), ("w_in", 1)],
+        &["go", "h_out", "w_in"],
+    );
+    let outputs: &[&str] = &["h", "w_out"];
+    let bytes = model(
+        vec![node(
+            "Loop",
+            &["m", "", "h0", "w"],
+            outputs,
+            vec![graph_attr("body", b)],
+        )],
+        vec![f32s("w", &[2, 2], &w)],
+        vec![value_info("m", 7, &[]), value_info("h0", 1, &[1, 2])],
+        outputs,
+    );
+    let m = Model::from_bytes(&bytes).unwrap();
+    let step = m
+        .plan
+        .steps
+        .iter()
+        .find(|s| s.op.name() == "Loop")
+        .expect("the Loop");
+    let Op::Control(ControlOp::Loop { body }) = &step.op else {
+        panic!("a Loop op");
+    };
+    let names: Vec<String> = body.0.plan.steps.iter().map(|s| s.op.name()).collect();
+    let packed = cotenant_kernels::nhwc_conv::available();
+    let product = if packed { "MatMul(packed)" } else { "MatMul" };
+    assert!(names.iter().any(|n| n.starts_with(product)), "{names:?}");
+    let (mut h0, mut h1) = (0.5f32, -1.0f32);
+    for _ in 0..3 {
+        (h0, h1) = (
+            (h0 * w[0] + h1 * w[2]).tanh(),
+            (h0 * w[1] + h1 * w[3]).tanh(),
+        );
+    }
+    let out = run(
+        &m,
+        vec![
+            ("m", Tensor::i64(vec![], vec![3]).unwrap()),
+            ("h0", Tensor::f32(vec![1, 2], vec![0.5, -1.0]).unwrap()),
+        ],
+    )
+    .unwrap();
+    let got = out[0].as_f32().unwrap();
+    assert!(
+        (got[0] - h0).abs() < 1e-6 && (got[1] - h1).abs() < 1e-6,
+        "{got:?}"
+    );
+    assert_eq!(out[1].as_f32().unwrap(), w.as_slice());
+}
+
 #[test]
 fn runaway_loops_fail_with_an_error() {
     // A condition that stays true and a trip count past the limit: stopped at the limit.

@@ -56,11 +56,15 @@ fn parse(
         let gp = a
             .graph(attr)?
             .ok_or_else(|| format!("the graph attribute {attr:?} is missing"))?;
+        let invariant = match np.op_type.as_str() {
+            "Loop" => invariant_carried(np, gp, outer),
+            _ => Vec::new(),
+        };
         let Imported {
             graph: g,
             outer: names,
             output_dtypes: dtypes,
-        } = import_body(gp, outer, cx).map_err(|e| format!("{attr}: {e}"))?;
+        } = import_body(gp, outer, &invariant, cx).map_err(|e| format!("{attr}: {e}"))?;
         let declared = g.inputs.len() - names.len();
         if declared != formal {
             return Err(format!(
@@ -204,9 +208,32 @@ struct Imported {
 }
 
 /// Imports one body under the graphs `outer`.
+/// For each input of a Loop body, the constant it holds on every iteration, where it has one:
+/// a carried value the body passes straight to its output, whose initial value is an outer
+/// constant. paddle2onnx carries a decoder's weights through its Loop so; read as constants,
+/// they fold and pack like any other weights.
+fn invariant_carried(
+    np: &NodeProto,
+    gp: &GraphProto,
+    outer: &[Outer<'_>],
+) -> Vec<Option<Arc<Tensor>>> {
+    (0..gp.input.len())
+        .map(|k| {
+            // Body inputs: the iteration, the condition, then the carried values, which the
+            // body outputs after its condition and the node reads after its first two inputs.
+            let passed = k >= 2 && gp.output.get(k - 1)?.name == gp.input[k].name;
+            let initial = np.input.get(k).filter(|_| passed)?.as_str();
+            let level = outer.iter().rev().find(|l| l.ids.contains_key(initial))?;
+            level.constants.get(&level.ids[initial]).cloned()
+        })
+        .collect()
+}
+
+/// Imports a body; its inputs with a constant in `invariant` (by position) read that constant.
 fn import_body(
     gp: &GraphProto,
     outer: &[Outer<'_>],
+    invariant: &[Option<Arc<Tensor>>],
     cx: &Context<'_>,
 ) -> Result<Imported, ImportError> {
     let mut scope = Scope::new(outer);
@@ -228,7 +255,8 @@ fn import_body(
             .map(|t| t.elem_type)
             .filter(|&c| c != 0)
     };
-    for vi in &gp.input {
+    let mut passed = HashMap::new();
+    for (k, vi) in gp.input.iter().enumerate() {
         // Bodies often leave their inputs' types to inference; nothing checks them at run time.
         let dtype = match elem(vi) {
             None => DType::F32,
@@ -240,7 +268,19 @@ fn import_body(
             })?,
         };
         let v = g.add_value(&vi.name);
-        if scope.ids.insert(vi.name.clone(), v).is_some() {
+        // An invariant input stays a formal input, which the body passes on as its output
+        // (a reference, where a constant output would be copied every iteration); to the
+        // body's nodes its name means the constant.
+        let named = match invariant.get(k).cloned().flatten() {
+            Some(t) => {
+                let c = g.add_value(&vi.name);
+                g.constants.insert(c, t);
+                passed.insert(vi.name.as_str(), v);
+                c
+            }
+            None => v,
+        };
+        if scope.ids.insert(vi.name.clone(), named).is_some() {
             return Err(ImportError::Graph(format!(
                 "body input {:?} is defined twice",
                 vi.name
@@ -256,9 +296,12 @@ fn import_body(
     import_nodes(gp, &mut g, &mut scope, &cx)?;
     let mut dtypes = Vec::with_capacity(gp.output.len());
     for vi in &gp.output {
-        let v = scope.resolve(&mut g, &vi.name).ok_or_else(|| {
-            ImportError::Graph(format!("body output {:?} is never produced", vi.name))
-        })?;
+        let v = match passed.get(vi.name.as_str()) {
+            Some(&v) => v,
+            None => scope.resolve(&mut g, &vi.name).ok_or_else(|| {
+                ImportError::Graph(format!("body output {:?} is never produced", vi.name))
+            })?,
+        };
         g.outputs.push(v);
         dtypes.push(elem(vi).and_then(DType::from_onnx));
     }
